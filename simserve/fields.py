@@ -1,0 +1,118 @@
+"""Reading a YAML mapping into typed values, with errors that name the field.
+
+Each config section is parsed with one :class:`Fields` reader::
+
+    f = Fields(raw, "engine")
+    max_num_seqs = f.int("max_num_seqs", default=256, min=1)
+    f.done()          # raises ConfigError for any key nobody asked for
+
+Booleans are not accepted where numbers are expected (YAML's ``yes`` is not 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from simserve.errors import ConfigError
+
+_MISSING = object()
+
+
+def join(path: str, name: str | int) -> str:
+    if isinstance(name, int):
+        return f"{path}[{name}]"
+    return f"{path}.{name}" if path else name
+
+
+class Fields:
+    """Typed, path-aware accessors over one mapping; tracks which keys were consumed."""
+
+    def __init__(self, raw: Any, path: str):
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, Mapping):
+            raise ConfigError(path or "scenario", f"expected a mapping, got {type(raw).__name__}")
+        for key in raw:
+            if not isinstance(key, str):
+                raise ConfigError(path or "scenario", f"field names must be strings, got {key!r}")
+        self.raw = raw
+        self.path = path
+        self._used: set[str] = set()
+
+    def where(self, name: str) -> str:
+        return join(self.path, name)
+
+    def has(self, name: str) -> bool:
+        return name in self.raw and self.raw[name] is not None
+
+    def any(self, name: str, default: Any = _MISSING) -> Any:
+        self._used.add(name)
+        if name in self.raw and self.raw[name] is not None:
+            return self.raw[name]
+        if default is _MISSING:
+            raise ConfigError(self.where(name), "is required")
+        return default
+
+    def int(self, name: str, default: Any = _MISSING, *, min: int | None = None,
+            max: int | None = None) -> Any:
+        value = self.any(name, default)
+        if value is None or (value is default and default is not _MISSING):
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                isinstance(value, float) and not value.is_integer()):
+            raise ConfigError(self.where(name), f"expected an integer, got {value!r}")
+        value = int(value)
+        _check_range(self.where(name), value, min, max)
+        return value
+
+    def float(self, name: str, default: Any = _MISSING, *, min: float | None = None,
+              max: float | None = None, positive: bool = False) -> Any:
+        value = self.any(name, default)
+        if value is None or (value is default and default is not _MISSING):
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(self.where(name), f"expected a number, got {value!r}")
+        value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(self.where(name), f"expected a finite number, got {value!r}")
+        if positive and value <= 0:
+            raise ConfigError(self.where(name), f"must be > 0, got {value:g}")
+        _check_range(self.where(name), value, min, max)
+        return value
+
+    def bool(self, name: str, default: Any = _MISSING) -> Any:
+        value = self.any(name, default)
+        if value is None or (value is default and default is not _MISSING):
+            return value
+        if not isinstance(value, bool):
+            raise ConfigError(self.where(name), f"expected true or false, got {value!r}")
+        return value
+
+    def str(self, name: str, default: Any = _MISSING, *, choices: Sequence[str] | None = None) -> Any:
+        value = self.any(name, default)
+        if value is None or (value is default and default is not _MISSING):
+            return value
+        if not isinstance(value, str):
+            raise ConfigError(self.where(name), f"expected a string, got {value!r}")
+        if choices is not None and value not in choices:
+            raise ConfigError(self.where(name),
+                              f"unknown value {value!r}; expected one of: {', '.join(choices)}")
+        return value
+
+    def section(self, name: str) -> "Fields":
+        return Fields(self.any(name, {}), self.where(name))
+
+    def done(self) -> None:
+        unknown = [k for k in self.raw if k not in self._used]
+        if unknown:
+            known = sorted(self._used)
+            raise ConfigError(self.where(unknown[0]),
+                              f"unknown field; known fields here: {', '.join(known)}")
+
+
+def _check_range(where: str, value: float, lo: float | None, hi: float | None) -> None:
+    if lo is not None and value < lo:
+        raise ConfigError(where, f"must be >= {lo:g}, got {value:g}")
+    if hi is not None and value > hi:
+        raise ConfigError(where, f"must be <= {hi:g}, got {value:g}")

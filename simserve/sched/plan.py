@@ -1,0 +1,61 @@
+"""StepPlan: the one frozen record of what a replica computes in one engine iteration.
+
+The scheduler produces it; the step-latency model prices it; the recorder logs it. Nothing
+downstream of the scheduler sees requests or queues, only this record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """Work of one iteration.
+
+    A request's tokens are "prefill" when they are (part of) a catch-up of its KV cache: the prompt,
+    or the prompt plus already generated tokens after a recompute preemption. They are "decode"
+    when the request feeds back exactly its last sampled token (``num_computed + 1 == num_tokens``).
+
+    Invariants (checked by the property tests):
+      * ``len(prefill_lens) == len(prefill_ctx)``; every prefill length >= 1
+      * ``num_batched_tokens = sum(prefill_lens) + len(decode_ctx) <= max_num_batched_tokens``
+        (static batching is the one policy allowed to exceed it, with its whole-prompt prefill)
+      * ``num_seqs = len(prefill_lens) + len(decode_ctx) <= max_num_seqs``
+    """
+
+    # request ids scheduled this step, in schedule order, and their new-token counts
+    request_ids: tuple[int, ...]
+    num_new_tokens: tuple[int, ...]
+    # prefill chunks: query length and the context already in KV before the chunk
+    prefill_lens: tuple[int, ...]
+    prefill_ctx: tuple[int, ...]
+    # decode sequences: tokens already in KV before this step (the new token attends ctx + 1)
+    decode_ctx: tuple[int, ...]
+    # requests whose next token is sampled at the end of this step (prefill done or decoding)
+    num_sampled: int
+    # KV blocks moved between device and host memory in this step (swap preemption)
+    swap_out_blocks: int = 0
+    swap_in_blocks: int = 0
+    # requests preempted while forming this plan (recompute or swap)
+    num_preempted: int = 0
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(self.prefill_lens)
+
+    @property
+    def num_decode_seqs(self) -> int:
+        return len(self.decode_ctx)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return self.num_prefill_tokens + len(self.decode_ctx)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.prefill_lens) + len(self.decode_ctx)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.request_ids and not self.swap_out_blocks and not self.swap_in_blocks
