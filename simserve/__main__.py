@@ -1,0 +1,5 @@
+import sys
+
+from simserve.cli import main
+
+sys.exit(main())

@@ -1,0 +1,99 @@
+"""``simserve`` command line: run scenarios, validate them, list what ships.
+
+Input errors (a ``SimserveError``) print one line, ``error: <where>: <what>``, and exit 2 with no
+traceback. Results already computed are printed before anything is written, so a failure to
+write files loses nothing that was on screen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from simserve.errors import SimserveError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="simserve", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="simulate a scenario and write its results")
+    run.add_argument("scenario", help="scenario YAML file")
+    run.add_argument("--out", help="output directory (default: the scenario's output_dir, "
+                                   "else runs/<scenario name>)")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                     help="override a scenario field, e.g. --set engine.max_num_seqs=64 "
+                          "(repeatable)")
+    run.add_argument("--quiet", action="store_true", help="do not print the summary table")
+
+    val = sub.add_parser("validate", help="check a scenario without running it")
+    val.add_argument("scenario")
+    val.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+
+    lst = sub.add_parser("list", help="list shipped model cards, hardware specs or policies")
+    lst.add_argument("what", choices=("models", "hardware", "policies"))
+    return p
+
+
+def _cmd_run(args) -> int:
+    from simserve.config import load_scenario
+    from simserve.runner import run
+
+    scenario = load_scenario(args.scenario, args.overrides)
+    t0 = time.perf_counter()
+    result = run(scenario)
+    wall = time.perf_counter() - t0
+    if not args.quiet:
+        print(result.table())
+    out = args.out or scenario.output_dir or str(Path("runs") / scenario.name)
+    if scenario.output_dir and not args.out:
+        out = str(scenario.base_dir / scenario.output_dir)
+    path = result.save(out)
+    n = result.summary["num_requests"]
+    print(f"simulated {n} requests, {len(result.steps)} steps in {wall:.2f} s "
+          f"[latency: {result.scenario.latency.model}]; results in {path}/")
+    return 0
+
+
+def _cmd_validate(args) -> int:
+    from simserve.config import load_scenario, num_kv_blocks
+
+    s = load_scenario(args.scenario, args.overrides)
+    blocks = num_kv_blocks(s)
+    print(f"{args.scenario}: ok — {s.model.name} on {s.hardware.name}, policy {s.policy}, "
+          f"{blocks} KV blocks of {s.engine.block_size} tokens "
+          f"({blocks * s.engine.block_size} tokens) per replica")
+    return 0
+
+
+def _cmd_list(args) -> int:
+    if args.what == "policies":
+        from simserve.sched import POLICIES
+        for name, cls in POLICIES.items():
+            print(f"{name:10s} {(cls.__doc__ or '').strip().splitlines()[0]}")
+    elif args.what == "models":
+        from simserve.cards import list_models
+        print("\n".join(list_models()))
+    else:
+        from simserve.cards import list_hardware
+        print("\n".join(list_hardware()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handlers = {"run": _cmd_run, "validate": _cmd_validate, "list": _cmd_list}
+    try:
+        return handlers[args.command](args)
+    except SimserveError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

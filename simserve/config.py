@@ -1,0 +1,292 @@
+"""Scenario schema: YAML → validated, frozen config, one small dataclass per concern.
+
+Every error names the field (``engine.max_num_seqs: must be >= 1, got 0``) or the file and line
+(for YAML syntax errors). ``--set a.b=value`` overrides are applied to the raw mapping before
+validation, so they are checked exactly like the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from simserve.cards import HardwareSpec, ModelCard, load_hardware, load_model
+from simserve.errors import ConfigError, DataError
+from simserve.fields import Fields
+from simserve.metrics.slo import SloConfig
+from simserve.sched import POLICIES
+from simserve.workload.config import WorkloadConfig
+
+PREEMPTION_MODES = ("recompute", "swap")
+LATENCY_MODELS = ("roofline", "constant", "linear")
+ROUTERS = ("round_robin", "least_outstanding")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """vLLM's engine knobs, with vLLM's names and meanings (``vllm serve --help``)."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None   # None: 8192 when chunking, else ≥ max_model_len
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks: int | None = None           # direct override, as vLLM resolves it
+    enable_chunked_prefill: bool | None = None  # None: the policy's own behaviour
+    long_prefill_token_threshold: int = 0
+    preemption_mode: str = "recompute"
+    swap_space_gb: float = 4.0
+    max_model_len: int | None = None            # None: the model card's max_position_embeddings
+    tensor_parallel_size: int = 1
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> EngineConfig:
+        cfg = cls(
+            max_num_seqs=f.int("max_num_seqs", 256, min=1),
+            max_num_batched_tokens=f.int("max_num_batched_tokens", None, min=1),
+            block_size=f.int("block_size", 16, min=1),
+            gpu_memory_utilization=f.float("gpu_memory_utilization", 0.9, positive=True, max=1.0),
+            num_gpu_blocks=f.int("num_gpu_blocks", None, min=1),
+            enable_chunked_prefill=f.bool("enable_chunked_prefill", None),
+            long_prefill_token_threshold=f.int("long_prefill_token_threshold", 0, min=0),
+            preemption_mode=f.str("preemption_mode", "recompute", choices=PREEMPTION_MODES),
+            swap_space_gb=f.float("swap_space_gb", 4.0, min=0.0),
+            max_model_len=f.int("max_model_len", None, min=1),
+            tensor_parallel_size=f.int("tensor_parallel_size", 1, min=1),
+        )
+        f.done()
+        return cfg
+
+
+@dataclass(frozen=True)
+class LatencyConfig:
+    """Which step-latency model prices the StepPlans, and its parameters."""
+
+    model: str = "roofline"
+    step_overhead_ms: float | None = None       # roofline: per-step CPU/scheduling overhead
+    flops_efficiency: float | None = None       # roofline: achieved fraction of peak FLOP/s
+    bandwidth_efficiency: float | None = None   # roofline: achieved fraction of peak bandwidth
+    step_ms: float | None = None                # constant
+    base_ms: float = 0.0                        # linear: base + per token + per sequence
+    per_token_ms: float = 0.0
+    per_seq_ms: float = 0.0
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> LatencyConfig:
+        model = f.str("model", "roofline", choices=LATENCY_MODELS)
+        if model == "roofline":
+            cfg = cls(model,
+                      step_overhead_ms=f.float("step_overhead_ms", None, min=0.0),
+                      flops_efficiency=f.float("flops_efficiency", None, positive=True, max=1.0),
+                      bandwidth_efficiency=f.float("bandwidth_efficiency", None, positive=True,
+                                                   max=1.0))
+        elif model == "constant":
+            cfg = cls(model, step_ms=f.float("step_ms", positive=True))
+        else:
+            cfg = cls(model, base_ms=f.float("base_ms", 0.0, min=0.0),
+                      per_token_ms=f.float("per_token_ms", 0.0, min=0.0),
+                      per_seq_ms=f.float("per_seq_ms", 0.0, min=0.0))
+        f.done()
+        return cfg
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    replicas: int = 1
+    router: str = "round_robin"
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> ClusterConfig:
+        cfg = cls(replicas=f.int("replicas", 1, min=1),
+                  router=f.str("router", "round_robin", choices=ROUTERS))
+        f.done()
+        return cfg
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    model: ModelCard
+    hardware: HardwareSpec
+    engine: EngineConfig
+    policy: str
+    workload: WorkloadConfig
+    slo: SloConfig
+    latency: LatencyConfig = field(default_factory=LatencyConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    seed: int = 0
+    output_dir: str | None = None
+    base_dir: Path = field(default=Path("."), compare=False)
+
+    # -- resolved engine values (what vLLM would compute at start-up) ------------------------
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len or self.model.max_position_embeddings
+
+    @property
+    def chunked_prefill(self) -> bool:
+        fixed = POLICIES[self.policy].chunked
+        if fixed is not None:
+            return fixed
+        return True if self.engine.enable_chunked_prefill is None else self.engine.enable_chunked_prefill
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        if self.engine.max_num_batched_tokens is not None:
+            return self.engine.max_num_batched_tokens
+        # vLLM's defaults: a fixed chunk budget with chunked prefill, else room for any prompt
+        return 8192 if self.chunked_prefill else max(self.max_model_len, 2048)
+
+    def replace(self, **changes: Any) -> Scenario:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved scenario as plain data (written next to the results)."""
+        engine = dataclasses.asdict(self.engine)
+        engine.update(max_model_len=self.max_model_len,
+                      max_num_batched_tokens=self.max_num_batched_tokens,
+                      enable_chunked_prefill=self.chunked_prefill)
+        latency = {k: v for k, v in dataclasses.asdict(self.latency).items() if v is not None}
+        out: dict[str, Any] = {
+            "name": self.name,
+            "seed": self.seed,
+            "model": self.model.to_dict(),
+            "hardware": self.hardware.to_dict(),
+            "engine": engine,
+            "scheduler": {"policy": self.policy},
+            "latency": latency,
+            "cluster": dataclasses.asdict(self.cluster),
+            "workload": self.workload.to_dict(),
+            "slo": self.slo.to_dict(),
+        }
+        if self.output_dir is not None:
+            out["output_dir"] = self.output_dir
+        return out
+
+
+def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario") -> Scenario:
+    """Validate a scenario mapping (already parsed from YAML) into a frozen Scenario."""
+    f = Fields(raw, "")
+    scenario_name = f.str("name", name)
+    seed = f.int("seed", 0, min=0)
+    model = load_model(f.any("model"), "model")
+    hardware = load_hardware(f.any("hardware"), "hardware")
+    engine = EngineConfig.from_fields(f.section("engine"))
+    sched = f.section("scheduler")
+    policy = sched.str("policy", "vllm_v1", choices=tuple(POLICIES))
+    sched.done()
+    workload = WorkloadConfig.from_fields(Fields(f.any("workload"), "workload"))
+    slo = SloConfig.from_fields(f.section("slo"))
+    latency = LatencyConfig.from_fields(f.section("latency"))
+    cluster = ClusterConfig.from_fields(f.section("cluster"))
+    output_dir = f.str("output_dir", None)
+    f.done()
+    scenario = Scenario(scenario_name, model, hardware, engine, policy, workload, slo, latency,
+                        cluster, seed, output_dir, base_dir)
+    _check_consistency(scenario)
+    return scenario
+
+
+def _check_consistency(s: Scenario) -> None:
+    cls = POLICIES[s.policy]
+    if cls.chunked is not None and s.engine.enable_chunked_prefill not in (None, cls.chunked):
+        verb = "always chunks" if cls.chunked else "never chunks"
+        raise ConfigError("engine.enable_chunked_prefill",
+                          f"policy {s.policy!r} {verb} prefills; remove the field or pick a "
+                          f"policy that {'does not' if cls.chunked else 'does'}")
+    if not s.chunked_prefill and s.max_num_batched_tokens < s.max_model_len:
+        # vLLM refuses this too: without chunking a prompt longer than the budget never runs
+        raise ConfigError("engine.max_num_batched_tokens",
+                          f"{s.max_num_batched_tokens} is smaller than max_model_len "
+                          f"{s.max_model_len}; without chunked prefill it must be at least "
+                          f"max_model_len (or set engine.max_model_len lower)")
+    if s.model.num_heads % s.engine.tensor_parallel_size or \
+            s.model.num_kv_heads % s.engine.tensor_parallel_size and \
+            s.engine.tensor_parallel_size % s.model.num_kv_heads:
+        raise ConfigError("engine.tensor_parallel_size",
+                          f"{s.engine.tensor_parallel_size} does not divide the model's "
+                          f"{s.model.num_heads} attention heads / {s.model.num_kv_heads} KV heads")
+
+
+def load_yaml(path: str | Path) -> Any:
+    """Read a YAML file; syntax errors become one message with file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise DataError(path, "file not found") from None
+    except OSError as e:
+        raise DataError(path, f"cannot read file ({e.strerror})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        line = mark.line + 1 if mark is not None else None
+        raise DataError(path, f"invalid YAML: {e.problem}", line) from None
+    except yaml.YAMLError as e:
+        raise DataError(path, f"invalid YAML: {e}") from None
+
+
+def apply_overrides(raw: Any, overrides: list[str]) -> Any:
+    """Apply ``a.b.c=value`` strings (value parsed as YAML) to a scenario mapping."""
+    if not isinstance(raw, dict):
+        raise ConfigError("scenario", "the scenario file must be a mapping of sections")
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError("--set", f"expected FIELD=VALUE, got {item!r}")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        parts = key.strip().split(".")
+        node = raw
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif isinstance(child, str) and part in ("model", "hardware"):
+                # `--set model.max_position_embeddings=...` on a named card: override it
+                child = node[part] = {"card" if part == "model" else "spec": child}
+            elif not isinstance(child, dict):
+                raise ConfigError(".".join(parts[: i + 1]),
+                                  f"is not a section, cannot set {key.strip()}")
+            node = child
+        node[parts[-1]] = value
+    return raw
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    path = Path(path)
+    raw = load_yaml(path)
+    if raw is None:
+        raise DataError(path, "the scenario file is empty")
+    if not isinstance(raw, dict):
+        raise DataError(path, "a scenario must be a YAML mapping (model:, hardware:, ...)")
+    raw = apply_overrides(raw, overrides or [])
+    return parse_scenario(raw, base_dir=path.parent, name=path.stem)
+
+
+def num_kv_blocks(s: Scenario) -> int:
+    """Device KV blocks per replica: the override, or vLLM's memory arithmetic."""
+    if s.engine.num_gpu_blocks is not None:
+        return s.engine.num_gpu_blocks
+    from simserve.kv.capacity import kv_capacity_blocks
+    return kv_capacity_blocks(
+        s.model, s.hardware, block_size=s.engine.block_size,
+        gpu_memory_utilization=s.engine.gpu_memory_utilization,
+        tensor_parallel_size=s.engine.tensor_parallel_size,
+        max_num_batched_tokens=s.max_num_batched_tokens)
+
+
+def num_host_blocks(s: Scenario) -> int:
+    """Host (CPU) swap blocks per replica from ``swap_space_gb``, split like the device cache."""
+    if s.engine.preemption_mode != "swap":
+        return 0
+    from simserve.kv.capacity import kv_block_bytes
+    block = kv_block_bytes(s.model, s.engine.block_size, s.engine.tensor_parallel_size)
+    return math.floor(s.engine.swap_space_gb * 2**30 / block)

@@ -1,0 +1,90 @@
+"""Paged KV cache accounting: fixed-size blocks on the device, optional host swap space.
+
+Query/command pairs that fail with ``None`` instead of raising (the nano-vllm habit,
+nanovllm/engine/block_manager.py): back-pressure is normal, not an error. A request holds
+``ceil(tokens / block_size)`` blocks; blocks are counted, not named (prefix caching, which needs
+block identities, layers on top of this later).
+
+    block_size = 4, request holds 7 tokens:
+    [t t t t][t t t .]   -> 2 blocks; token 8 fits, token 9 needs a third block
+"""
+
+from __future__ import annotations
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0):
+        if num_blocks < 1:
+            raise ValueError("num_blocks must be >= 1")
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_host_blocks = num_host_blocks
+        self.num_free = num_blocks
+        self.num_host_free = num_host_blocks
+        self._held: dict[int, int] = {}      # request id -> device blocks
+        self._swapped: dict[int, int] = {}   # request id -> host blocks
+
+    # -- queries ---------------------------------------------------------------------------
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - self.num_free
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def held(self, request_id: int) -> int:
+        return self._held.get(request_id, 0)
+
+    def num_new_blocks(self, request_id: int, num_tokens: int) -> int:
+        """Blocks that must be added so ``request_id`` can hold ``num_tokens`` tokens."""
+        return max(0, self.blocks_for(num_tokens) - self._held.get(request_id, 0))
+
+    def can_allocate(self, request_id: int, num_tokens: int, reserve: int = 0) -> bool:
+        """True if the request could grow to ``num_tokens`` leaving ``reserve`` blocks free."""
+        return self.num_new_blocks(request_id, num_tokens) + reserve <= self.num_free
+
+    # -- commands --------------------------------------------------------------------------
+    def allocate(self, request_id: int, num_tokens: int) -> int | None:
+        """Grow the request's blocks to hold ``num_tokens``; the number added, or None if full.
+
+        Never shrinks and never allocates partially: on None nothing changed.
+        """
+        need = self.num_new_blocks(request_id, num_tokens)
+        if need > self.num_free:
+            return None
+        if need:
+            self.num_free -= need
+            self._held[request_id] = self._held.get(request_id, 0) + need
+        return need
+
+    def free(self, request_id: int) -> int:
+        """Release all device blocks of the request; returns how many."""
+        n = self._held.pop(request_id, 0)
+        self.num_free += n
+        return n
+
+    def swap_out(self, request_id: int) -> int | None:
+        """Move the request's device blocks to host memory; None if the host has no room."""
+        n = self._held.get(request_id, 0)
+        if n > self.num_host_free:
+            return None
+        self.free(request_id)
+        self.num_host_free -= n
+        self._swapped[request_id] = n
+        return n
+
+    def swap_in(self, request_id: int) -> int | None:
+        """Bring swapped blocks back to the device; None if the device has no room."""
+        n = self._swapped.get(request_id, 0)
+        if n > self.num_free:
+            return None
+        del self._swapped[request_id]
+        self.num_host_free += n
+        self.num_free -= n
+        self._held[request_id] = self._held.get(request_id, 0) + n
+        return n
+
+    def swapped_blocks(self, request_id: int) -> int:
+        return self._swapped.get(request_id, 0)

@@ -1,0 +1,218 @@
+"""One run's headline numbers, with the meaning ``vllm bench serve`` gives them.
+
+Every metric is defined once, with notation, in ``docs/metrics.md``; the names below follow it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from simserve.metrics.slo import SloConfig
+
+MS_PER_S = 1000.0
+LATENCIES = ("ttft", "tpot", "itl", "e2el")
+
+
+def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray], steps: pd.DataFrame,
+              slo: SloConfig = SloConfig(), percentiles: Sequence[float] = (50, 90, 99)) -> dict:
+    """Summarise a run as a flat, JSON-serialisable dict (NaN becomes None)."""
+    if len(token_times) != len(requests):
+        raise ValueError(f"token_times has {len(token_times)} entries for {len(requests)} requests")
+    finished = (requests["status"] == "finished").to_numpy()
+    done = requests[finished]
+    rejected = requests[requests["status"] == "rejected"]
+
+    # Per finished request i: TTFT_i, E2EL_i, and TPOT_i for out_i > 1.
+    arrival = done["arrival_s"].to_numpy(float)
+    ttft = done["first_token_s"].to_numpy(float) - arrival
+    e2el = done["finish_s"].to_numpy(float) - arrival
+    out = done["num_output_tokens"].to_numpy(int)
+    multi = out > 1
+    tpot = (e2el[multi] - ttft[multi]) / (out[multi] - 1)
+    gaps = [np.diff(np.asarray(t, float)) for t, ok in zip(token_times, finished) if ok]
+    itl = np.concatenate(gaps) if gaps else np.empty(0)
+
+    # The benchmark runs from the first send to the last completion.
+    t0 = float(requests["arrival_s"].min()) if len(requests) else 0.0
+    t1 = float(done["finish_s"].max()) if len(done) else t0
+    duration = t1 - t0
+
+    def per_s(x: float) -> float:
+        return x / duration if duration > 0 else 0.0
+
+    total_in = int(done["num_prompt_tokens"].sum())
+    total_out = int(out.sum())
+    summary: dict = {
+        "num_requests": len(requests),
+        "completed": len(done),
+        "num_rejected": len(rejected),
+        "rejected_by_reason": {str(k): int(v) for k, v in
+                               sorted(rejected["reject_reason"].value_counts().items())},
+        "duration_s": duration,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": per_s(len(done)),
+        "output_throughput": per_s(total_out),
+        "total_token_throughput": per_s(total_in + total_out),
+    }
+    summary.update(_goodput(slo, ttft, e2el, out, len(requests), per_s))
+    for name, values in zip(LATENCIES, (ttft, tpot, itl, e2el)):
+        summary.update(_latency_stats(name, values, percentiles))
+    summary["total_preemptions"] = int(requests["num_preemptions"].sum())
+    summary.update(_levels(steps, _replicas(requests, steps), t0, t1))
+    return {k: _plain(v) for k, v in summary.items()}
+
+
+def _goodput(slo: SloConfig, ttft: np.ndarray, e2el: np.ndarray, out: np.ndarray,
+             num_requests: int, per_s) -> dict:
+    """Good = finished and within every given limit; a one-token request's TPOT counts as 0."""
+    keys = ("request_goodput", "num_good", "slo_attainment", "slo_attainment_target", "slo_met")
+    if slo.is_empty:
+        return dict.fromkeys(keys)
+    tpot_or_zero = np.where(out > 1, (e2el - ttft) / np.maximum(out - 1, 1), 0.0)
+    good = np.ones(len(out), dtype=bool)
+    for values, limit_ms in ((ttft, slo.ttft_ms), (tpot_or_zero, slo.tpot_ms), (e2el, slo.e2el_ms)):
+        if limit_ms is not None:
+            good &= values <= limit_ms / MS_PER_S
+    num_good = int(good.sum())
+    # Rejected (and any unfinished) requests were sent, so they count as misses.
+    attainment = num_good / num_requests if num_requests else None
+    return dict(zip(keys, (per_s(num_good), num_good, attainment, slo.attainment,
+                           attainment is not None and attainment >= slo.attainment)))
+
+
+def _latency_stats(name: str, values_s: np.ndarray, percentiles: Sequence[float]) -> dict:
+    """mean/median/std/pXX in ms; an empty list gives 0.0 (vllm's ``np.mean(x or 0)``)."""
+    x = values_s * MS_PER_S if len(values_s) else np.zeros(1)
+    stats = {f"mean_{name}_ms": np.mean(x), f"median_{name}_ms": np.median(x),
+             f"std_{name}_ms": np.std(x)}
+    for p in percentiles:
+        stats[f"p{_pct_word(p)}_{name}_ms"] = np.percentile(x, p)
+    return stats
+
+
+def _pct_word(p: float) -> str:
+    return str(int(p)) if float(p).is_integer() else str(p)
+
+
+def _replicas(requests: pd.DataFrame, steps: pd.DataFrame) -> int:
+    ids = set(steps["replica"].tolist()) | set(requests["replica"].tolist())
+    return len({r for r in ids if r >= 0})
+
+
+def _levels(steps: pd.DataFrame, num_replicas: int, t0: float, t1: float) -> dict:
+    """Time-weighted levels over [t0, t1]; a step's values hold over [start, start + duration].
+
+    Idle gaps contribute zero. All replicas share the window, so the sum over replicas of their
+    time averages is the pooled integral divided by (t1 - t0); KV use is then averaged per replica.
+    """
+    width = t1 - t0
+    kv_total = steps["kv_blocks_total"].to_numpy(float)
+    kv_frac = np.divide(steps["kv_blocks_used"].to_numpy(float), kv_total,
+                        out=np.zeros(len(steps)), where=kv_total > 0)
+    start = steps["start_s"].to_numpy(float)
+    end = start + steps["duration_s"].to_numpy(float)
+    overlap = np.clip(end, t0, t1) - np.clip(start, t0, t1)
+
+    def time_avg(values: np.ndarray) -> float:
+        return float(np.dot(values, overlap) / width) if width > 0 and len(steps) else 0.0
+
+    return {
+        "num_steps": len(steps),
+        "mean_running": time_avg(steps["num_running"].to_numpy(float)),
+        "mean_waiting": time_avg(steps["num_waiting"].to_numpy(float)),
+        "mean_kv_utilization": time_avg(kv_frac) / num_replicas if num_replicas else 0.0,
+        "max_kv_utilization": float(kv_frac.max()) if len(steps) else 0.0,
+        "mean_batched_tokens": float(steps["num_batched_tokens"].mean()) if len(steps) else 0.0,
+    }
+
+
+def _plain(v):
+    """numpy scalars to Python ones, non-finite floats to None (JSON has no NaN)."""
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        return float(v) if math.isfinite(v) else None
+    return v
+
+
+# --- printout ---------------------------------------------------------------------------------
+
+_SECTIONS = (("ttft", "TTFT", "Time to First Token"),
+             ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+             ("itl", "ITL", "Inter-token Latency"),
+             ("e2el", "E2EL", "End-to-end Latency"))
+
+
+def format_summary(summary: dict, title: str = "Serving Benchmark Result") -> str:
+    """A fixed-width table laid out like ``vllm bench serve``'s printout."""
+    lines = [format(f" {title} ", "=^50")]
+
+    def row(label: str, value, fmt: str = ".2f") -> None:
+        if value is None:
+            text = "n/a"
+        elif isinstance(value, bool):
+            text = "yes" if value else "no"
+        elif isinstance(value, int):
+            text = str(value)
+        else:
+            text = format(value, fmt)
+        lines.append(f"{label:<40} {text}")
+
+    def section(header: str) -> None:
+        lines.append(format(header, "-^50"))
+
+    has_slo = summary.get("slo_attainment_target") is not None
+    row("Successful requests:", summary["completed"])
+    row("Rejected requests:", summary["num_rejected"])
+    for reason, count in summary["rejected_by_reason"].items():
+        row(f"  {reason}:", count)
+    row("Benchmark duration (s):", summary["duration_s"])
+    row("Total input tokens:", summary["total_input_tokens"])
+    row("Total generated tokens:", summary["total_output_tokens"])
+    row("Request throughput (req/s):", summary["request_throughput"])
+    if has_slo:
+        row("Request goodput (req/s):", summary["request_goodput"])
+    row("Output token throughput (tok/s):", summary["output_throughput"])
+    row("Total Token throughput (tok/s):", summary["total_token_throughput"])
+    for name, short, header in _SECTIONS:
+        section(header)
+        row(f"Mean {short} (ms):", summary[f"mean_{name}_ms"])
+        row(f"Median {short} (ms):", summary[f"median_{name}_ms"])
+        for word in _percentile_words(summary, name):
+            row(f"P{word} {short} (ms):", summary[f"p{word}_{name}_ms"])
+    section("Scheduler")
+    row("Engine steps:", summary["num_steps"])
+    row("Preemptions:", summary["total_preemptions"])
+    row("Mean running requests:", summary["mean_running"])
+    row("Mean waiting requests:", summary["mean_waiting"])
+    row("Mean KV cache utilization (%):", _pct(summary["mean_kv_utilization"]))
+    row("Max KV cache utilization (%):", _pct(summary["max_kv_utilization"]))
+    row("Mean batched tokens per step:", summary["mean_batched_tokens"])
+    if has_slo:
+        section("SLO")
+        row("Good requests:", summary["num_good"])
+        row("SLO attainment (%):", _pct(summary["slo_attainment"]))
+        row("SLO attainment target (%):", _pct(summary["slo_attainment_target"]))
+        row("SLO met:", summary["slo_met"])
+    lines.append("=" * 50)
+    return "\n".join(lines)
+
+
+def _pct(fraction: float | None) -> float | None:
+    return None if fraction is None else 100.0 * fraction
+
+
+def _percentile_words(summary: dict, name: str) -> list[str]:
+    pattern = re.compile(rf"p(.+)_{name}_ms")
+    words = [m.group(1) for key in summary if (m := pattern.fullmatch(key))]
+    return sorted(words, key=float)

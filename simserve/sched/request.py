@@ -1,0 +1,73 @@
+"""A request as the scheduler sees it: counters that catch up.
+
+There is no "prefill phase" object (the habit of vLLM v1's scheduler, vllm/v1/core/sched/
+scheduler.py): a request has ``num_tokens`` (prompt + tokens generated so far) and
+``num_computed_tokens`` (tokens whose KV is in the cache). Each step gives it some new tokens;
+when ``num_computed_tokens`` reaches ``num_tokens`` the step samples one more output token.
+A recompute preemption just sets ``num_computed_tokens`` back to 0.
+
+    prompt (6)              generated (2)
+    [p p p p p p | g g]     num_tokens = 8
+    [x x x x x x   x]       num_computed_tokens = 7  -> next step: 1 new token (a decode)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from simserve.workload.spec import RequestSpec
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"      # queued: never scheduled, or preempted by recompute
+    RUNNING = "running"      # holds KV blocks on the device
+    SWAPPED = "swapped"      # preempted by swap: its KV blocks are in host memory
+    FINISHED = "finished"
+    REJECTED = "rejected"    # can never run (too long for the context or the KV cache)
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    spec: RequestSpec
+    replica: int = 0
+    status: Status = Status.WAITING
+    num_computed_tokens: int = 0
+    num_generated: int = 0
+    num_preemptions: int = 0
+    first_scheduled_s: float | None = None
+    finish_s: float | None = None
+    reject_reason: str = ""
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def id(self) -> int:
+        return self.spec.request_id
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.spec.num_prompt_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.spec.num_output_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens: what the KV cache must eventually hold."""
+        return self.spec.num_prompt_tokens + self.num_generated
+
+    @property
+    def num_remaining(self) -> int:
+        """Tokens still to compute before the next output token can be sampled."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def max_tokens(self) -> int:
+        """The most tokens this request ever occupies in the KV cache (its final length)."""
+        return self.spec.num_prompt_tokens + self.spec.num_output_tokens
+
+    @property
+    def is_decoding(self) -> bool:
+        """Feeds back exactly its last sampled token this step."""
+        return self.num_generated > 0 and self.num_remaining == 1

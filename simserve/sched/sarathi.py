@@ -1,0 +1,52 @@
+"""Sarathi-Serve stall-free batching: decodes first, then partial prefills, then new prompts.
+
+From the Sarathi-Serve paper (Agrawal et al., OSDI'24, Algorithm 2 "stall-free batching"): a
+fixed token budget per iteration (the chunk size, ``max_num_batched_tokens``) is filled first by
+every running decode, so ongoing generations never stall behind a prompt; then by ongoing
+chunked prefills; then by new requests, their prompts chunked to whatever budget is left. Only
+decodes evict freely (the newest running request); a partial prefill evicts only when the step
+would otherwise be empty, which keeps two half-done prompts from deadlocking a full cache.
+"""
+
+from __future__ import annotations
+
+from simserve.sched.core import Batch, Scheduler
+from simserve.sched.plan import StepPlan
+
+
+class Sarathi(Scheduler):
+    name = "sarathi"
+    chunked = True
+
+    def schedule(self) -> StepPlan:
+        batch = Batch(self.limits)
+        self._decodes(batch)
+        self._partial_prefills(batch)
+        if batch.num_preempted == 0:
+            self.resume_swapped(batch)
+            self._new_prefills(batch)
+        return batch.freeze()
+
+    def _decodes(self, batch: Batch) -> None:
+        i = 0
+        while i < len(self.running) and not batch.full:
+            req = self.running[i]
+            if req.is_decoding and not self.grow_or_preempt(batch, req, 1):
+                break
+            i += 1
+
+    def _partial_prefills(self, batch: Batch) -> None:
+        for req in self.running:
+            if batch.full:
+                return
+            if req.id not in batch.scheduled and not req.is_decoding:
+                n = self.clip(req, req.num_remaining, batch)
+                if not self.grow(batch, req, n) and not batch.entries:
+                    self.grow_or_preempt(batch, req, n)
+                    return
+
+    def _new_prefills(self, batch: Batch) -> None:
+        while self.waiting and not batch.full and len(self.running) < self.limits.max_num_seqs:
+            req = self.waiting[0]
+            if not self.admit(batch, req, self.clip(req, req.num_remaining, batch)):
+                return

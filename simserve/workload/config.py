@@ -1,0 +1,285 @@
+"""The ``workload:`` section of a scenario: synthetic arrivals and lengths, or a trace replay.
+
+Parsing and validation happen once, in :meth:`WorkloadConfig.from_fields`, so every error names
+its field path (``workload.prompt.sigma``). The dataclasses are plain frozen records; build a
+variant with ``dataclasses.replace`` or, to get it validated again, with
+``WorkloadConfig.from_fields(Fields(modified_dict, "workload"))``.
+
+Synthetic::
+
+    workload:
+      arrival: poisson          # poisson | gamma | constant | burst
+      rate: 4.0                 # requests/s (not for burst)
+      num_requests: 500         # or duration: 120 (seconds); burst needs num_requests
+      prompt: {dist: lognormal, mean: 1000, sigma: 0.8, max: 8192}
+      output: {dist: uniform, low: 16, high: 512}
+      # or, instead of prompt/output, (prompt, output) pairs from one CSV row:
+      # lengths: {path: lengths.csv, prompt_column: p, output_column: o}
+
+Trace::
+
+    workload:
+      trace: traces/azure_conv.csv
+      format: azure             # azure | mooncake | burstgpt | csv
+      time_scale: 1.0           # or rate: 3.0 (mean rate after rescaling)
+      start_s: 0                # window on the original trace clock
+      end_s: 600
+      num_requests: 1000        # cap, first N after windowing
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from simserve.errors import ConfigError
+from simserve.fields import Fields
+
+ARRIVALS = ("poisson", "gamma", "constant", "burst")
+TRACE_FORMATS = ("azure", "mooncake", "burstgpt", "csv")
+
+# Parameters each length distribution takes besides the common ``min``/``max`` clipping.
+# For zipf ``max`` is also the top of its support, so it is required there.
+DIST_PARAMS: dict[str, tuple[str, ...]] = {
+    "fixed": ("value",),
+    "uniform": ("low", "high"),
+    "normal": ("mean", "std"),
+    "lognormal": ("mean", "sigma"),
+    "zipf": ("a",),
+    "empirical": ("path", "column"),
+}
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """A distribution of token counts; samples are rounded to int and clipped to [min, max].
+
+    ``lognormal``'s ``mean`` is the mean of the distribution in tokens (not of its log):
+    the underlying normal has ``mu = ln(mean) - sigma**2 / 2``, so ``E[X] = mean``.
+    ``zipf`` draws ``k`` in ``1..max`` with probability proportional to ``k**-a``.
+    ``empirical`` resamples (with replacement) the values of ``column`` in the CSV at ``path``.
+    """
+
+    dist: str
+    value: int | None = None        # fixed
+    low: int | None = None          # uniform, inclusive
+    high: int | None = None         # uniform, inclusive
+    mean: float | None = None       # normal, lognormal
+    std: float | None = None        # normal
+    sigma: float | None = None      # lognormal (of the underlying normal)
+    a: float | None = None          # zipf exponent, > 1
+    path: str | None = None         # empirical, relative to the scenario file's directory
+    column: str | None = None       # empirical
+    min: int = 1
+    max: int | None = None
+
+    @staticmethod
+    def from_fields(f: Fields) -> "LengthDist":
+        """Parse one distribution mapping such as ``{dist: uniform, low: 16, high: 512}``."""
+        dist = f.str("dist", choices=tuple(DIST_PARAMS))
+        kw: dict[str, Any] = {}
+        if dist == "fixed":
+            kw["value"] = f.int("value", min=1)
+        elif dist == "uniform":
+            kw["low"] = f.int("low", min=1)
+            kw["high"] = f.int("high", min=kw["low"])
+        elif dist == "normal":
+            kw["mean"] = f.float("mean", positive=True)
+            kw["std"] = f.float("std", min=0)
+        elif dist == "lognormal":
+            kw["mean"] = f.float("mean", positive=True)
+            kw["sigma"] = f.float("sigma", min=0)
+        elif dist == "zipf":
+            a = f.float("a")
+            if a <= 1:
+                raise ConfigError(f.where("a"), f"must be > 1, got {a:g}")
+            kw["a"] = a
+        else:  # empirical
+            kw["path"] = f.str("path")
+            kw["column"] = f.str("column")
+        lo = f.int("min", 1, min=1)
+        hi = f.int("max", None, min=lo)
+        if dist == "zipf" and hi is None:
+            raise ConfigError(f.where("max"), "is required for dist: zipf (top of its support)")
+        f.done()
+        return LengthDist(dist=dist, min=lo, max=hi, **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"dist": self.dist}
+        for name in DIST_PARAMS[self.dist]:
+            out[name] = getattr(self, name)
+        out["min"] = self.min
+        if self.max is not None:
+            out["max"] = self.max
+        return out
+
+
+@dataclass(frozen=True)
+class JointLengths:
+    """(prompt, output) pairs drawn together from one CSV row, keeping their correlation."""
+
+    path: str
+    prompt_column: str
+    output_column: str
+
+    @staticmethod
+    def from_fields(f: Fields) -> "JointLengths":
+        out = JointLengths(f.str("path"), f.str("prompt_column"), f.str("output_column"))
+        f.done()
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "prompt_column": self.prompt_column,
+                "output_column": self.output_column}
+
+
+@dataclass(frozen=True)
+class ArrivalConfig:
+    """When synthetic requests arrive. The first request arrives at t = 0.
+
+    ``gamma`` inter-arrival times have shape ``burstiness`` and scale
+    ``1 / (rate * burstiness)`` (as ``vllm bench serve --burstiness``): the mean stays
+    ``1 / rate`` and the coefficient of variation is ``1 / sqrt(burstiness)``; 1.0 is Poisson.
+    """
+
+    process: str = "poisson"
+    rate: float | None = None           # requests/s; None for burst
+    burstiness: float = 1.0             # gamma only
+    num_requests: int | None = None     # exactly one of num_requests and duration_s
+    duration_s: float | None = None     # keep arrivals with t < duration_s
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    """Replay of a recorded trace. Times are seconds; the window is on the original clock,
+    measured from the trace's first request; the kept requests are shifted to start at 0 and
+    then rescaled (``time_scale`` multiplies gaps; ``rate`` makes (n - 1) / last_arrival equal it).
+    """
+
+    path: str
+    format: str
+    time_scale: float = 1.0
+    rate: float | None = None
+    start_s: float | None = None
+    end_s: float | None = None
+    num_requests: int | None = None
+    max_prompt_tokens: int | None = None
+    max_output_tokens: int | None = None
+    model: str | None = None            # burstgpt only: keep rows of this Model
+
+
+# TraceConfig fields written by to_dict only when set.
+_TRACE_OPTIONAL = ("start_s", "end_s", "num_requests", "max_prompt_tokens",
+                   "max_output_tokens", "model")
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """Either a synthetic workload (``arrival`` plus ``prompt``/``output`` or ``lengths``)
+    or a trace replay (``trace``)."""
+
+    arrival: ArrivalConfig | None = None
+    prompt: LengthDist | None = None
+    output: LengthDist | None = None
+    lengths: JointLengths | None = None
+    trace: TraceConfig | None = None
+
+    @property
+    def type(self) -> str:
+        return "trace" if self.trace is not None else "synthetic"
+
+    @staticmethod
+    def from_fields(f: Fields) -> "WorkloadConfig":
+        """Parse and validate ``f`` (``Fields(raw, "workload")``); raises ConfigError."""
+        kind = f.str("type", "trace" if f.has("trace") else "synthetic",
+                     choices=("synthetic", "trace"))
+        cfg = _parse_trace(f) if kind == "trace" else _parse_synthetic(f)
+        f.done()
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain, YAML-serialisable mapping that :meth:`from_fields` parses back to ``self``."""
+        if self.trace is not None:
+            t = self.trace
+            out: dict[str, Any] = {"type": "trace", "trace": t.path, "format": t.format}
+            if t.rate is not None:
+                out["rate"] = t.rate
+            else:
+                out["time_scale"] = t.time_scale
+            for name in _TRACE_OPTIONAL:
+                if getattr(t, name) is not None:
+                    out[name] = getattr(t, name)
+            return out
+        a = self.arrival
+        assert a is not None, "a synthetic workload needs an arrival config"
+        out = {"type": "synthetic", "arrival": a.process}
+        if a.rate is not None:
+            out["rate"] = a.rate
+        if a.process == "gamma":
+            out["burstiness"] = a.burstiness
+        if a.num_requests is not None:
+            out["num_requests"] = a.num_requests
+        if a.duration_s is not None:
+            out["duration"] = a.duration_s
+        if self.lengths is not None:
+            out["lengths"] = self.lengths.to_dict()
+        else:
+            assert self.prompt is not None and self.output is not None
+            out["prompt"] = self.prompt.to_dict()
+            out["output"] = self.output.to_dict()
+        return out
+
+
+def _parse_synthetic(f: Fields) -> WorkloadConfig:
+    process = f.str("arrival", "poisson", choices=ARRIVALS)
+    if process == "burst":
+        if f.has("rate"):
+            raise ConfigError(f.where("rate"), "does not apply to arrival: burst "
+                              "(all requests arrive at t = 0)")
+        rate = None
+    else:
+        rate = f.float("rate", positive=True)
+    if f.has("burstiness") and process != "gamma":
+        raise ConfigError(f.where("burstiness"), f"only applies to arrival: gamma, "
+                          f"not {process}")
+    burstiness = f.float("burstiness", 1.0, positive=True)
+    if f.has("num_requests") and f.has("duration"):
+        raise ConfigError(f.where("duration"), "give either num_requests or duration, not both")
+    num_requests = f.int("num_requests", None, min=1)
+    duration = f.float("duration", None, positive=True)
+    if num_requests is None and (duration is None or process == "burst"):
+        need = "is required for arrival: burst" if duration is not None else \
+            "is required (or give duration in seconds)"
+        raise ConfigError(f.where("num_requests"), need)
+    arrival = ArrivalConfig(process, rate, burstiness, num_requests, duration)
+
+    if f.has("lengths"):
+        for name in ("prompt", "output"):
+            if f.has(name):
+                raise ConfigError(f.where(name), "give either lengths (joint pairs) or "
+                                  "prompt and output, not both")
+        return WorkloadConfig(arrival=arrival, lengths=JointLengths.from_fields(f.section("lengths")))
+    return WorkloadConfig(arrival=arrival,
+                          prompt=LengthDist.from_fields(f.section("prompt")),
+                          output=LengthDist.from_fields(f.section("output")))
+
+
+def _parse_trace(f: Fields) -> WorkloadConfig:
+    path = f.str("trace")
+    fmt = f.str("format", choices=TRACE_FORMATS)
+    if f.has("time_scale") and f.has("rate"):
+        raise ConfigError(f.where("rate"), "give either time_scale or rate, not both")
+    time_scale = f.float("time_scale", 1.0, positive=True)
+    rate = f.float("rate", None, positive=True)
+    start = f.float("start_s", None, min=0)
+    end = f.float("end_s", None, positive=True)
+    if start is not None and end is not None and end <= start:
+        raise ConfigError(f.where("end_s"), f"must be > start_s ({start:g}), got {end:g}")
+    if f.has("model") and fmt != "burstgpt":
+        raise ConfigError(f.where("model"), f"only applies to format: burstgpt, not {fmt}")
+    return WorkloadConfig(trace=TraceConfig(
+        path=path, format=fmt, time_scale=time_scale, rate=rate, start_s=start, end_s=end,
+        num_requests=f.int("num_requests", None, min=1),
+        max_prompt_tokens=f.int("max_prompt_tokens", None, min=1),
+        max_output_tokens=f.int("max_output_tokens", None, min=1),
+        model=f.str("model", None)))

@@ -1,0 +1,106 @@
+"""Synthetic workloads: an arrival process plus prompt and output length distributions.
+
+Randomness comes from one root seed split into three independent streams
+(``SeedSequence(seed).spawn(3)``: arrivals, prompt lengths, output lengths), so changing one
+distribution never reshuffles the others.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from simserve.workload.config import ArrivalConfig, LengthDist, WorkloadConfig
+from simserve.workload.spec import RequestSpec
+from simserve.workload.traces import read_length_columns, resolve_path
+
+
+def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[RequestSpec]:
+    """Requests of a synthetic ``cfg``, ids 0..n-1 in arrival order."""
+    assert cfg.arrival is not None, "generate() needs a synthetic workload"
+    arrival_rng, prompt_rng, output_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+    arrival = arrival_times(cfg.arrival, arrival_rng)
+    n = len(arrival)
+    if cfg.lengths is not None:
+        # One row index per request keeps each (prompt, output) pair together; it uses the
+        # prompt stream, and the output stream is left unused.
+        prompts, outputs = read_length_columns(
+            resolve_path(cfg.lengths.path, base_dir, "workload.lengths.path"),
+            (cfg.lengths.prompt_column, cfg.lengths.output_column))
+        rows = prompt_rng.integers(0, len(prompts), size=n)
+        prompt, output = prompts[rows], outputs[rows]
+    else:
+        assert cfg.prompt is not None and cfg.output is not None
+        prompt = sample_lengths(cfg.prompt, n, prompt_rng, base_dir, "workload.prompt")
+        output = sample_lengths(cfg.output, n, output_rng, base_dir, "workload.output")
+    return [RequestSpec(i, a, p, o) for i, (a, p, o) in enumerate(
+        zip(arrival.tolist(), prompt.tolist(), output.tolist()))]
+
+
+def arrival_times(cfg: ArrivalConfig, rng: np.random.Generator) -> np.ndarray:
+    """Non-decreasing arrival times in seconds; the first request arrives at t = 0.
+
+    With ``duration_s`` the times are those of the process that fall in ``[0, duration_s)``.
+    """
+    if cfg.process == "burst":
+        assert cfg.num_requests is not None
+        return np.zeros(cfg.num_requests)
+    assert cfg.rate is not None
+    if cfg.process == "constant":
+        # i / rate rather than a cumulative sum, so the spacing is exact and does not drift.
+        n = cfg.num_requests or math.ceil(cfg.duration_s * cfg.rate) + 1
+        t = np.arange(n) / cfg.rate
+        return t if cfg.num_requests else t[t < cfg.duration_s]
+    if cfg.num_requests is not None:
+        return np.concatenate(([0.0], np.cumsum(_gaps(cfg, rng, cfg.num_requests - 1))))
+    # Duration mode: draw gaps in chunks of about the expected count until past the end.
+    chunk = int(cfg.duration_s * cfg.rate) + 16
+    parts, last = [np.zeros(1)], 0.0
+    while last < cfg.duration_s:
+        parts.append(last + np.cumsum(_gaps(cfg, rng, chunk)))
+        last = float(parts[-1][-1])
+    t = np.concatenate(parts)
+    return t[t < cfg.duration_s]
+
+
+def _gaps(cfg: ArrivalConfig, rng: np.random.Generator, n: int) -> np.ndarray:
+    if cfg.process == "poisson":
+        return rng.exponential(1.0 / cfg.rate, size=n)
+    # gamma: mean shape * scale = 1 / rate, CV = 1 / sqrt(shape)
+    return rng.gamma(cfg.burstiness, 1.0 / (cfg.rate * cfg.burstiness), size=n)
+
+
+def sample_lengths(d: LengthDist, n: int, rng: np.random.Generator, base_dir: Path,
+                   field: str) -> np.ndarray:
+    """``n`` token counts from ``d``, rounded and clipped to ``[d.min, d.max]`` (int64).
+
+    ``field`` is the config path of ``d``, used to name it if its lengths file is missing.
+    """
+    if d.dist == "fixed":
+        x = np.full(n, float(d.value))
+    elif d.dist == "uniform":
+        x = rng.integers(d.low, d.high, size=n, endpoint=True)
+    elif d.dist == "normal":
+        x = rng.normal(d.mean, d.std, size=n)
+    elif d.dist == "lognormal":
+        # mean is E[X] in tokens: E[exp(N(mu, s^2))] = exp(mu + s^2/2), so mu = ln(mean) - s^2/2
+        x = rng.lognormal(math.log(d.mean) - d.sigma ** 2 / 2, d.sigma, size=n)
+    elif d.dist == "zipf":
+        # Inverse CDF over the finite support 1..max. cdf[-1] == 1 exactly and u < 1, so the
+        # index is at most max - 1 and the value at most max.
+        weights = np.arange(1, d.max + 1, dtype=float) ** -d.a
+        cdf = np.cumsum(weights)
+        cdf /= cdf[-1]
+        x = np.searchsorted(cdf, rng.random(n), side="right") + 1
+    elif d.dist == "empirical":
+        (values,) = read_length_columns(resolve_path(d.path, base_dir, f"{field}.path"),
+                                        (d.column,))
+        x = values[rng.integers(0, len(values), size=n)]
+    else:
+        raise AssertionError(f"unhandled dist {d.dist!r}")
+    # Without a max, 2**53 still bounds an overflowing heavy tail (inf) to a valid int64.
+    upper = d.max if d.max is not None else 2 ** 53
+    return np.clip(np.rint(x), d.min, upper).astype(np.int64)

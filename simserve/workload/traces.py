@@ -1,0 +1,258 @@
+"""Trace replay: Azure, Mooncake, BurstGPT and plain CSV files into sorted RequestSpecs.
+
+Each reader returns the raw columns on the trace's own clock (seconds); :func:`load_trace` then
+does the same thing for every format::
+
+    sort (stable) -> t -= t[first] -> window [start_s, end_s) -> first num_requests
+    -> shift so the first kept request is at 0 -> time_scale or rate -> clip lengths
+
+Bad rows are found with vectorised checks; only the first one is reported, as ``file:line``
+(1-based lines in the file, header = line 1).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simserve.errors import ConfigError, DataError
+from simserve.workload.config import TraceConfig
+from simserve.workload.spec import RequestSpec
+
+
+@dataclass(frozen=True)
+class Trace:
+    """The loaded requests and how many rows were dropped as failed requests (BurstGPT)."""
+
+    requests: list[RequestSpec]
+    num_skipped: int = 0
+
+
+@dataclass
+class _Rows:
+    arrival_s: np.ndarray                       # float, the trace's own clock
+    prompt: np.ndarray                          # int64
+    output: np.ndarray                          # int64
+    hash_ids: list[tuple[int, ...] | None] | None = None
+    num_skipped: int = 0
+
+
+def resolve_path(path: str, base_dir: Path, field: str) -> Path:
+    """``path`` made absolute against ``base_dir``; ConfigError naming ``field`` if missing."""
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        p = Path(base_dir) / p
+    if not p.is_file():
+        raise ConfigError(field, f"file not found: {p}")
+    return p
+
+
+def load_trace(cfg: TraceConfig, base_dir: Path) -> Trace:
+    """Read, window, rescale and clip the trace described by ``cfg``."""
+    path = resolve_path(cfg.path, base_dir, "workload.trace")
+    rows = _READERS[cfg.format](path, cfg)
+    if len(rows.arrival_s) == 0:
+        raise DataError(path, "the trace has no requests")
+
+    order = np.argsort(rows.arrival_s, kind="stable")
+    t = rows.arrival_s[order] - rows.arrival_s[order[0]]
+    keep = np.ones(len(t), dtype=bool)
+    if cfg.start_s is not None:
+        keep &= t >= cfg.start_s
+    if cfg.end_s is not None:
+        keep &= t < cfg.end_s
+    idx = order[keep][:cfg.num_requests]
+    if len(idx) == 0:
+        raise DataError(path, f"no requests in the window start_s={cfg.start_s}, "
+                              f"end_s={cfg.end_s}; the trace spans 0 to {t[-1]:.3f} s")
+
+    arrival = rows.arrival_s[idx] - rows.arrival_s[idx[0]]
+    if cfg.rate is not None:
+        # Mean rate is (n - 1) / last_arrival: n requests span n - 1 gaps. Dividing by the
+        # last arrival first makes the new last arrival exactly (n - 1) / rate.
+        if arrival[-1] <= 0:
+            raise ConfigError("workload.rate", "cannot rescale the trace: all kept requests "
+                              "arrive at the same time")
+        arrival = arrival / arrival[-1] * ((len(idx) - 1) / cfg.rate)
+    else:
+        arrival = arrival * cfg.time_scale
+    prompt = rows.prompt[idx]
+    output = rows.output[idx]
+    if cfg.max_prompt_tokens is not None:
+        prompt = np.minimum(prompt, cfg.max_prompt_tokens)
+    if cfg.max_output_tokens is not None:
+        output = np.minimum(output, cfg.max_output_tokens)
+    hashes = [rows.hash_ids[i] for i in idx] if rows.hash_ids is not None else [None] * len(idx)
+    requests = [RequestSpec(i, a, p, o, h) for i, (a, p, o, h) in enumerate(
+        zip(arrival.tolist(), prompt.tolist(), output.tolist(), hashes))]
+    return Trace(requests, rows.num_skipped)
+
+
+def read_length_columns(path: Path, columns: Sequence[str]) -> list[np.ndarray]:
+    """Token-count columns of a lengths CSV (e.g. ShareGPT stats), validated as ints >= 1."""
+    df = _read_csv(path, columns)
+    if len(df) == 0:
+        raise DataError(path, "the lengths file has no rows")
+    return [_numeric(df[c], c, path, minimum=1, integer=True) for c in columns]
+
+
+# --- CSV helpers -----------------------------------------------------------------------------
+
+def _read_csv(path: Path, columns: Sequence[str]) -> pd.DataFrame:
+    """Only ``columns`` of a CSV file; DataError for a missing column or an unreadable file."""
+    try:
+        found = [str(c) for c in pd.read_csv(path, nrows=0).columns]
+        missing = [c for c in columns if c not in found]
+        if missing:
+            raise DataError(path, f"missing required column {missing[0]!r}; "
+                                  f"columns found: {', '.join(found)}")
+        return pd.read_csv(path, usecols=list(columns))
+    except pd.errors.EmptyDataError:
+        raise DataError(path, "the file is empty") from None
+    except UnicodeDecodeError:
+        raise DataError(path, "the file is not UTF-8 text") from None
+    except pd.errors.ParserError as e:
+        # pandas reports e.g. "Expected 3 fields in line 7, saw 4" with real file lines.
+        line = _int_after(str(e), " in line ")
+        raise DataError(path, "the row does not have the same number of fields as the header",
+                        line) from None
+
+
+def _csv_line(path: Path, row: int) -> int | None:
+    """File line of data row ``row`` (0-based), skipping blank lines as pandas does."""
+    seen = -1  # -1 until the header has been passed
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for lineno, text in enumerate(fh, 1):
+            if text.strip():
+                if seen == row:
+                    return lineno
+                seen += 1
+    return None
+
+
+def _int_after(text: str, marker: str) -> int | None:
+    tail = text.partition(marker)[2]
+    digits = tail[:len(tail) - len(tail.lstrip("0123456789"))]
+    return int(digits) if digits else None
+
+
+def _numeric(raw: pd.Series, col: str, path: Path, *, minimum: float, integer: bool,
+             lines: np.ndarray | None = None) -> np.ndarray:
+    """``raw`` as numbers >= ``minimum`` (whole numbers if ``integer``), else DataError at the
+    first bad row. ``lines`` maps rows to file lines (JSONL); CSV lines are found by scanning."""
+    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(values) | (values < minimum)
+        if integer:
+            bad |= values != np.floor(values)
+    if not bad.any():
+        return values.astype(np.int64) if integer else values
+    i = int(np.argmax(bad))
+    v, original = values[i], raw.iloc[i]
+    if pd.isna(original):
+        why = f"missing value in column {col!r}"
+    elif not np.isfinite(v):
+        why = f"column {col!r} is not a finite number: {original!r}"
+    elif v < minimum:
+        why = f"column {col!r} must be >= {minimum:g}, got {v:g}"
+    else:
+        why = f"column {col!r} must be a whole number, got {v:g}"
+    line = int(lines[i]) if lines is not None else _csv_line(path, i)
+    raise DataError(path, why, line)
+
+
+# --- format readers --------------------------------------------------------------------------
+
+def _read_azure(path: Path, cfg: TraceConfig) -> _Rows:
+    df = _read_csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
+    # "2023-11-16 18:15:46.6805900": whole seconds via pandas, the fraction (7 digits, finer
+    # than microseconds) as its own float so no precision is lost.
+    parts = df["TIMESTAMP"].astype(str).str.extract(
+        r"^\s*(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(\.\d{1,9})?\s*$")
+    whole = pd.to_datetime(parts[0], format="ISO8601", errors="coerce")
+    bad = whole.isna().to_numpy() | df["TIMESTAMP"].isna().to_numpy()
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise DataError(path, f"bad TIMESTAMP {df['TIMESTAMP'].iloc[i]!r}; expected "
+                              f"YYYY-MM-DD HH:MM:SS[.fraction]", _csv_line(path, i))
+    seconds = (whole - whole.min()).dt.total_seconds().to_numpy()
+    fraction = pd.to_numeric(parts[1], errors="coerce").fillna(0.0).to_numpy()
+    return _Rows(seconds + fraction,
+                 _numeric(df["ContextTokens"], "ContextTokens", path, minimum=1, integer=True),
+                 _numeric(df["GeneratedTokens"], "GeneratedTokens", path, minimum=1,
+                          integer=True))
+
+
+def _read_plain_csv(path: Path, cfg: TraceConfig) -> _Rows:
+    df = _read_csv(path, ("arrival_s", "prompt_tokens", "output_tokens"))
+    return _Rows(_numeric(df["arrival_s"], "arrival_s", path, minimum=0, integer=False),
+                 _numeric(df["prompt_tokens"], "prompt_tokens", path, minimum=1, integer=True),
+                 _numeric(df["output_tokens"], "output_tokens", path, minimum=1, integer=True))
+
+
+def _read_burstgpt(path: Path, cfg: TraceConfig) -> _Rows:
+    cols = ["Timestamp", "Request tokens", "Response tokens"] + (["Model"] if cfg.model else [])
+    df = _read_csv(path, cols)
+    t = _numeric(df["Timestamp"], "Timestamp", path, minimum=0, integer=False)
+    prompt = _numeric(df["Request tokens"], "Request tokens", path, minimum=1, integer=True)
+    # Response tokens == 0 marks a failed request in BurstGPT: allowed here, dropped below.
+    output = _numeric(df["Response tokens"], "Response tokens", path, minimum=0, integer=True)
+    keep = np.ones(len(df), dtype=bool)
+    if cfg.model:
+        keep = (df["Model"] == cfg.model).to_numpy()
+        if not keep.any():
+            models = ", ".join(sorted(map(str, df["Model"].dropna().unique())))
+            raise DataError(path, f"no rows with Model {cfg.model!r} (workload.model); "
+                                  f"models found: {models}")
+    failed = keep & (output == 0)
+    keep &= ~failed
+    return _Rows(t[keep], prompt[keep], output[keep], num_skipped=int(failed.sum()))
+
+
+def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
+    keys = ("timestamp", "input_length", "output_length")
+    cols: dict[str, list] = {k: [] for k in keys}
+    hashes: list[tuple[int, ...] | None] = []
+    lines: list[int] = []
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for lineno, text in enumerate(fh, 1):
+                if not text.strip():
+                    continue
+                try:
+                    obj = json.loads(text)
+                except json.JSONDecodeError:
+                    raise DataError(path, "the line is not valid JSON", lineno) from None
+                if not isinstance(obj, dict):
+                    raise DataError(path, "expected one JSON object per line", lineno)
+                for k in keys:
+                    if k not in obj:
+                        raise DataError(path, f"missing required field {k!r}; fields found: "
+                                              f"{', '.join(obj)}", lineno)
+                    cols[k].append(obj[k])
+                h = obj.get("hash_ids")
+                if h is not None and (not isinstance(h, list) or any(
+                        type(x) is not int for x in h)):
+                    raise DataError(path, "hash_ids must be a list of integers", lineno)
+                hashes.append(tuple(h) if h is not None else None)
+                lines.append(lineno)
+    except UnicodeDecodeError:
+        raise DataError(path, "the file is not UTF-8 text") from None
+    at = np.asarray(lines)
+
+    def column(k: str, minimum: float, integer: bool) -> np.ndarray:
+        return _numeric(pd.Series(cols[k], dtype=object), k, path, minimum=minimum,
+                        integer=integer, lines=at)
+
+    return _Rows(column("timestamp", 0, False) / 1000.0,  # milliseconds -> seconds
+                 column("input_length", 1, True), column("output_length", 1, True),
+                 hash_ids=hashes if any(h is not None for h in hashes) else None)
+
+
+_READERS = {"azure": _read_azure, "mooncake": _read_mooncake, "burstgpt": _read_burstgpt,
+            "csv": _read_plain_csv}
