@@ -9,7 +9,11 @@ The numbers go into ``simserve/data/hardware/cpu-epyc-2core.yaml`` (``peak_flops
   numpy's BLAS uses every core.
 * Bandwidth: best of several ``np.copyto`` of a buffer far larger than the caches, counted as
   bytes read + bytes written; run on one thread and on one thread per core (numpy releases the
-  GIL while copying), and the larger is reported.
+  GIL while copying), and the larger is reported. Half of it is the one-way copy rate, used
+  for host-link (KV swap) and interconnect bandwidth: on one socket both are memory copies.
+* Memory size: ``MemTotal`` from ``/proc/meminfo``.
+
+On a shared VM the copy numbers vary by ~25 % between runs; run it a few times.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ def matmul_flops(n: int = 4096, repeats: int = 5) -> float:
     return 2 * n**3 / best_time(lambda: np.matmul(a, b, out=out), repeats)
 
 
-def copy_bandwidth(total_bytes: int = 1 << 30, threads: int = 1, repeats: int = 5) -> float:
+def copy_bandwidth(total_bytes: int = 1 << 30, threads: int = 1, repeats: int = 10) -> float:
     n = total_bytes // 4
     src = np.ones(n, dtype=np.float32)
     dst = np.zeros(n, dtype=np.float32)
@@ -51,6 +55,17 @@ def copy_bandwidth(total_bytes: int = 1 << 30, threads: int = 1, repeats: int = 
         return 2 * src.nbytes / best_time(run, repeats)
 
 
+def mem_total_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def main() -> None:
     cores = os.cpu_count() or 1
     flops = matmul_flops()
@@ -60,6 +75,8 @@ def main() -> None:
     for t, v in bw.items():
         print(f"copy bandwidth, {t} thread(s) (read+write, 1 GiB): {v:.4g} B/s")
     print(f"mem_bandwidth (best): {max(bw.values()):.4g} B/s")
+    print(f"one-way copy rate (host_link / interconnect): {max(bw.values()) / 2:.4g} B/s")
+    print(f"mem_bytes (MemTotal): {mem_total_bytes()}")
 
 
 if __name__ == "__main__":

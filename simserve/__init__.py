@@ -1,10 +1,26 @@
-"""simserve: a discrete-event simulator of LLM serving schedulers."""
+"""simserve: a discrete-event simulator of LLM serving schedulers.
+
+    import simserve
+    result = simserve.run("scenarios/quickstart.yaml")
+    result.requests, result.steps, result.summary
+
+Top-level names are imported on first use, so ``import simserve`` stays cheap.
+"""
 
 __version__ = "0.1.0"
 
-from simserve.config import Scenario, load_scenario, parse_scenario  # noqa: E402
-from simserve.errors import ConfigError, DataError, SimserveError  # noqa: E402
-from simserve.runner import Result, run  # noqa: E402
+_EXPORTS = {
+    "run": "simserve.runner", "Result": "simserve.runner",
+    "Scenario": "simserve.config", "load_scenario": "simserve.config",
+    "parse_scenario": "simserve.config",
+    "SimserveError": "simserve.errors", "ConfigError": "simserve.errors",
+    "DataError": "simserve.errors",
+}
+__all__ = sorted(_EXPORTS)
 
-__all__ = ["ConfigError", "DataError", "Result", "Scenario", "SimserveError", "load_scenario",
-           "parse_scenario", "run"]
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        import importlib
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'simserve' has no attribute {name!r}")

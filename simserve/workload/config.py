@@ -233,7 +233,7 @@ class WorkloadConfig:
 def _parse_synthetic(f: Fields) -> WorkloadConfig:
     process = f.str("arrival", "poisson", choices=ARRIVALS)
     if process == "burst":
-        if f.has("rate"):
+        if f.any("rate", None) is not None:
             raise ConfigError(f.where("rate"), "does not apply to arrival: burst "
                               "(all requests arrive at t = 0)")
         rate = None
@@ -255,7 +255,7 @@ def _parse_synthetic(f: Fields) -> WorkloadConfig:
 
     if f.has("lengths"):
         for name in ("prompt", "output"):
-            if f.has(name):
+            if f.any(name, None) is not None:
                 raise ConfigError(f.where(name), "give either lengths (joint pairs) or "
                                   "prompt and output, not both")
         return WorkloadConfig(arrival=arrival, lengths=JointLengths.from_fields(f.section("lengths")))
