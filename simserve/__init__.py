@@ -10,7 +10,8 @@ Top-level names are imported on first use, so ``import simserve`` stays cheap.
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "run": "simserve.runner", "Result": "simserve.runner",
+    "run": "simserve.runner", "Result": "simserve.runner", "compare": "simserve.runner",
+    "load_variants": "simserve.config",
     "Scenario": "simserve.config", "load_scenario": "simserve.config",
     "parse_scenario": "simserve.config",
     "SimserveError": "simserve.errors", "ConfigError": "simserve.errors",

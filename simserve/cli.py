@@ -38,22 +38,31 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_run(args) -> int:
-    from simserve.config import load_scenario
-    from simserve.runner import run
+    from simserve.config import load_variants
+    from simserve.runner import comparison_table, run
 
-    scenario = load_scenario(args.scenario, args.overrides)
-    t0 = time.perf_counter()
-    result = run(scenario)
-    wall = time.perf_counter() - t0
-    if not args.quiet:
-        print(result.table())
-    out = args.out or scenario.output_dir or str(Path("runs") / scenario.name)
-    if scenario.output_dir and not args.out:
-        out = str(scenario.base_dir / scenario.output_dir)
-    path = result.save(out)
-    n = result.summary["num_requests"]
-    print(f"simulated {n} requests, {len(result.steps)} steps in {wall:.2f} s "
-          f"[latency: {result.scenario.latency.model}]; results in {path}/")
+    variants = load_variants(args.scenario, args.overrides)
+    first = variants[0][1]
+    root = Path(args.out) if args.out else (
+        first.base_dir / first.output_dir if first.output_dir else
+        Path("runs") / Path(args.scenario).stem)
+    results = {}
+    for label, scenario in variants:
+        t0 = time.perf_counter()
+        result = run(scenario)
+        wall = time.perf_counter() - t0
+        results[label] = result
+        if not args.quiet:
+            print(result.table())
+        out = root if len(variants) == 1 else root / label
+        path = result.save(out)
+        print(f"simulated {result.summary['num_requests']} requests, {len(result.steps)} steps "
+              f"in {wall:.2f} s [latency: {result.latency_label}]; results in {path}/")
+    if len(variants) > 1:
+        table = comparison_table(results)
+        print()
+        print(table.to_string())
+        table.to_csv(root / "comparison.csv", float_format="%.6g")
     return 0
 
 

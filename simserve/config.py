@@ -7,6 +7,7 @@ validation, so they are checked exactly like the file.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -231,6 +232,23 @@ def load_yaml(path: str | Path) -> Any:
         raise DataError(path, f"invalid YAML: {e}") from None
 
 
+def set_field(raw: dict, key: str, value: Any) -> None:
+    """Set a dotted field (``engine.max_num_seqs``) in a scenario mapping, creating sections."""
+    parts = key.strip().split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif isinstance(child, str) and part in ("model", "hardware"):
+            # `--set model.max_position_embeddings=...` on a named card: override that card
+            child = node[part] = {"card" if part == "model" else "spec": child}
+        elif not isinstance(child, dict):
+            raise ConfigError(".".join(parts[: i + 1]), f"is not a section, cannot set {key}")
+        node = child
+    node[parts[-1]] = value
+
+
 def apply_overrides(raw: Any, overrides: list[str]) -> Any:
     """Apply ``a.b.c=value`` strings (value parsed as YAML) to a scenario mapping."""
     if not isinstance(raw, dict):
@@ -243,32 +261,63 @@ def apply_overrides(raw: Any, overrides: list[str]) -> Any:
             value = yaml.safe_load(text)
         except yaml.YAMLError:
             value = text
-        parts = key.strip().split(".")
-        node = raw
-        for i, part in enumerate(parts[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            elif isinstance(child, str) and part in ("model", "hardware"):
-                # `--set model.max_position_embeddings=...` on a named card: override it
-                child = node[part] = {"card" if part == "model" else "spec": child}
-            elif not isinstance(child, dict):
-                raise ConfigError(".".join(parts[: i + 1]),
-                                  f"is not a section, cannot set {key.strip()}")
-            node = child
-        node[parts[-1]] = value
+        set_field(raw, key, value)
     return raw
 
 
-def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    path = Path(path)
+def _load_raw(path: Path) -> dict:
     raw = load_yaml(path)
     if raw is None:
         raise DataError(path, "the scenario file is empty")
     if not isinstance(raw, dict):
         raise DataError(path, "a scenario must be a YAML mapping (model:, hardware:, ...)")
+    return raw
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
+    """Load one scenario. A file with a ``compare:`` section needs :func:`load_variants`."""
+    path = Path(path)
+    raw = _load_raw(path)
+    if "compare" in raw:
+        raise ConfigError("compare", f"{path} defines several variants; run it with "
+                                     "`simserve run` or load it with load_variants()")
     raw = apply_overrides(raw, overrides or [])
     return parse_scenario(raw, base_dir=path.parent, name=path.stem)
+
+
+def load_variants(path: str | Path, overrides: list[str] | None = None) -> list[tuple[str, Scenario]]:
+    """Load a scenario file as labelled variants.
+
+    A plain scenario is one variant labelled with its name. A ``compare:`` section names one
+    field and the values to try, e.g. ``compare: {scheduler.policy: [vllm_v0, vllm_v1]}``;
+    each variant is the base scenario with that one field set, labelled by the value.
+    """
+    path = Path(path)
+    raw = _load_raw(path)
+    compare = raw.pop("compare", None)
+    if compare is None:
+        raw = apply_overrides(raw, overrides or [])
+        s = parse_scenario(raw, base_dir=path.parent, name=path.stem)
+        return [(s.name, s)]
+    if not isinstance(compare, dict) or len(compare) != 1:
+        raise ConfigError("compare", "expected one field with a list of values, e.g. "
+                                     "{scheduler.policy: [vllm_v0, vllm_v1]}")
+    (key, values), = compare.items()
+    if not isinstance(values, list) or not values:
+        raise ConfigError(f"compare.{key}", "expected a non-empty list of values")
+    variants = []
+    for value in values:
+        variant = copy.deepcopy(raw)
+        set_field(variant, key, value)
+        apply_overrides(variant, overrides or [])
+        label = str(value)
+        base = variant.get("name", path.stem)
+        try:
+            s = parse_scenario(variant, base_dir=path.parent, name=path.stem)
+        except ConfigError as e:
+            raise ConfigError(e.field, f"{e.message} (in variant {key}={label})") from None
+        variants.append((label, s.replace(name=f"{base}-{label}")))
+    return variants
 
 
 def num_kv_blocks(s: Scenario) -> int:

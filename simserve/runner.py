@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from simserve.config import Scenario, load_scenario, num_host_blocks, num_kv_blocks
+from simserve.config import Scenario, load_scenario, load_variants, num_host_blocks, \
+    num_kv_blocks
 from simserve.engine import STEP_COLUMNS, Recorder, Replica, least_outstanding, round_robin, \
     simulate
 from simserve.errors import ConfigError, SimserveError
@@ -41,6 +42,7 @@ class Result:
     steps: pd.DataFrame
     token_times: list[np.ndarray]
     summary: dict
+    latency_label: str = ""
     warnings: list[str] = field(default_factory=list)
 
     def table(self) -> str:
@@ -111,7 +113,31 @@ def run(scenario: Scenario | str | Path, *, latency: LatencyModel | None = None,
     replicas = build_replicas(s, latency)
     router = round_robin() if s.cluster.router == "round_robin" else least_outstanding
     rec = simulate(specs, replicas, router)
-    return collect(s, rec)
+    result = collect(s, rec)
+    result.latency_label = replicas[0].latency.label
+    return result
+
+
+def compare(path: str | Path, overrides: list[str] | None = None) -> dict[str, Result]:
+    """Run every variant of a scenario file (see ``config.load_variants``), keyed by label."""
+    return {label: run(s) for label, s in load_variants(path, overrides)}
+
+
+COMPARISON_METRICS = {
+    "completed": "completed", "rejected": "num_rejected",
+    "req/s": "request_throughput", "out tok/s": "output_throughput",
+    "TTFT p50 ms": "median_ttft_ms", "TTFT p99 ms": "p99_ttft_ms",
+    "TPOT p50 ms": "median_tpot_ms", "TPOT p99 ms": "p99_tpot_ms",
+    "E2EL p50 ms": "median_e2el_ms", "preemptions": "total_preemptions",
+    "goodput req/s": "request_goodput", "SLO attainment": "slo_attainment",
+}
+
+
+def comparison_table(results: dict[str, Result]) -> pd.DataFrame:
+    """One row per variant, the headline metrics as columns."""
+    rows = {label: {col: r.summary.get(key) for col, key in COMPARISON_METRICS.items()}
+            for label, r in results.items()}
+    return pd.DataFrame.from_dict(rows, orient="index")
 
 
 def collect(s: Scenario, rec: Recorder) -> Result:

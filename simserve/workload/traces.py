@@ -111,7 +111,8 @@ def _read_csv(path: Path, columns: Sequence[str]) -> pd.DataFrame:
         if missing:
             raise DataError(path, f"missing required column {missing[0]!r}; "
                                   f"columns found: {', '.join(found)}")
-        return pd.read_csv(path, usecols=list(columns))
+        # All columns are read (not usecols) so that a row with extra fields is an error.
+        return pd.read_csv(path)[list(columns)]
     except pd.errors.EmptyDataError:
         raise DataError(path, "the file is empty") from None
     except UnicodeDecodeError:
@@ -156,7 +157,9 @@ def _numeric(raw: pd.Series, col: str, path: Path, *, minimum: float, integer: b
     v, original = values[i], raw.iloc[i]
     if pd.isna(original):
         why = f"missing value in column {col!r}"
-    elif not np.isfinite(v):
+    elif np.isnan(v):
+        why = f"column {col!r} is not a number: {original!r}"
+    elif np.isinf(v):
         why = f"column {col!r} is not a finite number: {original!r}"
     elif v < minimum:
         why = f"column {col!r} must be >= {minimum:g}, got {v:g}"
@@ -210,7 +213,7 @@ def _read_burstgpt(path: Path, cfg: TraceConfig) -> _Rows:
             raise DataError(path, f"no rows with Model {cfg.model!r} (workload.model); "
                                   f"models found: {models}")
     failed = keep & (output == 0)
-    keep &= ~failed
+    keep = keep & ~failed
     return _Rows(t[keep], prompt[keep], output[keep], num_skipped=int(failed.sum()))
 
 

@@ -1,0 +1,138 @@
+"""Invariants that must hold for every policy, workload and knob setting."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from simserve.engine import Replica, round_robin, simulate
+from simserve.kv.blocks import BlockManager
+from simserve.sched import POLICIES, SchedulerLimits, Status
+from simserve.workload.spec import RequestSpec
+
+
+class ToyLatency:
+    """Deterministic, cheap, and sensitive to every part of the plan."""
+
+    label = "toy"
+
+    def step_time(self, plan) -> float:
+        ctx = sum(plan.decode_ctx) + sum(plan.prefill_ctx)
+        return 1e-3 + 2e-5 * plan.num_batched_tokens + 1e-7 * ctx + 1e-4 * plan.swap_out_blocks \
+            + 1e-4 * plan.swap_in_blocks
+
+
+@st.composite
+def scenarios(draw):
+    policy = draw(st.sampled_from(sorted(POLICIES)))
+    block_size = draw(st.sampled_from([1, 4, 16]))
+    max_model_len = draw(st.integers(16, 256))
+    chunked = POLICIES[policy].chunked
+    if chunked is None:
+        chunked = draw(st.booleans())
+    budget = draw(st.integers(8, 512)) if chunked else draw(st.integers(max_model_len, 600))
+    min_blocks = -(-max_model_len // block_size)
+    num_blocks = draw(st.integers(min_blocks // 2 + 1, min_blocks * 4))
+    limits = SchedulerLimits(
+        max_num_seqs=draw(st.integers(1, 16)),
+        max_num_batched_tokens=budget,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 5, 64])),
+        preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
+    )
+    host_blocks = draw(st.integers(0, 64))
+    n = draw(st.integers(1, 40))
+    gaps = draw(st.lists(st.floats(0, 0.05), min_size=n, max_size=n))
+    specs = []
+    t = 0.0
+    for i in range(n):
+        t += gaps[i]
+        prompt = draw(st.integers(1, 200))
+        output = draw(st.integers(1, 60))
+        specs.append(RequestSpec(i, t, prompt, output))
+    replicas = draw(st.integers(1, 2))
+    return policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs, replicas
+
+
+def run_checked(policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs,
+                num_replicas):
+    """Run with a scheduler wrapper that checks every plan as it is made."""
+    cls = POLICIES[policy]
+    replicas = []
+    for i in range(num_replicas):
+        sched = cls(limits, BlockManager(num_blocks, block_size, host_blocks))
+        replicas.append(Replica(i, sched, ToyLatency(), max_model_len))
+    plans = []
+
+    for r in replicas:
+        original = r.scheduler.schedule
+
+        def checked(original=original, sched=r.scheduler):
+            plan = original()
+            plans.append(plan)
+            assert plan.num_batched_tokens <= limits.max_num_batched_tokens
+            assert plan.num_seqs <= limits.max_num_seqs
+            assert len(sched.running) <= limits.max_num_seqs
+            assert 0 <= sched.blocks.num_used <= sched.blocks.num_blocks
+            assert 0 <= sched.blocks.num_host_free <= sched.blocks.num_host_blocks
+            assert len(set(plan.request_ids)) == len(plan.request_ids)
+            assert all(n >= 1 for n in plan.num_new_tokens)
+            # every scheduled request holds the blocks for what it computes this step
+            for rid, n in zip(plan.request_ids, plan.num_new_tokens):
+                req = next(q for q in sched.running if q.id == rid)
+                assert sched.blocks.held(rid) * block_size >= req.num_computed_tokens + n
+                assert req.num_computed_tokens + n <= req.num_tokens
+            return plan
+
+        r.scheduler.schedule = checked
+    rec = simulate(specs, replicas, round_robin())
+    return rec, replicas, plans
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_invariants_hold_for_every_policy(case):
+    policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs, nrep = case
+    rec, replicas, plans = run_checked(*case)
+    # every arrived request ends finished or rejected, and none is lost
+    assert len(rec.requests) == len(specs)
+    assert {r.id for r in rec.requests} == {s.request_id for s in specs}
+    for req in rec.requests:
+        too_long = req.max_tokens > max_model_len or -(-req.max_tokens // block_size) > num_blocks
+        if too_long:
+            assert req.status is Status.REJECTED and req.reject_reason
+            continue
+        assert req.status is Status.FINISHED, (req.status, req.reject_reason)
+        # each output token produced exactly once, at non-decreasing times
+        assert len(req.token_times) == req.num_output_tokens == req.num_generated
+        assert np.all(np.diff(req.token_times) >= 0)
+        assert req.spec.arrival_s <= req.first_scheduled_s < req.token_times[0]
+        assert req.finish_s == req.token_times[-1]
+    # all KV returned at the end
+    for r in replicas:
+        assert r.blocks.num_used == 0 and r.blocks.num_host_free == r.blocks.num_host_blocks
+        assert not r.scheduler.has_work
+    # steps of one replica never overlap and time only moves forward
+    starts = {}
+    for i in range(len(rec.steps["step"])):
+        rep = rec.steps["replica"][i]
+        start, dur = rec.steps["start_s"][i], rec.steps["duration_s"][i]
+        assert dur > 0
+        assert start >= starts.get(rep, 0.0) - 1e-12
+        starts[rep] = start + dur
+    # tokens computed add up: prompt + generated-before-last, plus recomputation
+    computed = sum(sum(p.num_new_tokens) for p in plans)
+    finished_work = sum(r.max_tokens - 1 for r in rec.requests if r.status is Status.FINISHED)
+    assert computed >= finished_work
+    if all(r.num_preemptions == 0 for r in rec.requests):
+        assert computed == finished_work
+
+
+@settings(max_examples=30, deadline=None)
+@given(scenarios())
+def test_same_input_same_schedule(case):
+    rec1, _, plans1 = run_checked(*case)
+    rec2, _, plans2 = run_checked(*case)
+    assert plans1 == plans2
+    assert [r.token_times for r in rec1.requests] == [r.token_times for r in rec2.requests]
