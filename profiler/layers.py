@@ -1,0 +1,368 @@
+"""A Llama-style decoder built from a model card's shapes, with random weights.
+
+Only the shapes matter for timing, so weights are random (non-zero, small, seeded). The layer is
+written the way a serving engine runs it: all tokens of a step packed into one ``[T, hidden]``
+tensor (prefill chunks and decodes together), positions per token, and the new K/V written into a
+paged cache through a slot mapping before attention reads the cache through a block table.
+
+Paged KV cache and the index arithmetic (block_size = 4 in the picture)::
+
+    sequence s, 10 tokens:   pos  0 1 2 3 | 4 5 6 7 | 8 9 . .
+    block_table[s]        =  [     7      ,    2    ,   5     ]   (any free blocks, any order)
+    slot(pos)             =  block_table[s][pos // block_size] * block_size + pos % block_size
+    slot(9)               =  5 * 4 + 1 = 21   ->  cache_k.view(-1, kv_heads, head_dim)[21]
+
+``StepMeta`` holds everything derived from the step's composition (positions, slots, block
+tables); it is built once per step and shared by every layer, like an engine's attention metadata.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+RMS_EPS = 1e-6
+ROPE_THETA = 10000.0
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The decoder shapes the profiler needs (a subset of simserve's ModelCard)."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    qkv_bias: bool = False
+    tie_word_embeddings: bool = False
+
+    @classmethod
+    def from_card(cls, card: Any) -> "Shapes":
+        return cls(**{k: getattr(card, k) for k in cls.__dataclass_fields__})
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def as_dict(self, dtype_bytes: int) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["dtype_bytes"] = dtype_bytes
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# Paged KV cache and per-step metadata
+
+
+class PagedKVCache:
+    """K and V of one layer: ``[num_blocks, block_size, kv_heads, head_dim]`` each."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str, fill: str = "random",
+                 generator: torch.Generator | None = None):
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.block_size = block_size
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        if fill == "random":
+            # a test wants every slot distinct; fine while the cache is small
+            self.k.normal_(generator=generator)
+            self.v.normal_(generator=generator)
+        else:
+            # timing only needs finite, non-constant values: tile one random block (memset speed;
+            # randn over gigabytes would cost seconds per grid point)
+            one = torch.randn((1, *shape[1:]), dtype=torch.float32, generator=generator)
+            self.k.copy_(one.to(dtype).expand(shape))
+            self.v.copy_((-one).to(dtype).expand(shape))
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k.shape[0]
+
+    def write(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Store the new tokens' K/V ``[T, kv_heads, head_dim]`` at their slots."""
+        flat_k = self.k.view(-1, *self.k.shape[2:])
+        flat_v = self.v.view(-1, *self.v.shape[2:])
+        flat_k.index_copy_(0, slot_mapping, k)
+        flat_v.index_copy_(0, slot_mapping, v)
+
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+
+@dataclass
+class StepMeta:
+    """What a step is made of, as tensors. Tokens are packed prefill chunks first, then decodes.
+
+    ``query_lens[s]`` new tokens of sequence ``s`` attend its first ``seq_lens[s]`` cached tokens
+    (``seq_lens = ctx + query_len``): query ``i`` of ``s`` sits at position ``ctx + i`` and sees
+    keys at positions ``<= ctx + i``.
+    """
+
+    block_size: int
+    num_prefills: int              # sequences [0, num_prefills) are prefill chunks
+    query_lens: list[int]
+    ctx_lens: list[int]
+    query_start: list[int]         # token offset of each sequence in the packed batch (len S+1)
+    positions: torch.Tensor        # [T] int64
+    slot_mapping: torch.Tensor     # [T] int64
+    block_tables: torch.Tensor     # [S, max_blocks] int32, padded with 0
+    num_blocks_per_seq: list[int]
+    seq_lens_t: torch.Tensor       # [S] int64 on device
+    backend_state: dict[str, Any]  # whatever an attention backend precomputes per step
+
+    @property
+    def num_tokens(self) -> int:
+        return self.query_start[-1]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def seq_lens(self) -> list[int]:
+        return [c + q for c, q in zip(self.ctx_lens, self.query_lens)]
+
+
+def blocks_needed(seq_len: int, block_size: int) -> int:
+    return -(-seq_len // block_size)
+
+
+def build_step(prefill: list[tuple[int, int]], decode_ctx: list[int], block_size: int,
+               num_cache_blocks: int, device: torch.device | str,
+               generator: torch.Generator | None = None,
+               block_order: torch.Tensor | None = None) -> StepMeta:
+    """Metadata for a step of prefill chunks ``(len, ctx)`` and decodes (``ctx``, 1 new token).
+
+    Blocks are handed out from a shuffled order of the cache's blocks (or ``block_order``), so
+    block tables are non-contiguous as in a long-running server.
+    """
+    query_lens = [q for q, _ in prefill] + [1] * len(decode_ctx)
+    ctx_lens = [c for _, c in prefill] + list(decode_ctx)
+    for q in query_lens:
+        if q < 1:
+            raise ValueError(f"a prefill chunk needs at least one token, got {q}")
+    nblocks = [blocks_needed(c + q, block_size) for q, c in zip(query_lens, ctx_lens)]
+    if sum(nblocks) > num_cache_blocks:
+        raise ValueError(f"step needs {sum(nblocks)} KV blocks, cache has {num_cache_blocks}")
+    if block_order is None:
+        block_order = torch.randperm(num_cache_blocks, generator=generator)
+    width = max(nblocks) if nblocks else 1
+    tables = torch.zeros((len(nblocks), width), dtype=torch.int32)
+    positions, slots, starts = [], [], [0]
+    used = 0
+    for s, (q, c, n) in enumerate(zip(query_lens, ctx_lens, nblocks)):
+        table = block_order[used:used + n]
+        used += n
+        tables[s, :n] = table
+        pos = torch.arange(c, c + q)
+        positions.append(pos)
+        slots.append(table[pos // block_size].long() * block_size + pos % block_size)
+        starts.append(starts[-1] + q)
+    return StepMeta(
+        block_size=block_size, num_prefills=len(prefill), query_lens=query_lens,
+        ctx_lens=ctx_lens, query_start=starts,
+        positions=torch.cat(positions).to(device) if positions else torch.zeros(0, dtype=torch.long, device=device),
+        slot_mapping=torch.cat(slots).to(device) if slots else torch.zeros(0, dtype=torch.long, device=device),
+        block_tables=tables.to(device), num_blocks_per_seq=nblocks,
+        seq_lens_t=torch.tensor([c + q for q, c in zip(query_lens, ctx_lens)], device=device),
+        backend_state={})
+
+
+def gather_slots(block_table: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
+    """Cache slot of each of a sequence's first ``seq_len`` positions (see the module picture)."""
+    pos = torch.arange(seq_len, device=block_table.device)
+    return block_table[pos // block_size].long() * block_size + pos % block_size
+
+
+# --------------------------------------------------------------------------------------------
+# Building blocks
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    # variance in fp32, as engines do, or bf16 rounding dominates the error
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + RMS_EPS)
+    return xf.to(x.dtype) * weight
+
+
+class Rotary:
+    """Neox-style rotary embedding with a cos/sin table built once for ``max_positions``."""
+
+    def __init__(self, head_dim: int, max_positions: int, dtype: torch.dtype,
+                 device: torch.device | str):
+        inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, head_dim, 2, dtype=torch.float32)
+                                         / head_dim))
+        t = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)
+        self.cos = freqs.cos().to(dtype).to(device)
+        self.sin = freqs.sin().to(dtype).to(device)
+
+    def ensure(self, max_position: int) -> None:
+        if max_position >= self.cos.shape[0]:
+            grown = Rotary(self.cos.shape[1] * 2, 2 * max_position + 1, self.cos.dtype,
+                           self.cos.device)
+            self.cos, self.sin = grown.cos, grown.sin
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` of shape ``[T, heads, head_dim]``."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def _weight(rows: int, cols: int, dtype: torch.dtype, device: Any,
+            gen: torch.Generator) -> torch.Tensor:
+    # std 1/sqrt(cols) keeps activations O(1) through many random layers
+    w = torch.randn((rows, cols), generator=gen, dtype=torch.float32) / cols ** 0.5
+    return w.to(dtype).to(device)
+
+
+AttentionFn = Callable[[torch.Tensor, "PagedKVCache", StepMeta], torch.Tensor]
+
+
+class DecoderLayer:
+    """RMSNorm → fused QKV → RoPE → paged-cache write → attention → O proj → residual →
+    RMSNorm → fused gate/up → SiLU·up → down → residual."""
+
+    OPS = ("input_norm", "qkv_proj", "rope", "kv_write", "o_proj", "post_norm", "mlp")
+
+    def __init__(self, shapes: Shapes, dtype: torch.dtype, device: Any, gen: torch.Generator,
+                 rotary: Rotary):
+        h, s = shapes.hidden_size, shapes
+        self.s = s
+        self.rotary = rotary
+        self.input_norm = (1 + 0.1 * torch.randn(h, generator=gen)).to(dtype).to(device)
+        self.post_norm = (1 + 0.1 * torch.randn(h, generator=gen)).to(dtype).to(device)
+        self.w_qkv = _weight(s.q_dim + 2 * s.kv_dim, h, dtype, device, gen)
+        self.b_qkv = (0.1 * torch.randn(s.q_dim + 2 * s.kv_dim, generator=gen)).to(dtype).to(
+            device) if s.qkv_bias else None
+        self.w_o = _weight(h, s.q_dim, dtype, device, gen)
+        self.w_gate_up = _weight(2 * s.intermediate_size, h, dtype, device, gen)
+        self.w_down = _weight(h, s.intermediate_size, dtype, device, gen)
+
+    def parameters(self) -> list[torch.Tensor]:
+        ps = [self.input_norm, self.post_norm, self.w_qkv, self.w_o, self.w_gate_up, self.w_down]
+        return ps + ([self.b_qkv] if self.b_qkv is not None else [])
+
+    # each op on its own, so the profiler can time them one by one
+    def qkv(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.w_qkv, self.b_qkv)
+
+    def split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        s = self.s
+        q, k, v = qkv.split([s.q_dim, s.kv_dim, s.kv_dim], dim=-1)
+        return (q.view(-1, s.num_heads, s.head_dim), k.view(-1, s.num_kv_heads, s.head_dim),
+                v.view(-1, s.num_kv_heads, s.head_dim))
+
+    def mlp(self, h: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(h, self.w_gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.w_down)
+
+    def forward(self, x: torch.Tensor, meta: StepMeta, cache: PagedKVCache,
+                attention: AttentionFn | None) -> torch.Tensor:
+        """``x`` is ``[T, hidden]``. With ``attention=None`` the attention output is replaced by
+        the queries themselves (same shape): everything else in the layer still runs, which is
+        how the per-token ("linear") part of a layer is timed."""
+        h = rms_norm(x, self.input_norm)
+        q, k, v = self.split_qkv(self.qkv(h))
+        q = self.rotary(q, meta.positions)
+        k = self.rotary(k, meta.positions)
+        cache.write(k, v, meta.slot_mapping)
+        o = q if attention is None else attention(q, cache, meta)
+        x = x + F.linear(o.reshape(x.shape[0], -1), self.w_o)
+        return x + self.mlp(rms_norm(x, self.post_norm))
+
+
+class Model:
+    """Embedding, ``num_layers`` decoder layers, final norm and LM head.
+
+    ``distinct_layers=False`` reuses one layer's weights for every layer: the same work per step
+    with a fraction of the memory, for models too large for the device (recorded in the profile).
+    """
+
+    def __init__(self, shapes: Shapes, dtype: torch.dtype, device: Any, seed: int = 0,
+                 num_layers: int | None = None, distinct_layers: bool = True,
+                 max_positions: int = 4096):
+        gen = torch.Generator().manual_seed(seed)
+        self.shapes = shapes
+        self.dtype = dtype
+        self.device = device
+        self.rotary = Rotary(shapes.head_dim, max_positions, dtype, device)
+        n = shapes.num_layers if num_layers is None else num_layers
+        first = DecoderLayer(shapes, dtype, device, gen, self.rotary)
+        self.layers = [first] + [DecoderLayer(shapes, dtype, device, gen, self.rotary)
+                                 if distinct_layers else first for _ in range(n - 1)]
+        self.embed = (torch.randn((shapes.vocab_size, shapes.hidden_size), generator=gen)
+                      .to(dtype).to(device))
+        self.final_norm = (1 + 0.1 * torch.randn(shapes.hidden_size, generator=gen)
+                           ).to(dtype).to(device)
+        self.lm_head = self.embed if shapes.tie_word_embeddings else _weight(
+            shapes.vocab_size, shapes.hidden_size, dtype, device, gen)
+
+    def parameters(self) -> list[torch.Tensor]:
+        seen: dict[int, torch.Tensor] = {}
+        for t in [self.embed, self.final_norm, self.lm_head,
+                  *[p for layer in self.layers for p in layer.parameters()]]:
+            seen.setdefault(id(t), t)
+        return list(seen.values())
+
+    def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(token_ids, self.embed)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head)
+
+    def step(self, token_ids: torch.Tensor, meta: StepMeta, caches: list[PagedKVCache],
+             attention: AttentionFn, sample: Callable[[torch.Tensor], torch.Tensor],
+             sample_rows: torch.Tensor) -> torch.Tensor:
+        """One engine step: returns the sampled token of each row in ``sample_rows``."""
+        x = self.embed_tokens(token_ids)
+        for layer, cache in zip(self.layers, caches):
+            x = layer.forward(x, meta, cache, attention)
+        x = rms_norm(x, self.final_norm)
+        return sample(self.logits(x[sample_rows]))
+
+
+def param_bytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling
+
+
+def sample_greedy(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(dim=-1)
+
+
+def make_top_p(top_p: float = 0.9, temperature: float = 1.0,
+               seed: int = 0) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches ``top_p``."""
+    gen: dict[Any, torch.Generator] = {}
+
+    def sample(logits: torch.Tensor) -> torch.Tensor:
+        if logits.device not in gen:
+            gen[logits.device] = torch.Generator(device=logits.device).manual_seed(seed)
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # drop a token when the tokens before it already reach top_p (the first always stays)
+        drop = sorted_p.cumsum(dim=-1) - sorted_p > top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        pick = torch.multinomial(sorted_p, 1, generator=gen[logits.device])
+        return order.gather(-1, pick).squeeze(-1)
+
+    return sample

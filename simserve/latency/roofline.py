@@ -1,0 +1,153 @@
+"""Step latency from a hardware spec: a roofline per operation, for hardware never measured.
+
+Each operation costs ``max(FLOPs / (peak · flops_efficiency), bytes / (bandwidth ·
+bandwidth_efficiency))`` on one tensor-parallel rank; the step is the sum of the operations of
+every layer, the LM head, the tensor-parallel all-reduces, KV swap transfers and a fixed
+per-step overhead. Formulas, notation and the reasons for the defaults: docs/latency.md.
+
+Also two hand-computable models for tests and quick what-ifs: :class:`ConstantLatency` and
+:class:`LinearLatency`.
+"""
+
+from __future__ import annotations
+
+from simserve.cards import HardwareSpec, ModelCard
+from simserve.kv.capacity import check_tensor_parallel, kv_block_bytes, kv_heads_per_rank
+from simserve.sched.plan import StepPlan
+
+# Labelled assumptions, not measurements (docs/latency.md says why these values).
+DEFAULT_FLOPS_EFFICIENCY = 0.6
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.8
+DEFAULT_STEP_OVERHEAD_S = {"gpu": 2e-3, "cpu": 8.4e-3}
+DEFAULT_ALLREDUCE_LATENCY_S = 10e-6
+
+# names of the terms of RooflineModel.breakdown, in the order _parts returns them
+PARTS = ("linear", "attention_prefill", "attention_decode", "lm_head", "allreduce", "swap")
+
+
+class RooflineModel:
+    """Prices a :class:`StepPlan` from model shapes and a hardware spec (per TP rank)."""
+
+    def __init__(self, model: ModelCard, hw: HardwareSpec, *, tensor_parallel_size: int = 1,
+                 block_size: int = 16, step_overhead_s: float | None = None,
+                 flops_efficiency: float = DEFAULT_FLOPS_EFFICIENCY,
+                 bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY,
+                 allreduce_latency_s: float = DEFAULT_ALLREDUCE_LATENCY_S):
+        tp = tensor_parallel_size
+        check_tensor_parallel(model, tp)
+        if not (0 < flops_efficiency <= 1 and 0 < bandwidth_efficiency <= 1):
+            raise ValueError("flops_efficiency and bandwidth_efficiency must be in (0, 1]")
+        self.model, self.hw, self.tp = model, hw, tp
+        self.label = f"roofline ({hw.name} spec)"
+        self.step_overhead_s = (DEFAULT_STEP_OVERHEAD_S[hw.kind] if step_overhead_s is None
+                                else step_overhead_s)
+        flops = hw.peak_flops * flops_efficiency      # achieved FLOP/s
+        bw = hw.mem_bandwidth * bandwidth_efficiency  # achieved B/s
+        d, h, L = model.dtype_bytes, model.hidden_size, model.num_layers
+        q = model.q_dim // tp                               # query width on this rank
+        kv = kv_heads_per_rank(model, tp) * model.head_dim  # K (or V) width on this rank
+        i = model.intermediate_size // tp
+
+        # Linear ops of one layer: (weight params, activation elements read + written per token)
+        linear_ops = [
+            (h * (q + 2 * kv), h + q + 2 * kv),  # QKV projection
+            (q * h, q + h),                      # O projection
+            (h * 2 * i, h + 2 * i),              # gate and up, fused
+            (i * h, 2 * i + h),                  # SiLU·mul fused into down's input, then down
+        ]
+        # per op: (seconds per token of FLOPs, seconds of weight bytes, seconds per token of
+        # activation bytes)
+        self._linear = [(2 * w / flops, w * d / bw, a * d / bw) for w, a in linear_ops]
+        self._layers = L
+
+        # Attention, all layers together. FLOPs per (query token · attended token):
+        # QKᵀ and PV each 2 · head_dim per query head.
+        self._attn_flop_s = L * 4 * (model.num_heads // tp) * model.head_dim / flops
+        self._kv_tok_s = L * 2 * kv * d / bw                  # K+V of one token, all layers
+        # q-side per new token: read Q, write the output, write its own K and V
+        self._q_tok_s = L * (2 * q + 2 * kv) * d / bw
+
+        # LM head (vocab split across ranks) and sampling over fp32 logits
+        v = model.vocab_size // tp
+        self._lm_flop_s = 2 * h * v / flops
+        self._lm_weight_s = h * v * d / bw
+        self._lm_row_s = (h * d + v * (d + 4)) / bw
+
+        # Two all-reduces per layer (after attention's O and after the MLP's down): ring cost
+        # 2 (TP − 1) / TP · bytes / link, plus a fixed latency per collective.
+        if tp > 1:
+            self._ar_tok_s = 2 * L * 2 * (tp - 1) / tp * h * d / hw.interconnect_bandwidth
+            self._ar_fixed_s = 2 * L * allreduce_latency_s
+        else:
+            self._ar_tok_s = self._ar_fixed_s = 0.0
+        self._swap_block_s = kv_block_bytes(model, block_size, tp) / hw.host_link_bandwidth
+
+    def step_time(self, plan: StepPlan) -> float:
+        if plan.is_empty:
+            return 0.0
+        return sum(self._parts(plan)) + self.step_overhead_s
+
+    def breakdown(self, plan: StepPlan) -> dict[str, float]:
+        """Seconds per component (they sum to :meth:`step_time`)."""
+        if plan.is_empty:
+            return dict.fromkeys(PARTS + ("overhead",), 0.0)
+        return {**dict(zip(PARTS, self._parts(plan))), "overhead": self.step_overhead_s}
+
+    def _parts(self, plan: StepPlan) -> tuple[float, float, float, float, float, float]:
+        n = plan.num_batched_tokens
+        linear = 0.0
+        if n:
+            for flop_s, weight_s, act_s in self._linear:
+                linear += max(n * flop_s, weight_s + n * act_s)
+            linear *= self._layers
+
+        # prefill chunk of q tokens after c cached ones: causal, so the chunk's i-th token
+        # attends c + i tokens; Σ_{i=1..q} (c + i) = q · (c + (q + 1) / 2)
+        prefill = 0.0
+        if plan.prefill_lens:
+            pairs = kv_toks = 0.0
+            for q, c in zip(plan.prefill_lens, plan.prefill_ctx):
+                pairs += q * (c + (q + 1) / 2)
+                kv_toks += c + q
+            prefill = max(pairs * self._attn_flop_s,
+                          kv_toks * self._kv_tok_s + plan.num_prefill_tokens * self._q_tok_s)
+
+        # decode: each sequence's new token attends ctx + 1 tokens, reading their K and V
+        decode = 0.0
+        if plan.decode_ctx:
+            attended = sum(plan.decode_ctx) + len(plan.decode_ctx)
+            decode = max(attended * self._attn_flop_s,
+                          attended * self._kv_tok_s + len(plan.decode_ctx) * self._q_tok_s)
+
+        r = plan.num_sampled
+        lm_head = max(r * self._lm_flop_s, self._lm_weight_s + r * self._lm_row_s) if r else 0.0
+        comm = n * self._ar_tok_s + self._ar_fixed_s if n else 0.0
+        swap = (plan.swap_out_blocks + plan.swap_in_blocks) * self._swap_block_s
+        return linear, prefill, decode, lm_head, comm, swap
+
+
+class ConstantLatency:
+    """Every non-empty step takes ``step_s`` seconds."""
+
+    label = "constant"
+
+    def __init__(self, step_s: float):
+        self.step_s = step_s
+
+    def step_time(self, plan: StepPlan) -> float:
+        return 0.0 if plan.is_empty else self.step_s
+
+
+class LinearLatency:
+    """``base_s + per_token_s · batched tokens + per_seq_s · sequences`` per non-empty step."""
+
+    label = "linear"
+
+    def __init__(self, base_s: float, per_token_s: float = 0.0, per_seq_s: float = 0.0):
+        self.base_s, self.per_token_s, self.per_seq_s = base_s, per_token_s, per_seq_s
+
+    def step_time(self, plan: StepPlan) -> float:
+        if plan.is_empty:
+            return 0.0
+        return (self.base_s + self.per_token_s * plan.num_batched_tokens
+                + self.per_seq_s * plan.num_seqs)
