@@ -81,7 +81,8 @@ def _cmd_list(args) -> int:
     if args.what == "policies":
         from simserve.sched import POLICIES
         for name, cls in POLICIES.items():
-            print(f"{name:10s} {(cls.__doc__ or '').strip().splitlines()[0]}")
+            doc = sys.modules[cls.__module__].__doc__ or ""
+            print(f"{name:10s} {doc.strip().splitlines()[0] if doc.strip() else ''}")
     elif args.what == "models":
         from simserve.cards import list_models
         print("\n".join(list_models()))

@@ -83,7 +83,7 @@ BASE = (DATA / "tiny.yaml").read_text()
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("model: [unclosed\n", "bad.yaml:1"),
+    ("name: x\nmodel: [unclosed\n", "bad.yaml:3: invalid YAML"),
     ("", "empty"),
     ("- a list\n", "mapping"),
     (BASE.replace("policy: vllm_v1", "policy: fifo_magic"), "scheduler.policy"),
@@ -94,7 +94,9 @@ BASE = (DATA / "tiny.yaml").read_text()
     (BASE.replace("model: tiny-llama-45m", "model: gpt-17"), "model"),
     (BASE.replace("hardware: H100-SXM", "hardware: B9000"), "hardware"),
     (BASE.replace("ttft_ms: 100", "ttft_ms: -5"), "slo.ttft_ms"),
-    (BASE.replace("policy: vllm_v1", "policy: vllm_v0"), "engine.max_num_batched_tokens"),
+    (BASE.replace("policy: vllm_v1", "policy: vllm_v0").replace(
+        "max_num_batched_tokens: 512", "max_num_batched_tokens: 256"),
+     "engine.max_num_batched_tokens"),
     (BASE + "surprise: 1\n", "surprise"),
 ])
 def test_bad_scenarios_give_one_clear_error(tmp_path, capsys, text, expected):
