@@ -288,36 +288,58 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
 def load_variants(path: str | Path, overrides: list[str] | None = None) -> list[tuple[str, Scenario]]:
     """Load a scenario file as labelled variants.
 
-    A plain scenario is one variant labelled with its name. A ``compare:`` section names one
-    field and the values to try, e.g. ``compare: {scheduler.policy: [vllm_v0, vllm_v1]}``;
-    each variant is the base scenario with that one field set, labelled by the value.
+    A plain scenario is one variant labelled with its name. A ``compare:`` section makes
+    several, each the base scenario (after ``overrides``) with some fields set. Two forms::
+
+        compare:                                  # one field, several values
+          scheduler.policy: [vllm_v0, vllm_v1]
+        compare:                                  # several fields per variant
+          - {label: v0, scheduler.policy: vllm_v0}
+          - {label: sarathi-512, scheduler.policy: sarathi, engine.max_num_batched_tokens: 512}
     """
     path = Path(path)
     raw = _load_raw(path)
     compare = raw.pop("compare", None)
+    raw = apply_overrides(raw, overrides or [])
     if compare is None:
-        raw = apply_overrides(raw, overrides or [])
         s = parse_scenario(raw, base_dir=path.parent, name=path.stem)
         return [(s.name, s)]
-    if not isinstance(compare, dict) or len(compare) != 1:
-        raise ConfigError("compare", "expected one field with a list of values, e.g. "
-                                     "{scheduler.policy: [vllm_v0, vllm_v1]}")
-    (key, values), = compare.items()
-    if not isinstance(values, list) or not values:
-        raise ConfigError(f"compare.{key}", "expected a non-empty list of values")
     variants = []
-    for value in values:
+    base = raw.get("name", path.stem)
+    for i, (label, fields) in enumerate(_variant_fields(compare)):
         variant = copy.deepcopy(raw)
-        set_field(variant, key, value)
-        apply_overrides(variant, overrides or [])
-        label = str(value)
-        base = variant.get("name", path.stem)
+        for key, value in fields.items():
+            set_field(variant, key, value)
         try:
             s = parse_scenario(variant, base_dir=path.parent, name=path.stem)
         except ConfigError as e:
-            raise ConfigError(e.field, f"{e.message} (in variant {key}={label})") from None
+            raise ConfigError(e.field, f"{e.message} (in compare variant {label!r})") from None
         variants.append((label, s.replace(name=f"{base}-{label}")))
+    labels = [label for label, _ in variants]
+    if len(set(labels)) != len(labels):
+        raise ConfigError("compare", f"variant labels must be unique, got {labels}")
     return variants
+
+
+def _variant_fields(compare: Any) -> list[tuple[str, dict[str, Any]]]:
+    if isinstance(compare, dict) and len(compare) == 1:
+        (key, values), = compare.items()
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"compare.{key}", "expected a non-empty list of values")
+        return [(str(v), {key: v}) for v in values]
+    if isinstance(compare, list) and compare:
+        out = []
+        for i, item in enumerate(compare):
+            if not isinstance(item, dict) or not item:
+                raise ConfigError(f"compare[{i}]", "expected a mapping of FIELD: VALUE")
+            item = dict(item)
+            label = item.pop("label", None)
+            if label is None:
+                label = "-".join(str(v) for v in item.values())
+            out.append((str(label), item))
+        return out
+    raise ConfigError("compare", "expected {FIELD: [values]} or a list of {FIELD: VALUE} "
+                                 "mappings")
 
 
 def num_kv_blocks(s: Scenario) -> int:

@@ -195,6 +195,18 @@ def test_orca_mixes_new_prompts_into_running_batch():
     assert tokens(p) == {0: 1, 1: 7}
 
 
+def test_static_prefills_the_whole_batch_before_decoding():
+    # budget 10: prompts 6, 6, 3 -> step 1 packs A (6) and stops at B (6 > 4 left);
+    # step 2: B (6) + C (3) = 9; only then do all three decode together
+    s = make_scheduler("static", budget=10)
+    for i, n in enumerate((6, 6, 3)):
+        s.add(make_request(i, n, 2))
+    assert tokens(step(s)) == {0: 6}
+    assert tokens(step(s)) == {1: 6, 2: 3}
+    p = step(s)
+    assert tokens(p) == {0: 1, 1: 1, 2: 1} and p.decode_ctx == (6, 6, 3)
+
+
 def test_static_batch_drains_before_new_admissions():
     s = make_scheduler("static", budget=100)
     a, b = make_request(0, 4, 3), make_request(1, 4, 1)

@@ -1,16 +1,19 @@
 """Static (request-level) batching: a batch runs until its last member finishes.
 
-The pre-Orca way (e.g. a ``generate()`` loop over a padded batch): when the engine is idle it
-takes up to ``max_num_seqs`` waiting requests whose prompts fit the token budget, reserves KV for
-each one's full length, prefills them together, then decodes until every member is done. New
-arrivals wait for the whole batch to drain. Finished members stop costing compute (padding is
-not priced), so this is an optimistic bound for static batching.
+The pre-Orca way (FasterTransformer-style serving, a padded ``generate()`` loop): when the
+engine is idle it forms a batch of up to ``max_num_seqs`` waiting requests, reserving KV for
+each one's full length (prompt + output). The batch's whole prompts are prefilled first, packed
+into steps of at most ``max_num_batched_tokens`` (a prompt is never split), then all members
+decode in lockstep until every one is done. New arrivals wait for the whole batch to drain.
+Finished members stop costing compute (padding is not priced), so this is an optimistic bound
+for static batching.
 """
 
 from __future__ import annotations
 
 from simserve.sched.core import Batch, Scheduler
 from simserve.sched.plan import StepPlan
+from simserve.sched.request import Status
 
 
 class Static(Scheduler):
@@ -19,14 +22,25 @@ class Static(Scheduler):
     reserves_full_length = True
 
     def schedule(self) -> StepPlan:
+        if not self.running:
+            self._form_batch()
         batch = Batch(self.limits)
-        if self.running:
-            for req in self.running:
+        prefilling = [r for r in self.running if r.num_generated == 0]
+        if prefilling:
+            for req in prefilling:
+                if req.num_remaining > batch.token_budget:
+                    break
                 self.grow(batch, req, req.num_remaining)   # reserved: always fits
-            return batch.freeze()
-        while self.waiting and batch.seq_budget > 0:
-            req = self.waiting[0]
-            n = req.num_remaining
-            if n > batch.token_budget or not self.admit(batch, req, n, reserve_tokens=req.max_tokens):
-                break
+        else:
+            for req in self.running:
+                self.grow(batch, req, req.num_remaining)
         return batch.freeze()
+
+    def _form_batch(self) -> None:
+        while self.waiting and len(self.running) < self.limits.max_num_seqs:
+            req = self.waiting[0]
+            if self.blocks.allocate(req.id, req.max_tokens) is None:
+                return
+            self.waiting.popleft()
+            req.status = Status.RUNNING
+            self.running.append(req)

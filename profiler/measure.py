@@ -1,0 +1,566 @@
+"""Timing, the measurement grids, and the run that turns a model's shapes into a profile.
+
+Every timing is the median of warmed-up repeats with its 10th/90th percentiles. On CUDA each
+repeat is bracketed by ``torch.cuda.Event``s (GPU time, no host sync inside the repeat loop); on
+CPU by ``time.perf_counter`` with ``torch.set_num_threads`` fixed by the caller. A point whose
+repeats run past the point budget stops at 3 repeats, so a slow corner of the full grid cannot take
+the whole run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from profiler import attention as attn
+from profiler.layers import (DTYPES, DecoderLayer, Model, PagedKVCache, Shapes, blocks_needed, build_step,
+                             make_top_p, param_bytes, rms_norm, sample_greedy)
+from profiler.schema import KIND, SCHEMA_VERSION
+
+MIN_REPEATS = 3
+
+
+@dataclass(frozen=True)
+class Stat:
+    median: float
+    p10: float
+    p90: float
+    n: int
+
+
+def _quantile(sorted_xs: list[float], q: float) -> float:
+    pos = q * (len(sorted_xs) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
+
+
+class Timer:
+    def __init__(self, device: torch.device, warmup: int, repeats: int, budget_s: float):
+        self.device, self.warmup, self.repeats, self.budget_s = device, warmup, repeats, budget_s
+
+    def __call__(self, fn: Callable[[], Any]) -> Stat:
+        for _ in range(self.warmup):
+            fn()
+        times = self._cuda(fn) if self.device.type == "cuda" else self._cpu(fn)
+        times.sort()
+        return Stat(_quantile(times, 0.5), _quantile(times, 0.1), _quantile(times, 0.9),
+                    len(times))
+
+    def _cpu(self, fn: Callable[[], Any]) -> list[float]:
+        times: list[float] = []
+        start = time.perf_counter()
+        while len(times) < self.repeats:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+            if len(times) >= MIN_REPEATS and time.perf_counter() - start > self.budget_s:
+                break
+        return times
+
+    def _cuda(self, fn: Callable[[], Any]) -> list[float]:
+        torch.cuda.synchronize()
+        pairs = []
+        start = time.perf_counter()
+        while len(pairs) < self.repeats:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            pairs.append((a, b))
+            if len(pairs) >= MIN_REPEATS and time.perf_counter() - start > self.budget_s:
+                torch.cuda.synchronize()   # the host runs ahead; check the real time spent
+                if time.perf_counter() - start > self.budget_s:
+                    break
+        torch.cuda.synchronize()
+        return [a.elapsed_time(b) / 1000.0 for a, b in pairs]
+
+
+# --------------------------------------------------------------------------------------------
+# Grids
+
+
+@dataclass(frozen=True)
+class Grid:
+    tokens: tuple[int, ...]
+    prefill_chunk: tuple[int, ...]
+    prefill_ctx: tuple[int, ...]
+    decode_batch: tuple[int, ...]
+    decode_ctx: tuple[int, ...]
+    lm_seqs: tuple[int, ...]
+    heldout: int
+    heldout_max_decodes: int
+    heldout_max_ctx: int
+    warmup: int
+    repeats: int
+    point_budget_s: float
+
+
+GRIDS = {
+    # tiny model on one CPU thread: < 60 s end to end
+    "quick": Grid(tokens=(1, 8, 32, 128, 512, 2048), prefill_chunk=(16, 128, 512, 2048),
+                  prefill_ctx=(0, 512, 2048), decode_batch=(1, 8, 64), decode_ctx=(16, 256, 2048),
+                  lm_seqs=(1, 8, 64, 256), heldout=4, heldout_max_decodes=48,
+                  heldout_max_ctx=1536, warmup=1, repeats=5, point_budget_s=0.4),
+    "full": Grid(tokens=(1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024,
+                         1536, 2048, 3072, 4096, 6144, 8192, 16384),
+                 prefill_chunk=(1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192),
+                 prefill_ctx=(0, 128, 512, 1024, 2048, 4096, 8192),
+                 decode_batch=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+                 decode_ctx=(16, 64, 256, 512, 1024, 2048, 4096),
+                 lm_seqs=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), heldout=16,
+                 heldout_max_decodes=192, heldout_max_ctx=4000, warmup=3, repeats=15,
+                 point_budget_s=2.0),
+}
+
+
+def token_axis(values: tuple[int, ...], limit: int) -> list[int]:
+    """Grid values up to ``limit``, with ``limit`` itself included (the step budget)."""
+    return sorted({v for v in values if v <= limit} | {limit})
+
+
+# --------------------------------------------------------------------------------------------
+# Options and progress
+
+
+@dataclass(frozen=True)
+class Options:
+    device: str = "cpu"                  # "cpu" | "cuda"
+    dtype: str = "bf16"
+    threads: int = 1
+    grid: str = "quick"
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    attention: str = "auto"              # auto | reference | flex | flashinfer
+    compile: bool = True                 # torch.compile for flex
+    gpu_memory_utilization: float = 0.9
+    seed: int = 0
+    command: str = ""
+    grid_override: Grid | None = None    # tests: an even smaller grid
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}")
+        if self.grid not in GRIDS:
+            raise ValueError(f"grid must be one of {', '.join(GRIDS)}")
+        if self.block_size < 1 or self.max_num_batched_tokens < 1 or self.threads < 1:
+            raise ValueError("block_size, max_num_batched_tokens and threads must be >= 1")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+
+    @property
+    def grid_spec(self) -> Grid:
+        return self.grid_override or GRIDS[self.grid]
+
+
+class Progress:
+    """A plain-text progress bar on stderr: redrawn in place on a terminal, otherwise one line
+    per section (so logs stay readable)."""
+
+    def __init__(self, total: int, stream: Any = None, width: int = 28):
+        self.total, self.done, self.width = max(1, total), 0, width
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.section = ""
+        self.start = time.perf_counter()
+
+    def step(self, section: str, label: str = "") -> None:
+        self.done += 1
+        elapsed = time.perf_counter() - self.start
+        if self.tty:
+            filled = int(self.width * self.done / self.total)
+            bar = "#" * filled + "." * (self.width - filled)
+            line = f"\r[{bar}] {self.done:>3}/{self.total} {elapsed:6.1f}s {section} {label}"
+            self.stream.write(line[:110].ljust(110))
+        elif section != self.section:
+            self.stream.write(f"[{self.done:>3}/{self.total}] {elapsed:6.1f}s {section}\n")
+        self.section = section
+        self.stream.flush()
+
+    def close(self) -> None:
+        elapsed = time.perf_counter() - self.start
+        end = "\n" if self.tty else ""
+        self.stream.write(f"{end}profiled {self.done} points in {elapsed:.1f}s\n")
+        self.stream.flush()
+
+
+# --------------------------------------------------------------------------------------------
+# Environment
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _host_available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+
+
+@dataclass
+class _Ctx:
+    shapes: Shapes
+    opts: Options
+    grid: Grid
+    device: torch.device
+    dtype: torch.dtype
+    timer: Timer
+    progress: Progress
+    gen: torch.Generator
+    model: Model
+    backend: Any
+    notes: list[str] = field(default_factory=list)
+
+    def randn(self, *shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=self.gen).to(self.dtype).to(self.device)
+
+    def cache(self, num_blocks: int) -> PagedKVCache:
+        s = self.shapes
+        return PagedKVCache(num_blocks, self.opts.block_size, s.num_kv_heads, s.head_dim,
+                            self.dtype, self.device, fill="tile", generator=self.gen)
+
+
+def count_points(grid: Grid, opts: Options) -> int:
+    tokens = token_axis(grid.tokens, opts.max_num_batched_tokens)
+    chunks = token_axis(grid.prefill_chunk, opts.max_num_batched_tokens)
+    return (len(tokens) * (2 + len(DecoderLayer.OPS))
+            + len(chunks) * len(grid.prefill_ctx)
+            + len(grid.decode_batch) * len(grid.decode_ctx)
+            + 2 * len(grid.lm_seqs) + 1 + grid.heldout)
+
+
+def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, Any]:
+    """Measure everything the schema asks for; returns the profile (not yet written)."""
+    device = torch.device(opts.device)
+    dtype = DTYPES[opts.dtype]
+    grid = opts.grid_spec
+    torch.set_num_threads(opts.threads)
+    torch.manual_seed(opts.seed)
+    gen = torch.Generator().manual_seed(opts.seed)
+
+    weights_bytes = _weights_bytes(shapes, dtype)
+    budget = (torch.cuda.mem_get_info(device)[0] if device.type == "cuda"
+              else _host_available_bytes())
+    distinct = budget is None or weights_bytes <= 0.5 * budget
+    notes = [] if distinct else [
+        f"weights ({weights_bytes / 2**30:.1f} GiB) exceed half the free memory: every layer "
+        "reuses one layer's weights (same work per step, less memory traffic variety)"]
+
+    backend_name = attn.resolve_backend_name(opts.attention, device.type)
+    backend = attn.make_backend(backend_name, device, shapes, dtype, compile=opts.compile)
+    rel_err = attn.self_check(backend, prefill=[(13, 37), (16, 0)], decode_ctx=[3, 17, 40],
+                              block_size=opts.block_size, num_heads=shapes.num_heads,
+                              num_kv_heads=shapes.num_kv_heads, head_dim=shapes.head_dim,
+                              dtype=dtype, device=device, seed=opts.seed)
+    if rel_err > attn.TOLERANCE[dtype]:
+        raise attn.BackendError(f"attention backend {backend_name!r} disagrees with dense "
+                                f"attention (relative error {rel_err:.2e} > "
+                                f"{attn.TOLERANCE[dtype]:.0e}); refusing to profile it")
+
+    model = Model(shapes, dtype, device, seed=opts.seed, distinct_layers=distinct,
+                  max_positions=max(grid.prefill_ctx) + max(grid.prefill_chunk)
+                  + max(grid.decode_ctx) + opts.max_num_batched_tokens + 2)
+    progress = Progress(count_points(grid, opts), stream)
+    ctx = _Ctx(shapes, opts, grid, device, dtype,
+               Timer(device, grid.warmup, grid.repeats, grid.point_budget_s),
+               progress, gen, model, backend, notes)
+
+    linear = _measure_linear(ctx)
+    embedding = _measure_embedding(ctx)
+    attn_prefill = _measure_prefill(ctx)
+    attn_decode = _measure_decode(ctx)
+    lm_head = _measure_lm_head(ctx)
+    memory = _measure_memory(ctx, weights_bytes)
+    progress.step("memory")
+    heldout = _measure_heldout(ctx)
+    progress.close()
+
+    cuda_version = torch.version.cuda if device.type == "cuda" else None
+    compiled = getattr(backend, "compiled", False)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        "provenance": {
+            "device": device.type, "device_name": device_name(device),
+            "torch_version": torch.__version__, "cuda_version": cuda_version,
+            "dtype": opts.dtype, "threads": torch.get_num_threads(),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "command": opts.command, "grid": opts.grid,
+        },
+        "model": shapes.as_dict(dtype_bytes=torch.tensor([], dtype=dtype).element_size()),
+        "settings": {
+            "block_size": opts.block_size, "max_num_batched_tokens": opts.max_num_batched_tokens,
+            "warmup": grid.warmup, "repeats": grid.repeats,
+            "timer": "cuda_event" if device.type == "cuda" else "perf_counter",
+            "sampler": "greedy (lm_head.top_p_seconds: top-p 0.9)",
+        },
+        "attention": {
+            "backend": backend_name, "compiled": compiled,
+            "compile_seconds": dict(backend.compile_seconds), "fallback": backend.fallback,
+            "self_check_rel_err": rel_err,
+            "note": _attention_note(backend_name, compiled, backend.fallback, device),
+        },
+        "linear": linear, "embedding": embedding, "attn_prefill": attn_prefill,
+        "attn_decode": attn_decode, "lm_head": lm_head,
+        "memory": {**memory, "note": "; ".join([memory["note"], *notes]).strip("; ")},
+        "heldout": heldout,
+    }
+
+
+def _attention_note(name: str, compiled: bool, fallback: str | None, device: torch.device) -> str:
+    if name == "reference":
+        return "gather of each sequence's blocks + torch SDPA (no fused paged kernel)"
+    if name == "flex":
+        if compiled:
+            return "FlexAttention, torch.compile per shape family (compile time not in timings)"
+        return "FlexAttention eager (unfused: materialises scores)" + (
+            f"; {fallback}" if fallback else "; compile disabled")
+    return "FlashInfer paged prefill/decode wrappers"
+
+
+def _weights_bytes(shapes: Shapes, dtype: torch.dtype) -> int:
+    """Sum of parameter bytes, counted from the shapes (the same tensors Model allocates)."""
+    s, elt = shapes, torch.tensor([], dtype=dtype).element_size()
+    layer = (s.hidden_size * (s.q_dim + 2 * s.kv_dim) + s.q_dim * s.hidden_size
+             + 3 * s.hidden_size * s.intermediate_size + 2 * s.hidden_size
+             + ((s.q_dim + 2 * s.kv_dim) if s.qkv_bias else 0))
+    embed = s.vocab_size * s.hidden_size
+    head = 0 if s.tie_word_embeddings else embed
+    return (s.num_layers * layer + embed + head + s.hidden_size) * elt
+
+
+def _series(stats: list[Stat]) -> dict[str, list[float]]:
+    return {"seconds": [x.median for x in stats], "p10": [x.p10 for x in stats],
+            "p90": [x.p90 for x in stats]}
+
+
+def _table(stats: list[list[Stat]]) -> dict[str, list[list[float]]]:
+    return {k: [[getattr(x, a) for x in row] for row in stats]
+            for k, a in (("seconds", "median"), ("p10", "p10"), ("p90", "p90"))}
+
+
+def _measure_linear(c: _Ctx) -> dict[str, Any]:
+    layer = c.model.layers[0]
+    tokens = token_axis(c.grid.tokens, c.opts.max_num_batched_tokens)
+    whole: list[Stat] = []
+    ops: dict[str, list[float]] = {op: [] for op in DecoderLayer.OPS}
+    for t in tokens:
+        nb = blocks_needed(t, c.opts.block_size)
+        cache = c.cache(nb)
+        meta = build_step([(t, 0)], [], c.opts.block_size, nb, c.device, generator=c.gen)
+        x = c.randn(t, c.shapes.hidden_size)
+        whole.append(c.timer(lambda: layer.forward(x, meta, cache, None)))
+        c.progress.step("linear", f"tokens={t}")
+        # each op alone, on inputs of the right shape
+        h = rms_norm(x, layer.input_norm)
+        q, k, v = layer.split_qkv(layer.qkv(h))
+        o = q.reshape(t, -1)
+        parts = {
+            "input_norm": lambda: rms_norm(x, layer.input_norm),
+            "qkv_proj": lambda: layer.qkv(h),
+            "rope": lambda: (layer.rotary(q, meta.positions), layer.rotary(k, meta.positions)),
+            "kv_write": lambda: cache.write(k, v, meta.slot_mapping),
+            "o_proj": lambda: F.linear(o, layer.w_o),
+            "post_norm": lambda: rms_norm(x, layer.post_norm),
+            "mlp": lambda: layer.mlp(h),
+        }
+        for op, fn in parts.items():
+            ops[op].append(c.timer(fn).median)
+            c.progress.step("linear ops", f"{op} tokens={t}")
+        del cache
+    return {"tokens": tokens, **_series(whole), "ops": ops}
+
+
+def _measure_embedding(c: _Ctx) -> dict[str, Any]:
+    tokens = token_axis(c.grid.tokens, c.opts.max_num_batched_tokens)
+    stats = []
+    for t in tokens:
+        ids = torch.randint(0, c.shapes.vocab_size, (t,), generator=c.gen).to(c.device)
+        stats.append(c.timer(lambda: rms_norm(c.model.embed_tokens(ids), c.model.final_norm)))
+        c.progress.step("embedding", f"tokens={t}")
+    return {"tokens": tokens, **_series(stats)}
+
+
+def _measure_prefill(c: _Ctx) -> dict[str, Any]:
+    chunks = token_axis(c.grid.prefill_chunk, c.opts.max_num_batched_tokens)
+    ctxs = list(c.grid.prefill_ctx)
+    bs = c.opts.block_size
+    # one cache for the grid, larger than any point needs: blocks come from all over it
+    nb = 2 * blocks_needed(max(chunks) + max(ctxs), bs)
+    cache = c.cache(nb)
+    rows = []
+    for chunk in chunks:
+        row = []
+        for ctx in ctxs:
+            meta = build_step([(chunk, ctx)], [], bs, nb, c.device, generator=c.gen)
+            c.backend.prepare(meta, nb)
+            q = c.randn(chunk, c.shapes.num_heads, c.shapes.head_dim)
+            row.append(c.timer(lambda: c.backend(q, cache, meta)))
+            c.progress.step("attn_prefill", f"chunk={chunk} ctx={ctx}")
+        rows.append(row)
+    del cache
+    return {"chunk": chunks, "ctx": ctxs, **_table(rows)}
+
+
+def _measure_decode(c: _Ctx) -> dict[str, Any]:
+    batches, ctxs = list(c.grid.decode_batch), list(c.grid.decode_ctx)
+    bs = c.opts.block_size
+    nb = max(batches) * blocks_needed(max(ctxs) + 1, bs) + max(batches)
+    cache = c.cache(nb)
+    rows = []
+    for batch in batches:
+        row = []
+        for ctx in ctxs:
+            meta = build_step([], [ctx] * batch, bs, nb, c.device, generator=c.gen)
+            c.backend.prepare(meta, nb)
+            q = c.randn(batch, c.shapes.num_heads, c.shapes.head_dim)
+            row.append(c.timer(lambda: c.backend(q, cache, meta)))
+            c.progress.step("attn_decode", f"batch={batch} ctx={ctx}")
+        rows.append(row)
+    del cache
+    return {"batch": batches, "ctx": ctxs, **_table(rows)}
+
+
+def _measure_lm_head(c: _Ctx) -> dict[str, Any]:
+    greedy, top_p = [], []
+    sample_top_p = make_top_p(0.9, seed=c.opts.seed)
+    for s in c.grid.lm_seqs:
+        x = c.randn(s, c.shapes.hidden_size)
+        greedy.append(c.timer(lambda: sample_greedy(c.model.logits(x))))
+        c.progress.step("lm_head", f"seqs={s} greedy")
+        top_p.append(c.timer(lambda: sample_top_p(c.model.logits(x))))
+        c.progress.step("lm_head", f"seqs={s} top-p")
+    return {"seqs": list(c.grid.lm_seqs), **_series(greedy),
+            "top_p_seconds": [x.median for x in top_p]}
+
+
+def _measure_memory(c: _Ctx, weights_bytes: int) -> dict[str, Any]:
+    s, opts = c.shapes, c.opts
+    elt = torch.tensor([], dtype=c.dtype).element_size()
+    kv_per_token = 2 * s.num_layers * s.kv_dim * elt
+    block_bytes = kv_per_token * opts.block_size
+    t = opts.max_num_batched_tokens
+    rows = min(opts.max_num_seqs, t)
+    total = free = num_blocks = None
+    if c.device.type == "cuda":
+        # vLLM's way: run the largest step once and read the allocator's peak above the baseline
+        nb = blocks_needed(t, opts.block_size)
+        caches = [c.cache(nb) for _ in c.model.layers]
+        meta = build_step([(t, 0)], [], opts.block_size, nb, c.device, generator=c.gen)
+        c.backend.prepare(meta, nb)
+        ids = torch.randint(0, s.vocab_size, (t,), generator=c.gen).to(c.device)
+        sample_rows = torch.arange(t - rows, t, device=c.device)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(c.device)
+        base = torch.cuda.memory_allocated(c.device)
+        c.model.step(ids, meta, caches, c.backend, sample_greedy, sample_rows)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated(c.device) - base
+        del caches
+        free, total = torch.cuda.mem_get_info(c.device)
+        usable = total * opts.gpu_memory_utilization - weights_bytes - peak
+        num_blocks = max(0, int(usable // block_bytes))
+        method, note = "measured", (
+            f"activation peak: torch.cuda.max_memory_allocated over one {t}-token prefill step "
+            f"sampling {rows} rows; num_gpu_blocks = (total * {opts.gpu_memory_utilization} - "
+            "weights - activation peak) // block_bytes")
+    else:
+        # live tensors of one layer at t tokens (x, residual, normed, qkv, attention out, o_proj
+        # out, gate_up, act, down) plus logits (+ fp32 probabilities) for the sampled rows
+        per_token = (4 * s.hidden_size + (s.q_dim + 2 * s.kv_dim) + s.q_dim
+                     + 3 * s.intermediate_size) * elt
+        peak = t * per_token + rows * s.vocab_size * (elt + 4)
+        method, note = "estimated", (
+            "CPU: activation peak estimated from tensor sizes at max_num_batched_tokens "
+            f"({t} tokens, {rows} sampled rows), not measured; no device memory, so "
+            "num_gpu_blocks is null")
+    return {"weights_bytes": weights_bytes, "kv_bytes_per_token": kv_per_token,
+            "block_bytes": block_bytes, "activation_peak_bytes": int(peak),
+            "activation_peak_method": method, "total_bytes": total, "free_bytes": free,
+            "gpu_memory_utilization": opts.gpu_memory_utilization,
+            "num_gpu_blocks": num_blocks, "note": note}
+
+
+def random_steps(n: int, budget: int, max_decodes: int, max_ctx: int,
+                 seed: int) -> list[tuple[list[tuple[int, int]], list[int], int]]:
+    """``n`` random mixed steps ``(prefill chunks, decode contexts, num_sampled)`` within the
+    token budget: 0-3 chunks of random length and context, then random decodes."""
+    rng = random.Random(seed)
+    steps = []
+    for _ in range(n):
+        left = budget
+        n_dec = rng.randint(0, min(max_decodes, budget))
+        decode_ctx = [rng.randint(1, max_ctx) for _ in range(n_dec)]
+        left -= n_dec
+        prefill = []
+        for _ in range(rng.randint(0 if n_dec else 1, 3)):
+            if left < 1:
+                break
+            length = rng.randint(1, max(1, min(left, budget // 2)))
+            prefill.append((length, rng.choice([0, rng.randint(1, max_ctx)])))
+            left -= length
+        # a chunk that completes its prompt samples a token; a middle chunk does not
+        finishing = sum(rng.random() < 0.5 for _ in prefill)
+        steps.append((prefill, decode_ctx, n_dec + finishing))
+    return steps
+
+
+def _measure_heldout(c: _Ctx) -> list[dict[str, Any]]:
+    bs = c.opts.block_size
+    out = []
+    steps = random_steps(c.grid.heldout, c.opts.max_num_batched_tokens,
+                         c.grid.heldout_max_decodes, c.grid.heldout_max_ctx, c.opts.seed + 1)
+    for prefill, decode_ctx, num_sampled in steps:
+        lens = [q + x for q, x in prefill] + [x + 1 for x in decode_ctx]
+        nb = sum(blocks_needed(n, bs) for n in lens) + 8
+        caches = [c.cache(nb) for _ in c.model.layers]
+        order = torch.randperm(nb, generator=c.gen)
+        meta = build_step(prefill, decode_ctx, bs, nb, c.device, block_order=order)
+        c.backend.prepare(meta, nb)
+        ids = torch.randint(0, c.shapes.vocab_size, (meta.num_tokens,), generator=c.gen).to(
+            c.device)
+        # sampled rows: every decode, and the last token of the chunks that finish a prompt
+        finishing = [meta.query_start[s + 1] - 1 for s in range(num_sampled - len(decode_ctx))]
+        rows = torch.tensor(finishing + list(range(meta.query_start[meta.num_prefills],
+                                                   meta.num_tokens)),
+                            dtype=torch.long, device=c.device)
+        stat = c.timer(lambda: c.model.step(ids, meta, caches, c.backend, sample_greedy, rows))
+        out.append({"prefill": [[q, x] for q, x in prefill], "decode_ctx": decode_ctx,
+                    "num_sampled": num_sampled, "seconds": stat.median, "p10": stat.p10,
+                    "p90": stat.p90})
+        c.progress.step("heldout", f"{len(prefill)} chunks + {len(decode_ctx)} decodes")
+        del caches
+    return out
