@@ -1,0 +1,125 @@
+"""``python -m profiler``: measure a model's kernels on this machine and write a profile file.
+
+Every user error (unknown model, absent device, backend that cannot run) is one line on stderr
+and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from simserve.errors import SimserveError
+
+
+class UsageError(Exception):
+    """Reported as ``profiler: error: <message>`` with exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m profiler",
+        description="Measure a model's decoder kernels (GEMMs, paged attention, LM head and "
+                    "sampling) on this machine and write a simserve profile (JSON).")
+    p.add_argument("--model", required=True,
+                   help="shipped model card name (e.g. tiny-llama) or a model-card YAML file")
+    p.add_argument("--device", required=True, choices=("cuda", "cpu"))
+    p.add_argument("--out", required=True, type=Path, help="profile file to write")
+    p.add_argument("--grid", default="quick", choices=("quick", "full"),
+                   help="quick: coarse grids, < 1 min for a tiny model on CPU; full: minutes")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: 1 on CPU, as vLLM's CPU worker; "
+                        "torch's default on CUDA)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    p.add_argument("--block-size", type=int, default=16, help="KV cache block size (tokens)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                   help="the step token budget: the largest token count measured and the "
+                        "activation-peak step")
+    p.add_argument("--max-num-seqs", type=int, default=256,
+                   help="rows sampled in the activation-peak step")
+    p.add_argument("--attention", default="auto",
+                   choices=("auto", "reference", "flex", "flashinfer"),
+                   help="paged attention backend (auto: flashinfer, else flex, on CUDA; "
+                        "reference on CPU)")
+    p.add_argument("--no-compile", action="store_true",
+                   help="run FlexAttention eagerly instead of torch.compile")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def load_shapes(spec: str):
+    """Model shapes from a shipped card name or a YAML file (inline card or ``card: NAME``)."""
+    from simserve.cards import load_model
+    from profiler.layers import Shapes
+    path = Path(spec)
+    if spec.endswith((".yaml", ".yml")) or path.is_file():
+        import yaml
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except OSError as e:
+            raise UsageError(f"--model {spec}: cannot read: {e.strerror or e}") from None
+        except yaml.YAMLError as e:
+            raise UsageError(f"--model {spec}: not valid YAML: {e}") from None
+        card = load_model(raw, path=str(path))
+    else:
+        card = load_model(spec, path="--model")
+    return Shapes.from_card(card)
+
+
+def check_device(device: str) -> None:
+    import torch
+    if device == "cuda" and not torch.cuda.is_available():
+        why = ("this torch build has no CUDA support" if torch.version.cuda is None
+               else "no CUDA device is visible")
+        raise UsageError(f"--device cuda: CUDA is not available ({why}, torch "
+                         f"{torch.__version__}); use --device cpu")
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> Path:
+    from profiler.attention import BackendError
+    from profiler.measure import Options, run_profile
+    from profiler.schema import dump
+
+    for name in ("threads", "block_size", "max_num_batched_tokens", "max_num_seqs"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise UsageError("--gpu-memory-utilization must be in (0, 1]")
+    check_device(args.device)
+    shapes = load_shapes(args.model)
+    import torch
+    threads = args.threads or (1 if args.device == "cpu" else torch.get_num_threads())
+    opts = Options(device=args.device, dtype=args.dtype, threads=threads, grid=args.grid,
+                   block_size=args.block_size,
+                   max_num_batched_tokens=args.max_num_batched_tokens,
+                   max_num_seqs=args.max_num_seqs, attention=args.attention,
+                   compile=not args.no_compile,
+                   gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
+                   command=shlex.join(["python", "-m", "profiler", *argv]))
+    try:
+        profile = run_profile(shapes, opts)
+    except BackendError as e:
+        raise UsageError(str(e)) from None
+    dump(profile, args.out)
+    return args.out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)      # argparse itself exits 2 with a one-line usage error
+    try:
+        out = run(args, argv)
+    except (UsageError, SimserveError) as e:
+        print(f"profiler: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("profiler: interrupted; no profile written", file=sys.stderr)
+        return 130
+    print(f"profiler: wrote {out}", file=sys.stderr)
+    return 0
