@@ -45,6 +45,8 @@ def _next_pow2(n: int) -> int:
 
 
 class ReferenceAttention:
+    """Gather whole blocks through the block table, then torch SDPA (no fused paged kernel)."""
+
     name = "reference"
     compiled = False
     fallback: str | None = None
@@ -56,45 +58,41 @@ class ReferenceAttention:
         dev = meta.block_tables.device
         prefills = []
         for s in range(meta.num_prefills):
-            n = meta.seq_lens[s]
-            slots = gather_slots(meta.block_tables[s], n, meta.block_size)
-            q_len, ctx = meta.query_lens[s], meta.ctx_lens[s]
+            n, ctx = meta.seq_lens[s], meta.ctx_lens[s]
+            blocks = meta.block_tables[s, :meta.num_blocks_per_seq[s]].long()
             # bottom-right causal: query i (position ctx + i) sees keys 0 .. ctx + i
             mask = None if ctx == 0 else (torch.arange(n, device=dev)[None, :]
                                           <= torch.arange(ctx, n, device=dev)[:, None])
-            prefills.append((meta.query_start[s], meta.query_start[s + 1], slots, mask))
+            prefills.append((meta.query_start[s], meta.query_start[s + 1], blocks, n, mask))
         decode = None
-        nd = meta.num_seqs - meta.num_prefills
-        if nd:
-            lens = meta.seq_lens[meta.num_prefills:]
-            width = max(lens)
-            slots = torch.zeros((nd, width), dtype=torch.long, device=dev)
-            for i, n in enumerate(lens):
-                slots[i, :n] = gather_slots(meta.block_tables[meta.num_prefills + i], n,
-                                            meta.block_size)
-            valid = (torch.arange(width, device=dev)[None, :]
-                     < torch.tensor(lens, device=dev)[:, None])
-            decode = (meta.query_start[meta.num_prefills], slots, valid[:, None, None, :])
+        if meta.num_seqs > meta.num_prefills:
+            p = meta.num_prefills
+            width = max(meta.num_blocks_per_seq[p:])
+            # padded rows of the block table point at block 0; the key mask hides them
+            blocks = meta.block_tables[p:, :width].long()
+            lens = meta.seq_lens_t[p:]
+            valid = torch.arange(width * meta.block_size, device=dev)[None, :] < lens[:, None]
+            decode = (meta.query_start[p], blocks, valid[:, None, None, :])
         meta.backend_state["reference"] = (prefills, decode)
 
     def __call__(self, q: torch.Tensor, cache: PagedKVCache, meta: StepMeta) -> torch.Tensor:
         prefills, decode = meta.backend_state["reference"]
         hkv, d = cache.k.shape[2], cache.k.shape[3]
-        flat_k, flat_v = cache.k.view(-1, hkv, d), cache.v.view(-1, hkv, d)
         gqa = q.shape[1] != hkv
         out = torch.empty_like(q)
-        for start, end, slots, mask in prefills:
+        for start, end, blocks, n, mask in prefills:
             qs = q[start:end].transpose(0, 1).unsqueeze(0)              # [1, H, L, D]
-            k = flat_k[slots].transpose(0, 1).unsqueeze(0)              # [1, Hkv, n, D]
-            v = flat_v[slots].transpose(0, 1).unsqueeze(0)
+            k = cache.k[blocks].view(-1, hkv, d)[:n].transpose(0, 1).unsqueeze(0)
+            v = cache.v[blocks].view(-1, hkv, d)[:n].transpose(0, 1).unsqueeze(0)
             o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, is_causal=mask is None,
                                                enable_gqa=gqa)
             out[start:end] = o[0].transpose(0, 1)
         if decode is not None:
-            start, slots, valid = decode
+            start, blocks, valid = decode
+            batch = blocks.shape[0]
             qd = q[start:].unsqueeze(2)                                 # [B, H, 1, D]
-            k = flat_k[slots].transpose(1, 2)                           # [B, Hkv, n, D]
-            v = flat_v[slots].transpose(1, 2)
+            k = cache.k[blocks].view(batch, -1, hkv, d).transpose(1, 2)  # [B, Hkv, n, D]
+            v = cache.v[blocks].view(batch, -1, hkv, d).transpose(1, 2)
             o = F.scaled_dot_product_attention(qd, k, v, attn_mask=valid, enable_gqa=gqa)
             out[start:] = o.squeeze(2)
         return out
@@ -142,12 +140,12 @@ class FlexPagedAttention:
         self._seen: set[str] = set()
         self._compiled_fn: Callable | None = None
         if compile:
-            import torch._dynamo
-            # one compiled kernel per family; never fall back silently after too many
+            import torch._dynamo.config as dynamo_config
+            # one compiled kernel per family, and many families in a full grid: raise the
+            # recompile limit (fullgraph=True turns hitting it into an error, not silent eager)
             for knob in ("recompile_limit", "cache_size_limit"):
-                if hasattr(torch._dynamo.config, knob):
-                    setattr(torch._dynamo.config, knob, max(256, getattr(
-                        torch._dynamo.config, knob)))
+                if hasattr(dynamo_config, knob):
+                    setattr(dynamo_config, knob, max(256, getattr(dynamo_config, knob)))
             self._compiled_fn = torch.compile(flex_attention, dynamic=False, fullgraph=True)
 
     # ---- per step

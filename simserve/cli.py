@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a scenario field, e.g. --set engine.max_num_seqs=64 "
                           "(repeatable)")
     run.add_argument("--quiet", action="store_true", help="do not print the summary table")
+    run.add_argument("--tokens", action="store_true",
+                     help="also write tokens.csv: the time of every output token")
 
     val = sub.add_parser("validate", help="check a scenario without running it")
     val.add_argument("scenario")
@@ -55,7 +57,7 @@ def _cmd_run(args) -> int:
         if not args.quiet:
             print(result.table())
         out = root if len(variants) == 1 else root / label
-        path = result.save(out)
+        path = result.save(out, tokens=args.tokens)
         print(f"simulated {result.summary['num_requests']} requests, {len(result.steps)} steps "
               f"in {wall:.2f} s [latency: {result.latency_label}]; results in {path}/")
     if len(variants) > 1:

@@ -50,8 +50,19 @@ class Result:
         title = f"simserve: {self.scenario.name} ({self.scenario.policy})"
         return format_summary(self.summary, title=title)
 
-    def save(self, out_dir: str | Path) -> Path:
-        """Write scenario.yaml, requests.csv, steps.csv, summary.json; byte-identical per seed."""
+    def tokens(self) -> pd.DataFrame:
+        """Every output token: ``request_id``, ``token_index`` (0-based), ``time_s``."""
+        ids = self.requests["request_id"].to_numpy()
+        counts = [len(t) for t in self.token_times]
+        return pd.DataFrame({
+            "request_id": np.repeat(ids, counts),
+            "token_index": np.concatenate([np.arange(c) for c in counts]) if counts else [],
+            "time_s": np.concatenate(self.token_times) if counts else [],
+        })
+
+    def save(self, out_dir: str | Path, *, tokens: bool = False) -> Path:
+        """Write scenario.yaml, requests.csv, steps.csv, summary.json (and tokens.csv when
+        asked); the same scenario and seed give byte-identical files."""
         out = Path(out_dir)
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -62,6 +73,8 @@ class Result:
         self.requests.to_csv(out / "requests.csv", index=False, float_format="%.9g")
         self.steps.to_csv(out / "steps.csv", index=False, float_format="%.9g")
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
+        if tokens:
+            self.tokens().to_csv(out / "tokens.csv", index=False, float_format="%.9g")
         return out
 
 

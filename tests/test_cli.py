@@ -33,6 +33,23 @@ def test_run_writes_outputs_and_prints_table(tmp_path, capsys):
     assert summary["completed"] + summary["num_rejected"] == 60
 
 
+def test_tokens_file_gives_exact_itl(tmp_path, capsys):
+    import numpy as np
+    import pandas as pd
+    assert run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path, "--quiet", "--tokens"],
+                   capsys)[0] == 0
+    tokens = pd.read_csv(tmp_path / "tokens.csv")
+    requests = pd.read_csv(tmp_path / "requests.csv")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    done = requests[requests.status == "finished"]
+    assert len(tokens) == done.num_output_tokens.sum()
+    gaps = np.concatenate([np.diff(g.time_s.to_numpy()) for _, g in tokens.groupby("request_id")])
+    assert gaps.mean() * 1000 == pytest.approx(summary["mean_itl_ms"], rel=1e-6)
+    first = tokens[tokens.token_index == 0].set_index("request_id").time_s
+    ttft = (first - done.set_index("request_id").arrival_s).mean() * 1000
+    assert ttft == pytest.approx(summary["mean_ttft_ms"], rel=1e-6)
+
+
 def test_resolved_scenario_reruns_to_identical_outputs(tmp_path, capsys):
     assert run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "a"], capsys)[0] == 0
     # the written scenario.yaml is itself a valid scenario that reproduces the run
