@@ -399,7 +399,7 @@ def _measure_linear(c: _Ctx) -> dict[str, Any]:
         }
         for op, fn in parts.items():
             ops[op].append(c.timer(fn).median)
-            c.progress.step("linear ops", f"{op} tokens={t}")
+            c.progress.step("linear", f"{op} tokens={t}")
         del cache
     return {"tokens": tokens, **_series(whole), "ops": ops}
 

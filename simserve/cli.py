@@ -56,6 +56,8 @@ def _cmd_run(args) -> int:
         results[label] = result
         if not args.quiet:
             print(result.table())
+        for warning in result.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         out = root if len(variants) == 1 else root / label
         path = result.save(out, tokens=args.tokens)
         print(f"simulated {result.summary['num_requests']} requests, {len(result.steps)} steps "

@@ -24,7 +24,7 @@ from simserve.sched import POLICIES
 from simserve.workload.config import WorkloadConfig
 
 PREEMPTION_MODES = ("recompute", "swap")
-LATENCY_MODELS = ("roofline", "constant", "linear")
+LATENCY_MODELS = ("roofline", "profile", "constant", "linear")
 ROUTERS = ("round_robin", "least_outstanding")
 
 
@@ -68,7 +68,8 @@ class LatencyConfig:
     """Which step-latency model prices the StepPlans, and its parameters."""
 
     model: str = "roofline"
-    step_overhead_ms: float | None = None       # roofline: per-step CPU/scheduling overhead
+    path: str | None = None                     # profile: the profile file (JSON)
+    step_overhead_ms: float | None = None       # roofline/profile: per-step CPU/scheduling cost
     flops_efficiency: float | None = None       # roofline: achieved fraction of peak FLOP/s
     bandwidth_efficiency: float | None = None   # roofline: achieved fraction of peak bandwidth
     step_ms: float | None = None                # constant
@@ -85,6 +86,9 @@ class LatencyConfig:
                       flops_efficiency=f.float("flops_efficiency", None, positive=True, max=1.0),
                       bandwidth_efficiency=f.float("bandwidth_efficiency", None, positive=True,
                                                    max=1.0))
+        elif model == "profile":
+            cfg = cls(model, path=f.str("path"),
+                      step_overhead_ms=f.float("step_overhead_ms", 0.0, min=0.0))
         elif model == "constant":
             cfg = cls(model, step_ms=f.float("step_ms", positive=True))
         else:

@@ -81,6 +81,16 @@ class Result:
 def build_latency(s: Scenario) -> LatencyModel:
     from simserve.latency.roofline import ConstantLatency, LinearLatency, RooflineModel
     lat = s.latency
+    if lat.model == "profile":
+        from simserve.latency.profile import ProfileLatency
+        path = Path(lat.path)
+        if not path.is_absolute():
+            path = s.base_dir / path
+        if not path.exists():
+            raise ConfigError("latency.path", f"profile file not found: {path}")
+        return ProfileLatency.from_file(path, s.model,
+                                        step_overhead_s=(lat.step_overhead_ms or 0.0) / 1000.0,
+                                        host_link_bandwidth=s.hardware.host_link_bandwidth)
     if lat.model == "constant":
         return ConstantLatency(lat.step_ms / 1000.0)
     if lat.model == "linear":
@@ -127,7 +137,11 @@ def run(scenario: Scenario | str | Path, *, latency: LatencyModel | None = None,
     router = round_robin() if s.cluster.router == "round_robin" else least_outstanding
     rec = simulate(specs, replicas, router)
     result = collect(s, rec)
+    latency_models = {id(r.latency): r.latency for r in replicas}.values()
     result.latency_label = replicas[0].latency.label
+    result.warnings = [w for m in latency_models for w in getattr(m, "warnings", list)()]
+    result.summary["latency_model"] = result.latency_label
+    result.summary["warnings"] = result.warnings
     return result
 
 

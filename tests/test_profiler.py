@@ -1,0 +1,463 @@
+"""The profiler: paged attention against dense attention, the block-table arithmetic, an
+end-to-end CPU profile that validates, and the profile schema's errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from profiler import attention as attn
+from profiler.cli import main
+from profiler.layers import (DecoderLayer, Model, PagedKVCache, Shapes, StepMeta, blocks_needed,
+                             build_step, gather_slots, make_top_p, sample_greedy)
+from profiler.measure import Grid, Options, random_steps, run_profile, token_axis
+from profiler.schema import (SCHEMA_VERSION, ProfileError, dump, load_profile, model_mismatch,
+                             validate)
+from simserve.errors import DataError
+
+REPO = Path(__file__).resolve().parents[1]
+
+# an even tinier model than tiny-llama-45m: GQA (4 query heads per KV head), qkv bias
+TOY = Shapes(name="toy", num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=1,
+             head_dim=32, intermediate_size=256, vocab_size=1000, qkv_bias=True)
+TOY_YAML = """\
+name: toy
+layers: 2
+hidden: 128
+heads: 4
+kv_heads: 1
+head_dim: 32
+intermediate: 256
+vocab: 1000
+max_position_embeddings: 4096
+qkv_bias: true
+"""
+
+# prefill chunks (len, ctx) with context, one longer than a FlexAttention query tile (128), one
+# starting mid-block, plus decodes of varied context (ctx 0: a one-token sequence)
+PREFILL = [(13, 37), (150, 20), (16, 0), (1, 5)]
+DECODE = [3, 17, 40, 0, 64]
+
+
+def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int) -> torch.Tensor:
+    """fp64 attention written out by hand: query i at position ctx + i sees keys 0 .. ctx + i."""
+    L, H, D = q.shape
+    n, hkv = k.shape[:2]
+    group = H // hkv
+    out = torch.empty((L, H, D), dtype=torch.float64)
+    for h in range(H):
+        kh, vh = k[:, h // group].double(), v[:, h // group].double()
+        scores = q[:, h].double() @ kh.T / D ** 0.5
+        for i in range(L):
+            scores[i, ctx + i + 1:] = float("-inf")
+        out[:, h] = scores.softmax(-1) @ vh
+    return out
+
+
+def paged_vs_dense(backend, block_size: int, heads: int, kv_heads: int, dtype: torch.dtype,
+                   prefill=PREFILL, decode=DECODE, seed: int = 0) -> float:
+    gen = torch.Generator().manual_seed(seed)
+    head_dim = 32
+    lens = [a + c for a, c in prefill] + [c + 1 for c in decode]
+    num_blocks = sum(blocks_needed(n, block_size) for n in lens) + 5
+    cache = PagedKVCache(num_blocks, block_size, kv_heads, head_dim, dtype, "cpu",
+                         generator=gen)
+    meta = build_step(prefill, decode, block_size, num_blocks, "cpu", generator=gen)
+    q = torch.randn((meta.num_tokens, heads, head_dim), generator=gen).to(dtype)
+    backend.prepare(meta, num_blocks)
+    out = backend(q, cache, meta)
+    assert out.shape == q.shape and torch.isfinite(out).all()
+    worst = 0.0
+    for s in range(meta.num_seqs):
+        # the dense yardstick reads K/V by logical position, straight from the block table
+        blocks = meta.block_tables[s, :meta.num_blocks_per_seq[s]].tolist()
+        k = torch.cat([cache.k[b] for b in blocks])[:meta.seq_lens[s]]
+        v = torch.cat([cache.v[b] for b in blocks])[:meta.seq_lens[s]]
+        a, b = meta.query_start[s], meta.query_start[s + 1]
+        ref = dense(q[a:b], k, v, meta.ctx_lens[s])
+        assert ref.abs().max() > 0.05                          # non-trivial inputs
+        worst = max(worst, float((out[a:b].double() - ref).abs().max() / ref.abs().max()))
+    return worst
+
+
+# --------------------------------------------------------------------------------------------
+# Paged attention correctness
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 4)])
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_reference_backend_matches_dense(dtype, heads, kv_heads, block_size):
+    err = paged_vs_dense(attn.ReferenceAttention(), block_size, heads, kv_heads, dtype)
+    assert err < attn.TOLERANCE[dtype], err
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 4)])
+def test_flex_eager_backend_matches_dense(dtype, heads, kv_heads):
+    err = paged_vs_dense(attn.FlexPagedAttention("cpu", compile=False), 16, heads, kv_heads,
+                         dtype)
+    assert err < attn.TOLERANCE[dtype], err
+
+
+def test_flex_compiled_backend_matches_dense():
+    # compiles two shape families (prefill, decode) on CPU: a few seconds each
+    backend = attn.FlexPagedAttention("cpu", compile=True)
+    err = paged_vs_dense(backend, 16, 8, 2, torch.bfloat16)
+    assert backend.fallback is None, backend.fallback
+    assert backend.compiled
+    assert len(backend.compile_seconds) == 2 and all(
+        s > 0 for s in backend.compile_seconds.values())
+    assert err < attn.TOLERANCE[torch.bfloat16], err
+    # same family again (batch and query length pad to the same powers of two): no recompile
+    err = paged_vs_dense(backend, 16, 8, 2, torch.bfloat16,
+                         prefill=[(140, 3), (30, 60), (2, 0), (9, 9)], decode=[5, 6, 7, 8],
+                         seed=1)
+    assert len(backend.compile_seconds) == 2
+    assert err < attn.TOLERANCE[torch.bfloat16], err
+
+
+def test_flex_eager_refuses_to_materialise_too_much():
+    backend = attn.FlexPagedAttention("cpu", compile=False, eager_limit_bytes=1000)
+    with pytest.raises(attn.BackendError, match="reference"):
+        paged_vs_dense(backend, 16, 4, 4, torch.float32)
+
+
+def test_self_check_reports_small_error_for_every_cpu_backend():
+    for backend in (attn.ReferenceAttention(), attn.FlexPagedAttention("cpu", compile=False)):
+        err = attn.self_check(backend, [(13, 37)], [3, 40], 16, 8, 2, 32, torch.bfloat16, "cpu")
+        assert 0 < err < attn.TOLERANCE[torch.bfloat16]
+
+
+def test_flashinfer_page_table_from_block_tables():
+    # seq 0: 13 new + 37 context = 50 tokens -> 4 pages of 16, last holds 2
+    # seq 1: decode at ctx 16 -> 17 tokens -> 2 pages, last holds 1
+    meta = build_step([(13, 37)], [16], 16, 20, "cpu", generator=torch.Generator().manual_seed(3))
+    t = attn.flashinfer_page_table(meta, [0, 1])
+    assert t["qo_indptr"].tolist() == [0, 13, 14]
+    assert t["kv_indptr"].tolist() == [0, 4, 6]
+    assert t["kv_indices"].tolist() == (meta.block_tables[0, :4].tolist()
+                                        + meta.block_tables[1, :2].tolist())
+    assert t["kv_last_page_len"].tolist() == [2, 1]
+    assert all(x.dtype == torch.int32 for x in t.values())
+
+
+def test_flashinfer_needs_cuda():
+    with pytest.raises(attn.BackendError, match="CUDA"):
+        attn.FlashInferAttention("cpu", 8, 2, 32, torch.bfloat16)
+
+
+def test_auto_backend_choice():
+    assert attn.resolve_backend_name("auto", "cpu") == "reference"
+    assert attn.resolve_backend_name("auto", "cuda") in ("flashinfer", "flex")
+    assert attn.resolve_backend_name("flex", "cpu") == "flex"
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and attn.flashinfer_available()),
+                    reason="needs CUDA and flashinfer")
+def test_flashinfer_backend_matches_dense():  # pragma: no cover - GPU machines only
+    backend = attn.FlashInferAttention("cuda", 8, 2, 32, torch.bfloat16)
+    err = attn.self_check(backend, PREFILL, DECODE, 16, 8, 2, 32, torch.bfloat16, "cuda")
+    assert err < attn.TOLERANCE[torch.bfloat16]
+
+
+# --------------------------------------------------------------------------------------------
+# Block tables, slot mapping, cache writes
+
+
+def test_shuffled_block_table_gathers_tokens_in_position_order():
+    block_size, num_blocks = 4, 12
+    gen = torch.Generator().manual_seed(7)
+    # two sequences: a chunk of 6 after 5 cached tokens (11 tokens, 3 blocks) and a decode at
+    # ctx 6 (7 tokens, 2 blocks)
+    meta = build_step([(6, 5)], [6], block_size, num_blocks, "cpu", generator=gen)
+    used = meta.block_tables[0, :3].tolist() + meta.block_tables[1, :2].tolist()
+    assert len(set(used)) == 5                                   # no block shared
+    assert used != sorted(used) or used[0] != 0                  # not the identity layout
+    # slot(pos) = table[pos // block_size] * block_size + pos % block_size
+    table0 = meta.block_tables[0].tolist()
+    assert meta.slot_mapping[:6].tolist() == [table0[p // 4] * 4 + p % 4 for p in range(5, 11)]
+    assert meta.positions.tolist() == list(range(5, 11)) + [6]
+
+    # write every position of every sequence with its (sequence, position) id, through slots
+    cache = PagedKVCache(num_blocks, block_size, 1, 2, torch.float32, "cpu")
+    for s, n in enumerate(meta.seq_lens):
+        slots = gather_slots(meta.block_tables[s], n, block_size)
+        ids = torch.tensor([[s * 100.0 + p, -(s * 100.0 + p)] for p in range(n)])
+        cache.write(ids[:, None, :], ids[:, None, :], slots)
+    for s, n in enumerate(meta.seq_lens):
+        blocks = meta.block_tables[s, :meta.num_blocks_per_seq[s]].long()
+        got = cache.k[blocks].reshape(-1, 2)[:n, 0]
+        assert got.tolist() == [s * 100.0 + p for p in range(n)]
+
+
+def test_build_step_rejects_too_small_cache_and_empty_chunk():
+    with pytest.raises(ValueError, match="KV blocks"):
+        build_step([(40, 0)], [], 16, 2, "cpu")
+    with pytest.raises(ValueError, match="at least one token"):
+        build_step([(0, 4)], [], 16, 8, "cpu")
+
+
+def test_layer_writes_new_kv_at_slots_and_keeps_shape():
+    gen = torch.Generator().manual_seed(0)
+    model = Model(TOY, torch.float32, "cpu", seed=0)
+    layer: DecoderLayer = model.layers[0]
+    meta = build_step([(5, 3)], [2], 4, 10, "cpu", generator=gen)
+    cache = PagedKVCache(10, 4, TOY.num_kv_heads, TOY.head_dim, torch.float32, "cpu",
+                         generator=gen)
+    backend = attn.ReferenceAttention()
+    backend.prepare(meta, 10)
+    x = torch.randn(meta.num_tokens, TOY.hidden_size, generator=gen)
+    y = layer.forward(x, meta, cache, backend)
+    assert y.shape == x.shape and torch.isfinite(y).all()
+    # the V written for the new tokens is the V projection of the normed input
+    from profiler.layers import rms_norm
+    _, _, v = layer.split_qkv(layer.qkv(rms_norm(x, layer.input_norm)))
+    flat_v = cache.v.view(-1, TOY.num_kv_heads, TOY.head_dim)
+    torch.testing.assert_close(flat_v[meta.slot_mapping], v)
+
+
+def test_model_step_samples_one_token_per_row_and_distinct_layers():
+    model = Model(TOY, torch.float32, "cpu", seed=0)
+    assert len({id(layer) for layer in model.layers}) == TOY.num_layers
+    shared = Model(TOY, torch.float32, "cpu", seed=0, distinct_layers=False)
+    assert len({id(layer) for layer in shared.layers}) == 1
+    meta = build_step([(7, 0)], [4, 9], 4, 16, "cpu")
+    caches = [PagedKVCache(16, 4, 1, 32, torch.float32, "cpu") for _ in model.layers]
+    backend = attn.ReferenceAttention()
+    backend.prepare(meta, 16)
+    ids = torch.randint(0, TOY.vocab_size, (meta.num_tokens,))
+    rows = torch.tensor([6, 7, 8])
+    out = model.step(ids, meta, caches, backend, sample_greedy, rows)
+    assert out.shape == (3,) and int(out.max()) < TOY.vocab_size
+
+
+def test_samplers():
+    logits = torch.tensor([[0.0, 5.0, 1.0, 4.9], [3.0, 0.0, 0.0, 0.0]])
+    assert sample_greedy(logits).tolist() == [1, 0]
+    # a tiny nucleus keeps only the most likely token
+    assert make_top_p(1e-6)(logits).tolist() == [1, 0]
+    # p = 0.9 keeps tokens 1 and 3 in row 0 and never samples outside them
+    picks = {int(make_top_p(0.9, seed=i)(logits)[0]) for i in range(30)}
+    assert picks <= {1, 3} and len(picks) == 2
+
+
+def test_random_heldout_steps_respect_the_budget():
+    for prefill, decode, sampled in random_steps(50, 300, 40, 1000, seed=1):
+        assert sum(q for q, _ in prefill) + len(decode) <= 300
+        assert prefill or decode
+        assert len(decode) <= sampled <= len(decode) + len(prefill)
+        assert all(q >= 1 for q, _ in prefill)
+
+
+def test_token_axis_caps_at_the_step_budget():
+    assert token_axis((1, 8, 32, 128, 512), 100) == [1, 8, 32, 100]
+    assert token_axis((1, 8), 8) == [1, 8]
+
+
+# --------------------------------------------------------------------------------------------
+# End to end on CPU
+
+
+@pytest.fixture(scope="module")
+def profile_file(tmp_path_factory) -> Path:
+    """The CLI, in process, on the toy model read from a YAML file, quick grid, 1 thread."""
+    d = tmp_path_factory.mktemp("prof")
+    card = d / "toy.yaml"
+    card.write_text(TOY_YAML)
+    out = d / "toy.json"
+    rc = main(["--model", str(card), "--device", "cpu", "--out", str(out), "--grid", "quick",
+               "--threads", "1", "--max-num-batched-tokens", "256", "--block-size", "16"])
+    assert rc == 0
+    return out
+
+
+def test_cli_quick_profile_validates(profile_file):
+    p = load_profile(profile_file)
+    assert p["schema_version"] == SCHEMA_VERSION
+    prov = p["provenance"]
+    assert prov["device"] == "cpu" and prov["threads"] == 1 and prov["cuda_version"] is None
+    assert prov["command"].startswith("python -m profiler --model ")
+    assert prov["date"].endswith("Z") and prov["dtype"] == "bf16"
+    assert p["model"]["num_kv_heads"] == 1 and p["model"]["qkv_bias"] is True
+    assert p["attention"]["backend"] == "reference"
+    assert p["attention"]["self_check_rel_err"] < 2e-2
+    lin = p["linear"]
+    assert lin["tokens"][-1] == 256                          # the step budget is on the grid
+    assert set(lin["ops"]) == set(DecoderLayer.OPS)
+    assert all(a <= m <= b for a, m, b in zip(lin["p10"], lin["seconds"], lin["p90"]))
+    assert all(s > 0 for s in lin["seconds"])
+    # more work costs more time, far enough apart for noise not to matter
+    assert lin["seconds"][-1] > lin["seconds"][0]
+    dec = p["attn_decode"]["seconds"]
+    assert dec[-1][-1] > dec[0][0]
+    mem = p["memory"]
+    assert mem["activation_peak_method"] == "estimated" and mem["num_gpu_blocks"] is None
+    # K and V, 2 layers, 1 KV head of 32, bf16
+    assert mem["kv_bytes_per_token"] == 2 * 2 * 1 * 32 * 2
+    assert mem["block_bytes"] == 16 * mem["kv_bytes_per_token"]
+    assert len(p["heldout"]) >= 1
+    for step in p["heldout"]:
+        assert sum(q for q, _ in step["prefill"]) + len(step["decode_ctx"]) <= 256
+        assert step["seconds"] > 0
+
+
+def test_weights_bytes_match_the_allocated_parameters(profile_file):
+    p = load_profile(profile_file)
+    model = Model(TOY, torch.bfloat16, "cpu")
+    from profiler.layers import param_bytes
+    assert p["memory"]["weights_bytes"] == param_bytes(model.parameters())
+
+
+def test_run_profile_in_process_with_flex_eager_and_tiny_grid():
+    grid = Grid(tokens=(1, 16), prefill_chunk=(8, 32), prefill_ctx=(0, 40), decode_batch=(1, 3),
+                decode_ctx=(5, 50), lm_seqs=(1, 4), heldout=2, heldout_max_decodes=4,
+                heldout_max_ctx=60, warmup=0, repeats=3, point_budget_s=0.1)
+    opts = Options(attention="flex", compile=False, max_num_batched_tokens=32,
+                   grid_override=grid, command="test")
+    import io
+    log = io.StringIO()
+    p = run_profile(TOY, opts, stream=log)
+    validate(p)
+    assert p["attention"]["backend"] == "flex" and p["attention"]["compiled"] is False
+    assert "eager" in p["attention"]["note"]
+    assert p["attn_prefill"]["chunk"] == [8, 32] and p["attn_decode"]["batch"] == [1, 3]
+    assert "profiled" in log.getvalue()
+
+
+# --------------------------------------------------------------------------------------------
+# Schema
+
+
+def test_schema_round_trip(profile_file, tmp_path):
+    p = load_profile(profile_file)
+    again = tmp_path / "again.json"
+    dump(p, again)
+    assert load_profile(again) == p
+    assert json.loads(again.read_text()) == json.loads(profile_file.read_text())
+
+
+def _one_line_error(path: Path) -> str:
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(str(path))
+    assert isinstance(info.value, DataError)                # simserve's CLI prints it cleanly
+    return message
+
+
+def test_schema_errors_are_one_clear_line(profile_file, tmp_path):
+    good = json.loads(profile_file.read_text())
+    f = tmp_path / "bad.json"
+
+    f.write_text("{not json")
+    assert "not JSON" in _one_line_error(f)
+
+    f.write_text("[1, 2]")
+    assert "expected an object" in _one_line_error(f)
+
+    bad = copy.deepcopy(good)
+    del bad["attn_decode"]
+    f.write_text(json.dumps(bad))
+    assert "attn_decode: missing" in _one_line_error(f)
+
+    bad = copy.deepcopy(good)
+    del bad["memory"]["block_bytes"]
+    f.write_text(json.dumps(bad))
+    assert "memory.block_bytes: missing" in _one_line_error(f)
+
+    bad = copy.deepcopy(good)
+    bad["schema_version"] = SCHEMA_VERSION + 1
+    del bad["linear"]                                       # a newer layout: version wins
+    f.write_text(json.dumps(bad))
+    msg = _one_line_error(f)
+    assert "newer" in msg and "upgrade" in msg
+
+    bad = copy.deepcopy(good)
+    del bad["schema_version"]
+    f.write_text(json.dumps(bad))
+    assert "schema_version: missing" in _one_line_error(f)
+
+    bad = copy.deepcopy(good)
+    bad["linear"]["seconds"][1] = "fast"
+    f.write_text(json.dumps(bad))
+    assert "linear.seconds[1]: expected a finite number" in _one_line_error(f)
+
+    bad = copy.deepcopy(good)
+    bad["attn_prefill"]["seconds"][0] = bad["attn_prefill"]["seconds"][0][:-1]
+    f.write_text(json.dumps(bad))
+    assert "attn_prefill.seconds[0]: expected" in _one_line_error(f)
+
+    bad = copy.deepcopy(good)
+    bad["attn_decode"]["batch"] = list(reversed(bad["attn_decode"]["batch"]))
+    f.write_text(json.dumps(bad))
+    assert "ascending" in _one_line_error(f)
+
+    bad = copy.deepcopy(good)
+    bad["model"]["num_layers"] = True
+    f.write_text(json.dumps(bad))
+    assert "model.num_layers: expected an integer" in _one_line_error(f)
+
+    assert "cannot read" in _one_line_error(tmp_path / "absent.json")
+
+
+def test_dump_refuses_an_invalid_profile(profile_file, tmp_path):
+    bad = json.loads(profile_file.read_text())
+    bad["heldout"][0]["seconds"] = -1.0
+    with pytest.raises(ProfileError, match="negative"):
+        dump(bad, tmp_path / "x.json")
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_model_mismatch_names_the_fields(profile_file):
+    p = load_profile(profile_file)
+    assert model_mismatch(p, p["model"]) == []
+    other = {**p["model"], "num_layers": 32, "hidden_size": 4096}
+    assert model_mismatch(p, other) == ["num_layers: profile 2, model 32",
+                                        "hidden_size: profile 128, model 4096"]
+
+
+def test_schema_module_does_not_import_torch():
+    code = ("import sys; import profiler.schema; "
+            "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# CLI errors
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cli_cuda_without_cuda_exits_2_with_one_line(tmp_path):
+    out = tmp_path / "p.json"
+    r = subprocess.run([sys.executable, "-m", "profiler", "--model", "tiny-llama-45m",
+                        "--device", "cuda", "--out", str(out)],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr
+    assert lines[0].startswith("profiler: error: --device cuda") and "CUDA" in lines[0]
+    assert not out.exists()
+
+
+def test_cli_unknown_model_exits_2(tmp_path, capsys):
+    rc = main(["--model", "no-such-model", "--device", "cpu", "--out", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "unknown name 'no-such-model'" in err and len(err.strip().splitlines()) == 1
+    rc = main(["--model", str(tmp_path / "absent.yaml"), "--device", "cpu",
+               "--out", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "cannot read" in err
+
+
+def test_cli_rejects_bad_numbers(tmp_path, capsys):
+    rc = main(["--model", "tiny-llama-45m", "--device", "cpu", "--out", str(tmp_path / "p.json"),
+               "--block-size", "0"])
+    assert rc == 2 and "--block-size must be >= 1" in capsys.readouterr().err
