@@ -234,8 +234,7 @@ class FlexPagedAttention:
                 out = self._compiled_fn(q, k, v, block_mask=block_mask, enable_gqa=gqa)
             except Exception as e:  # noqa: BLE001 - any compile failure means "use eager"
                 self.compiled = False
-                self.fallback = f"torch.compile failed ({type(e).__name__}: " \
-                                f"{str(e).splitlines()[0][:200] if str(e) else ''}); eager used"
+                self.fallback = f"torch.compile failed ({_root_cause(e)}); eager used"
             else:
                 if first:
                     if self.device.type == "cuda":
@@ -253,6 +252,17 @@ class FlexPagedAttention:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # "called without torch.compile": we know
             return self._flex(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+
+
+def _root_cause(e: BaseException) -> str:
+    """``Type: first line`` of the innermost exception (inductor wraps the useful one)."""
+    while True:
+        inner = getattr(e, "inner_exception", None) or e.__cause__
+        if not isinstance(inner, BaseException) or inner is e:
+            break
+        e = inner
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0][:200]}" if lines else type(e).__name__
 
 
 # --------------------------------------------------------------------------------------------

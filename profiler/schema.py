@@ -184,7 +184,8 @@ class Profile(TypedDict):
 
 class _Invalid(Exception):
     def __init__(self, where: str, message: str):
-        super().__init__(f"{where}: {message}")
+        # the top level has no field name: "expected an object" alone says enough
+        super().__init__(f"{where}: {message}" if where else message)
 
 
 def _kind(value: Any) -> str:

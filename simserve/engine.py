@@ -4,26 +4,45 @@ This is the only module that knows about SimPy. A replica is a plain generator p
 (``env`` passed in, no globals): ask the scheduler for a StepPlan, price it with the latency
 model, hold the clock for that long, then let the scheduler apply it. An idle replica sleeps on
 an event that the arrival process triggers.
+
+Fast-forward: when a plan is the start of a *decode stretch* (``Scheduler.decode_stretch_limit``:
+every running request decodes, nothing else happens, and the policy's admission is monotone),
+the replica prices all k steps of the stretch at once, holds the clock once, and applies them
+together. The stretch ends before the first step that would start at or after the next arrival,
+at the earliest finish, or before the KV blocks run out, so the result is the same schedule, step
+for step, as stepping one iteration per event (``fast_forward=False``); the equivalence tests
+hold the two to that.
+
+Arrivals are scheduled with SimPy's URGENT priority, so an arrival at exactly the time a step
+starts is always seen by that step, whichever way the engine runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from array import array
+from heapq import heappush
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import simpy
+from simpy.core import NORMAL, URGENT
 
 from simserve.kv.blocks import BlockManager
 from simserve.latency.base import LatencyModel
 from simserve.sched.core import Scheduler
+from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
 from simserve.workload.spec import RequestSpec
 
-STEP_COLUMNS = (
-    "step", "replica", "start_s", "duration_s", "num_prefill_tokens", "num_prefill_seqs",
-    "num_decode_seqs", "num_batched_tokens", "num_running", "num_waiting", "kv_blocks_used",
-    "kv_blocks_total", "num_preempted", "swap_out_blocks", "swap_in_blocks",
-)
+# column -> array typecode; float64 for times, int64 for counts
+STEP_COLUMNS = {
+    "replica": "q", "start_s": "d", "duration_s": "d", "num_prefill_tokens": "q",
+    "num_prefill_seqs": "q", "num_decode_seqs": "q", "num_batched_tokens": "q",
+    "num_running": "q", "num_waiting": "q", "kv_blocks_used": "q", "kv_blocks_total": "q",
+    "num_preempted": "q", "swap_out_blocks": "q", "swap_in_blocks": "q",
+}
 
 
 @dataclass
@@ -42,14 +61,15 @@ class Replica:
 
 @dataclass
 class Recorder:
-    """Events recorded during the run; metrics are computed after it (never during)."""
+    """Events recorded during the run, in flat typed arrays; metrics are computed after it."""
 
     requests: list[Request] = field(default_factory=list)
-    steps: dict[str, list] = field(default_factory=lambda: {c: [] for c in STEP_COLUMNS})
+    steps: dict[str, array] = field(
+        default_factory=lambda: {c: array(t) for c, t in STEP_COLUMNS.items()})
+    num_stretches: int = 0
 
-    def step(self, replica: Replica, start: float, duration: float, plan) -> None:
+    def step(self, replica: Replica, start: float, duration: float, plan: StepPlan) -> None:
         s, sched = self.steps, replica.scheduler
-        s["step"].append(len(s["step"]))
         s["replica"].append(replica.index)
         s["start_s"].append(start)
         s["duration_s"].append(duration)
@@ -64,6 +84,25 @@ class Recorder:
         s["num_preempted"].append(plan.num_preempted)
         s["swap_out_blocks"].append(plan.swap_out_blocks)
         s["swap_in_blocks"].append(plan.swap_in_blocks)
+
+    def stretch(self, replica: Replica, starts: list[float], durations: list[float],
+                plan: StepPlan, kv_used: list[int]) -> None:
+        """k decode steps that differ only in their times and KV blocks used."""
+        k, s, sched = len(starts), self.steps, replica.scheduler
+        batch = len(plan.decode_ctx)
+        s["replica"].extend([replica.index] * k)
+        s["start_s"].extend(starts)
+        s["duration_s"].extend(durations)
+        for col in ("num_prefill_tokens", "num_prefill_seqs", "num_preempted",
+                    "swap_out_blocks", "swap_in_blocks"):
+            s[col].extend([0] * k)
+        for col in ("num_decode_seqs", "num_batched_tokens"):
+            s[col].extend([batch] * k)
+        s["num_running"].extend([len(sched.running)] * k)
+        s["num_waiting"].extend([sched.num_waiting] * k)
+        s["kv_blocks_used"].extend(kv_used)
+        s["kv_blocks_total"].extend([sched.blocks.num_blocks] * k)
+        self.num_stretches += 1
 
 
 def rejection_reason(req: Request, replica: Replica) -> str:
@@ -87,28 +126,64 @@ def least_outstanding(req: Request, replicas: Sequence[Replica]) -> Replica:
     return min(replicas, key=lambda r: (r.num_outstanding, r.index))
 
 
+class _Arrivals:
+    """The workload's cursor: the next arrival time is what bounds a fast-forward stretch."""
+
+    def __init__(self, specs: Sequence[RequestSpec]):
+        self.specs = specs
+        self.next = 0
+        self.done: simpy.Event | None = None
+
+    @property
+    def next_time(self) -> float:
+        return self.specs[self.next].arrival_s if self.next < len(self.specs) else math.inf
+
+
 def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: Router,
-             until: float | None = None) -> Recorder:
+             until: float | None = None, fast_forward: bool = True) -> Recorder:
     """Run the workload to completion (or to ``until`` seconds); return what was recorded."""
-    env = simpy.Environment()
+    env = _Environment()
     rec = Recorder()
-    arrivals_done = env.event()
-    procs = [env.process(_replica_loop(env, r, rec, arrivals_done)) for r in replicas]
-    env.process(_arrivals(env, specs, replicas, router, rec, arrivals_done))
+    arrivals = _Arrivals(specs)
+    arrivals.done = env.event()
+    procs = [env.process(_replica_loop(env, r, rec, arrivals, fast_forward)) for r in replicas]
+    env.process(_arrival_process(env, arrivals, replicas, router, rec))
     env.run(until=until if until is not None else simpy.AllOf(env, procs))
-    for replica in replicas:   # anything left can never be scheduled: count it, never drop it
-        sched = replica.scheduler
-        for req in [*sched.waiting, *sched.swapped, *sched.running]:
-            if req.status in (Status.WAITING, Status.SWAPPED, Status.RUNNING) and until is None:
+    if until is None:   # anything left can never be scheduled: count it, never drop it
+        for replica in replicas:
+            sched = replica.scheduler
+            for req in [*sched.waiting, *sched.swapped, *sched.running]:
                 req.status = Status.REJECTED
                 req.reject_reason = "unschedulable"
     return rec
 
 
-def _arrivals(env, specs, replicas, router, rec: Recorder, done: simpy.Event):
-    for spec in specs:
+class _Environment(simpy.Environment):
+    """SimPy's environment plus events at an absolute time and with a chosen priority.
+
+    ``timeout(d)`` lands at ``now + d``; a fast-forward stretch must end exactly at the float
+    that stepping would reach (``(s0 + d0) + d1 ...``), which no delay can always express (a
+    rounding tie can make that sum unreachable from ``now``). So events are pushed with their
+    absolute time, the way ``Environment.schedule`` itself queues them (simpy/core.py).
+    """
+
+    def at(self, when: float, priority: int = NORMAL) -> simpy.Event:
+        if when < self.now:
+            raise ValueError(f"cannot schedule at {when} before now ({self.now})")
+        event = simpy.Event(self)
+        event._ok = True          # a triggered, successful event, like a Timeout
+        event._value = None
+        heappush(self._queue, (when, priority, next(self._eid), event))
+        return event
+
+
+def _arrival_process(env, arrivals: _Arrivals, replicas, router, rec: Recorder):
+    specs = arrivals.specs
+    while arrivals.next < len(specs):
+        spec = specs[arrivals.next]
         if spec.arrival_s > env.now:
-            yield env.timeout(spec.arrival_s - env.now)
+            yield env.at(spec.arrival_s, URGENT)
+        arrivals.next += 1
         req = Request(spec)
         rec.requests.append(req)
         replica = router(req, replicas)
@@ -121,7 +196,7 @@ def _arrivals(env, specs, replicas, router, rec: Recorder, done: simpy.Event):
         replica.num_outstanding += 1
         replica.scheduler.add(req)
         _wake(replica)
-    done.succeed()
+    arrivals.done.succeed()
     for replica in replicas:
         _wake(replica)
 
@@ -131,12 +206,12 @@ def _wake(replica: Replica) -> None:
         replica.wakeup.succeed()
 
 
-def _replica_loop(env, replica: Replica, rec: Recorder, arrivals_done: simpy.Event):
+def _replica_loop(env, replica: Replica, rec: Recorder, arrivals: _Arrivals, fast_forward: bool):
     sched, latency = replica.scheduler, replica.latency
     while True:
         plan = sched.schedule() if sched.has_work else None
         if plan is None or plan.is_empty:
-            if arrivals_done.triggered:
+            if arrivals.done.triggered:
                 # no arrival can change this replica's state any more: done (leftovers, which
                 # only a scheduler deadlock could leave, are counted as unschedulable)
                 return
@@ -145,16 +220,51 @@ def _replica_loop(env, replica: Replica, rec: Recorder, arrivals_done: simpy.Eve
             replica.wakeup = None
             continue
         start = env.now
-        duration = latency.step_time(plan)
-        rec.step(replica, start, duration, plan)
         _mark_first_scheduled(sched, plan, start)
-        yield env.timeout(duration)
-        for req in sched.complete(plan, env.now):
-            replica.num_outstanding -= 1
+        k = sched.decode_stretch_limit(plan, 1 << 62) if fast_forward else 1
+        if k > 1:
+            durations = stretch_times(latency, plan, k)
+            # step i starts at s_i = (...((s_0 + d_0) + d_1) ...) exactly as SimPy would add
+            # them; keep the steps that start before the next arrival (step 0 always runs)
+            next_arrival = arrivals.next_time
+            ends, t = [], start
+            for i, d in enumerate(durations):
+                if i and t >= next_arrival:
+                    break
+                t = t + d
+                ends.append(t)
+            k = len(ends)
+        if k > 1:
+            durations = durations[:k]
+            starts = [start, *ends[:-1]]
+            rec.stretch(replica, starts, durations, plan, sched.stretch_blocks_used(k))
+            yield env.at(ends[-1])
+            finished = sched.complete_decode_stretch(ends)
+        else:
+            duration = latency.step_time(plan)
+            rec.step(replica, start, duration, plan)
+            yield env.timeout(duration)
+            finished = sched.complete(plan, env.now)
+        replica.num_outstanding -= len(finished)
 
 
-def _mark_first_scheduled(sched: Scheduler, plan, start: float) -> None:
-    scheduled = set(plan.request_ids)
-    for req in sched.running:
-        if req.first_scheduled_s is None and req.id in scheduled:
-            req.first_scheduled_s = start
+def stretch_times(latency: LatencyModel, plan: StepPlan, k: int) -> list[float]:
+    """Durations of the k steps of a decode stretch starting with ``plan`` (step i: every
+    context grown by i). Uses the model's vectorised ``decode_stretch_times`` when it has one;
+    it must give bit-identical values to ``step_time`` step by step."""
+    fast = getattr(latency, "decode_stretch_times", None)
+    if fast is not None:
+        return fast(plan, k)
+    out = []
+    for i in range(k):
+        step = dataclasses.replace(plan, decode_ctx=tuple(c + i for c in plan.decode_ctx))
+        out.append(latency.step_time(step))
+    return out
+
+
+def _mark_first_scheduled(sched: Scheduler, plan: StepPlan, start: float) -> None:
+    if plan.prefill_lens:   # a request is first scheduled with its first prefill chunk
+        scheduled = set(plan.request_ids)
+        for req in sched.running:
+            if req.first_scheduled_s is None and req.id in scheduled:
+                req.first_scheduled_s = start

@@ -129,13 +129,17 @@ def build_replicas(s: Scenario, latency: LatencyModel | None = None) -> list[Rep
 
 
 def run(scenario: Scenario | str | Path, *, latency: LatencyModel | None = None,
-        overrides: list[str] | None = None) -> Result:
-    """Simulate a scenario (a Scenario, or a path to its YAML) and summarise it."""
+        overrides: list[str] | None = None, fast_forward: bool = True) -> Result:
+    """Simulate a scenario (a Scenario, or a path to its YAML) and summarise it.
+
+    ``fast_forward=False`` steps one iteration per event; the results are the same (the
+    equivalence tests check it), only slower.
+    """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     specs = build_workload(s.workload, s.seed, s.base_dir)
     replicas = build_replicas(s, latency)
     router = round_robin() if s.cluster.router == "round_robin" else least_outstanding
-    rec = simulate(specs, replicas, router)
+    rec = simulate(specs, replicas, router, fast_forward=fast_forward)
     result = collect(s, rec)
     latency_models = {id(r.latency): r.latency for r in replicas}.values()
     result.latency_label = replicas[0].latency.label
@@ -168,11 +172,12 @@ def comparison_table(results: dict[str, Result]) -> pd.DataFrame:
 
 
 def collect(s: Scenario, rec: Recorder) -> Result:
+    steps = steps_frame(rec)
     rows = []
     token_times = []
     for req in sorted(rec.requests, key=lambda r: r.id):
-        times = np.asarray(req.token_times, dtype=float)
         finished = req.status.value == "finished"
+        times = _token_times(req) if finished else np.empty(0)
         arrival = req.spec.arrival_s
         first = times[0] if finished else math.nan
         finish = req.finish_s if finished else math.nan
@@ -184,8 +189,26 @@ def collect(s: Scenario, rec: Recorder) -> Result:
                      req.reject_reason,
                      req.first_scheduled_s if req.first_scheduled_s is not None else math.nan,
                      first, finish, req.num_preemptions, ttft, e2el, tpot))
-        token_times.append(times if finished else np.empty(0))
+        token_times.append(times)
     requests = pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
-    steps = pd.DataFrame({c: rec.steps[c] for c in STEP_COLUMNS})
     summary = summarize(requests, token_times, steps, s.slo)
     return Result(s, requests, steps, token_times, summary)
+
+
+def _token_times(req) -> np.ndarray:
+    ends = np.frombuffer(req.step_ends, dtype=np.float64)
+    if len(req.token_runs) == 1:
+        first, stop = req.token_runs[0]
+        return ends[first:stop].copy()
+    return np.concatenate([ends[first:stop] for first, stop in req.token_runs])
+
+
+def steps_frame(rec: Recorder) -> pd.DataFrame:
+    """The per-step table, ordered by start time then replica, numbered from 0."""
+    cols = {c: np.frombuffer(rec.steps[c], dtype=np.float64 if t == "d" else np.int64)
+            for c, t in STEP_COLUMNS.items()}
+    order = np.lexsort((cols["replica"], cols["start_s"]))
+    frame = pd.DataFrame({"step": np.arange(len(order), dtype=np.int64)})
+    for c, values in cols.items():
+        frame[c] = values[order]
+    return frame

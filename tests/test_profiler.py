@@ -61,11 +61,13 @@ def dense(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: int) -> torch.
 
 
 def paged_vs_dense(backend, block_size: int, heads: int, kv_heads: int, dtype: torch.dtype,
-                   prefill=PREFILL, decode=DECODE, seed: int = 0) -> float:
+                   prefill=PREFILL, decode=DECODE, seed: int = 0,
+                   num_blocks: int | None = None) -> float:
     gen = torch.Generator().manual_seed(seed)
     head_dim = 32
     lens = [a + c for a, c in prefill] + [c + 1 for c in decode]
-    num_blocks = sum(blocks_needed(n, block_size) for n in lens) + 5
+    if num_blocks is None:
+        num_blocks = sum(blocks_needed(n, block_size) for n in lens) + 5
     cache = PagedKVCache(num_blocks, block_size, kv_heads, head_dim, dtype, "cpu",
                          generator=gen)
     meta = build_step(prefill, decode, block_size, num_blocks, "cpu", generator=gen)
@@ -109,7 +111,7 @@ def test_flex_eager_backend_matches_dense(dtype, heads, kv_heads):
 def test_flex_compiled_backend_matches_dense():
     # compiles two shape families (prefill, decode) on CPU: a few seconds each
     backend = attn.FlexPagedAttention("cpu", compile=True)
-    err = paged_vs_dense(backend, 16, 8, 2, torch.bfloat16)
+    err = paged_vs_dense(backend, 16, 8, 2, torch.bfloat16, num_blocks=40)
     assert backend.fallback is None, backend.fallback
     assert backend.compiled
     assert len(backend.compile_seconds) == 2 and all(
@@ -117,10 +119,23 @@ def test_flex_compiled_backend_matches_dense():
     assert err < attn.TOLERANCE[torch.bfloat16], err
     # same family again (batch and query length pad to the same powers of two): no recompile
     err = paged_vs_dense(backend, 16, 8, 2, torch.bfloat16,
-                         prefill=[(140, 3), (30, 60), (2, 0), (9, 9)], decode=[5, 6, 7, 8],
-                         seed=1)
+                         prefill=[(140, 3), (30, 60), (2, 0), (9, 9)],
+                         decode=[5, 6, 7, 8, 9, 10], seed=1, num_blocks=40)
     assert len(backend.compile_seconds) == 2
     assert err < attn.TOLERANCE[torch.bfloat16], err
+
+
+def test_flex_compile_failure_falls_back_to_eager_and_says_why():
+    backend = attn.FlexPagedAttention("cpu", compile=True)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler\nmore detail")
+
+    backend._compiled_fn = broken
+    err = paged_vs_dense(backend, 16, 8, 2, torch.float32)
+    assert err < attn.TOLERANCE[torch.float32]
+    assert backend.compiled is False and backend.compile_seconds == {}
+    assert backend.fallback == "torch.compile failed (RuntimeError: no C++ compiler); eager used"
 
 
 def test_flex_eager_refuses_to_materialise_too_much():
@@ -360,7 +375,7 @@ def test_schema_errors_are_one_clear_line(profile_file, tmp_path):
     assert "not JSON" in _one_line_error(f)
 
     f.write_text("[1, 2]")
-    assert "expected an object" in _one_line_error(f)
+    assert _one_line_error(f) == f"{f}: expected an object, got list"
 
     bad = copy.deepcopy(good)
     del bad["attn_decode"]

@@ -16,6 +16,7 @@ ordering and clipping rules, each in a short module.
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from dataclasses import dataclass
 from typing import ClassVar
@@ -91,6 +92,12 @@ class Scheduler:
     name: ClassVar[str] = ""
     chunked: ClassVar[bool | None] = None   # True/False: fixed by the policy; None: follows config
     reserves_full_length: ClassVar[bool] = False  # KV for prompt + output reserved at admission
+    # True if, once a step decodes every running request with no preemption, swap or admission,
+    # the same decision repeats for as long as no request finishes or arrives and free KV blocks
+    # only shrink: admission can only get harder. The engine then fast-forwards such stretches
+    # without calling schedule() (see decode_stretch_limit). Policies that count steps or use
+    # timers must leave it False.
+    monotone_admission: ClassVar[bool] = False
 
     def __init__(self, limits: SchedulerLimits, blocks: BlockManager):
         self.limits = limits
@@ -98,11 +105,13 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
-        self._by_id: dict[int, Request] = {}
+        self.step_ends = array("d")    # end time of every step this scheduler completed
+        self._pending: list[tuple[Request, int]] = []
 
     # -- queue state -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
         req.status = Status.WAITING
+        req.step_ends = self.step_ends
         self.waiting.append(req)
 
     @property
@@ -202,6 +211,8 @@ class Scheduler:
     def complete(self, plan: StepPlan, t_end: float) -> list[Request]:
         """Advance counters for ``plan``, sample tokens at ``t_end``; return finished requests."""
         finished: list[Request] = []
+        index = len(self.step_ends)
+        self.step_ends.append(t_end)
         by_id = {r.id: r for r in self.running}
         for rid, n in zip(plan.request_ids, plan.num_new_tokens):
             req = by_id.get(rid)
@@ -210,12 +221,103 @@ class Scheduler:
             req.num_computed_tokens += n
             if req.num_computed_tokens == req.num_tokens:
                 req.num_generated += 1
-                req.token_times.append(t_end)
+                req.emit(index)
                 if req.num_generated == req.num_output_tokens:
                     finished.append(req)
+        self._finish(finished, t_end)
+        return finished
+
+    def _finish(self, finished: list[Request], t_end: float) -> None:
+        if len(finished) == 1:
+            self.running.remove(finished[0])
+        elif finished:
+            done = {id(r) for r in finished}
+            self.running = [r for r in self.running if id(r) not in done]
         for req in finished:
-            self.running.remove(req)
             self.blocks.free(req.id)
             req.status = Status.FINISHED
             req.finish_s = t_end
+
+    # -- fast-forward ------------------------------------------------------------------------
+    #
+    # A "decode stretch": the plan just made decodes every running request by one token, with
+    # no prefill, preemption, swap or admission. Step i of the stretch (i = 0 is that plan)
+    # feeds request j's token at position c_j + i, so it needs blocks for c_j + i + 1 tokens:
+    #
+    #     block_size 4, c_j = 6:  [x x x x][x x . .]   step 0 writes slot 7, step 1 slot 8,
+    #                                                  step 2 needs a third block, ...
+    #
+    # Until someone finishes, arrives, or the blocks run out, every step repeats the decision
+    # (for a policy with monotone admission), so the engine can price and apply k steps at once.
+
+    def decode_stretch_limit(self, plan: StepPlan, max_steps: int) -> int:
+        """How many steps, starting with ``plan``, are a decode stretch (1 = just this one).
+
+        Bounded by ``max_steps``, by the earliest finish (its last step ends the stretch), and
+        by the KV blocks: the stretch stops before the step whose allocations would not fit.
+        """
+        running = self.running
+        if (not self.monotone_admission or plan.prefill_lens or plan.num_preempted
+                or plan.swap_in_blocks or plan.swap_out_blocks
+                or len(plan.decode_ctx) != len(running) or max_steps <= 1):
+            return 1
+        k = min(max_steps, min(r.num_output_tokens - r.num_generated for r in running))
+        if k <= 1:
+            return 1
+        # blocks: plan's step 0 is allocated; steps 1..k-1 need c_j + k tokens in total
+        bs, held, free = self.blocks.block_size, self.blocks.held, self.blocks.num_free
+
+        def new_blocks(steps: int) -> int:
+            return sum(max(0, -(-(r.num_computed_tokens + steps) // bs) - held(r.id))
+                       for r in running)
+
+        if new_blocks(k) <= free:
+            return k
+        lo, hi = 1, k          # new_blocks(lo) <= free (= 0 for lo = 1), new_blocks(hi) > free
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if new_blocks(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def stretch_blocks_used(self, k: int) -> list[int]:
+        """KV blocks in use after scheduling each step 0..k-1 of a stretch (for the recorder)."""
+        bs, held = self.blocks.block_size, self.blocks.held
+        base = self.blocks.num_used
+        extra = [0] * (k + 1)
+        for r in self.running:
+            c, h = r.num_computed_tokens, held(r.id)
+            # step i holds ceil((c + i + 1) / bs) blocks; the first step that needs more than h
+            first = h * bs - c          # step index whose allocation first exceeds h blocks
+            while first < k:
+                if first >= 1:
+                    extra[first] += 1
+                first += bs
+        used, total = [], base
+        for i in range(k):
+            total += extra[i]
+            used.append(total)
+        return used
+
+    def complete_decode_stretch(self, ends) -> list[Request]:
+        """Apply a k-step decode stretch whose steps end at ``ends``; return finished requests."""
+        k = len(ends)
+        first = len(self.step_ends)
+        self.step_ends.extend(ends)
+        t_end = self.step_ends[-1]
+        finished = []
+        for req in self.running:
+            req.num_computed_tokens += k
+            req.num_generated += k
+            self.blocks.allocate(req.id, req.num_computed_tokens)
+            runs = req.token_runs
+            if runs and runs[-1][1] == first:
+                runs[-1][1] = first + k
+            else:
+                runs.append([first, first + k])
+            if req.num_generated == req.num_output_tokens:
+                finished.append(req)
+        self._finish(finished, t_end)
         return finished

@@ -14,6 +14,7 @@ from simserve.sched.plan import StepPlan
 
 class Orca(Scheduler):
     name = "orca"
+    monotone_admission = True   # see Scheduler.monotone_admission
     chunked = False
     reserves_full_length = True
 

@@ -14,6 +14,7 @@ A recompute preemption just sets ``num_computed_tokens`` back to 0.
 from __future__ import annotations
 
 import enum
+from array import array
 from dataclasses import dataclass, field
 
 from simserve.workload.spec import RequestSpec
@@ -38,7 +39,25 @@ class Request:
     first_scheduled_s: float | None = None
     finish_s: float | None = None
     reject_reason: str = ""
-    token_times: list[float] = field(default_factory=list)
+    # Output tokens as runs of consecutive steps of this request's replica: [first, stop) step
+    # indices into ``step_ends`` (the replica's end time of every step). A request that decodes
+    # every step has one run, however long, so token times cost O(runs), not O(tokens).
+    token_runs: list[list[int]] = field(default_factory=list)
+    step_ends: array | None = None
+
+    @property
+    def token_times(self) -> list[float]:
+        """The time of every output token (derived from the runs; exact)."""
+        ends = self.step_ends
+        return [ends[i] for first, stop in self.token_runs for i in range(first, stop)]
+
+    def emit(self, step_index: int) -> None:
+        """Record an output token sampled at the end of step ``step_index``."""
+        runs = self.token_runs
+        if runs and runs[-1][1] == step_index:
+            runs[-1][1] = step_index + 1
+        else:
+            runs.append([step_index, step_index + 1])
 
     @property
     def id(self) -> int:

@@ -16,6 +16,7 @@ from simserve.sched.plan import StepPlan
 
 class Sarathi(Scheduler):
     name = "sarathi"
+    monotone_admission = True   # see Scheduler.monotone_admission
     chunked = True
 
     def schedule(self) -> StepPlan:

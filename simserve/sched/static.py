@@ -18,6 +18,7 @@ from simserve.sched.request import Status
 
 class Static(Scheduler):
     name = "static"
+    monotone_admission = True   # see Scheduler.monotone_admission
     chunked = False
     reserves_full_length = True
 

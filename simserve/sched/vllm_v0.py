@@ -19,6 +19,7 @@ WATERMARK = 0.01   # vLLM v0 block_manager watermark: keep 1 % free when admitti
 
 class VllmV0(Scheduler):
     name = "vllm_v0"
+    monotone_admission = True   # see Scheduler.monotone_admission
     chunked = False
 
     def schedule(self) -> StepPlan:

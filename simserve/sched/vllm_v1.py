@@ -16,6 +16,7 @@ from simserve.sched.plan import StepPlan
 
 class VllmV1(Scheduler):
     name = "vllm_v1"
+    monotone_admission = True   # see Scheduler.monotone_admission
 
     def schedule(self) -> StepPlan:
         batch = Batch(self.limits)

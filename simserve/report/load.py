@@ -1,0 +1,157 @@
+"""What a report is made from, read back from the directories simserve writes.
+
+- a **run** directory (``Result.save``): scenario.yaml, requests.csv, steps.csv, summary.json;
+- a **compare** directory (``simserve run`` on a compare file): one run directory per variant
+  and comparison.csv (whose row order is kept);
+- a **sweep** directory: sweep.csv and sweep.yaml;
+- a **capacity** directory: capacity.json and probes.csv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from simserve.errors import DataError
+
+
+@dataclass
+class RunData:
+    """One run's tables, as a report needs them."""
+
+    label: str
+    policy: str
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict
+    scenario: dict
+    path: Path | None = None
+
+    @property
+    def slo(self) -> dict:
+        return self.scenario.get("slo") or {}
+
+    @classmethod
+    def from_result(cls, label: str, result) -> RunData:
+        """From a :class:`simserve.runner.Result` (no files needed)."""
+        return cls(label, result.scenario.policy, result.requests, result.steps,
+                   result.summary, result.scenario.to_dict())
+
+    @classmethod
+    def from_dir(cls, path: Path, label: str | None = None) -> RunData:
+        scenario = _read_yaml(path / "scenario.yaml")
+        return cls(label or path.name, scenario.get("scheduler", {}).get("policy", "?"),
+                   _read_csv(path / "requests.csv"), _read_csv(path / "steps.csv"),
+                   _read_json(path / "summary.json"), scenario, path)
+
+
+@dataclass
+class SweepData:
+    label: str
+    table: pd.DataFrame
+    spec: dict                       # sweep.yaml: name, scenario (the base), grid, zip
+    path: Path | None = None
+
+    @property
+    def fields(self) -> list[str]:
+        return [*(self.spec.get("grid") or {}), *(self.spec.get("zip") or {})]
+
+    @property
+    def slo(self) -> dict:
+        return (self.spec.get("scenario") or {}).get("slo") or {}
+
+
+@dataclass
+class CapacityData:
+    label: str
+    answer: dict                     # capacity.json (CapacityResult.to_dict)
+    probes: pd.DataFrame
+    path: Path | None = None
+
+    @classmethod
+    def from_result(cls, result) -> CapacityData:
+        return cls(result.scenario, result.to_dict(), result.probes)
+
+
+@dataclass
+class Inputs:
+    runs: list[RunData] = field(default_factory=list)
+    sweeps: list[SweepData] = field(default_factory=list)
+    capacities: list[CapacityData] = field(default_factory=list)
+
+
+def load_inputs(paths: Sequence[str | Path]) -> Inputs:
+    """Read every directory, detecting its kind; labels are directory names, made unique."""
+    dirs = [Path(p) for p in paths]
+    for d in dirs:
+        if not d.is_dir():
+            raise DataError(d, "not a directory (expected a run, compare, sweep or capacity "
+                               "output directory)")
+    labels = _unique_labels(dirs)
+    out = Inputs()
+    for d, label in zip(dirs, labels):
+        if (d / "summary.json").is_file():
+            out.runs.append(RunData.from_dir(d, label))
+        elif (d / "sweep.csv").is_file():
+            spec = _read_yaml(d / "sweep.yaml") if (d / "sweep.yaml").is_file() else {}
+            out.sweeps.append(SweepData(label, _read_csv(d / "sweep.csv"), spec, d))
+        elif (d / "capacity.json").is_file():
+            out.capacities.append(CapacityData(label, _read_json(d / "capacity.json"),
+                                               _read_csv(d / "probes.csv"), d))
+        elif variants := _variant_dirs(d):
+            out.runs.extend(RunData.from_dir(v) for v in variants)
+        else:
+            raise DataError(d, "not a simserve output directory (no summary.json, sweep.csv, "
+                               "capacity.json, or run subdirectories)")
+    return out
+
+
+def _variant_dirs(d: Path) -> list[Path]:
+    """A compare directory's runs, in comparison.csv's order when it is there."""
+    subdirs = sorted(p for p in d.iterdir() if (p / "summary.json").is_file())
+    table = d / "comparison.csv"
+    if table.is_file():
+        order = [str(x) for x in pd.read_csv(table, index_col=0).index]
+        rank = {name: i for i, name in enumerate(order)}
+        subdirs.sort(key=lambda p: (rank.get(p.name, len(rank)), p.name))
+    return subdirs
+
+
+def _unique_labels(dirs: list[Path]) -> list[str]:
+    names = [d.resolve().name for d in dirs]
+    if len(set(names)) == len(names):
+        return names
+    common = Path(os.path.commonpath([d.resolve() for d in dirs]))
+    return [str(d.resolve().relative_to(common)) or d.resolve().name for d in dirs]
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path)
+    except FileNotFoundError:
+        raise DataError(path, "file not found") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise DataError(path, f"not a readable CSV table ({e})") from None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DataError(path, "file not found") from None
+    except json.JSONDecodeError as e:
+        raise DataError(path, f"invalid JSON: {e.msg}", e.lineno) from None
+
+
+def _read_yaml(path: Path) -> dict:
+    from simserve.config import load_yaml
+    data = load_yaml(path)
+    if not isinstance(data, dict):
+        raise DataError(path, "expected a YAML mapping")
+    return data
