@@ -17,10 +17,16 @@ _EXPORTS = {
     "SimserveError": "simserve.errors", "ConfigError": "simserve.errors",
     "DataError": "simserve.errors",
 }
-__all__ = sorted(_EXPORTS)
+# Submodules that are also the API: ``simserve.sweep(...)`` and ``simserve.capacity(...)`` call
+# the function of the same name (the modules are callable), ``simserve.report.write_report``.
+_MODULES = ("sweep", "capacity", "report")
+__all__ = sorted([*_EXPORTS, *_MODULES])
 
 
 def __getattr__(name: str):
+    if name in _MODULES:
+        import importlib
+        return importlib.import_module(f"simserve.{name}")
     if name in _EXPORTS:
         import importlib
         return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -36,7 +36,7 @@ from simserve.config import Scenario, load_scenario
 from simserve.errors import ConfigError, SimserveError
 
 PROBE_METRICS = (
-    "slo_attainment", "num_good", "completed", "num_rejected", "request_throughput",
+    "slo_attainment", "num_requests", "num_good", "completed", "num_rejected", "request_throughput",
     "request_goodput", "output_throughput", "duration_s",
     "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p90_tpot_ms",
     "p99_tpot_ms", "median_e2el_ms", "p90_e2el_ms", "p99_e2el_ms", "total_preemptions",
@@ -49,6 +49,7 @@ class CapacityResult:
     """The answer and every probe that supports it (``probes``: one row per run)."""
 
     scenario: str
+    policy: str
     target_attainment: float
     max_rate: float                 # req/s for the whole cluster (the passing end)
     first_failing_rate: float       # the failing end of the final bracket
@@ -79,6 +80,8 @@ class CapacityResult:
         table = pd.DataFrame({"seeds": g.size(), "min": g.min(), "mean": g.mean(),
                               "max": g.max()})
         table["meets target"] = table["min"] >= self.target_attainment
+        table.index = [f"{r:.4g}" for r in table.index]
+        table.index.name = "rate (req/s)"
         return table
 
     def table(self) -> str:
@@ -108,7 +111,7 @@ class CapacityResult:
 
     def to_dict(self) -> dict:
         return {
-            "scenario": self.scenario, "slo": self.slo,
+            "scenario": self.scenario, "policy": self.policy, "slo": self.slo,
             "target_attainment": self.target_attainment, "max_rate": self.max_rate,
             "first_failing_rate": self.first_failing_rate, "per_gpu_rate": self.per_gpu_rate,
             "replicas": self.replicas, "tensor_parallel_size": self.tensor_parallel_size,
@@ -246,7 +249,7 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
                          f"the SLO (raise max_replicas, or the SLO cannot be met at any size)")
 
     return CapacityResult(
-        scenario=s.name, target_attainment=s.slo.attainment, max_rate=lo,
+        scenario=s.name, policy=s.policy, target_attainment=s.slo.attainment, max_rate=lo,
         first_failing_rate=hi, tolerance=tolerance, seeds=prober.seeds, replicas=replicas,
         tensor_parallel_size=s.engine.tensor_parallel_size, spread=spread,
         probes=pd.DataFrame(prober.rows, columns=["phase", "rate", "replicas", "seed",

@@ -1,4 +1,4 @@
-"""``simserve`` command line: run scenarios, validate them, list what ships.
+"""``simserve`` command line: run scenarios, sweep and plan capacity, report, validate, list.
 
 Input errors (a ``SimserveError``) print one line, ``error: <where>: <what>``, and exit 2 with no
 traceback. Results already computed are printed before anything is written, so a failure to
@@ -29,6 +29,45 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="do not print the summary table")
     run.add_argument("--tokens", action="store_true",
                      help="also write tokens.csv: the time of every output token")
+    _report_flags(run)
+
+    rep = sub.add_parser("report", help="figures and report.html from output directories")
+    rep.add_argument("dirs", nargs="+", metavar="RUN_DIR",
+                     help="a run, compare, sweep or capacity output directory")
+    rep.add_argument("--out", help="where report.html and figures/ go (default: the one "
+                                   "directory given; required for several)")
+    rep.add_argument("--svg", action="store_true", help="also write each figure as SVG")
+    rep.add_argument("--title", help="the report's title")
+
+    swp = sub.add_parser("sweep", help="run a grid of scenario variants into one table")
+    swp.add_argument("grid", help="sweep file: base: or scenario:, then grid: and/or zip:")
+    swp.add_argument("--out", help="output directory (default: runs/<sweep file name>)")
+    swp.add_argument("--set", dest="overrides", action="append", default=[],
+                     metavar="FIELD=VALUE", help="override a field of the base scenario")
+    swp.add_argument("--executor", choices=("local", "ray"), default="local",
+                     help="local processes (default) or a Ray cluster")
+    swp.add_argument("--address", help="Ray cluster address (default: start a local one)")
+    swp.add_argument("--workers", type=int, help="local processes (default: all cores)")
+    swp.add_argument("--quiet", action="store_true", help="do not print the table")
+    _report_flags(swp)
+
+    cap = sub.add_parser("capacity", help="highest request rate meeting the SLO target, and "
+                                          "the fewest replicas for a target rate")
+    cap.add_argument("scenario", help="scenario YAML file with an slo: section")
+    cap.add_argument("--target-rate", type=float, metavar="R",
+                     help="also find the fewest replicas that serve R req/s")
+    cap.add_argument("--tolerance", type=float, default=0.05,
+                     help="relative width of the final bracket (default 0.05)")
+    cap.add_argument("--seeds", type=int, default=3,
+                     help="seeds per probe near the knee; a rate passes if all meet the "
+                          "target (default 3)")
+    cap.add_argument("--max-replicas", type=int, default=256,
+                     help="largest replica count tried for --target-rate (default 256)")
+    cap.add_argument("--set", dest="overrides", action="append", default=[],
+                     metavar="FIELD=VALUE", help="override a scenario field (repeatable)")
+    cap.add_argument("--out", help="output directory (default: runs/<scenario>-capacity)")
+    cap.add_argument("--quiet", action="store_true", help="do not print each probe")
+    _report_flags(cap)
 
     val = sub.add_parser("validate", help="check a scenario without running it")
     val.add_argument("scenario")
@@ -37,6 +76,19 @@ def _parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="list shipped model cards, hardware specs or policies")
     lst.add_argument("what", choices=("models", "hardware", "policies"))
     return p
+
+
+def _report_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-report", dest="report", action="store_false",
+                   help="do not write report.html and figures/ at the end")
+    p.add_argument("--svg", action="store_true", help="also write each figure as SVG")
+
+
+def _report(args, out: Path) -> None:
+    if args.report:
+        from simserve.report import write_report
+        path = write_report([out], svg=args.svg)
+        print(f"report: {path}")
 
 
 def _cmd_run(args) -> int:
@@ -67,6 +119,55 @@ def _cmd_run(args) -> int:
         print()
         print(table.to_string())
         table.to_csv(root / "comparison.csv", float_format="%.6g")
+    _report(args, root)
+    return 0
+
+
+def _cmd_report(args) -> int:
+    from simserve.report import write_report
+    print(f"report: {write_report(args.dirs, args.out, svg=args.svg, title=args.title)}")
+    return 0
+
+
+SWEEP_SHOWN = ("error", "request_throughput", "request_goodput", "slo_attainment",
+               "p99_ttft_ms", "p99_tpot_ms")
+
+
+def _cmd_sweep(args) -> int:
+    from simserve.sweep import load_sweep, save_sweep, sweep
+
+    spec = load_sweep(args.grid, args.overrides)
+    if args.workers is not None and args.workers < 1:
+        raise SimserveError(f"--workers: must be >= 1, got {args.workers}")
+    t0 = time.perf_counter()
+    table = sweep(spec, executor=args.executor, workers=args.workers, address=args.address,
+                  progress=True)
+    wall = time.perf_counter() - t0
+    if not args.quiet:
+        shown = ["point", *spec.fields, *(c for c in SWEEP_SHOWN if c in table)]
+        print(table[shown].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    out = Path(args.out) if args.out else Path("runs") / Path(args.grid).stem
+    save_sweep(table, spec, out)
+    failed = int(table["error"].notna().sum())
+    print(f"{len(table)} points ({failed} failed) in {wall:.1f} s; table in {out}/sweep.csv")
+    _report(args, out)
+    return 0
+
+
+def _cmd_capacity(args) -> int:
+    from simserve.capacity import capacity
+
+    log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
+    t0 = time.perf_counter()
+    result = capacity(args.scenario, target_rate=args.target_rate, tolerance=args.tolerance,
+                      seeds=args.seeds, overrides=args.overrides,
+                      max_replicas=args.max_replicas, log=log)
+    print(result.table())
+    print(f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
+    out = Path(args.out) if args.out else Path("runs") / f"{Path(args.scenario).stem}-capacity"
+    result.save(out)
+    print(f"results in {out}/ (capacity.json, probes.csv)")
+    _report(args, out)
     return 0
 
 
@@ -98,7 +199,8 @@ def _cmd_list(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"run": _cmd_run, "validate": _cmd_validate, "list": _cmd_list}
+    handlers = {"run": _cmd_run, "validate": _cmd_validate, "list": _cmd_list,
+                "report": _cmd_report, "sweep": _cmd_sweep, "capacity": _cmd_capacity}
     try:
         return handlers[args.command](args)
     except SimserveError as e:

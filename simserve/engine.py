@@ -26,6 +26,7 @@ from heapq import heappush
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import simpy
 from simpy.core import NORMAL, URGENT
 
@@ -36,13 +37,21 @@ from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
 from simserve.workload.spec import RequestSpec
 
-# column -> array typecode; float64 for times, int64 for counts
-STEP_COLUMNS = {
-    "replica": "q", "start_s": "d", "duration_s": "d", "num_prefill_tokens": "q",
-    "num_prefill_seqs": "q", "num_decode_seqs": "q", "num_batched_tokens": "q",
-    "num_running": "q", "num_waiting": "q", "kv_blocks_used": "q", "kv_blocks_total": "q",
-    "num_preempted": "q", "swap_out_blocks": "q", "swap_in_blocks": "q",
+# Longest stretch priced at once: bounds the work wasted when an arrival cuts a stretch short.
+MAX_STRETCH = 256
+
+# Per-step columns (vary inside a fast-forwarded stretch) and per-group columns (constant over a
+# group of steps: one plain step, or one whole stretch). Typecodes: float64 times, int64 counts.
+STEP_ARRAYS = {"start_s": "d", "duration_s": "d", "kv_blocks_used": "q"}
+GROUP_ARRAYS = {
+    "num_steps": "q", "replica": "q", "num_prefill_tokens": "q", "num_prefill_seqs": "q",
+    "num_decode_seqs": "q", "num_batched_tokens": "q", "num_running": "q", "num_waiting": "q",
+    "kv_blocks_total": "q", "num_preempted": "q", "swap_out_blocks": "q", "swap_in_blocks": "q",
 }
+STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_prefill_tokens", "num_prefill_seqs",
+                "num_decode_seqs", "num_batched_tokens", "num_running", "num_waiting",
+                "kv_blocks_used", "kv_blocks_total", "num_preempted", "swap_out_blocks",
+                "swap_in_blocks")
 
 
 @dataclass
@@ -61,48 +70,68 @@ class Replica:
 
 @dataclass
 class Recorder:
-    """Events recorded during the run, in flat typed arrays; metrics are computed after it."""
+    """Events recorded during the run, in flat typed arrays; metrics are computed after it.
+
+    Steps are stored as groups: a plain step is a group of one; a fast-forwarded stretch is one
+    group of k steps that share every count but their times and KV blocks used.
+    """
 
     requests: list[Request] = field(default_factory=list)
     steps: dict[str, array] = field(
-        default_factory=lambda: {c: array(t) for c, t in STEP_COLUMNS.items()})
-    num_stretches: int = 0
+        default_factory=lambda: {c: array(t) for c, t in STEP_ARRAYS.items()})
+    groups: dict[str, array] = field(
+        default_factory=lambda: {c: array(t) for c, t in GROUP_ARRAYS.items()})
+
+    @property
+    def num_stretches(self) -> int:
+        return sum(1 for k in self.groups["num_steps"] if k > 1)
 
     def step(self, replica: Replica, start: float, duration: float, plan: StepPlan) -> None:
-        s, sched = self.steps, replica.scheduler
-        s["replica"].append(replica.index)
+        sched = replica.scheduler
+        s = self.steps
         s["start_s"].append(start)
         s["duration_s"].append(duration)
-        s["num_prefill_tokens"].append(plan.num_prefill_tokens)
-        s["num_prefill_seqs"].append(len(plan.prefill_lens))
-        s["num_decode_seqs"].append(len(plan.decode_ctx))
-        s["num_batched_tokens"].append(plan.num_batched_tokens)
-        s["num_running"].append(len(sched.running))
-        s["num_waiting"].append(sched.num_waiting)
         s["kv_blocks_used"].append(sched.blocks.num_used)
-        s["kv_blocks_total"].append(sched.blocks.num_blocks)
-        s["num_preempted"].append(plan.num_preempted)
-        s["swap_out_blocks"].append(plan.swap_out_blocks)
-        s["swap_in_blocks"].append(plan.swap_in_blocks)
+        self._group(1, replica, plan.num_prefill_tokens, len(plan.prefill_lens),
+                    len(plan.decode_ctx), plan.num_preempted, plan.swap_out_blocks,
+                    plan.swap_in_blocks)
 
-    def stretch(self, replica: Replica, starts: list[float], durations: list[float],
-                plan: StepPlan, kv_used: list[int]) -> None:
+    def stretch(self, replica: Replica, starts, durations, plan: StepPlan,
+                kv_used: list[int]) -> None:
         """k decode steps that differ only in their times and KV blocks used."""
-        k, s, sched = len(starts), self.steps, replica.scheduler
-        batch = len(plan.decode_ctx)
-        s["replica"].extend([replica.index] * k)
-        s["start_s"].extend(starts)
-        s["duration_s"].extend(durations)
-        for col in ("num_prefill_tokens", "num_prefill_seqs", "num_preempted",
-                    "swap_out_blocks", "swap_in_blocks"):
-            s[col].extend([0] * k)
-        for col in ("num_decode_seqs", "num_batched_tokens"):
-            s[col].extend([batch] * k)
-        s["num_running"].extend([len(sched.running)] * k)
-        s["num_waiting"].extend([sched.num_waiting] * k)
+        s = self.steps
+        s["start_s"].frombytes(np.ascontiguousarray(starts, dtype=np.float64).tobytes())
+        s["duration_s"].frombytes(np.ascontiguousarray(durations, dtype=np.float64).tobytes())
         s["kv_blocks_used"].extend(kv_used)
-        s["kv_blocks_total"].extend([sched.blocks.num_blocks] * k)
-        self.num_stretches += 1
+        self._group(len(kv_used), replica, 0, 0, len(plan.decode_ctx), 0, 0, 0)
+
+    def _group(self, k, replica, prefill_tokens, prefill_seqs, decode_seqs, preempted,
+               swap_out, swap_in) -> None:
+        g, sched = self.groups, replica.scheduler
+        g["num_steps"].append(k)
+        g["replica"].append(replica.index)
+        g["num_prefill_tokens"].append(prefill_tokens)
+        g["num_prefill_seqs"].append(prefill_seqs)
+        g["num_decode_seqs"].append(decode_seqs)
+        g["num_batched_tokens"].append(prefill_tokens + decode_seqs)
+        g["num_running"].append(len(sched.running))
+        g["num_waiting"].append(sched.num_waiting)
+        g["kv_blocks_total"].append(sched.blocks.num_blocks)
+        g["num_preempted"].append(preempted)
+        g["swap_out_blocks"].append(swap_out)
+        g["swap_in_blocks"].append(swap_in)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every step column as an array, in recording order (groups expanded)."""
+        counts = np.frombuffer(self.groups["num_steps"], dtype=np.int64)
+        out = {}
+        for c in STEP_COLUMNS:
+            if c in STEP_ARRAYS:
+                out[c] = np.frombuffer(self.steps[c],
+                                       dtype=np.float64 if STEP_ARRAYS[c] == "d" else np.int64)
+            else:
+                out[c] = np.repeat(np.frombuffer(self.groups[c], dtype=np.int64), counts)
+        return out
 
 
 def rejection_reason(req: Request, replica: Replica) -> str:
@@ -221,24 +250,18 @@ def _replica_loop(env, replica: Replica, rec: Recorder, arrivals: _Arrivals, fas
             continue
         start = env.now
         _mark_first_scheduled(sched, plan, start)
-        k = sched.decode_stretch_limit(plan, 1 << 62) if fast_forward else 1
+        k = sched.decode_stretch_limit(plan, MAX_STRETCH) if fast_forward else 1
         if k > 1:
             durations = stretch_times(latency, plan, k)
-            # step i starts at s_i = (...((s_0 + d_0) + d_1) ...) exactly as SimPy would add
-            # them; keep the steps that start before the next arrival (step 0 always runs)
-            next_arrival = arrivals.next_time
-            ends, t = [], start
-            for i, d in enumerate(durations):
-                if i and t >= next_arrival:
-                    break
-                t = t + d
-                ends.append(t)
-            k = len(ends)
+            # step i starts at s_i = (...((s_0 + d_0) + d_1) ...), added in order exactly as
+            # stepping would (np.add.accumulate is sequential); keep the steps that start
+            # before the next arrival (step 0 always runs)
+            times = np.add.accumulate(np.concatenate(([start], durations)))
+            k = max(1, int(np.searchsorted(times[:k], arrivals.next_time, side="left")))
         if k > 1:
-            durations = durations[:k]
-            starts = [start, *ends[:-1]]
+            starts, durations, ends = times[:k], durations[:k], times[1:k + 1]
             rec.stretch(replica, starts, durations, plan, sched.stretch_blocks_used(k))
-            yield env.at(ends[-1])
+            yield env.at(float(ends[-1]))
             finished = sched.complete_decode_stretch(ends)
         else:
             duration = latency.step_time(plan)
@@ -248,17 +271,17 @@ def _replica_loop(env, replica: Replica, rec: Recorder, arrivals: _Arrivals, fas
         replica.num_outstanding -= len(finished)
 
 
-def stretch_times(latency: LatencyModel, plan: StepPlan, k: int) -> list[float]:
+def stretch_times(latency: LatencyModel, plan: StepPlan, k: int) -> np.ndarray:
     """Durations of the k steps of a decode stretch starting with ``plan`` (step i: every
     context grown by i). Uses the model's vectorised ``decode_stretch_times`` when it has one;
     it must give bit-identical values to ``step_time`` step by step."""
     fast = getattr(latency, "decode_stretch_times", None)
     if fast is not None:
         return fast(plan, k)
-    out = []
+    out = np.empty(k)
     for i in range(k):
         step = dataclasses.replace(plan, decode_ctx=tuple(c + i for c in plan.decode_ctx))
-        out.append(latency.step_time(step))
+        out[i] = latency.step_time(step)
     return out
 
 

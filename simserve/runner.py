@@ -22,7 +22,7 @@ from simserve.engine import STEP_COLUMNS, Recorder, Replica, least_outstanding, 
 from simserve.errors import ConfigError, SimserveError
 from simserve.kv.blocks import BlockManager
 from simserve.latency.base import LatencyModel
-from simserve.metrics.summary import format_summary, summarize
+from simserve.metrics.summary import WeightedSample, format_summary, summarize
 from simserve.sched import POLICIES, SchedulerLimits
 from simserve.workload import build_workload
 
@@ -40,10 +40,25 @@ class Result:
     scenario: Scenario
     requests: pd.DataFrame
     steps: pd.DataFrame
-    token_times: list[np.ndarray]
     summary: dict
     latency_label: str = ""
     warnings: list[str] = field(default_factory=list)
+    _runs: list = field(default_factory=list, repr=False)   # (token runs, step ends) per row
+    _token_times: list | None = field(default=None, repr=False)
+
+    @property
+    def token_times(self) -> list[np.ndarray]:
+        """Every output token's time, one array per row of ``requests`` (empty if rejected)."""
+        if self._token_times is None:
+            out = []
+            for runs, ends in self._runs:
+                if not runs:
+                    out.append(np.empty(0))
+                    continue
+                e = np.frombuffer(ends, dtype=np.float64)
+                out.append(np.concatenate([e[a:b] for a, b in runs]))
+            self._token_times = out
+        return self._token_times
 
     def table(self) -> str:
         """The printed summary (``vllm bench serve`` layout)."""
@@ -173,40 +188,80 @@ def comparison_table(results: dict[str, Result]) -> pd.DataFrame:
 
 def collect(s: Scenario, rec: Recorder) -> Result:
     steps = steps_frame(rec)
-    rows = []
-    token_times = []
-    for req in sorted(rec.requests, key=lambda r: r.id):
-        finished = req.status.value == "finished"
-        times = _token_times(req) if finished else np.empty(0)
-        arrival = req.spec.arrival_s
-        first = times[0] if finished else math.nan
-        finish = req.finish_s if finished else math.nan
-        ttft = first - arrival
-        e2el = finish - arrival
-        out = req.num_output_tokens
-        tpot = (e2el - ttft) / (out - 1) if finished and out > 1 else math.nan
-        rows.append((req.id, req.replica, arrival, req.num_prompt_tokens, out, req.status.value,
-                     req.reject_reason,
-                     req.first_scheduled_s if req.first_scheduled_s is not None else math.nan,
-                     first, finish, req.num_preemptions, ttft, e2el, tpot))
-        token_times.append(times)
-    requests = pd.DataFrame.from_records(rows, columns=REQUEST_COLUMNS)
-    summary = summarize(requests, token_times, steps, s.slo)
-    return Result(s, requests, steps, token_times, summary)
+    reqs = sorted(rec.requests, key=lambda r: r.id)
+    finished = np.array([r.status.value == "finished" for r in reqs], dtype=bool)
+    nan = math.nan
+    first = np.array([r.step_ends[r.token_runs[0][0]] if ok else nan
+                      for r, ok in zip(reqs, finished)], dtype=np.float64)
+    finish = np.array([r.finish_s if ok else nan for r, ok in zip(reqs, finished)],
+                      dtype=np.float64)
+    arrival = np.array([r.spec.arrival_s for r in reqs], dtype=np.float64)
+    out = np.array([r.num_output_tokens for r in reqs], dtype=np.int64)
+    ttft, e2el = first - arrival, finish - arrival
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(finished & (out > 1), (e2el - ttft) / (out - 1), nan)
+    requests = pd.DataFrame({
+        "request_id": np.array([r.id for r in reqs], dtype=np.int64),
+        "replica": np.array([r.replica for r in reqs], dtype=np.int64),
+        "arrival_s": arrival,
+        "num_prompt_tokens": np.array([r.num_prompt_tokens for r in reqs], dtype=np.int64),
+        "num_output_tokens": out,
+        "status": [r.status.value for r in reqs],
+        "reject_reason": [r.reject_reason for r in reqs],
+        "first_scheduled_s": np.array([nan if r.first_scheduled_s is None else r.first_scheduled_s
+                                       for r in reqs], dtype=np.float64),
+        "first_token_s": first,
+        "finish_s": finish,
+        "num_preemptions": np.array([r.num_preemptions for r in reqs], dtype=np.int64),
+        "ttft_s": ttft, "e2el_s": e2el, "tpot_s": tpot,
+    }, columns=list(REQUEST_COLUMNS))
+    done = [r for r, ok in zip(reqs, finished) if ok]
+    summary = summarize(requests, None, steps, s.slo, itl=itl_sample(done))
+    runs = [(r.token_runs, r.step_ends) if ok else ([], None) for r, ok in zip(reqs, finished)]
+    return Result(s, requests, steps, summary, _runs=runs)
 
 
-def _token_times(req) -> np.ndarray:
-    ends = np.frombuffer(req.step_ends, dtype=np.float64)
-    if len(req.token_runs) == 1:
-        first, stop = req.token_runs[0]
-        return ends[first:stop].copy()
-    return np.concatenate([ends[first:stop] for first, stop in req.token_runs])
+def itl_sample(finished: list) -> WeightedSample:
+    """Every inter-token gap of the finished requests, as a weighted sample of step gaps.
+
+    Within a run of consecutive steps a request's gaps are its replica's step-end gaps, so gap
+    g (between steps g and g + 1) is counted once per run covering both; gaps between runs
+    (a request skipped for some steps) are added one by one.
+    """
+    by_clock: dict[int, tuple] = {}
+    extra: list[float] = []
+    for r in finished:
+        ends = r.step_ends
+        key = id(ends)
+        if key not in by_clock:
+            by_clock[key] = (ends, [], [])
+        _, firsts, lasts = by_clock[key]
+        prev_last = None
+        for first, stop in r.token_runs:
+            if stop - first >= 2:
+                firsts.append(first)
+                lasts.append(stop - 1)
+            if prev_last is not None:
+                extra.append(ends[first] - ends[prev_last])
+            prev_last = stop - 1
+    values, weights = [np.asarray(extra, dtype=np.float64)], [np.ones(len(extra), np.int64)]
+    for ends, firsts, lasts in by_clock.values():
+        e = np.frombuffer(ends, dtype=np.float64)
+        if len(e) < 2 or not firsts:
+            continue
+        cover = np.zeros(len(e), dtype=np.int64)
+        np.add.at(cover, np.asarray(firsts), 1)
+        np.add.at(cover, np.asarray(lasts), -1)
+        w = np.cumsum(cover)[:-1]          # w[g]: runs that contain both step g and g + 1
+        keep = w > 0
+        values.append(np.diff(e)[keep])
+        weights.append(w[keep])
+    return WeightedSample(np.concatenate(values), np.concatenate(weights))
 
 
 def steps_frame(rec: Recorder) -> pd.DataFrame:
     """The per-step table, ordered by start time then replica, numbered from 0."""
-    cols = {c: np.frombuffer(rec.steps[c], dtype=np.float64 if t == "d" else np.int64)
-            for c, t in STEP_COLUMNS.items()}
+    cols = rec.columns()
     order = np.lexsort((cols["replica"], cols["start_s"]))
     frame = pd.DataFrame({"step": np.arange(len(order), dtype=np.int64)})
     for c, values in cols.items():

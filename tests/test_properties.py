@@ -115,14 +115,15 @@ def test_invariants_hold_for_every_policy(case):
         assert not r.scheduler.has_work
     # steps of one replica never overlap and time only moves forward
     starts = {}
-    for i in range(len(rec.steps["start_s"])):
-        rep = rec.steps["replica"][i]
-        start, dur = rec.steps["start_s"][i], rec.steps["duration_s"][i]
+    cols = rec.columns()
+    for i in range(len(cols["start_s"])):
+        rep = cols["replica"][i]
+        start, dur = cols["start_s"][i], cols["duration_s"][i]
         assert dur > 0
         assert start >= starts.get(rep, 0.0) - 1e-12
         starts[rep] = start + dur
     # tokens computed add up: prompt + generated-before-last, plus recomputation
-    computed = sum(rec.steps["num_batched_tokens"])
+    computed = int(rec.columns()["num_batched_tokens"].sum())
     finished_work = sum(r.max_tokens - 1 for r in rec.requests if r.status is Status.FINISHED)
     assert computed >= finished_work
     if all(r.num_preemptions == 0 for r in rec.requests):
@@ -140,7 +141,7 @@ def test_same_input_same_schedule(case):
 
 def _by_replica(rec):
     """Each replica's steps as (start, duration, batched, running, waiting, kv) in time order."""
-    s = rec.steps
+    s = {c: v.tolist() for c, v in rec.columns().items()}
     rows = {}
     for i in range(len(s["start_s"])):
         rows.setdefault(s["replica"][i], []).append(

@@ -3,7 +3,7 @@
 Query/command pairs that fail with ``None`` instead of raising (the nano-vllm habit,
 nanovllm/engine/block_manager.py): back-pressure is normal, not an error. A request holds
 ``ceil(tokens / block_size)`` blocks; blocks are counted, not named (prefix caching, which needs
-block identities, layers on top of this later).
+block identities, is the subclass ``kv.prefix.PrefixBlockManager``; this path stays counting only).
 
     block_size = 4, request holds 7 tokens:
     [t t t t][t t t .]   -> 2 blocks; token 8 fits, token 9 needs a third block
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 
 class BlockManager:
+    caches_prefixes = False   # True for kv.prefix.PrefixBlockManager (blocks with identities)
+
     def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0):
         if num_blocks < 1:
             raise ValueError("num_blocks must be >= 1")
@@ -51,12 +53,14 @@ class BlockManager:
 
         Never shrinks and never allocates partially: on None nothing changed.
         """
-        need = self.num_new_blocks(request_id, num_tokens)
+        held = self._held.get(request_id, 0)
+        need = -(-num_tokens // self.block_size) - held
+        if need <= 0:
+            return 0
         if need > self.num_free:
             return None
-        if need:
-            self.num_free -= need
-            self._held[request_id] = self._held.get(request_id, 0) + need
+        self.num_free -= need
+        self._held[request_id] = held + need
         return need
 
     def free(self, request_id: int) -> int:

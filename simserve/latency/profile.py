@@ -113,7 +113,7 @@ class ProfileLatency:
         if plan.num_sampled:
             t += self._get("lm_head", self.lm_head, plan.num_sampled)
         t += (plan.swap_in_blocks + plan.swap_out_blocks) * self._swap_block_s
-        return t
+        return t + plan.extra_s
 
     def _get(self, name: str, grid, *args: float) -> float:
         value, outside = grid(*args)

@@ -11,6 +11,8 @@ Also two hand-computable models for tests and quick what-ifs: :class:`ConstantLa
 
 from __future__ import annotations
 
+import numpy as np
+
 from simserve.cards import HardwareSpec, ModelCard
 from simserve.kv.capacity import check_tensor_parallel, kv_block_bytes, kv_heads_per_rank
 from simserve.sched.plan import StepPlan
@@ -85,7 +87,21 @@ class RooflineModel:
     def step_time(self, plan: StepPlan) -> float:
         if plan.is_empty:
             return 0.0
-        return sum(self._parts(plan)) + self.step_overhead_s
+        return sum(self._parts(plan)) + self.step_overhead_s + plan.extra_s
+
+    def decode_stretch_times(self, plan: StepPlan, k: int) -> np.ndarray:
+        """``step_time`` of steps 0..k-1 of a decode stretch (step i: every context + i), as one
+        array. Mirrors ``_parts`` operation for operation, so each value is bit-identical to
+        ``step_time`` of that step (the fast-forward equivalence relies on it)."""
+        linear, prefill, _, lm_head, comm, swap = self._parts(plan)
+        b = len(plan.decode_ctx)
+        # Σ (c + i) + b for each step i: exact integers, as the scalar path computes them
+        attended = (sum(plan.decode_ctx) + b + b * np.arange(k, dtype=np.int64)).astype(np.float64)
+        decode = np.maximum(attended * self._attn_flop_s,
+                            attended * self._kv_tok_s + b * self._q_tok_s)
+        # sum((linear, prefill, decode, lm_head, comm, swap)) + overhead, left to right
+        return ((((((linear + prefill) + decode) + lm_head) + comm) + swap)
+                + self.step_overhead_s) + plan.extra_s
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         """Seconds per component (they sum to :meth:`step_time`)."""
@@ -135,7 +151,7 @@ class ConstantLatency:
         self.step_s = step_s
 
     def step_time(self, plan: StepPlan) -> float:
-        return 0.0 if plan.is_empty else self.step_s
+        return 0.0 if plan.is_empty else self.step_s + plan.extra_s
 
 
 class LinearLatency:
@@ -150,4 +166,4 @@ class LinearLatency:
         if plan.is_empty:
             return 0.0
         return (self.base_s + self.per_token_s * plan.num_batched_tokens
-                + self.per_seq_s * plan.num_seqs)
+                + self.per_seq_s * plan.num_seqs) + plan.extra_s

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -18,11 +19,47 @@ MS_PER_S = 1000.0
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 
 
-def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray], steps: pd.DataFrame,
-              slo: SloConfig = SloConfig(), percentiles: Sequence[float] = (50, 90, 99)) -> dict:
-    """Summarise a run as a flat, JSON-serialisable dict (NaN becomes None)."""
-    if len(token_times) != len(requests):
-        raise ValueError(f"token_times has {len(token_times)} entries for {len(requests)} requests")
+@dataclass(frozen=True)
+class WeightedSample:
+    """A sample given as distinct values with multiplicities: ``values[i]`` occurs
+    ``weights[i]`` times. ITL comes this way from the engine (a gap between two steps counts
+    once per request that emitted a token in both), so no per-token array is ever built."""
+
+    values: np.ndarray
+    weights: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.weights.sum())
+
+    def percentile(self, q: float) -> float:
+        """``np.percentile(expanded, q)`` (linear method) without expanding."""
+        order = np.argsort(self.values, kind="stable")
+        v, cum = self.values[order], np.cumsum(self.weights[order])
+        h = (cum[-1] - 1) * q / 100.0
+        lo = int(np.floor(h))
+        x_lo = v[np.searchsorted(cum, lo, side="right")]
+        x_hi = v[np.searchsorted(cum, min(lo + 1, cum[-1] - 1), side="right")]
+        return float(x_lo + (h - lo) * (x_hi - x_lo))
+
+    def mean(self) -> float:
+        return float(np.dot(self.values, self.weights) / self.weights.sum())
+
+    def std(self) -> float:
+        mean = self.mean()
+        return float(np.sqrt(np.dot(self.weights, (self.values - mean) ** 2) / self.weights.sum()))
+
+
+def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
+              steps: pd.DataFrame, slo: SloConfig = SloConfig(),
+              percentiles: Sequence[float] = (50, 90, 99),
+              itl: WeightedSample | None = None) -> dict:
+    """Summarise a run as a flat, JSON-serialisable dict (NaN becomes None).
+
+    ITL comes from ``token_times`` (every token's time, per request) or, equivalently and
+    without per-token arrays, from ``itl`` as a :class:`WeightedSample` of gaps.
+    """
+    if itl is None and (token_times is None or len(token_times) != len(requests)):
+        raise ValueError("token_times must have one entry per request (or pass itl)")
     finished = (requests["status"] == "finished").to_numpy()
     done = requests[finished]
     rejected = requests[requests["status"] == "rejected"]
@@ -34,8 +71,9 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray], steps: 
     out = done["num_output_tokens"].to_numpy(int)
     multi = out > 1
     tpot = (e2el[multi] - ttft[multi]) / (out[multi] - 1)
-    gaps = [np.diff(np.asarray(t, float)) for t, ok in zip(token_times, finished) if ok]
-    itl = np.concatenate(gaps) if gaps else np.empty(0)
+    if itl is None:
+        gaps = [np.diff(np.asarray(t, float)) for t, ok in zip(token_times, finished) if ok]
+        itl = np.concatenate(gaps) if gaps else np.empty(0)
 
     # The benchmark runs from the first send to the last completion.
     t0 = float(requests["arrival_s"].min()) if len(requests) else 0.0
@@ -88,6 +126,13 @@ def _goodput(slo: SloConfig, ttft: np.ndarray, e2el: np.ndarray, out: np.ndarray
 
 def _latency_stats(name: str, values_s: np.ndarray, percentiles: Sequence[float]) -> dict:
     """mean/median/std/pXX in ms; an empty list gives 0.0 (vllm's ``np.mean(x or 0)``)."""
+    if isinstance(values_s, WeightedSample) and len(values_s):
+        w = WeightedSample(values_s.values * MS_PER_S, values_s.weights)
+        stats = {f"mean_{name}_ms": w.mean(), f"median_{name}_ms": w.percentile(50),
+                 f"std_{name}_ms": w.std()}
+        for p in percentiles:
+            stats[f"p{_pct_word(p)}_{name}_ms"] = w.percentile(p)
+        return stats
     x = values_s * MS_PER_S if len(values_s) else np.zeros(1)
     stats = {f"mean_{name}_ms": np.mean(x), f"median_{name}_ms": np.median(x),
              f"std_{name}_ms": np.std(x)}

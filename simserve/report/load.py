@@ -100,9 +100,11 @@ def load_inputs(paths: Sequence[str | Path]) -> Inputs:
             out.runs.append(RunData.from_dir(d, label))
         elif (d / "sweep.csv").is_file():
             spec = _read_yaml(d / "sweep.yaml") if (d / "sweep.yaml").is_file() else {}
-            out.sweeps.append(SweepData(label, _read_csv(d / "sweep.csv"), spec, d))
+            out.sweeps.append(SweepData(spec.get("name") or label, _read_csv(d / "sweep.csv"),
+                                        spec, d))
         elif (d / "capacity.json").is_file():
-            out.capacities.append(CapacityData(label, _read_json(d / "capacity.json"),
+            answer = _read_json(d / "capacity.json")
+            out.capacities.append(CapacityData(answer.get("scenario") or label, answer,
                                                _read_csv(d / "probes.csv"), d))
         elif variants := _variant_dirs(d):
             out.runs.extend(RunData.from_dir(v) for v in variants)

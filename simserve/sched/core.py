@@ -45,12 +45,12 @@ class Batch:
         self.seq_budget = limits.max_num_seqs
         self.entries: list[tuple[Request, int]] = []
         self.scheduled: set[int] = set()
+        self.plan: StepPlan | None = None
         self.num_preempted = 0
         self.swap_out_blocks = 0
         self.swap_in_blocks = 0
 
     def add(self, req: Request, n: int) -> None:
-        assert n >= 1 and req.id not in self.scheduled
         self.entries.append((req, n))
         self.scheduled.add(req.id)
         self.token_budget -= n
@@ -66,14 +66,16 @@ class Batch:
         decode_ctx: list[int] = []
         num_sampled = 0
         for req, n in self.entries:
-            if req.is_decoding and n == 1:
-                decode_ctx.append(req.num_computed_tokens)
+            computed = req.num_computed_tokens
+            num_tokens = req.num_prompt_tokens + req.num_generated
+            if n == 1 and req.num_generated and computed + 1 == num_tokens:
+                decode_ctx.append(computed)
             else:
                 prefill_lens.append(n)
-                prefill_ctx.append(req.num_computed_tokens)
-            if req.num_computed_tokens + n == req.num_tokens:
+                prefill_ctx.append(computed)
+            if computed + n == num_tokens:
                 num_sampled += 1
-        return StepPlan(
+        self.plan = StepPlan(
             request_ids=tuple(r.id for r, _ in self.entries),
             num_new_tokens=tuple(n for _, n in self.entries),
             prefill_lens=tuple(prefill_lens),
@@ -84,6 +86,7 @@ class Batch:
             swap_in_blocks=self.swap_in_blocks,
             num_preempted=self.num_preempted,
         )
+        return self.plan
 
 
 class Scheduler:
@@ -98,15 +101,20 @@ class Scheduler:
     # without calling schedule() (see decode_stretch_limit). Policies that count steps or use
     # timers must leave it False.
     monotone_admission: ClassVar[bool] = False
+    # the policy's knobs (a frozen dataclass read by sched.params.read_params), if it has any
+    params_type: ClassVar[type | None] = None
 
-    def __init__(self, limits: SchedulerLimits, blocks: BlockManager):
+    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params=None, seed: int = 0):
         self.limits = limits
         self.blocks = blocks
+        self.params = params if params is not None or self.params_type is None \
+            else self.params_type()
+        self.seed = seed   # root seed of the run, for policies that draw random numbers
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         self.step_ends = array("d")    # end time of every step this scheduler completed
-        self._pending: list[tuple[Request, int]] = []
+        self._batch: Batch | None = None
 
     # -- queue state -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -136,6 +144,11 @@ class Scheduler:
             return False
         batch.add(req, n)
         return True
+
+    def new_batch(self) -> Batch:
+        """An empty batch for this step; ``complete`` reads its entries back."""
+        self._batch = Batch(self.limits)
+        return self._batch
 
     def grow_or_preempt(self, batch: Batch, req: Request, n: int) -> bool:
         """Like ``grow``, but evicts the newest running request until the blocks fit.
@@ -171,10 +184,35 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def admit(self, batch: Batch, req: Request, n: int, reserve_tokens: int | None = None) -> bool:
-        """Waiting head → running with ``n`` new tokens, if its blocks fit (no eviction)."""
+        """Waiting head → running with ``n`` new tokens, if its blocks fit (no eviction).
+
+        With prefix caching the request first takes its cached prefix: it starts with
+        ``num_computed_tokens`` = the cached tokens, and ``n`` is cut to what is left.
+        """
+        if self.blocks.caches_prefixes:
+            return self._admit_cached(batch, req, n, reserve_tokens)
         need = reserve_tokens if reserve_tokens is not None else req.num_computed_tokens + n
         if self.blocks.allocate(req.id, need) is None:
             return False
+        self.waiting.popleft()
+        req.status = Status.RUNNING
+        self.running.append(req)
+        batch.add(req, n)
+        return True
+
+    def _admit_cached(self, batch: Batch, req: Request, n: int,
+                      reserve_tokens: int | None) -> bool:
+        blocks = self.blocks
+        blocks.register(req.id, req.num_prompt_tokens, req.spec.hash_ids)
+        cached = blocks.cached_tokens(req.id, req.num_tokens)
+        n = min(n, req.num_tokens - cached)
+        need = max(reserve_tokens or 0, cached + n)
+        if (blocks.allocate_cached(req.id, need, cached) if cached
+                else blocks.allocate(req.id, need)) is None:
+            return False
+        if req.num_preemptions == 0:
+            req.num_cached_tokens = cached
+        req.num_computed_tokens = cached
         self.waiting.popleft()
         req.status = Status.RUNNING
         self.running.append(req)
@@ -213,13 +251,15 @@ class Scheduler:
         finished: list[Request] = []
         index = len(self.step_ends)
         self.step_ends.append(t_end)
-        by_id = {r.id: r for r in self.running}
-        for rid, n in zip(plan.request_ids, plan.num_new_tokens):
-            req = by_id.get(rid)
-            if req is None:   # cannot happen: scheduled requests are not preempted in a step
-                raise AssertionError(f"scheduled request {rid} is not running")
+        batch = self._batch
+        if batch is not None and batch.plan is plan:
+            entries = batch.entries
+        else:   # a plan built outside new_batch(): look its requests up
+            by_id = {r.id: r for r in self.running}
+            entries = [(by_id[rid], n) for rid, n in zip(plan.request_ids, plan.num_new_tokens)]
+        for req, n in entries:
             req.num_computed_tokens += n
-            if req.num_computed_tokens == req.num_tokens:
+            if req.num_computed_tokens == req.num_prompt_tokens + req.num_generated:
                 req.num_generated += 1
                 req.emit(index)
                 if req.num_generated == req.num_output_tokens:
@@ -305,13 +345,15 @@ class Scheduler:
         """Apply a k-step decode stretch whose steps end at ``ends``; return finished requests."""
         k = len(ends)
         first = len(self.step_ends)
-        self.step_ends.extend(ends)
+        self.step_ends.frombytes(ends.tobytes()) if hasattr(ends, "tobytes") else \
+            self.step_ends.extend(ends)
         t_end = self.step_ends[-1]
         finished = []
+        allocate = self.blocks.allocate
         for req in self.running:
             req.num_computed_tokens += k
             req.num_generated += k
-            self.blocks.allocate(req.id, req.num_computed_tokens)
+            allocate(req.id, req.num_computed_tokens)   # fits: decode_stretch_limit checked
             runs = req.token_runs
             if runs and runs[-1][1] == first:
                 runs[-1][1] = first + k

@@ -19,7 +19,7 @@ class Orca(Scheduler):
     reserves_full_length = True
 
     def schedule(self) -> StepPlan:
-        batch = Batch(self.limits)
+        batch = self.new_batch()
         for req in self.running:
             if batch.full:
                 break

@@ -39,6 +39,9 @@ class StepPlan:
     swap_in_blocks: int = 0
     # requests preempted while forming this plan (recompute or swap)
     num_preempted: int = 0
+    # seconds the step costs beyond its tokens (a policy's own scheduling overhead, e.g. the
+    # LMDeploy-style reschedule cost); every latency model adds it to the step's time
+    extra_s: float = 0.0
 
     @property
     def num_prefill_tokens(self) -> int:

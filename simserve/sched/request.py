@@ -39,11 +39,22 @@ class Request:
     first_scheduled_s: float | None = None
     finish_s: float | None = None
     reject_reason: str = ""
+    # prompt tokens found in the prefix cache when first admitted (vLLM's num_cached_tokens)
+    num_cached_tokens: int = 0
     # Output tokens as runs of consecutive steps of this request's replica: [first, stop) step
     # indices into ``step_ends`` (the replica's end time of every step). A request that decodes
     # every step has one run, however long, so token times cost O(runs), not O(tokens).
     token_runs: list[list[int]] = field(default_factory=list)
     step_ends: array | None = None
+    # copies of the spec's fields, read on every step (plain attributes are cheapest)
+    id: int = field(init=False)
+    num_prompt_tokens: int = field(init=False)
+    num_output_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.id = self.spec.request_id
+        self.num_prompt_tokens = self.spec.num_prompt_tokens
+        self.num_output_tokens = self.spec.num_output_tokens
 
     @property
     def token_times(self) -> list[float]:
@@ -60,33 +71,22 @@ class Request:
             runs.append([step_index, step_index + 1])
 
     @property
-    def id(self) -> int:
-        return self.spec.request_id
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return self.spec.num_prompt_tokens
-
-    @property
-    def num_output_tokens(self) -> int:
-        return self.spec.num_output_tokens
-
-    @property
     def num_tokens(self) -> int:
         """Prompt plus generated tokens: what the KV cache must eventually hold."""
-        return self.spec.num_prompt_tokens + self.num_generated
+        return self.num_prompt_tokens + self.num_generated
 
     @property
     def num_remaining(self) -> int:
         """Tokens still to compute before the next output token can be sampled."""
-        return self.num_tokens - self.num_computed_tokens
+        return self.num_prompt_tokens + self.num_generated - self.num_computed_tokens
 
     @property
     def max_tokens(self) -> int:
         """The most tokens this request ever occupies in the KV cache (its final length)."""
-        return self.spec.num_prompt_tokens + self.spec.num_output_tokens
+        return self.num_prompt_tokens + self.num_output_tokens
 
     @property
     def is_decoding(self) -> bool:
         """Feeds back exactly its last sampled token this step."""
-        return self.num_generated > 0 and self.num_remaining == 1
+        return self.num_generated > 0 and \
+            self.num_prompt_tokens + self.num_generated - self.num_computed_tokens == 1

@@ -20,7 +20,7 @@ class Sarathi(Scheduler):
     chunked = True
 
     def schedule(self) -> StepPlan:
-        batch = Batch(self.limits)
+        batch = self.new_batch()
         self._decodes(batch)
         self._partial_prefills(batch)
         if batch.num_preempted == 0:

@@ -25,7 +25,7 @@ class Static(Scheduler):
     def schedule(self) -> StepPlan:
         if not self.running:
             self._form_batch()
-        batch = Batch(self.limits)
+        batch = self.new_batch()
         prefilling = [r for r in self.running if r.num_generated == 0]
         if prefilling:
             for req in prefilling:

@@ -23,7 +23,7 @@ class VllmV0(Scheduler):
     chunked = False
 
     def schedule(self) -> StepPlan:
-        batch = Batch(self.limits)
+        batch = self.new_batch()
         if not self.swapped:
             self._admit_prompts(batch)
             if batch.entries:

@@ -19,7 +19,7 @@ class VllmV1(Scheduler):
     monotone_admission = True   # see Scheduler.monotone_admission
 
     def schedule(self) -> StepPlan:
-        batch = Batch(self.limits)
+        batch = self.new_batch()
         self._schedule_running(batch)
         if batch.num_preempted == 0:
             self.resume_swapped(batch)

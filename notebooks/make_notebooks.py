@@ -1,0 +1,205 @@
+"""Write the notebooks of this folder from the cells below (committed without outputs).
+
+    .venv/bin/python notebooks/make_notebooks.py
+
+Edit the cells here, not the .ipynb files, and run this again. tests/test_notebooks.py executes
+both notebooks, so an API change that breaks them fails the test suite.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).resolve().parent
+
+COMPARE = [
+    new_markdown_cell("""\
+# Comparing scheduling policies
+
+This notebook runs one workload — Llama-3.1-8B on one H100, with request lengths like Azure's
+conversation trace — under each of simserve's scheduling policies, and compares them: first at one
+load, then across loads, to find where each policy stops meeting its latency SLOs.
+
+Everything here uses simserve's Python API; every result is a pandas DataFrame. The workloads are
+kept small (300 requests) so the whole notebook runs in seconds. Step times come from a roofline
+*estimate* of the H100, so read the numbers as relative, not as a measurement.
+
+Run it from this folder (`notebooks/`): the scenario paths below are relative to it."""),
+    new_code_cell("""\
+%matplotlib inline
+import simserve
+from simserve.runner import comparison_table
+from simserve.report import (RunData, latency_cdfs, latency_vs_load, load_curves, policy_bars,
+                             throughput_vs_load, timeline)"""),
+    new_markdown_cell("""\
+## One load, five policies
+
+`scenarios/compare_policies.yaml` is the quickstart scenario with a `compare:` section listing
+the policies. `simserve.compare` runs one variant per policy and returns `{label: Result}`.
+`overrides` change any scenario field, as `--set` does on the command line."""),
+    new_code_cell("""\
+results = simserve.compare("../scenarios/compare_policies.yaml",
+                           overrides=["workload.num_requests=300"])
+comparison_table(results)"""),
+    new_markdown_cell("""\
+Each row is one policy. *Goodput* counts only requests that met every SLO (here TTFT ≤ 500 ms and
+TPOT ≤ 50 ms); *SLO attainment* is the fraction of all requests that did. `static` batching waits
+for a whole batch to finish before admitting new requests, so its time to first token explodes.
+
+The distributions say more than percentiles. The report module's figure functions take
+`RunData` records, which `RunData.from_result` makes from in-memory results."""),
+    new_code_cell("""\
+runs = [RunData.from_result(label, result) for label, result in results.items()]
+latency_cdfs(runs)"""),
+    new_code_cell("policy_bars(runs)"),
+    new_markdown_cell("""\
+A timeline shows what the scheduler did over the run: requests running and waiting, tokens per
+second split into prefill and decode, KV-cache blocks in use, and preemptions. Each result's
+`steps` DataFrame (one row per engine iteration) holds the raw data."""),
+    new_code_cell("""\
+timeline(runs[3])   # vllm_v1"""),
+    new_code_cell("""\
+results["vllm_v1"].steps.head()"""),
+    new_markdown_cell("""\
+## Across loads: where does each policy break?
+
+One load point hides the interesting part. `simserve.sweep` runs a grid of variants — here three
+policies × four request rates — in parallel processes, and returns one row per point with every
+summary metric. `fixed` sets fields for every point."""),
+    new_code_cell("""\
+table = simserve.sweep("../scenarios/quickstart.yaml",
+                       grid={"scheduler.policy": ["vllm_v0", "vllm_v1", "sarathi"],
+                             "workload.rate": [6, 10, 14, 18]},
+                       fixed={"workload.num_requests": 300})
+table[["scheduler.policy", "workload.rate", "request_throughput", "request_goodput",
+       "slo_attainment", "p99_ttft_ms", "p99_tpot_ms"]]"""),
+    new_markdown_cell("""\
+`load_curves` groups the table into one curve per policy. The top panel shows served throughput
+(solid) and goodput (dashed) against offered load; the bottom panel shows SLO attainment against
+the 90% target. The *knee* is the highest load at which every lower load meets the target."""),
+    new_code_cell("""\
+curves = load_curves(table, "workload.rate", ["scheduler.policy"])
+throughput_vs_load(curves, target=0.9)"""),
+    new_code_cell("""\
+latency_vs_load(curves, slo={"ttft_ms": 500, "tpot_ms": 50})"""),
+    new_code_cell("""\
+{curve.label: curve.knee(0.9) for curve in curves}"""),
+    new_markdown_cell("""\
+## Next steps
+
+- Make the grid finer, or use more requests, for a sharper knee (the capacity-planning notebook
+  finds it by bisection instead).
+- Sweep engine knobs too, e.g. `"engine.max_num_batched_tokens": [512, 2048, 8192]`.
+- From the command line, `simserve sweep grid.yaml` runs the same grid and writes `sweep.csv` with
+  an HTML report; `--executor ray` runs it on a Ray cluster."""),
+]
+
+CAPACITY = [
+    new_markdown_cell("""\
+# Capacity planning
+
+Before deploying, we want two numbers:
+
+1. the highest request rate one deployment serves while meeting its SLOs, and
+2. how many replicas a target rate needs.
+
+simserve answers with DistServe's definition of goodput: the largest arrival rate at which at
+least a target fraction of requests (here 90%) meets every latency SLO. It finds that rate by
+simulation: double the rate until the target is missed, then bisect, repeating seeds near the
+knee. This notebook plans Llama-3.1-8B on H100s (roofline step-time *estimates*) with small
+workloads so it runs in seconds; use more requests and seeds for real planning.
+
+Run it from this folder (`notebooks/`)."""),
+    new_code_cell("""\
+%matplotlib inline
+import pandas as pd
+import simserve
+from simserve.report import CapacityData, capacity_attainment"""),
+    new_markdown_cell("""\
+## The scenario and its SLO
+
+The quickstart scenario: one H100, vLLM v1's scheduler, lengths like Azure's conversation trace.
+Its `slo:` section sets the limits and the attainment target. We keep 300 requests per run; the
+request count stays fixed while the search moves the rate."""),
+    new_code_cell("""\
+scenario = simserve.load_scenario("../scenarios/quickstart.yaml",
+                                  overrides=["workload.num_requests=300"])
+scenario.slo"""),
+    new_markdown_cell("""\
+## Highest rate meeting the SLO, and replicas for a target
+
+`simserve.capacity` returns the answer with every run behind it. `seeds=2` runs two arrival and
+length draws per probe near the knee; a rate passes only if *every* seed meets the target (the
+minimum over seeds), and the spread across seeds is reported. With `target_rate`, it also finds
+the fewest replicas serving that rate."""),
+    new_code_cell("""\
+cap = simserve.capacity(scenario, seeds=2, tolerance=0.1, target_rate=40)
+print(cap.table())"""),
+    new_markdown_cell("""\
+`cap.probes` holds one row per simulated run: the search phase, the rate, the replica count,
+the seed, and the metrics that decided it."""),
+    new_code_cell("""\
+cap.probes[["phase", "rate", "replicas", "seed", "slo_attainment", "request_goodput",
+            "p99_ttft_ms", "p99_tpot_ms"]]"""),
+    new_code_cell("""\
+capacity_attainment(CapacityData.from_result(cap))"""),
+    new_markdown_cell("""\
+## What moves the answer
+
+Capacity depends on the SLO as much as on the hardware. The same search with three TTFT limits
+shows how much rate a looser first-token target buys. (One seed each, to keep it quick.)"""),
+    new_code_cell("""\
+rows = []
+for ttft_ms in (250, 500, 1000):
+    s = simserve.load_scenario("../scenarios/quickstart.yaml",
+                               overrides=["workload.num_requests=300", f"slo.ttft_ms={ttft_ms}"])
+    c = simserve.capacity(s, seeds=1, tolerance=0.1)
+    rows.append({"TTFT SLO (ms)": ttft_ms, "max rate (req/s)": c.max_rate,
+                 "per GPU (req/s)": c.per_gpu_rate, "runs": len(c.probes)})
+pd.DataFrame(rows)"""),
+    new_markdown_cell("""\
+Tensor parallelism is the other lever: two GPUs per replica run each step faster, but the per-GPU
+rate is what the bill follows. `per_gpu_rate` divides by replicas × `tensor_parallel_size`."""),
+    new_code_cell("""\
+rows = []
+for tp in (1, 2):
+    s = simserve.load_scenario("../scenarios/quickstart.yaml",
+                               overrides=["workload.num_requests=300",
+                                          f"engine.tensor_parallel_size={tp}"])
+    c = simserve.capacity(s, seeds=1, tolerance=0.1)
+    rows.append({"tensor parallel": tp, "GPUs": c.gpus, "max rate (req/s)": c.max_rate,
+                 "per GPU (req/s)": c.per_gpu_rate})
+pd.DataFrame(rows)"""),
+    new_markdown_cell("""\
+## Caveats
+
+- The search assumes attainment falls as the rate grows; the probe table shows whether it did.
+- The answer is the highest rate *seen to pass*; the true knee lies below the first failing rate,
+  within the tolerance.
+- Few requests make a noisy answer: with 300 requests a few unlucky ones move attainment by a
+  percent. Raise `num_requests` and `seeds` for decisions.
+- From the command line: `simserve capacity scenarios/quickstart.yaml --target-rate 40` prints
+  the same table and writes a report with these figures."""),
+]
+
+
+def write(cells: list, name: str) -> Path:
+    for i, cell in enumerate(cells):
+        cell.id = f"{Path(name).stem}-{i:02d}"     # stable ids: regenerating gives no diff
+    nb = new_notebook(cells=cells, metadata={
+        "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+        "language_info": {"name": "python"},
+    })
+    nbformat.validate(nb)
+    path = HERE / name
+    nbformat.write(nb, path)
+    return path
+
+
+if __name__ == "__main__":
+    for cells, name in ((COMPARE, "compare_policies.ipynb"),
+                        (CAPACITY, "capacity_planning.ipynb")):
+        print(write(cells, name))

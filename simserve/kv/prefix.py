@@ -1,0 +1,182 @@
+"""Prefix caching: KV blocks with identities, a chained hash per full block, an LRU free pool.
+
+The model is vLLM v1's (``vllm/v1/core/kv_cache_utils.py``, ``block_pool.py``,
+``kv_cache_manager.py``; the same scheme as nano-vllm's ``block_manager.py`` and, over a radix
+tree, SGLang's ``RadixCache``):
+
+* a full block's key is ``hash((parent key, the block's content))``, so equal keys mean equal
+  content *and* equal everything before it;
+* a block becomes cached when it is full, at schedule time (``allocate`` covering its last
+  token); a new request takes the longest run of cached blocks from its start, but never its
+  last prompt token, which must be recomputed to sample (vLLM: ``max_cache_hit_length =
+  num_tokens - 1``);
+* freed blocks keep their key and go to the tail of an LRU free pool (an ``OrderedDict``), a
+  request's blocks in reverse order so its tail is evicted first; a new block is taken from the
+  head and loses its key then. A hit on a block in the pool takes it back out.
+
+Requests carry no token ids, so content is derived. With Mooncake ``hash_ids`` (one id per
+``source_block_size`` = 512 prompt tokens; equal ids = identical content), engine block ``b`` of
+size ``B`` covers tokens ``[bB, (b+1)B)`` and its content is the ids of every 512-block it
+overlaps; chaining the parent key makes it equal across requests exactly when those ids and
+everything before them are equal::
+
+    source blocks (512)   |      id 7       |      id 9       |  id 4 ...
+    engine blocks (B=256) |  b0    |  b1    |  b2    |  b3    |  b4
+    key(b2) = hash((key(b1), (9,)))        key(b1) = hash((key(b0), (7,)))
+
+Blocks without such content (no ``hash_ids``, ids that run out, a block past the prompt or
+holding generated tokens) get keys unique to the request: nobody else hits them, but the request
+itself does after a recompute preemption, as in vLLM. Swap is not supported (vLLM v1 preempts by
+recompute only): ``swap_out`` reports no host room, so a swap preemption falls back to
+recompute.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from simserve.kv.blocks import BlockManager
+
+SOURCE_BLOCK_SIZE = 512   # tokens per Mooncake hash id
+_ROOT = 0                 # parent key of block 0
+
+
+class PrefixBlockManager(BlockManager):
+    """A :class:`BlockManager` whose blocks have ids, keys, reference counts and an LRU pool."""
+
+    caches_prefixes = True
+
+    def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0,
+                 source_block_size: int = SOURCE_BLOCK_SIZE):
+        super().__init__(num_blocks, block_size, 0)
+        self.source_block_size = source_block_size
+        self._ref = [0] * num_blocks                    # requests holding each block
+        self._key: list[int | None] = [None] * num_blocks
+        self._pool: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._cached: dict[int, int] = {}               # key -> block id
+        self._tables: dict[int, list[int]] = {}         # request id -> its block ids, in order
+        self._num_keyed: dict[int, int] = {}            # request id -> leading blocks registered
+        self._content: dict[int, tuple[int, Sequence[int] | None]] = {}
+        self._keys: dict[int, list[int]] = {}           # request id -> keys computed so far
+        self.num_evicted = 0                            # cached blocks reused for other content
+
+    # -- content ---------------------------------------------------------------------------
+    def register(self, request_id: int, num_prompt_tokens: int,
+                 hash_ids: Sequence[int] | None) -> None:
+        """Tell the cache what a request's prompt holds (before its first allocation)."""
+        if request_id not in self._content:
+            self._content[request_id] = (num_prompt_tokens, hash_ids)
+
+    def _block_key(self, request_id: int, b: int) -> int:
+        keys = self._keys.setdefault(request_id, [])
+        while len(keys) <= b:
+            i = len(keys)
+            parent = keys[-1] if keys else _ROOT
+            keys.append(hash((parent, self._content_of(request_id, i))))
+        return keys[b]
+
+    def _content_of(self, request_id: int, b: int) -> tuple:
+        """The source ids block ``b`` overlaps, or ``("request", id)``: content no other
+        request shares."""
+        prompt, ids = self._content.get(request_id, (0, None))
+        bs, src = self.block_size, self.source_block_size
+        last = (b + 1) * bs - 1                      # the block's last token
+        if ids is None or last >= prompt or last // src >= len(ids):
+            return ("request", request_id)
+        return tuple(ids[b * bs // src: last // src + 1])
+
+    # -- queries ---------------------------------------------------------------------------
+    def held(self, request_id: int) -> int:
+        table = self._tables.get(request_id)
+        return len(table) if table else 0
+
+    def num_new_blocks(self, request_id: int, num_tokens: int) -> int:
+        return max(0, self.blocks_for(num_tokens) - self.held(request_id))
+
+    def cached_tokens(self, request_id: int, num_tokens: int) -> int:
+        """Tokens at the start of a request (holding no blocks) already in the cache: whole
+        blocks, never its last token (it is recomputed to sample the next one)."""
+        limit = (num_tokens - 1) // self.block_size
+        n = 0
+        while n < limit and self._block_key(request_id, n) in self._cached:
+            n += 1
+        return n * self.block_size
+
+    # -- commands --------------------------------------------------------------------------
+    def allocate(self, request_id: int, num_tokens: int) -> int | None:
+        table = self._tables.setdefault(request_id, [])
+        need = self.blocks_for(num_tokens) - len(table)
+        if need > self.num_free:
+            if not table:
+                del self._tables[request_id]
+            return None
+        for _ in range(max(0, need)):
+            table.append(self._take())
+        self._register_full(request_id, table, num_tokens)
+        return max(0, need)
+
+    def allocate_cached(self, request_id: int, num_tokens: int, cached_tokens: int) -> int | None:
+        """Allocate for a new request whose first ``cached_tokens`` (from :meth:`cached_tokens`)
+        are cache hits: they share the cached blocks; the rest are new. All or nothing."""
+        assert request_id not in self._tables and cached_tokens % self.block_size == 0
+        hits = [self._cached[self._block_key(request_id, b)]
+                for b in range(cached_tokens // self.block_size)]
+        from_pool = sum(1 for bid in hits if self._ref[bid] == 0)
+        need = self.blocks_for(num_tokens) - len(hits)
+        if from_pool + max(0, need) > self.num_free:
+            return None
+        for bid in hits:
+            if self._ref[bid] == 0:
+                del self._pool[bid]
+                self.num_free -= 1
+            self._ref[bid] += 1
+        self._tables[request_id] = hits
+        self._num_keyed[request_id] = len(hits)
+        return self.allocate(request_id, num_tokens)
+
+    def free(self, request_id: int) -> int:
+        """Release the request's blocks into the pool, tail first (evicted first)."""
+        table = self._tables.pop(request_id, None) or []
+        for bid in reversed(table):
+            self._ref[bid] -= 1
+            if self._ref[bid] == 0:
+                self._pool[bid] = None
+                self.num_free += 1
+        self._num_keyed.pop(request_id, None)
+        self._keys.pop(request_id, None)
+        self._content.pop(request_id, None)
+        return len(table)
+
+    def swap_out(self, request_id: int) -> int | None:
+        return None   # prefix caching preempts by recompute only (as vLLM v1)
+
+    def swap_in(self, request_id: int) -> int | None:
+        return None
+
+    # -- internals -------------------------------------------------------------------------
+    def _take(self) -> int:
+        """A block from the pool's head (least recently freed); its cached content is lost."""
+        bid, _ = self._pool.popitem(last=False)
+        self.num_free -= 1
+        key = self._key[bid]
+        if key is not None:
+            if self._cached.get(key) == bid:
+                del self._cached[key]
+            self._key[bid] = None
+            self.num_evicted += 1
+        self._ref[bid] = 1
+        return bid
+
+    def _register_full(self, request_id: int, table: list[int], num_tokens: int) -> None:
+        """Cache the blocks that ``num_tokens`` fills (their KV is computed this step)."""
+        full = min(num_tokens // self.block_size, len(table))
+        start = self._num_keyed.get(request_id, 0)
+        if full <= start:
+            return
+        for b in range(start, full):
+            key = self._block_key(request_id, b)
+            if key not in self._cached:   # a duplicate of cached content stays unkeyed
+                self._cached[key] = table[b]
+                self._key[table[b]] = key
+        self._num_keyed[request_id] = full

@@ -1,0 +1,247 @@
+"""Assemble figures and tables into ``report.html`` plus ``figures/*.png`` (and ``.svg``).
+
+Sections, in order: capacity answers, sweeps, then the runs (a comparison when there are
+several). Nothing in the page depends on the clock, so the same inputs give the same report.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+import pandas as pd
+import yaml
+from matplotlib.figure import Figure
+
+from simserve.errors import SimserveError
+from simserve.report import figures as F
+from simserve.report import html as H
+from simserve.report.load import CapacityData, Inputs, RunData, SweepData, load_inputs
+from simserve.report.style import RC
+
+HEADLINE = {
+    "completed": "completed", "num_rejected": "rejected", "request_throughput": "req/s",
+    "request_goodput": "goodput req/s", "slo_attainment": "SLO attainment",
+    "output_throughput": "out tok/s", "median_ttft_ms": "TTFT p50 ms", "p99_ttft_ms": "TTFT p99 ms",
+    "median_tpot_ms": "TPOT p50 ms", "p99_tpot_ms": "TPOT p99 ms", "median_e2el_ms": "E2EL p50 ms",
+    "p99_e2el_ms": "E2EL p99 ms", "total_preemptions": "preemptions",
+    "mean_kv_utilization": "mean KV use",
+}
+
+
+@dataclass
+class Section:
+    title: str
+    blocks: list[str] = field(default_factory=list)                     # HTML before figures
+    figures: list[tuple[str, str, Figure]] = field(default_factory=list)  # name, caption, fig
+    after: list[str] = field(default_factory=list)                      # HTML after figures
+
+
+def write_report(paths: Sequence[str | Path], out: str | Path | None = None, *,
+                 svg: bool = False, title: str | None = None) -> Path:
+    """Build the report of run/compare/sweep/capacity directories; returns report.html's path.
+    ``out`` defaults to the one directory given (a report of several needs ``out``)."""
+    if not paths:
+        raise SimserveError("report: give at least one run directory")
+    if out is None:
+        if len(paths) > 1:
+            raise SimserveError("report: several directories given; say where the report goes "
+                                "with --out")
+        out = paths[0]
+    inputs = load_inputs(paths)
+    if title is None:
+        title = "simserve report: " + ", ".join(Path(p).resolve().name for p in paths)
+    return render(inputs, out, svg=svg, title=title)
+
+
+def render(inputs: Inputs, out: str | Path, *, svg: bool = False, title: str = "") -> Path:
+    out = Path(out)
+    fig_dir = out / "figures"
+    try:
+        fig_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
+    sections = [*map(capacity_section, inputs.capacities), *map(sweep_section, inputs.sweeps)]
+    if inputs.runs:
+        sections.append(runs_section(inputs.runs))
+    blocks = [H.paragraph(_provenance(inputs), "meta")]
+    used: set[str] = set()
+    for sec in sections:
+        blocks.append(H.heading(sec.title))
+        blocks.extend(sec.blocks)
+        for name, caption, fig in sec.figures:
+            name = _unique(_slug(name), used)
+            png = _save(fig, fig_dir / name, svg)
+            blocks.append(H.figure(png, caption, alt=caption.split(".")[0]))
+        blocks.extend(sec.after)
+    path = out / "report.html"
+    path.write_text(H.page(title, blocks))
+    return path
+
+
+def _save(fig: Figure, stem: Path, svg: bool) -> bytes:
+    buf = io.BytesIO()
+    with matplotlib.rc_context(RC):
+        fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+        if svg:
+            fig.savefig(stem.with_suffix(".svg"), format="svg", metadata={"Date": None})
+    png = buf.getvalue()
+    stem.with_suffix(".png").write_bytes(png)
+    return png
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "figure"
+
+
+def _unique(name: str, used: set[str]) -> str:
+    candidate, k = name, 2
+    while candidate in used:
+        candidate, k = f"{name}_{k}", k + 1
+    used.add(candidate)
+    return candidate
+
+
+def _provenance(inputs: Inputs) -> str:
+    models = sorted({r.summary.get("latency_model") for r in inputs.runs
+                     if r.summary.get("latency_model")} |
+                    {str(m) for s in inputs.sweeps if "latency_model" in s.table
+                     for m in s.table["latency_model"].dropna().unique()})
+    parts = [f"{len(inputs.runs)} run(s), {len(inputs.sweeps)} sweep(s), "
+             f"{len(inputs.capacities)} capacity search(es)."]
+    if models:
+        parts.append("Step latency: " + "; ".join(models) + ".")
+    return " ".join(parts)
+
+
+def _slo_words(slo: dict) -> str:
+    limits = [f"{k.removesuffix('_ms').upper()} ≤ {v:g} ms" for k, v in slo.items()
+              if k.endswith("_ms") and v is not None]
+    return ", ".join(limits) if limits else "no SLO"
+
+
+# --- sections ----------------------------------------------------------------------------------
+
+def capacity_section(cap: CapacityData) -> Section:
+    a = cap.answer
+    sec = Section(f"Capacity: {cap.label}")
+    answer = (f"Highest rate meeting {a['target_attainment']:.0%} SLO attainment "
+              f"({_slo_words(a.get('slo') or {})}): {a['max_rate']:.3g} req/s for "
+              f"{a['replicas']} replica(s) × TP {a['tensor_parallel_size']} = "
+              f"{a['per_gpu_rate']:.3g} req/s per GPU.")
+    if a.get("target_rate") is not None:
+        need = a.get("replicas_needed")
+        answer += (f" Serving {a['target_rate']:g} req/s takes "
+                   + (f"{need} replica(s) ({need * a['tensor_parallel_size']} GPU(s))."
+                      if need else "more replicas than were tried."))
+    sp = a["spread"]
+    sec.blocks += [
+        H.paragraph(answer, "answer"),
+        H.paragraph(f"Bracketing search then bisection to {a['tolerance']:.0%} relative "
+                    f"tolerance; the target is missed at {a['first_failing_rate']:.3g} req/s. "
+                    f"A rate passes when the {a.get('aggregate', 'min')} attainment over "
+                    f"{len(a['seeds'])} seed(s) meets the target; at the answer the seeds "
+                    f"attain min {sp['min']:.3f}, mean {sp['mean']:.3f}, max {sp['max']:.3f}."),
+    ]
+    probes = cap.probes.assign(policy=a.get("policy", "?"))
+    by_rate = probes[probes["phase"] != "replicas"]
+    g = by_rate.groupby("rate")["slo_attainment"]
+    table = pd.DataFrame({"seeds run": g.size(), "min attainment": g.min(),
+                          "mean attainment": g.mean(), "max attainment": g.max()})
+    table["meets target"] = table["min attainment"] >= a["target_attainment"]
+    table.index.name = "rate (req/s)"
+    sec.after += [H.heading("Probes: rate → attainment", 3), H.table(table.reset_index(),
+                                                                     index=False)]
+    for note in a.get("notes") or []:
+        sec.blocks.append(H.paragraph(f"Note: {note}"))
+    curves = F.load_curves(by_rate, "rate", default_label=cap.label)
+    sec.figures += [
+        (f"{cap.label}_attainment", "SLO attainment of every probe against request rate; the "
+         "dash-dot line is the target, the shaded band the final bracket, the dashed line the "
+         "answer.", F.capacity_attainment(cap)),
+        (f"{cap.label}_throughput", "Throughput and goodput against offered load (mean over "
+         "seeds), with SLO attainment below; the knee is the capacity found.",
+         F.throughput_vs_load(curves, target=a["target_attainment"],
+                              knees={cap.label: a["max_rate"]})),
+        (f"{cap.label}_latency", "Median and p99 latencies against offered load; dotted red "
+         "lines are the SLO limits.", F.latency_vs_load(curves, slo=a.get("slo"))),
+    ]
+    return sec
+
+
+def sweep_axes(sweep: SweepData) -> tuple[str | None, str, list[str], bool]:
+    """(x column, x label, series columns, draw served = offered) for a sweep's load plots."""
+    t = sweep.table
+    cols = list(t.columns)
+    fields = cols[cols.index("point") + 1: cols.index("policy")] if \
+        "point" in cols and "policy" in cols else sweep.fields
+    varying = [f for f in fields if f in t and t[f].nunique(dropna=False) > 1]
+    if "workload.rate" in varying:
+        x, label, diagonal = "workload.rate", "offered load (req/s)", True
+    else:
+        numeric = [f for f in varying if f != "seed" and pd.api.types.is_numeric_dtype(t[f])]
+        x, label, diagonal = (numeric[0] if numeric else None), (numeric[0] if numeric else ""), \
+            False
+    series = [f for f in varying if f not in (x, "seed")]
+    return x, label, series, diagonal
+
+
+def sweep_section(sweep: SweepData) -> Section:
+    t = sweep.table
+    sec = Section(f"Sweep: {sweep.label}")
+    failed = t[t["error"].notna()] if "error" in t else t.iloc[:0]
+    x, x_label, series, diagonal = sweep_axes(sweep)
+    sec.blocks.append(H.paragraph(
+        f"{len(t)} points ({len(failed)} failed); SLO: {_slo_words(sweep.slo)}."
+        + (f" Curves over {x}, one per {', '.join(series)}." if x and series else "")))
+    target = None
+    if "slo_attainment_target" in t and t["slo_attainment_target"].notna().any():
+        target = float(t["slo_attainment_target"].dropna().iloc[0])
+    if x is not None and len(t) > len(failed):
+        curves = F.load_curves(t, x, series, default_label=sweep.label)
+        sec.figures += [
+            (f"{sweep.label}_throughput", "Throughput and goodput against "
+             f"{x_label}, with SLO attainment below (shaded: spread over seeds); the knee is "
+             "the highest load at which every lower point meets the attainment target.",
+             F.throughput_vs_load(curves, x_label=x_label, target=target, diagonal=diagonal)),
+            (f"{sweep.label}_latency", f"Median and p99 latencies against {x_label}; dotted "
+             "red lines are the SLO limits.",
+             F.latency_vs_load(curves, x_label=x_label, slo=sweep.slo)),
+        ]
+    shown = [c for c in t.columns if c in ("point", "policy", "offered_rate", "error")
+             or c in sweep.fields or c in HEADLINE]
+    sec.after += [H.heading("Points", 3),
+                  H.table(t[shown].rename(columns=HEADLINE), index=False)]
+    for _, row in failed.iterrows():
+        sec.after.append(H.paragraph(f"Point {row['point']} failed: {row['error']}"))
+    return sec
+
+
+def runs_section(runs: list[RunData]) -> Section:
+    several = len(runs) > 1
+    sec = Section("Policy comparison" if several else f"Run: {runs[0].label}")
+    slo = runs[0].slo
+    sec.blocks.append(H.paragraph(
+        f"SLO: {_slo_words(slo)}, attainment target {slo.get('attainment', 0.9):.0%}."
+        if slo else "No SLO given."))
+    rows = {r.label: {"policy": r.policy, **{HEADLINE[k]: r.summary.get(k) for k in HEADLINE}}
+            for r in runs}
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    sec.blocks.append(H.table(table if several else table.T))
+    sec.figures.append(("latency_cdf", "Per-request latency CDFs (finished requests); dotted "
+                        "red lines are the SLO limits.", F.latency_cdfs(runs)))
+    if several:
+        sec.figures.append(("policy_bars", "Headline metrics side by side, one colour per "
+                            "policy.", F.policy_bars(runs)))
+    for r in runs:
+        sec.figures.append((f"timeline_{r.label}", f"{r.label}: requests running and "
+                            "waiting, tokens per step (prefill vs decode), KV blocks in use, "
+                            "and preemptions over simulated time.", F.timeline(r)))
+    for r in runs:
+        sec.after.append(H.details(f"scenario: {r.label}",
+                                   yaml.safe_dump(r.scenario, sort_keys=False)))
+    return sec

@@ -1,0 +1,397 @@
+"""The report's figures. Each function returns a matplotlib ``Figure`` drawn on an Agg canvas
+(no pyplot, no global backend), so the same calls work in a script, the CLI and Jupyter.
+
+Colours follow :mod:`simserve.report.style`: one fixed colour per policy in every figure.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from simserve.report.load import CapacityData, RunData
+from simserve.report.style import RC, SLO_COLOR, TARGET_COLOR, series_styles
+
+LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2EL"))
+
+
+def _styled(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):  # rcParams are read as artists are made: style them all
+        with matplotlib.rc_context(RC):
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+def _figure(width: float, height: float, rows: int = 1, cols: int = 1, **kw):
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(rows, cols, squeeze=False, **kw)
+
+
+def _legend(fig: Figure, handles: list) -> None:
+    fig.legend(handles=handles, loc="outside right upper", frameon=False)
+
+
+def _series_handles(styles: dict[str, dict], marker: bool = True) -> list:
+    return [Line2D([], [], color=st["color"], linestyle=st["linestyle"] if not marker else "-",
+                   marker=st["marker"] if marker else None, label=label)
+            for label, st in styles.items()]
+
+
+# --- load curves (sweeps and capacity probes over the request rate) ----------------------------
+
+@dataclass
+class Curve:
+    """One series of a load sweep: metrics per x value (seeds averaged, attainment's min/max
+    over seeds kept as ``attainment_min``/``attainment_max``)."""
+
+    label: str
+    policy: str
+    points: pd.DataFrame
+
+    def knee(self, target: float | None) -> float | None:
+        """The highest x up to which every x meets the attainment target (min over seeds)."""
+        if target is None or "attainment_min" not in self.points:
+            return None
+        knee = None
+        for x, attained in self.points["attainment_min"].items():
+            if pd.isna(attained) or attained < target:
+                break
+            knee = x
+        return knee
+
+
+def load_curves(table: pd.DataFrame, x: str, series: Sequence[str] = (),
+                default_label: str = "run") -> list[Curve]:
+    """Group a sweep-like table (``policy`` column, summary metrics) into curves over ``x``."""
+    if "error" in table:
+        table = table[table["error"].isna()]
+    table = table[table[x].notna()]
+    numeric = table.select_dtypes("number").columns.drop(x, errors="ignore")
+    groups = table.groupby(list(series), sort=False) if series else [((), table)]
+    curves = []
+    for key, group in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        if len(series) == 1:
+            label = str(key[0])
+        elif series:
+            label = ", ".join(f"{f.split('.')[-1]}={v}" for f, v in zip(series, key))
+        else:
+            label = default_label
+        by_x = group.groupby(x)
+        points = by_x[list(numeric)].mean()
+        if "slo_attainment" in group and group["slo_attainment"].notna().any():
+            points["attainment_min"] = by_x["slo_attainment"].min()
+            points["attainment_max"] = by_x["slo_attainment"].max()
+        curves.append(Curve(label, str(group["policy"].iloc[0]), points.sort_index()))
+    return curves
+
+
+def _curve_styles(curves: Sequence[Curve]) -> dict[str, dict]:
+    return series_styles([(c.label, c.policy) for c in curves])
+
+
+@_styled
+def throughput_vs_load(curves: Sequence[Curve], *, x_label: str = "offered load (req/s)",
+                       target: float | None = None, knees: dict[str, float] | None = None,
+                       diagonal: bool = True, title: str = "") -> Figure:
+    """Served throughput and goodput (top) and SLO attainment (bottom) against offered load;
+    the knee (highest load meeting the attainment target) marked per series."""
+    has_slo = target is not None and any("attainment_min" in c.points for c in curves)
+    fig, axes = _figure(9.5, 7 if has_slo else 4.5, 2 if has_slo else 1, 1, sharex=True,
+                        height_ratios=[3, 2] if has_slo else None)
+    top = axes[0][0]
+    styles = _curve_styles(curves)
+    knees = knees if knees is not None else {c.label: c.knee(target) for c in curves}
+    xmax = max((c.points.index.max() for c in curves if len(c.points)), default=1.0)
+    if diagonal:
+        top.plot([0, xmax], [0, xmax], color="#999999", linestyle=":", linewidth=1)
+    for c in curves:
+        st, p = styles[c.label], c.points
+        top.plot(p.index, p["request_throughput"], color=st["color"], marker=st["marker"],
+                 linestyle="-")
+        if has_slo and "request_goodput" in p:
+            top.plot(p.index, p["request_goodput"], color=st["color"], marker=st["marker"],
+                     linestyle="--", markerfacecolor="white")
+    top.set_ylabel("requests/s")
+    top.set_xlim(left=0)
+    top.set_ylim(bottom=0)
+    kinds = [Line2D([], [], color="black", linestyle="-", label="throughput (req/s)")]
+    if has_slo:
+        kinds.append(Line2D([], [], color="black", linestyle="--", markerfacecolor="white",
+                            label="goodput (req/s meeting SLO)"))
+    if diagonal:
+        kinds.append(Line2D([], [], color="#999999", linestyle=":", label="served = offered"))
+    if has_slo:
+        bottom = axes[1][0]
+        for c in curves:
+            st, p = styles[c.label], c.points
+            if "attainment_min" not in p:
+                continue
+            bottom.plot(p.index, 100 * p["slo_attainment"], color=st["color"],
+                        marker=st["marker"], linestyle="-")
+            if (p["attainment_max"] > p["attainment_min"]).any():   # spread over seeds
+                bottom.fill_between(p.index, 100 * p["attainment_min"],
+                                    100 * p["attainment_max"], color=st["color"], alpha=0.15)
+        bottom.axhline(100 * target, color=TARGET_COLOR, linestyle="-.", linewidth=1)
+        bottom.set_ylabel("SLO attainment (%)")
+        bottom.set_ylim(0, 105)
+        kinds.append(Line2D([], [], color=TARGET_COLOR, linestyle="-.",
+                            label=f"attainment target ({100 * target:.0f}%)"))
+        axes[-1][0].set_xlabel(x_label)
+    else:
+        top.set_xlabel(x_label)
+    for c in curves:
+        knee = knees.get(c.label)
+        if knee is None:
+            continue
+        for row in axes:
+            row[0].axvline(knee, color=styles[c.label]["color"], linewidth=3, alpha=0.3)
+        top.annotate(f"knee {knee:.3g}", (knee, 1.0), xycoords=("data", "axes fraction"),
+                     xytext=(3, -12), textcoords="offset points", fontsize=9,
+                     color=styles[c.label]["color"])
+    if any(knees.get(c.label) is not None for c in curves):
+        kinds.append(Line2D([], [], color="black", linewidth=3, alpha=0.3,
+                            label="knee: highest load\nmeeting the target"))
+    top.set_title(title or "Throughput and goodput vs offered load")
+    _legend(fig, _series_handles(styles) + kinds)
+    return fig
+
+
+@_styled
+def latency_vs_load(curves: Sequence[Curve], *, x_label: str = "offered load (req/s)",
+                    slo: dict | None = None, title: str = "") -> Figure:
+    """Median and p99 TTFT, TPOT and E2EL against load (log scale), SLO limits drawn."""
+    fig, axes = _figure(13, 4.2, 1, 3)
+    styles = _curve_styles(curves)
+    slo = slo or {}
+    for ax, (key, name) in zip(axes[0], LATENCIES):
+        for c in curves:
+            st, p = styles[c.label], c.points
+            for pct, ls, fill in (("p99", "-", None), ("median", "--", "white")):
+                col = f"{pct}_{key}_ms"
+                if col in p:
+                    ax.plot(p.index, p[col], color=st["color"], marker=st["marker"],
+                            linestyle=ls, markerfacecolor=fill, markersize=5)
+        if slo.get(f"{key}_ms"):
+            ax.axhline(slo[f"{key}_ms"], color=SLO_COLOR, linestyle=":", linewidth=1.5)
+        ax.set_yscale("log")
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(f"{name} (ms, log scale)")
+        ax.set_title(name)
+    kinds = [Line2D([], [], color="black", linestyle="-", label="p99"),
+             Line2D([], [], color="black", linestyle="--", markerfacecolor="white",
+                    label="median")]
+    if any(slo.get(f"{k}_ms") for k, _ in LATENCIES):
+        kinds.append(Line2D([], [], color=SLO_COLOR, linestyle=":", label="SLO limit"))
+    fig.suptitle(title or "Latency vs offered load")
+    _legend(fig, _series_handles(styles) + kinds)
+    return fig
+
+
+# --- runs: latency distributions, headline bars, timelines --------------------------------------
+
+def _run_styles(runs: Sequence[RunData]) -> dict[str, dict]:
+    return series_styles([(r.label, r.policy) for r in runs])
+
+
+@_styled
+def latency_cdfs(runs: Sequence[RunData], title: str = "") -> Figure:
+    """Empirical CDFs of per-request TTFT, TPOT and E2EL (finished requests), one line per run."""
+    fig, axes = _figure(13, 4.2, 1, 3)
+    styles = _run_styles(runs)
+    slo = runs[0].slo if runs else {}
+    for ax, (key, name) in zip(axes[0], LATENCIES):
+        for r in runs:
+            done = r.requests[r.requests["status"] == "finished"]
+            values = np.sort(done[f"{key}_s"].dropna().to_numpy(float) * 1000.0)
+            values = values[values > 0]
+            if len(values):
+                frac = np.arange(1, len(values) + 1) / len(values)
+                ax.step(values, frac, where="post", color=styles[r.label]["color"],
+                        linestyle=styles[r.label]["linestyle"], linewidth=1.6)
+        if slo.get(f"{key}_ms"):
+            ax.axvline(slo[f"{key}_ms"], color=SLO_COLOR, linestyle=":", linewidth=1.5)
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel(f"{name} (ms, log scale)")
+        ax.set_ylabel("fraction of finished requests")
+        ax.set_title(f"{name} CDF")
+    handles = []
+    for r in runs:
+        rejected = r.summary.get("num_rejected") or 0
+        label = r.label + (f" ({rejected} rejected)" if rejected else "")
+        handles.append(Line2D([], [], color=styles[r.label]["color"],
+                              linestyle=styles[r.label]["linestyle"], label=label))
+    if any(slo.get(f"{k}_ms") for k, _ in LATENCIES):
+        handles.append(Line2D([], [], color=SLO_COLOR, linestyle=":", label="SLO limit"))
+    fig.suptitle(title or "Latency distributions")
+    _legend(fig, handles)
+    return fig
+
+
+BARS = (
+    ("request_throughput", "Request throughput", "req/s", 1.0),
+    ("request_goodput", "Goodput (meeting SLO)", "req/s", 1.0),
+    ("slo_attainment", "SLO attainment", "%", 100.0),
+    ("p99_ttft_ms", "p99 TTFT", "ms", 1.0),
+    ("p99_tpot_ms", "p99 TPOT", "ms", 1.0),
+    ("total_preemptions", "Preemptions", "count", 1.0),
+)
+
+
+@_styled
+def policy_bars(runs: Sequence[RunData], title: str = "") -> Figure:
+    """Headline metrics side by side, one bar per run in its policy's colour."""
+    fig, axes = _figure(12, 6.5, 2, 3)
+    styles = _run_styles(runs)
+    labels = [r.label for r in runs]
+    x = np.arange(len(runs))
+    for ax, (key, name, unit, scale) in zip(axes.flat, BARS):
+        values = [r.summary.get(key) for r in runs]
+        heights = [scale * v if v is not None else 0.0 for v in values]
+        bars = ax.bar(x, heights, color=[styles[lb]["color"] for lb in labels],
+                      hatch=None, edgecolor="white")
+        for bar, lb in zip(bars, labels):
+            bar.set_hatch(styles[lb]["hatch"])
+        for xi, h, v in zip(x, heights, values):
+            ax.annotate("n/a" if v is None else f"{h:.3g}", (xi, h), ha="center",
+                        va="bottom", xytext=(0, 2), textcoords="offset points", fontsize=8)
+        ax.set_title(name)
+        ax.set_ylabel(unit)
+        ax.set_xticks(x, labels, rotation=30 if len(runs) > 3 else 0,
+                      ha="right" if len(runs) > 3 else "center")
+        ax.set_ylim(0, max(heights + [0.0]) * 1.15 or 1.0)
+        ax.grid(axis="x", visible=False)
+    fig.suptitle(title or "Policy comparison")
+    return fig
+
+
+def _integral(start: np.ndarray, end: np.ndarray, values: np.ndarray, at: np.ndarray):
+    """∫ v(t) dt from -∞ to each of ``at``, where v = values[k] during step k and 0 between
+    steps (steps sorted and disjoint). Piecewise linear: exact at every breakpoint."""
+    cum = np.cumsum(values * (end - start))
+    t = np.column_stack([start, end]).ravel()
+    integral = np.column_stack([np.concatenate([[0.0], cum[:-1]]), cum]).ravel()
+    return np.interp(at, t, integral, left=0.0, right=cum[-1] if len(cum) else 0.0)
+
+
+def _binned(steps: pd.DataFrame, column: str | np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Per time bin, the time average of a step value (zero while idle), summed over replicas."""
+    total = np.zeros(len(edges) - 1)
+    values = steps[column].to_numpy(float) if isinstance(column, str) else column
+    start = steps["start_s"].to_numpy(float)
+    end = start + steps["duration_s"].to_numpy(float)
+    for idx in steps.groupby("replica").indices.values():
+        total += np.diff(_integral(start[idx], end[idx], values[idx], edges))
+    return total / np.diff(edges)
+
+
+@_styled
+def timeline(run: RunData, bins: int = 150, title: str = "") -> Figure:
+    """One run over time: requests running and waiting, tokens per step (prefill vs decode),
+    KV blocks in use, and cumulative preemptions."""
+    steps = run.steps.sort_values(["replica", "start_s"], kind="stable")
+    fig, axes = _figure(11, 8.5, 4, 1, sharex=True)
+    ax_req, ax_tok, ax_kv, ax_pre = (row[0] for row in axes)
+    color = series_styles([(run.label, run.policy)])[run.label]["color"]
+    replicas = steps["replica"].nunique()
+    if len(steps):
+        t_end = float((steps["start_s"] + steps["duration_s"]).max())
+        edges = np.linspace(0.0, t_end, min(bins, max(len(steps), 2)) + 1)
+        mid = (edges[:-1] + edges[1:]) / 2
+        ax_req.plot(mid, _binned(steps, "num_running", edges), color=color, label="running")
+        ax_req.plot(mid, _binned(steps, "num_waiting", edges), color="#555555",
+                    linestyle="--", label="waiting")
+        # tokens per second: a step's tokens spread over its duration, so prefill bursts and
+        # the steady decode stream are on one comparable scale
+        width = np.maximum(steps["duration_s"].to_numpy(float), 1e-12)
+        prefill = steps["num_prefill_tokens"].to_numpy(float)
+        decode = steps["num_batched_tokens"].to_numpy(float) - prefill
+        ax_tok.stackplot(mid, _binned(steps, decode / width, edges),
+                         _binned(steps, prefill / width, edges), colors=["#bbbbbb", color],
+                         labels=["decode tokens", "prefill tokens"], alpha=0.85)
+        ax_kv.plot(mid, _binned(steps, "kv_blocks_used", edges), color=color,
+                   label="KV blocks used")
+        capacity = steps.groupby("replica")["kv_blocks_total"].max().sum()
+        ax_kv.axhline(capacity, color=TARGET_COLOR, linestyle="-.", linewidth=1,
+                      label=f"capacity ({capacity:,} blocks)")
+        end = (steps["start_s"] + steps["duration_s"]).to_numpy(float)
+        order = np.argsort(end, kind="stable")
+        ax_pre.step(np.concatenate([[0.0], end[order]]),
+                    np.concatenate([[0], np.cumsum(steps["num_preempted"].to_numpy()[order])]),
+                    where="post", color=color, label="preemptions (cumulative)")
+    ax_req.set_ylabel("requests")
+    ax_tok.set_ylabel("batched tokens/s")
+    ax_kv.set_ylabel("KV blocks")
+    ax_pre.set_ylabel("preemptions")
+    ax_pre.set_xlabel("simulated time (s)")
+    for ax in (ax_req, ax_tok, ax_kv, ax_pre):
+        ax.legend(loc="upper right", frameon=False)
+        ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.0))
+    ax_pre.set_xlim(left=0)
+    where = f"sum over {replicas} replicas" if replicas > 1 else "one replica"
+    ax_req.set_title(title or f"{run.label} ({run.policy}): timeline, {where}, "
+                              f"{len(edges) - 1 if len(steps) else 0} time bins")
+    return fig
+
+
+# --- capacity --------------------------------------------------------------------------------
+
+@_styled
+def capacity_attainment(cap: CapacityData, title: str = "") -> Figure:
+    """SLO attainment of every probe against rate: the target, the answer and its bracket;
+    and, when a target rate was given, attainment against replica count."""
+    a, probes = cap.answer, cap.probes
+    by_rate = probes[probes["phase"] != "replicas"]
+    by_replicas = probes[probes["phase"] == "replicas"]
+    cols = 2 if len(by_replicas) else 1
+    fig, axes = _figure(7 * cols, 4.5, 1, cols)
+    color = series_styles([(cap.label, a.get("policy", "?"))])[cap.label]["color"]
+    target = 100 * a["target_attainment"]
+    ax = axes[0][0]
+    ax.scatter(by_rate["rate"], 100 * by_rate["slo_attainment"], color=color, alpha=0.6,
+               s=25, label="one probe (one seed)")
+    worst = by_rate.groupby("rate")["slo_attainment"].min()
+    ax.plot(worst.index, 100 * worst, color=color, linewidth=1.2,
+            label=f"{a.get('aggregate', 'min')} over seeds")
+    ax.axhline(target, color=TARGET_COLOR, linestyle="-.", linewidth=1,
+               label=f"target ({target:.0f}%)")
+    ax.axvspan(a["max_rate"], a["first_failing_rate"], color=color, alpha=0.15,
+               label="final bracket")
+    ax.axvline(a["max_rate"], color=color, linestyle=(0, (2, 2)))
+    ax.annotate(f"max rate {a['max_rate']:.3g} req/s\n({a['per_gpu_rate']:.3g} per GPU)",
+                (a["max_rate"], 0.05), xycoords=("data", "axes fraction"), xytext=(-6, 0),
+                textcoords="offset points", ha="right", fontsize=9, color=color)
+    ax.set_xlabel("request rate (req/s)")
+    ax.set_ylabel("SLO attainment (%)")
+    ax.set_ylim(0, 105)
+    ax.set_xlim(left=0)
+    ax.set_title(title or f"{cap.label}: SLO attainment vs rate")
+    ax.legend(loc="center left", frameon=False)
+    if cols == 2:
+        ax = axes[0][1]
+        ax.scatter(by_replicas["replicas"], 100 * by_replicas["slo_attainment"], color=color,
+                   alpha=0.6, s=25, label="one probe (one seed)")
+        ax.axhline(target, color=TARGET_COLOR, linestyle="-.", linewidth=1,
+                   label=f"target ({target:.0f}%)")
+        if a.get("replicas_needed"):
+            ax.axvline(a["replicas_needed"], color=color, linestyle=(0, (2, 2)),
+                       label=f"fewest replicas: {a['replicas_needed']}")
+        ax.set_xlabel("replicas")
+        ax.set_ylabel("SLO attainment (%)")
+        ax.set_ylim(0, 105)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set_title(f"at the target rate {a['target_rate']:g} req/s")
+        ax.legend(loc="lower right", frameon=False)
+    return fig

@@ -1,0 +1,190 @@
+"""FastServe: skip-join multi-level feedback queue with iteration-level preemption and KV swap.
+
+From the FastServe paper (Wu et al., "Fast Distributed Inference Serving for Large Language
+Models", arXiv 2305.05920, §4): jobs live in ``num_queues`` priority queues; queue ``i`` has a
+quantum of ``base_quantum · quantum_ratio^i`` iterations. A new job *skip-joins* the highest
+queue whose quantum covers its first (prefill) iteration — here by prompt length: queue ``i``
+takes prompts up to ``skip_join_tokens · quantum_ratio^i`` tokens. Every iteration the scheduler
+runs up to ``max_num_seqs`` jobs from the highest queues (FIFO within a queue), so a job can be
+preempted at any iteration boundary; a job that has used its queue's quantum drops one queue
+(to the tail), and a job left waiting ``starvation_steps`` iterations is promoted to the top.
+
+Preempted jobs keep their KV on the device while it fits; when a job about to run needs blocks,
+the lowest-priority jobs not running this iteration are swapped out to host memory (dropped, to
+be recomputed, when the host is full or ``engine.preemption_mode`` is ``recompute``, which
+leaves no swap space); a swapped job is swapped back in when it is next picked. Prompts are
+prefilled whole, in the same iteration as other jobs' decodes.
+
+Not modelled: the proactive prefetch of swapped jobs before they are picked (the swap-in is
+charged to the step that needs it), distributed pipeline execution, and FastServe's prefill
+time estimate (the prompt length stands in for it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import count
+
+from simserve.sched.core import Batch, Scheduler
+from simserve.sched.params import knob
+from simserve.sched.plan import StepPlan
+from simserve.sched.request import Request, Status
+
+
+@dataclass(frozen=True)
+class FastServeParams:
+    num_queues: int = knob(8, min=1)
+    base_quantum: int = knob(1, min=1)             # iterations in the top queue
+    quantum_ratio: float = knob(2.0, min=1.0)
+    skip_join_tokens: int = knob(512, min=1)       # prompt tokens the top queue's quantum covers
+    starvation_steps: int = knob(1000, min=0)      # 0: never promote
+
+
+class FastServe(Scheduler):
+    name = "fastserve"
+    chunked = False
+    params_type = FastServeParams
+    # quanta and starvation are counted in iterations: every step must be scheduled
+    monotone_admission = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.paused: list[Request] = []     # KV on the device, not running this iteration
+        self.level: dict[int, int] = {}
+        self.used: dict[int, int] = {}      # iterations run in the current queue
+        self.seq: dict[int, int] = {}       # FIFO position within a queue
+        self.last_run: dict[int, int] = {}
+        self.step = 0
+        self._enqueued = count()
+
+    # -- queue state -----------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        super().add(req)
+        self._enqueue(req, self._join_level(req.num_prompt_tokens))
+        self.last_run[req.id] = self.step
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.paused) or super().has_work
+
+    @property
+    def num_waiting(self) -> int:
+        return super().num_waiting + len(self.paused)
+
+    def quantum(self, level: int) -> float:
+        p = self.params
+        return p.base_quantum * p.quantum_ratio ** level
+
+    def _join_level(self, prompt: int) -> int:
+        """Skip-join: the highest queue whose quantum covers the prefill."""
+        p = self.params
+        if prompt <= p.skip_join_tokens:
+            return 0
+        level = math.ceil(math.log(prompt / p.skip_join_tokens, p.quantum_ratio)) \
+            if p.quantum_ratio > 1 else p.num_queues - 1
+        return min(level, p.num_queues - 1)
+
+    def _enqueue(self, req: Request, level: int) -> None:
+        self.level[req.id] = level
+        self.used[req.id] = 0
+        self.seq[req.id] = next(self._enqueued)
+
+    # -- one iteration ---------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        self.step += 1
+        self._promote_starved()
+        self.paused.extend(self.running)    # everyone is preemptible at an iteration boundary
+        self.running = []
+        batch = self.new_batch()
+        evicted: set[int] = set()
+        for req in sorted((*self.paused, *self.swapped, *self.waiting), key=self._rank):
+            if batch.full:
+                break
+            if req.id not in evicted:
+                self._try_run(batch, req, evicted)
+        self._account(batch)
+        return batch.freeze()
+
+    def _rank(self, req: Request) -> tuple[int, int]:
+        return self.level[req.id], self.seq[req.id]
+
+    def _try_run(self, batch: Batch, req: Request, evicted: set[int]) -> None:
+        """Run ``req`` this iteration if its tokens fit the budget and its KV fits the device,
+        evicting paused jobs of lower priority (lowest first) to make room."""
+        n = req.num_remaining
+        if n > batch.token_budget:
+            return
+        if req.status is Status.SWAPPED:
+            need = self.blocks.blocks_for(req.num_computed_tokens + n)
+        else:
+            need = self.blocks.num_new_blocks(req.id, req.num_computed_tokens + n)
+        if need > self.blocks.num_free and not self._make_room(batch, req, need, evicted):
+            return
+        if req.status is Status.SWAPPED:
+            batch.swap_in_blocks += self.blocks.swap_in(req.id)
+            self.swapped.remove(req)
+        elif req.status is Status.WAITING:
+            self.waiting.remove(req)
+        else:
+            self.paused.remove(req)
+        self.blocks.allocate(req.id, req.num_computed_tokens + n)
+        req.status = Status.RUNNING
+        self.running.append(req)
+        batch.add(req, n)
+
+    def _make_room(self, batch: Batch, req: Request, need: int, evicted: set[int]) -> bool:
+        """Evict paused jobs ranked below ``req``, lowest first, until ``need`` blocks are
+        free; False (and nothing evicted) if even all of them would not make room."""
+        rank = self._rank(req)
+        victims = sorted((r for r in self.paused if self._rank(r) > rank), key=self._rank,
+                         reverse=True)
+        if need > self.blocks.num_free + sum(self.blocks.held(r.id) for r in victims):
+            return False
+        for victim in victims:
+            if need <= self.blocks.num_free:
+                break
+            self._evict(batch, victim)
+            evicted.add(victim.id)
+        return True
+
+    def _evict(self, batch: Batch, req: Request) -> None:
+        self.paused.remove(req)
+        req.num_preemptions += 1
+        batch.num_preempted += 1
+        moved = self.blocks.swap_out(req.id)
+        if moved is not None:
+            req.status = Status.SWAPPED
+            self.swapped.append(req)
+            batch.swap_out_blocks += moved
+            return
+        self.blocks.free(req.id)            # no host room: recompute later
+        req.num_computed_tokens = 0
+        req.status = Status.WAITING
+        self.waiting.append(req)
+
+    def _account(self, batch: Batch) -> None:
+        """Charge the quantum of every job that ran; demote those that used it up."""
+        last = self.params.num_queues - 1
+        for req, _ in batch.entries:
+            self.last_run[req.id] = self.step
+            self.used[req.id] += 1
+            level = self.level[req.id]
+            if self.used[req.id] >= self.quantum(level) and level < last:
+                self._enqueue(req, level + 1)
+
+    def _promote_starved(self) -> None:
+        limit = self.params.starvation_steps
+        if not limit:
+            return
+        for req in (*self.paused, *self.swapped, *self.waiting):
+            if self.step - self.last_run[req.id] >= limit and self.level[req.id] > 0:
+                self._enqueue(req, 0)
+                self.last_run[req.id] = self.step
+
+    def complete(self, plan: StepPlan, t_end: float) -> list[Request]:
+        finished = super().complete(plan, t_end)
+        for req in finished:
+            for table in (self.level, self.used, self.seq, self.last_run):
+                del table[req.id]
+        return finished
