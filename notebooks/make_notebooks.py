@@ -186,7 +186,7 @@ pd.DataFrame(rows)"""),
 ]
 
 
-def write(cells: list, name: str) -> Path:
+def write(cells: list, name: str, folder: Path = HERE) -> Path:
     for i, cell in enumerate(cells):
         cell.id = f"{Path(name).stem}-{i:02d}"     # stable ids: regenerating gives no diff
     nb = new_notebook(cells=cells, metadata={
@@ -194,12 +194,13 @@ def write(cells: list, name: str) -> Path:
         "language_info": {"name": "python"},
     })
     nbformat.validate(nb)
-    path = HERE / name
+    path = folder / name
     nbformat.write(nb, path)
     return path
 
 
+NOTEBOOKS = {"compare_policies.ipynb": COMPARE, "capacity_planning.ipynb": CAPACITY}
+
 if __name__ == "__main__":
-    for cells, name in ((COMPARE, "compare_policies.ipynb"),
-                        (CAPACITY, "capacity_planning.ipynb")):
+    for name, cells in NOTEBOOKS.items():
         print(write(cells, name))

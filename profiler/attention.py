@@ -6,9 +6,9 @@ from the cache through the block tables. ``backend.prepare(meta, num_cache_block
 per-step index structures once; it is outside every timing, as an engine builds its attention
 metadata once per step and shares it across layers.
 
-* ``reference``: gathers each sequence's blocks into contiguous K/V and calls SDPA. Prefill chunks
-  one by one with a bottom-right causal mask (query ``i`` at position ``ctx + i``); decodes as one
-  padded batch with a key-padding mask.
+* ``reference``: gathers each sequence's blocks into contiguous K/V and calls SDPA, sequence by
+  sequence, with a bottom-right causal mask for a chunk after context (query ``i`` at position
+  ``ctx + i``); on CUDA the decodes go as one padded batch with a key-padding mask instead.
 * ``flex``: FlexAttention reading the cache in place. The whole cache is one long K/V sequence
   (``num_blocks * block_size``); a BlockMask lists, per sequence, exactly its physical pages
   (pages fully visible to a query tile as "full" blocks, the diagonal ones as partial blocks
@@ -45,54 +45,70 @@ def _next_pow2(n: int) -> int:
 
 
 class ReferenceAttention:
-    """Gather whole blocks through the block table, then torch SDPA (no fused paged kernel)."""
+    """Gather whole blocks through the block table, then torch SDPA (no fused paged kernel).
+
+    Prefill chunks run one by one. Decodes run one by one on CPU too: SDPA without a mask takes
+    CPU's flash kernel, about twice as fast as one padded batch with a key-padding mask (which
+    falls to the unfused path). On CUDA decodes run as that one padded batch: a loop of tiny
+    kernels would time the launches, not the attention.
+    """
 
     name = "reference"
     compiled = False
     fallback: str | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, batch_decodes: bool | None = None) -> None:
         self.compile_seconds: dict[str, float] = {}
+        self.batch_decodes = batch_decodes          # None: batch on CUDA, one by one on CPU
 
     def prepare(self, meta: StepMeta, num_cache_blocks: int) -> None:
         dev = meta.block_tables.device
-        prefills = []
-        for s in range(meta.num_prefills):
-            n, ctx = meta.seq_lens[s], meta.ctx_lens[s]
+        p = meta.num_prefills
+        batch_decodes = dev.type == "cuda" if self.batch_decodes is None else self.batch_decodes
+        one_by_one = range(p if batch_decodes else meta.num_seqs)
+        seqs = []
+        for s in one_by_one:
+            n, ctx, q_len = meta.seq_lens[s], meta.ctx_lens[s], meta.query_lens[s]
             blocks = meta.block_tables[s, :meta.num_blocks_per_seq[s]].long()
-            # bottom-right causal: query i (position ctx + i) sees keys 0 .. ctx + i
-            mask = None if ctx == 0 else (torch.arange(n, device=dev)[None, :]
-                                          <= torch.arange(ctx, n, device=dev)[:, None])
-            prefills.append((meta.query_start[s], meta.query_start[s + 1], blocks, n, mask))
-        decode = None
-        if meta.num_seqs > meta.num_prefills:
-            p = meta.num_prefills
+            # bottom-right causal: query i (position ctx + i) sees keys 0 .. ctx + i.
+            # ctx == 0 is SDPA's own (top-left) causal; one query sees every key: no mask.
+            if ctx == 0:
+                mask, causal = None, q_len > 1
+            elif q_len == 1:
+                mask, causal = None, False
+            else:
+                mask = (torch.arange(n, device=dev)[None, :]
+                        <= torch.arange(ctx, n, device=dev)[:, None])
+                causal = False
+            seqs.append((meta.query_start[s], meta.query_start[s + 1], blocks, n, mask, causal))
+        batch = None
+        if len(one_by_one) < meta.num_seqs:
             width = max(meta.num_blocks_per_seq[p:])
             # padded rows of the block table point at block 0; the key mask hides them
             blocks = meta.block_tables[p:, :width].long()
             lens = meta.seq_lens_t[p:]
             valid = torch.arange(width * meta.block_size, device=dev)[None, :] < lens[:, None]
-            decode = (meta.query_start[p], blocks, valid[:, None, None, :])
-        meta.backend_state["reference"] = (prefills, decode)
+            batch = (meta.query_start[p], blocks, valid[:, None, None, :])
+        meta.backend_state["reference"] = (seqs, batch)
 
     def __call__(self, q: torch.Tensor, cache: PagedKVCache, meta: StepMeta) -> torch.Tensor:
-        prefills, decode = meta.backend_state["reference"]
+        seqs, batch = meta.backend_state["reference"]
         hkv, d = cache.k.shape[2], cache.k.shape[3]
         gqa = q.shape[1] != hkv
         out = torch.empty_like(q)
-        for start, end, blocks, n, mask in prefills:
+        for start, end, blocks, n, mask, causal in seqs:
             qs = q[start:end].transpose(0, 1).unsqueeze(0)              # [1, H, L, D]
             k = cache.k[blocks].view(-1, hkv, d)[:n].transpose(0, 1).unsqueeze(0)
             v = cache.v[blocks].view(-1, hkv, d)[:n].transpose(0, 1).unsqueeze(0)
-            o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, is_causal=mask is None,
+            o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, is_causal=causal,
                                                enable_gqa=gqa)
             out[start:end] = o[0].transpose(0, 1)
-        if decode is not None:
-            start, blocks, valid = decode
-            batch = blocks.shape[0]
+        if batch is not None:
+            start, blocks, valid = batch
+            rows = blocks.shape[0]
             qd = q[start:].unsqueeze(2)                                 # [B, H, 1, D]
-            k = cache.k[blocks].view(batch, -1, hkv, d).transpose(1, 2)  # [B, Hkv, n, D]
-            v = cache.v[blocks].view(batch, -1, hkv, d).transpose(1, 2)
+            k = cache.k[blocks].view(rows, -1, hkv, d).transpose(1, 2)  # [B, Hkv, n, D]
+            v = cache.v[blocks].view(rows, -1, hkv, d).transpose(1, 2)
             o = F.scaled_dot_product_attention(qd, k, v, attn_mask=valid, enable_gqa=gqa)
             out[start:] = o.squeeze(2)
         return out
@@ -106,7 +122,8 @@ class _FlexFamily:
     """State shared by every step of one shape family: the compiled-kernel key and the tensors
     ``mask_mod`` reads. The ``mask_mod`` closure is created once per family and its tensors are
     refilled in place each step, so torch.compile sees the same function and shapes and does
-    not recompile."""
+    not recompile. Hence: run a step right after preparing it; preparing another step of the same
+    family overwrites what the first one's ``mask_mod`` reads."""
 
     def __init__(self, batch: int, q_len: int, num_pages: int, block_size: int, device: Any):
         self.batch, self.q_len, self.num_pages = batch, q_len, num_pages

@@ -10,7 +10,6 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
 
 from simserve.errors import SimserveError
 

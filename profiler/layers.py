@@ -76,16 +76,17 @@ class PagedKVCache:
         self.block_size = block_size
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
+        # random numbers come from a CPU generator (seeded, device-independent), then move
         if fill == "random":
-            # a test wants every slot distinct; fine while the cache is small
-            self.k.normal_(generator=generator)
-            self.v.normal_(generator=generator)
+            # checks want every slot distinct; fine while the cache is small
+            self.k.copy_(torch.randn(shape, generator=generator).to(dtype))
+            self.v.copy_(torch.randn(shape, generator=generator).to(dtype))
         else:
-            # timing only needs finite, non-constant values: tile one random block (memset speed;
-            # randn over gigabytes would cost seconds per grid point)
-            one = torch.randn((1, *shape[1:]), dtype=torch.float32, generator=generator)
-            self.k.copy_(one.to(dtype).expand(shape))
-            self.v.copy_((-one).to(dtype).expand(shape))
+            # timing only needs finite, non-constant values: tile one random block on the device
+            # (memset speed; randn over gigabytes would cost seconds per grid point)
+            one = torch.randn((1, *shape[1:]), generator=generator).to(dtype).to(device)
+            self.k.copy_(one.expand(shape))
+            self.v.copy_((-one).expand(shape))
 
     @property
     def num_blocks(self) -> int:
@@ -149,6 +150,8 @@ def build_step(prefill: list[tuple[int, int]], decode_ctx: list[int], block_size
     Blocks are handed out from a shuffled order of the cache's blocks (or ``block_order``), so
     block tables are non-contiguous as in a long-running server.
     """
+    if not prefill and not decode_ctx:
+        raise ValueError("a step needs at least one sequence")
     query_lens = [q for q, _ in prefill] + [1] * len(decode_ctx)
     ctx_lens = [c for _, c in prefill] + list(decode_ctx)
     for q in query_lens:
@@ -174,8 +177,7 @@ def build_step(prefill: list[tuple[int, int]], decode_ctx: list[int], block_size
     return StepMeta(
         block_size=block_size, num_prefills=len(prefill), query_lens=query_lens,
         ctx_lens=ctx_lens, query_start=starts,
-        positions=torch.cat(positions).to(device) if positions else torch.zeros(0, dtype=torch.long, device=device),
-        slot_mapping=torch.cat(slots).to(device) if slots else torch.zeros(0, dtype=torch.long, device=device),
+        positions=torch.cat(positions).to(device), slot_mapping=torch.cat(slots).to(device),
         block_tables=tables.to(device), num_blocks_per_seq=nblocks,
         seq_lens_t=torch.tensor([c + q for q, c in zip(query_lens, ctx_lens)], device=device),
         backend_state={})
@@ -210,12 +212,6 @@ class Rotary:
         self.cos = freqs.cos().to(dtype).to(device)
         self.sin = freqs.sin().to(dtype).to(device)
 
-    def ensure(self, max_position: int) -> None:
-        if max_position >= self.cos.shape[0]:
-            grown = Rotary(self.cos.shape[1] * 2, 2 * max_position + 1, self.cos.dtype,
-                           self.cos.device)
-            self.cos, self.sin = grown.cos, grown.sin
-
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate ``x`` of shape ``[T, heads, head_dim]``."""
         cos = self.cos[positions].unsqueeze(1)
@@ -224,11 +220,17 @@ class Rotary:
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
-def _weight(rows: int, cols: int, dtype: torch.dtype, device: Any,
-            gen: torch.Generator) -> torch.Tensor:
-    # std 1/sqrt(cols) keeps activations O(1) through many random layers
-    w = torch.randn((rows, cols), generator=gen, dtype=torch.float32) / cols ** 0.5
-    return w.to(dtype).to(device)
+def _weight(rows: int, cols: int, dtype: torch.dtype, device: Any, gen: torch.Generator,
+            std: float | None = None) -> torch.Tensor:
+    # std 1/sqrt(cols) keeps activations O(1) through many random layers; drawn on the device
+    # (a CPU draw of an 8B model's weights would take minutes)
+    w = torch.randn((rows, cols), generator=gen, device=gen.device, dtype=dtype)
+    return w.mul_(cols ** -0.5 if std is None else std).to(device)
+
+
+def _near_one(n: int, dtype: torch.dtype, device: Any, gen: torch.Generator) -> torch.Tensor:
+    """Norm weights: 1 + small noise (non-trivial, but no layer scales activations away)."""
+    return (1 + 0.1 * torch.randn(n, generator=gen, device=gen.device)).to(dtype).to(device)
 
 
 AttentionFn = Callable[[torch.Tensor, "PagedKVCache", StepMeta], torch.Tensor]
@@ -245,11 +247,11 @@ class DecoderLayer:
         h, s = shapes.hidden_size, shapes
         self.s = s
         self.rotary = rotary
-        self.input_norm = (1 + 0.1 * torch.randn(h, generator=gen)).to(dtype).to(device)
-        self.post_norm = (1 + 0.1 * torch.randn(h, generator=gen)).to(dtype).to(device)
+        self.input_norm = _near_one(h, dtype, device, gen)
+        self.post_norm = _near_one(h, dtype, device, gen)
         self.w_qkv = _weight(s.q_dim + 2 * s.kv_dim, h, dtype, device, gen)
-        self.b_qkv = (0.1 * torch.randn(s.q_dim + 2 * s.kv_dim, generator=gen)).to(dtype).to(
-            device) if s.qkv_bias else None
+        self.b_qkv = (_near_one(s.q_dim + 2 * s.kv_dim, dtype, device, gen) - 1
+                      if s.qkv_bias else None)
         self.w_o = _weight(h, s.q_dim, dtype, device, gen)
         self.w_gate_up = _weight(2 * s.intermediate_size, h, dtype, device, gen)
         self.w_down = _weight(h, s.intermediate_size, dtype, device, gen)
@@ -297,7 +299,7 @@ class Model:
     def __init__(self, shapes: Shapes, dtype: torch.dtype, device: Any, seed: int = 0,
                  num_layers: int | None = None, distinct_layers: bool = True,
                  max_positions: int = 4096):
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator(device=device).manual_seed(seed)
         self.shapes = shapes
         self.dtype = dtype
         self.device = device
@@ -306,10 +308,9 @@ class Model:
         first = DecoderLayer(shapes, dtype, device, gen, self.rotary)
         self.layers = [first] + [DecoderLayer(shapes, dtype, device, gen, self.rotary)
                                  if distinct_layers else first for _ in range(n - 1)]
-        self.embed = (torch.randn((shapes.vocab_size, shapes.hidden_size), generator=gen)
-                      .to(dtype).to(device))
-        self.final_norm = (1 + 0.1 * torch.randn(shapes.hidden_size, generator=gen)
-                           ).to(dtype).to(device)
+        self.embed = _weight(shapes.vocab_size, shapes.hidden_size, dtype, device, gen,
+                             std=1.0)
+        self.final_norm = _near_one(shapes.hidden_size, dtype, device, gen)
         self.lm_head = self.embed if shapes.tie_word_embeddings else _weight(
             shapes.vocab_size, shapes.hidden_size, dtype, device, gen)
 

@@ -10,7 +10,6 @@ the whole run.
 from __future__ import annotations
 
 import math
-import os
 import random
 import sys
 import time
@@ -21,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from profiler import attention as attn
-from profiler.layers import (DTYPES, DecoderLayer, Model, PagedKVCache, Shapes, blocks_needed, build_step,
-                             make_top_p, param_bytes, rms_norm, sample_greedy)
+from profiler.layers import (DTYPES, DecoderLayer, Model, PagedKVCache, Shapes, blocks_needed,
+                             build_step, make_top_p, rms_norm, sample_greedy)
 from profiler.schema import KIND, SCHEMA_VERSION
 
 MIN_REPEATS = 3
@@ -120,8 +119,8 @@ GRIDS = {
                  prefill_ctx=(0, 128, 512, 1024, 2048, 4096, 8192),
                  decode_batch=(1, 2, 4, 8, 16, 32, 64, 128, 256),
                  decode_ctx=(16, 64, 256, 512, 1024, 2048, 4096),
-                 lm_seqs=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), heldout=16,
-                 heldout_max_decodes=192, heldout_max_ctx=4000, warmup=3, repeats=15,
+                 lm_seqs=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), heldout=12,
+                 heldout_max_decodes=128, heldout_max_ctx=4000, warmup=3, repeats=15,
                  point_budget_s=2.0),
 }
 
@@ -548,12 +547,13 @@ def _measure_heldout(c: _Ctx) -> list[dict[str, Any]]:
     out = []
     steps = random_steps(c.grid.heldout, c.opts.max_num_batched_tokens,
                          c.grid.heldout_max_decodes, c.grid.heldout_max_ctx, c.opts.seed + 1)
+    # one cache per layer, big enough for every step: one shape family per step kind for Flex
+    nb = 8 + max(sum(blocks_needed(n, bs) for n in
+                     [q + x for q, x in prefill] + [x + 1 for x in decode_ctx])
+                 for prefill, decode_ctx, _ in steps)
+    caches = [c.cache(nb) for _ in c.model.layers]
     for prefill, decode_ctx, num_sampled in steps:
-        lens = [q + x for q, x in prefill] + [x + 1 for x in decode_ctx]
-        nb = sum(blocks_needed(n, bs) for n in lens) + 8
-        caches = [c.cache(nb) for _ in c.model.layers]
-        order = torch.randperm(nb, generator=c.gen)
-        meta = build_step(prefill, decode_ctx, bs, nb, c.device, block_order=order)
+        meta = build_step(prefill, decode_ctx, bs, nb, c.device, generator=c.gen)
         c.backend.prepare(meta, nb)
         ids = torch.randint(0, c.shapes.vocab_size, (meta.num_tokens,), generator=c.gen).to(
             c.device)
@@ -567,5 +567,4 @@ def _measure_heldout(c: _Ctx) -> list[dict[str, Any]]:
                     "num_sampled": num_sampled, "seconds": stat.median, "p10": stat.p10,
                     "p90": stat.p90})
         c.progress.step("heldout", f"{len(prefill)} chunks + {len(decode_ctx)} decodes")
-        del caches
     return out

@@ -1,4 +1,4 @@
-"""The profile file: the versioned boundary between ``profiler`` (torch) and ``simserve`` (no torch).
+"""The profile file: the versioned boundary between ``profiler`` (torch) and ``simserve``.
 
 This module imports neither torch nor numpy, so the simulator can read a profile measured on an
 H100 from a laptop. A profile is one JSON object; :data:`SCHEMA_VERSION` is bumped whenever a
@@ -15,7 +15,8 @@ Layout (all times in seconds; every timing is the median over warmed-up repeats,
                     date (UTC ISO 8601), command (exact argv, no host name), grid ("quick"|"full")
     model           the shapes the kernels were built with (compare before use: model_mismatch)
     settings        block_size, max_num_batched_tokens, warmup, repeats, timer, sampler
-    attention       backend, compiled, compile_seconds {family: s}, fallback|null, self_check_rel_err
+    attention       backend, compiled, compile_seconds {family: s}, fallback|null,
+                    self_check_rel_err, note
     linear          per decoder layer, everything but attention, vs tokens in the step:
                     {tokens: [T], seconds: [T], p10: [T], p90: [T], ops: {op: [T]}}
     embedding       embedding lookup + final RMSNorm over all tokens: {tokens, seconds, p10, p90}
@@ -28,7 +29,8 @@ Layout (all times in seconds; every timing is the median over warmed-up repeats,
                     activation_peak_method ("measured"|"estimated"), total_bytes|null,
                     free_bytes|null, gpu_memory_utilization, num_gpu_blocks|null, note
     heldout         whole steps (all layers + LM head) of random mixed batches, never on the grid:
-                    [{prefill: [[len, ctx], ...], decode_ctx: [...], num_sampled, seconds, p10, p90}]
+                    [{prefill: [[len, ctx], ...], decode_ctx: [...], num_sampled,
+                      seconds, p10, p90}]
 
 A composed step time is ``embedding(T) + L * (linear(T) + sum attn_prefill(chunk, ctx)
 + attn_decode(batch, ctx)) + lm_head(num_sampled)``; ``heldout`` measures the same thing end to end

@@ -40,6 +40,7 @@ PROBE_METRICS = (
     "request_goodput", "output_throughput", "duration_s",
     "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p90_tpot_ms",
     "p99_tpot_ms", "median_e2el_ms", "p90_e2el_ms", "p99_e2el_ms", "total_preemptions",
+    "latency_model",
 )
 MAX_STEPS = 30          # doublings/halvings before the bracket search gives up
 
@@ -74,8 +75,8 @@ class CapacityResult:
         return self.max_rate / self.gpus
 
     def rate_table(self) -> pd.DataFrame:
-        """Rate → attainment over the seeds run there (the rate search, not replica probes)."""
-        p = self.probes[self.probes["phase"] != "replicas"]
+        """Rate → attainment over the seeds run there, at the scenario's replica count."""
+        p = self.probes[self.probes["replicas"] == self.replicas]
         g = p.groupby("rate")["slo_attainment"]
         table = pd.DataFrame({"seeds": g.size(), "min": g.min(), "mean": g.mean(),
                               "max": g.max()})
@@ -221,7 +222,11 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     notes: list[str] = []
     s, start = _prepare(s, notes)
-    prober = _Prober(s, [s.seed + k for k in range(seeds)], log or (lambda line: None))
+    seed_list = [s.seed + k for k in range(seeds)]
+    if s.workload.trace is not None and seeds > 1:
+        notes.append("a trace replays the same requests whatever the seed: one seed used")
+        seed_list = seed_list[:1]
+    prober = _Prober(s, seed_list, log or (lambda line: None))
     replicas = s.cluster.replicas
 
     lo, hi = _bracket(prober, start, replicas, s.workload)

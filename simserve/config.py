@@ -20,12 +20,16 @@ from simserve.cards import HardwareSpec, ModelCard, load_hardware, load_model
 from simserve.errors import ConfigError, DataError
 from simserve.fields import Fields
 from simserve.metrics.slo import SloConfig
-from simserve.sched import POLICIES
+from simserve.sched import POLICIES, PREFIX_CACHING_POLICIES
+from simserve.sched.params import params_to_dict, read_params
 from simserve.workload.config import WorkloadConfig
 
 PREEMPTION_MODES = ("recompute", "swap")
 LATENCY_MODELS = ("roofline", "profile", "constant", "linear")
 ROUTERS = ("round_robin", "least_outstanding")
+_LATENCY_FIELDS = {"roofline": ("step_overhead_ms", "flops_efficiency", "bandwidth_efficiency"),
+                   "profile": ("path", "step_overhead_ms"), "constant": ("step_ms",),
+                   "linear": ("base_ms", "per_token_ms", "per_seq_ms")}
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class EngineConfig:
     swap_space_gb: float = 4.0
     max_model_len: int | None = None            # None: the model card's max_position_embeddings
     tensor_parallel_size: int = 1
+    enable_prefix_caching: bool = False         # vLLM's flag (its default is on; here off)
 
     @classmethod
     def from_fields(cls, f: Fields) -> EngineConfig:
@@ -58,6 +63,7 @@ class EngineConfig:
             swap_space_gb=f.float("swap_space_gb", 4.0, min=0.0),
             max_model_len=f.int("max_model_len", None, min=1),
             tensor_parallel_size=f.int("tensor_parallel_size", 1, min=1),
+            enable_prefix_caching=f.bool("enable_prefix_caching", False),
         )
         f.done()
         return cfg
@@ -126,6 +132,7 @@ class Scenario:
     seed: int = 0
     output_dir: str | None = None
     base_dir: Path = field(default=Path("."), compare=False)
+    policy_params: Any = None                   # the policy's knobs (sched.params), if any
 
     # -- resolved engine values (what vLLM would compute at start-up) ------------------------
     @property
@@ -155,14 +162,16 @@ class Scenario:
         engine.update(max_model_len=self.max_model_len,
                       max_num_batched_tokens=self.max_num_batched_tokens,
                       enable_chunked_prefill=self.chunked_prefill)
-        latency = {k: v for k, v in dataclasses.asdict(self.latency).items() if v is not None}
+        # only the fields of the chosen model (the others would not parse back)
+        latency = {k: v for k, v in dataclasses.asdict(self.latency).items()
+                   if v is not None and k in ("model", *_LATENCY_FIELDS[self.latency.model])}
         out: dict[str, Any] = {
             "name": self.name,
             "seed": self.seed,
             "model": self.model.to_dict(),
             "hardware": self.hardware.to_dict(),
             "engine": engine,
-            "scheduler": {"policy": self.policy},
+            "scheduler": {"policy": self.policy, **params_to_dict(self.policy_params)},
             "latency": latency,
             "cluster": dataclasses.asdict(self.cluster),
             "workload": self.workload.to_dict(),
@@ -183,6 +192,8 @@ def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario")
     engine = EngineConfig.from_fields(f.section("engine"))
     sched = f.section("scheduler")
     policy = sched.str("policy", "vllm_v1", choices=tuple(POLICIES))
+    params_type = POLICIES[policy].params_type
+    policy_params = read_params(params_type, sched) if params_type is not None else None
     sched.done()
     workload = WorkloadConfig.from_fields(Fields(f.any("workload"), "workload"))
     slo = SloConfig.from_fields(f.section("slo"))
@@ -191,13 +202,22 @@ def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario")
     output_dir = f.str("output_dir", None)
     f.done()
     scenario = Scenario(scenario_name, model, hardware, engine, policy, workload, slo, latency,
-                        cluster, seed, output_dir, base_dir)
+                        cluster, seed, output_dir, base_dir, policy_params)
     _check_consistency(scenario)
     return scenario
 
 
 def _check_consistency(s: Scenario) -> None:
     cls = POLICIES[s.policy]
+    if s.engine.enable_prefix_caching:
+        if s.policy not in PREFIX_CACHING_POLICIES:
+            raise ConfigError("engine.enable_prefix_caching",
+                              f"policy {s.policy!r} does not model prefix caching; use one of: "
+                              f"{', '.join(PREFIX_CACHING_POLICIES)}")
+        if s.engine.preemption_mode == "swap":
+            raise ConfigError("engine.enable_prefix_caching",
+                              "prefix caching preempts by recompute only (as vLLM v1); "
+                              "remove engine.preemption_mode: swap")
     if cls.chunked is not None and s.engine.enable_chunked_prefill not in (None, cls.chunked):
         verb = "always chunks" if cls.chunked else "never chunks"
         raise ConfigError("engine.enable_chunked_prefill",

@@ -96,12 +96,12 @@ class Recorder:
                     len(plan.decode_ctx), plan.num_preempted, plan.swap_out_blocks,
                     plan.swap_in_blocks)
 
-    def stretch(self, replica: Replica, starts, durations, plan: StepPlan,
-                kv_used: list[int]) -> None:
+    def stretch(self, replica: Replica, starts: list[float], durations: list[float],
+                plan: StepPlan, kv_used: list[int]) -> None:
         """k decode steps that differ only in their times and KV blocks used."""
         s = self.steps
-        s["start_s"].frombytes(np.ascontiguousarray(starts, dtype=np.float64).tobytes())
-        s["duration_s"].frombytes(np.ascontiguousarray(durations, dtype=np.float64).tobytes())
+        s["start_s"].extend(starts)
+        s["duration_s"].extend(durations)
         s["kv_blocks_used"].extend(kv_used)
         self._group(len(kv_used), replica, 0, 0, len(plan.decode_ctx), 0, 0, 0)
 
@@ -169,21 +169,20 @@ class _Arrivals:
 
 
 def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: Router,
-             until: float | None = None, fast_forward: bool = True) -> Recorder:
-    """Run the workload to completion (or to ``until`` seconds); return what was recorded."""
+             fast_forward: bool = True) -> Recorder:
+    """Run the workload to completion; return what was recorded."""
     env = _Environment()
     rec = Recorder()
     arrivals = _Arrivals(specs)
     arrivals.done = env.event()
     procs = [env.process(_replica_loop(env, r, rec, arrivals, fast_forward)) for r in replicas]
     env.process(_arrival_process(env, arrivals, replicas, router, rec))
-    env.run(until=until if until is not None else simpy.AllOf(env, procs))
-    if until is None:   # anything left can never be scheduled: count it, never drop it
-        for replica in replicas:
-            sched = replica.scheduler
-            for req in [*sched.waiting, *sched.swapped, *sched.running]:
-                req.status = Status.REJECTED
-                req.reject_reason = "unschedulable"
+    env.run(until=simpy.AllOf(env, procs))
+    for replica in replicas:   # anything left can never be scheduled: count it, never drop it
+        sched = replica.scheduler
+        for req in [*sched.waiting, *sched.swapped, *sched.running]:
+            req.status = Status.REJECTED
+            req.reject_reason = "unschedulable"
     return rec
 
 
@@ -236,10 +235,18 @@ def _wake(replica: Replica) -> None:
 
 
 def _replica_loop(env, replica: Replica, rec: Recorder, arrivals: _Arrivals, fast_forward: bool):
+    """Step the replica. Arrivals are the only outside events, so a step (or stretch) that ends
+    strictly before the next arrival is applied at once, without a SimPy event: the replica
+    runs ahead of the SimPy clock, but never past the next arrival, so whatever the router
+    looks at when a request arrives is exactly the state at that time. (Stepwise mode holds the
+    clock every step, which is what the fast-forward equivalence tests compare against.)"""
     sched, latency = replica.scheduler, replica.latency
+    now = env.now
     while True:
         plan = sched.schedule() if sched.has_work else None
         if plan is None or plan.is_empty:
+            if env.now < now:
+                yield env.at(now)      # catch the SimPy clock up before sleeping
             if arrivals.done.triggered:
                 # no arrival can change this replica's state any more: done (leftovers, which
                 # only a scheduler deadlock could leave, are counted as unschedulable)
@@ -247,42 +254,57 @@ def _replica_loop(env, replica: Replica, rec: Recorder, arrivals: _Arrivals, fas
             replica.wakeup = env.event()
             yield replica.wakeup
             replica.wakeup = None
+            now = env.now
             continue
-        start = env.now
+        start = now
         _mark_first_scheduled(sched, plan, start)
+        next_arrival = arrivals.next_time
         k = sched.decode_stretch_limit(plan, MAX_STRETCH) if fast_forward else 1
         if k > 1:
-            durations = stretch_times(latency, plan, k)
             # step i starts at s_i = (...((s_0 + d_0) + d_1) ...), added in order exactly as
-            # stepping would (np.add.accumulate is sequential); keep the steps that start
-            # before the next arrival (step 0 always runs)
-            times = np.add.accumulate(np.concatenate(([start], durations)))
-            k = max(1, int(np.searchsorted(times[:k], arrivals.next_time, side="left")))
+            # stepping would; keep the steps that start before the next arrival (step 0
+            # always runs)
+            step_time = stretch_step_time(latency, plan)
+            starts, durations, t = [], [], start
+            for i in range(k):
+                if i and t >= next_arrival:
+                    break
+                d = step_time(i)
+                starts.append(t)
+                durations.append(d)
+                t = t + d
+            k = len(starts)
         if k > 1:
-            starts, durations, ends = times[:k], durations[:k], times[1:k + 1]
+            ends = starts[1:]
+            ends.append(t)
             rec.stretch(replica, starts, durations, plan, sched.stretch_blocks_used(k))
-            yield env.at(float(ends[-1]))
+            now = t
+            if not fast_forward or now >= next_arrival:
+                yield env.at(now)
             finished = sched.complete_decode_stretch(ends)
         else:
             duration = latency.step_time(plan)
             rec.step(replica, start, duration, plan)
-            yield env.timeout(duration)
-            finished = sched.complete(plan, env.now)
+            now = start + duration
+            if not fast_forward or now >= next_arrival:
+                yield env.at(now)
+            finished = sched.complete(plan, now)
         replica.num_outstanding -= len(finished)
 
 
-def stretch_times(latency: LatencyModel, plan: StepPlan, k: int) -> np.ndarray:
-    """Durations of the k steps of a decode stretch starting with ``plan`` (step i: every
-    context grown by i). Uses the model's vectorised ``decode_stretch_times`` when it has one;
-    it must give bit-identical values to ``step_time`` step by step."""
-    fast = getattr(latency, "decode_stretch_times", None)
+def stretch_step_time(latency: LatencyModel, plan: StepPlan):
+    """``i -> seconds`` of step i of a decode stretch starting with ``plan`` (step i: every
+    context grown by i). Uses the model's own ``decode_stretch`` when it has one (it must give
+    values bit-identical to ``step_time`` step by step); otherwise prices each step's plan."""
+    fast = getattr(latency, "decode_stretch", None)
     if fast is not None:
-        return fast(plan, k)
-    out = np.empty(k)
-    for i in range(k):
-        step = dataclasses.replace(plan, decode_ctx=tuple(c + i for c in plan.decode_ctx))
-        out[i] = latency.step_time(step)
-    return out
+        return fast(plan)
+
+    def step(i: int) -> float:
+        return latency.step_time(
+            dataclasses.replace(plan, decode_ctx=tuple(c + i for c in plan.decode_ctx)))
+
+    return step
 
 
 def _mark_first_scheduled(sched: Scheduler, plan: StepPlan, start: float) -> None:

@@ -6,8 +6,11 @@ turns what the recorder saw into tables. Writing files is ``Result.save``'s job 
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import json
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +24,9 @@ from simserve.engine import STEP_COLUMNS, Recorder, Replica, least_outstanding, 
     simulate
 from simserve.errors import ConfigError, SimserveError
 from simserve.kv.blocks import BlockManager
+from simserve.kv.prefix import PrefixBlockManager
 from simserve.latency.base import LatencyModel
+from simserve.metrics.slo import SloConfig
 from simserve.metrics.summary import WeightedSample, format_summary, summarize
 from simserve.sched import POLICIES, SchedulerLimits
 from simserve.workload import build_workload
@@ -29,7 +34,7 @@ from simserve.workload import build_workload
 REQUEST_COLUMNS = (
     "request_id", "replica", "arrival_s", "num_prompt_tokens", "num_output_tokens", "status",
     "reject_reason", "first_scheduled_s", "first_token_s", "finish_s", "num_preemptions",
-    "ttft_s", "e2el_s", "tpot_s",
+    "ttft_s", "e2el_s", "tpot_s", "priority", "class", "num_cached_tokens",
 )
 
 
@@ -138,9 +143,24 @@ def build_replicas(s: Scenario, latency: LatencyModel | None = None) -> list[Rep
     host = num_host_blocks(s)
     latency = latency or build_latency(s)
     policy = POLICIES[s.policy]
-    return [Replica(i, policy(limits, BlockManager(blocks, s.engine.block_size, host)), latency,
-                    s.max_model_len)
+
+    def kv() -> BlockManager:
+        if s.engine.enable_prefix_caching:
+            return PrefixBlockManager(blocks, s.engine.block_size)
+        return BlockManager(blocks, s.engine.block_size, host)
+
+    return [Replica(i, policy(limits, kv(), s.policy_params, s.seed), latency, s.max_model_len)
             for i in range(s.cluster.replicas)]
+
+
+def class_slos(s: Scenario) -> dict[str, SloConfig]:
+    """Each request class's SLO: its own limits, the scenario's where it gives none."""
+    out = {}
+    for c in s.workload.classes:
+        own = {k: getattr(c, k) for k in ("ttft_ms", "tpot_ms", "e2el_ms")}
+        out[c.name] = dataclasses.replace(
+            s.slo, **{k: v for k, v in own.items() if v is not None})
+    return out
 
 
 def run(scenario: Scenario | str | Path, *, latency: LatencyModel | None = None,
@@ -151,6 +171,25 @@ def run(scenario: Scenario | str | Path, *, latency: LatencyModel | None = None,
     equivalence tests check it), only slower.
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
+    with _no_cyclic_gc():
+        return _run(s, latency, fast_forward)
+
+
+@contextmanager
+def _no_cyclic_gc():
+    """Pause the cyclic garbage collector: a run allocates millions of long-lived objects and
+    holds no reference cycles worth collecting, so repeated full GC passes only cost time.
+    Reference counting still frees everything as usual."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool) -> Result:
     specs = build_workload(s.workload, s.seed, s.base_dir)
     replicas = build_replicas(s, latency)
     router = round_robin() if s.cluster.router == "round_robin" else least_outstanding
@@ -214,9 +253,14 @@ def collect(s: Scenario, rec: Recorder) -> Result:
         "finish_s": finish,
         "num_preemptions": np.array([r.num_preemptions for r in reqs], dtype=np.int64),
         "ttft_s": ttft, "e2el_s": e2el, "tpot_s": tpot,
+        "priority": np.array([r.spec.priority for r in reqs], dtype=np.int64),
+        "class": [r.spec.klass for r in reqs],
+        "num_cached_tokens": np.array([r.num_cached_tokens for r in reqs], dtype=np.int64),
     }, columns=list(REQUEST_COLUMNS))
     done = [r for r, ok in zip(reqs, finished) if ok]
-    summary = summarize(requests, None, steps, s.slo, itl=itl_sample(done))
+    summary = summarize(requests, None, steps, s.slo, itl=itl_sample(done),
+                        class_slos=class_slos(s) if any(r.spec.klass for r in reqs) else None,
+                        prefix_caching=s.engine.enable_prefix_caching)
     runs = [(r.token_runs, r.step_ends) if ok else ([], None) for r, ok in zip(reqs, finished)]
     return Result(s, requests, steps, summary, _runs=runs)
 

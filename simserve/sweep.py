@@ -20,6 +20,7 @@ A point that fails at run time gets its message in the ``error`` column; the oth
 from __future__ import annotations
 
 import copy
+import importlib.util
 import itertools
 import json
 import os
@@ -123,13 +124,10 @@ def load_sweep(path: str | Path, overrides: Sequence[str] | None = None) -> Swee
                                   "exactly one")
     if f.has("base"):
         base_path = path.parent / f.str("base")
-        base = load_yaml(base_path)
-        base_dir = base_path.parent
-        name = f.str("name", path.stem)
+        base, base_dir = load_yaml(base_path), base_path.parent
     else:
-        base = copy.deepcopy(f.any("scenario"))
-        base_dir = path.parent
-        name = f.str("name", path.stem)
+        base, base_dir = f.any("scenario"), path.parent
+    name = f.str("name", path.stem)
     fixed = f.any("set", {})
     grid, zip_ = f.any("grid", {}), f.any("zip", {})
     f.done()
@@ -341,11 +339,7 @@ def save_sweep(table: pd.DataFrame, spec: SweepSpec, out: str | Path) -> Path:
     except OSError as e:
         raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
     table.to_csv(out / "sweep.csv", index=False, float_format="%.9g")
-    try:
-        import pyarrow  # noqa: F401 - optional; parquet only when it is there
-    except ImportError:
-        pass
-    else:
+    if importlib.util.find_spec("pyarrow") is not None:   # optional, never a dependency
         table.to_parquet(out / "sweep.parquet", index=False)
     (out / "sweep.yaml").write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
     return out

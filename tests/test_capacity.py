@@ -77,7 +77,7 @@ def test_max_rate_is_within_tolerance_of_the_known_answer(tolerance):
 def test_fewest_replicas_for_a_target_rate():
     # 25 req/s round-robin over n replicas: each sees a request every n/25 s. n = 3 → 120 ms
     # ≥ S = 100 ms, nobody waits; n = 2 → 80 ms, each replica falls 20 ms behind per request,
-    # so only k ≤ 2 of its 25 requests make TTFT = 10 + 20·k ≤ 55 ms: 6/50 good. The answer is 3.
+    # so only k ≤ 2 of its 25 requests make TTFT = 10 + 20·k ≤ 55 ms: 6/50 good. Answer: 3.
     cap = capacity(scenario(), target_rate=25, seeds=1)
     assert cap.replicas_needed == 3
     reps = cap.probes[cap.probes["phase"] == "replicas"].set_index("replicas")

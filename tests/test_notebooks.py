@@ -23,3 +23,15 @@ def test_notebook_runs(name):
     images = [out for cell in nb.cells if cell.cell_type == "code"
               for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
     assert images, f"{name} showed no figures"
+
+
+def test_notebooks_match_their_generator(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_notebooks",
+                                                  NOTEBOOKS / "make_notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name, cells in module.NOTEBOOKS.items():
+        module.write(cells, name, tmp_path)
+        assert (tmp_path / name).read_text() == (NOTEBOOKS / name).read_text(), \
+            f"{name} differs from make_notebooks.py; run it to regenerate"

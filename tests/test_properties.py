@@ -6,9 +6,12 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import dataclasses
+
 from simserve.engine import Replica, round_robin, simulate
 from simserve.kv.blocks import BlockManager
-from simserve.sched import POLICIES, SchedulerLimits, Status
+from simserve.kv.prefix import PrefixBlockManager
+from simserve.sched import POLICIES, PREFIX_CACHING_POLICIES, SchedulerLimits, Status
 from simserve.workload.spec import RequestSpec
 
 
@@ -21,6 +24,26 @@ class ToyLatency:
         ctx = sum(plan.decode_ctx) + sum(plan.prefill_ctx)
         return 1e-3 + 2e-5 * plan.num_batched_tokens + 1e-7 * ctx + 1e-4 * plan.swap_out_blocks \
             + 1e-4 * plan.swap_in_blocks
+
+
+def draw_params(draw, cls, max_model_len):
+    """Random knobs for a policy's params dataclass (None if it has none). Token caps are kept
+    >= max_model_len, as TGI's launcher requires, so every request can run."""
+    if cls is None:
+        return None
+    values = {}
+    for f in dataclasses.fields(cls):
+        kind = str(f.type).replace(" ", "")
+        lo, hi = f.metadata.get("min"), f.metadata.get("max")
+        if f.name.startswith("max_batch_"):
+            values[f.name] = draw(st.one_of(st.none(), st.integers(max_model_len, 700)))
+        elif kind.startswith("int"):
+            values[f.name] = draw(st.integers(lo or 0, (lo or 0) + 40))
+        elif kind.startswith("float"):
+            values[f.name] = draw(st.floats(lo or 0.0, hi if hi is not None else (lo or 0.0) + 3))
+        elif kind.startswith("str"):
+            values[f.name] = draw(st.sampled_from(f.metadata["choices"]))
+    return cls(**values)
 
 
 @st.composite
@@ -44,24 +67,33 @@ def scenarios(draw):
     host_blocks = draw(st.integers(0, 64))
     n = draw(st.integers(1, 40))
     gaps = draw(st.lists(st.floats(0, 0.05), min_size=n, max_size=n))
+    # prefix caching (its policies, recompute only): prompts drawn from a few shared prefixes
+    prefix = policy in PREFIX_CACHING_POLICIES and limits.preemption_mode == "recompute" \
+        and draw(st.booleans())
     specs = []
     t = 0.0
     for i in range(n):
         t += gaps[i]
         prompt = draw(st.integers(1, 200))
         output = draw(st.integers(1, 60))
-        specs.append(RequestSpec(i, t, prompt, output))
+        ids = tuple(draw(st.lists(st.integers(0, 2), min_size=-(-prompt // 8),
+                                  max_size=-(-prompt // 8)))) if prefix else None
+        specs.append(RequestSpec(i, t, prompt, output, ids, draw(st.integers(0, 2))))
     replicas = draw(st.integers(1, 2))
-    return policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs, replicas
+    params = draw_params(draw, POLICIES[policy].params_type, max_model_len)
+    return (policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs, replicas,
+            params, prefix)
 
 
 def run_checked(policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs,
-                num_replicas, fast_forward=True):
+                num_replicas, params=None, prefix=False, fast_forward=True):
     """Run with a scheduler wrapper that checks every plan as it is made."""
     cls = POLICIES[policy]
     replicas = []
     for i in range(num_replicas):
-        sched = cls(limits, BlockManager(num_blocks, block_size, host_blocks))
+        blocks = PrefixBlockManager(num_blocks, block_size, source_block_size=8) if prefix \
+            else BlockManager(num_blocks, block_size, host_blocks)
+        sched = cls(limits, blocks, params, 3)
         replicas.append(Replica(i, sched, ToyLatency(), max_model_len))
     plans = []
 
@@ -93,7 +125,7 @@ def run_checked(policy, limits, block_size, num_blocks, host_blocks, max_model_l
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_invariants_hold_for_every_policy(case):
-    policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs, nrep = case
+    policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs, nrep, *_ = case
     rec, replicas, plans = run_checked(*case)
     # every arrived request ends finished or rejected, and none is lost
     assert len(rec.requests) == len(specs)
@@ -125,9 +157,11 @@ def test_invariants_hold_for_every_policy(case):
     # tokens computed add up: prompt + generated-before-last, plus recomputation
     computed = int(rec.columns()["num_batched_tokens"].sum())
     finished_work = sum(r.max_tokens - 1 for r in rec.requests if r.status is Status.FINISHED)
-    assert computed >= finished_work
+    cached = sum(r.num_cached_tokens for r in rec.requests)   # prefix-cache hits: not computed
     if all(r.num_preemptions == 0 for r in rec.requests):
-        assert computed == finished_work
+        assert computed + cached == finished_work
+    elif not cached:
+        assert computed >= finished_work
 
 
 @settings(max_examples=30, deadline=None)

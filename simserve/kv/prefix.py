@@ -68,23 +68,26 @@ class PrefixBlockManager(BlockManager):
         if request_id not in self._content:
             self._content[request_id] = (num_prompt_tokens, hash_ids)
 
-    def _block_key(self, request_id: int, b: int) -> int:
-        keys = self._keys.setdefault(request_id, [])
-        while len(keys) <= b:
-            i = len(keys)
-            parent = keys[-1] if keys else _ROOT
-            keys.append(hash((parent, self._content_of(request_id, i))))
-        return keys[b]
-
-    def _content_of(self, request_id: int, b: int) -> tuple:
-        """The source ids block ``b`` overlaps, or ``("request", id)``: content no other
-        request shares."""
+    def _keys_upto(self, request_id: int, n: int) -> list[int]:
+        """The request's block keys, computed (once) at least up to block ``n``."""
+        keys = self._keys.get(request_id)
+        if keys is None:
+            keys = self._keys[request_id] = []
+        if len(keys) >= n:
+            return keys
         prompt, ids = self._content.get(request_id, (0, None))
         bs, src = self.block_size, self.source_block_size
-        last = (b + 1) * bs - 1                      # the block's last token
-        if ids is None or last >= prompt or last // src >= len(ids):
-            return ("request", request_id)
-        return tuple(ids[b * bs // src: last // src + 1])
+        num_ids = len(ids) if ids is not None else 0
+        parent = keys[-1] if keys else _ROOT
+        for b in range(len(keys), n):
+            last = (b + 1) * bs - 1                  # the block's last token
+            if last >= prompt or last // src >= num_ids:
+                content = ("request", request_id)    # content no other request shares
+            else:                                    # the source ids the block overlaps
+                content = tuple(ids[b * bs // src: last // src + 1])
+            parent = hash((parent, content))
+            keys.append(parent)
+        return keys
 
     # -- queries ---------------------------------------------------------------------------
     def held(self, request_id: int) -> int:
@@ -98,8 +101,9 @@ class PrefixBlockManager(BlockManager):
         """Tokens at the start of a request (holding no blocks) already in the cache: whole
         blocks, never its last token (it is recomputed to sample the next one)."""
         limit = (num_tokens - 1) // self.block_size
+        keys, cached = self._keys_upto(request_id, limit), self._cached
         n = 0
-        while n < limit and self._block_key(request_id, n) in self._cached:
+        while n < limit and keys[n] in cached:
             n += 1
         return n * self.block_size
 
@@ -113,6 +117,7 @@ class PrefixBlockManager(BlockManager):
             return None
         for _ in range(max(0, need)):
             table.append(self._take())
+        self._held[request_id] = len(table)   # the counting view the core's fast paths read
         self._register_full(request_id, table, num_tokens)
         return max(0, need)
 
@@ -120,8 +125,8 @@ class PrefixBlockManager(BlockManager):
         """Allocate for a new request whose first ``cached_tokens`` (from :meth:`cached_tokens`)
         are cache hits: they share the cached blocks; the rest are new. All or nothing."""
         assert request_id not in self._tables and cached_tokens % self.block_size == 0
-        hits = [self._cached[self._block_key(request_id, b)]
-                for b in range(cached_tokens // self.block_size)]
+        keys = self._keys_upto(request_id, cached_tokens // self.block_size)
+        hits = [self._cached[keys[b]] for b in range(cached_tokens // self.block_size)]
         from_pool = sum(1 for bid in hits if self._ref[bid] == 0)
         need = self.blocks_for(num_tokens) - len(hits)
         if from_pool + max(0, need) > self.num_free:
@@ -138,6 +143,7 @@ class PrefixBlockManager(BlockManager):
     def free(self, request_id: int) -> int:
         """Release the request's blocks into the pool, tail first (evicted first)."""
         table = self._tables.pop(request_id, None) or []
+        self._held.pop(request_id, None)
         for bid in reversed(table):
             self._ref[bid] -= 1
             if self._ref[bid] == 0:
@@ -174,9 +180,10 @@ class PrefixBlockManager(BlockManager):
         start = self._num_keyed.get(request_id, 0)
         if full <= start:
             return
+        keys, cached, block_key = self._keys_upto(request_id, full), self._cached, self._key
         for b in range(start, full):
-            key = self._block_key(request_id, b)
-            if key not in self._cached:   # a duplicate of cached content stays unkeyed
-                self._cached[key] = table[b]
-                self._key[table[b]] = key
+            key = keys[b]
+            if key not in cached:         # a duplicate of cached content stays unkeyed
+                cached[key] = table[b]
+                block_key[table[b]] = key
         self._num_keyed[request_id] = full

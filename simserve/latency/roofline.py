@@ -11,8 +11,6 @@ Also two hand-computable models for tests and quick what-ifs: :class:`ConstantLa
 
 from __future__ import annotations
 
-import numpy as np
-
 from simserve.cards import HardwareSpec, ModelCard
 from simserve.kv.capacity import check_tensor_parallel, kv_block_bytes, kv_heads_per_rank
 from simserve.sched.plan import StepPlan
@@ -89,19 +87,23 @@ class RooflineModel:
             return 0.0
         return sum(self._parts(plan)) + self.step_overhead_s + plan.extra_s
 
-    def decode_stretch_times(self, plan: StepPlan, k: int) -> np.ndarray:
-        """``step_time`` of steps 0..k-1 of a decode stretch (step i: every context + i), as one
-        array. Mirrors ``_parts`` operation for operation, so each value is bit-identical to
-        ``step_time`` of that step (the fast-forward equivalence relies on it)."""
+    def decode_stretch(self, plan: StepPlan):
+        """``step_time`` of step i of a decode stretch starting with ``plan`` (every context
+        grown by i), as a function of i. Mirrors ``_parts`` operation for operation, so each
+        value is bit-identical to ``step_time`` of that step (fast-forward relies on it)."""
         linear, prefill, _, lm_head, comm, swap = self._parts(plan)
+        before = linear + prefill          # sum(parts) adds left to right: 0 + linear + ...
         b = len(plan.decode_ctx)
-        # Σ (c + i) + b for each step i: exact integers, as the scalar path computes them
-        attended = (sum(plan.decode_ctx) + b + b * np.arange(k, dtype=np.int64)).astype(np.float64)
-        decode = np.maximum(attended * self._attn_flop_s,
-                            attended * self._kv_tok_s + b * self._q_tok_s)
-        # sum((linear, prefill, decode, lm_head, comm, swap)) + overhead, left to right
-        return ((((((linear + prefill) + decode) + lm_head) + comm) + swap)
-                + self.step_overhead_s) + plan.extra_s
+        base = sum(plan.decode_ctx) + b    # Σ (c + i) + b = base + b·i: exact integers
+        flop_s, kv_s, q_part = self._attn_flop_s, self._kv_tok_s, b * self._q_tok_s
+        overhead = self.step_overhead_s
+
+        def step(i: int) -> float:
+            attended = base + b * i
+            decode = max(attended * flop_s, attended * kv_s + q_part)
+            return ((((before + decode) + lm_head) + comm) + swap) + overhead
+
+        return step
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         """Seconds per component (they sum to :meth:`step_time`)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,10 +31,17 @@ class WeightedSample:
     def __len__(self) -> int:
         return int(self.weights.sum())
 
+    def _sorted(self) -> tuple[np.ndarray, np.ndarray]:
+        cached = self.__dict__.get("_sorted_cache")
+        if cached is None:
+            order = np.argsort(self.values, kind="stable")
+            cached = (self.values[order], np.cumsum(self.weights[order]))
+            object.__setattr__(self, "_sorted_cache", cached)
+        return cached
+
     def percentile(self, q: float) -> float:
         """``np.percentile(expanded, q)`` (linear method) without expanding."""
-        order = np.argsort(self.values, kind="stable")
-        v, cum = self.values[order], np.cumsum(self.weights[order])
+        v, cum = self._sorted()
         h = (cum[-1] - 1) * q / 100.0
         lo = int(np.floor(h))
         x_lo = v[np.searchsorted(cum, lo, side="right")]
@@ -52,11 +59,16 @@ class WeightedSample:
 def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
               steps: pd.DataFrame, slo: SloConfig = SloConfig(),
               percentiles: Sequence[float] = (50, 90, 99),
-              itl: WeightedSample | None = None) -> dict:
+              itl: WeightedSample | None = None,
+              class_slos: Mapping[str, SloConfig] | None = None,
+              prefix_caching: bool = False) -> dict:
     """Summarise a run as a flat, JSON-serialisable dict (NaN becomes None).
 
     ITL comes from ``token_times`` (every token's time, per request) or, equivalently and
     without per-token arrays, from ``itl`` as a :class:`WeightedSample` of gaps.
+    With ``class_slos`` (request classes present: the ``class`` column) each request is judged
+    by its class's SLO (``slo`` for classes not in the mapping) and ``per_class`` breaks the
+    numbers down by class; with ``prefix_caching`` the prefix-cache hit rate is added.
     """
     if itl is None and (token_times is None or len(token_times) != len(requests)):
         raise ValueError("token_times must have one entry per request (or pass itl)")
@@ -103,7 +115,70 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
         summary.update(_latency_stats(name, values, percentiles))
     summary["total_preemptions"] = int(requests["num_preemptions"].sum())
     summary.update(_levels(steps, _replicas(requests, steps), t0, t1))
+    if class_slos is not None:
+        summary.update(_by_class(requests, class_slos, slo, per_s, percentiles))
+    if prefix_caching:
+        summary.update(_prefix_cache(done))
     return {k: _plain(v) for k, v in summary.items()}
+
+
+def _good(done: pd.DataFrame, slo: SloConfig) -> np.ndarray:
+    """Finished requests within every limit of ``slo`` (as ``_goodput``)."""
+    arrival = done["arrival_s"].to_numpy(float)
+    ttft = done["first_token_s"].to_numpy(float) - arrival
+    e2el = done["finish_s"].to_numpy(float) - arrival
+    out = done["num_output_tokens"].to_numpy(int)
+    tpot = np.where(out > 1, (e2el - ttft) / np.maximum(out - 1, 1), 0.0)
+    good = np.ones(len(done), dtype=bool)
+    for values, limit_ms in ((ttft, slo.ttft_ms), (tpot, slo.tpot_ms), (e2el, slo.e2el_ms)):
+        if limit_ms is not None:
+            good &= values <= limit_ms / MS_PER_S
+    return good
+
+
+def _by_class(requests: pd.DataFrame, class_slos: Mapping[str, SloConfig], slo: SloConfig,
+              per_s, percentiles: Sequence[float]) -> dict:
+    """Goodput with each request judged by its class's SLO, and the headline numbers per class.
+
+    The overall goodput keys are replaced (a request is good when it meets its own class's
+    limits); they stay None when no class and not the scenario give any limit.
+    """
+    klass = requests["class"].astype(str)
+    per_class: dict[str, dict] = {}
+    total_good, any_limits = 0, not slo.is_empty
+    for name in sorted(klass.unique()):
+        rows = requests[klass == name]
+        done = rows[rows["status"] == "finished"]
+        own = class_slos.get(name, slo)
+        any_limits = any_limits or not own.is_empty
+        num_good = int(_good(done, own).sum())
+        total_good += num_good
+        ttft = done["first_token_s"].to_numpy(float) - done["arrival_s"].to_numpy(float)
+        tpot = done["tpot_s"].to_numpy(float)
+        stats = {"num_requests": len(rows), "completed": len(done),
+                 "priority": int(rows["priority"].min()) if len(rows) else 0}
+        if not own.is_empty:
+            stats.update(num_good=num_good, slo_attainment=num_good / len(rows),
+                         request_goodput=per_s(num_good))
+        stats.update(_latency_stats("ttft", ttft, percentiles))
+        stats.update(_latency_stats("tpot", tpot[~np.isnan(tpot)], percentiles))
+        per_class[name] = {k: _plain(v) for k, v in stats.items()
+                           if not k.startswith(("std_", "median_"))}
+    out: dict = {"per_class": per_class}
+    if any_limits:
+        attainment = total_good / len(requests) if len(requests) else None
+        out.update(request_goodput=per_s(total_good), num_good=total_good,
+                   slo_attainment=attainment, slo_attainment_target=slo.attainment,
+                   slo_met=attainment is not None and attainment >= slo.attainment)
+    return out
+
+
+def _prefix_cache(done: pd.DataFrame) -> dict:
+    """Prompt tokens of finished requests found in the prefix cache at first admission."""
+    hits = int(done["num_cached_tokens"].sum())
+    queries = int(done["num_prompt_tokens"].sum())
+    return {"prefix_cache_hit_tokens": hits, "prefix_cache_query_tokens": queries,
+            "prefix_cache_hit_rate": hits / queries if queries else 0.0}
 
 
 def _goodput(slo: SloConfig, ttft: np.ndarray, e2el: np.ndarray, out: np.ndarray,
@@ -243,12 +318,22 @@ def format_summary(summary: dict, title: str = "Serving Benchmark Result") -> st
     row("Mean KV cache utilization (%):", _pct(summary["mean_kv_utilization"]))
     row("Max KV cache utilization (%):", _pct(summary["max_kv_utilization"]))
     row("Mean batched tokens per step:", summary["mean_batched_tokens"])
+    if "prefix_cache_hit_rate" in summary:
+        row("Prefix cache hit rate (%):", _pct(summary["prefix_cache_hit_rate"]))
     if has_slo:
         section("SLO")
         row("Good requests:", summary["num_good"])
         row("SLO attainment (%):", _pct(summary["slo_attainment"]))
         row("SLO attainment target (%):", _pct(summary["slo_attainment_target"]))
         row("SLO met:", summary["slo_met"])
+    for name, c in summary.get("per_class", {}).items():
+        section(f"Class {name or '(none)'} (priority {c['priority']})")
+        row("Successful requests:", c["completed"])
+        if "request_goodput" in c:
+            row("Request goodput (req/s):", c["request_goodput"])
+            row("SLO attainment (%):", _pct(c["slo_attainment"]))
+        row("Mean TTFT (ms):", c["mean_ttft_ms"])
+        row("Mean TPOT (ms):", c["mean_tpot_ms"])
     lines.append("=" * 50)
     return "\n".join(lines)
 

@@ -109,8 +109,9 @@ def _unique(name: str, used: set[str]) -> str:
 def _provenance(inputs: Inputs) -> str:
     models = sorted({r.summary.get("latency_model") for r in inputs.runs
                      if r.summary.get("latency_model")} |
-                    {str(m) for s in inputs.sweeps if "latency_model" in s.table
-                     for m in s.table["latency_model"].dropna().unique()})
+                    {str(m) for t in [*(s.table for s in inputs.sweeps),
+                                      *(c.probes for c in inputs.capacities)]
+                     if "latency_model" in t for m in t["latency_model"].dropna().unique()})
     parts = [f"{len(inputs.runs)} run(s), {len(inputs.sweeps)} sweep(s), "
              f"{len(inputs.capacities)} capacity search(es)."]
     if models:
@@ -130,9 +131,9 @@ def capacity_section(cap: CapacityData) -> Section:
     a = cap.answer
     sec = Section(f"Capacity: {cap.label}")
     answer = (f"Highest rate meeting {a['target_attainment']:.0%} SLO attainment "
-              f"({_slo_words(a.get('slo') or {})}): {a['max_rate']:.3g} req/s for "
-              f"{a['replicas']} replica(s) × TP {a['tensor_parallel_size']} = "
-              f"{a['per_gpu_rate']:.3g} req/s per GPU.")
+              f"({_slo_words(a.get('slo') or {})}): {a['max_rate']:.3g} req/s on "
+              f"{a['replicas']} replica(s) × TP {a['tensor_parallel_size']} "
+              f"({a['per_gpu_rate']:.3g} req/s per GPU).")
     if a.get("target_rate") is not None:
         need = a.get("replicas_needed")
         answer += (f" Serving {a['target_rate']:g} req/s takes "
@@ -148,7 +149,7 @@ def capacity_section(cap: CapacityData) -> Section:
                     f"attain min {sp['min']:.3f}, mean {sp['mean']:.3f}, max {sp['max']:.3f}."),
     ]
     probes = cap.probes.assign(policy=a.get("policy", "?"))
-    by_rate = probes[probes["phase"] != "replicas"]
+    by_rate = probes[probes["replicas"] == a["replicas"]]
     g = by_rate.groupby("rate")["slo_attainment"]
     table = pd.DataFrame({"seeds run": g.size(), "min attainment": g.min(),
                           "mean attainment": g.mean(), "max attainment": g.max()})

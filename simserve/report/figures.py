@@ -16,7 +16,6 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
 
 from simserve.report.load import CapacityData, RunData
 from simserve.report.style import RC, SLO_COLOR, TARGET_COLOR, series_styles
@@ -353,8 +352,10 @@ def capacity_attainment(cap: CapacityData, title: str = "") -> Figure:
     """SLO attainment of every probe against rate: the target, the answer and its bracket;
     and, when a target rate was given, attainment against replica count."""
     a, probes = cap.answer, cap.probes
-    by_rate = probes[probes["phase"] != "replicas"]
-    by_replicas = probes[probes["phase"] == "replicas"]
+    by_rate = probes[probes["replicas"] == a["replicas"]]
+    # the replica search may reuse a rate-search run at the target rate: take every such run
+    by_replicas = probes[probes["rate"] == a["target_rate"]] \
+        if (probes["phase"] == "replicas").any() else probes.iloc[:0]
     cols = 2 if len(by_replicas) else 1
     fig, axes = _figure(7 * cols, 4.5, 1, cols)
     color = series_styles([(cap.label, a.get("policy", "?"))])[cap.label]["color"]
@@ -391,6 +392,7 @@ def capacity_attainment(cap: CapacityData, title: str = "") -> Figure:
         ax.set_xlabel("replicas")
         ax.set_ylabel("SLO attainment (%)")
         ax.set_ylim(0, 105)
+        ax.set_xlim(0, by_replicas["replicas"].max() + 1)
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_title(f"at the target rate {a['target_rate']:g} req/s")
         ax.legend(loc="lower right", frameon=False)

@@ -13,14 +13,16 @@ import pandas as pd
 CSS = """
 body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 2em auto;
        max-width: 1250px; padding: 0 1em; color: #222; line-height: 1.45; }
-h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { margin-top: 1.8em; border-bottom: 1px solid #ddd; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; }
+h2 { margin-top: 1.8em; border-bottom: 1px solid #ddd; }
 .meta { color: #666; font-size: 0.9em; }
 table { border-collapse: collapse; font-size: 0.85em; margin: 0.8em 0; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
 th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { color: #555; font-size: 0.9em; }
-.answer { font-size: 1.1em; background: #f4f8fc; border-left: 4px solid #1f77b4; padding: 0.6em 1em; }
+.answer { font-size: 1.1em; background: #f4f8fc; border-left: 4px solid #1f77b4;
+          padding: 0.6em 1em; }
 pre { background: #f8f8f8; padding: 0.8em; overflow-x: auto; font-size: 0.8em; }
 .scroll { overflow-x: auto; }
 """

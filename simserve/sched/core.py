@@ -38,7 +38,11 @@ class SchedulerLimits:
 
 
 class Batch:
-    """A StepPlan under construction: the token budget and sequence count left."""
+    """A StepPlan under construction: the token budget and sequence count left.
+
+    Entries are classified as they are added (a decode feeds back exactly its last sampled
+    token; anything else is a prefill chunk), so ``freeze`` only packs tuples.
+    """
 
     def __init__(self, limits: SchedulerLimits):
         self.token_budget = limits.max_num_batched_tokens
@@ -49,39 +53,39 @@ class Batch:
         self.num_preempted = 0
         self.swap_out_blocks = 0
         self.swap_in_blocks = 0
+        self.prefill_lens: list[int] = []
+        self.prefill_ctx: list[int] = []
+        self.decode_ctx: list[int] = []
+        self.num_sampled = 0
 
     def add(self, req: Request, n: int) -> None:
         self.entries.append((req, n))
         self.scheduled.add(req.id)
         self.token_budget -= n
         self.seq_budget -= 1
+        computed = req.num_computed_tokens
+        num_tokens = req.num_prompt_tokens + req.num_generated
+        if n == 1 and req.num_generated and computed + 1 == num_tokens:
+            self.decode_ctx.append(computed)
+        else:
+            self.prefill_lens.append(n)
+            self.prefill_ctx.append(computed)
+        if computed + n == num_tokens:
+            self.num_sampled += 1
 
     @property
     def full(self) -> bool:
         return self.token_budget <= 0 or self.seq_budget <= 0
 
     def freeze(self) -> StepPlan:
-        prefill_lens: list[int] = []
-        prefill_ctx: list[int] = []
-        decode_ctx: list[int] = []
-        num_sampled = 0
-        for req, n in self.entries:
-            computed = req.num_computed_tokens
-            num_tokens = req.num_prompt_tokens + req.num_generated
-            if n == 1 and req.num_generated and computed + 1 == num_tokens:
-                decode_ctx.append(computed)
-            else:
-                prefill_lens.append(n)
-                prefill_ctx.append(computed)
-            if computed + n == num_tokens:
-                num_sampled += 1
+        entries = self.entries
         self.plan = StepPlan(
-            request_ids=tuple(r.id for r, _ in self.entries),
-            num_new_tokens=tuple(n for _, n in self.entries),
-            prefill_lens=tuple(prefill_lens),
-            prefill_ctx=tuple(prefill_ctx),
-            decode_ctx=tuple(decode_ctx),
-            num_sampled=num_sampled,
+            request_ids=tuple([r.id for r, _ in entries]),
+            num_new_tokens=tuple([n for _, n in entries]),
+            prefill_lens=tuple(self.prefill_lens),
+            prefill_ctx=tuple(self.prefill_ctx),
+            decode_ctx=tuple(self.decode_ctx),
+            num_sampled=self.num_sampled,
             swap_out_blocks=self.swap_out_blocks,
             swap_in_blocks=self.swap_in_blocks,
             num_preempted=self.num_preempted,
@@ -115,6 +119,7 @@ class Scheduler:
         self.swapped: deque[Request] = deque()
         self.step_ends = array("d")    # end time of every step this scheduler completed
         self._batch: Batch | None = None
+        self._stretch: list[tuple[Request, int, int]] = []   # see decode_stretch_limit
 
     # -- queue state -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -164,6 +169,41 @@ class Scheduler:
             if victim is req:
                 return False
         batch.add(req, n)
+        return True
+
+    def decode_all(self, batch: Batch) -> bool:
+        """Give every running request one token, oldest first, evicting the newest on block
+        shortage (``grow_or_preempt``'s rule). Returns False if a request preempted itself.
+
+        The common case of vLLM's running loop when every running request is decoding,
+        written as one tight loop: a decode needs a new block only once per ``block_size``
+        steps, so most iterations are a division and an append.
+        """
+        bs = self.blocks.block_size
+        held = self.blocks._held
+        entries, scheduled, decode_ctx = batch.entries, batch.scheduled, batch.decode_ctx
+        i = 0
+        running = self.running
+        while i < len(running):
+            if batch.token_budget <= 0 or batch.seq_budget <= 0:
+                return True
+            req = running[i]
+            c = req.num_computed_tokens
+            if req.num_generated == 0 or c + 1 != req.num_prompt_tokens + req.num_generated:
+                # not a decode (a prefill in progress): the general path
+                n = self.clip(req, req.num_remaining, batch)
+                if not self.grow_or_preempt(batch, req, n):
+                    return False
+            elif -(-(c + 1) // bs) <= held.get(req.id, 0):
+                entries.append((req, 1))
+                scheduled.add(req.id)
+                decode_ctx.append(c)
+                batch.token_budget -= 1
+                batch.seq_budget -= 1
+                batch.num_sampled += 1
+            elif not self.grow_or_preempt(batch, req, 1):
+                return False
+            i += 1
         return True
 
     def preempt(self, batch: Batch, req: Request) -> None:
@@ -299,17 +339,24 @@ class Scheduler:
         running = self.running
         if (not self.monotone_admission or plan.prefill_lens or plan.num_preempted
                 or plan.swap_in_blocks or plan.swap_out_blocks
-                or len(plan.decode_ctx) != len(running) or max_steps <= 1):
+                or len(plan.decode_ctx) != len(running) or max_steps <= 1
+                or self.blocks.caches_prefixes):   # blocks with identities: allocate() each
             return 1
+        held = self.blocks._held
+        # snapshot (request, tokens computed, blocks held) once: the stretch verbs reuse it
+        snap = self._stretch = [(r, r.num_computed_tokens, held[r.id]) for r in running]
         k = min(max_steps, min(r.num_output_tokens - r.num_generated for r in running))
         if k <= 1:
             return 1
-        # blocks: plan's step 0 is allocated; steps 1..k-1 need c_j + k tokens in total
-        bs, held, free = self.blocks.block_size, self.blocks.held, self.blocks.num_free
+        bs, free = self.blocks.block_size, self.blocks.num_free
 
-        def new_blocks(steps: int) -> int:
-            return sum(max(0, -(-(r.num_computed_tokens + steps) // bs) - held(r.id))
-                       for r in running)
+        def new_blocks(steps: int) -> int:   # blocks to add so that every c + steps fits
+            total = 0
+            for _, c, h in snap:
+                need = -(-(c + steps) // bs) - h
+                if need > 0:
+                    total += need
+            return total
 
         if new_blocks(k) <= free:
             return k
@@ -324,20 +371,16 @@ class Scheduler:
 
     def stretch_blocks_used(self, k: int) -> list[int]:
         """KV blocks in use after scheduling each step 0..k-1 of a stretch (for the recorder)."""
-        bs, held = self.blocks.block_size, self.blocks.held
-        base = self.blocks.num_used
-        extra = [0] * (k + 1)
-        for r in self.running:
-            c, h = r.num_computed_tokens, held(r.id)
-            # step i holds ceil((c + i + 1) / bs) blocks; the first step that needs more than h
-            first = h * bs - c          # step index whose allocation first exceeds h blocks
-            while first < k:
-                if first >= 1:
-                    extra[first] += 1
-                first += bs
-        used, total = [], base
-        for i in range(k):
-            total += extra[i]
+        bs = self.blocks.block_size
+        extra = [0] * k
+        for _, c, h in self._stretch:
+            # step i holds ceil((c + i + 1) / bs) blocks: it first needs block h + 1 at step
+            # h * bs - c (>= 1, since step 0 fits in h blocks), then every bs steps
+            for first in range(h * bs - c, k, bs):
+                extra[first] += 1
+        used, total = [], self.blocks.num_used
+        for e in extra:
+            total += e
             used.append(total)
         return used
 
@@ -345,15 +388,19 @@ class Scheduler:
         """Apply a k-step decode stretch whose steps end at ``ends``; return finished requests."""
         k = len(ends)
         first = len(self.step_ends)
-        self.step_ends.frombytes(ends.tobytes()) if hasattr(ends, "tobytes") else \
-            self.step_ends.extend(ends)
+        self.step_ends.extend(ends)
         t_end = self.step_ends[-1]
         finished = []
-        allocate = self.blocks.allocate
-        for req in self.running:
-            req.num_computed_tokens += k
+        bs, held = self.blocks.block_size, self.blocks._held
+        added = 0
+        for req, c, h in self._stretch:
+            c += k
+            req.num_computed_tokens = c
             req.num_generated += k
-            allocate(req.id, req.num_computed_tokens)   # fits: decode_stretch_limit checked
+            need = -(-c // bs)          # fits: decode_stretch_limit checked the total
+            if need > h:
+                held[req.id] = need
+                added += need - h
             runs = req.token_runs
             if runs and runs[-1][1] == first:
                 runs[-1][1] = first + k
@@ -361,5 +408,7 @@ class Scheduler:
                 runs.append([first, first + k])
             if req.num_generated == req.num_output_tokens:
                 finished.append(req)
+        self.blocks.num_free -= added
+        self._stretch = []
         self._finish(finished, t_end)
         return finished

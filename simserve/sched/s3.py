@@ -17,9 +17,10 @@ and the request, never on routing or timing::
     normal     predicted = true · (1 + N(0, error_sigma))
 
 rounded up to a multiple of ``bucket_tokens`` (S3 classifies into length buckets; 0 = none),
-at least 1. A request that outgrows its reservation is preempted (recompute) and its
-prediction raised to the next bucket (doubled without buckets), and it goes back to the queue
-head.
+at least 1. A request that outgrows its reservation (``misprediction: preempt``, the paper's
+supervisor) is preempted (recompute), its prediction raised to the next bucket (doubled without
+buckets), and it goes back to the queue head; with ``misprediction: extend`` its reservation
+grows by that much in place when the blocks are free, and it is preempted only when they are not.
 
 Not modelled: the DistilBERT predictor itself (its accuracy is the error knob), S3's
 decreasing-first-fit packing of requests across GPUs (one replica admits FCFS), and the
@@ -40,6 +41,7 @@ from simserve.sched.request import Request, Status
 
 ORACLE_STREAM = 4   # child of the root SeedSequence (0-2: workload streams, 3: classes)
 ERROR_DISTS = ("exact", "lognormal", "normal")
+ON_MISPREDICTION = ("preempt", "extend")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class S3Params:
     error_dist: str = knob("exact", choices=ERROR_DISTS)
     error_sigma: float = knob(0.5, min=0.0)
     bucket_tokens: int = knob(0, min=0)
+    misprediction: str = knob("preempt", choices=ON_MISPREDICTION)
 
 
 class S3(Scheduler):
@@ -91,7 +94,8 @@ class S3(Scheduler):
             if batch.full:
                 break
             n = req.num_remaining
-            if self.blocks.num_new_blocks(req.id, req.num_computed_tokens + n):
+            if self.blocks.num_new_blocks(req.id, req.num_computed_tokens + n) \
+                    and not self._extended(req):
                 self._mispredicted(batch, req)     # outgrew its reservation
             else:
                 self.grow(batch, req, n)
@@ -103,11 +107,25 @@ class S3(Scheduler):
                 break
         return batch.freeze()
 
+    def _next_prediction(self, req: Request) -> int:
+        b, old = self.params.bucket_tokens, self.predicted[req.id]
+        return max(old + b if b else 2 * old, req.num_generated + 1)
+
+    def _extended(self, req: Request) -> bool:
+        """``misprediction: extend``: grow the reservation in place if its blocks are free."""
+        if self.params.misprediction != "extend":
+            return False
+        predicted = self._next_prediction(req)
+        if self.blocks.allocate(req.id, min(req.num_prompt_tokens + predicted,
+                                            self.blocks.num_blocks * self.blocks.block_size)) \
+                is None:
+            return False
+        self.predicted[req.id] = predicted
+        return True
+
     def _mispredicted(self, batch: Batch, req: Request) -> None:
         """The supervisor: preempt (recompute), raise the prediction, back to the queue head."""
-        b = self.params.bucket_tokens
-        self.predicted[req.id] = max(self.predicted[req.id] + b if b
-                                     else 2 * self.predicted[req.id], req.num_generated + 1)
+        self.predicted[req.id] = self._next_prediction(req)
         self.running.remove(req)
         self.blocks.free(req.id)
         req.num_preemptions += 1

@@ -61,8 +61,9 @@ class _TrtLlm(Scheduler):
     def _context_tokens(self, req, batch: Batch) -> int:
         """Tokens of a context this step: the rest of it, or a chunk of what the budget
         leaves; 0 if it may not be chunked and does not fit."""
-        n = self.clip(req, req.num_remaining, batch)
-        return n if self.chunks_prefill or n == req.num_remaining else 0
+        if self.chunks_prefill:
+            return self.clip(req, req.num_remaining, batch)
+        return req.num_remaining if req.num_remaining <= batch.token_budget else 0
 
     def _start_new(self, batch: Batch) -> None:
         while self.waiting and not batch.full and len(self.running) < self.limits.max_num_seqs:

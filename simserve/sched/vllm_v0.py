@@ -28,12 +28,7 @@ class VllmV0(Scheduler):
             self._admit_prompts(batch)
             if batch.entries:
                 return batch.freeze()
-        i = 0
-        while i < len(self.running) and not batch.full:
-            req = self.running[i]
-            if not self.grow_or_preempt(batch, req, req.num_remaining):
-                break
-            i += 1
+        self.decode_all(batch)   # running requests all decode: prompts are never chunked
         if batch.num_preempted == 0:
             self.resume_swapped(batch)
         return batch.freeze()

@@ -10,7 +10,7 @@ max_num_seqs``; without chunked prefill a prompt that does not fit the remaining
 
 from __future__ import annotations
 
-from simserve.sched.core import Batch, Scheduler
+from simserve.sched.core import Batch, Scheduler  # noqa: F401
 from simserve.sched.plan import StepPlan
 
 
@@ -27,13 +27,10 @@ class VllmV1(Scheduler):
         return batch.freeze()
 
     def _schedule_running(self, batch: Batch) -> None:
-        i = 0
-        while i < len(self.running) and not batch.full:
-            req = self.running[i]
-            n = self.clip(req, req.num_remaining, batch)
-            if not self.grow_or_preempt(batch, req, n):
-                break   # it preempted itself: everything after it is gone too
-            i += 1
+        # each running request asks for num_remaining tokens, clipped (decodes ask for 1);
+        # on block shortage the newest is preempted; if a request preempts itself, everything
+        # after it is gone too and the loop ends (Scheduler.decode_all)
+        self.decode_all(batch)
 
     def _admit_waiting(self, batch: Batch) -> None:
         while self.waiting and not batch.full and len(self.running) < self.limits.max_num_seqs:

@@ -7,14 +7,15 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
-from simserve.workload.config import WorkloadConfig
+from simserve.workload.config import RequestClass, WorkloadConfig
 from simserve.workload.spec import RequestSpec
 from simserve.workload.synthetic import generate
 from simserve.workload.traces import load_trace
 
-__all__ = ["RequestSpec", "WorkloadConfig", "build_workload"]
+__all__ = ["RequestClass", "RequestSpec", "WorkloadConfig", "build_workload"]
 
 log = logging.getLogger(__name__)
 
@@ -31,4 +32,8 @@ def build_workload(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[Reque
     if trace.num_skipped:
         log.info("%s: skipped %d failed requests (zero output tokens)", cfg.trace.path,
                  trace.num_skipped)
+    if cfg.classes and not trace.has_priority:   # a class's priority, where the trace has none
+        by_name = {c.name: c.priority for c in cfg.classes}
+        return [replace(r, priority=by_name[r.klass]) if r.klass in by_name else r
+                for r in trace.requests]
     return trace.requests

@@ -25,11 +25,20 @@ Trace::
       start_s: 0                # window on the original trace clock
       end_s: 600
       num_requests: 1000        # cap, first N after windowing
+
+Either kind may name request classes (priority: lower is served first; slo: limits that replace
+the scenario's for that class). A synthetic workload draws each request's class by ``weight``
+from its own stream (the root seed's fourth child); a trace names it in a ``class`` column (csv)
+or field (mooncake), and may give a ``priority`` column/field, which wins over the class's::
+
+      classes:
+        - {name: interactive, priority: 0, weight: 3, slo: {ttft_ms: 200}}
+        - {name: batch, priority: 1, weight: 1}
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from simserve.errors import ConfigError
@@ -173,16 +182,73 @@ _TRACE_OPTIONAL = ("start_s", "end_s", "num_requests", "max_prompt_tokens",
                    "max_output_tokens", "model")
 
 
+_SLO_LIMITS = ("ttft_ms", "tpot_ms", "e2el_ms")
+
+
+@dataclass(frozen=True)
+class RequestClass:
+    """A class of requests: its name, its priority (lower = served first, as vLLM's), its share
+    of a synthetic workload (``weight``, relative) and SLO limits that replace the scenario's
+    ``slo`` limits of the same names for its requests (the others still apply)."""
+
+    name: str
+    priority: int = 0
+    weight: float = 1.0
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
+
+    @staticmethod
+    def from_fields(f: Fields, synthetic: bool) -> "RequestClass":
+        name = f.str("name")
+        priority = f.int("priority", 0)
+        if f.has("weight") and not synthetic:
+            raise ConfigError(f.where("weight"), "only applies to synthetic workloads (a "
+                                                 "trace names each request's class)")
+        weight = f.float("weight", 1.0, positive=True)
+        slo = f.section("slo")
+        limits = {k: slo.float(k, None, positive=True) for k in _SLO_LIMITS}
+        slo.done()
+        f.done()
+        return RequestClass(name, priority, weight, **limits)
+
+    def to_dict(self, synthetic: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "priority": self.priority}
+        if synthetic:
+            out["weight"] = self.weight
+        slo = {k: getattr(self, k) for k in _SLO_LIMITS if getattr(self, k) is not None}
+        if slo:
+            out["slo"] = slo
+        return out
+
+
+def _parse_classes(f: Fields, synthetic: bool) -> tuple[RequestClass, ...]:
+    raw = f.any("classes", None)
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f.where("classes"), "expected a non-empty list of "
+                                              "{name, priority, weight, slo} mappings")
+    classes = tuple(RequestClass.from_fields(Fields(item, f"{f.where('classes')}[{i}]"),
+                                             synthetic) for i, item in enumerate(raw))
+    names = [c.name for c in classes]
+    if len(set(names)) != len(names):
+        raise ConfigError(f.where("classes"), f"class names must be unique, got {names}")
+    return classes
+
+
 @dataclass(frozen=True)
 class WorkloadConfig:
     """Either a synthetic workload (``arrival`` plus ``prompt``/``output`` or ``lengths``)
-    or a trace replay (``trace``)."""
+    or a trace replay (``trace``); optionally request ``classes`` (priorities, per-class SLOs).
+    """
 
     arrival: ArrivalConfig | None = None
     prompt: LengthDist | None = None
     output: LengthDist | None = None
     lengths: JointLengths | None = None
     trace: TraceConfig | None = None
+    classes: tuple[RequestClass, ...] = ()
 
     @property
     def type(self) -> str:
@@ -194,11 +260,18 @@ class WorkloadConfig:
         kind = f.str("type", "trace" if f.has("trace") else "synthetic",
                      choices=("synthetic", "trace"))
         cfg = _parse_trace(f) if kind == "trace" else _parse_synthetic(f)
+        classes = _parse_classes(f, synthetic=kind == "synthetic")
         f.done()
-        return cfg
+        return replace(cfg, classes=classes) if classes else cfg
 
     def to_dict(self) -> dict[str, Any]:
         """A plain, YAML-serialisable mapping that :meth:`from_fields` parses back to ``self``."""
+        out = self._source_dict()
+        if self.classes:
+            out["classes"] = [c.to_dict(self.trace is None) for c in self.classes]
+        return out
+
+    def _source_dict(self) -> dict[str, Any]:
         if self.trace is not None:
             t = self.trace
             out: dict[str, Any] = {"type": "trace", "trace": t.path, "format": t.format}

@@ -1,7 +1,7 @@
 """Synthetic workloads: an arrival process plus prompt and output length distributions.
 
-Randomness comes from one root seed split into three independent streams
-(``SeedSequence(seed).spawn(3)``: arrivals, prompt lengths, output lengths), so changing one
+Randomness comes from one root seed split into independent streams (``SeedSequence(seed)
+.spawn(4)``: arrivals, prompt lengths, output lengths, request classes), so changing one
 distribution never reshuffles the others.
 """
 
@@ -20,8 +20,8 @@ from simserve.workload.traces import read_length_columns, resolve_path
 def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[RequestSpec]:
     """Requests of a synthetic ``cfg``, ids 0..n-1 in arrival order."""
     assert cfg.arrival is not None, "generate() needs a synthetic workload"
-    arrival_rng, prompt_rng, output_rng = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+    arrival_rng, prompt_rng, output_rng, class_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4))
     arrival = arrival_times(cfg.arrival, arrival_rng)
     n = len(arrival)
     if cfg.lengths is not None:
@@ -36,8 +36,14 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[RequestSpec
         assert cfg.prompt is not None and cfg.output is not None
         prompt = sample_lengths(cfg.prompt, n, prompt_rng, base_dir, "workload.prompt")
         output = sample_lengths(cfg.output, n, output_rng, base_dir, "workload.output")
-    return [RequestSpec(i, a, p, o) for i, (a, p, o) in enumerate(
-        zip(arrival.tolist(), prompt.tolist(), output.tolist()))]
+    if not cfg.classes:
+        return [RequestSpec(i, a, p, o) for i, (a, p, o) in enumerate(
+            zip(arrival.tolist(), prompt.tolist(), output.tolist()))]
+    weights = np.array([c.weight for c in cfg.classes])
+    drawn = class_rng.choice(len(cfg.classes), size=n, p=weights / weights.sum())
+    return [RequestSpec(i, a, p, o, None, cfg.classes[k].priority, cfg.classes[k].name)
+            for i, (a, p, o, k) in enumerate(
+                zip(arrival.tolist(), prompt.tolist(), output.tolist(), drawn.tolist()))]
 
 
 def arrival_times(cfg: ArrivalConfig, rng: np.random.Generator) -> np.ndarray:

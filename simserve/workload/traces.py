@@ -31,6 +31,7 @@ class Trace:
 
     requests: list[RequestSpec]
     num_skipped: int = 0
+    has_priority: bool = False                  # the trace gave each request's priority
 
 
 @dataclass
@@ -40,6 +41,8 @@ class _Rows:
     output: np.ndarray                          # int64
     hash_ids: list[tuple[int, ...] | None] | None = None
     num_skipped: int = 0
+    priority: np.ndarray | None = None          # int64, optional column/field
+    klass: list[str] | None = None              # request class names, optional column/field
 
 
 def resolve_path(path: str, base_dir: Path, field: str) -> Path:
@@ -88,9 +91,11 @@ def load_trace(cfg: TraceConfig, base_dir: Path) -> Trace:
     if cfg.max_output_tokens is not None:
         output = np.minimum(output, cfg.max_output_tokens)
     hashes = [rows.hash_ids[i] for i in idx] if rows.hash_ids is not None else [None] * len(idx)
-    requests = [RequestSpec(i, a, p, o, h) for i, (a, p, o, h) in enumerate(
-        zip(arrival.tolist(), prompt.tolist(), output.tolist(), hashes))]
-    return Trace(requests, rows.num_skipped)
+    prio = rows.priority[idx].tolist() if rows.priority is not None else [0] * len(idx)
+    klass = [rows.klass[i] for i in idx] if rows.klass is not None else [""] * len(idx)
+    requests = [RequestSpec(i, a, p, o, h, q, k) for i, (a, p, o, h, q, k) in enumerate(
+        zip(arrival.tolist(), prompt.tolist(), output.tolist(), hashes, prio, klass))]
+    return Trace(requests, rows.num_skipped, rows.priority is not None)
 
 
 def read_length_columns(path: Path, columns: Sequence[str]) -> list[np.ndarray]:
@@ -192,10 +197,19 @@ def _read_azure(path: Path, cfg: TraceConfig) -> _Rows:
 
 
 def _read_plain_csv(path: Path, cfg: TraceConfig) -> _Rows:
-    df = _read_csv(path, ("arrival_s", "prompt_tokens", "output_tokens"))
+    try:
+        header = [str(c) for c in pd.read_csv(path, nrows=0).columns]
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError):
+        header = []   # _read_csv reports it
+    optional = [c for c in ("priority", "class") if c in header]
+    df = _read_csv(path, ("arrival_s", "prompt_tokens", "output_tokens", *optional))
     return _Rows(_numeric(df["arrival_s"], "arrival_s", path, minimum=0, integer=False),
                  _numeric(df["prompt_tokens"], "prompt_tokens", path, minimum=1, integer=True),
-                 _numeric(df["output_tokens"], "output_tokens", path, minimum=1, integer=True))
+                 _numeric(df["output_tokens"], "output_tokens", path, minimum=1, integer=True),
+                 priority=(_numeric(df["priority"], "priority", path, minimum=-np.inf,
+                                    integer=True) if "priority" in optional else None),
+                 klass=(df["class"].fillna("").astype(str).tolist() if "class" in optional
+                        else None))
 
 
 def _read_burstgpt(path: Path, cfg: TraceConfig) -> _Rows:
@@ -221,6 +235,9 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
     keys = ("timestamp", "input_length", "output_length")
     cols: dict[str, list] = {k: [] for k in keys}
     hashes: list[tuple[int, ...] | None] = []
+    priority: list[int] = []
+    klass: list[str] = []
+    saw_priority = False
     lines: list[int] = []
     try:
         with open(path, encoding="utf-8") as fh:
@@ -243,6 +260,14 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
                         type(x) is not int for x in h)):
                     raise DataError(path, "hash_ids must be a list of integers", lineno)
                 hashes.append(tuple(h) if h is not None else None)
+                q, c = obj.get("priority", 0), obj.get("class", "")
+                if type(q) is not int:
+                    raise DataError(path, f"priority must be an integer, got {q!r}", lineno)
+                if not isinstance(c, str):
+                    raise DataError(path, f"class must be a string, got {c!r}", lineno)
+                saw_priority = saw_priority or "priority" in obj
+                priority.append(q)
+                klass.append(c)
                 lines.append(lineno)
     except UnicodeDecodeError:
         raise DataError(path, "the file is not UTF-8 text") from None
@@ -254,7 +279,9 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
 
     return _Rows(column("timestamp", 0, False) / 1000.0,  # milliseconds -> seconds
                  column("input_length", 1, True), column("output_length", 1, True),
-                 hash_ids=hashes if any(h is not None for h in hashes) else None)
+                 hash_ids=hashes if any(h is not None for h in hashes) else None,
+                 priority=np.asarray(priority, dtype=np.int64) if saw_priority else None,
+                 klass=klass if any(klass) else None)
 
 
 _READERS = {"azure": _read_azure, "mooncake": _read_mooncake, "burstgpt": _read_burstgpt,

@@ -1,0 +1,91 @@
+"""vLLM v1 with ``--scheduling-policy priority``: the waiting queue ordered by priority, and the
+lowest-priority running request preempted when KV blocks run out.
+
+Learned from vllm/v1/core/sched/scheduler.py and request_queue.py (``PriorityRequestQueue``):
+the step is vLLM v1's (running requests first, then waiting ones, chunked prefill under one
+budget; see ``vllm_v1``), with two changes:
+
+* waiting requests are served in order of ``(priority, arrival time)`` — a lower value is served
+  first, ties by arrival — and a preempted request goes back into that order, not to the front;
+* when a running request's blocks do not fit, the victim is the running request with the
+  largest ``(priority, arrival time)``, even one already scheduled in this step (its tokens are
+  handed back to the budget); if that is the request itself, the walk over running requests stops.
+
+Priorities come from ``workload.classes`` (or a trace's ``priority`` column). A waiting request
+never preempts a running one, as in vLLM: it gets in as the running ones finish or are
+preempted for blocks.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from dataclasses import replace
+
+from simserve.sched.core import Batch
+from simserve.sched.plan import StepPlan
+from simserve.sched.request import Request, Status
+from simserve.sched.vllm_v1 import VllmV1
+
+
+def rank(req: Request) -> tuple[int, float, int]:
+    """vLLM's request order: priority, then arrival, then id."""
+    return req.spec.priority, req.spec.arrival_s, req.id
+
+
+class Priority(VllmV1):
+    name = "priority"
+    monotone_admission = True   # as vLLM v1: a stretch ends when blocks run out
+
+    def schedule(self) -> StepPlan:
+        plan = super().schedule()
+        preempted = 0
+        while plan.is_empty and plan.num_preempted and self.has_work:
+            # The lowest-priority request preempted itself first in the running list: vLLM runs
+            # this step with nothing scheduled and goes on at the next, which costs no time.
+            preempted += plan.num_preempted
+            plan = super().schedule()
+        if preempted:
+            plan = self._batch.plan = replace(plan, num_preempted=plan.num_preempted + preempted)
+        return plan
+
+    def add(self, req: Request) -> None:
+        super().add(req)
+        self.waiting.pop()
+        insort(self.waiting, req, key=rank)
+
+    def preempt(self, batch: Batch, req: Request) -> None:
+        super().preempt(batch, req)
+        if req.status is Status.WAITING:   # recompute: back in priority order
+            self.waiting.popleft()
+            insort(self.waiting, req, key=rank)
+
+    def _schedule_running(self, batch: Batch) -> None:
+        for req in list(self.running):
+            if batch.full:
+                return
+            if req.status is not Status.RUNNING:
+                continue                   # preempted earlier in this walk
+            n = self.clip(req, req.num_remaining, batch)
+            if not self._grow_or_preempt_lowest(batch, req, n):
+                return
+
+    def _grow_or_preempt_lowest(self, batch: Batch, req: Request, n: int) -> bool:
+        while self.blocks.allocate(req.id, req.num_computed_tokens + n) is None:
+            victim = max(self.running, key=rank)
+            if victim.id in batch.scheduled:
+                self._unschedule(batch, victim)
+            self.preempt(batch, victim)
+            if victim is req:
+                return False
+        batch.add(req, n)
+        return True
+
+    def _unschedule(self, batch: Batch, req: Request) -> None:
+        """Take a request back out of the step being built; its tokens return to the budget.
+        The batch is rebuilt from its other entries (their counters have not moved since)."""
+        kept = [(r, n) for r, n in batch.entries if r is not req]
+        counts = batch.num_preempted, batch.swap_out_blocks, batch.swap_in_blocks
+        batch.__init__(self.limits)
+        batch.num_preempted, batch.swap_out_blocks, batch.swap_in_blocks = counts
+        for r, n in kept:
+            batch.add(r, n)
