@@ -124,13 +124,14 @@ class Recorder:
     def columns(self) -> dict[str, np.ndarray]:
         """Every step column as an array, in recording order (groups expanded)."""
         counts = np.frombuffer(self.groups["num_steps"], dtype=np.int64)
+        group_of_step = np.repeat(np.arange(len(counts)), counts)
         out = {}
         for c in STEP_COLUMNS:
             if c in STEP_ARRAYS:
                 out[c] = np.frombuffer(self.steps[c],
                                        dtype=np.float64 if STEP_ARRAYS[c] == "d" else np.int64)
             else:
-                out[c] = np.repeat(np.frombuffer(self.groups[c], dtype=np.int64), counts)
+                out[c] = np.frombuffer(self.groups[c], dtype=np.int64).take(group_of_step)
         return out
 
 

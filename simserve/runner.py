@@ -11,6 +11,7 @@ import gc
 import json
 import math
 from contextlib import contextmanager
+from itertools import chain
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -269,45 +270,45 @@ def itl_sample(finished: list) -> WeightedSample:
     """Every inter-token gap of the finished requests, as a weighted sample of step gaps.
 
     Within a run of consecutive steps a request's gaps are its replica's step-end gaps, so gap
-    g (between steps g and g + 1) is counted once per run covering both; gaps between runs
-    (a request skipped for some steps) are added one by one.
+    g (between steps g and g + 1) is counted once per run covering both; a gap between two runs
+    of one request (it was skipped for some steps) is counted on its own.
     """
     by_clock: dict[int, tuple] = {}
-    extra: list[float] = []
     for r in finished:
-        ends = r.step_ends
-        key = id(ends)
-        if key not in by_clock:
-            by_clock[key] = (ends, [], [])
-        _, firsts, lasts = by_clock[key]
-        prev_last = None
-        for first, stop in r.token_runs:
-            if stop - first >= 2:
-                firsts.append(first)
-                lasts.append(stop - 1)
-            if prev_last is not None:
-                extra.append(ends[first] - ends[prev_last])
-            prev_last = stop - 1
-    values, weights = [np.asarray(extra, dtype=np.float64)], [np.ones(len(extra), np.int64)]
-    for ends, firsts, lasts in by_clock.values():
-        e = np.frombuffer(ends, dtype=np.float64)
-        if len(e) < 2 or not firsts:
-            continue
-        cover = np.zeros(len(e), dtype=np.int64)
-        np.add.at(cover, np.asarray(firsts), 1)
-        np.add.at(cover, np.asarray(lasts), -1)
+        by_clock.setdefault(id(r.step_ends), (r.step_ends, []))[1].append(r)
+    values, weights = [np.empty(0)], [np.empty(0, np.int64)]
+    for clock, reqs in by_clock.values():
+        e = np.frombuffer(clock, dtype=np.float64)
+        counts = np.fromiter((len(r.token_runs) for r in reqs), dtype=np.int64, count=len(reqs))
+        flat = np.fromiter(chain.from_iterable(chain.from_iterable(r.token_runs for r in reqs)),
+                           dtype=np.int64, count=2 * int(counts.sum())).reshape(-1, 2)
+        first, last = flat[:, 0], flat[:, 1] - 1
+        # gaps inside runs: coverage of step gaps by runs of two or more tokens
+        long = last > first
+        cover = (np.bincount(first[long], minlength=len(e))
+                 - np.bincount(last[long], minlength=len(e)))
         w = np.cumsum(cover)[:-1]          # w[g]: runs that contain both step g and g + 1
         keep = w > 0
         values.append(np.diff(e)[keep])
         weights.append(w[keep])
+        # gaps between consecutive runs of the same request
+        starts_request = np.zeros(len(first), dtype=bool)
+        starts_request[np.cumsum(counts)[:-1]] = True
+        starts_request[0] = True
+        follow = ~starts_request[1:]
+        between = e[first[1:][follow]] - e[last[:-1][follow]]
+        values.append(between)
+        weights.append(np.ones(len(between), dtype=np.int64))
     return WeightedSample(np.concatenate(values), np.concatenate(weights))
 
 
 def steps_frame(rec: Recorder) -> pd.DataFrame:
     """The per-step table, ordered by start time then replica, numbered from 0."""
     cols = rec.columns()
-    order = np.lexsort((cols["replica"], cols["start_s"]))
-    frame = pd.DataFrame({"step": np.arange(len(order), dtype=np.int64)})
-    for c, values in cols.items():
-        frame[c] = values[order]
-    return frame
+    start, replica = cols["start_s"], cols["replica"]
+    in_order = bool(np.all((start[1:] > start[:-1]) | (
+        (start[1:] == start[:-1]) & (replica[1:] >= replica[:-1]))))
+    if not in_order:   # several replicas record their steps interleaved
+        order = np.lexsort((replica, start))
+        cols = {c: v[order] for c, v in cols.items()}
+    return pd.DataFrame({"step": np.arange(len(start), dtype=np.int64), **cols}, copy=False)

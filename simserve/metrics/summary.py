@@ -34,7 +34,7 @@ class WeightedSample:
     def _sorted(self) -> tuple[np.ndarray, np.ndarray]:
         cached = self.__dict__.get("_sorted_cache")
         if cached is None:
-            order = np.argsort(self.values, kind="stable")
+            order = np.argsort(self.values)   # ties in any order: the percentile is the same
             cached = (self.values[order], np.cumsum(self.weights[order]))
             object.__setattr__(self, "_sorted_cache", cached)
         return cached

@@ -5,8 +5,9 @@ prefill_interval``, default 16, and the default prefill decision of its inputs m
 interval-rescheduling idea shared with TurboMind's persistent batch. Every step is either a
 *reschedule* — waiting prompts admitted whole (FCFS, while the token budget, ``max_num_seqs`` and
 free KV blocks allow) and prefilled in a step of their own — or a decode of every running request
-(the newest is evicted, recompute, when blocks run out). A reschedule happens when requests wait
-and any of:
+(the newest is evicted when blocks run out: recomputed later, or swapped out with
+``preemption_mode: swap`` — LMDeploy's ``copy`` eviction — and swapped back in by a later decode
+step with room). A reschedule happens when requests wait and any of:
 
 * nothing is running;
 * ``schedule_interval`` decode steps have passed since the last reschedule;
@@ -16,9 +17,8 @@ and any of:
 Each reschedule costs ``reschedule_overhead_ms`` on top of its step (``StepPlan.extra_s``): the
 host-side work of rebuilding the batch, which interval scheduling amortises.
 
-Not modelled: TurboMind's own loop (its chunked prefill and asynchronous scheduling), the
-PyTorch engine's ``copy`` eviction, decode look-ahead block preallocation and multi-step decode
-loops.
+Not modelled: TurboMind's own loop (its chunked prefill and asynchronous scheduling), decode
+look-ahead block preallocation and multi-step decode loops.
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ class Lmdeploy(Scheduler):
             if not self.grow_or_preempt(batch, self.running[i], self.running[i].num_remaining):
                 break
             i += 1
+        if batch.num_preempted == 0:
+            self.resume_swapped(batch)      # eviction_type copy (preemption_mode: swap)
         self.decodes_since_reschedule += 1
         return batch.freeze()
 
