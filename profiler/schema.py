@@ -90,7 +90,7 @@ class Settings(TypedDict):
     max_num_batched_tokens: int
     warmup: int
     repeats: int                   # the most repeats per point; slow points may stop at 3
-    timer: Literal["perf_counter", "cuda_event"]
+    timer: Literal["perf_counter", "thread_time", "cuda_event"]
     sampler: str                   # what lm_head.seconds and heldout sample with
 
 
@@ -350,7 +350,7 @@ _MODEL = _record({
 })
 _SETTINGS = _record({
     "block_size": _pos_int, "max_num_batched_tokens": _pos_int, "warmup": _nonneg_int,
-    "repeats": _pos_int, "timer": _choice("perf_counter", "cuda_event"), "sampler": _str,
+    "repeats": _pos_int, "timer": _choice("perf_counter", "thread_time", "cuda_event"), "sampler": _str,
 })
 _ATTENTION = _record({
     "backend": _choice("reference", "flex", "flashinfer"), "compiled": _bool,

@@ -75,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
 
     lst = sub.add_parser("list", help="list shipped model cards, hardware specs or policies")
     lst.add_argument("what", choices=("models", "hardware", "policies"))
+
+    # fidelity against a live server (docs/fidelity.md): each module adds its own subcommand
+    from importlib import import_module
+    for name in ("replay", "compare", "calibrate"):
+        import_module(f"simserve.{name}").register(sub)
     return p
 
 
@@ -103,7 +108,7 @@ def _cmd_run(args) -> int:
     results = {}
     for label, scenario in variants:
         t0 = time.perf_counter()
-        result = run(scenario)
+        result = run(scenario, record_tokens=args.tokens)
         wall = time.perf_counter() - t0
         results[label] = result
         if not args.quiet:
@@ -202,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     handlers = {"run": _cmd_run, "validate": _cmd_validate, "list": _cmd_list,
                 "report": _cmd_report, "sweep": _cmd_sweep, "capacity": _cmd_capacity}
     try:
-        return handlers[args.command](args)
+        handler = handlers.get(args.command) or args.handler
+        return handler(args)
     except SimserveError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -42,7 +42,7 @@ MAX_STRETCH = 256
 
 # Per-step columns (vary inside a fast-forwarded stretch) and per-group columns (constant over a
 # group of steps: one plain step, or one whole stretch). Typecodes: float64 times, int64 counts.
-STEP_ARRAYS = {"start_s": "d", "duration_s": "d", "kv_blocks_used": "q"}
+STEP_ARRAYS = {"start_s": "d", "duration_s": "d", "kv_blocks_used": "i"}
 GROUP_ARRAYS = {
     "num_steps": "q", "replica": "q", "num_prefill_tokens": "q", "num_prefill_seqs": "q",
     "num_decode_seqs": "q", "num_batched_tokens": "q", "num_running": "q", "num_waiting": "q",
@@ -68,46 +68,79 @@ class Replica:
         return self.scheduler.blocks
 
 
+class _ReplicaLog:
+    """One replica's steps, in its own order (step i here is its scheduler's step i)."""
+
+    def __init__(self) -> None:
+        self.steps = {c: array(t) for c, t in STEP_ARRAYS.items()}
+        self.groups = {c: array(t) for c, t in GROUP_ARRAYS.items()}
+
+    def ends(self) -> np.ndarray:
+        """End time of each step (start + duration: the very sums the engine advanced by)."""
+        return (np.frombuffer(self.steps["start_s"], dtype=np.float64)
+                + np.frombuffer(self.steps["duration_s"], dtype=np.float64))
+
+    def columns(self) -> dict[str, np.ndarray]:
+        counts = np.frombuffer(self.groups["num_steps"], dtype=np.int64)
+        group_of_step = np.repeat(np.arange(len(counts)), counts)
+        out = {}
+        for c in STEP_COLUMNS:
+            if c in STEP_ARRAYS:
+                out[c] = np.frombuffer(self.steps[c], dtype=_DTYPES[STEP_ARRAYS[c]])
+            else:
+                out[c] = np.frombuffer(self.groups[c], dtype=np.int64).take(group_of_step)
+        return out
+
+
+_DTYPES = {"d": np.float64, "q": np.int64, "i": np.int32}
+
+
 @dataclass
 class Recorder:
-    """Events recorded during the run, in flat typed arrays; metrics are computed after it.
+    """Events recorded during the run, in flat typed arrays per replica; metrics are computed
+    after the run from these.
 
     Steps are stored as groups: a plain step is a group of one; a fast-forwarded stretch is one
     group of k steps that share every count but their times and KV blocks used.
     """
 
     requests: list[Request] = field(default_factory=list)
-    steps: dict[str, array] = field(
-        default_factory=lambda: {c: array(t) for c, t in STEP_ARRAYS.items()})
-    groups: dict[str, array] = field(
-        default_factory=lambda: {c: array(t) for c, t in GROUP_ARRAYS.items()})
+    replicas: dict[int, _ReplicaLog] = field(default_factory=dict)
+
+    def log(self, replica: Replica) -> _ReplicaLog:
+        log = self.replicas.get(replica.index)
+        if log is None:
+            log = self.replicas[replica.index] = _ReplicaLog()
+        return log
 
     @property
     def num_stretches(self) -> int:
-        return sum(1 for k in self.groups["num_steps"] if k > 1)
+        return sum(1 for log in self.replicas.values() for k in log.groups["num_steps"] if k > 1)
 
     def step(self, replica: Replica, start: float, duration: float, plan: StepPlan) -> None:
-        sched = replica.scheduler
-        s = self.steps
+        log = self.log(replica)
+        s = log.steps
         s["start_s"].append(start)
         s["duration_s"].append(duration)
-        s["kv_blocks_used"].append(sched.blocks.num_used)
-        self._group(1, replica, plan.num_prefill_tokens, len(plan.prefill_lens),
+        s["kv_blocks_used"].append(replica.scheduler.blocks.num_used)
+        self._group(log, 1, replica, plan.num_prefill_tokens, len(plan.prefill_lens),
                     len(plan.decode_ctx), plan.num_preempted, plan.swap_out_blocks,
                     plan.swap_in_blocks)
 
     def stretch(self, replica: Replica, starts: list[float], durations: list[float],
                 plan: StepPlan, kv_used: list[int]) -> None:
         """k decode steps that differ only in their times and KV blocks used."""
-        s = self.steps
+        log = self.log(replica)
+        s = log.steps
         s["start_s"].extend(starts)
         s["duration_s"].extend(durations)
         s["kv_blocks_used"].extend(kv_used)
-        self._group(len(kv_used), replica, 0, 0, len(plan.decode_ctx), 0, 0, 0)
+        self._group(log, len(kv_used), replica, 0, 0, len(plan.decode_ctx), 0, 0, 0)
 
-    def _group(self, k, replica, prefill_tokens, prefill_seqs, decode_seqs, preempted,
+    @staticmethod
+    def _group(log, k, replica, prefill_tokens, prefill_seqs, decode_seqs, preempted,
                swap_out, swap_in) -> None:
-        g, sched = self.groups, replica.scheduler
+        g, sched = log.groups, replica.scheduler
         g["num_steps"].append(k)
         g["replica"].append(replica.index)
         g["num_prefill_tokens"].append(prefill_tokens)
@@ -122,17 +155,14 @@ class Recorder:
         g["swap_in_blocks"].append(swap_in)
 
     def columns(self) -> dict[str, np.ndarray]:
-        """Every step column as an array, in recording order (groups expanded)."""
-        counts = np.frombuffer(self.groups["num_steps"], dtype=np.int64)
-        group_of_step = np.repeat(np.arange(len(counts)), counts)
-        out = {}
-        for c in STEP_COLUMNS:
-            if c in STEP_ARRAYS:
-                out[c] = np.frombuffer(self.steps[c],
-                                       dtype=np.float64 if STEP_ARRAYS[c] == "d" else np.int64)
-            else:
-                out[c] = np.frombuffer(self.groups[c], dtype=np.int64).take(group_of_step)
-        return out
+        """Every step column as an array: replicas one after another, each in step order."""
+        logs = [self.replicas[i].columns() for i in sorted(self.replicas)]
+        if not logs:
+            return {c: np.empty(0, dtype=np.float64 if c in ("start_s", "duration_s")
+                                else np.int64) for c in STEP_COLUMNS}
+        if len(logs) == 1:
+            return logs[0]
+        return {c: np.concatenate([log[c] for log in logs]) for c in STEP_COLUMNS}
 
 
 def rejection_reason(req: Request, replica: Replica) -> str:

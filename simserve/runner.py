@@ -28,7 +28,7 @@ from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
 from simserve.latency.base import LatencyModel
 from simserve.metrics.slo import SloConfig
-from simserve.metrics.summary import WeightedSample, format_summary, summarize
+from simserve.metrics.summary import WeightedSample, format_summary, grouped_levels, summarize
 from simserve.sched import POLICIES, SchedulerLimits
 from simserve.workload import build_workload
 
@@ -45,16 +45,32 @@ class Result:
 
     scenario: Scenario
     requests: pd.DataFrame
-    steps: pd.DataFrame
+    _steps: pd.DataFrame | None
     summary: dict
     latency_label: str = ""
     warnings: list[str] = field(default_factory=list)
-    _runs: list = field(default_factory=list, repr=False)   # (token runs, step ends) per row
+    _recorder: Recorder | None = field(default=None, repr=False)
+    _runs: list | None = field(default=None, repr=False)   # (token runs, step ends) per row
     _token_times: list | None = field(default=None, repr=False)
 
     @property
+    def steps(self) -> pd.DataFrame:
+        """One row per engine iteration (built on first use: a long run has millions)."""
+        if self._steps is None:
+            self._steps = steps_frame(self._recorder)
+        return self._steps
+
+    @property
+    def has_token_times(self) -> bool:
+        return self._runs is not None
+
+    @property
     def token_times(self) -> list[np.ndarray]:
-        """Every output token's time, one array per row of ``requests`` (empty if rejected)."""
+        """Every output token's time, one array per row of ``requests`` (empty if rejected).
+        Recorded only when asked for: ``run(..., record_tokens=True)``."""
+        if self._runs is None:
+            raise SimserveError("token times were not recorded; run with record_tokens=True "
+                                "(CLI: --tokens)")
         if self._token_times is None:
             out = []
             for runs, ends in self._runs:
@@ -94,7 +110,7 @@ class Result:
         self.requests.to_csv(out / "requests.csv", index=False, float_format="%.9g")
         self.steps.to_csv(out / "steps.csv", index=False, float_format="%.9g")
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
-        if tokens:
+        if tokens and self.has_token_times:
             self.tokens().to_csv(out / "tokens.csv", index=False, float_format="%.9g")
         return out
 
@@ -165,15 +181,17 @@ def class_slos(s: Scenario) -> dict[str, SloConfig]:
 
 
 def run(scenario: Scenario | str | Path, *, latency: LatencyModel | None = None,
-        overrides: list[str] | None = None, fast_forward: bool = True) -> Result:
+        overrides: list[str] | None = None, fast_forward: bool = True,
+        record_tokens: bool = False) -> Result:
     """Simulate a scenario (a Scenario, or a path to its YAML) and summarise it.
 
     ``fast_forward=False`` steps one iteration per event; the results are the same (the
-    equivalence tests check it), only slower.
+    equivalence tests check it), only slower. ``record_tokens=True`` keeps every output
+    token's time (``Result.token_times``, ``tokens.csv``); the summary never needs them.
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     with _no_cyclic_gc():
-        return _run(s, latency, fast_forward)
+        return _run(s, latency, fast_forward, record_tokens)
 
 
 @contextmanager
@@ -190,12 +208,15 @@ def _no_cyclic_gc():
             gc.enable()
 
 
-def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool) -> Result:
+def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
+         record_tokens: bool) -> Result:
     specs = build_workload(s.workload, s.seed, s.base_dir)
     replicas = build_replicas(s, latency)
     router = round_robin() if s.cluster.router == "round_robin" else least_outstanding
+    for replica in replicas:
+        replica.scheduler.record_tokens = record_tokens
     rec = simulate(specs, replicas, router, fast_forward=fast_forward)
-    result = collect(s, rec)
+    result = collect(s, rec, replicas)
     latency_models = {id(r.latency): r.latency for r in replicas}.values()
     result.latency_label = replicas[0].latency.label
     result.warnings = [w for m in latency_models for w in getattr(m, "warnings", list)()]
@@ -226,13 +247,12 @@ def comparison_table(results: dict[str, Result]) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
-def collect(s: Scenario, rec: Recorder) -> Result:
-    steps = steps_frame(rec)
+def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     reqs = sorted(rec.requests, key=lambda r: r.id)
     finished = np.array([r.status.value == "finished" for r in reqs], dtype=bool)
     nan = math.nan
-    first = np.array([r.step_ends[r.token_runs[0][0]] if ok else nan
-                      for r, ok in zip(reqs, finished)], dtype=np.float64)
+    first = np.array([r.first_token_s if ok else nan for r, ok in zip(reqs, finished)],
+                     dtype=np.float64)
     finish = np.array([r.finish_s if ok else nan for r, ok in zip(reqs, finished)],
                       dtype=np.float64)
     arrival = np.array([r.spec.arrival_s for r in reqs], dtype=np.float64)
@@ -258,47 +278,39 @@ def collect(s: Scenario, rec: Recorder) -> Result:
         "class": [r.spec.klass for r in reqs],
         "num_cached_tokens": np.array([r.num_cached_tokens for r in reqs], dtype=np.int64),
     }, columns=list(REQUEST_COLUMNS))
-    done = [r for r, ok in zip(reqs, finished) if ok]
-    summary = summarize(requests, None, steps, s.slo, itl=itl_sample(done),
+    logs = [rec.replicas[i] for i in sorted(rec.replicas)]
+
+    def levels(t0: float, t1: float) -> dict:
+        groups = [{**{c: np.frombuffer(log.steps[c], dtype=np.float64 if c != "kv_blocks_used"
+                                       else np.int32) for c in log.steps},
+                   **{c: np.frombuffer(log.groups[c], dtype=np.int64) for c in log.groups}}
+                  for log in logs]
+        return grouped_levels(groups, t0, t1)
+
+    summary = summarize(requests, None, None, s.slo, itl=itl_sample(rec, replicas),
                         class_slos=class_slos(s) if any(r.spec.klass for r in reqs) else None,
-                        prefix_caching=s.engine.enable_prefix_caching)
-    runs = [(r.token_runs, r.step_ends) if ok else ([], None) for r, ok in zip(reqs, finished)]
-    return Result(s, requests, steps, summary, _runs=runs)
+                        prefix_caching=s.engine.enable_prefix_caching, levels=levels)
+    runs = None
+    if all(r.scheduler.record_tokens for r in replicas):
+        runs = [(r.token_runs, r.step_ends) if ok else ([], None)
+                for r, ok in zip(reqs, finished)]
+    return Result(s, requests, None, summary, _recorder=rec, _runs=runs)
 
 
-def itl_sample(finished: list) -> WeightedSample:
-    """Every inter-token gap of the finished requests, as a weighted sample of step gaps.
-
-    Within a run of consecutive steps a request's gaps are its replica's step-end gaps, so gap
-    g (between steps g and g + 1) is counted once per run covering both; a gap between two runs
-    of one request (it was skipped for some steps) is counted on its own.
-    """
-    by_clock: dict[int, tuple] = {}
-    for r in finished:
-        by_clock.setdefault(id(r.step_ends), (r.step_ends, []))[1].append(r)
+def itl_sample(rec: Recorder, replicas: list[Replica]) -> WeightedSample:
+    """Every inter-token gap, as the schedulers gathered them: gap g of a replica (between its
+    steps g and g + 1) with its multiplicity, plus the gaps that spanned skipped steps."""
     values, weights = [np.empty(0)], [np.empty(0, np.int64)]
-    for clock, reqs in by_clock.values():
-        e = np.frombuffer(clock, dtype=np.float64)
-        counts = np.fromiter((len(r.token_runs) for r in reqs), dtype=np.int64, count=len(reqs))
-        flat = np.fromiter(chain.from_iterable(chain.from_iterable(r.token_runs for r in reqs)),
-                           dtype=np.int64, count=2 * int(counts.sum())).reshape(-1, 2)
-        first, last = flat[:, 0], flat[:, 1] - 1
-        # gaps inside runs: coverage of step gaps by runs of two or more tokens
-        long = last > first
-        cover = (np.bincount(first[long], minlength=len(e))
-                 - np.bincount(last[long], minlength=len(e)))
-        w = np.cumsum(cover)[:-1]          # w[g]: runs that contain both step g and g + 1
-        keep = w > 0
-        values.append(np.diff(e)[keep])
-        weights.append(w[keep])
-        # gaps between consecutive runs of the same request
-        starts_request = np.zeros(len(first), dtype=bool)
-        starts_request[np.cumsum(counts)[:-1]] = True
-        starts_request[0] = True
-        follow = ~starts_request[1:]
-        between = e[first[1:][follow]] - e[last[:-1][follow]]
-        values.append(between)
-        weights.append(np.ones(len(between), dtype=np.int64))
+    for replica in replicas:
+        sched, log = replica.scheduler, rec.replicas.get(replica.index)
+        if log is not None and sched.num_steps > 1:
+            w = np.cumsum(np.frombuffer(sched.itl_diff, dtype=np.int64))[:sched.num_steps - 1]
+            keep = w > 0
+            values.append(np.diff(log.ends())[keep])
+            weights.append(w[keep])
+        extra = np.frombuffer(sched.itl_extra, dtype=np.float64)
+        values.append(extra)
+        weights.append(np.ones(len(extra), dtype=np.int64))
     return WeightedSample(np.concatenate(values), np.concatenate(weights))
 
 

@@ -24,6 +24,7 @@ import importlib.util
 import itertools
 import json
 import os
+import socket
 import sys
 import time
 import types
@@ -232,6 +233,7 @@ def _map_ray(scenarios: list[Scenario], address: str | None, on_done: Done) -> l
                             "pip install 'simserve[ray]'") from None
     own = not ray.is_initialized()   # a cluster the caller connected to is left running
     if own:
+        _check_reachable(address)
         try:
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      logging_level="ERROR")
@@ -255,6 +257,19 @@ def _map_ray(scenarios: list[Scenario], address: str | None, on_done: Done) -> l
     finally:
         if own:
             ray.shutdown()
+
+
+def _check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
+    """Fail fast on a HOST:PORT nobody answers at (ray.init would retry for minutes)."""
+    if not address or address in ("auto", "local"):
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return            # some other form ray understands; let it decide
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise SimserveError(f"ray: no cluster answers at {address} ({e.strerror or e})") from None
 
 
 class Progress:

@@ -94,6 +94,7 @@ def run_checked(policy, limits, block_size, num_blocks, host_blocks, max_model_l
         blocks = PrefixBlockManager(num_blocks, block_size, source_block_size=8) if prefix \
             else BlockManager(num_blocks, block_size, host_blocks)
         sched = cls(limits, blocks, params, 3)
+        sched.record_tokens = True
         replicas.append(Replica(i, sched, ToyLatency(), max_model_len))
     plans = []
 

@@ -176,6 +176,12 @@ def test_ray_executor_gives_the_same_table_as_local(tmp_path):
     pd.testing.assert_frame_equal(local, remote)
 
 
+def test_ray_address_nobody_answers_at_is_a_clear_error():
+    pytest.importorskip("ray")
+    with pytest.raises(SimserveError, match="ray: no cluster answers at 127.0.0.1:1"):
+        run_scenarios([simserve.load_scenario(TINY)], "ray", address="127.0.0.1:1")
+
+
 # --- command line ------------------------------------------------------------------------------
 
 def test_cli_sweep_writes_table_and_report(tmp_path, capsys):

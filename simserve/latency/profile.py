@@ -72,7 +72,15 @@ class ProfileLatency:
                       f"{prov['dtype']}, {prov['threads']} threads)")
         self.source = source
         self.layers = int(profile["model"]["num_layers"])
-        self.step_overhead_s = step_overhead_s
+        # a calibration block (simserve calibrate: fitted against a live server) adds the
+        # engine's own costs the kernels cannot see and scales the measured parts
+        cal = _calibration(profile.get("calibration"), source)
+        self.step_overhead_s = step_overhead_s + cal["step_overhead_s"]
+        self.per_output_token_s = cal["per_output_token_s"]
+        self.scale = cal["scale"]
+        self.frontend_delay_s = cal["frontend_delay_s"]   # per request, outside the steps
+        if "calibration" in profile:
+            self.label = self.label[:-1] + ", calibrated)"
         lin, emb, lm = profile["linear"], profile["embedding"], profile["lm_head"]
         self.linear = Grid1D(lin["tokens"], lin["seconds"])
         self.embedding = Grid1D(emb["tokens"], emb["seconds"])
@@ -99,21 +107,36 @@ class ProfileLatency:
     def step_time(self, plan: StepPlan) -> float:
         if plan.is_empty:
             return 0.0
-        t = self.step_overhead_s
+        return sum(self.breakdown(plan).values()) + plan.extra_s
+
+    def breakdown(self, plan: StepPlan) -> dict[str, float]:
+        """Seconds per component (all layers together); they sum to :meth:`step_time` less the
+        plan's ``extra_s``."""
+        parts = dict.fromkeys(("overhead", "output_tokens", "embedding", "linear",
+                               "attn_prefill", "attn_decode", "lm_head", "swap"), 0.0)
+        if plan.is_empty:
+            return parts
+        parts["overhead"] = self.step_overhead_s
         n = plan.num_batched_tokens
         if n:
-            t += self._get("embedding", self.embedding, n)
-            per_layer = self._get("linear", self.linear, n)
+            parts["embedding"] = self._get("embedding", self.embedding, n)
+            parts["linear"] = self.layers * self._get("linear", self.linear, n)
+            prefill = 0.0
             for q, c in zip(plan.prefill_lens, plan.prefill_ctx):
-                per_layer += self._get("attn_prefill", self.prefill, q, c)
+                prefill += self._get("attn_prefill", self.prefill, q, c)
+            parts["attn_prefill"] = self.layers * prefill
             if plan.decode_ctx:
                 b = len(plan.decode_ctx)
-                per_layer += self._get("attn_decode", self.decode, b, sum(plan.decode_ctx) / b)
-            t += self.layers * per_layer
+                parts["attn_decode"] = self.layers * self._get(
+                    "attn_decode", self.decode, b, sum(plan.decode_ctx) / b)
         if plan.num_sampled:
-            t += self._get("lm_head", self.lm_head, plan.num_sampled)
-        t += (plan.swap_in_blocks + plan.swap_out_blocks) * self._swap_block_s
-        return t + plan.extra_s
+            parts["lm_head"] = self._get("lm_head", self.lm_head, plan.num_sampled)
+            parts["output_tokens"] = self.per_output_token_s * plan.num_sampled
+        if self.scale != 1.0:
+            for name in ("embedding", "linear", "attn_prefill", "attn_decode", "lm_head"):
+                parts[name] *= self.scale
+        parts["swap"] = (plan.swap_in_blocks + plan.swap_out_blocks) * self._swap_block_s
+        return parts
 
     def _get(self, name: str, grid, *args: float) -> float:
         value, outside = grid(*args)
@@ -125,3 +148,25 @@ class ProfileLatency:
         """Human-readable notes on grid extrapolation during the run (empty if none)."""
         return [f"{self.label}: {name} extrapolated beyond the measured grid in {k} lookups"
                 for name, k in sorted(self.extrapolated.items())]
+
+
+_CALIBRATION_DEFAULTS = {"step_overhead_s": 0.0, "per_output_token_s": 0.0, "scale": 1.0,
+                         "frontend_delay_s": 0.0}
+
+
+def _calibration(cal: Any, source: str) -> dict[str, float]:
+    """The fitted terms of a ``calibration`` block (docs/fidelity.md), defaults without one."""
+    if cal is None:
+        return dict(_CALIBRATION_DEFAULTS)
+    if not isinstance(cal, dict):
+        raise DataError(source, "calibration: expected an object")
+    out = {}
+    for key, default in _CALIBRATION_DEFAULTS.items():
+        v = cal.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or \
+                (key == "scale" and v == 0):
+            raise DataError(source, f"calibration.{key}: expected a "
+                                    f"{'positive' if key == 'scale' else 'non-negative'} number, "
+                                    f"got {v!r}")
+        out[key] = float(v)
+    return out

@@ -162,7 +162,7 @@ def throughput_vs_load(curves: Sequence[Curve], *, x_label: str = "offered load 
     if any(knees.get(c.label) is not None for c in curves):
         kinds.append(Line2D([], [], color="black", linewidth=3, alpha=0.3,
                             label="knee: highest load\nmeeting the target"))
-    top.set_title(title or "Throughput and goodput vs offered load")
+    top.set_title(title or f"Throughput and goodput vs {x_label}")
     _legend(fig, _series_handles(styles) + kinds)
     return fig
 
@@ -193,7 +193,7 @@ def latency_vs_load(curves: Sequence[Curve], *, x_label: str = "offered load (re
                     label="median")]
     if any(slo.get(f"{k}_ms") for k, _ in LATENCIES):
         kinds.append(Line2D([], [], color=SLO_COLOR, linestyle=":", label="SLO limit"))
-    fig.suptitle(title or "Latency vs offered load")
+    fig.suptitle(title or f"Latency vs {x_label}")
     _legend(fig, _series_handles(styles) + kinds)
     return fig
 
@@ -336,8 +336,8 @@ def timeline(run: RunData, bins: int = 150, title: str = "") -> Figure:
     ax_pre.set_ylabel("preemptions")
     ax_pre.set_xlabel("simulated time (s)")
     for ax in (ax_req, ax_tok, ax_kv, ax_pre):
-        ax.legend(loc="upper right", frameon=False)
         ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.0))
+        ax.legend(loc="best", frameon=False)
     ax_pre.set_xlim(left=0)
     where = f"sum over {replicas} replicas" if replicas > 1 else "one replica"
     ax_req.set_title(title or f"{run.label} ({run.policy}): timeline, {where}, "

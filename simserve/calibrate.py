@@ -1,0 +1,517 @@
+"""Black-box calibration of a measured kernel profile against a live server.
+
+A kernel profile prices the device work of a step; a real engine adds what the profiler cannot
+see. ``simserve calibrate scenario.yaml --endpoint URL --out calibrated.json`` sends probe
+requests, predicts each probe's timings from the profile under the scenario's engine knobs, and
+fits by least squares (relative errors, non-negative coefficients)::
+
+    step(plan)  = step_overhead_s                        engine/CPU work of every step
+                + per_output_token_s · num_sampled       per sampled token: sampling bookkeeping,
+                                                         output processing, detokenising, SSE
+                + scale · kernels(plan)                  the profile's measured parts
+    TTFT        = frontend_delay_s + Σ steps up to the first token
+
+``frontend_delay_s`` is the HTTP server's hand-off to the engine and the stream back: a fixed
+per-request latency outside the steps.
+
+Probes (bounded: a few hundred requests, all sent to one loopback endpoint by default):
+
+* **single** requests, one at a time on an idle server, over prompt lengths: TTFT (the prefill
+  steps, chunked by ``max_num_batched_tokens``) and TPOT (decode steps of one sequence);
+* **decode batches**: c requests sent together, for several concurrencies c; the steady decode
+  step time is measured where all c are decoding (after the last first token, before the first
+  finish), per request as (last - first chunk time) / tokens between, then the median.
+
+The calibrated profile is the base profile plus a ``calibration`` block (read by
+``simserve.latency.profile.ProfileLatency``), with provenance: endpoint, engine version (from
+``/version`` when the server has it), date, probes, load average, the fit and its residuals. The
+server's KV capacity (vLLM logs ``KV cache size: N tokens``) can be recorded too, so simulated
+memory matches: ``num_gpu_blocks = N // block_size``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as _dt
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simserve.config import Scenario, load_scenario
+from simserve.errors import ConfigError, DataError, SimserveError
+from simserve.sched.plan import StepPlan
+
+CALIBRATION_VERSION = 1
+PARAMS = ("step_overhead_s", "per_output_token_s", "scale", "frontend_delay_s")
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """What calibration sends. Prompt lengths above what ``max_model_len`` allows (with the
+    output) are dropped; concurrencies above ``max_num_seqs`` too."""
+
+    prompt_lens: tuple[int, ...] = (16, 128, 384, 512, 700, 1024, 1536)
+    single_output: int = 32
+    concurrencies: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32)
+    batch_prompt: int = 32
+    batch_output: int = 64
+    repeats: int = 2
+    gap_s: float = 0.05            # idle time between probes, so each starts on an idle server
+
+    def for_scenario(self, s: Scenario) -> ProbePlan:
+        longest = s.max_model_len - self.single_output
+        return dataclasses.replace(
+            self, prompt_lens=tuple(p for p in self.prompt_lens if p <= longest),
+            concurrencies=tuple(c for c in self.concurrencies if c <= s.engine.max_num_seqs))
+
+    @property
+    def num_requests(self) -> int:
+        return self.repeats * (len(self.prompt_lens) + sum(self.concurrencies))
+
+
+# --------------------------------------------------------------------------------------------
+# What the profile predicts for a probe: the step plans, by hand, as vLLM v1 schedules them
+
+
+def single_prefill_plans(prompt: int, budget: int) -> list[StepPlan]:
+    """The prefill steps of one request alone: chunks of at most ``budget`` tokens; the last
+    one samples the first token (vLLM v1 samples nothing for a partial prefill)."""
+    plans, done = [], 0
+    while done < prompt:
+        q = min(budget, prompt - done)
+        last = done + q == prompt
+        plans.append(StepPlan((0,), (q,), (q,), (done,), (), int(last)))
+        done += q
+    return plans
+
+
+def decode_plan(batch: int, ctx: int) -> StepPlan:
+    """One decode step of ``batch`` sequences, each with ``ctx`` tokens already in KV."""
+    ids = tuple(range(batch))
+    return StepPlan(ids, (1,) * batch, (), (), (ctx,) * batch, batch)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One measured quantity and its linear model: y ≈ x · (o, u, s, h)."""
+
+    probe: str          # e.g. "single P=512 ttft", "batch c=8 step"
+    x: tuple[float, float, float, float]
+    y: float
+
+
+def _kernels(latency, plans: list[StepPlan]) -> float:
+    return sum(latency.step_time(p) for p in plans)
+
+
+def single_observations(latency, prompt: int, output: int, budget: int, ttft: float,
+                        tpot: float | None) -> list[Observation]:
+    pre = single_prefill_plans(prompt, budget)
+    obs = [Observation(f"single P={prompt} ttft", (len(pre), 1.0, _kernels(latency, pre), 1.0),
+                       ttft)]
+    if tpot is not None and output > 1:
+        # decode steps feed tokens 1 .. output-1 back: contexts prompt .. prompt + output - 2
+        k = np.mean([latency.step_time(decode_plan(1, prompt + i)) for i in range(output - 1)])
+        obs.append(Observation(f"single P={prompt} tpot", (1.0, 1.0, float(k), 0.0), tpot))
+    return obs
+
+
+def batch_observation(latency, c: int, ctx_lo: float, ctx_hi: float,
+                      step_s: float) -> Observation:
+    ctxs = np.linspace(ctx_lo, ctx_hi, 5)
+    k = np.mean([latency.step_time(decode_plan(c, int(round(x)))) for x in ctxs])
+    return Observation(f"batch c={c} step", (1.0, float(c), float(k), 0.0), step_s)
+
+
+def steady_decode_step(times: list[list[float]], counts: list[list[int]],
+                       prompt: int) -> tuple[float, float, float] | None:
+    """Median decode step time while every request of a batch is decoding, from each
+    request's chunk times and token counts; with the context range it covered. None if that
+    window holds fewer than 4 tokens per request."""
+    if not times or any(not t for t in times):
+        return None
+    start = max(t[0] for t in times)       # the last first token
+    end = min(t[-1] for t in times)        # the first finish
+    per_req, ctx_lo, ctx_hi = [], [], []
+    for t, n in zip(times, counts):
+        t, cum = np.asarray(t), np.cumsum(n)
+        inside = (t >= start) & (t <= end)
+        if inside.sum() < 2:
+            return None
+        first, last = np.flatnonzero(inside)[[0, -1]]
+        tokens = cum[last] - cum[first]
+        if tokens < 4:
+            return None
+        per_req.append((t[last] - t[first]) / tokens)
+        ctx_lo.append(prompt + cum[first] - 1)
+        ctx_hi.append(prompt + cum[last] - 1)
+    return float(np.median(per_req)), float(np.mean(ctx_lo)), float(np.mean(ctx_hi))
+
+
+# --------------------------------------------------------------------------------------------
+# The fit
+
+
+@dataclass(frozen=True)
+class Fit:
+    params: dict[str, float]
+    residuals: list[dict[str, Any]]       # per observation: probe, measured, fitted, rel. error
+    rel_rms: float
+    rel_max: float
+
+
+def fit(observations: list[Observation], fixed: dict[str, float] | None = None) -> Fit:
+    """Least squares on relative errors with non-negative coefficients (an active set: a
+    coefficient that comes out negative is pinned at 0 and the rest refitted). ``fixed`` pins
+    parameters by name."""
+    if not observations:
+        raise SimserveError("calibrate: no usable probe observations")
+    X = np.array([o.x for o in observations], dtype=float)
+    y = np.array([o.y for o in observations], dtype=float)
+    w = 1.0 / np.maximum(y, 1e-6)                 # relative errors: every probe weighs alike
+    fixed = dict(fixed or {})
+    free = [i for i, name in enumerate(PARAMS) if name not in fixed]
+    beta = np.zeros(len(PARAMS))
+    for i, name in enumerate(PARAMS):
+        if name in fixed:
+            beta[i] = fixed[name]
+    while True:
+        rhs = y - X[:, [i for i in range(len(PARAMS)) if i not in free]] @ \
+            beta[[i for i in range(len(PARAMS)) if i not in free]]
+        A = X[:, free] * w[:, None]
+        sol = np.linalg.lstsq(A, rhs * w, rcond=None)[0] if free else np.empty(0)
+        if (sol >= 0).all() or not free:
+            beta[free] = sol
+            break
+        worst = free[int(np.argmin(sol))]
+        beta[worst] = 0.0
+        free.remove(worst)
+    fitted = X @ beta
+    rel = (fitted - y) / y
+    residuals = [{"probe": o.probe, "measured_s": float(o.y), "fitted_s": float(f),
+                  "rel_error": float(r)} for o, f, r in zip(observations, fitted, rel)]
+    return Fit(dict(zip(PARAMS, (float(b) for b in beta))), residuals,
+               float(np.sqrt(np.mean(rel ** 2))), float(np.max(np.abs(rel))))
+
+
+# --------------------------------------------------------------------------------------------
+# Probing a live server
+
+
+async def _probe_server(s: Scenario, endpoint: str, model: str | None, plan: ProbePlan,
+                        timeout: float, warmup: int, log) -> tuple[dict, list[dict]]:
+    import aiohttp
+
+    from simserve.replay import EndpointError, Outcome, _probe, _send, prompt_ids, request_body
+    from simserve.workload import RequestSpec
+    connector = aiohttp.TCPConnector(limit=0)
+    records: list[dict] = []
+    async with aiohttp.ClientSession(connector=connector) as session:
+        info = await _probe(session, endpoint, timeout=min(timeout, 10.0))
+        model = model or info["model"]
+        if not model:
+            raise EndpointError(f"{endpoint}: /v1/models names no model; pass --model")
+        url = f"{endpoint}/v1/completions"
+        counter = iter(range(10**9))
+
+        async def send(prompt: int, output: int) -> Outcome:
+            rid = next(counter)
+            out = Outcome(RequestSpec(rid, 0.0, prompt, output))
+            body = request_body(model, prompt_ids(s.seed + 1_000_003, rid, prompt,
+                                                  s.model.vocab_size), output)
+            await _send(session, url, body, out, t0, timeout)
+            if out.error:
+                raise EndpointError(f"{url}: probe request failed ({out.error})")
+            return out
+
+        t0 = time.perf_counter()
+        for _ in range(warmup):
+            await send(16, 4)
+        for rep in range(plan.repeats):
+            for p in plan.prompt_lens:
+                await asyncio.sleep(plan.gap_s)
+                o = await send(p, plan.single_output)
+                records.append({"kind": "single", "prompt": p, "output": plan.single_output,
+                                "sent": o.sent_s, "times": o.chunk_times,
+                                "counts": o.chunk_tokens})
+            for c in plan.concurrencies:
+                await asyncio.sleep(plan.gap_s)
+                outs = await asyncio.gather(*(send(plan.batch_prompt, plan.batch_output)
+                                              for _ in range(c)))
+                records.append({"kind": "batch", "c": c, "prompt": plan.batch_prompt,
+                                "output": plan.batch_output,
+                                "times": [o.chunk_times for o in outs],
+                                "counts": [o.chunk_tokens for o in outs]})
+            if log:
+                log(f"probe round {rep + 1}/{plan.repeats} done")
+    info["model"] = model
+    return info, records
+
+
+def observations_from_probes(records: list[dict], latency, budget: int) -> list[Observation]:
+    """Turn recorded probes into observations, repeats of one probe merged by median."""
+    singles: dict[int, list[tuple[float, float | None]]] = {}
+    batches: dict[int, list[tuple[float, float, float]]] = {}
+    outputs: dict[int, int] = {}
+    batch_prompt = 0
+    for r in records:
+        if r["kind"] == "single":
+            t, n = r["times"], r["counts"]
+            ttft = t[0] - r["sent"]
+            tokens = sum(n)
+            # TPOT from token counts: (last - first) / (tokens - 1)
+            tpot = (t[-1] - t[0]) / (tokens - 1) if tokens > 1 else None
+            singles.setdefault(r["prompt"], []).append((ttft, tpot))
+            outputs[r["prompt"]] = r["output"]
+        else:
+            steady = steady_decode_step(r["times"], r["counts"], r["prompt"])
+            batch_prompt = r["prompt"]
+            if steady is not None:
+                batches.setdefault(r["c"], []).append(steady)
+    obs: list[Observation] = []
+    for p, vals in sorted(singles.items()):
+        ttft = float(np.median([v[0] for v in vals]))
+        tpots = [v[1] for v in vals if v[1] is not None]
+        obs += single_observations(latency, p, outputs[p], budget, ttft,
+                                   float(np.median(tpots)) if tpots else None)
+    for c, vals in sorted(batches.items()):
+        step, lo, hi = (float(np.median([v[i] for v in vals])) for i in range(3))
+        obs.append(batch_observation(latency, c, max(lo, batch_prompt), hi, step))
+    return obs
+
+
+def kv_tokens_from_log(text: str) -> int | None:
+    """The KV capacity vLLM logs at start-up (``KV cache size: 262,144 tokens``), or None."""
+    m = re.findall(r"KV cache size:\s*([\d,_]+)\s*tokens", text)
+    return int(m[-1].replace(",", "").replace("_", "")) if m else None
+
+
+def calibrate(scenario: Scenario | str | Path, endpoint: str, *, base_profile: str | Path |
+              None = None, model: str | None = None, plan: ProbePlan = ProbePlan(),
+              num_gpu_blocks: int | None = None, kv_tokens: int | None = None,
+              timeout: float = 120.0, warmup: int = 2, allow_remote: bool = False,
+              fixed: dict[str, float] | None = None, overrides: list[str] | None = None,
+              log=None) -> dict:
+    """Probe ``endpoint``, fit, and return the calibrated profile (base profile + a
+    ``calibration`` block). The base profile is ``base_profile`` or the scenario's
+    ``latency.path`` (``latency.model: profile``)."""
+    from simserve.latency.profile import ProfileLatency
+    from simserve.replay import check_endpoint_host
+    s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
+    endpoint = check_endpoint_host(endpoint, allow_remote)
+    path = Path(base_profile) if base_profile else _scenario_profile(s)
+    base = ProfileLatency.from_file(path, s.model)
+    base_dict = {k: v for k, v in base.profile.items() if k != "calibration"}
+    kernels = ProfileLatency(base_dict, source=str(path))   # kernels only: no overhead, scale 1
+    blocks = _kv_blocks(s, num_gpu_blocks, kv_tokens)
+    plan = plan.for_scenario(s)
+    if not plan.prompt_lens or not plan.concurrencies:
+        raise ConfigError("engine", "no probe fits this scenario's max_model_len/max_num_seqs")
+    started = _dt.datetime.now(_dt.timezone.utc)
+    load_before = _loadavg()
+    t0 = time.perf_counter()
+    info, records = asyncio.run(_probe_server(s, endpoint, model, plan, timeout, warmup, log))
+    wall = time.perf_counter() - t0
+    budget = s.max_num_batched_tokens
+    obs = observations_from_probes(records, kernels, budget)
+    result = fit(obs, fixed)
+    calibration = {
+        "version": CALIBRATION_VERSION,
+        **result.params,
+        "num_gpu_blocks": blocks,
+        "kv_tokens": kv_tokens if kv_tokens is not None else (
+            blocks * s.engine.block_size if blocks else None),
+        "block_size": s.engine.block_size,
+        "fit": {"method": "least squares on relative errors, non-negative",
+                "fixed": dict(fixed or {}), "num_observations": len(obs),
+                "residual_rel_rms": result.rel_rms, "residual_rel_max": result.rel_max,
+                "residuals": result.residuals},
+        "provenance": {
+            "endpoint": endpoint, "model": info["model"], "engine_version": info["engine_version"],
+            "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"), "base_profile": str(path),
+            "scenario": s.name,
+            "engine_knobs": {"max_num_seqs": s.engine.max_num_seqs,
+                             "max_num_batched_tokens": budget,
+                             "block_size": s.engine.block_size,
+                             "max_model_len": s.max_model_len},
+            "probes": {**dataclasses.asdict(plan), "num_requests": plan.num_requests,
+                       "warmup": warmup, "wall_s": wall},
+            "load_average_before": load_before, "load_average_after": _loadavg(),
+        },
+    }
+    return {**base_dict, "calibration": calibration}
+
+
+def _scenario_profile(s: Scenario) -> Path:
+    if s.latency.model != "profile" or not s.latency.path:
+        raise ConfigError("latency.path", "calibration needs a base profile: set latency.model: "
+                                          "profile and latency.path, or pass --profile")
+    p = Path(s.latency.path)
+    return p if p.is_absolute() else s.base_dir / p
+
+
+def _kv_blocks(s: Scenario, num_gpu_blocks: int | None, kv_tokens: int | None) -> int | None:
+    if num_gpu_blocks is not None and kv_tokens is not None:
+        raise SimserveError("give either --num-gpu-blocks or --kv-tokens, not both")
+    if num_gpu_blocks is not None:
+        if num_gpu_blocks < 1:
+            raise SimserveError(f"--num-gpu-blocks: must be >= 1, got {num_gpu_blocks}")
+        return num_gpu_blocks
+    if kv_tokens is not None:
+        if kv_tokens < s.engine.block_size:
+            raise SimserveError(f"--kv-tokens: must be >= block_size "
+                                f"({s.engine.block_size}), got {kv_tokens}")
+        return kv_tokens // s.engine.block_size
+    return None
+
+
+def _loadavg() -> list[float] | None:
+    import os
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def write_calibrated(profile: dict, out: str | Path) -> Path:
+    from profiler.schema import validate
+    out = Path(out)
+    validate(profile, out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(profile, indent=1) + "\n")
+    except OSError as e:
+        raise SimserveError(f"{out}: cannot write ({e.strerror})") from None
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Simulating with a calibrated profile, front-end delay included
+
+
+def run_calibrated(scenario: Scenario | str | Path, overrides: list[str] | None = None):
+    """``runner.run`` plus the calibrated front-end delay ``h`` (``frontend_delay_s``): each
+    request reaches the engine ``h`` after the client sends it, and its latencies are measured
+    from the send, as a client measures them. Without a calibration this is ``runner.run``.
+
+    A constant delay on every arrival shifts the whole simulation by ``h`` (the engine starts
+    idle and nothing else has a clock), so the schedule is the same and every token is ``h``
+    later on the client's clock: first token and finish (TTFT, E2EL) move by ``h``, TPOT and ITL
+    do not, and the run lasts ``h`` longer. That is applied to the request table and the
+    summary's request-time metrics; the scheduler levels are left as simulated.
+    """
+    from simserve.engine import STEP_COLUMNS
+    from simserve.metrics.summary import WeightedSample, summarize
+    from simserve.runner import build_latency, class_slos, run
+    s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
+    latency = build_latency(s)
+    result = run(s, latency=latency)
+    delay = float(getattr(latency, "frontend_delay_s", 0.0))
+    result.summary["frontend_delay_ms"] = delay * 1000.0
+    if delay <= 0:
+        return result
+    req = result.requests.copy()
+    for col in ("first_token_s", "finish_s", "ttft_s", "e2el_s"):
+        req[col] = req[col] + delay
+    steps = pd.DataFrame({c: pd.Series(dtype=float) for c in STEP_COLUMNS})
+    has_classes = bool((req["class"].astype(str) != "").any())
+    shifted = summarize(req, None, steps, s.slo,
+                        itl=WeightedSample(np.zeros(1), np.ones(1, dtype=np.int64)),
+                        class_slos=class_slos(s) if has_classes else None,
+                        prefix_caching=s.engine.enable_prefix_caching)
+    for key, value in shifted.items():
+        if any(t in key for t in _CLIENT_CLOCK_KEYS):
+            result.summary[key] = value
+    result.requests = req
+    return result
+
+
+# summary keys that depend on when the client sees tokens (ITL and TPOT do not move)
+_CLIENT_CLOCK_KEYS = ("ttft", "e2el", "duration", "throughput", "goodput", "slo_", "num_good",
+                      "per_class")
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("calibrate", help="fit per-step overheads and a kernel scale to a "
+                                                "live server; write a calibrated profile")
+    p.add_argument("scenario", help="scenario YAML: engine knobs of the server, the model, and "
+                                    "(latency.path) the base profile")
+    p.add_argument("--endpoint", required=True, help="server base URL, e.g. http://127.0.0.1:8011")
+    p.add_argument("--out", required=True, help="calibrated profile (JSON) to write")
+    p.add_argument("--profile", help="base profile (default: the scenario's latency.path)")
+    p.add_argument("--model", help="model name to request (default: the first of /v1/models)")
+    kv = p.add_mutually_exclusive_group()
+    kv.add_argument("--num-gpu-blocks", type=int, metavar="N", help="the server's KV blocks")
+    kv.add_argument("--kv-tokens", type=int, metavar="N",
+                    help="the server's KV capacity in tokens (vLLM: `KV cache size: N tokens`)")
+    kv.add_argument("--server-log", metavar="PATH",
+                    help="read the KV capacity from the server's start-up log")
+    p.add_argument("--repeats", type=int, default=ProbePlan.repeats,
+                   help=f"rounds of probes (default {ProbePlan.repeats})")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                   help="per-request timeout in seconds (default 120)")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="FIELD=VALUE", help="override a scenario field (repeatable)")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow a non-loopback endpoint host")
+    p.set_defaults(handler=_cmd_calibrate)
+
+
+def _cmd_calibrate(args) -> int:
+    import sys
+    kv_tokens = args.kv_tokens
+    if args.server_log:
+        try:
+            text = Path(args.server_log).read_text(errors="replace")
+        except OSError as e:
+            raise DataError(args.server_log, f"cannot read ({e.strerror})") from None
+        kv_tokens = kv_tokens_from_log(text)
+        if kv_tokens is None:
+            raise DataError(args.server_log, "no 'KV cache size: N tokens' line found")
+    if args.repeats < 1:
+        raise SimserveError(f"--repeats: must be >= 1, got {args.repeats}")
+    plan = dataclasses.replace(ProbePlan(), repeats=args.repeats)
+    profile = calibrate(args.scenario, args.endpoint, base_profile=args.profile,
+                        model=args.model, plan=plan, num_gpu_blocks=args.num_gpu_blocks,
+                        kv_tokens=kv_tokens, timeout=args.timeout,
+                        allow_remote=args.allow_remote, overrides=args.overrides,
+                        log=lambda line: print(line, file=sys.stderr))
+    print(format_calibration(profile["calibration"]))
+    out = write_calibrated(profile, args.out)
+    cal = profile["calibration"]
+    sets = f"--set latency.model=profile --set latency.path={out}"
+    if cal["num_gpu_blocks"]:
+        sets += f" --set engine.num_gpu_blocks={cal['num_gpu_blocks']}"
+    print(f"calibrated profile: {out}\nsimulate with: simserve run SCENARIO {sets}")
+    return 0
+
+
+def format_calibration(cal: dict) -> str:
+    f = cal["fit"]
+    lines = [
+        f"step overhead      {cal['step_overhead_s'] * 1e3:8.3f} ms",
+        f"per output token   {cal['per_output_token_s'] * 1e3:8.3f} ms",
+        f"kernel scale       {cal['scale']:8.3f}",
+        f"front-end delay    {cal['frontend_delay_s'] * 1e3:8.3f} ms",
+        f"fit: {f['num_observations']} observations, relative residual rms "
+        f"{100 * f['residual_rel_rms']:.1f} %, max {100 * f['residual_rel_max']:.1f} %",
+    ]
+    for r in f["residuals"]:
+        lines.append(f"  {r['probe']:<24} measured {r['measured_s'] * 1e3:8.2f} ms  fitted "
+                     f"{r['fitted_s'] * 1e3:8.2f} ms  {100 * r['rel_error']:+6.1f} %")
+    if cal.get("num_gpu_blocks"):
+        lines.append(f"KV capacity        {cal['num_gpu_blocks']} blocks of {cal['block_size']} "
+                     f"tokens")
+    return "\n".join(lines)

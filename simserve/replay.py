@@ -1,0 +1,499 @@
+"""Replay a scenario's workload against a live OpenAI-compatible streaming server.
+
+``simserve replay scenario.yaml --endpoint http://127.0.0.1:8011 --out DIR`` sends every request
+of the scenario's workload at its arrival time to ``/v1/completions`` and records what came back,
+so that a real run and a simulated run of the same scenario compare column by column
+(``simserve compare REAL_DIR SIM_DIR``).
+
+Request protocol (exact per-request timings, as in /work/shared/truth/README.md)::
+
+    {"model": M, "prompt": [token ids], "max_tokens": N, "min_tokens": N, "ignore_eos": true,
+     "temperature": 0, "stream": true, "stream_options": {"include_usage": true},
+     "return_token_ids": true}
+
+* The prompt is a list of random token ids >= 4 (ids 0-3 are the special tokens of the usual
+  tokenizers), drawn from a stream seeded by the scenario's seed and the request id, so there is
+  no accidental prefix sharing and the same scenario sends the same prompts every time.
+* A streamed chunk may carry several tokens (the server merges outputs its HTTP side has not
+  sent yet): tokens are counted from ``choices[0].token_ids``, never as one per chunk; the final
+  ``usage`` chunk is checked against the count.
+
+What is recorded, per request: the send time, every chunk's arrival and its token count, the
+usage, and the HTTP status or error. Times are seconds on one monotonic clock from the start of
+the replay (the first send is at ~0, like the simulator's first arrival).
+
+Metric definitions follow ``vllm bench serve`` (``calculate_metrics`` and the OpenAI completions
+request function of ``vllm/benchmarks``): TTFT = first chunk carrying a token - send; E2EL = last
+token-carrying chunk - send; TPOT = (E2EL - TTFT) / (tokens - 1) with the *token* count; ITL is
+one gap per chunk (a chunk of n tokens adds one gap, not n), which is what vLLM's benchmark
+records. ``tokens.csv`` gives every token the arrival time of the chunk that carried it.
+
+Bounded by construction: ``max_requests``, a wall-clock ``time_limit`` (no request is sent after
+it; requests still in flight then are cancelled and recorded as failed), a per-request
+``timeout``. Connection and HTTP errors are recorded per request (status ``failed``, ``error``
+column) and summarised; only an unreachable endpoint (or a failed warm-up) stops the replay
+before it starts. Only loopback hosts are accepted unless ``allow_remote``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import ipaddress
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from simserve.config import Scenario, load_scenario
+from simserve.engine import STEP_COLUMNS
+from simserve.errors import SimserveError
+from simserve.metrics.summary import WeightedSample, format_summary, summarize
+from simserve.runner import REQUEST_COLUMNS, class_slos
+from simserve.workload import RequestSpec, build_workload
+
+# Columns of requests.csv beyond the simulator's (which come first, in the same order).
+REPLAY_COLUMNS = ("scheduled_s", "num_chunks", "usage_output_tokens", "http_status", "error")
+CHUNK_COLUMNS = ("request_id", "chunk_index", "time_s", "num_tokens")
+FIRST_TOKEN_ID = 4           # ids below are special tokens in the usual tokenizers
+_PROMPT_STREAM = 0x7265706C  # "repl": the prompt ids' own stream beside the workload's
+WARMUP_IDS = 1 << 40         # prompt stream ids of warm-up requests
+
+
+class EndpointError(SimserveError):
+    """The endpoint cannot be used: not loopback, unreachable, or it refuses the warm-up."""
+
+
+# --------------------------------------------------------------------------------------------
+# Endpoint checks
+
+
+def check_endpoint_host(endpoint: str, allow_remote: bool = False) -> str:
+    """The endpoint without a trailing slash; refuse non-HTTP URLs and non-loopback hosts.
+
+    Only loopback targets are allowed by default (this machine's network policy): ``localhost``,
+    ``127.0.0.0/8`` and ``::1``. Host names other than ``localhost`` are not resolved.
+    """
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise EndpointError(f"--endpoint: expected http://HOST:PORT, got {endpoint!r}")
+    host = parts.hostname
+    if not allow_remote and not _is_loopback(host):
+        raise EndpointError(f"--endpoint: {host} is not a loopback address; only 127.0.0.1, "
+                            f"localhost or ::1 are replayed against unless --allow-remote is "
+                            f"given")
+    return endpoint.rstrip("/")
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def _probe(session, endpoint: str, timeout: float) -> dict[str, Any]:
+    """Reachability (any HTTP answer counts), the served model and the engine version."""
+    import aiohttp
+    info: dict[str, Any] = {"model": None, "engine_version": None}
+    to = aiohttp.ClientTimeout(total=timeout)
+    try:
+        async with session.get(f"{endpoint}/health", timeout=to) as resp:
+            await resp.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        raise EndpointError(f"{endpoint}: unreachable ({_describe(e, timeout)}); is the server "
+                            f"running?") from None
+    for path, key in (("/v1/models", "model"), ("/version", "engine_version")):
+        try:
+            async with session.get(endpoint + path, timeout=to) as resp:
+                if resp.status != 200:
+                    continue
+                body = await resp.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+            continue
+        if key == "model" and isinstance(body, dict) and body.get("data"):
+            info["model"] = body["data"][0].get("id")
+        elif key == "engine_version" and isinstance(body, dict):
+            info["engine_version"] = body.get("version")
+    return info
+
+
+def _describe(e: BaseException, timeout: float | None = None) -> str:
+    if isinstance(e, asyncio.TimeoutError):
+        return f"timeout after {timeout:g} s" if timeout else "timeout"
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+# --------------------------------------------------------------------------------------------
+# Prompts
+
+
+def prompt_ids(seed: int, request_id: int, length: int, vocab: int) -> list[int]:
+    """``length`` random token ids in [4, vocab), from the request's own seeded stream."""
+    rng = np.random.default_rng([seed, _PROMPT_STREAM, request_id])
+    return rng.integers(FIRST_TOKEN_ID, vocab, size=length).tolist()
+
+
+def request_body(model: str, prompt: list[int], num_output_tokens: int) -> dict[str, Any]:
+    return {
+        "model": model, "prompt": prompt,
+        "max_tokens": num_output_tokens, "min_tokens": num_output_tokens, "ignore_eos": True,
+        "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# One request
+
+
+@dataclass
+class Outcome:
+    """What one request saw. Times are seconds since the replay's start."""
+
+    spec: RequestSpec
+    sent_s: float = math.nan
+    chunk_times: list[float] = field(default_factory=list)   # chunks carrying >= 1 token
+    chunk_tokens: list[int] = field(default_factory=list)
+    usage_output_tokens: int | None = None
+    cached_tokens: int = 0
+    http_status: int | None = None
+    error: str = ""
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.chunk_tokens)
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.num_tokens > 0
+
+
+def _chunk_token_count(choice: dict[str, Any]) -> int:
+    """Tokens carried by one streamed choice: its token ids, or one per non-empty text."""
+    ids = choice.get("token_ids")
+    if ids is not None:
+        return len(ids)
+    return 1 if choice.get("text") else 0
+
+
+async def _send(session, url: str, body: dict[str, Any], out: Outcome, t0: float,
+                timeout: float) -> None:
+    import aiohttp
+    out.sent_s = time.perf_counter() - t0
+    try:
+        async with session.post(url, json=body,
+                                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            out.http_status = resp.status
+            if resp.status != 200:
+                text = (await resp.text())[:200].replace("\n", " ").strip()
+                out.error = f"HTTP {resp.status}" + (f": {text}" if text else "")
+                return
+            async for raw in resp.content:
+                now = time.perf_counter() - t0
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                try:
+                    msg = json.loads(data)
+                except ValueError:
+                    out.error = f"bad stream chunk: {data[:80]!r}"
+                    return
+                if "error" in msg and not msg.get("choices"):
+                    err = msg["error"]
+                    out.error = "stream error: " + str(
+                        err.get("message", err) if isinstance(err, dict) else err)[:200]
+                    return
+                for choice in msg.get("choices") or ():
+                    n = _chunk_token_count(choice)
+                    if n:
+                        out.chunk_times.append(now)
+                        out.chunk_tokens.append(n)
+                usage = msg.get("usage")
+                if usage:
+                    out.usage_output_tokens = usage.get("completion_tokens")
+                    details = usage.get("prompt_tokens_details") or {}
+                    out.cached_tokens = int(details.get("cached_tokens") or 0)
+    except asyncio.TimeoutError:
+        out.error = f"timeout after {timeout:g} s"
+    except (aiohttp.ClientError, OSError) as e:
+        out.error = _describe(e)
+    if not out.error and out.num_tokens == 0:
+        out.error = "stream ended without tokens"
+
+
+# --------------------------------------------------------------------------------------------
+# The whole replay
+
+
+@dataclass
+class ReplayResult:
+    """A replayed run: the same tables and summary as a simulated ``runner.Result``."""
+
+    scenario: Scenario
+    requests: pd.DataFrame
+    chunks: pd.DataFrame
+    summary: dict
+    meta: dict
+
+    def table(self) -> str:
+        return format_summary(self.summary, title=f"replay: {self.scenario.name} "
+                                                  f"@ {self.meta['endpoint']}")
+
+    def tokens(self) -> pd.DataFrame:
+        """Every output token: ``request_id``, ``token_index``, ``time_s`` (its chunk's time)."""
+        c = self.chunks
+        n = c["num_tokens"].to_numpy(np.int64)
+        ids = np.repeat(c["request_id"].to_numpy(np.int64), n)
+        times = np.repeat(c["time_s"].to_numpy(float), n)
+        # token index within its request: position in the run of equal request ids
+        starts = np.r_[0, np.flatnonzero(np.diff(ids)) + 1] if len(ids) else np.empty(0, int)
+        index = np.arange(len(ids)) - np.repeat(starts, np.diff(np.r_[starts, len(ids)]))
+        return pd.DataFrame({"request_id": ids, "token_index": index.astype(np.int64),
+                             "time_s": times})
+
+    def save(self, out_dir: str | Path) -> Path:
+        """scenario.yaml, requests.csv, steps.csv (header only: a server shows no steps),
+        summary.json, tokens.csv, chunks.csv and replay.json (endpoint, version, load...)."""
+        out = Path(out_dir)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
+        (out / "scenario.yaml").write_text(
+            yaml.safe_dump(self.scenario.to_dict(), sort_keys=False))
+        self.requests.to_csv(out / "requests.csv", index=False, float_format="%.9g")
+        pd.DataFrame(columns=["step", *STEP_COLUMNS]).to_csv(out / "steps.csv", index=False)
+        (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True)
+                                          + "\n")
+        self.tokens().to_csv(out / "tokens.csv", index=False, float_format="%.9g")
+        self.chunks.to_csv(out / "chunks.csv", index=False, float_format="%.9g")
+        (out / "replay.json").write_text(json.dumps(self.meta, indent=2, sort_keys=True) + "\n")
+        return out
+
+
+def replay(scenario: Scenario | str | Path, endpoint: str, *, model: str | None = None,
+           max_requests: int | None = None, time_limit: float | None = None,
+           timeout: float = 300.0, warmup: int = 2, allow_remote: bool = False,
+           overrides: list[str] | None = None, log=None) -> ReplayResult:
+    """Send the scenario's workload to ``endpoint`` and record it (see the module docstring).
+
+    ``log`` (a callable taking one line) gets progress lines; None is silent.
+    """
+    s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
+    if max_requests is not None and max_requests < 1:
+        raise SimserveError(f"--max-requests: must be >= 1, got {max_requests}")
+    for name, value in (("--time-limit", time_limit), ("--timeout", timeout)):
+        if value is not None and not value > 0:
+            raise SimserveError(f"{name}: must be > 0, got {value:g}")
+    endpoint = check_endpoint_host(endpoint, allow_remote)
+    specs = build_workload(s.workload, s.seed, s.base_dir)
+    if max_requests is not None:
+        specs = specs[:max_requests]
+    return asyncio.run(_replay(s, specs, endpoint, model, time_limit, timeout, warmup, log))
+
+
+async def _replay(s: Scenario, specs: list[RequestSpec], endpoint: str, model: str | None,
+                  time_limit: float | None, timeout: float, warmup: int, log) -> ReplayResult:
+    import aiohttp
+    say = log or (lambda line: None)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        info = await _probe(session, endpoint, timeout=min(timeout, 10.0))
+        model = model or info["model"]
+        if not model:
+            raise EndpointError(f"{endpoint}: /v1/models names no model; pass --model")
+        url = f"{endpoint}/v1/completions"
+        for i in range(warmup):
+            rid = WARMUP_IDS + i          # their own prompts, never a workload request's
+            w = Outcome(RequestSpec(rid, 0.0, 16, 4))
+            await _send(session, url, request_body(model, prompt_ids(s.seed, rid, 16,
+                                                                     s.model.vocab_size), 4),
+                        w, time.perf_counter(), timeout)
+            if w.error:
+                raise EndpointError(f"{url}: warm-up request failed ({w.error})")
+        say(f"replaying {len(specs)} requests to {url} (model {model!r})")
+        bodies = [request_body(model, prompt_ids(s.seed, r.request_id, r.num_prompt_tokens,
+                                                 s.model.vocab_size), r.num_output_tokens)
+                  for r in specs]
+        outcomes = [Outcome(r) for r in specs]
+        load_before = _loadavg()
+        started = _dt.datetime.now(_dt.timezone.utc)
+        t0 = time.perf_counter()
+        deadline = math.inf if time_limit is None else time_limit
+
+        async def one(i: int) -> None:
+            delay = specs[i].arrival_s - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await _send(session, url, bodies[i], outcomes[i], t0, timeout)
+
+        tasks = {asyncio.create_task(one(i)): i for i, r in enumerate(specs)
+                 if r.arrival_s < deadline}
+        pending: set = set()
+        if tasks:
+            wait = None if time_limit is None else max(0.0, t0 + time_limit - time.perf_counter())
+            _, pending = await asyncio.wait(tasks, timeout=wait)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        for task in pending:   # sent, but still streaming at the time limit
+            o = outcomes[tasks[task]]
+            o.error = o.error or f"time limit: cancelled after {o.num_tokens} tokens"
+        wall = time.perf_counter() - t0
+    sent = [o for o in outcomes if not math.isnan(o.sent_s)]
+    not_sent = len(specs) - len(sent)
+    meta = {
+        "endpoint": endpoint, "model": model, "engine_version": info["engine_version"],
+        "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"), "wall_s": wall,
+        "load_average_before": load_before, "load_average_after": _loadavg(),
+        "num_scheduled": len(specs), "num_not_sent": not_sent, "timeout_s": timeout,
+        "time_limit_s": time_limit, "warmup_requests": warmup,
+    }
+    requests, chunks = _tables(sent)
+    summary = _summary(s, requests, chunks)
+    summary.update(source="replay", endpoint=endpoint, engine_version=info["engine_version"],
+                   num_not_sent=not_sent)
+    return ReplayResult(s, requests, chunks, summary, meta)
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _tables(outcomes: list[Outcome]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    nan = math.nan
+    rows = []
+    for o in outcomes:
+        ok = o.ok
+        first = o.chunk_times[0] if ok else nan
+        finish = o.chunk_times[-1] if ok else nan
+        n = o.num_tokens
+        error = o.error
+        if ok and o.usage_output_tokens is not None and o.usage_output_tokens != n:
+            error = f"token count {n} but usage says {o.usage_output_tokens}"
+        elif ok and n != o.spec.num_output_tokens:
+            error = f"token count {n} but {o.spec.num_output_tokens} were asked for"
+        ttft, e2el = first - o.sent_s, finish - o.sent_s
+        rows.append({
+            "request_id": o.spec.request_id, "replica": 0, "arrival_s": o.sent_s,
+            "num_prompt_tokens": o.spec.num_prompt_tokens,
+            "num_output_tokens": n if ok else o.spec.num_output_tokens,
+            "status": "finished" if ok else "failed", "reject_reason": "",
+            "first_scheduled_s": nan, "first_token_s": first, "finish_s": finish,
+            "num_preemptions": 0, "ttft_s": ttft, "e2el_s": e2el,
+            "tpot_s": (e2el - ttft) / (n - 1) if ok and n > 1 else nan,
+            "priority": o.spec.priority, "class": o.spec.klass,
+            "num_cached_tokens": o.cached_tokens,
+            "scheduled_s": o.spec.arrival_s, "num_chunks": len(o.chunk_times),
+            "usage_output_tokens": o.usage_output_tokens, "http_status": o.http_status,
+            "error": error,
+        })
+    requests = pd.DataFrame(rows, columns=[*REQUEST_COLUMNS, *REPLAY_COLUMNS])
+    requests["usage_output_tokens"] = requests["usage_output_tokens"].astype("Int64")
+    requests["http_status"] = requests["http_status"].astype("Int64")
+    chunk_rows = [(o.spec.request_id, k, t, n) for o in outcomes if o.ok
+                  for k, (t, n) in enumerate(zip(o.chunk_times, o.chunk_tokens))]
+    chunks = pd.DataFrame(chunk_rows, columns=list(CHUNK_COLUMNS))
+    return requests, chunks
+
+
+def _summary(s: Scenario, requests: pd.DataFrame, chunks: pd.DataFrame) -> dict:
+    """``summarize`` with vllm bench's ITL (one gap per chunk), plus the failures."""
+    gaps = [np.diff(g.to_numpy(float)) for _, g in chunks.groupby("request_id")["time_s"]]
+    values = np.concatenate(gaps) if gaps else np.empty(0)
+    itl = WeightedSample(values, np.ones(len(values), dtype=np.int64))
+    steps = pd.DataFrame({c: pd.Series(dtype=float) for c in STEP_COLUMNS})
+    has_classes = bool((requests["class"].astype(str) != "").any())
+    summary = summarize(requests, None, steps, s.slo, itl=itl,
+                        class_slos=class_slos(s) if has_classes else None)
+    failed = requests[requests["status"] == "failed"]
+    kinds: dict[str, int] = {}
+    for err in failed["error"]:
+        key = _error_kind(str(err))
+        kinds[key] = kinds.get(key, 0) + 1
+    summary["num_failed"] = len(failed)
+    summary["failed_by_error"] = dict(sorted(kinds.items()))
+    summary["token_count_mismatches"] = int(
+        ((requests["status"] == "finished") & (requests["error"] != "")).sum())
+    summary["total_chunks"] = len(chunks)
+    return summary
+
+
+def _error_kind(error: str) -> str:
+    """A short class of an error message, for the summary's counts."""
+    if error.startswith("HTTP "):
+        return error.split(":")[0]
+    if error.startswith("timeout"):
+        return "timeout"
+    if error.startswith("time limit") or error.startswith("not sent"):
+        return "time limit"
+    return error.split(":")[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("replay", help="send a scenario's workload to a live "
+                                             "OpenAI-compatible server and record it")
+    p.add_argument("scenario", help="scenario YAML file (its workload is replayed)")
+    p.add_argument("--endpoint", required=True, help="server base URL, e.g. http://127.0.0.1:8011")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--model", help="model name to request (default: the first of /v1/models)")
+    p.add_argument("--max-requests", type=int, metavar="N", help="send at most the first N")
+    p.add_argument("--time-limit", type=float, metavar="S",
+                   help="wall-clock limit in seconds: nothing is sent after it; requests still "
+                        "in flight are cancelled and recorded as failed")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                   help="per-request timeout in seconds (default 300)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N",
+                   help="short unrecorded requests sent first (default 2)")
+    p.add_argument("--set", dest="overrides", action="append", default=[],
+                   metavar="FIELD=VALUE", help="override a scenario field (repeatable)")
+    p.add_argument("--allow-remote", action="store_true",
+                   help="allow a non-loopback endpoint host")
+    p.add_argument("--quiet", action="store_true", help="do not print the summary table")
+    p.set_defaults(handler=_cmd_replay)
+
+
+def _cmd_replay(args) -> int:
+    import sys
+    if args.warmup < 0:
+        raise SimserveError(f"--warmup: must be >= 0, got {args.warmup}")
+    result = replay(args.scenario, args.endpoint, model=args.model,
+                    max_requests=args.max_requests, time_limit=args.time_limit,
+                    timeout=args.timeout, warmup=args.warmup, allow_remote=args.allow_remote,
+                    overrides=args.overrides, log=lambda line: print(line, file=sys.stderr))
+    if not args.quiet:
+        print(result.table())
+    sm = result.summary
+    if sm["num_failed"]:
+        kinds = ", ".join(f"{k}: {v}" for k, v in sm["failed_by_error"].items())
+        print(f"failed requests: {sm['num_failed']} ({kinds})", file=sys.stderr)
+    if sm["token_count_mismatches"]:
+        print(f"warning: {sm['token_count_mismatches']} requests' token counts differ from "
+              f"the server's usage", file=sys.stderr)
+    path = result.save(args.out)
+    print(f"replayed {sm['num_requests']} requests in {result.meta['wall_s']:.1f} s "
+          f"({sm['completed']} finished, {sm['num_failed']} failed); results in {path}/")
+    return 0

@@ -1,0 +1,259 @@
+"""Calibration: the least-squares fit by itself, the calibration block in ProfileLatency, the
+front-end delay in simulation, and a whole calibration against a real HTTP server on 127.0.0.1
+that runs a small continuous-batching engine with known costs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+aiohttp = pytest.importorskip("aiohttp")
+from aiohttp import web  # noqa: E402
+
+from profiler.schema import dump  # noqa: E402
+from simserve.calibrate import (Observation, ProbePlan, calibrate, decode_plan, fit,  # noqa: E402
+                                kv_tokens_from_log, run_calibrated, single_prefill_plans,
+                                steady_decode_step, write_calibrated)
+from simserve.cli import main  # noqa: E402
+from simserve.config import load_scenario  # noqa: E402
+from simserve.errors import DataError  # noqa: E402
+from simserve.latency.profile import ProfileLatency  # noqa: E402
+from simserve.runner import run  # noqa: E402
+from tests.test_profile_latency import synthetic_profile  # noqa: E402
+from tests.test_replay import FakeServer  # noqa: E402
+
+TRUE = {"step_overhead_s": 0.008, "per_output_token_s": 0.0005, "scale": 2.0,
+        "frontend_delay_s": 0.005}
+
+
+def write_scenario(tmp_path: Path, *, rate: float = 2.0, n: int = 20) -> Path:
+    dump(synthetic_profile(), tmp_path / "base.json")
+    (tmp_path / "scenario.yaml").write_text(f"""\
+name: cal
+seed: 1
+model: tiny-llama-45m
+hardware: cpu-epyc-2core
+engine: {{max_num_seqs: 8, max_num_batched_tokens: 256, block_size: 16, max_model_len: 1024,
+          num_gpu_blocks: 512}}
+scheduler: {{policy: vllm_v1}}
+latency: {{model: profile, path: base.json}}
+workload:
+  arrival: constant
+  rate: {rate}
+  num_requests: {n}
+  prompt: {{dist: uniform, low: 20, high: 200}}
+  output: {{dist: uniform, low: 4, high: 20}}
+""")
+    return tmp_path / "scenario.yaml"
+
+
+# --- the fit ----------------------------------------------------------------------------------
+
+def test_fit_recovers_exact_parameters_from_noiseless_observations():
+    kernels = ProfileLatency(synthetic_profile())
+    true = np.array([TRUE[k] for k in ("step_overhead_s", "per_output_token_s", "scale",
+                                       "frontend_delay_s")])
+    obs = []
+    for p in (16, 100, 300, 600):
+        pre = single_prefill_plans(p, 256)
+        x = (len(pre), 1.0, sum(kernels.step_time(q) for q in pre), 1.0)
+        obs.append(Observation(f"ttft {p}", x, float(np.dot(x, true))))
+    for c in (1, 4, 8):
+        x = (1.0, c, kernels.step_time(decode_plan(c, 100)), 0.0)
+        obs.append(Observation(f"batch {c}", x, float(np.dot(x, true))))
+    result = fit(obs)
+    for k, v in TRUE.items():
+        assert result.params[k] == pytest.approx(v, rel=1e-6)
+    assert result.rel_max < 1e-9
+
+
+def test_fit_keeps_coefficients_non_negative_and_honours_fixed():
+    # y = 2 x1 exactly; a free fit of (o, u, s, h) on these rows would want u < 0
+    rows = [((1.0, 1.0, 0.01, 0.0), 0.020), ((1.0, 8.0, 0.02, 0.0), 0.018),
+            ((1.0, 2.0, 0.03, 0.0), 0.035), ((2.0, 1.0, 0.04, 1.0), 0.060)]
+    result = fit([Observation(str(i), x, y) for i, (x, y) in enumerate(rows)])
+    assert all(v >= 0 for v in result.params.values())
+    pinned = fit([Observation(str(i), x, y) for i, (x, y) in enumerate(rows)],
+                 fixed={"scale": 1.0})
+    assert pinned.params["scale"] == 1.0
+
+
+def test_prefill_plans_are_chunked_and_sample_once():
+    plans = single_prefill_plans(600, 256)
+    assert [p.prefill_lens for p in plans] == [(256,), (256,), (88,)]
+    assert [p.prefill_ctx for p in plans] == [(0,), (256,), (512,)]
+    assert [p.num_sampled for p in plans] == [0, 0, 1]
+
+
+def test_steady_decode_step_uses_token_counts_not_chunks():
+    # two requests decoding every 10 ms from t=0.1; the second's chunks carry 2 tokens each
+    a = [0.05] + [0.1 + 0.01 * k for k in range(20)]
+    b = [0.1] + [0.1 + 0.02 * k for k in range(1, 10)]
+    step, lo, hi = steady_decode_step([a, b], [[1] * 21, [1] + [2] * 9], prompt=32)
+    assert step == pytest.approx(0.01)
+    assert steady_decode_step([a, []], [[1] * 21, []], prompt=32) is None
+
+
+def test_kv_tokens_from_vllm_log():
+    log = "INFO ... [kv_cache_utils.py:1087] CPU KV cache size: 262,144 tokens\nINFO ..."
+    assert kv_tokens_from_log(log) == 262144
+    assert kv_tokens_from_log("GPU KV cache size: 1_024 tokens") == 1024
+    assert kv_tokens_from_log("nothing here") is None
+
+
+# --- the calibration block in the latency model ------------------------------------------------
+
+def test_calibration_block_prices_steps(tmp_path):
+    prof = synthetic_profile()
+    base = ProfileLatency(prof)
+    cal = ProfileLatency({**prof, "calibration": dict(TRUE, version=1)})
+    for plan in (decode_plan(1, 100), decode_plan(8, 300), *single_prefill_plans(300, 256)):
+        expected = (TRUE["step_overhead_s"] + TRUE["per_output_token_s"] * plan.num_sampled
+                    + TRUE["scale"] * base.step_time(plan))
+        assert cal.step_time(plan) == pytest.approx(expected, rel=1e-12)
+    assert cal.frontend_delay_s == TRUE["frontend_delay_s"]
+    assert "calibrated" in cal.label and "calibrated" not in base.label
+    with pytest.raises(DataError, match="calibration.scale"):
+        ProfileLatency({**prof, "calibration": {"scale": -1}})
+
+
+def test_run_calibrated_adds_the_frontend_delay_to_client_latencies(tmp_path):
+    path = write_scenario(tmp_path, rate=2.0, n=10)      # 0.5 s apart: never overlapping
+    cal = {**synthetic_profile(), "calibration": dict(TRUE, version=1)}
+    write_calibrated(cal, tmp_path / "cal.json")
+    no_delay = {**synthetic_profile(), "calibration": dict(TRUE, version=1,
+                                                           frontend_delay_s=0.0)}
+    write_calibrated(no_delay, tmp_path / "cal0.json")
+    with_delay = run_calibrated(path, ["latency.path=cal.json"])
+    without = run(load_scenario(path, ["latency.path=cal0.json"]))
+    a, b = with_delay.requests, without.requests
+    assert np.allclose(a["arrival_s"], b["arrival_s"])
+    assert np.allclose(a["ttft_s"], b["ttft_s"] + TRUE["frontend_delay_s"])
+    assert np.allclose(a["e2el_s"], b["e2el_s"] + TRUE["frontend_delay_s"])
+    assert np.allclose(a["tpot_s"].dropna(), b["tpot_s"].dropna())
+    assert with_delay.summary["median_ttft_ms"] == pytest.approx(
+        without.summary["median_ttft_ms"] + 5.0)
+    assert with_delay.summary["median_itl_ms"] == pytest.approx(without.summary["median_itl_ms"])
+
+
+# --- a whole calibration against a live (fake) engine -----------------------------------------
+
+class FakeEngine:
+    """A continuous-batching engine behind an HTTP server: vLLM v1 order (running requests
+    first, then waiting ones, prompts chunked to the token budget), each step costing
+    ``overhead + per_token · sampled + scale · kernels(plan)`` on the synthetic profile, each
+    request reaching the engine ``frontend_delay_s`` after it arrives. Tokens stream one per
+    chunk as their step ends."""
+
+    def __init__(self, budget: int = 256, max_seqs: int = 8):
+        self.budget, self.max_seqs = budget, max_seqs
+        self.latency = ProfileLatency({**synthetic_profile(), "calibration": dict(TRUE)})
+        self.waiting: deque = deque()
+        self.running: list = []
+        self.wake: asyncio.Event | None = None
+
+    async def handler(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await asyncio.sleep(TRUE["frontend_delay_s"])
+        if self.wake is None:
+            self.wake = asyncio.Event()
+            asyncio.get_running_loop().create_task(self.loop())
+        req = {"prompt": len(body["prompt"]), "out": body["max_tokens"], "done": 0, "gen": 0,
+               "queue": asyncio.Queue()}
+        self.waiting.append(req)
+        self.wake.set()
+        for _ in range(req["out"]):
+            tok = await req["queue"].get()
+            chunk = {"choices": [{"index": 0, "text": f"w{tok}", "token_ids": [tok]}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        usage = {"completion_tokens": req["out"], "prompt_tokens": req["prompt"]}
+        await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def loop(self) -> None:
+        from simserve.sched.plan import StepPlan
+        while True:
+            if not self.waiting and not self.running:
+                self.wake.clear()
+                await self.wake.wait()
+            budget, sched = self.budget, []
+            for r in self.running:                          # running first
+                total = r["prompt"] + r["gen"]
+                n = min(total - r["done"], budget)
+                if n:
+                    sched.append((r, n))
+                    budget -= n
+            while self.waiting and budget and len(self.running) < self.max_seqs:
+                r = self.waiting.popleft()
+                self.running.append(r)
+                n = min(r["prompt"], budget)
+                sched.append((r, n))
+                budget -= n
+            pre = [(n, r["done"]) for r, n in sched if r["done"] < r["prompt"]]
+            dec = [r["done"] for r, n in sched if r["done"] >= r["prompt"]]
+            sampled = [r for r, n in sched if r["done"] + n == r["prompt"] + r["gen"]]
+            plan = StepPlan(tuple(range(len(sched))), tuple(n for _, n in sched),
+                            tuple(n for n, _ in pre), tuple(c for _, c in pre), tuple(dec),
+                            len(sampled))
+            await asyncio.sleep(self.latency.step_time(plan))
+            for r, n in sched:
+                r["done"] += n
+            for r in sampled:
+                r["gen"] += 1
+                r["queue"].put_nowait(100 + r["gen"])
+            self.running = [r for r in self.running if r["gen"] < r["out"]]
+
+
+def test_calibration_recovers_a_known_engine(tmp_path, capsys):
+    path = write_scenario(tmp_path)
+    engine = FakeEngine()
+    plan = ProbePlan(prompt_lens=(16, 100, 250, 400, 600), single_output=12,
+                     concurrencies=(1, 4, 8), batch_prompt=32, batch_output=30, repeats=1,
+                     gap_s=0.02)
+    with FakeServer(handler=engine.handler) as srv:
+        profile = calibrate(path, srv.url, plan=plan, kv_tokens=4096, warmup=1)
+    cal = profile["calibration"]
+    # asyncio sleeps overshoot by ~0.1-1 ms on a busy machine: loose, but telling, bounds
+    assert cal["scale"] == pytest.approx(TRUE["scale"], rel=0.25)
+    assert cal["step_overhead_s"] == pytest.approx(TRUE["step_overhead_s"], abs=0.004)
+    assert cal["frontend_delay_s"] == pytest.approx(TRUE["frontend_delay_s"], abs=0.006)
+    assert cal["per_output_token_s"] < 0.002
+    assert cal["fit"]["residual_rel_rms"] < 0.15
+    assert cal["num_gpu_blocks"] == 4096 // 16 and cal["kv_tokens"] == 4096
+    prov = cal["provenance"]
+    assert prov["endpoint"] == srv.url and prov["engine_version"] == "fake-1.0"
+    assert prov["probes"]["num_requests"] == 5 + 13
+    assert {r["probe"] for r in cal["fit"]["residuals"]} >= {"single P=600 ttft",
+                                                              "batch c=8 step"}
+    # the written file is a valid profile that simulates with the calibrated terms
+    out = write_calibrated(profile, tmp_path / "cal.json")
+    lat = ProfileLatency.from_file(out)
+    assert lat.scale == cal["scale"] and "calibrated" in lat.label
+    result = run_calibrated(path, [f"latency.path={out}"])
+    assert result.summary["completed"] == 20
+
+
+def test_cli_calibrate_errors_are_one_line(tmp_path, capsys):
+    path = write_scenario(tmp_path)
+    code = main(["calibrate", str(path), "--endpoint", "http://127.0.0.1:9",
+                 "--out", str(tmp_path / "c.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+    code = main(["calibrate", str(path), "--endpoint", "http://10.1.2.3:80",
+                 "--out", str(tmp_path / "c.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "loopback" in err
+    (tmp_path / "server.log").write_text("no capacity line\n")
+    code = main(["calibrate", str(path), "--endpoint", "http://127.0.0.1:9",
+                 "--out", str(tmp_path / "c.json"), "--server-log", str(tmp_path / "server.log")])
+    err = capsys.readouterr().err
+    assert code == 2 and "KV cache size" in err
+    assert not (tmp_path / "c.json").exists()
