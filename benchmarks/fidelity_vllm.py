@@ -103,7 +103,7 @@ class Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_default_priority)
         print(f"started vLLM (pid {self.proc.pid}) with {self.knobs}", file=sys.stderr)
         deadline = time.time() + 400
         while time.time() < deadline:
@@ -190,16 +190,44 @@ def loadavg() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+def wait_for_quiet(limit: float = 3.0, max_wait_s: float = 90.0) -> float:
+    """Wait (bounded) for the 1-minute load average to drop below ``limit``; return it."""
+    deadline = time.time() + max_wait_s
+    while loadavg() >= limit and time.time() < deadline:
+        time.sleep(5)
+    return loadavg()
+
+
+def _default_priority() -> None:
+    """In the server's process: back to the default priority (the client runs above it)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except OSError:
+        pass
+
+
+def raise_client_priority() -> int:
+    """The measuring client (this process: a few % of one core) runs at nice -10 where it may,
+    so a busy shared machine delays its sends and chunk reads less; the server keeps the
+    default priority. Returns the niceness in force."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, -10)
+    except OSError:
+        pass
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 def measure(name: str, sc, endpoint: str, repeats: int, out: Path) -> list[dict]:
     summaries = []
     for k in range(repeats):
-        before = loadavg()
+        before = wait_for_quiet()
         res = replay(sc, endpoint, timeout=120, time_limit=600, warmup=2)
         res.save(out / "real" / name / f"run{k}")
         sm = res.summary
         print(f"  {name} run {k}: {sm['completed']}/{sm['num_requests']} finished, "
               f"TTFT p50 {sm['median_ttft_ms']:.1f} ms, TPOT p50 {sm['median_tpot_ms']:.2f} ms, "
-              f"{sm['output_throughput']:.0f} tok/s (load {before} -> {loadavg()})",
+              f"{sm['output_throughput']:.0f} tok/s (load {before} -> {loadavg()}; send lag "
+              f"p99 {sm['send_lag_p99_ms']:.0f} ms)",
               file=sys.stderr)
         summaries.append({**sm, "load_before": before})
     return summaries
@@ -213,8 +241,10 @@ def simulate(name: str, sc, out: Path, calibrated: bool) -> dict:
 
 def report(name: str, reals: list[dict], sim_a: dict, sim_b: dict) -> tuple[str, list[dict]]:
     ta, tb = error_table(reals, sim_a, HEADLINE), error_table(reals, sim_b, HEADLINE)
+    lag = [r.get("send_lag_p99_ms") or 0.0 for r in reals]
     lines = [f"### {name}  (load average {min(r['load_before'] for r in reals):.1f}-"
-             f"{max(r['load_before'] for r in reals):.1f}; {len(reals)} real runs)", "",
+             f"{max(r['load_before'] for r in reals):.1f}; {len(reals)} real runs; client send "
+             f"lag p99 {min(lag):.0f}-{max(lag):.0f} ms)", "",
              "| metric | real (median) | real min-max | sim (a) profile | err (a) "
              "| sim (b) calibrated | err (b) | (b) on target |",
              "|---|---|---|---|---|---|---|---|"]
@@ -253,6 +283,7 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    niceness = raise_client_priority()
     profile = Path(args.profile)
     if not profile.exists():
         sys.exit(f"error: {profile}: no CPU profile of the tiny model; make one with "
@@ -262,7 +293,8 @@ def main() -> int:
     wls = workloads(out, args.quick)
     base_latency = {"model": "profile", "path": str(profile)}
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                     "machine": f"{os.cpu_count()} cores, {_cpu_name()}", "tables": []}
+                     "machine": f"{os.cpu_count()} cores, {_cpu_name()}",
+                     "client_niceness": niceness}
     sections, rows = [], []
 
     def campaign(knobs: dict, names: list[str], label: str, server: Server | None,
@@ -273,7 +305,8 @@ def main() -> int:
             sc = scenario("calibration", wls["moderate"], knobs, base_latency, blocks, out)
             t0 = time.time()
             print(f"calibrating against {endpoint} (load {loadavg()})", file=sys.stderr)
-            prof = calibrate(sc, endpoint, plan=ProbePlan(repeats=2), kv_tokens=kv,
+            wait_for_quiet()
+            prof = calibrate(sc, endpoint, plan=ProbePlan(), kv_tokens=kv,
                              log=lambda line: print("  " + line, file=sys.stderr))
             cal_path = write_calibrated(prof, out / "calibrated.json")
             text = format_calibration(prof["calibration"])

@@ -18,9 +18,9 @@ class UsageError(Exception):
     """Reported as ``profiler: error: <message>`` with exit status 2."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m profiler") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m profiler",
+        prog=prog,
         description="Measure a model's decoder kernels (GEMMs, paged attention, LM head and "
                     "sampling) on this machine and write a simserve profile (JSON).")
     p.add_argument("--model", required=True,
@@ -78,7 +78,7 @@ def check_device(device: str) -> None:
                          f"{torch.__version__}); use --device cpu")
 
 
-def run(args: argparse.Namespace, argv: list[str]) -> Path:
+def run(args: argparse.Namespace, argv: list[str], prog: str = "python -m profiler") -> Path:
     from profiler.attention import BackendError
     from profiler.measure import Options, run_profile
     from profiler.schema import dump
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> Path:
                    max_num_seqs=args.max_num_seqs, attention=args.attention,
                    compile=not args.no_compile,
                    gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
-                   command=shlex.join(["python", "-m", "profiler", *argv]))
+                   command=shlex.join([*prog.split(), *argv]))
     try:
         profile = run_profile(shapes, opts)
     except BackendError as e:
@@ -108,12 +108,14 @@ def run(args: argparse.Namespace, argv: list[str]) -> Path:
     return args.out
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m profiler") -> int:
+    """``prog`` is how the command was invoked (``simserve profile`` forwards here): it names
+    the command in usage messages and in the profile's ``provenance.command``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(prog)
     args = parser.parse_args(argv)      # argparse itself exits 2 with a one-line usage error
     try:
-        out = run(args, argv)
+        out = run(args, argv, prog)
     except (UsageError, SimserveError) as e:
         print(f"profiler: error: {e}", file=sys.stderr)
         return 2

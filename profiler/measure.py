@@ -20,8 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from profiler import attention as attn
-from profiler.layers import (DTYPES, DecoderLayer, Model, PagedKVCache, Shapes, blocks_needed,
-                             build_step, make_top_p, rms_norm, sample_greedy)
+from profiler.layers import (DTYPES, DecoderLayer, Model, PagedKVCache, Sections, Shapes,
+                             StepMeta, blocks_needed, build_step, make_top_p, rms_norm,
+                             sample_greedy)
 from profiler.schema import KIND, SCHEMA_VERSION
 
 MIN_REPEATS = 3
@@ -70,6 +71,33 @@ class Timer:
         times.sort()
         return Stat(_quantile(times, 0.5), _quantile(times, 0.1), _quantile(times, 0.9),
                     len(times))
+
+    def sections(self, fn: Callable[[Sections], Any]) -> dict[str, Stat]:
+        """Median and spread of each part of a step over warmed-up repeats: ``fn(sections)``
+        runs one step that marks its parts (:class:`~profiler.layers.Sections`)."""
+        rec = Sections(self.device, self.clock)
+        start = time.perf_counter()
+        for _ in range(self.warmup):
+            fn(rec)
+            rec.result()
+            if time.perf_counter() - start > self.budget_s / 3:
+                break
+        samples: dict[str, list[float]] = {}
+        n = 0
+        start = time.perf_counter()
+        while n < self.repeats:
+            fn(rec)
+            for name, seconds in rec.result().items():
+                samples.setdefault(name, []).append(seconds)
+            n += 1
+            if n >= MIN_REPEATS and time.perf_counter() - start > self.budget_s:
+                break
+        out = {}
+        for name, times in samples.items():
+            times.sort()
+            out[name] = Stat(_quantile(times, 0.5), _quantile(times, 0.1),
+                             _quantile(times, 0.9), len(times))
+        return out
 
     def _cpu(self, fn: Callable[[], Any]) -> list[float]:
         times: list[float] = []
@@ -290,7 +318,7 @@ class _Ctx:
 def count_points(grid: Grid, opts: Options) -> int:
     tokens = token_axis(grid.tokens, opts.max_num_batched_tokens)
     chunks = token_axis(grid.prefill_chunk, opts.max_num_batched_tokens)
-    return (len(tokens) * (2 + len(DecoderLayer.OPS))
+    return (len(tokens) * (1 + len(DecoderLayer.OPS))
             + len(chunks) * len(grid.prefill_ctx)
             + len(grid.decode_batch) * len(grid.decode_ctx)
             + 2 * len(grid.lm_seqs) + 1 + grid.heldout)
@@ -333,8 +361,7 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
                      clock=CLOCKS.get(opts.timer_name, time.perf_counter)),
                progress, gen, model, backend, notes)
 
-    linear = _measure_linear(ctx)
-    embedding = _measure_embedding(ctx)
+    linear, embedding = _measure_tokens(ctx)
     attn_prefill = _measure_prefill(ctx)
     attn_decode = _measure_decode(ctx)
     lm_head = _measure_lm_head(ctx)
@@ -361,6 +388,7 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
             "warmup": grid.warmup, "repeats": grid.repeats,
             "timer": opts.timer_name,
             "sampler": "greedy (lm_head.top_p_seconds: top-p 0.9)",
+            "method": "in_step",
         },
         "attention": {
             "backend": backend_name, "compiled": compiled,
@@ -407,19 +435,78 @@ def _table(stats: list[list[Stat]]) -> dict[str, list[list[float]]]:
             for k, a in (("seconds", "median"), ("p10", "p10"), ("p90", "p90"))}
 
 
-def _measure_linear(c: _Ctx) -> dict[str, Any]:
-    layer = c.model.layers[0]
+def _per_layer(stat: Stat, layers: int) -> Stat:
+    return Stat(stat.median / layers, stat.p10 / layers, stat.p90 / layers, stat.n)
+
+
+def _layer_caches(c: _Ctx, num_blocks: int) -> list[PagedKVCache]:
+    """One KV cache per layer, as a server has: a part timed inside a step then reads K/V that
+    the other layers' traffic evicted. When that would take more than half the free memory
+    (large models, large decode grids) every layer shares one cache, and the profile says so."""
+    s, elt = c.shapes, torch.tensor([], dtype=c.dtype).element_size()
+    per_layer = 2 * num_blocks * c.opts.block_size * s.kv_dim * elt
+    free = (torch.cuda.mem_get_info(c.device)[0] if c.device.type == "cuda"
+            else _host_available_bytes())
+    if free is None or len(c.model.layers) * per_layer <= 0.5 * free:
+        return [c.cache(num_blocks) for _ in c.model.layers]
+    note = (f"KV caches of {num_blocks} blocks: one shared by every layer (one per layer would "
+            "exceed half the free memory)")
+    if note not in c.notes:
+        c.notes.append(note)
+    return [c.cache(num_blocks)] * len(c.model.layers)
+
+
+def sample_rows(meta: StepMeta, num_sampled: int, device: Any) -> torch.Tensor:
+    """Rows a step samples: the last token of each of the first ``num_sampled - decodes``
+    prefill chunks (the chunks that finish their prompt), then every decode."""
+    decodes = meta.num_seqs - meta.num_prefills
+    finishing = [meta.query_start[s + 1] - 1 for s in range(num_sampled - decodes)]
+    return torch.tensor(finishing + list(range(meta.query_start[meta.num_prefills],
+                                               meta.num_tokens)), dtype=torch.long,
+                        device=device)
+
+
+def _in_step(c: _Ctx, caches: list[PagedKVCache], prefill: list[tuple[int, int]],
+             decode_ctx: list[int], num_sampled: int,
+             sample: Callable[[torch.Tensor], torch.Tensor] = sample_greedy) -> dict[str, Stat]:
+    """Run whole steps of this composition and time each part inside them (Sections)."""
+    nb = caches[0].num_blocks
+    meta = build_step(prefill, decode_ctx, c.opts.block_size, nb, c.device, generator=c.gen)
+    c.backend.prepare(meta, nb)
+    ids = torch.randint(0, c.shapes.vocab_size, (meta.num_tokens,), generator=c.gen).to(
+        c.device)
+    rows = sample_rows(meta, num_sampled, c.device)
+    return c.timer.sections(
+        lambda sections: c.model.step(ids, meta, caches, c.backend, sample, rows, sections))
+
+
+def _measure_tokens(c: _Ctx) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``linear`` and ``embedding`` vs tokens, inside steps of one prefill chunk of T tokens
+    (no context) sampling one row; plus each op of the linear part alone (``linear.ops``)."""
+    L = len(c.model.layers)
     tokens = token_axis(c.grid.tokens, c.opts.max_num_batched_tokens)
-    whole: list[Stat] = []
+    caches = _layer_caches(c, blocks_needed(max(tokens), c.opts.block_size) + 8)
+    linear: list[Stat] = []
+    embedding: list[Stat] = []
+    for t in tokens:
+        parts = _in_step(c, caches, [(t, 0)], [], 1)
+        linear.append(_per_layer(parts["linear"], L))
+        embedding.append(parts["embedding"])
+        c.progress.step("linear", f"tokens={t}")
+    ops = _measure_ops(c, tokens, caches[0])
+    return ({"tokens": tokens, **_series(linear), "ops": ops},
+            {"tokens": tokens, **_series(embedding)})
+
+
+def _measure_ops(c: _Ctx, tokens: list[int], cache: PagedKVCache) -> dict[str, list[float]]:
+    """Each op of the linear part timed alone, over and over (warm caches): for information
+    only; simserve composes steps from the in-step ``linear`` series."""
+    layer = c.model.layers[0]
     ops: dict[str, list[float]] = {op: [] for op in DecoderLayer.OPS}
     for t in tokens:
-        nb = blocks_needed(t, c.opts.block_size)
-        cache = c.cache(nb)
-        meta = build_step([(t, 0)], [], c.opts.block_size, nb, c.device, generator=c.gen)
+        meta = build_step([(t, 0)], [], c.opts.block_size, cache.num_blocks, c.device,
+                          generator=c.gen)
         x = c.randn(t, c.shapes.hidden_size)
-        whole.append(c.timer(lambda: layer.forward(x, meta, cache, None)))
-        c.progress.step("linear", f"tokens={t}")
-        # each op alone, on inputs of the right shape
         h = rms_norm(x, layer.input_norm)
         q, k, v = layer.split_qkv(layer.qkv(h))
         o = q.reshape(t, -1)
@@ -434,70 +521,60 @@ def _measure_linear(c: _Ctx) -> dict[str, Any]:
         }
         for op, fn in parts.items():
             ops[op].append(c.timer(fn).median)
-            c.progress.step("linear", f"{op} tokens={t}")
-        del cache
-    return {"tokens": tokens, **_series(whole), "ops": ops}
-
-
-def _measure_embedding(c: _Ctx) -> dict[str, Any]:
-    tokens = token_axis(c.grid.tokens, c.opts.max_num_batched_tokens)
-    stats = []
-    for t in tokens:
-        ids = torch.randint(0, c.shapes.vocab_size, (t,), generator=c.gen).to(c.device)
-        stats.append(c.timer(lambda: rms_norm(c.model.embed_tokens(ids), c.model.final_norm)))
-        c.progress.step("embedding", f"tokens={t}")
-    return {"tokens": tokens, **_series(stats)}
+            c.progress.step("linear ops", f"{op} tokens={t}")
+    return ops
 
 
 def _measure_prefill(c: _Ctx) -> dict[str, Any]:
+    """Attention of one chunk after its context, per layer, inside steps of that one chunk."""
+    L = len(c.model.layers)
     chunks = token_axis(c.grid.prefill_chunk, c.opts.max_num_batched_tokens)
     ctxs = list(c.grid.prefill_ctx)
-    bs = c.opts.block_size
-    # one cache for the grid, larger than any point needs: blocks come from all over it
-    nb = 2 * blocks_needed(max(chunks) + max(ctxs), bs)
-    cache = c.cache(nb)
+    # larger than any point needs: blocks come from all over the cache
+    caches = _layer_caches(c, 2 * blocks_needed(max(chunks) + max(ctxs), c.opts.block_size))
     rows = []
     for chunk in chunks:
         row = []
         for ctx in ctxs:
-            meta = build_step([(chunk, ctx)], [], bs, nb, c.device, generator=c.gen)
-            c.backend.prepare(meta, nb)
-            q = c.randn(chunk, c.shapes.num_heads, c.shapes.head_dim)
-            row.append(c.timer(lambda: c.backend(q, cache, meta)))
+            row.append(_per_layer(_in_step(c, caches, [(chunk, ctx)], [], 1)["attention"], L))
             c.progress.step("attn_prefill", f"chunk={chunk} ctx={ctx}")
         rows.append(row)
-    del cache
+    del caches
     return {"chunk": chunks, "ctx": ctxs, **_table(rows)}
 
 
 def _measure_decode(c: _Ctx) -> dict[str, Any]:
+    """Attention of B decodes at one context, per layer, inside steps of those decodes."""
+    L = len(c.model.layers)
     batches, ctxs = list(c.grid.decode_batch), list(c.grid.decode_ctx)
     bs = c.opts.block_size
-    nb = max(batches) * blocks_needed(max(ctxs) + 1, bs) + max(batches)
-    cache = c.cache(nb)
+    caches = _layer_caches(c, max(batches) * blocks_needed(max(ctxs) + 1, bs) + max(batches))
     rows = []
     for batch in batches:
         row = []
         for ctx in ctxs:
-            meta = build_step([], [ctx] * batch, bs, nb, c.device, generator=c.gen)
-            c.backend.prepare(meta, nb)
-            q = c.randn(batch, c.shapes.num_heads, c.shapes.head_dim)
-            row.append(c.timer(lambda: c.backend(q, cache, meta)))
+            parts = _in_step(c, caches, [], [ctx] * batch, batch)
+            row.append(_per_layer(parts["attention"], L))
             c.progress.step("attn_decode", f"batch={batch} ctx={ctx}")
         rows.append(row)
-    del cache
+    del caches
     return {"batch": batches, "ctx": ctxs, **_table(rows)}
 
 
 def _measure_lm_head(c: _Ctx) -> dict[str, Any]:
+    """LM head and sampling of S rows inside steps of S decodes at the smallest decode
+    context (greedy; and top-p 0.9 for ``top_p_seconds``)."""
+    ctx = min(c.grid.decode_ctx)
+    bs = c.opts.block_size
+    caches = _layer_caches(c, max(c.grid.lm_seqs) * blocks_needed(ctx + 1, bs) + 8)
     greedy, top_p = [], []
     sample_top_p = make_top_p(0.9, seed=c.opts.seed)
     for s in c.grid.lm_seqs:
-        x = c.randn(s, c.shapes.hidden_size)
-        greedy.append(c.timer(lambda: sample_greedy(c.model.logits(x))))
+        greedy.append(_in_step(c, caches, [], [ctx] * s, s)["lm_head"])
         c.progress.step("lm_head", f"seqs={s} greedy")
-        top_p.append(c.timer(lambda: sample_top_p(c.model.logits(x))))
+        top_p.append(_in_step(c, caches, [], [ctx] * s, s, sample=sample_top_p)["lm_head"])
         c.progress.step("lm_head", f"seqs={s} top-p")
+    del caches
     return {"seqs": list(c.grid.lm_seqs), **_series(greedy),
             "top_p_seconds": [x.median for x in top_p]}
 
@@ -588,11 +665,7 @@ def _measure_heldout(c: _Ctx) -> list[dict[str, Any]]:
         c.backend.prepare(meta, nb)
         ids = torch.randint(0, c.shapes.vocab_size, (meta.num_tokens,), generator=c.gen).to(
             c.device)
-        # sampled rows: every decode, and the last token of the chunks that finish a prompt
-        finishing = [meta.query_start[s + 1] - 1 for s in range(num_sampled - len(decode_ctx))]
-        rows = torch.tensor(finishing + list(range(meta.query_start[meta.num_prefills],
-                                                   meta.num_tokens)),
-                            dtype=torch.long, device=c.device)
+        rows = sample_rows(meta, num_sampled, c.device)
         stat = c.timer(lambda: c.model.step(ids, meta, caches, c.backend, sample_greedy, rows))
         out.append({"prefill": [[q, x] for q, x in prefill], "decode_ctx": decode_ctx,
                     "num_sampled": num_sampled, "seconds": stat.median, "p10": stat.p10,

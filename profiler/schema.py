@@ -49,6 +49,7 @@ from simserve.errors import DataError
 
 SCHEMA_VERSION = 1
 KIND = "simserve-profile"
+METHODS = ("in_step", "isolated")
 
 
 class ProfileError(DataError):
@@ -85,7 +86,13 @@ class ModelShapes(TypedDict):
     tie_word_embeddings: bool
 
 
-class Settings(TypedDict):
+class _SettingsAdded(TypedDict, total=False):
+    # added within version 1; absent means "isolated" (each part timed alone, over and over,
+    # as the first version-1 files were); "in_step": each part timed inside whole steps
+    method: Literal["in_step", "isolated"]
+
+
+class Settings(_SettingsAdded):
     block_size: int
     max_num_batched_tokens: int
     warmup: int
@@ -269,9 +276,13 @@ def _mapping(v: Any, where: str) -> Mapping:
     return v
 
 
-def _record(fields: dict[str, Callable[[Any, str], Any]]) -> Callable[[Any, str], Mapping]:
-    """Every listed key must be present (null only where the check allows it); extra keys are
-    ignored so that an older reader can read additive changes."""
+def _record(fields: dict[str, Callable[[Any, str], Any]],
+            optional: dict[str, Callable[[Any, str], Any]] | None = None
+            ) -> Callable[[Any, str], Mapping]:
+    """Every key of ``fields`` must be present (null only where the check allows it); a key of
+    ``optional`` is checked when present (added after version 1's first files: a reader applies
+    its default when absent). Extra keys are ignored so that an older reader can read additive
+    changes."""
     def check(v: Any, where: str) -> Mapping:
         _mapping(v, where)
         for key, field_check in fields.items():
@@ -279,6 +290,9 @@ def _record(fields: dict[str, Callable[[Any, str], Any]]) -> Callable[[Any, str]
             if key not in v:
                 raise _Invalid(at, "missing")
             field_check(v[key], at)
+        for key, field_check in (optional or {}).items():
+            if key in v:
+                field_check(v[key], f"{where}.{key}" if where else key)
         return v
     return check
 
@@ -350,8 +364,9 @@ _MODEL = _record({
 })
 _SETTINGS = _record({
     "block_size": _pos_int, "max_num_batched_tokens": _pos_int, "warmup": _nonneg_int,
-    "repeats": _pos_int, "timer": _choice("perf_counter", "thread_time", "cuda_event"), "sampler": _str,
-})
+    "repeats": _pos_int, "timer": _choice("perf_counter", "thread_time", "cuda_event"),
+    "sampler": _str,
+}, optional={"method": _choice(*METHODS)})
 _ATTENTION = _record({
     "backend": _choice("reference", "flex", "flashinfer"), "compiled": _bool,
     "compile_seconds": _str_to_seconds, "fallback": _optional(_str),

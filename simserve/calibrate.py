@@ -8,7 +8,11 @@ fits by least squares (relative errors, non-negative coefficients)::
     step(plan)  = step_overhead_s                        engine/CPU work of every step
                 + per_output_token_s · num_sampled       per sampled token: sampling bookkeeping,
                                                          output processing, detokenising, SSE
-                + scale · kernels(plan)                  the profile's measured parts
+                + scale · GEMM kernels(plan)             the profile's measured parts: embedding,
+                                                         linear layers, LM head
+                + attention_scale · attention(plan)      prefill and decode attention (a serving
+                                                         engine's attention kernels differ most
+                                                         from the profiler's)
     TTFT        = frontend_delay_s + Σ steps up to the first token
 
 ``frontend_delay_s`` is the HTTP server's hand-off to the engine and the stream back: a fixed
@@ -50,7 +54,8 @@ from simserve.errors import ConfigError, DataError, SimserveError
 from simserve.sched.plan import StepPlan
 
 CALIBRATION_VERSION = 1
-PARAMS = ("step_overhead_s", "per_output_token_s", "scale", "frontend_delay_s")
+PARAMS = ("step_overhead_s", "per_output_token_s", "scale", "attention_scale",
+          "frontend_delay_s")
 
 
 @dataclass(frozen=True)
@@ -61,9 +66,9 @@ class ProbePlan:
     prompt_lens: tuple[int, ...] = (16, 128, 384, 512, 700, 1024, 1536)
     single_output: int = 32
     concurrencies: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32)
-    batch_prompt: int = 32
+    batch_prompt: int = 256
     batch_output: int = 64
-    repeats: int = 2
+    repeats: int = 3               # medians over repeats: the first sight of a shape is slower
     gap_s: float = 0.05            # idle time between probes, so each starts on an idle server
 
     def for_scenario(self, s: Scenario) -> ProbePlan:
@@ -101,34 +106,52 @@ def decode_plan(batch: int, ctx: int) -> StepPlan:
 
 @dataclass(frozen=True)
 class Observation:
-    """One measured quantity and its linear model: y ≈ x · (o, u, s, h)."""
+    """One measured quantity and its linear model: ``y ≈ x · params`` (in :data:`PARAMS`
+    order: steps, tokens sampled, GEMM-part kernel seconds, attention kernel seconds, 1 for a
+    first-token latency)."""
 
     probe: str          # e.g. "single P=512 ttft", "batch c=8 step"
-    x: tuple[float, float, float, float]
+    x: tuple[float, ...]
     y: float
 
 
-def _kernels(latency, plans: list[StepPlan]) -> float:
-    return sum(latency.step_time(p) for p in plans)
+GEMM_PARTS = ("embedding", "linear", "lm_head")
+ATTENTION_PARTS = ("attn_prefill", "attn_decode")
+
+
+def step_features(latency, plans: list[StepPlan]) -> tuple[float, float, float, float]:
+    """(steps, tokens sampled, GEMM kernels s, attention kernels s) summed over ``plans``,
+    priced by an uncalibrated profile model (its ``breakdown``)."""
+    steps = sampled = gemm = attn = 0.0
+    for plan in plans:
+        parts = latency.breakdown(plan)
+        steps += 1
+        sampled += plan.num_sampled
+        gemm += sum(parts[k] for k in GEMM_PARTS)
+        attn += sum(parts[k] for k in ATTENTION_PARTS)
+    return steps, sampled, gemm, attn
+
+
+def _mean_features(latency, plans: list[StepPlan]) -> tuple[float, ...]:
+    return tuple(v / len(plans) for v in step_features(latency, plans))
 
 
 def single_observations(latency, prompt: int, output: int, budget: int, ttft: float,
                         tpot: float | None) -> list[Observation]:
     pre = single_prefill_plans(prompt, budget)
-    obs = [Observation(f"single P={prompt} ttft", (len(pre), 1.0, _kernels(latency, pre), 1.0),
-                       ttft)]
+    obs = [Observation(f"single P={prompt} ttft", (*step_features(latency, pre), 1.0), ttft)]
     if tpot is not None and output > 1:
         # decode steps feed tokens 1 .. output-1 back: contexts prompt .. prompt + output - 2
-        k = np.mean([latency.step_time(decode_plan(1, prompt + i)) for i in range(output - 1)])
-        obs.append(Observation(f"single P={prompt} tpot", (1.0, 1.0, float(k), 0.0), tpot))
+        dec = [decode_plan(1, prompt + i) for i in range(output - 1)]
+        obs.append(Observation(f"single P={prompt} tpot", (*_mean_features(latency, dec), 0.0),
+                               tpot))
     return obs
 
 
 def batch_observation(latency, c: int, ctx_lo: float, ctx_hi: float,
                       step_s: float) -> Observation:
-    ctxs = np.linspace(ctx_lo, ctx_hi, 5)
-    k = np.mean([latency.step_time(decode_plan(c, int(round(x)))) for x in ctxs])
-    return Observation(f"batch c={c} step", (1.0, float(c), float(k), 0.0), step_s)
+    dec = [decode_plan(c, int(round(x))) for x in np.linspace(ctx_lo, ctx_hi, 5)]
+    return Observation(f"batch c={c} step", (*_mean_features(latency, dec), 0.0), step_s)
 
 
 def steady_decode_step(times: list[list[float]], counts: list[list[int]],
@@ -212,7 +235,7 @@ async def _probe_server(s: Scenario, endpoint: str, model: str | None, plan: Pro
 
     from simserve.replay import EndpointError, Outcome, _probe, _send, prompt_ids, request_body
     from simserve.workload import RequestSpec
-    connector = aiohttp.TCPConnector(limit=0)
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)   # as in replay
     records: list[dict] = []
     async with aiohttp.ClientSession(connector=connector) as session:
         info = await _probe(session, endpoint, timeout=min(timeout, 10.0))
@@ -503,7 +526,8 @@ def format_calibration(cal: dict) -> str:
     lines = [
         f"step overhead      {cal['step_overhead_s'] * 1e3:8.3f} ms",
         f"per output token   {cal['per_output_token_s'] * 1e3:8.3f} ms",
-        f"kernel scale       {cal['scale']:8.3f}",
+        f"GEMM kernel scale  {cal['scale']:8.3f}",
+        f"attention scale    {cal['attention_scale']:8.3f}",
         f"front-end delay    {cal['frontend_delay_s'] * 1e3:8.3f} ms",
         f"fit: {f['num_observations']} observations, relative residual rms "
         f"{100 * f['residual_rel_rms']:.1f} %, max {100 * f['residual_rel_max']:.1f} %",

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from simserve.cards import HardwareSpec, ModelCard, load_hardware, load_model
+from simserve.cluster import ClusterConfig
 from simserve.errors import ConfigError, DataError
 from simserve.fields import Fields
 from simserve.metrics.slo import SloConfig
@@ -26,7 +27,6 @@ from simserve.workload.config import WorkloadConfig
 
 PREEMPTION_MODES = ("recompute", "swap")
 LATENCY_MODELS = ("roofline", "profile", "constant", "linear")
-ROUTERS = ("round_robin", "least_outstanding")
 _LATENCY_FIELDS = {"roofline": ("step_overhead_ms", "flops_efficiency", "bandwidth_efficiency"),
                    "profile": ("path", "step_overhead_ms"), "constant": ("step_ms",),
                    "linear": ("base_ms", "per_token_ms", "per_seq_ms")}
@@ -106,19 +106,6 @@ class LatencyConfig:
 
 
 @dataclass(frozen=True)
-class ClusterConfig:
-    replicas: int = 1
-    router: str = "round_robin"
-
-    @classmethod
-    def from_fields(cls, f: Fields) -> ClusterConfig:
-        cfg = cls(replicas=f.int("replicas", 1, min=1),
-                  router=f.str("router", "round_robin", choices=ROUTERS))
-        f.done()
-        return cfg
-
-
-@dataclass(frozen=True)
 class Scenario:
     name: str
     model: ModelCard
@@ -173,7 +160,7 @@ class Scenario:
             "engine": engine,
             "scheduler": {"policy": self.policy, **params_to_dict(self.policy_params)},
             "latency": latency,
-            "cluster": dataclasses.asdict(self.cluster),
+            "cluster": self.cluster.to_dict(),
             "workload": self.workload.to_dict(),
             "slo": self.slo.to_dict(),
         }
@@ -198,7 +185,9 @@ def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario")
     workload = WorkloadConfig.from_fields(Fields(f.any("workload"), "workload"))
     slo = SloConfig.from_fields(f.section("slo"))
     latency = LatencyConfig.from_fields(f.section("latency"))
-    cluster = ClusterConfig.from_fields(f.section("cluster"))
+    cluster = ClusterConfig.from_fields(   # groups are parsed as whole scenarios (cluster.py)
+        f.section("cluster"), raw, lambda merged, group: parse_scenario(
+            {**merged, "name": f"{scenario_name}/{group}"}, base_dir, name))
     output_dir = f.str("output_dir", None)
     f.done()
     scenario = Scenario(scenario_name, model, hardware, engine, policy, workload, slo, latency,

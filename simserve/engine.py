@@ -3,18 +3,42 @@
 This is the only module that knows about SimPy. A replica is a plain generator process
 (``env`` passed in, no globals): ask the scheduler for a StepPlan, price it with the latency
 model, hold the clock for that long, then let the scheduler apply it. An idle replica sleeps on
-an event that the arrival process triggers.
+an event that whoever gives it work triggers.
 
 Fast-forward: when a plan is the start of a *decode stretch* (``Scheduler.decode_stretch_limit``:
 every running request decodes, nothing else happens, and the policy's admission is monotone),
 the replica prices all k steps of the stretch at once, holds the clock once, and applies them
-together. The stretch ends before the first step that would start at or after the next arrival,
-at the earliest finish, or before the KV blocks run out, so the result is the same schedule, step
-for step, as stepping one iteration per event (``fast_forward=False``); the equivalence tests
-hold the two to that.
+together. The result is the same schedule, step for step, as stepping one iteration per event
+(``fast_forward=False``); the equivalence tests hold the two to that. What keeps it exact is
+that a stretch never runs past an *outside event* — something that changes or looks at the
+replica from outside:
 
-Arrivals are scheduled with SimPy's URGENT priority, so an arrival at exactly the time a step
-starts is always seen by that step, whichever way the engine runs.
+* events known in advance — arrivals and fault injections/restarts — bound the stretch when it
+  is planned: a step after the first is kept only if it starts before the next such event, or,
+  when the router looks at per-step state (KV use, tokens left, cached prefixes), only if it
+  also *ends* before it, so that the state the router sees at that moment is exactly the state
+  stepping shows (the step in flight scheduled, everything before it applied);
+* events not known in advance — a KV cache landing on a decode replica, created when another
+  replica's prefill completes — go to the target's *inbox*; a stretch in flight there is cut
+  back to the steps that start before the landing (``simpy.Process.interrupt`` makes the
+  replica wait for the new end), and the replica takes the landing at its first step boundary
+  at or after it.
+
+Run-ahead: when no unannounced events can happen (no disaggregation), a step or stretch that
+ends before the next outside event is applied at once, without a SimPy event; the replica runs
+ahead of the SimPy clock but never past that event.
+
+Event priorities at one instant: arrivals (and inbox wake-ups) are URGENT, so a step starting
+at that time sees them; step completions are NORMAL; failures and restarts come last (LATE),
+so steps that ended by the failure time stand and the step in flight is lost.
+
+Clusters (docs/cluster.md): replicas have a ``role``. ``mixed`` replicas take requests
+from the router and serve them whole. In a disaggregated cluster the router picks a prefill and
+a decode replica on arrival (Splitwise's cluster-level scheduler); the prefill replica runs a
+*proxy* of the request (its prompt, one output token), then holds that KV while it crosses the
+link, and the decode replica takes the request with the KV computed (``num_computed_tokens =
+num_tokens - 1``: it next feeds back the token the prefill sampled). The token reaches the
+client when the KV lands. Failures: see simserve/faults.py.
 """
 
 from __future__ import annotations
@@ -22,16 +46,19 @@ from __future__ import annotations
 import dataclasses
 import math
 from array import array
-from heapq import heappush
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
+from typing import Any
 
 import numpy as np
 import simpy
-from simpy.core import NORMAL, URGENT
+from simpy.core import NORMAL, URGENT, EmptySchedule
 
 from simserve.kv.blocks import BlockManager
 from simserve.latency.base import LatencyModel
+from simserve.routing import least_outstanding, round_robin  # noqa: F401  (re-exported)
 from simserve.sched.core import Scheduler
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
@@ -39,6 +66,9 @@ from simserve.workload.spec import RequestSpec
 
 # Longest stretch priced at once: bounds the work wasted when an arrival cuts a stretch short.
 MAX_STRETCH = 256
+LATE = NORMAL + 1        # failures and restarts: after every step completion at the same time
+INF = math.inf
+_LAND, _UNPIN = 0, 1     # inbox entries: a KV cache landing; a prefill replica's KV released
 
 # Per-step columns (vary inside a fast-forwarded stretch) and per-group columns (constant over a
 # group of steps: one plain step, or one whole stretch). Typecodes: float64 times, int64 counts.
@@ -54,7 +84,7 @@ STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_prefill_tokens", "num_p
                 "swap_in_blocks")
 
 
-@dataclass
+@dataclass(eq=False)
 class Replica:
     index: int
     scheduler: Scheduler
@@ -62,10 +92,30 @@ class Replica:
     max_model_len: int
     wakeup: simpy.Event | None = None
     num_outstanding: int = 0
+    group: str = ""
+    role: str = "mixed"            # mixed | prefill | decode (docs/cluster.md)
+    # a fresh scheduler (with its own empty KV cache) for a restart after a failure
+    factory: Callable[[], Scheduler] | None = field(default=None, repr=False)
+    up: bool = True
+    # engine bookkeeping: the process, the step or stretch in flight (only tracked when
+    # something may cut it short), and the inbox of (time, request id, kind, payload)
+    proc: Any = field(default=None, repr=False)
+    flight: _Flight | None = field(default=None, repr=False)
+    inbox: list = field(default_factory=list, repr=False)
 
     @property
     def blocks(self) -> BlockManager:
         return self.scheduler.blocks
+
+
+@dataclass(slots=True)
+class _Flight:
+    """The steps a replica is holding the clock for: their starts and ends (one plain step, or
+    a fast-forwarded stretch, which may be cut back while in flight)."""
+
+    starts: list[float]
+    ends: list[float]
+    stretch: bool
 
 
 class _ReplicaLog:
@@ -79,6 +129,20 @@ class _ReplicaLog:
         """End time of each step (start + duration: the very sums the engine advanced by)."""
         return (np.frombuffer(self.steps["start_s"], dtype=np.float64)
                 + np.frombuffer(self.steps["duration_s"], dtype=np.float64))
+
+    def trim(self, keep: int) -> None:
+        """Keep only the first ``keep`` steps of the last group (a stretch cut short, or a
+        step lost to a failure: ``keep = 0`` drops the group)."""
+        k = self.groups["num_steps"][-1]
+        if keep >= k:
+            return
+        for a in self.steps.values():
+            del a[len(a) - (k - keep):]
+        if keep:
+            self.groups["num_steps"][-1] = keep
+        else:
+            for a in self.groups.values():
+                a.pop()
 
     def columns(self) -> dict[str, np.ndarray]:
         counts = np.frombuffer(self.groups["num_steps"], dtype=np.int64)
@@ -101,11 +165,15 @@ class Recorder:
     after the run from these.
 
     Steps are stored as groups: a plain step is a group of one; a fast-forwarded stretch is one
-    group of k steps that share every count but their times and KV blocks used.
+    group of k steps that share every count but their times and KV blocks used. Cluster events
+    are kept beside: retries per request, KV transfer times, replica failures.
     """
 
     requests: list[Request] = field(default_factory=list)
     replicas: dict[int, _ReplicaLog] = field(default_factory=dict)
+    retries: dict[int, int] = field(default_factory=dict)        # request id -> times retried
+    transfer_s: list[float] = field(default_factory=list)         # one per KV handoff
+    failures: list[tuple[int, float]] = field(default_factory=list)   # (replica, time)
 
     def log(self, replica: Replica) -> _ReplicaLog:
         log = self.replicas.get(replica.index)
@@ -177,44 +245,17 @@ def rejection_reason(req: Request, replica: Replica) -> str:
 Router = Callable[[Request, Sequence[Replica]], Replica]
 
 
-def round_robin() -> Router:
-    counter = iter(range(1 << 62))
-    return lambda req, replicas: replicas[next(counter) % len(replicas)]
-
-
-def least_outstanding(req: Request, replicas: Sequence[Replica]) -> Replica:
-    return min(replicas, key=lambda r: (r.num_outstanding, r.index))
-
-
 class _Arrivals:
     """The workload's cursor: the next arrival time is what bounds a fast-forward stretch."""
 
     def __init__(self, specs: Sequence[RequestSpec]):
         self.specs = specs
         self.next = 0
-        self.done: simpy.Event | None = None
+        self.done = False
 
     @property
     def next_time(self) -> float:
-        return self.specs[self.next].arrival_s if self.next < len(self.specs) else math.inf
-
-
-def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: Router,
-             fast_forward: bool = True) -> Recorder:
-    """Run the workload to completion; return what was recorded."""
-    env = _Environment()
-    rec = Recorder()
-    arrivals = _Arrivals(specs)
-    arrivals.done = env.event()
-    procs = [env.process(_replica_loop(env, r, rec, arrivals, fast_forward)) for r in replicas]
-    env.process(_arrival_process(env, arrivals, replicas, router, rec))
-    env.run(until=simpy.AllOf(env, procs))
-    for replica in replicas:   # anything left can never be scheduled: count it, never drop it
-        sched = replica.scheduler
-        for req in [*sched.waiting, *sched.swapped, *sched.running]:
-            req.status = Status.REJECTED
-            req.reject_reason = "unschedulable"
-    return rec
+        return self.specs[self.next].arrival_s if self.next < len(self.specs) else INF
 
 
 class _Environment(simpy.Environment):
@@ -235,29 +276,361 @@ class _Environment(simpy.Environment):
         heappush(self._queue, (when, priority, next(self._eid), event))
         return event
 
+    def call_at(self, when: float, priority: int, fn: Callable[[], None]) -> None:
+        """Run ``fn()`` when the clock reaches ``when`` (at that priority)."""
+        self.at(when, priority).callbacks.append(lambda _: fn())
 
-def _arrival_process(env, arrivals: _Arrivals, replicas, router, rec: Recorder):
-    specs = arrivals.specs
-    while arrivals.next < len(specs):
-        spec = specs[arrivals.next]
-        if spec.arrival_s > env.now:
-            yield env.at(spec.arrival_s, URGENT)
-        arrivals.next += 1
-        req = Request(spec)
-        rec.requests.append(req)
-        replica = router(req, replicas)
+
+def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: Router,
+             fast_forward: bool = True, *, decode_router: Router | None = None,
+             transfer_s: Callable[[int, Replica, Replica], float] | None = None,
+             faults=None, on_failure: str = "retry", max_retries: int = 3) -> Recorder:
+    """Run the workload to completion; return what was recorded.
+
+    ``router`` picks among the replicas that take arrivals (role ``mixed`` or ``prefill``);
+    with decode replicas present, ``decode_router`` picks among those and ``transfer_s(tokens,
+    src, dst)`` prices a KV handoff. ``faults`` is a ``faults.FaultSchedule`` (replicas need a
+    ``factory`` then); ``on_failure`` and ``max_retries`` say what happens to the requests a
+    failed replica held. Every request ends finished, rejected or failed.
+    """
+    env = _Environment()
+    rec = Recorder()
+    c = _Cluster(env, rec, specs, replicas, router, fast_forward, decode_router, transfer_s,
+                 faults, on_failure, max_retries)
+    for r in replicas:
+        r.proc = env.process(_replica_loop(env, c, r))
+    env.process(_arrival_process(env, c))
+    if faults is not None:
+        for t, i, restart in faults.initial():
+            c.add_fault(t, replicas[i], restart)
+    step = env.step
+    try:
+        while not c.finished:
+            step()
+    except EmptySchedule:   # nothing can happen any more: only a scheduler deadlock gets here
+        pass
+    for req in rec.requests:   # anything left can never be scheduled: count it, never drop it
+        if req.status not in (Status.FINISHED, Status.REJECTED, Status.FAILED):
+            req.status = Status.REJECTED
+            req.reject_reason = "unschedulable"
+    c.join_token_times()
+    return rec
+
+
+class _Cluster:
+    """What the replicas share: the pools, routers, the count of unresolved requests, requests
+    in transit between replicas, failures. All times are SimPy's."""
+
+    def __init__(self, env, rec, specs, replicas, router, fast_forward, decode_router,
+                 transfer_s, faults, on_failure, max_retries):
+        self.env, self.rec = env, rec
+        self.arrivals = _Arrivals(specs)
+        self.replicas = list(replicas)
+        self.entry = [r for r in replicas if r.role != "decode"]
+        self.decode = [r for r in replicas if r.role == "decode"]
+        self.disaggregated = bool(self.decode)
+        if self.disaggregated and (decode_router is None or transfer_s is None
+                                   or any(r.role != "prefill" for r in self.entry)):
+            raise ValueError("decode replicas need prefill replicas (no mixed ones), a "
+                             "decode_router and transfer_s")
+        self.router, self.decode_router, self.transfer_s = router, decode_router, transfer_s
+        self.fast_forward = fast_forward
+        self.run_ahead = fast_forward and not self.disaggregated
+        self.tracked = self.disaggregated or faults is not None   # flights may be cut short
+        self.faults, self.on_failure, self.max_retries = faults, on_failure, max_retries
+        if faults is not None and any(r.factory is None for r in replicas):
+            raise ValueError("fault injection needs each replica's scheduler factory")
+        observes = getattr(router, "observes_state", True)
+        self.decode_observes = getattr(decode_router, "observes_state", True)
+        self.fault_end_rule = observes or (self.disaggregated and self.decode_observes)
+        self.entry_observes = observes
+        self.pending = len(specs)     # requests not yet finished, rejected or failed
+        self.finished = not specs
+        self.fault_times: list[float] = []   # pending failure and restart times (a heap)
+        self.real: dict[int, Request] = {}   # request id -> the request its proxy prefills
+        self.assigned: dict[int, Replica | None] = {}   # decode replica, until the KV lands
+        self.prior: dict[int, list[float]] = {}   # token times delivered before its replica
+        self.backlog: list[Request] = []     # no live replica in its pool: held at the router
+        self.decode_backlog: list[tuple] = []    # prefilled, no live decode replica
+
+    # -- the pieces the replica loop asks for ------------------------------------------------
+    def arrival_rules(self, r: Replica) -> tuple[bool, bool]:
+        """Whether arrivals cut this replica's stretches (they add to it or observe it), and
+        whether at the end of a step rather than its start (the router observes it)."""
+        if r.role != "decode":
+            return True, self.entry_observes
+        observed = self.decode_observes
+        return observed, observed
+
+    def resolve(self, n: int) -> None:
+        self.pending -= n
+        if self.pending == 0:
+            self.finished = True
+
+    def done_steps(self, r: Replica, finished: list[Request], now: float) -> None:
+        """Requests that a replica's step just finished."""
+        if r.role == "prefill":
+            for proxy in finished:
+                self.handoff(r, proxy, now)
+        else:
+            self.resolve(len(finished))
+
+    # -- arrivals and routing --------------------------------------------------------------
+    def live(self, pool: list[Replica]) -> list[Replica]:
+        return pool if self.faults is None else [r for r in pool if r.up]
+
+    def dispatch(self, req: Request) -> None:
+        """Route a request (new, or retried after a failure) to its first replica."""
+        pool = self.live(self.entry)
+        if not pool:
+            self.backlog.append(req)
+            return
+        replica = self.router(req, pool)
         req.replica = replica.index
+        if self.disaggregated:
+            self._dispatch_split(req, replica)
+            return
         reason = rejection_reason(req, replica)
         if reason:
-            req.status = Status.REJECTED
-            req.reject_reason = reason
-            continue
+            self.reject(req, reason)
+            return
         replica.num_outstanding += 1
         replica.scheduler.add(req)
         _wake(replica)
-    arrivals.done.succeed()
-    for replica in replicas:
-        _wake(replica)
+
+    def _dispatch_split(self, req: Request, prefill: Replica) -> None:
+        """Prefill replica and decode replica at once (Splitwise's cluster-level scheduler).
+        The prefill replica gets a proxy: the prompt plus any tokens already streamed (a retry
+        recomputes them), one output token."""
+        g, spec = req.num_generated, req.spec
+        proxy = Request(dataclasses.replace(
+            spec, num_prompt_tokens=spec.num_prompt_tokens + g, num_output_tokens=1,
+            hash_ids=spec.hash_ids if g == 0 else None))
+        live = self.live(self.decode)
+        target = self.decode_router(req, live) if live else None
+        reason = rejection_reason(proxy, prefill) or \
+            rejection_reason(req, target if target is not None else self.decode[0])
+        if reason:
+            self.reject(req, reason)
+            return
+        self.real[req.id] = req
+        self._assign(req, target)
+        prefill.num_outstanding += 1
+        prefill.scheduler.add(proxy)
+        _wake(prefill)
+
+    def _assign(self, req: Request, target: Replica | None) -> None:
+        self.assigned[req.id] = target
+        if target is not None:
+            target.num_outstanding += 1
+
+    def _unassign(self, req: Request) -> None:
+        target = self.assigned.pop(req.id, None)
+        if target is not None:
+            target.num_outstanding -= 1
+
+    def reject(self, req: Request, reason: str) -> None:
+        req.status = Status.REJECTED
+        req.reject_reason = reason
+        self.resolve(1)
+
+    # -- disaggregated prefill/decode ------------------------------------------------------
+    def handoff(self, prefill: Replica, proxy: Request, now: float) -> None:
+        """A proxy's prefill is done (its token sampled at ``now``): send the KV on, or finish
+        the request here if that was its last token."""
+        req = self.real.pop(proxy.id)
+        req.num_preemptions += proxy.num_preemptions
+        if req.first_scheduled_s is None:
+            req.first_scheduled_s = proxy.first_scheduled_s
+        if req.id not in self.rec.retries:
+            req.num_cached_tokens = proxy.num_cached_tokens
+        req.num_generated += 1
+        if req.num_generated == req.num_output_tokens:   # nothing left to decode
+            self._deliver(prefill, req, now)
+            self._unassign(req)
+            req.status, req.finish_s = Status.FINISHED, now
+            self.resolve(1)
+            return
+        tokens = proxy.num_computed_tokens
+        pin = -1 - req.id            # the KV stays on the prefill replica until it has landed
+        assert prefill.blocks.allocate(pin, tokens) is not None   # its blocks were just freed
+        target = self.assigned.get(req.id)
+        if target is None:
+            self.decode_backlog.append((req, prefill, tokens, pin))
+        else:
+            self._send(req, prefill, target, tokens, pin, now)
+
+    def _send(self, req, prefill, target, tokens, pin, now) -> None:
+        t = now + self.transfer_s(tokens, prefill, target)
+        if not t > now:
+            t = math.nextafter(now, INF)   # strictly later: same-instant order never matters
+        self.rec.transfer_s.append(t - now)
+        self.push(prefill, t, _UNPIN, (pin, req, target))
+        self.push(target, t, _LAND, (req, prefill, pin))
+
+    def push(self, r: Replica, t: float, kind: int, payload) -> None:
+        """Something reaches replica ``r`` at ``t`` (> now): queue it, cut a stretch in flight
+        back to the steps starting before ``t``, and wake the replica then if it is idle."""
+        heappush(r.inbox, (t, payload[1].id if kind == _UNPIN else payload[0].id, kind, payload))
+        f = r.flight
+        if f is not None and f.stretch and f.starts[-1] >= t:
+            keep = bisect_left(f.starts, t)         # >= 1: step 0 started at or before now
+            self.rec.log(r).trim(keep)
+            del f.starts[keep:], f.ends[keep:]
+            r.proc.interrupt()
+        self.env.call_at(t, URGENT, lambda: _wake(r))
+
+    def drain(self, r: Replica, now: float) -> None:
+        """Take what has reached the replica by ``now`` (at a step boundary), in time order."""
+        inbox = r.inbox
+        while inbox and inbox[0][0] <= now:
+            t, _, kind, payload = heappop(inbox)
+            if kind == _UNPIN:
+                r.blocks.free(payload[0])
+            else:
+                self._land(r, payload[0], t)
+
+    def _land(self, r: Replica, req: Request, t: float) -> None:
+        """The KV of every token but the last sampled one is on ``r``: that token reaches the
+        client now, and the request decodes from it."""
+        self._deliver(r, req, t)
+        self.assigned.pop(req.id, None)
+        req.num_computed_tokens = req.num_tokens - 1
+        req.replica = r.index
+        r.scheduler.add(req)
+
+    def _deliver(self, r: Replica, req: Request, t: float) -> None:
+        """A token produced elsewhere reaches the client at ``t`` (its time and the gap since
+        the request's previous token are recorded by replica ``r``'s scheduler)."""
+        if req.first_token_s is None:
+            req.first_token_s = t
+        else:
+            r.scheduler.itl_extra.append(t - req.last_token_s)
+        req.last_token_s, req.last_step = t, -2
+        self.prior.setdefault(req.id, []).append(t)
+
+    def join_token_times(self) -> None:
+        """Token times of requests served by several replicas: one array each."""
+        if not any(r.scheduler.record_tokens for r in self.replicas):
+            return
+        for req in self.rec.requests:
+            before = self.prior.get(req.id)
+            if before and req.status is Status.FINISHED:
+                times = before + (req.token_times if req.token_runs else [])
+                req.step_ends, req.token_runs = array("d", times), [[0, len(times)]]
+
+    # -- failures --------------------------------------------------------------------------
+    def add_fault(self, t: float, r: Replica, restart_s: float) -> None:
+        heappush(self.fault_times, t)
+        self.env.call_at(t, LATE, lambda: self.fail(r, t, restart_s))
+
+    def stalled(self) -> bool:
+        """Nothing is in flight, queued between replicas or held: no progress is possible
+        without a failure (a scheduler deadlock), so injecting more would loop forever."""
+        return self.arrivals.done and not self.backlog and not self.decode_backlog and all(
+            r.flight is None and not r.inbox for r in self.replicas)
+
+    def fail(self, r: Replica, t: float, restart_s: float) -> None:
+        heappop(self.fault_times)
+        if not r.up or self.finished or self.stalled():
+            return
+        self.rec.failures.append((r.index, t))
+        f, r.flight = r.flight, None
+        if f is not None:            # steps that ended by t stand; the one in flight is lost
+            keep = bisect_right(f.ends, t)
+            self.rec.log(r).trim(keep)
+            if keep:
+                finished = r.scheduler.complete_decode_stretch(f.ends[:keep])
+                r.num_outstanding -= len(finished)
+                if finished:
+                    self.done_steps(r, finished, f.ends[keep - 1])
+            r.proc.interrupt()
+        else:
+            _wake(r)
+        r.up = False
+        victims = self._evacuate(r)
+        old = r.scheduler
+        r.scheduler = _fresh(old, r.factory)
+        r.num_outstanding = 0
+        heappush(self.fault_times, t + restart_s)
+        self.env.call_at(t + restart_s, LATE, lambda: self.restart(r, t + restart_s))
+        for req in sorted(victims, key=lambda q: q.id):
+            self._retry_or_fail(req)
+
+    def _evacuate(self, r: Replica) -> list[Request]:
+        """Every request whose KV was on, or on its way to or from, the failed replica; the
+        requests that were only assigned to it (still prefilling elsewhere) get another."""
+        sched = r.scheduler
+        held = [*sched.running, *sched.waiting, *sched.swapped]
+        victims = [self.real.pop(p.id) for p in held] if r.role == "prefill" else held
+        for _, _, kind, payload in r.inbox:
+            if kind == _UNPIN:       # the source of a transfer in flight: the transfer is lost
+                _, req, target = payload
+                target.inbox = [e for e in target.inbox if e[3][0] is not req]
+                heapify(target.inbox)
+            else:                    # a transfer on its way here: release the source's copy
+                req, source, pin = payload
+                source.inbox = [e for e in source.inbox if not (e[2] == _UNPIN and e[3][1] is req)]
+                heapify(source.inbox)
+                source.blocks.free(pin)
+            victims.append(req)
+        r.inbox = []
+        lost = [e for e in self.decode_backlog if e[1] is r]
+        self.decode_backlog = [e for e in self.decode_backlog if e[1] is not r]
+        victims.extend(e[0] for e in lost)
+        for req in victims:
+            self._unassign(req)
+            if req.token_runs:       # tokens it streamed from here stay streamed
+                self.prior.setdefault(req.id, []).extend(req.token_times)
+                req.token_runs = []
+        if r.role == "decode":
+            live = [d for d in self.decode if d.up and d is not r]
+            for rid in sorted(i for i, d in self.assigned.items() if d is r):
+                req = self.real[rid]
+                self.assigned[rid] = None
+                self._assign(req, self.decode_router(req, live) if live else None)
+        return victims
+
+    def _retry_or_fail(self, req: Request) -> None:
+        n = self.rec.retries.get(req.id, 0)
+        if self.on_failure == "fail" or n >= self.max_retries:
+            req.status = Status.FAILED
+            req.reject_reason = "replica_failure" if self.on_failure == "fail" \
+                else "retries_exhausted"
+            self.resolve(1)
+            return
+        self.rec.retries[req.id] = n + 1
+        req.num_computed_tokens = 0
+        req.last_step = -2
+        self.dispatch(req)
+
+    def restart(self, r: Replica, t: float) -> None:
+        heappop(self.fault_times)
+        r.up = True
+        _wake(r)
+        if not self.finished and not self.stalled():
+            nxt = self.faults.next_random(r.index, t)
+            if nxt is not None:
+                self.add_fault(nxt[0], r, nxt[2])
+        held, self.backlog = self.backlog, []
+        for req in held:
+            self.dispatch(req)
+        if r.role == "decode":
+            for rid in sorted(i for i, d in self.assigned.items() if d is None):
+                self._assign(self.real[rid], self.decode_router(self.real[rid], [r]))
+            waiting, self.decode_backlog = self.decode_backlog, []
+            for req, prefill, tokens, pin in waiting:
+                target = self.decode_router(req, self.live(self.decode))
+                self._assign(req, target)
+                self._send(req, prefill, target, tokens, pin, t)
+
+
+def _fresh(old: Scheduler, factory: Callable[[], Scheduler]) -> Scheduler:
+    """A restarted replica's scheduler: empty queues and KV cache, the same step accounting."""
+    new = factory()
+    new.num_steps, new.itl_diff, new.itl_extra = old.num_steps, old.itl_diff, old.itl_extra
+    new.record_tokens, new.step_ends = old.record_tokens, old.step_ends
+    return new
 
 
 def _wake(replica: Replica) -> None:
@@ -265,62 +638,115 @@ def _wake(replica: Replica) -> None:
         replica.wakeup.succeed()
 
 
-def _replica_loop(env, replica: Replica, rec: Recorder, arrivals: _Arrivals, fast_forward: bool):
-    """Step the replica. Arrivals are the only outside events, so a step (or stretch) that ends
-    strictly before the next arrival is applied at once, without a SimPy event: the replica
-    runs ahead of the SimPy clock, but never past the next arrival, so whatever the router
-    looks at when a request arrives is exactly the state at that time. (Stepwise mode holds the
-    clock every step, which is what the fast-forward equivalence tests compare against.)"""
-    sched, latency = replica.scheduler, replica.latency
+def _arrival_process(env, c: _Cluster):
+    arrivals = c.arrivals
+    specs = arrivals.specs
+    while arrivals.next < len(specs):
+        spec = specs[arrivals.next]
+        if spec.arrival_s > env.now:
+            yield env.at(spec.arrival_s, URGENT)
+        arrivals.next += 1
+        req = Request(spec)
+        c.rec.requests.append(req)
+        c.dispatch(req)
+    arrivals.done = True
+
+
+def _replica_loop(env, c: _Cluster, r: Replica):
+    """Step the replica (see the module docstring for how far a stretch may go, and when the
+    replica may run ahead of the SimPy clock)."""
+    rec, arrivals, faults = c.rec, c.arrivals, c.fault_times
+    fast, run_ahead, tracked, fault_end = c.fast_forward, c.run_ahead, c.tracked, c.fault_end_rule
+    arrival_cut, arrival_end = c.arrival_rules(r)
     now = env.now
     while True:
-        plan = sched.schedule() if sched.has_work else None
+        sched = r.scheduler
+        if r.inbox and r.inbox[0][0] <= now:
+            c.drain(r, now)
+        plan = sched.schedule() if r.up and sched.has_work else None
         if plan is None or plan.is_empty:
             if env.now < now:
                 yield env.at(now)      # catch the SimPy clock up before sleeping
-            if arrivals.done.triggered:
-                # no arrival can change this replica's state any more: done (leftovers, which
-                # only a scheduler deadlock could leave, are counted as unschedulable)
+            if c.finished:
                 return
-            replica.wakeup = env.event()
-            yield replica.wakeup
-            replica.wakeup = None
+            r.wakeup = env.event()
+            yield r.wakeup
+            r.wakeup = None
             now = env.now
             continue
         start = now
         _mark_first_scheduled(sched, plan, start)
-        next_arrival = arrivals.next_time
-        k = sched.decode_stretch_limit(plan, MAX_STRETCH) if fast_forward else 1
+        # the next outside events: steps after the first start before `cut` and end before
+        # `cut_end`
+        cut = cut_end = INF
+        if arrival_cut:
+            cut = arrivals.next_time
+            if arrival_end:
+                cut_end = cut
+        if faults:
+            t = faults[0]
+            if t < cut:
+                cut = t
+            if fault_end and t < cut_end:
+                cut_end = t
+        if r.inbox and r.inbox[0][0] < cut:
+            cut = r.inbox[0][0]
+        k = sched.decode_stretch_limit(plan, MAX_STRETCH) if fast else 1
         if k > 1:
             # step i starts at s_i = (...((s_0 + d_0) + d_1) ...), added in order exactly as
-            # stepping would; keep the steps that start before the next arrival (step 0
-            # always runs)
-            step_time = stretch_step_time(latency, plan)
+            # stepping would (step 0 always runs)
+            step_time = stretch_step_time(r.latency, plan)
             starts, durations, t = [], [], start
             for i in range(k):
-                if i and t >= next_arrival:
+                if i and t >= cut:
                     break
                 d = step_time(i)
+                if i and t + d >= cut_end:
+                    break
                 starts.append(t)
                 durations.append(d)
                 t = t + d
             k = len(starts)
-        if k > 1:
+        stretch = k > 1
+        if stretch:
             ends = starts[1:]
             ends.append(t)
-            rec.stretch(replica, starts, durations, plan, sched.stretch_blocks_used(k))
+            rec.stretch(r, starts, durations, plan, sched.stretch_blocks_used(k))
             now = t
-            if not fast_forward or now >= next_arrival:
-                yield env.at(now)
-            finished = sched.complete_decode_stretch(ends)
         else:
-            duration = latency.step_time(plan)
-            rec.step(replica, start, duration, plan)
+            duration = r.latency.step_time(plan)
+            rec.step(r, start, duration, plan)
             now = start + duration
-            if not fast_forward or now >= next_arrival:
+        if not run_ahead or now >= cut:
+            if tracked:
+                r.flight = _Flight(starts, ends, True) if stretch else \
+                    _Flight([start], [now], False)
+                if not (yield from _hold(env, r, now)):
+                    now = env.now      # failed in flight (the cluster did the rest)
+                    continue
+                if stretch:            # possibly cut back while in flight
+                    ends = r.flight.ends
+                    now = ends[-1]
+                r.flight = None
+            else:
                 yield env.at(now)
-            finished = sched.complete(plan, now)
-        replica.num_outstanding -= len(finished)
+        finished = sched.complete_decode_stretch(ends) if stretch else sched.complete(plan, now)
+        if finished:
+            r.num_outstanding -= len(finished)
+            c.done_steps(r, finished, now)
+
+
+def _hold(env, r: Replica, end: float):
+    """Wait until ``end``; an interrupt means the flight was cut back (wait for its new end) or
+    the replica failed (return False)."""
+    while True:
+        try:
+            yield env.at(end)
+            return True
+        except simpy.Interrupt:
+            if not r.up:
+                return False
+            end = r.flight.ends[-1]
 
 
 def stretch_step_time(latency: LatencyModel, plan: StepPlan):

@@ -311,7 +311,9 @@ async def _replay(s: Scenario, specs: list[RequestSpec], endpoint: str, model: s
                   time_limit: float | None, timeout: float, warmup: int, log) -> ReplayResult:
     import aiohttp
     say = log or (lambda line: None)
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    # a fresh connection per request: a pooled keep-alive connection that the server closed
+    # while idle would fail the next request ("Server disconnected")
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session:
         info = await _probe(session, endpoint, timeout=min(timeout, 10.0))
         model = model or info["model"]
@@ -435,6 +437,11 @@ def _summary(s: Scenario, requests: pd.DataFrame, chunks: pd.DataFrame) -> dict:
     summary["token_count_mismatches"] = int(
         ((requests["status"] == "finished") & (requests["error"] != "")).sum())
     summary["total_chunks"] = len(chunks)
+    # how late requests went out: a busy client machine shows here first (it delays sends and
+    # the reading of chunks alike, which no server model explains)
+    lag = (requests["arrival_s"] - requests["scheduled_s"]).to_numpy(float) * 1000.0
+    summary["send_lag_p50_ms"] = float(np.percentile(lag, 50)) if len(lag) else 0.0
+    summary["send_lag_p99_ms"] = float(np.percentile(lag, 99)) if len(lag) else 0.0
     return summary
 
 

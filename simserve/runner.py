@@ -21,8 +21,8 @@ import yaml
 
 from simserve.config import Scenario, load_scenario, load_variants, num_host_blocks, \
     num_kv_blocks
-from simserve.engine import STEP_COLUMNS, Recorder, Replica, least_outstanding, round_robin, \
-    simulate
+from simserve.cluster import GroupConfig, cluster_summary, engine_options, groups_of
+from simserve.engine import STEP_COLUMNS, Recorder, Replica, simulate
 from simserve.errors import ConfigError, SimserveError
 from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
@@ -30,6 +30,7 @@ from simserve.latency.base import LatencyModel
 from simserve.metrics.slo import SloConfig
 from simserve.metrics.summary import WeightedSample, format_summary, grouped_levels, summarize
 from simserve.sched import POLICIES, SchedulerLimits
+from simserve.sched.request import Status
 from simserve.workload import build_workload
 
 REQUEST_COLUMNS = (
@@ -119,12 +120,12 @@ def build_latency(s: Scenario) -> LatencyModel:
     from simserve.latency.roofline import ConstantLatency, LinearLatency, RooflineModel
     lat = s.latency
     if lat.model == "profile":
-        from simserve.latency.profile import ProfileLatency
-        path = Path(lat.path)
-        if not path.is_absolute():
-            path = s.base_dir / path
-        if not path.exists():
-            raise ConfigError("latency.path", f"profile file not found: {path}")
+        from simserve.latency.profile import ProfileLatency, list_profiles, resolve_profile_path
+        path = resolve_profile_path(lat.path, s.base_dir)
+        if path is None:
+            raise ConfigError("latency.path", f"profile file not found: {s.base_dir / lat.path}"
+                                              f", nor a shipped profile of that name (shipped: "
+                                              f"{', '.join(list_profiles()) or 'none'})")
         return ProfileLatency.from_file(path, s.model,
                                         step_overhead_s=(lat.step_overhead_ms or 0.0) / 1000.0,
                                         host_link_bandwidth=s.hardware.host_link_bandwidth)
@@ -145,6 +146,20 @@ def build_latency(s: Scenario) -> LatencyModel:
 
 
 def build_replicas(s: Scenario, latency: LatencyModel | None = None) -> list[Replica]:
+    """Every replica of the scenario's cluster, group after group (``cluster.groups_of``)."""
+    replicas: list[Replica] = []
+    for i, g in enumerate(groups_of(s)):
+        try:
+            replicas += _group_replicas(g.scenario, g, len(replicas), latency)
+        except ConfigError as e:
+            if not s.cluster.groups:
+                raise
+            raise ConfigError(f"cluster.groups[{i}].{e.field}", e.message) from None
+    return replicas
+
+
+def _group_replicas(s: Scenario, g: GroupConfig, first: int,
+                    latency: LatencyModel | None) -> list[Replica]:
     limits = SchedulerLimits(
         max_num_seqs=s.engine.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens,
@@ -162,12 +177,15 @@ def build_replicas(s: Scenario, latency: LatencyModel | None = None) -> list[Rep
     policy = POLICIES[s.policy]
 
     def kv() -> BlockManager:
-        if s.engine.enable_prefix_caching:
-            return PrefixBlockManager(blocks, s.engine.block_size)
+        if s.engine.enable_prefix_caching and g.role != "decode":   # decode replicas get KV
+            return PrefixBlockManager(blocks, s.engine.block_size)  # by transfer, not cache
         return BlockManager(blocks, s.engine.block_size, host)
 
-    return [Replica(i, policy(limits, kv(), s.policy_params, s.seed), latency, s.max_model_len)
-            for i in range(s.cluster.replicas)]
+    def factory():   # also a failed replica's fresh start
+        return policy(limits, kv(), s.policy_params, s.seed)
+
+    return [Replica(first + i, factory(), latency, s.max_model_len, group=g.name, role=g.role,
+                    factory=factory) for i in range(g.replicas)]
 
 
 def class_slos(s: Scenario) -> dict[str, SloConfig]:
@@ -212,10 +230,9 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
          record_tokens: bool) -> Result:
     specs = build_workload(s.workload, s.seed, s.base_dir)
     replicas = build_replicas(s, latency)
-    router = round_robin() if s.cluster.router == "round_robin" else least_outstanding
     for replica in replicas:
         replica.scheduler.record_tokens = record_tokens
-    rec = simulate(specs, replicas, router, fast_forward=fast_forward)
+    rec = simulate(specs, replicas, fast_forward=fast_forward, **engine_options(s, replicas))
     result = collect(s, rec, replicas)
     latency_models = {id(r.latency): r.latency for r in replicas}.values()
     result.latency_label = replicas[0].latency.label
@@ -249,34 +266,37 @@ def comparison_table(results: dict[str, Result]) -> pd.DataFrame:
 
 def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     reqs = sorted(rec.requests, key=lambda r: r.id)
-    finished = np.array([r.status.value == "finished" for r in reqs], dtype=bool)
+    n = len(reqs)
+
+    def column(values, dtype=np.float64) -> np.ndarray:   # no intermediate Python list
+        return np.fromiter(values, dtype=dtype, count=n)
+
+    finished = column((r.status is Status.FINISHED for r in reqs), bool)
     nan = math.nan
-    first = np.array([r.first_token_s if ok else nan for r, ok in zip(reqs, finished)],
-                     dtype=np.float64)
-    finish = np.array([r.finish_s if ok else nan for r, ok in zip(reqs, finished)],
-                      dtype=np.float64)
-    arrival = np.array([r.spec.arrival_s for r in reqs], dtype=np.float64)
-    out = np.array([r.num_output_tokens for r in reqs], dtype=np.int64)
+    first = column(r.first_token_s if r.status is Status.FINISHED else nan for r in reqs)
+    finish = column(r.finish_s if r.status is Status.FINISHED else nan for r in reqs)
+    arrival = column(r.spec.arrival_s for r in reqs)
+    out = column((r.num_output_tokens for r in reqs), np.int64)
     ttft, e2el = first - arrival, finish - arrival
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(finished & (out > 1), (e2el - ttft) / (out - 1), nan)
     requests = pd.DataFrame({
-        "request_id": np.array([r.id for r in reqs], dtype=np.int64),
-        "replica": np.array([r.replica for r in reqs], dtype=np.int64),
+        "request_id": column((r.id for r in reqs), np.int64),
+        "replica": column((r.replica for r in reqs), np.int64),
         "arrival_s": arrival,
-        "num_prompt_tokens": np.array([r.num_prompt_tokens for r in reqs], dtype=np.int64),
+        "num_prompt_tokens": column((r.num_prompt_tokens for r in reqs), np.int64),
         "num_output_tokens": out,
         "status": [r.status.value for r in reqs],
         "reject_reason": [r.reject_reason for r in reqs],
-        "first_scheduled_s": np.array([nan if r.first_scheduled_s is None else r.first_scheduled_s
-                                       for r in reqs], dtype=np.float64),
+        "first_scheduled_s": column(nan if r.first_scheduled_s is None else r.first_scheduled_s
+                                    for r in reqs),
         "first_token_s": first,
         "finish_s": finish,
-        "num_preemptions": np.array([r.num_preemptions for r in reqs], dtype=np.int64),
+        "num_preemptions": column((r.num_preemptions for r in reqs), np.int64),
         "ttft_s": ttft, "e2el_s": e2el, "tpot_s": tpot,
-        "priority": np.array([r.spec.priority for r in reqs], dtype=np.int64),
+        "priority": column((r.spec.priority for r in reqs), np.int64),
         "class": [r.spec.klass for r in reqs],
-        "num_cached_tokens": np.array([r.num_cached_tokens for r in reqs], dtype=np.int64),
+        "num_cached_tokens": column((r.num_cached_tokens for r in reqs), np.int64),
     }, columns=list(REQUEST_COLUMNS))
     logs = [rec.replicas[i] for i in sorted(rec.replicas)]
 
@@ -290,6 +310,7 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     summary = summarize(requests, None, None, s.slo, itl=itl_sample(rec, replicas),
                         class_slos=class_slos(s) if any(r.spec.klass for r in reqs) else None,
                         prefix_caching=s.engine.enable_prefix_caching, levels=levels)
+    summary.update(cluster_summary(rec, replicas, requests))
     runs = None
     if all(r.scheduler.record_tokens for r in replicas):
         runs = [(r.token_runs, r.step_ends) if ok else ([], None)
@@ -297,21 +318,35 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     return Result(s, requests, None, summary, _recorder=rec, _runs=runs)
 
 
+CHUNK = 1 << 20   # steps processed at a time after a run: bounds the memory of long runs
+
+
 def itl_sample(rec: Recorder, replicas: list[Replica]) -> WeightedSample:
     """Every inter-token gap, as the schedulers gathered them: gap g of a replica (between its
-    steps g and g + 1) with its multiplicity, plus the gaps that spanned skipped steps."""
-    values, weights = [np.empty(0)], [np.empty(0, np.int64)]
+    steps g and g + 1) with its multiplicity, plus the gaps that spanned skipped steps.
+    Streamed in chunks of steps, regenerated for each pass (see WeightedSample)."""
+    sources = []
     for replica in replicas:
         sched, log = replica.scheduler, rec.replicas.get(replica.index)
-        if log is not None and sched.num_steps > 1:
-            w = np.cumsum(np.frombuffer(sched.itl_diff, dtype=np.int64))[:sched.num_steps - 1]
-            keep = w > 0
-            values.append(np.diff(log.ends())[keep])
-            weights.append(w[keep])
-        extra = np.frombuffer(sched.itl_extra, dtype=np.float64)
-        values.append(extra)
-        weights.append(np.ones(len(extra), dtype=np.int64))
-    return WeightedSample(np.concatenate(values), np.concatenate(weights))
+        n = sched.num_steps if log is not None else 0
+        sources.append((np.frombuffer(sched.itl_diff, dtype=np.int32),
+                        np.frombuffer(log.steps["start_s"], dtype=np.float64) if n else None,
+                        np.frombuffer(log.steps["duration_s"], dtype=np.float64) if n else None,
+                        n, np.frombuffer(sched.itl_extra, dtype=np.float64)))
+
+    def chunks():
+        for diff, start, duration, n, extra in sources:
+            carry = 0
+            for a in range(0, max(n - 1, 0), CHUNK):   # gaps a .. b-1 need step ends a .. b
+                b = min(a + CHUNK, n - 1)
+                w = np.cumsum(diff[a:b], dtype=np.int64) + carry
+                carry = int(w[-1])
+                ends = start[a:b + 1] + duration[a:b + 1]
+                keep = w > 0
+                yield np.diff(ends)[keep], w[keep]
+            yield extra, np.ones(len(extra), dtype=np.int64)
+
+    return WeightedSample(chunks=chunks)
 
 
 def steps_frame(rec: Recorder) -> pd.DataFrame:

@@ -281,3 +281,31 @@ def test_format_summary_is_deterministic_and_skips_goodput_without_slo():
     assert format_summary(s) == format_summary(dict(s))
     assert "goodput" not in format_summary(s) and "SLO" not in format_summary(s)
     assert format_summary(s, title="sim").splitlines()[0].count(" sim ") == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 10, allow_nan=False), st.integers(1, 5)), min_size=1,
+                max_size=60),
+       st.sampled_from([0, 1, 25, 50, 90, 99, 99.9, 100]))
+def test_weighted_percentile_equals_expanded(pairs, q):
+    """The engine's ITL comes as (gap, multiplicity): its percentiles must be exactly those of
+    the expanded sample that vllm bench serve would compute."""
+    from simserve.metrics.summary import WeightedSample
+    values = np.array([v for v, _ in pairs])
+    weights = np.array([w for _, w in pairs])
+    expanded = np.repeat(values, weights)
+    sample = WeightedSample(values, weights)
+    assert sample.percentile(q) == pytest.approx(np.percentile(expanded, q), rel=1e-12, abs=1e-15)
+    assert sample.mean() == pytest.approx(expanded.mean(), rel=1e-12)
+    assert sample.std() == pytest.approx(expanded.std(), rel=1e-9, abs=1e-12)
+
+
+def test_weighted_percentile_of_nearly_equal_values():
+    """Gaps a few ulps apart (constant step times summed in floating point)."""
+    from simserve.metrics.summary import WeightedSample
+    base = 0.01
+    values = np.array([base, np.nextafter(base, 1), np.nextafter(np.nextafter(base, 1), 1)] * 50)
+    weights = np.arange(1, 151) % 4 + 1
+    expanded = np.repeat(values, weights)
+    for q in (0, 50, 90, 99, 100):
+        assert WeightedSample(values, weights).percentile(q) == np.percentile(expanded, q)

@@ -383,3 +383,29 @@ def test_classes_give_priorities_and_per_class_goodput():
         raw["workload"] = {"trace": "x.csv", "format": "csv",
                            "classes": [{"name": "a"}, {"name": "b", "weight": 2}]}
         parse_scenario(raw)
+
+
+def test_traces_carry_priority_and_class_columns(tmp_path):
+    from pathlib import Path
+
+    from simserve.fields import Fields
+    from simserve.workload import WorkloadConfig, build_workload
+    (tmp_path / "t.csv").write_text("arrival_s,prompt_tokens,output_tokens,priority,class\n"
+                                    "0.0,10,3,2,chat\n0.5,20,4,-1,batch\n")
+    (tmp_path / "m.jsonl").write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 3, "class": "chat"}\n'
+        '{"timestamp": 5, "input_length": 20, "output_length": 4}\n')
+
+    def load(raw):
+        return build_workload(WorkloadConfig.from_fields(Fields(raw, "workload")), 0,
+                              Path(tmp_path))
+
+    csv = load({"trace": "t.csv", "format": "csv"})
+    assert [(r.priority, r.klass) for r in csv] == [(2, "chat"), (-1, "batch")]
+    # the trace's own priority column wins over a class's priority
+    assert [r.priority for r in load({"trace": "t.csv", "format": "csv",
+                                      "classes": [{"name": "chat", "priority": 7}]})] == [2, -1]
+    # a trace without priorities takes its classes' (requests of no listed class keep 0)
+    moon = load({"trace": "m.jsonl", "format": "mooncake",
+                 "classes": [{"name": "chat", "priority": 3, "slo": {"ttft_ms": 100}}]})
+    assert [(r.priority, r.klass) for r in moon] == [(3, "chat"), (0, "")]

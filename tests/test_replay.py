@@ -79,6 +79,10 @@ class FakeServer:
         self._ready.set()
         await self._stop.wait()
         await runner.cleanup()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:            # e.g. a fake engine's loop
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
 
     # -- the endpoint ----------------------------------------------------------------------
     async def _completions(self, request: web.Request) -> web.StreamResponse:

@@ -15,7 +15,8 @@ linear in total context).
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
+from itertools import accumulate
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,71 @@ class Grid2D:
         return max(0.0, top + wr * (bottom - top)), out_r or out_c
 
 
+class DecodeGrid:
+    """Decode attention of a batch whose sequences have different contexts.
+
+    The grid measures batches of ``B`` decodes all at one context. A real batch mixes short
+    and long sequences, and a decode's cost is not linear in its context (on a CPU, a long
+    sequence's K/V no longer fits in cache), so pricing the batch at its mean context
+    underestimates a spread-out batch. Instead each sequence is priced at its own context, at
+    the batch's size, and the batch costs the mean of those::
+
+        attn_decode(B; c_1 .. c_B) = (1/B) · Σ_i D(B, c_i)
+
+    exact both for kernels that loop over sequences (``D(B, c) = B·g(c) + o(B)`` gives
+    ``Σ g(c_i) + o(B)``) and for batched kernels linear in total context (``D = a + b·B·c``
+    gives ``a + b·Σ c_i``). ``D(B, ·)`` is piecewise linear between the grid's contexts, so the
+    sum needs only the count and the sum of the contexts falling in each segment: the contexts
+    are sorted once and each segment's share read off prefix sums (exact integers, so a decode
+    stretch, every context grown by ``offset``, gives bit-identical values).
+    """
+
+    def __init__(self, batch: list[float], ctx: list[float], values: list[list[float]]):
+        self.grid = Grid2D(batch, ctx, values)
+        self.cols = self.grid.cols
+        self._coef: dict[int, tuple[list[float], list[float], bool]] = {}
+
+    def coefficients(self, b: int) -> tuple[list[float], list[float], bool]:
+        """Per column segment j: D(b, cols[j]) and the slope up to cols[j + 1]; and whether b
+        is outside the batch axis."""
+        got = self._coef.get(b)
+        if got is None:
+            g, cols = self.grid, self.cols
+            i, wr, outside = _segment(g.rows, b)
+            i1 = i + 1 if len(g.rows) > 1 else i
+            at = [g.v[i][j] + wr * (g.v[i1][j] - g.v[i][j]) for j in range(len(cols))]
+            if len(cols) == 1:
+                got = ([at[0]], [0.0], outside)
+            else:
+                slope = [(at[j + 1] - at[j]) / (cols[j + 1] - cols[j])
+                         for j in range(len(cols) - 1)]
+                got = (at[:-1], slope, outside)
+            self._coef[b] = got
+        return got
+
+    def __call__(self, sorted_ctx: list[int], prefix: list[int],
+                 offset: int = 0) -> tuple[float, bool]:
+        """Mean of D(B, c + offset) over ``sorted_ctx`` (ascending; ``prefix[k]`` = sum of the
+        first k), and whether any lookup left the grid."""
+        b = len(sorted_ctx)
+        at, slope, outside = self.coefficients(b)
+        cols = self.cols
+        last = len(at) - 1
+        total, lo = 0.0, 0
+        for j in range(len(at)):
+            # segment j: cols[j] <= c + offset < cols[j + 1]; the first segment also takes
+            # contexts below the grid, the last those above it (linear extrapolation)
+            hi = b if j == last else bisect_left(sorted_ctx, cols[j + 1] - offset, lo)
+            n = hi - lo
+            if n:
+                ctx_sum = prefix[hi] - prefix[lo] + offset * n
+                total += n * at[j] + slope[j] * (ctx_sum - n * cols[j])
+            lo = hi
+        outside = (outside or sorted_ctx[0] + offset < cols[0]
+                   or sorted_ctx[-1] + offset > cols[-1])
+        return max(0.0, total / b), outside
+
+
 class ProfileLatency:
     """A :class:`~simserve.latency.base.LatencyModel` backed by a measured profile."""
 
@@ -77,7 +143,8 @@ class ProfileLatency:
         cal = _calibration(profile.get("calibration"), source)
         self.step_overhead_s = step_overhead_s + cal["step_overhead_s"]
         self.per_output_token_s = cal["per_output_token_s"]
-        self.scale = cal["scale"]
+        self.scale = cal["scale"]                         # GEMM parts: embedding, linear, LM head
+        self.attention_scale = cal.get("attention_scale", self.scale)
         self.frontend_delay_s = cal["frontend_delay_s"]   # per request, outside the steps
         if "calibration" in profile:
             self.label = self.label[:-1] + ", calibrated)"
@@ -87,7 +154,7 @@ class ProfileLatency:
         self.lm_head = Grid1D(lm["seqs"], lm["seconds"])
         pre, dec = profile["attn_prefill"], profile["attn_decode"]
         self.prefill = Grid2D(pre["chunk"], pre["ctx"], pre["seconds"])
-        self.decode = Grid2D(dec["batch"], dec["ctx"], dec["seconds"])
+        self.decode = DecodeGrid(dec["batch"], dec["ctx"], dec["seconds"])
         block_bytes = profile["memory"]["block_bytes"]
         self._swap_block_s = block_bytes / host_link_bandwidth if host_link_bandwidth else 0.0
         self.extrapolated: Counter[str] = Counter()
@@ -126,15 +193,17 @@ class ProfileLatency:
                 prefill += self._get("attn_prefill", self.prefill, q, c)
             parts["attn_prefill"] = self.layers * prefill
             if plan.decode_ctx:
-                b = len(plan.decode_ctx)
+                ctx = sorted(plan.decode_ctx)
                 parts["attn_decode"] = self.layers * self._get(
-                    "attn_decode", self.decode, b, sum(plan.decode_ctx) / b)
+                    "attn_decode", self.decode, ctx, [0, *accumulate(ctx)])
         if plan.num_sampled:
             parts["lm_head"] = self._get("lm_head", self.lm_head, plan.num_sampled)
             parts["output_tokens"] = self.per_output_token_s * plan.num_sampled
-        if self.scale != 1.0:
-            for name in ("embedding", "linear", "attn_prefill", "attn_decode", "lm_head"):
+        if self.scale != 1.0 or self.attention_scale != 1.0:
+            for name in ("embedding", "linear", "lm_head"):
                 parts[name] *= self.scale
+            for name in ("attn_prefill", "attn_decode"):
+                parts[name] *= self.attention_scale
         parts["swap"] = (plan.swap_in_blocks + plan.swap_out_blocks) * self._swap_block_s
         return parts
 
@@ -161,12 +230,37 @@ def _calibration(cal: Any, source: str) -> dict[str, float]:
     if not isinstance(cal, dict):
         raise DataError(source, "calibration: expected an object")
     out = {}
-    for key, default in _CALIBRATION_DEFAULTS.items():
+    keys = dict(_CALIBRATION_DEFAULTS)
+    if "attention_scale" in cal:          # without it, attention is scaled like the rest
+        keys["attention_scale"] = 1.0
+    for key, default in keys.items():
         v = cal.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or \
-                (key == "scale" and v == 0):
-            raise DataError(source, f"calibration.{key}: expected a "
-                                    f"{'positive' if key == 'scale' else 'non-negative'} number, "
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise DataError(source, f"calibration.{key}: expected a non-negative number, "
                                     f"got {v!r}")
         out[key] = float(v)
     return out
+
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "data" / "profiles"
+
+
+def list_profiles() -> list[str]:
+    """Names of the profiles shipped in ``simserve/data/profiles`` (file names without .json)."""
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+
+def resolve_profile_path(path: str | Path, base_dir: str | Path = ".") -> Path | None:
+    """Where a scenario's ``latency.path`` points: a file (relative to ``base_dir``, the
+    scenario's folder) when one exists there, else a shipped profile of that name (with or
+    without ``.json``); None when neither exists."""
+    p = Path(path)
+    local = p if p.is_absolute() else Path(base_dir) / p
+    if local.exists():
+        return local
+    if p.parent == Path("."):                     # a bare name: look among the shipped ones
+        name = p.name[:-5] if p.name.endswith(".json") else p.name
+        shipped = PROFILES_DIR / f"{name}.json"
+        if shipped.exists():
+            return shipped
+    return None

@@ -19,41 +19,109 @@ MS_PER_S = 1000.0
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 
 
-@dataclass(frozen=True)
 class WeightedSample:
-    """A sample given as distinct values with multiplicities: ``values[i]`` occurs
-    ``weights[i]`` times. ITL comes this way from the engine (a gap between two steps counts
-    once per request that emitted a token in both), so no per-token array is ever built."""
+    """A sample given as values with multiplicities: ``values[i]`` occurs ``weights[i]`` times.
 
-    values: np.ndarray
-    weights: np.ndarray
+    ITL comes this way from the engine (a gap between two steps counts once per request that
+    emitted a token in both), so no per-token array is ever built. The data may also be given
+    as a function returning an iterable of ``(values, weights)`` chunks, regenerated for each
+    pass, so that tens of millions of gaps never sit in memory at once.
+    """
+
+    def __init__(self, values=None, weights=None, *, chunks=None):
+        if chunks is None:
+            values = np.asarray(values, dtype=np.float64)
+            weights = np.asarray(weights, dtype=np.int64)
+            chunks = lambda: [(values, weights)]   # noqa: E731
+        self._chunks = chunks
+        self._n = sum(int(w.sum()) for _, w in chunks())
 
     def __len__(self) -> int:
-        return int(self.weights.sum())
+        return self._n
 
-    def _sorted(self) -> tuple[np.ndarray, np.ndarray]:
-        cached = self.__dict__.get("_sorted_cache")
-        if cached is None:
-            order = np.argsort(self.values)   # ties in any order: the percentile is the same
-            cached = (self.values[order], np.cumsum(self.weights[order]))
-            object.__setattr__(self, "_sorted_cache", cached)
-        return cached
-
-    def percentile(self, q: float) -> float:
-        """``np.percentile(expanded, q)`` (linear method) without expanding."""
-        v, cum = self._sorted()
-        h = (cum[-1] - 1) * q / 100.0
-        lo = int(np.floor(h))
-        x_lo = v[np.searchsorted(cum, lo, side="right")]
-        x_hi = v[np.searchsorted(cum, min(lo + 1, cum[-1] - 1), side="right")]
-        return float(x_lo + (h - lo) * (x_hi - x_lo))
+    def _pieces(self):
+        return ((v, w) for v, w in self._chunks() if len(v))
 
     def mean(self) -> float:
-        return float(np.dot(self.values, self.weights) / self.weights.sum())
+        return sum(float(np.dot(v, w)) for v, w in self._pieces()) / self._n
 
     def std(self) -> float:
         mean = self.mean()
-        return float(np.sqrt(np.dot(self.weights, (self.values - mean) ** 2) / self.weights.sum()))
+        return float(np.sqrt(sum(float(np.dot(w, (v - mean) ** 2)) for v, w in self._pieces())
+                             / self._n))
+
+    def percentiles(self, qs) -> list[float]:
+        """``np.percentile(expanded, q)`` (linear method) for each q, without expanding."""
+        n = self._n
+        wanted = {}
+        for q in qs:
+            h = (n - 1) * q / 100.0
+            lo = int(np.floor(h))
+            wanted[q] = (h, lo, min(lo + 1, n - 1))
+        ranks = sorted({r for _, lo, hi in wanted.values() for r in (lo, hi)})
+        at = self._at_ranks(ranks)
+        return [float(at[lo] + (h - lo) * (at[hi] - at[lo]))
+                for h, lo, hi in (wanted[q] for q in qs)]
+
+    def percentile(self, q: float) -> float:
+        return self.percentiles([q])[0]
+
+    def _at_ranks(self, ranks: list[int]) -> dict[int, float]:
+        """The elements at these 0-based ranks of the sorted expanded sample. A weighted
+        histogram locates the bin holding each rank; only those bins' values are then
+        gathered and sorted (zooming into a bin that is still crowded)."""
+        lo_v = min(float(v.min()) for v, _ in self._pieces())
+        hi_v = max(float(v.max()) for v, _ in self._pieces())
+        return {r: self._select(r, lo_v, hi_v, self._pieces) for r in ranks} if lo_v < hi_v \
+            else dict.fromkeys(ranks, lo_v)
+
+    @staticmethod
+    def _select_distinct(rank: int, lo_v: float, hi_v: float, pieces) -> float:
+        totals: dict[float, int] = {}
+        for v, w in pieces():
+            inside = (v >= lo_v) & (v <= hi_v)
+            values, inverse = np.unique(v[inside], return_inverse=True)
+            for value, weight in zip(values.tolist(),
+                                     np.bincount(inverse, weights=w[inside]).tolist()):
+                totals[value] = totals.get(value, 0) + int(weight)
+        seen = 0
+        for value in sorted(totals):
+            seen += totals[value]
+            if seen > rank:
+                return value
+        return max(totals)
+
+    @staticmethod
+    def _select(rank: int, lo_v: float, hi_v: float, pieces) -> float:
+        while True:
+            if lo_v == hi_v:
+                return lo_v
+            counts = np.zeros(4096)
+            try:
+                for v, w in pieces():
+                    c, edges = np.histogram(v, bins=4096, range=(lo_v, hi_v), weights=w)
+                    counts += c
+            except ValueError:   # a range a few ulps wide: only a handful of distinct values
+                return WeightedSample._select_distinct(rank, lo_v, hi_v, pieces)
+            cum = np.cumsum(counts)
+            j = int(np.searchsorted(cum, rank, side="right"))
+            before = int(cum[j - 1]) if j else 0
+            top = j == len(counts) - 1
+            lo_e, hi_e = edges[j], edges[j + 1]
+            bin_v, bin_w = [], []
+            for v, w in pieces():
+                inside = (v >= lo_e) & ((v <= hi_e) if top else (v < hi_e))
+                bin_v.append(v[inside])
+                bin_w.append(w[inside])
+            bv, bw = np.concatenate(bin_v), np.concatenate(bin_w)
+            if len(bv) <= 1 << 16:
+                order = np.argsort(bv)
+                k = int(np.searchsorted(np.cumsum(bw[order]), rank - before, side="right"))
+                return float(bv[order][k])
+            # still crowded: zoom into this bin alone
+            rank -= before
+            lo_v, hi_v = float(lo_e), float(hi_e)
+            pieces = (lambda bv=bv, bw=bw: [(bv, bw)])
 
 
 def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
@@ -203,11 +271,13 @@ def _goodput(slo: SloConfig, ttft: np.ndarray, e2el: np.ndarray, out: np.ndarray
 def _latency_stats(name: str, values_s: np.ndarray, percentiles: Sequence[float]) -> dict:
     """mean/median/std/pXX in ms; an empty list gives 0.0 (vllm's ``np.mean(x or 0)``)."""
     if isinstance(values_s, WeightedSample) and len(values_s):
-        w = WeightedSample(values_s.values * MS_PER_S, values_s.weights)
-        stats = {f"mean_{name}_ms": w.mean(), f"median_{name}_ms": w.percentile(50),
-                 f"std_{name}_ms": w.std()}
+        w = values_s
+        qs = [50, *percentiles]
+        pct = dict(zip(qs, (x * MS_PER_S for x in w.percentiles(qs))))
+        stats = {f"mean_{name}_ms": w.mean() * MS_PER_S, f"median_{name}_ms": pct[50],
+                 f"std_{name}_ms": w.std() * MS_PER_S}
         for p in percentiles:
-            stats[f"p{_pct_word(p)}_{name}_ms"] = w.percentile(p)
+            stats[f"p{_pct_word(p)}_{name}_ms"] = pct[p]
         return stats
     x = values_s * MS_PER_S if len(values_s) else np.zeros(1)
     stats = {f"mean_{name}_ms": np.mean(x), f"median_{name}_ms": np.median(x),
@@ -253,9 +323,10 @@ def _levels(steps: pd.DataFrame, num_replicas: int, t0: float, t1: float) -> dic
     }
 
 
-def grouped_levels(groups: list[dict], t0: float, t1: float) -> dict:
+def grouped_levels(groups: list[dict], t0: float, t1: float, chunk: int = 1 << 20) -> dict:
     """``_levels`` for steps stored in groups (a fast-forwarded stretch is one group of k steps
-    sharing every count): the same numbers without expanding every column to every step.
+    sharing every count): the same numbers without expanding every column to every step, and
+    in chunks of steps so that a long run needs little extra memory.
 
     Each item of ``groups`` is one replica: arrays ``start_s``, ``duration_s``,
     ``kv_blocks_used`` per step, and ``num_steps``, ``num_running``, ``num_waiting``,
@@ -270,17 +341,20 @@ def grouped_levels(groups: list[dict], t0: float, t1: float) -> dict:
     running = waiting = kv = batched = 0.0
     kv_max = 0.0
     for g in groups:
-        start = g["start_s"]
-        overlap = np.clip(start + g["duration_s"], t0, t1) - np.clip(start, t0, t1)
         counts = g["num_steps"]
-        firsts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        per_group = np.add.reduceat(overlap, firsts) if len(firsts) else np.empty(0)
-        running += float(np.dot(g["num_running"], per_group))
-        waiting += float(np.dot(g["num_waiting"], per_group))
-        total = np.repeat(g["kv_blocks_total"].astype(float), counts)
-        frac = np.divide(g["kv_blocks_used"], total, out=np.zeros(len(start)), where=total > 0)
-        kv += float(np.dot(frac, overlap))
-        kv_max = max(kv_max, float(frac.max()))
+        group_of = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+        start_all, dur_all, used_all = g["start_s"], g["duration_s"], g["kv_blocks_used"]
+        for a in range(0, len(start_all), chunk):
+            b = min(a + chunk, len(start_all))
+            start = start_all[a:b]
+            overlap = np.clip(start + dur_all[a:b], t0, t1) - np.clip(start, t0, t1)
+            gi = group_of[a:b]
+            running += float(np.dot(g["num_running"][gi], overlap))
+            waiting += float(np.dot(g["num_waiting"][gi], overlap))
+            total = g["kv_blocks_total"][gi].astype(float)
+            frac = np.divide(used_all[a:b], total, out=np.zeros(b - a), where=total > 0)
+            kv += float(np.dot(frac, overlap))
+            kv_max = max(kv_max, float(frac.max()))
         batched += float(np.dot(g["num_batched_tokens"], counts))
     return {
         "num_steps": num_steps,

@@ -23,4 +23,5 @@ POLICIES: dict[str, type[Scheduler]] = {
 # policies that can run with engine.enable_prefix_caching (vLLM v1's KV cache manager)
 PREFIX_CACHING_POLICIES = ("vllm_v1", "sarathi")
 
-__all__ = ["POLICIES", "PREFIX_CACHING_POLICIES", "Batch", "Request", "Scheduler", "SchedulerLimits", "Status", "StepPlan"]
+__all__ = ["POLICIES", "PREFIX_CACHING_POLICIES", "Batch", "Request", "Scheduler",
+           "SchedulerLimits", "Status", "StepPlan"]

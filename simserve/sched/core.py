@@ -121,7 +121,7 @@ class Scheduler:
         # Inter-token latency, gathered as tokens are sampled (never per token): gap g, between
         # steps g and g + 1, occurs itl_weight[g] times, kept as a difference array (entry g
         # adds to every gap from g on); gaps spanning skipped steps are listed in itl_extra.
-        self.itl_diff = array("q", [0])
+        self.itl_diff = array("i", [0])
         self.itl_extra = array("d")
         # Every token's time, only when asked for (tokens.csv, Result.token_times)
         self.record_tokens = False

@@ -67,10 +67,10 @@ class Lmdeploy(Scheduler):
         return batch.freeze()
 
     def _reschedule_due(self) -> bool:
-        p, running = self.params, len(self.running)
+        p, running, waiting = self.params, len(self.running), len(self.waiting)
         return (running == 0
                 or self.decodes_since_reschedule >= p.schedule_interval
-                or 0 < p.queue_ratio_trigger and len(self.waiting) >= p.queue_ratio_trigger * running
+                or 0 < p.queue_ratio_trigger and waiting >= p.queue_ratio_trigger * running
                 or running < p.low_batch_ratio * self.limits.max_num_seqs)
 
     def _admit_prompts(self, batch: Batch) -> None:

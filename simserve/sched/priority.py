@@ -1,9 +1,8 @@
-"""vLLM v1 with ``--scheduling-policy priority``: the waiting queue ordered by priority, and the
-lowest-priority running request preempted when KV blocks run out.
+"""vLLM v1 priority scheduling: serve the lowest priority value first, preempt the highest.
 
-Learned from vllm/v1/core/sched/scheduler.py and request_queue.py (``PriorityRequestQueue``):
-the step is vLLM v1's (running requests first, then waiting ones, chunked prefill under one
-budget; see ``vllm_v1``), with two changes:
+vLLM's ``--scheduling-policy priority``, learned from vllm/v1/core/sched/scheduler.py and
+request_queue.py (``PriorityRequestQueue``): the step is vLLM v1's (running requests first,
+then waiting ones, chunked prefill under one budget; see ``vllm_v1``), with two changes:
 
 * waiting requests are served in order of ``(priority, arrival time)`` — a lower value is served
   first, ties by arrival — and a preempted request goes back into that order, not to the front;

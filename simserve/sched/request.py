@@ -26,6 +26,7 @@ class Status(enum.Enum):
     SWAPPED = "swapped"      # preempted by swap: its KV blocks are in host memory
     FINISHED = "finished"
     REJECTED = "rejected"    # can never run (too long for the context or the KV cache)
+    FAILED = "failed"        # lost to a replica failure (cluster.faults), not retried
 
 
 @dataclass(slots=True, eq=False)

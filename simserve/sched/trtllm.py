@@ -1,4 +1,4 @@
-"""TensorRT-LLM in-flight batching: a capacity scheduler, then a micro-batch scheduler.
+"""TensorRT-LLM in-flight batching: GUARANTEED_NO_EVICT or MAX_UTILIZATION, then micro-batches.
 
 Learned from TensorRT-LLM ``cpp/tensorrt_llm/batch_manager/capacityScheduler.cpp`` and
 ``microBatchScheduler.cpp`` (and the PyTorch backend's scheduler docs). Active requests are

@@ -1,0 +1,309 @@
+"""The ``cluster:`` section: replica groups, routing, disaggregated prefill/decode, KV transfer,
+fault injection; and the per-replica figures of a run.
+
+A cluster is one or more *groups* of identical replicas. Without ``groups`` it is
+``replicas`` copies of the scenario's own configuration. A group may override the scenario's
+``hardware``, ``engine``, ``scheduler`` and ``latency`` sections (a heterogeneous cluster) and
+has a ``role``: ``mixed`` (prefill and decode on the same replica, the default), or ``prefill``
+/ ``decode`` for a disaggregated cluster (Splitwise, Patel et al., ISCA'24; DistServe, Zhong et
+al., OSDI'24), whose prefill replicas hand each request's KV cache to a decode replica over
+the ``kv_transfer`` link. What each part models, and what the client sees: docs/cluster.md.
+
+This module is SimPy-free; the engine (simserve/engine.py) runs what it describes.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from simserve.errors import ConfigError
+from simserve.faults import FaultConfig
+from simserve.fields import Fields, join
+from simserve.routing import ROUTERS
+
+ROLES = ("mixed", "prefill", "decode")
+GROUP_SECTIONS = ("hardware", "engine", "scheduler", "latency")
+
+# KV transfer links: (bytes/s per direction, seconds of fixed latency, what it is). Datasheet
+# bandwidths; the latencies are order-of-magnitude assumptions (one RDMA/NVLink message).
+LINKS = {
+    "nvlink": (450e9, 5e-6, "NVLink 4 (H100 SXM), 450 GB/s per direction"),
+    "infiniband": (50e9, 10e-6, "InfiniBand NDR, 400 Gb/s per GPU"),
+    "pcie": (64e9, 10e-6, "PCIe 5.0 x16, 64 GB/s per direction"),
+}
+DEFAULT_LINK = "nvlink"
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """The link a KV cache crosses from a prefill to a decode replica: a preset, optionally with
+    its bandwidth (B/s, per direction) or latency overridden, or explicit numbers."""
+
+    link: str = DEFAULT_LINK
+    bandwidth: float | None = None      # None: the preset's
+    latency_us: float | None = None     # None: the preset's
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> TransferConfig:
+        cfg = cls(link=f.str("link", DEFAULT_LINK, choices=tuple(LINKS)),
+                  bandwidth=f.float("bandwidth", None, positive=True),
+                  latency_us=f.float("latency_us", None, min=0.0))
+        f.done()
+        return cfg
+
+    @property
+    def bandwidth_bps(self) -> float:
+        return self.bandwidth if self.bandwidth is not None else LINKS[self.link][0]
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * 1e-6 if self.latency_us is not None else LINKS[self.link][1]
+
+    def seconds(self, num_bytes: float) -> float:
+        """Time to move ``num_bytes`` over one link: bytes / bandwidth + latency."""
+        return num_bytes / self.bandwidth_bps + self.latency_s
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """``replicas`` identical replicas, with the scenario's sections overridden by
+    ``overrides`` (as written, kept for the resolved scenario file); ``scenario`` is the
+    resolved scenario those replicas run."""
+
+    name: str
+    replicas: int
+    role: str = "mixed"
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    scenario: Any = field(default=None, compare=False, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "replicas": self.replicas, "role": self.role,
+                **copy.deepcopy(dict(self.overrides))}
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    replicas: int = 1                        # without groups: copies of the scenario's config
+    router: str = "round_robin"
+    groups: tuple[GroupConfig, ...] = ()
+    kv_transfer: TransferConfig | None = None    # disaggregated clusters only
+    faults: FaultConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.groups and self.replicas != sum(g.replicas for g in self.groups):
+            raise ConfigError("cluster.replicas", "a cluster with groups has the replicas of "
+                                                  "its groups; change cluster.groups[*].replicas")
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(g.role != "mixed" for g in self.groups)
+
+    @classmethod
+    def from_fields(cls, f: Fields, top: Mapping | None = None,
+                    parse_group: Callable[[dict, str], Any] | None = None) -> ClusterConfig:
+        """Read a ``cluster:`` section. ``top`` is the whole scenario mapping and
+        ``parse_group(raw, name)`` turns a merged mapping into a Scenario (groups need both)."""
+        router = f.str("router", "round_robin", choices=ROUTERS)
+        groups: tuple[GroupConfig, ...] = ()
+        if f.has("groups"):
+            if f.has("replicas"):
+                raise ConfigError(f.where("replicas"), "give the replicas of each group "
+                                                       "(cluster.groups[*].replicas) instead")
+            f.any("replicas", None)
+            groups = _parse_groups(f, top or {}, parse_group)
+            replicas = sum(g.replicas for g in groups)
+        else:
+            replicas = f.int("replicas", 1, min=1)
+        transfer = TransferConfig.from_fields(f.section("kv_transfer")) \
+            if f.has("kv_transfer") else None
+        faults = FaultConfig.from_fields(f.section("faults"), replicas) \
+            if f.has("faults") else None
+        f.done()
+        roles = {g.role for g in groups}
+        if roles - {"mixed"}:
+            if roles != {"prefill", "decode"}:
+                raise ConfigError(f.where("groups"), "a disaggregated cluster needs prefill and "
+                                                     "decode groups and no mixed ones")
+            transfer = transfer or TransferConfig()
+        elif transfer is not None:
+            raise ConfigError(f.where("kv_transfer"), "only a disaggregated cluster (groups "
+                                                      "with role prefill and decode) moves KV")
+        return cls(replicas, router, groups, transfer, faults)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"router": self.router}
+        if self.groups:
+            out["groups"] = [g.to_dict() for g in self.groups]
+        else:
+            out["replicas"] = self.replicas
+        if self.kv_transfer is not None:
+            out["kv_transfer"] = {k: v for k, v in dataclasses.asdict(self.kv_transfer).items()
+                                  if v is not None}
+        if self.faults is not None:
+            out["faults"] = self.faults.to_dict()
+        return out
+
+
+def _parse_groups(f: Fields, top: Mapping, parse_group) -> tuple[GroupConfig, ...]:
+    raw = f.any("groups")
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f.where("groups"), "expected a non-empty list of groups")
+    out, names = [], set()
+    for i, item in enumerate(raw):
+        path = join(f.where("groups"), i)
+        g = Fields(item, path)
+        name = g.str("name", f"group{i}")
+        if name in names:
+            raise ConfigError(join(path, "name"), f"duplicate group name {name!r}")
+        names.add(name)
+        replicas = g.int("replicas", 1, min=1)
+        role = g.str("role", "mixed", choices=ROLES)
+        overrides = {k: copy.deepcopy(g.any(k)) for k in GROUP_SECTIONS if g.has(k)}
+        g.done()
+        try:
+            scenario = parse_group(_merge(top, overrides), name) if parse_group else None
+        except ConfigError as e:
+            raise ConfigError(join(path, e.field), e.message) from None
+        out.append(GroupConfig(name, replicas, role, overrides, scenario))
+    return tuple(out)
+
+
+def _merge(top: Mapping, overrides: Mapping) -> dict:
+    """The scenario mapping a group runs: the top-level one with the group's sections laid over
+    it (engine knobs key by key; scheduler and latency key by key unless the group names
+    another policy or latency model, which replaces the section; hardware replaced)."""
+    raw = {k: copy.deepcopy(v) for k, v in top.items() if k not in ("cluster", "compare")}
+    for key, value in overrides.items():
+        base = raw.get(key)
+        switch = {"scheduler": "policy", "latency": "model"}.get(key)
+        if key == "hardware" or not isinstance(base, dict) or not isinstance(value, dict) or (
+                switch and switch in value and value[switch] != base.get(switch)):
+            raw[key] = copy.deepcopy(value)
+        else:
+            raw[key] = {**base, **copy.deepcopy(value)}
+    return raw
+
+
+def groups_of(s) -> list[GroupConfig]:
+    """The scenario's replica groups (one implicit group without ``cluster.groups``)."""
+    if s.cluster.groups:
+        return list(s.cluster.groups)
+    return [GroupConfig("", s.cluster.replicas, "mixed", {}, s)]
+
+
+# -- KV transfer --------------------------------------------------------------------------------
+
+def kv_bytes_per_token_per_rank(s) -> int:
+    """K and V of one token on one tensor-parallel rank (every rank moves its own heads' share
+    over its own link, in parallel)."""
+    from simserve.kv.capacity import kv_heads_per_rank
+    m = s.model
+    return 2 * m.num_layers * kv_heads_per_rank(m, s.engine.tensor_parallel_size) \
+        * m.head_dim * m.dtype_bytes
+
+
+def transfer_seconds(cfg: TransferConfig, num_tokens: int, src, dst) -> float:
+    """Seconds to move the KV of ``num_tokens`` tokens from a prefill to a decode replica
+    (their group scenarios): the larger per-rank share (the side with fewer ranks) crosses
+    one link, ``bytes / bandwidth + latency``."""
+    per_token = max(kv_bytes_per_token_per_rank(src), kv_bytes_per_token_per_rank(dst))
+    return cfg.seconds(num_tokens * per_token)
+
+
+# -- per-replica figures --------------------------------------------------------------------------
+
+def replica_summary(requests, logs: dict, replicas, t0: float, t1: float) -> dict:
+    """Per-replica table and load-imbalance figures (docs/metrics.md, "Replicas").
+
+    ``logs`` maps a replica index to its grouped step columns (what ``grouped_levels``
+    takes). Imbalance is max/mean and the coefficient of variation (population std / mean) of
+    completed requests and of busy time over the replicas that finish requests (mixed or
+    decode), and of busy time over the prefill pool when there is one.
+    """
+    from simserve.metrics.summary import grouped_levels
+    width = t1 - t0
+    status = requests["status"].to_numpy()
+    where = requests["replica"].to_numpy()
+    rows = []
+    for r in replicas:
+        g = logs.get(r.index)
+        busy, steps, running, kv = 0.0, 0, 0.0, 0.0
+        if g is not None and len(g["start_s"]):
+            start = g["start_s"]
+            busy = float((np.clip(start + g["duration_s"], t0, t1) - np.clip(start, t0, t1)).sum())
+            steps = len(start)
+            levels = grouped_levels([g], t0, t1)
+            running, kv = levels["mean_running"], levels["mean_kv_utilization"]
+        done = int(((status == "finished") & (where == r.index)).sum())
+        rows.append({"replica": r.index, "group": r.group, "role": r.role, "completed": done,
+                     "request_throughput": done / width if width > 0 else 0.0,
+                     "busy_s": busy, "busy_fraction": busy / width if width > 0 else 0.0,
+                     "num_steps": steps, "mean_running": running, "mean_kv_utilization": kv})
+    out: dict[str, Any] = {"per_replica": rows}
+    serving = [row for row in rows if row["role"] != "prefill"]
+    out.update(_imbalance("completed", [row["completed"] for row in serving]))
+    out.update(_imbalance("busy", [row["busy_s"] for row in serving]))
+    prefill = [row["busy_s"] for row in rows if row["role"] == "prefill"]
+    if prefill:
+        out.update({f"prefill_{k}": v for k, v in _imbalance("busy", prefill).items()})
+    return out
+
+
+def _imbalance(name: str, values: list[float]) -> dict:
+    x = np.asarray(values, dtype=float)
+    mean = float(x.mean()) if len(x) else 0.0
+    if mean <= 0:
+        return {f"load_imbalance_{name}": None, f"cv_{name}": None}
+    return {f"load_imbalance_{name}": float(x.max()) / mean, f"cv_{name}": float(x.std()) / mean}
+
+
+def engine_options(s, replicas) -> dict[str, Any]:
+    """The keyword arguments of ``engine.simulate`` for the scenario's cluster: routers (one
+    per pool, each with its own seeded stream), the KV transfer pricing, the fault schedule."""
+    from simserve.faults import FaultSchedule
+    from simserve.routing import make_router
+    c = s.cluster
+    out: dict[str, Any] = {"router": make_router(c.router, s.seed, pool=0)}
+    if c.disaggregated:
+        scenario = {}
+        for g, first in zip(groups_of(s), np.cumsum([0] + [g.replicas for g in groups_of(s)])):
+            for i in range(g.replicas):
+                scenario[int(first) + i] = g.scenario
+        per_rank = {i: kv_bytes_per_token_per_rank(sc) for i, sc in scenario.items()}
+        link = c.kv_transfer
+        out["decode_router"] = make_router(c.router, s.seed, pool=1)
+        out["transfer_s"] = lambda tokens, src, dst: link.seconds(
+            tokens * max(per_rank[src.index], per_rank[dst.index]))
+    if c.faults is not None and c.faults.enabled:
+        out.update(faults=FaultSchedule(c.faults, len(replicas), s.seed),
+                   on_failure=c.faults.on_failure, max_retries=c.faults.max_retries)
+    return out
+
+
+def cluster_summary(rec, replicas, requests) -> dict[str, Any]:
+    """Cluster figures for the summary: retries and replica failures always; KV transfers for
+    a disaggregated cluster; the per-replica table and load imbalance with several replicas."""
+    out: dict[str, Any] = {"num_retries": int(sum(rec.retries.values())),
+                           "num_retried_requests": len(rec.retries),
+                           "num_replica_failures": len(rec.failures)}
+    if rec.transfer_s:
+        x = np.asarray(rec.transfer_s)
+        out.update(num_kv_transfers=len(x), mean_kv_transfer_ms=float(x.mean()) * 1e3,
+                   max_kv_transfer_ms=float(x.max()) * 1e3)
+    if len(replicas) > 1:
+        done = requests[requests["status"] == "finished"]
+        t0 = float(requests["arrival_s"].min()) if len(requests) else 0.0
+        t1 = float(done["finish_s"].max()) if len(done) else t0
+        logs = {}
+        for i, log in rec.replicas.items():
+            logs[i] = {**{c: np.frombuffer(a, dtype=np.int32 if c == "kv_blocks_used"
+                                           else np.float64) for c, a in log.steps.items()},
+                       **{c: np.frombuffer(a, dtype=np.int64) for c, a in log.groups.items()}}
+        out.update(replica_summary(requests, logs, replicas, t0, t1))
+    return out

@@ -1,0 +1,33 @@
+"""``simserve profile ...``: the kernel profiler (``python -m profiler ...``) as a simserve command.
+
+Every argument after ``profile`` goes to :func:`profiler.cli.main` unchanged (docs/profiler.md).
+torch is imported only when the command runs, so ``import simserve`` never imports it; without
+torch the command says how to install it, in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+
+INSTALL_HINT = "install with pip install -e '.[profile]'"
+
+
+def register(sub) -> None:
+    # no options of its own: every word, "-h" included, is the profiler's
+    p = sub.add_parser("profile", add_help=False, prefix_chars="\0",
+                       help="measure a model's kernels on this machine and write a profile "
+                            "(python -m profiler; needs torch)",
+                       description="Same arguments as python -m profiler (see --help).")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(handler=_cmd_profile)
+
+
+def _cmd_profile(args) -> int:
+    if importlib.util.find_spec("torch") is None:
+        print(f"error: simserve profile needs torch, which is not installed; {INSTALL_HINT}",
+              file=sys.stderr)
+        return 2
+    from profiler.cli import main
+    return main(list(args.args), prog="simserve profile")

@@ -1,0 +1,132 @@
+"""Routers: which replica of a pool a request goes to.
+
+A router is a callable ``router(req, replicas) -> replica`` over the live replicas of one pool
+(the replicas of a colocated cluster, or the prefill or decode pool of a disaggregated one),
+with an attribute ``observes_state``: True when its choice depends on state that changes every
+engine step (KV blocks, tokens computed, cached prefixes). The engine then makes sure every
+replica's state at the arrival time is exactly the state stepping one iteration per event would
+show (docs/cluster.md, "Exactness"). Ties always go to the lowest replica index, so a run is
+deterministic.
+
+| router | picks | observes per-step state |
+|---|---|---|
+| ``round_robin`` | the next replica in turn | no |
+| ``random`` | uniformly at random, from its own seeded stream | no |
+| ``least_outstanding`` | fewest requests routed to it and not yet done | no (changes only when a request arrives or finishes) |
+| ``least_kv`` | lowest KV-cache utilisation (blocks used / blocks), then fewest outstanding | yes |
+| ``jsq_tokens`` | join the shortest queue counted in tokens: the fewest tokens of work left (prompt tokens not yet computed plus output tokens not yet generated) | yes |
+| ``prefix_aware`` | the most prompt tokens already in its prefix cache (vLLM v1 / SGLang-style cache-aware routing); ties, and replicas without prefix caching, by ``least_outstanding`` | yes |
+
+Routers use only duck-typed replica attributes (``index``, ``num_outstanding``,
+``scheduler``), so this module imports nothing of the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+ROUTERS = ("round_robin", "random", "least_outstanding", "least_kv", "jsq_tokens",
+           "prefix_aware")
+
+# SeedSequence child of the scenario seed reserved for routers (0-4 are the workload's and the
+# s3 policy's; 6 is the fault injector's); one grandchild per pool
+ROUTER_SEED_CHILD = 5
+
+
+class _RoundRobin:
+    observes_state = False
+
+    def __init__(self) -> None:
+        self.turn = 0
+
+    def __call__(self, req, replicas: Sequence):
+        replica = replicas[self.turn % len(replicas)]
+        self.turn += 1
+        return replica
+
+
+class _Random:
+    observes_state = False
+
+    def __init__(self, seed: int, pool: int) -> None:
+        seq = np.random.SeedSequence(seed, spawn_key=(ROUTER_SEED_CHILD, pool))
+        self.rng = np.random.default_rng(seq)
+
+    def __call__(self, req, replicas: Sequence):
+        return replicas[int(self.rng.integers(len(replicas)))]
+
+
+def least_outstanding(req, replicas: Sequence):
+    return min(replicas, key=lambda r: (r.num_outstanding, r.index))
+
+
+least_outstanding.observes_state = False
+
+
+def least_kv(req, replicas: Sequence):
+    def key(r):
+        blocks = r.scheduler.blocks
+        return (blocks.num_used / blocks.num_blocks, r.num_outstanding, r.index)
+    return min(replicas, key=key)
+
+
+least_kv.observes_state = True
+
+
+def outstanding_tokens(replica) -> int:
+    """Tokens of work left on a replica: for every request queued or running there, the tokens
+    still to compute before its last output token (``max_tokens - num_computed_tokens - 1``
+    ... counted as prompt + output - computed)."""
+    sched = replica.scheduler
+    return sum(r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
+               for queue in (sched.waiting, sched.running, sched.swapped) for r in queue)
+
+
+def jsq_tokens(req, replicas: Sequence):
+    return min(replicas, key=lambda r: (outstanding_tokens(r), r.index))
+
+
+jsq_tokens.observes_state = True
+
+
+def prefix_hit_tokens(replica, req) -> int:
+    """Prompt tokens of ``req`` that this replica's prefix cache would serve right now (0
+    without prefix caching). Asks the block manager the way admission does (register the
+    content, look the chain up) and forgets the request again (``free`` of a request holding
+    no blocks only drops its bookkeeping)."""
+    blocks = replica.scheduler.blocks
+    if not blocks.caches_prefixes or req.spec.hash_ids is None:
+        return 0
+    if blocks.held(req.id):            # already there (cannot happen for a new arrival)
+        return 0
+    blocks.register(req.id, req.num_prompt_tokens, req.spec.hash_ids)
+    hit = blocks.cached_tokens(req.id, req.num_tokens)
+    blocks.free(req.id)
+    return hit
+
+
+def prefix_aware(req, replicas: Sequence):
+    return min(replicas, key=lambda r: (-prefix_hit_tokens(r, req), r.num_outstanding, r.index))
+
+
+prefix_aware.observes_state = True
+
+
+def make_router(name: str, seed: int = 0, pool: int = 0):
+    """A fresh router (routers with state — a turn, a random stream — are one per pool)."""
+    if name == "round_robin":
+        return _RoundRobin()
+    if name == "random":
+        return _Random(seed, pool)
+    try:
+        return {"least_outstanding": least_outstanding, "least_kv": least_kv,
+                "jsq_tokens": jsq_tokens, "prefix_aware": prefix_aware}[name]
+    except KeyError:
+        raise ValueError(f"unknown router {name!r}; expected one of: "
+                         f"{', '.join(ROUTERS)}") from None
+
+
+def round_robin() -> _RoundRobin:
+    return _RoundRobin()
