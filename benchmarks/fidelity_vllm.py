@@ -190,7 +190,7 @@ def loadavg() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def wait_for_quiet(limit: float = 3.0, max_wait_s: float = 90.0) -> float:
+def wait_for_quiet(limit: float = 3.0, max_wait_s: float = 30.0) -> float:
     """Wait (bounded) for the 1-minute load average to drop below ``limit``; return it."""
     deadline = time.time() + max_wait_s
     while loadavg() >= limit and time.time() < deadline:

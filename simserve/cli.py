@@ -27,6 +27,9 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a scenario field, e.g. --set engine.max_num_seqs=64 "
                           "(repeatable)")
     run.add_argument("--quiet", action="store_true", help="do not print the summary table")
+    run.add_argument("--stepwise", action="store_true",
+                     help="simulate one iteration per event instead of fast-forwarding decode "
+                          "stretches (same results, slower; for checking)")
     run.add_argument("--tokens", action="store_true",
                      help="also write tokens.csv: the time of every output token")
     _report_flags(run)
@@ -108,7 +111,7 @@ def _cmd_run(args) -> int:
     results = {}
     for label, scenario in variants:
         t0 = time.perf_counter()
-        result = run(scenario, record_tokens=args.tokens)
+        result = run(scenario, record_tokens=args.tokens, fast_forward=not args.stepwise)
         wall = time.perf_counter() - t0
         results[label] = result
         if not args.quiet:

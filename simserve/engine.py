@@ -455,7 +455,8 @@ class _Cluster:
         pin = -1 - req.id            # the KV stays on the prefill replica until it has landed
         assert prefill.blocks.allocate(pin, tokens) is not None   # its blocks were just freed
         target = self.assigned.get(req.id)
-        if target is None:
+        if target is None:           # every decode replica is down: wait for one
+            self.assigned.pop(req.id, None)
             self.decode_backlog.append((req, prefill, tokens, pin))
         else:
             self._send(req, prefill, target, tokens, pin, now)
@@ -616,8 +617,9 @@ class _Cluster:
         for req in held:
             self.dispatch(req)
         if r.role == "decode":
+            live = self.live(self.decode)
             for rid in sorted(i for i, d in self.assigned.items() if d is None):
-                self._assign(self.real[rid], self.decode_router(self.real[rid], [r]))
+                self._assign(self.real[rid], self.decode_router(self.real[rid], live))
             waiting, self.decode_backlog = self.decode_backlog, []
             for req, prefill, tokens, pin in waiting:
                 target = self.decode_router(req, self.live(self.decode))

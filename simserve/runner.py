@@ -126,9 +126,13 @@ def build_latency(s: Scenario) -> LatencyModel:
             raise ConfigError("latency.path", f"profile file not found: {s.base_dir / lat.path}"
                                               f", nor a shipped profile of that name (shipped: "
                                               f"{', '.join(list_profiles()) or 'none'})")
+        tp = s.engine.tensor_parallel_size
         return ProfileLatency.from_file(path, s.model,
                                         step_overhead_s=(lat.step_overhead_ms or 0.0) / 1000.0,
-                                        host_link_bandwidth=s.hardware.host_link_bandwidth)
+                                        host_link_bandwidth=s.hardware.host_link_bandwidth,
+                                        tensor_parallel_size=tp, allreduce_s=RooflineModel(
+                                            s.model, s.hardware, tensor_parallel_size=tp,
+                                        ).allreduce_s if tp > 1 else None)
     if lat.model == "constant":
         return ConstantLatency(lat.step_ms / 1000.0)
     if lat.model == "linear":

@@ -19,9 +19,9 @@ from aiohttp import web  # noqa: E402
 
 from profiler.schema import dump  # noqa: E402
 from simserve.calibrate import (PARAMS, Observation, ProbePlan, calibrate,  # noqa: E402
-                                decode_plan, fit, format_calibration, kv_tokens_from_log, run_calibrated,
-                                single_prefill_plans, steady_decode_step, step_features,
-                                write_calibrated)
+                                decode_plan, fit, format_calibration, kv_tokens_from_log,
+                                run_calibrated, single_prefill_plans, steady_decode_step,
+                                step_features, write_calibrated)
 from simserve.cli import main  # noqa: E402
 from simserve.config import load_scenario  # noqa: E402
 from simserve.errors import DataError  # noqa: E402

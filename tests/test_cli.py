@@ -160,3 +160,12 @@ def test_console_script_subprocess(tmp_path):
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: policy") and "Traceback" not in proc.stderr
+
+
+def test_stepwise_switch_gives_identical_outputs(tmp_path, capsys):
+    """Fast-forward is an optimisation, never a modelling choice: --stepwise must agree."""
+    assert run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "ff", "--quiet"], capsys)[0] == 0
+    assert run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "st", "--quiet", "--stepwise"],
+                   capsys)[0] == 0
+    for name in ("requests.csv", "steps.csv", "summary.json"):
+        assert (tmp_path / "ff" / name).read_bytes() == (tmp_path / "st" / name).read_bytes()

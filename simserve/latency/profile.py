@@ -11,6 +11,12 @@ outside a grid is extrapolated linearly from its last segment (clamped at zero) 
 the run's summary carries a warning with the count, never a crash. Decode attention is priced
 at the batch's mean context, since it reads every sequence's KV once (memory-bound: cost is
 linear in total context).
+
+A calibrated profile (``simserve calibrate``, docs/fidelity.md) carries a ``calibration`` block:
+``step_overhead_s`` is added to every step, ``per_output_token_s`` per sampled token, and the
+measured parts are multiplied by ``scale`` (embedding, linear, LM head) and ``attention_scale``
+(attention; ``scale`` when absent). ``frontend_delay_s`` is per request, outside the steps: it is
+exposed as an attribute for whoever simulates the HTTP front-end.
 """
 
 from __future__ import annotations
@@ -131,7 +137,8 @@ class ProfileLatency:
     """A :class:`~simserve.latency.base.LatencyModel` backed by a measured profile."""
 
     def __init__(self, profile: dict[str, Any], *, source: str = "<profile>",
-                 step_overhead_s: float = 0.0, host_link_bandwidth: float | None = None):
+                 step_overhead_s: float = 0.0, host_link_bandwidth: float | None = None,
+                 tensor_parallel_size: int = 1, allreduce_s=None):
         self.profile = profile
         prov = profile["provenance"]
         self.label = (f"profile ({profile['model']['name']} on {prov['device_name']}, "
@@ -158,6 +165,15 @@ class ProfileLatency:
         block_bytes = profile["memory"]["block_bytes"]
         self._swap_block_s = block_bytes / host_link_bandwidth if host_link_bandwidth else 0.0
         self.extrapolated: Counter[str] = Counter()
+        # Tensor parallelism the profile was not measured at: per-layer compute (linear ops,
+        # attention, LM head; all split by heads or columns across ranks) scaled by measured
+        # ranks / TP, plus the roofline's ring all-reduce (``allreduce_s(tokens)``), labelled
+        measured = int(profile.get("settings", {}).get("tensor_parallel_size", 1))
+        self.tp, self.tp_scale = tensor_parallel_size, measured / tensor_parallel_size
+        self.allreduce_s = allreduce_s if tensor_parallel_size > 1 else None
+        if self.tp_scale != 1.0:
+            self.label = (self.label[:-1] + f", TP {tensor_parallel_size} scaled from "
+                          f"TP {measured} + roofline all-reduce)")
 
     @classmethod
     def from_file(cls, path: str | Path, model: ModelCard | None = None, **kwargs) -> ProfileLatency:
@@ -205,6 +221,11 @@ class ProfileLatency:
             for name in ("attn_prefill", "attn_decode"):
                 parts[name] *= self.attention_scale
         parts["swap"] = (plan.swap_in_blocks + plan.swap_out_blocks) * self._swap_block_s
+        if self.tp_scale != 1.0:
+            for name in ("linear", "attn_prefill", "attn_decode", "lm_head"):
+                parts[name] *= self.tp_scale
+        if self.allreduce_s is not None:
+            parts["allreduce"] = self.allreduce_s(n)
         return parts
 
     def _get(self, name: str, grid, *args: float) -> float:

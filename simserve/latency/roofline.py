@@ -105,6 +105,13 @@ class RooflineModel:
 
         return step
 
+    def allreduce_s(self, num_tokens: int) -> float:
+        """Tensor-parallel communication of a step of ``num_tokens`` tokens: two ring
+        all-reduces per layer of ``num_tokens · hidden · dtype`` bytes each, every rank sending
+        and receiving ``2 (TP - 1) / TP`` of the message over its link, plus a fixed latency per
+        collective (0 without TP). The ``allreduce`` term of :meth:`breakdown`."""
+        return num_tokens * self._ar_tok_s + self._ar_fixed_s if num_tokens else 0.0
+
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         """Seconds per component (they sum to :meth:`step_time`)."""
         if plan.is_empty:

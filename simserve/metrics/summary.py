@@ -171,6 +171,7 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
         "num_rejected": len(rejected),
         "rejected_by_reason": {str(k): int(v) for k, v in
                                sorted(rejected["reject_reason"].value_counts().items())},
+        **_failed(requests),
         "duration_s": duration,
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
@@ -189,6 +190,14 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     if prefix_caching:
         summary.update(_prefix_cache(done))
     return {k: _plain(v) for k, v in summary.items()}
+
+
+def _failed(requests: pd.DataFrame) -> dict:
+    """Requests lost to a replica failure (status ``failed``, reason in ``reject_reason``)."""
+    failed = requests[requests["status"] == "failed"]
+    return {"num_failed": len(failed),
+            "failed_by_reason": {str(k): int(v) for k, v in
+                                 sorted(failed["reject_reason"].value_counts().items())}}
 
 
 def _good(done: pd.DataFrame, slo: SloConfig) -> np.ndarray:
@@ -410,6 +419,10 @@ def format_summary(summary: dict, title: str = "Serving Benchmark Result") -> st
     row("Rejected requests:", summary["num_rejected"])
     for reason, count in summary["rejected_by_reason"].items():
         row(f"  {reason}:", count)
+    if summary.get("num_failed"):
+        row("Failed requests:", summary["num_failed"])
+        for reason, count in summary.get("failed_by_reason", {}).items():
+            row(f"  {reason}:", count)
     row("Benchmark duration (s):", summary["duration_s"])
     row("Total input tokens:", summary["total_input_tokens"])
     row("Total generated tokens:", summary["total_output_tokens"])
