@@ -56,22 +56,23 @@ class Batch:
 # Held-out batches
 
 
-def _decode_contexts(rng: random.Random, n: int, max_ctx: int) -> list[int]:
+def _decode_contexts(rng: random.Random, n: int, min_ctx: int, max_ctx: int) -> list[int]:
     """``n`` contexts around a random centre with a random spread: from nearly uniform batches
     to ones mixing short and long sequences (a real server's decode batch)."""
-    centre = rng.uniform(1, max_ctx)
+    centre = rng.uniform(min_ctx, max_ctx)
     spread = rng.choice([0.05, 0.3, 1.0]) * max_ctx
-    return [min(max_ctx, max(1, round(rng.uniform(centre - spread, centre + spread))))
+    return [min(max_ctx, max(min_ctx, round(rng.uniform(centre - spread, centre + spread))))
             for _ in range(n)]
 
 
-def _chunks(rng: random.Random, budget: int, max_ctx: int, k: int) -> list[tuple[int, int]]:
+def _chunks(rng: random.Random, budget: int, min_chunk: int, max_ctx: int,
+            k: int) -> list[tuple[int, int]]:
     out = []
     left = budget
     for _ in range(k):
-        if left < 2:
+        if left < min_chunk:
             break
-        q = rng.randint(2, max(2, min(left, budget * 3 // 4)))
+        q = rng.randint(min_chunk, max(min_chunk, min(left, budget * 3 // 4)))
         # a first chunk (no context) as often as a later chunk of a long prompt
         c = 0 if rng.random() < 0.3 else rng.randint(1, max_ctx - q)
         out.append((q, c))
@@ -96,20 +97,24 @@ def _on_grid(b: Batch, profile: dict) -> bool:
 def held_out_batches(profile: dict, n: int, seed: int, budget: int, max_decodes: int,
                      max_ctx: int) -> list[Batch]:
     """``n`` batches, a third of each kind, none on the profile's grids (a batch whose token
-    count, chunk or decode shape falls on a grid point is drawn again)."""
+    count, chunk or decode shape falls on a grid point is drawn again), all inside the grids'
+    ranges: the benchmark is about composing and interpolating, not extrapolating."""
     rng = random.Random(seed)
+    min_chunk = max(2, profile["attn_prefill"]["chunk"][0])
+    min_ctx = profile["attn_decode"]["ctx"][0]
     out: list[Batch] = []
     while len(out) < n:
         kind = KINDS[len(out) % 3]
         if kind == "prefill-only":
-            prefill, decode = _chunks(rng, budget, max_ctx, rng.randint(1, 3)), []
+            prefill, decode = _chunks(rng, budget, min_chunk, max_ctx, rng.randint(1, 3)), []
         elif kind == "decode-only":
             prefill = []
-            decode = _decode_contexts(rng, rng.randint(2, min(max_decodes, budget)), max_ctx)
+            decode = _decode_contexts(rng, rng.randint(2, min(max_decodes, budget)), min_ctx,
+                                      max_ctx)
         else:
             nd = rng.randint(1, min(max_decodes, budget // 2))
-            decode = _decode_contexts(rng, nd, max_ctx)
-            prefill = _chunks(rng, budget - nd, max_ctx, rng.randint(1, 2))
+            decode = _decode_contexts(rng, nd, min_ctx, max_ctx)
+            prefill = _chunks(rng, budget - nd, min_chunk, max_ctx, rng.randint(1, 2))
             if not prefill:
                 continue
         # a chunk that completes its prompt samples a token; a middle chunk does not
@@ -251,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.budget or min(profile["settings"]["max_num_batched_tokens"], 512)
     max_ctx = min(args.max_ctx, max(profile["attn_decode"]["ctx"]) - 1,
                   max(profile["attn_prefill"]["ctx"]))
-    batches = held_out_batches(profile, args.n, args.seed, budget, args.max_decodes, max_ctx)
+    max_decodes = min(args.max_decodes, max(profile["attn_decode"]["batch"]))
+    batches = held_out_batches(profile, args.n, args.seed, budget, max_decodes, max_ctx)
     model = ProfileLatency(profile, source=str(args.profile))
 
     load_before = loadavg()
@@ -271,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"profile: {args.profile} ({prov['grid']} grid, measured {prov['date']} on "
           f"{prov['device_name']}, {prov['threads']} thread(s), {prov['dtype']}, "
           f"{profile['attention']['backend']} attention)")
-    print(f"{len(batches)} held-out batches, budget {budget} tokens, up to {args.max_decodes} "
+    print(f"{len(batches)} held-out batches, budget {budget} tokens, up to {max_decodes} "
           f"decodes, context up to {max_ctx}; warm-up {args.warmup}, median of {args.repeats}; "
           f"load average {load_before:.2f} before, {load_after:.2f} after; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")

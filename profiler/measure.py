@@ -603,8 +603,8 @@ def _measure_memory(c: _Ctx, weights_bytes: int) -> dict[str, Any]:
         peak = torch.cuda.max_memory_allocated(c.device) - base
         del caches
         free, total = torch.cuda.mem_get_info(c.device)
-        usable = total * opts.gpu_memory_utilization - weights_bytes - peak
-        num_blocks = max(0, int(usable // block_bytes))
+        num_blocks = num_gpu_blocks(total, opts.gpu_memory_utilization, weights_bytes, peak,
+                                    block_bytes)
         method, note = "measured", (
             f"activation peak: torch.cuda.max_memory_allocated over one {t}-token prefill step "
             f"sampling {rows} rows; num_gpu_blocks = (total * {opts.gpu_memory_utilization} - "
@@ -624,6 +624,14 @@ def _measure_memory(c: _Ctx, weights_bytes: int) -> dict[str, Any]:
             "activation_peak_method": method, "total_bytes": total, "free_bytes": free,
             "gpu_memory_utilization": opts.gpu_memory_utilization,
             "num_gpu_blocks": num_blocks, "note": note}
+
+
+def num_gpu_blocks(total_bytes: int, gpu_memory_utilization: float, weights_bytes: int,
+                   activation_peak_bytes: int, block_bytes: int) -> int:
+    """KV blocks that fit the way vLLM sizes its cache: (total memory x utilization - weights -
+    activation peak) // bytes per block, never below zero."""
+    usable = total_bytes * gpu_memory_utilization - weights_bytes - activation_peak_bytes
+    return max(0, int(usable // block_bytes))
 
 
 def random_steps(n: int, budget: int, max_decodes: int, max_ctx: int,

@@ -372,8 +372,10 @@ class _Cluster:
         if r.role == "prefill":
             for proxy in finished:
                 self.handoff(r, proxy, now)
-        else:
-            self.resolve(len(finished))
+            return
+        self.pending -= len(finished)
+        if self.pending == 0:
+            self.finished = True
 
     # -- arrivals and routing --------------------------------------------------------------
     def live(self, pool: list[Replica]) -> list[Replica]:
@@ -381,7 +383,7 @@ class _Cluster:
 
     def dispatch(self, req: Request) -> None:
         """Route a request (new, or retried after a failure) to its first replica."""
-        pool = self.live(self.entry)
+        pool = self.entry if self.faults is None else [r for r in self.entry if r.up]
         if not pool:
             self.backlog.append(req)
             return
@@ -567,15 +569,16 @@ class _Cluster:
         for _, _, kind, payload in r.inbox:
             if kind == _UNPIN:       # the source of a transfer in flight: the transfer is lost
                 _, req, target = payload
-                target.inbox = [e for e in target.inbox if e[3][0] is not req]
+                target.inbox[:] = [e for e in target.inbox if e[3][0] is not req]
                 heapify(target.inbox)
             else:                    # a transfer on its way here: release the source's copy
                 req, source, pin = payload
-                source.inbox = [e for e in source.inbox if not (e[2] == _UNPIN and e[3][1] is req)]
+                source.inbox[:] = [e for e in source.inbox
+                                   if not (e[2] == _UNPIN and e[3][1] is req)]
                 heapify(source.inbox)
                 source.blocks.free(pin)
             victims.append(req)
-        r.inbox = []
+        r.inbox.clear()
         lost = [e for e in self.decode_backlog if e[1] is r]
         self.decode_backlog = [e for e in self.decode_backlog if e[1] is not r]
         victims.extend(e[0] for e in lost)
@@ -657,15 +660,16 @@ def _arrival_process(env, c: _Cluster):
 def _replica_loop(env, c: _Cluster, r: Replica):
     """Step the replica (see the module docstring for how far a stretch may go, and when the
     replica may run ahead of the SimPy clock)."""
-    rec, arrivals, faults = c.rec, c.arrivals, c.fault_times
+    rec, arrivals, faults, inbox, latency = c.rec, c.arrivals, c.fault_times, r.inbox, r.latency
     fast, run_ahead, tracked, fault_end = c.fast_forward, c.run_ahead, c.tracked, c.fault_end_rule
     arrival_cut, arrival_end = c.arrival_rules(r)
+    inf = INF
+    sched = r.scheduler
     now = env.now
     while True:
-        sched = r.scheduler
-        if r.inbox and r.inbox[0][0] <= now:
+        if inbox and inbox[0][0] <= now:
             c.drain(r, now)
-        plan = sched.schedule() if r.up and sched.has_work else None
+        plan = sched.schedule() if sched.has_work else None   # (a down replica has no work)
         if plan is None or plan.is_empty:
             if env.now < now:
                 yield env.at(now)      # catch the SimPy clock up before sleeping
@@ -675,12 +679,13 @@ def _replica_loop(env, c: _Cluster, r: Replica):
             yield r.wakeup
             r.wakeup = None
             now = env.now
+            sched = r.scheduler        # a new one after a restart
             continue
         start = now
         _mark_first_scheduled(sched, plan, start)
         # the next outside events: steps after the first start before `cut` and end before
         # `cut_end`
-        cut = cut_end = INF
+        cut = cut_end = inf
         if arrival_cut:
             cut = arrivals.next_time
             if arrival_end:
@@ -691,20 +696,18 @@ def _replica_loop(env, c: _Cluster, r: Replica):
                 cut = t
             if fault_end and t < cut_end:
                 cut_end = t
-        if r.inbox and r.inbox[0][0] < cut:
-            cut = r.inbox[0][0]
+        if inbox and inbox[0][0] < cut:
+            cut = inbox[0][0]
         k = sched.decode_stretch_limit(plan, MAX_STRETCH) if fast else 1
         if k > 1:
             # step i starts at s_i = (...((s_0 + d_0) + d_1) ...), added in order exactly as
             # stepping would (step 0 always runs)
-            step_time = stretch_step_time(r.latency, plan)
+            step_time = stretch_step_time(latency, plan)
             starts, durations, t = [], [], start
             for i in range(k):
-                if i and t >= cut:
+                if i and (t >= cut or cut_end < inf and t + step_time(i) >= cut_end):
                     break
                 d = step_time(i)
-                if i and t + d >= cut_end:
-                    break
                 starts.append(t)
                 durations.append(d)
                 t = t + d
@@ -716,7 +719,7 @@ def _replica_loop(env, c: _Cluster, r: Replica):
             rec.stretch(r, starts, durations, plan, sched.stretch_blocks_used(k))
             now = t
         else:
-            duration = r.latency.step_time(plan)
+            duration = latency.step_time(plan)
             rec.step(r, start, duration, plan)
             now = start + duration
         if not run_ahead or now >= cut:
@@ -725,6 +728,7 @@ def _replica_loop(env, c: _Cluster, r: Replica):
                     _Flight([start], [now], False)
                 if not (yield from _hold(env, r, now)):
                     now = env.now      # failed in flight (the cluster did the rest)
+                    sched = r.scheduler
                     continue
                 if stretch:            # possibly cut back while in flight
                     ends = r.flight.ends

@@ -148,3 +148,153 @@ def test_malformed_profiles_give_one_clear_error(tmp_path):
         simserve.run(scenario(tmp_path, "missing.json"))
     with pytest.raises(simserve.ConfigError, match="latency.path"):
         simserve.run(scenario(tmp_path, "absent.json"))
+
+
+# --------------------------------------------------------------------------------------------
+# Decode attention of a batch with spread-out contexts
+
+
+def curved_decode_profile() -> dict:
+    """Decode attention not linear in context (as on a CPU, where long K/V leaves the cache):
+    D(b, c) = b * g(c), g = 1e-5, 2e-5, 9.2e-4 s at contexts 0, 100, 1000 (slopes 1e-7, then
+    1e-6 per token)."""
+    p = synthetic_profile()
+    g = [1e-5, 2e-5, 9.2e-4]
+    p["attn_decode"] = {"batch": [1, 8], "ctx": [0, 100, 1000],
+                        "seconds": [[b * x for x in g] for b in (1, 8)],
+                        "p10": [[0.0] * 3] * 2, "p90": [[1.0] * 3] * 2}
+    return p
+
+
+def test_decode_prices_each_sequence_at_its_own_context():
+    m = ProfileLatency(curved_decode_profile())
+    # contexts 50 and 600 (batch 2): g(50) = 1e-5 + 50 * 1e-7 = 1.5e-5,
+    # g(600) = 2e-5 + 500 * 1e-6 = 5.2e-4; D(2, c) / 2 = g(c), so per layer
+    # (D(2, 50) + D(2, 600)) / 2 = g(50) + g(600) = 5.35e-4, and 4 layers
+    got = m.breakdown(plan(decode=[50, 600]))["attn_decode"]
+    assert got == pytest.approx(4 * 5.35e-4, rel=1e-12)
+    # the batch's mean context (325) would say 2 * g(325) = 2 * 2.45e-4 = 4.9e-4 per layer
+    assert got > 4 * 4.9e-4 * 1.05
+    # a uniform batch is the grid itself
+    assert m.breakdown(plan(decode=[100] * 8))["attn_decode"] == pytest.approx(4 * 8 * 2e-5)
+    assert not m.warnings()
+
+
+def test_decode_contexts_beyond_the_grid_are_extrapolated_and_counted():
+    m = ProfileLatency(curved_decode_profile())
+    # 1200 is past the last context: the last segment's slope (1e-6) carries on
+    got = m.breakdown(plan(decode=[1200]))["attn_decode"]
+    assert got == pytest.approx(4 * (9.2e-4 + 200 * 1e-6), rel=1e-12)
+    assert m.warnings() == [f"{m.label}: attn_decode extrapolated beyond the measured grid in "
+                            "1 lookups"]
+
+
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_decode_stretch_is_bit_identical_to_step_time(calibrated):
+    import random
+    prof = curved_decode_profile()
+    if calibrated:
+        prof["calibration"] = {"scale": 1.3, "attention_scale": 0.7, "step_overhead_s": 1e-3,
+                               "per_output_token_s": 1e-5}
+    rng = random.Random(3)
+    for _ in range(30):
+        ctx = [rng.randint(0, 1100) for _ in range(rng.randint(1, 12))]   # some beyond 1000
+        p = plan(decode=ctx, sampled=len(ctx))
+        fast, slow = ProfileLatency(prof), ProfileLatency(prof)
+        step = fast.decode_stretch(p)
+        for i in range(0, 200, 7):
+            import dataclasses
+            expected = slow.step_time(dataclasses.replace(
+                p, decode_ctx=tuple(c + i for c in ctx)))
+            assert step(i) == expected, (ctx, i)
+        assert fast.extrapolated == slow.extrapolated
+
+
+def test_fast_forward_and_stepping_agree_on_a_profile(tmp_path):
+    dump(curved_decode_profile(), tmp_path / "p.json")
+    s = scenario(tmp_path, "p.json")
+    fast, slow = simserve.run(s), simserve.run(s, fast_forward=False)
+    assert fast.steps["duration_s"].tolist() == slow.steps["duration_s"].tolist()
+    assert fast.summary == slow.summary
+
+
+def test_extrapolation_warning_reaches_the_run_summary(tmp_path):
+    dump(synthetic_profile(), tmp_path / "p.json")     # tokens up to 256, prompts up to 200
+    s = parse_scenario({
+        "model": "tiny-llama-45m", "hardware": "cpu-epyc-2core",
+        "engine": {"num_gpu_blocks": 256, "max_model_len": 2048, "max_num_batched_tokens": 512},
+        "latency": {"model": "profile", "path": "p.json"},
+        "workload": {"arrival": "poisson", "rate": 5, "num_requests": 10,
+                     "prompt": {"dist": "fixed", "value": 400},
+                     "output": {"dist": "fixed", "value": 4}},
+    }, base_dir=tmp_path)
+    r = simserve.run(s)
+    assert r.summary["completed"] == 10
+    assert any("linear extrapolated" in w for w in r.summary["warnings"])
+
+
+# --------------------------------------------------------------------------------------------
+# The shipped profile
+
+
+SHIPPED = "tiny-llama-45m_cpu-epyc-2core_bf16_1t"
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def test_shipped_profile_validates_and_matches_its_card():
+    from profiler.schema import load_profile, model_mismatch
+    from simserve.latency.profile import PROFILES_DIR, list_profiles
+    assert SHIPPED in list_profiles()
+    p = load_profile(PROFILES_DIR / f"{SHIPPED}.json")
+    assert model_mismatch(p, TINY) == []
+    prov = p["provenance"]
+    assert prov["device"] == "cpu" and prov["threads"] == 1 and prov["dtype"] == "bf16"
+    assert prov["command"].split()[:3] in (["python", "-m", "profiler"], ["simserve", "profile",
+                                                                         "--model"])
+    assert p["settings"]["block_size"] == 32 and p["settings"].get("method") == "in_step"
+    # what the ground-truth vLLM server's knobs need, inside the grids
+    assert p["linear"]["tokens"][-1] >= 512 and p["attn_prefill"]["ctx"][-1] >= 2048
+    assert p["attn_decode"]["batch"][-1] >= 32 and p["attn_decode"]["ctx"][-1] >= 2048
+
+
+def test_bare_shipped_name_resolves_and_unknown_name_lists_the_shipped(tmp_path):
+    from simserve.latency.profile import resolve_profile_path
+    assert resolve_profile_path(SHIPPED, tmp_path).name == f"{SHIPPED}.json"
+    assert resolve_profile_path(f"{SHIPPED}.json", tmp_path).name == f"{SHIPPED}.json"
+    # a file beside the scenario wins over a shipped profile of the same name
+    dump(synthetic_profile(), tmp_path / f"{SHIPPED}.json")
+    assert resolve_profile_path(f"{SHIPPED}.json", tmp_path) == tmp_path / f"{SHIPPED}.json"
+    assert resolve_profile_path("no-such-profile", tmp_path) is None
+    with pytest.raises(simserve.ConfigError, match=f"latency.path.*shipped: .*{SHIPPED}"):
+        simserve.run(scenario(tmp_path, "no-such-profile"))
+
+
+def test_shipped_scenario_runs_from_the_command_line(tmp_path):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "simserve", "run",
+                        str(REPO / "scenarios" / "tiny_cpu_profile.yaml"), "--out",
+                        str(tmp_path / "out"), "--no-report", "--quiet"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    import json as _json
+    summary = _json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["latency_model"].startswith("profile (tiny-llama-45m on ")
+    assert summary["completed"] > 0
+
+
+def test_mismatched_profile_is_one_clear_error_on_the_command_line(tmp_path, capsys):
+    from simserve.cli import main
+    dump(synthetic_profile(), tmp_path / "p.json")
+    path = tmp_path / "s.yaml"
+    import yaml
+    path.write_text(yaml.safe_dump({
+        "model": "Llama-3.1-8B", "hardware": "H100-SXM",
+        "latency": {"model": "profile", "path": "p.json"},
+        "workload": {"arrival": "poisson", "rate": 5, "num_requests": 5,
+                     "prompt": {"dist": "fixed", "value": 10},
+                     "output": {"dist": "fixed", "value": 2}}}))
+    assert main(["run", str(path), "--out", str(tmp_path / "o"), "--no-report"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "other model shapes" in err[0]
+    assert "num_layers: profile 4, model 32" in err[0]

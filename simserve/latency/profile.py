@@ -2,15 +2,15 @@
 
     step = overhead + embedding(T) + L · ( linear(T)
                                           + Σ_chunks attn_prefill(chunk, ctx)
-                                          + attn_decode(B, mean decode ctx) )
+                                          + (1/B) Σ_decodes attn_decode(B, ctx) )
            + lm_head(num_sampled) + swap
 
 with T the tokens in the step, L the layers and B the decode batch. Each term is interpolated
 on the profile's grid: piecewise linear in 1-D, bilinear in 2-D; no training step. A query
 outside a grid is extrapolated linearly from its last segment (clamped at zero) and counted;
-the run's summary carries a warning with the count, never a crash. Decode attention is priced
-at the batch's mean context, since it reads every sequence's KV once (memory-bound: cost is
-linear in total context).
+the run's summary carries a warning with the count, never a crash. Decode attention prices each
+sequence at its own context, at the batch's size (:class:`DecodeGrid` says why the batch's mean
+context is not enough).
 
 A calibrated profile (``simserve calibrate``, docs/fidelity.md) carries a ``calibration`` block:
 ``step_overhead_s`` is added to every step, ``per_output_token_s`` per sampled token, and the
@@ -191,6 +191,34 @@ class ProfileLatency:
         if plan.is_empty:
             return 0.0
         return sum(self.breakdown(plan).values()) + plan.extra_s
+
+    def decode_stretch(self, plan: StepPlan):
+        """``step_time`` of step i of a decode stretch starting with ``plan`` (every context
+        grown by i), as a function of i. Only decode attention changes along a stretch; it is
+        recomputed from the contexts sorted once (no per-step sort or tuple), by the same
+        operations as :meth:`breakdown`, so each value is bit-identical to ``step_time`` of that
+        step, and the extrapolation counts come out as if each step had been priced."""
+        before = Counter(self.extrapolated)
+        base = self.breakdown(plan)
+        again = self.extrapolated - before           # this plan's lookups outside the grid
+        again.pop("attn_decode", None)
+        ctx = sorted(plan.decode_ctx)
+        prefix = [0, *accumulate(ctx)]
+        scaled = self.scale != 1.0 or self.attention_scale != 1.0
+        extra = plan.extra_s
+
+        def step(i: int) -> float:
+            if i == 0 or not ctx:
+                return sum(base.values()) + extra
+            self.extrapolated.update(again)
+            decode = self.layers * self._get("attn_decode", self.decode, ctx, prefix, i)
+            if scaled:
+                decode *= self.attention_scale
+            parts = dict(base)
+            parts["attn_decode"] = decode
+            return sum(parts.values()) + extra
+
+        return step
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         """Seconds per component (all layers together); they sum to :meth:`step_time` less the
