@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from simserve.calibrate import (ProbePlan, calibrate, format_calibration,  # noqa: E402
                                 kv_tokens_from_log, run_calibrated, write_calibrated)
-from simserve.compare import HEADLINE, error_table  # noqa: E402
+from simserve.fidelity import HEADLINE, error_table  # noqa: E402
 from simserve.config import parse_scenario  # noqa: E402
 from simserve.replay import replay  # noqa: E402
 from simserve.runner import run  # noqa: E402

@@ -5,8 +5,8 @@ prefill chunks with context, decode batches of random size and spread of context
 both, within the profile's token budget), measures each one's whole step with the profiler's own
 code (``profiler.layers.Model.step``: embedding, every layer with paged attention, final norm,
 LM head, greedy sampling; same dtype, block size, attention backend and thread count as the
-profile; warmed up, median of repeats), predicts it with simserve's ``ProfileLatency``, and
-prints the absolute relative error per batch kind.
+profile; warmed up, median of repeats, in rounds over all batches), predicts it with simserve's
+``ProfileLatency``, and prints the absolute relative error per batch kind.
 
     .venv/bin/python benchmarks/profile_accuracy.py                      # the shipped tiny CPU profile
     .venv/bin/python benchmarks/profile_accuracy.py --profile p.json --n 300 --json out.json
@@ -141,13 +141,19 @@ def plan_of(b: Batch):
 
 def measure_steps(profile: dict, batches: list[Batch], warmup: int, repeats: int,
                   seed: int = 0, progress: bool = True) -> list[float]:
-    """Median whole-step seconds of each batch, timed with the profiler's own step code."""
+    """Median whole-step seconds of each batch, timed with the profiler's own step code.
+
+    Measured in rounds: each round runs every batch once, in a fresh random order, so that each
+    step follows some other step (as in a server) and a slow spell of a shared machine spreads
+    over all batches instead of biasing the few measured during it. The first ``warmup`` rounds
+    are not timed.
+    """
     import torch
 
     from profiler import attention as attn
     from profiler.layers import DTYPES, Model, PagedKVCache, Shapes, blocks_needed, build_step
     from profiler.layers import sample_greedy
-    from profiler.measure import CLOCKS, Timer
+    from profiler.measure import CLOCKS, sample_rows
 
     prov, settings, shapes_d = profile["provenance"], profile["settings"], profile["model"]
     if prov["device"] != "cpu":
@@ -167,28 +173,32 @@ def measure_steps(profile: dict, batches: list[Batch], warmup: int, repeats: int
                  + sum(blocks_needed(c + 1, bs) for c in b.decode_ctx) for b in batches)
     caches = [PagedKVCache(nb, bs, shapes.num_kv_heads, shapes.head_dim, dtype, "cpu",
                            fill="tile", generator=gen) for _ in model.layers]
-    # the profile's own clock: thread CPU time for a one-thread profile, else wall time
-    timer = Timer(torch.device("cpu"), warmup, repeats, budget_s=5.0,
-                  clock=CLOCKS[settings["timer"]])
-    out = []
-    start = time.perf_counter()
-    for i, b in enumerate(batches):
+    steps = []
+    for b in batches:
         meta = build_step(list(b.prefill), list(b.decode_ctx), bs, nb, "cpu", generator=gen)
-        backend.prepare(meta, nb)
         ids = torch.randint(0, shapes.vocab_size, (meta.num_tokens,), generator=gen)
         # sampled rows: the last token of the chunks that finish a prompt, and every decode
-        finishing = [meta.query_start[s + 1] - 1
-                     for s in range(b.num_sampled - len(b.decode_ctx))]
-        rows = torch.tensor(finishing + list(range(meta.query_start[meta.num_prefills],
-                                                   meta.num_tokens)), dtype=torch.long)
-        out.append(timer(lambda: model.step(ids, meta, caches, backend, sample_greedy,
-                                            rows)).median)
+        steps.append((meta, ids, sample_rows(meta, b.num_sampled, "cpu")))
+    # the profile's own clock: thread CPU time for a one-thread profile, else wall time
+    clock = CLOCKS[settings["timer"]]
+    times: list[list[float]] = [[] for _ in batches]
+    rng = random.Random(seed)
+    start = time.perf_counter()
+    for r in range(warmup + repeats):
+        order = list(range(len(batches)))
+        rng.shuffle(order)
+        for i in order:
+            meta, ids, rows = steps[i]
+            backend.prepare(meta, nb)              # per-step metadata: outside the timing
+            t0 = clock()
+            model.step(ids, meta, caches, backend, sample_greedy, rows)
+            elapsed = clock() - t0
+            if r >= warmup:
+                times[i].append(elapsed)
         if progress:
-            print(f"\rmeasured {i + 1}/{len(batches)} steps, {time.perf_counter() - start:.0f}s",
-                  end="", file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
-    return out
+            print(f"round {r + 1}/{warmup + repeats}{' (warm-up)' if r < warmup else ''}, "
+                  f"{time.perf_counter() - start:.0f}s", file=sys.stderr, flush=True)
+    return [statistics.median(t) for t in times]
 
 
 # --------------------------------------------------------------------------------------------
@@ -244,8 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-decodes", type=int, default=64)
     ap.add_argument("--max-ctx", type=int, default=2000,
                     help="largest context (the ground truth's max_model_len is 2048)")
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=2, help="untimed rounds over all batches")
+    ap.add_argument("--repeats", type=int, default=7,
+                    help="timed rounds; each batch's time is its median over them")
     ap.add_argument("--seed", type=int, default=12345)
     ap.add_argument("--json", type=Path, help="write every batch's result here")
     args = ap.parse_args(argv)
@@ -278,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{prov['device_name']}, {prov['threads']} thread(s), {prov['dtype']}, "
           f"{profile['attention']['backend']} attention)")
     print(f"{len(batches)} held-out batches, budget {budget} tokens, up to {max_decodes} "
-          f"decodes, context up to {max_ctx}; warm-up {args.warmup}, median of {args.repeats}; "
+          f"decodes, context up to {max_ctx}; {args.warmup} warm-up + {args.repeats} timed rounds "
+          f"(median); "
           f"load average {load_before:.2f} before, {load_after:.2f} after; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(format_table(summary))

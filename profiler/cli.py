@@ -37,6 +37,9 @@ def build_parser(prog: str = "python -m profiler") -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="the step token budget: the largest token count measured and the "
                         "activation-peak step")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest sequence measured: the context axes stop here (default: the "
+                        "model card's max_position_embeddings)")
     p.add_argument("--max-num-seqs", type=int, default=256,
                    help="rows sampled in the activation-peak step")
     p.add_argument("--attention", default="auto",
@@ -45,15 +48,20 @@ def build_parser(prog: str = "python -m profiler") -> argparse.ArgumentParser:
                         "reference on CPU)")
     p.add_argument("--no-compile", action="store_true",
                    help="run FlexAttention eagerly instead of torch.compile")
+    p.add_argument("--timer", default="auto", choices=("auto", "wall", "cpu"),
+                   help="CPU clock (auto: the measuring thread's CPU time with one thread, which "
+                        "leaves out other processes' time on a shared machine; wall otherwise)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--note", default="",
+                   help="free text kept in provenance.note (after the load average the profiler "
+                        "records itself), e.g. how the machine was set up")
     return p
 
 
-def load_shapes(spec: str):
-    """Model shapes from a shipped card name or a YAML file (inline card or ``card: NAME``)."""
+def load_card(spec: str):
+    """A model card from a shipped card name or a YAML file (inline card or ``card: NAME``)."""
     from simserve.cards import load_model
-    from profiler.layers import Shapes
     path = Path(spec)
     if spec.endswith((".yaml", ".yml")) or path.is_file():
         import yaml
@@ -63,10 +71,14 @@ def load_shapes(spec: str):
             raise UsageError(f"--model {spec}: cannot read: {e.strerror or e}") from None
         except yaml.YAMLError as e:
             raise UsageError(f"--model {spec}: not valid YAML: {e}") from None
-        card = load_model(raw, path=str(path))
-    else:
-        card = load_model(spec, path="--model")
-    return Shapes.from_card(card)
+        return load_model(raw, path=str(path))
+    return load_model(spec, path="--model")
+
+
+def load_shapes(spec: str):
+    """Model shapes from a shipped card name or a YAML file (see :func:`load_card`)."""
+    from profiler.layers import Shapes
+    return Shapes.from_card(load_card(spec))
 
 
 def check_device(device: str) -> None:
@@ -83,20 +95,27 @@ def run(args: argparse.Namespace, argv: list[str], prog: str = "python -m profil
     from profiler.measure import Options, run_profile
     from profiler.schema import dump
 
-    for name in ("threads", "block_size", "max_num_batched_tokens", "max_num_seqs"):
+    for name in ("threads", "block_size", "max_num_batched_tokens", "max_num_seqs",
+                 "max_model_len"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise UsageError("--gpu-memory-utilization must be in (0, 1]")
     check_device(args.device)
-    shapes = load_shapes(args.model)
+    if args.timer == "cpu" and (args.device != "cpu" or (args.threads or 1) != 1):
+        raise UsageError("--timer cpu needs --device cpu and one thread")
+    from profiler.layers import Shapes
+    card = load_card(args.model)
+    shapes = Shapes.from_card(card)
     import torch
     threads = args.threads or (1 if args.device == "cpu" else torch.get_num_threads())
     opts = Options(device=args.device, dtype=args.dtype, threads=threads, grid=args.grid,
                    block_size=args.block_size,
                    max_num_batched_tokens=args.max_num_batched_tokens,
                    max_num_seqs=args.max_num_seqs, attention=args.attention,
+                   max_model_len=args.max_model_len or card.max_position_embeddings,
+                   timer=args.timer, note=args.note,
                    compile=not args.no_compile,
                    gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
                    command=shlex.join([*prog.split(), *argv]))

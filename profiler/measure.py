@@ -10,10 +10,11 @@ the whole run.
 from __future__ import annotations
 
 import math
+import os
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -190,8 +191,10 @@ class Options:
     gpu_memory_utilization: float = 0.9
     seed: int = 0
     command: str = ""
-    timer: str = "auto"                  # auto | wall | cpu  (see Options.clock)
+    timer: str = "auto"                  # auto | wall | cpu  (see Options.timer_name)
+    max_model_len: int | None = None     # caps the context axes (the model's longest sequence)
     grid_override: Grid | None = None    # tests: an even smaller grid
+    note: str = ""                       # free text for provenance.note (e.g. how busy the host was)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -200,6 +203,8 @@ class Options:
             raise ValueError(f"grid must be one of {', '.join(GRIDS)}")
         if self.block_size < 1 or self.max_num_batched_tokens < 1 or self.threads < 1:
             raise ValueError("block_size, max_num_batched_tokens and threads must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError("max_model_len must be >= 1")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         if self.timer not in ("auto", "wall", "cpu"):
@@ -220,7 +225,15 @@ class Options:
 
     @property
     def grid_spec(self) -> Grid:
-        return self.grid_override or GRIDS[self.grid]
+        """The grid measured: context axes capped at ``max_model_len`` (with that value itself
+        on them), since no sequence of this model gets longer."""
+        grid = self.grid_override or GRIDS[self.grid]
+        if self.max_model_len is None:
+            return grid
+        n = self.max_model_len
+        return replace(grid, prefill_ctx=tuple(token_axis(grid.prefill_ctx, n)),
+                       decode_ctx=tuple(token_axis(grid.decode_ctx, n)),
+                       heldout_max_ctx=min(grid.heldout_max_ctx, n))
 
 
 class Progress:
@@ -283,6 +296,24 @@ def _host_available_bytes() -> int | None:
     return None
 
 
+def _load_average() -> float | None:
+    """The host's 1-minute load average (None where the OS has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def _provenance_note(before: float | None, after: float | None, note: str) -> str:
+    parts = []
+    if before is not None and after is not None:
+        parts.append(f"host load average (1 min) {before:.2f} before measuring, {after:.2f} "
+                     f"after, on {os.cpu_count()} CPUs")
+    if note:
+        parts.append(note)
+    return "; ".join(parts)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -329,6 +360,7 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
     device = torch.device(opts.device)
     dtype = DTYPES[opts.dtype]
     grid = opts.grid_spec
+    load_before = _load_average()
     torch.set_num_threads(opts.threads)
     torch.manual_seed(opts.seed)
     gen = torch.Generator().manual_seed(opts.seed)
@@ -381,6 +413,7 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
             "dtype": opts.dtype, "threads": torch.get_num_threads(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "command": opts.command, "grid": opts.grid,
+            "note": _provenance_note(load_before, _load_average(), opts.note),
         },
         "model": shapes.as_dict(dtype_bytes=torch.tensor([], dtype=dtype).element_size()),
         "settings": {

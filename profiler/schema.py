@@ -12,9 +12,13 @@ Layout (all times in seconds; every timing is the median over warmed-up repeats,
     schema_version  1
     kind            "simserve-profile"
     provenance      device, device_name, torch_version, cuda_version|null, dtype, threads,
-                    date (UTC ISO 8601), command (exact argv, no host name), grid ("quick"|"full")
+                    date (UTC ISO 8601), command (exact argv, no host name), grid ("quick"|"full"),
+                    note (optional: load average while measuring, and --note)
     model           the shapes the kernels were built with (compare before use: model_mismatch)
-    settings        block_size, max_num_batched_tokens, warmup, repeats, timer, sampler
+    settings        block_size, max_num_batched_tokens, warmup, repeats,
+                    timer ("perf_counter"|"thread_time"|"cuda_event"), sampler,
+                    method (optional: "in_step" = parts timed inside whole steps; absent or
+                    "isolated" = each part timed alone)
     attention       backend, compiled, compile_seconds {family: s}, fallback|null,
                     self_check_rel_err, note
     linear          per decoder layer, everything but attention, vs tokens in the step:
@@ -33,8 +37,9 @@ Layout (all times in seconds; every timing is the median over warmed-up repeats,
                       seconds, p10, p90}]
 
 A composed step time is ``embedding(T) + L * (linear(T) + sum attn_prefill(chunk, ctx)
-+ attn_decode(batch, ctx)) + lm_head(num_sampled)``; ``heldout`` measures the same thing end to end
-so that composition can be benchmarked. See docs/profiler.md.
++ mean over the decodes of attn_decode(batch, ctx_i)) + lm_head(num_sampled)``; ``heldout``
+measures the same thing end to end so that composition can be benchmarked. See
+docs/profiler.md.
 """
 
 from __future__ import annotations
@@ -60,7 +65,13 @@ class ProfileError(DataError):
 # The documented structure (TypedDicts: what a reader may rely on)
 
 
-class Provenance(TypedDict):
+class _ProvenanceAdded(TypedDict, total=False):
+    # added within version 1: how busy the machine was (load average before and after, on
+    # Linux) and the --note given, if any
+    note: str
+
+
+class Provenance(_ProvenanceAdded):
     device: Literal["cpu", "cuda"]
     device_name: str               # CPU model from /proc/cpuinfo, or torch.cuda.get_device_name
     torch_version: str
@@ -355,7 +366,7 @@ _PROVENANCE = _record({
     "device": _choice("cpu", "cuda"), "device_name": _str, "torch_version": _str,
     "cuda_version": _optional(_str), "dtype": _choice("bf16", "fp16", "fp32"),
     "threads": _pos_int, "date": _str, "command": _str, "grid": _choice("quick", "full"),
-})
+}, optional={"note": _str})
 _MODEL = _record({
     "name": _str, "num_layers": _pos_int, "hidden_size": _pos_int, "num_heads": _pos_int,
     "num_kv_heads": _pos_int, "head_dim": _pos_int, "intermediate_size": _pos_int,

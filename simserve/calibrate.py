@@ -46,12 +46,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
-from simserve.config import Scenario, load_scenario
+import numpy as np
+
 from simserve.errors import ConfigError, DataError, SimserveError
-from simserve.sched.plan import StepPlan
+
+if TYPE_CHECKING:   # the CLI builds its parser from this module: keep importing it cheap
+    from simserve.config import Scenario
+    from simserve.sched.plan import StepPlan
 
 CALIBRATION_VERSION = 1
 PARAMS = ("step_overhead_s", "per_output_token_s", "scale", "attention_scale",
@@ -89,6 +92,7 @@ class ProbePlan:
 def single_prefill_plans(prompt: int, budget: int) -> list[StepPlan]:
     """The prefill steps of one request alone: chunks of at most ``budget`` tokens; the last
     one samples the first token (vLLM v1 samples nothing for a partial prefill)."""
+    from simserve.sched.plan import StepPlan
     plans, done = [], 0
     while done < prompt:
         q = min(budget, prompt - done)
@@ -100,6 +104,7 @@ def single_prefill_plans(prompt: int, budget: int) -> list[StepPlan]:
 
 def decode_plan(batch: int, ctx: int) -> StepPlan:
     """One decode step of ``batch`` sequences, each with ``ctx`` tokens already in KV."""
+    from simserve.sched.plan import StepPlan
     ids = tuple(range(batch))
     return StepPlan(ids, (1,) * batch, (), (), (ctx,) * batch, batch)
 
@@ -326,6 +331,7 @@ def calibrate(scenario: Scenario | str | Path, endpoint: str, *, base_profile: s
     """Probe ``endpoint``, fit, and return the calibrated profile (base profile + a
     ``calibration`` block). The base profile is ``base_profile`` or the scenario's
     ``latency.path`` (``latency.model: profile``)."""
+    from simserve.config import Scenario, load_scenario
     from simserve.latency.profile import ProfileLatency
     from simserve.replay import check_endpoint_host
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
@@ -431,6 +437,9 @@ def run_calibrated(scenario: Scenario | str | Path, overrides: list[str] | None 
     do not, and the run lasts ``h`` longer. That is applied to the request table and the
     summary's request-time metrics; the scheduler levels are left as simulated.
     """
+    import pandas as pd
+
+    from simserve.config import Scenario, load_scenario
     from simserve.engine import STEP_COLUMNS
     from simserve.metrics.summary import WeightedSample, summarize
     from simserve.runner import build_latency, class_slos, run

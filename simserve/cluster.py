@@ -137,11 +137,10 @@ class ClusterConfig:
         return cls(replicas, router, groups, transfer, faults)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"router": self.router}
+        out: dict[str, Any] = {"replicas": self.replicas, "router": self.router}
         if self.groups:
+            del out["replicas"]
             out["groups"] = [g.to_dict() for g in self.groups]
-        else:
-            out["replicas"] = self.replicas
         if self.kv_transfer is not None:
             out["kv_transfer"] = {k: v for k, v in dataclasses.asdict(self.kv_transfer).items()
                                   if v is not None}
@@ -219,7 +218,7 @@ def transfer_seconds(cfg: TransferConfig, num_tokens: int, src, dst) -> float:
 # -- per-replica figures --------------------------------------------------------------------------
 
 def replica_summary(requests, logs: dict, replicas, t0: float, t1: float) -> dict:
-    """Per-replica table and load-imbalance figures (docs/metrics.md, "Replicas").
+    """Per-replica table and load-imbalance figures (docs/cluster.md, "Per-replica figures").
 
     ``logs`` maps a replica index to its grouped step columns (what ``grouped_levels``
     takes). Imbalance is max/mean and the coefficient of variation (population std / mean) of

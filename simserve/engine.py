@@ -446,8 +446,8 @@ class _Cluster:
             req.first_scheduled_s = proxy.first_scheduled_s
         if req.id not in self.rec.retries:
             req.num_cached_tokens = proxy.num_cached_tokens
-        req.num_generated += 1
-        if req.num_generated == req.num_output_tokens:   # nothing left to decode
+        if req.num_generated + 1 == req.num_output_tokens:   # nothing left to decode
+            req.num_generated += 1
             self._deliver(prefill, req, now)
             self._unassign(req)
             req.status, req.finish_s = Status.FINISHED, now
@@ -494,8 +494,10 @@ class _Cluster:
                 self._land(r, payload[0], t)
 
     def _land(self, r: Replica, req: Request, t: float) -> None:
-        """The KV of every token but the last sampled one is on ``r``: that token reaches the
-        client now, and the request decodes from it."""
+        """The KV of every token but the one the prefill sampled is on ``r``: that token (in
+        transit until now: lost with the transfer if a failure stops it) reaches the client,
+        and the request decodes from it."""
+        req.num_generated += 1
         self._deliver(r, req, t)
         self.assigned.pop(req.id, None)
         req.num_computed_tokens = req.num_tokens - 1

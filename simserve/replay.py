@@ -49,16 +49,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import numpy as np
-import pandas as pd
-import yaml
+from typing import TYPE_CHECKING
 
-from simserve.config import Scenario, load_scenario
-from simserve.engine import STEP_COLUMNS
 from simserve.errors import SimserveError
-from simserve.metrics.summary import WeightedSample, format_summary, summarize
-from simserve.runner import REQUEST_COLUMNS, class_slos
-from simserve.workload import RequestSpec, build_workload
+
+if TYPE_CHECKING:   # the CLI builds its parser from this module: keep importing it cheap
+    import pandas as pd
+
+    from simserve.config import Scenario
+    from simserve.workload import RequestSpec
 
 # Columns of requests.csv beyond the simulator's (which come first, in the same order).
 REPLAY_COLUMNS = ("scheduled_s", "num_chunks", "usage_output_tokens", "http_status", "error")
@@ -141,6 +140,7 @@ def _describe(e: BaseException, timeout: float | None = None) -> str:
 
 def prompt_ids(seed: int, request_id: int, length: int, vocab: int) -> list[int]:
     """``length`` random token ids in [4, vocab), from the request's own seeded stream."""
+    import numpy as np
     rng = np.random.default_rng([seed, _PROMPT_STREAM, request_id])
     return rng.integers(FIRST_TOKEN_ID, vocab, size=length).tolist()
 
@@ -251,11 +251,14 @@ class ReplayResult:
     meta: dict
 
     def table(self) -> str:
+        from simserve.metrics.summary import format_summary
         return format_summary(self.summary, title=f"replay: {self.scenario.name} "
                                                   f"@ {self.meta['endpoint']}")
 
     def tokens(self) -> pd.DataFrame:
         """Every output token: ``request_id``, ``token_index``, ``time_s`` (its chunk's time)."""
+        import numpy as np
+        import pandas as pd
         c = self.chunks
         n = c["num_tokens"].to_numpy(np.int64)
         ids = np.repeat(c["request_id"].to_numpy(np.int64), n)
@@ -269,6 +272,10 @@ class ReplayResult:
     def save(self, out_dir: str | Path) -> Path:
         """scenario.yaml, requests.csv, steps.csv (header only: a server shows no steps),
         summary.json, tokens.csv, chunks.csv and replay.json (endpoint, version, load...)."""
+        import pandas as pd
+        import yaml
+
+        from simserve.engine import STEP_COLUMNS
         out = Path(out_dir)
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -294,6 +301,8 @@ def replay(scenario: Scenario | str | Path, endpoint: str, *, model: str | None 
 
     ``log`` (a callable taking one line) gets progress lines; None is silent.
     """
+    from simserve.config import Scenario, load_scenario
+    from simserve.workload import build_workload
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     if max_requests is not None and max_requests < 1:
         raise SimserveError(f"--max-requests: must be >= 1, got {max_requests}")
@@ -310,6 +319,8 @@ def replay(scenario: Scenario | str | Path, endpoint: str, *, model: str | None 
 async def _replay(s: Scenario, specs: list[RequestSpec], endpoint: str, model: str | None,
                   time_limit: float | None, timeout: float, warmup: int, log) -> ReplayResult:
     import aiohttp
+
+    from simserve.workload import RequestSpec
     say = log or (lambda line: None)
     # a fresh connection per request: a pooled keep-alive connection that the server closed
     # while idle would fail the next request ("Server disconnected")
@@ -382,6 +393,9 @@ def _loadavg() -> list[float] | None:
 
 
 def _tables(outcomes: list[Outcome]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    import pandas as pd
+
+    from simserve.runner import REQUEST_COLUMNS
     nan = math.nan
     rows = []
     for o in outcomes:
@@ -420,6 +434,12 @@ def _tables(outcomes: list[Outcome]) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def _summary(s: Scenario, requests: pd.DataFrame, chunks: pd.DataFrame) -> dict:
     """``summarize`` with vllm bench's ITL (one gap per chunk), plus the failures."""
+    import numpy as np
+    import pandas as pd
+
+    from simserve.engine import STEP_COLUMNS
+    from simserve.metrics.summary import WeightedSample, summarize
+    from simserve.runner import class_slos
     gaps = [np.diff(g.to_numpy(float)) for _, g in chunks.groupby("request_id")["time_s"]]
     values = np.concatenate(gaps) if gaps else np.empty(0)
     itl = WeightedSample(values, np.ones(len(values), dtype=np.int64))

@@ -8,14 +8,17 @@ replica's state at the arrival time is exactly the state stepping one iteration 
 show (docs/cluster.md, "Exactness"). Ties always go to the lowest replica index, so a run is
 deterministic.
 
-| router | picks | observes per-step state |
-|---|---|---|
-| ``round_robin`` | the next replica in turn | no |
-| ``random`` | uniformly at random, from its own seeded stream | no |
-| ``least_outstanding`` | fewest requests routed to it and not yet done | no (changes only when a request arrives or finishes) |
-| ``least_kv`` | lowest KV-cache utilisation (blocks used / blocks), then fewest outstanding | yes |
-| ``jsq_tokens`` | join the shortest queue counted in tokens: the fewest tokens of work left (prompt tokens not yet computed plus output tokens not yet generated) | yes |
-| ``prefix_aware`` | the most prompt tokens already in its prefix cache (vLLM v1 / SGLang-style cache-aware routing); ties, and replicas without prefix caching, by ``least_outstanding`` | yes |
+* ``round_robin``: the next replica in turn;
+* ``random``: uniformly at random, from its own seeded stream;
+* ``least_outstanding``: fewest requests routed to it and not yet done (changes only when a
+  request arrives, moves or finishes: not per-step state);
+* ``least_kv`` (per-step state): lowest KV-cache utilisation (blocks used / blocks), then
+  fewest outstanding;
+* ``jsq_tokens`` (per-step state): join the shortest queue counted in tokens, the fewest tokens
+  of work left (prompt tokens not yet computed plus output tokens not yet generated);
+* ``prefix_aware`` (per-step state): the most prompt tokens already in its prefix cache
+  (cache-aware routing as in SGLang's router and llm-d), ties and replicas without prefix
+  caching by ``least_outstanding``.
 
 Routers use only duck-typed replica attributes (``index``, ``num_outstanding``,
 ``scheduler``), so this module imports nothing of the engine.
@@ -76,9 +79,8 @@ least_kv.observes_state = True
 
 
 def outstanding_tokens(replica) -> int:
-    """Tokens of work left on a replica: for every request queued or running there, the tokens
-    still to compute before its last output token (``max_tokens - num_computed_tokens - 1``
-    ... counted as prompt + output - computed)."""
+    """Tokens of work left on a replica: over every request queued, running or swapped there,
+    prompt + output tokens minus the tokens already computed."""
     sched = replica.scheduler
     return sum(r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
                for queue in (sched.waiting, sched.running, sched.swapped) for r in queue)

@@ -17,14 +17,14 @@ from simserve.cards import load_hardware, load_model
 from simserve.config import parse_scenario
 from simserve.engine import Replica, simulate
 from simserve.errors import ConfigError
-from simserve.faults import FaultConfig, FaultSchedule
+from simserve.faults import FaultSchedule
 from simserve.kv.blocks import BlockManager
 from simserve.kv.capacity import kv_block_bytes, kv_capacity_blocks
 from simserve.kv.prefix import PrefixBlockManager
 from simserve.latency.roofline import RooflineModel
 from simserve.routing import (jsq_tokens, least_kv, least_outstanding, make_router,
                               prefix_aware)
-from simserve.runner import itl_sample
+from simserve.runner import compare, itl_sample
 from simserve.sched import POLICIES, SchedulerLimits, Status
 from simserve.sched.plan import StepPlan
 from simserve.workload.spec import RequestSpec
@@ -374,7 +374,7 @@ def test_heterogeneous_cluster_end_to_end_both_ways():
 
 
 def test_cluster_scenario_file_runs():
-    for label, result in simserve.compare("scenarios/cluster_routing.yaml",
+    for label, result in compare("scenarios/cluster_routing.yaml",
                                           overrides=["workload.num_requests=150"]).items():
         sm = result.summary
         assert sm["completed"] + sm["num_rejected"] == 150, label

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import simserve
+from simserve.runner import compare
 from simserve.cards import load_model
 from simserve.cluster import LINKS, TransferConfig, kv_bytes_per_token_per_rank
 from simserve.config import parse_scenario
@@ -117,7 +118,7 @@ def test_decode_admission_waits_for_kv_blocks(tmp_path):
 
 
 def test_disaggregated_scenario_file_runs():
-    results = simserve.compare("scenarios/disaggregated.yaml",
+    results = compare("scenarios/disaggregated.yaml",
                                overrides=["workload.num_requests=200"])
     for label, r in results.items():
         gpus = sum(row["busy_s"] >= 0 for row in r.summary["per_replica"])

@@ -91,6 +91,24 @@ def test_requests_wait_for_a_restart_when_no_replica_is_up():
     assert again.summary["num_replica_failures"] == 1
 
 
+def test_a_token_in_transit_is_lost_with_the_transfer(tmp_path):
+    # disaggregated, every step 10 ms, the link takes 50 ms for A's 10 tokens of KV. A (prompt
+    # 10, 2 tokens): prefill 0-10 ms samples token 1, in transit until 60 ms; the prefill
+    # replica fails at 30 ms (back at 40): the transfer is lost, token 1 never reached the
+    # client. A is retried when the replica is back: prefill 40-50 ms, lands at 100 ms (token 1),
+    # decodes token 2 at 110 ms.
+    from tests.test_disagg import BYTES_PER_TOKEN, disagg_raw
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,10,2\n")
+    raw = disagg_raw({"trace": str(path), "format": "csv"},
+                     link={"bandwidth": 10 * BYTES_PER_TOKEN / 0.05, "latency_us": 0})
+    raw["cluster"]["faults"] = {"events": [{"replica": 0, "at_s": 0.03, "restart_s": 0.01}]}
+    r = simserve.run(parse_scenario(raw), record_tokens=True)
+    assert r.token_times[0] == pytest.approx([0.1, 0.11])
+    assert r.summary["num_retries"] == 1 and r.summary["num_kv_transfers"] == 2
+    assert r.requests["ttft_s"][0] == pytest.approx(0.1)
+
+
 def test_mtbf_failures_are_seeded_per_replica():
     cfg = FaultConfig(mtbf_s=10.0, restart_s=1.0)
     a, b = FaultSchedule(cfg, 3, seed=1), FaultSchedule(cfg, 3, seed=1)

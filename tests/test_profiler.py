@@ -558,15 +558,15 @@ def test_settings_method_is_optional_but_checked(profile_file, tmp_path):
 def test_layer_caches_are_shared_when_memory_is_short(monkeypatch):
     from profiler import measure
     grid = Grid(tokens=(1, 16), prefill_chunk=(8,), prefill_ctx=(0,), decode_batch=(1,),
-                decode_ctx=(5,), lm_seqs=(1,), heldout=0, heldout_max_decodes=1,
+                decode_ctx=(5,), lm_seqs=(1,), heldout=1, heldout_max_decodes=1,
                 heldout_max_ctx=8, warmup=0, repeats=3, point_budget_s=0.1)
+    import io
+    opts = Options(max_num_batched_tokens=16, grid_override=grid)
     monkeypatch.setattr(measure, "_host_available_bytes", lambda: 10_000_000)
-    p = run_profile(TOY, Options(max_num_batched_tokens=16, grid_override=grid), stream=None)
+    p = run_profile(TOY, opts, stream=io.StringIO())
     assert "one shared by every layer" not in p["memory"]["note"]      # small caches: per layer
     monkeypatch.setattr(measure, "_host_available_bytes", lambda: 1000)
-    import io
-    p = run_profile(TOY, Options(max_num_batched_tokens=16, grid_override=grid),
-                    stream=io.StringIO())
+    p = run_profile(TOY, opts, stream=io.StringIO())
     assert "one shared by every layer" in p["memory"]["note"]
     validate(p)
 

@@ -453,6 +453,15 @@ def format_summary(summary: dict, title: str = "Serving Benchmark Result") -> st
         row("SLO attainment (%):", _pct(summary["slo_attainment"]))
         row("SLO attainment target (%):", _pct(summary["slo_attainment_target"]))
         row("SLO met:", summary["slo_met"])
+    if summary.get("per_replica"):
+        section("Replicas")
+        for r in summary["per_replica"]:
+            where = "/".join(x for x in (r["group"], "" if r["role"] == "mixed" else r["role"]) if x)
+            busy, kv = 100 * r["busy_fraction"], 100 * r["mean_kv_utilization"]
+            lines.append(f"{r['replica']:>3} {where[:16]:<16} {r['completed']:>6} done "
+                         f"{busy:5.1f}% busy {kv:5.1f}% KV")
+        row("Completed max/mean:", summary.get("load_imbalance_completed"), ".3f")
+        row("Busy time max/mean:", summary.get("load_imbalance_busy"), ".3f")
     for name, c in summary.get("per_class", {}).items():
         section(f"Class {name or '(none)'} (priority {c['priority']})")
         row("Successful requests:", c["completed"])

@@ -14,10 +14,12 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from simserve.errors import DataError, SimserveError
+
+if TYPE_CHECKING:   # the CLI builds its parser from this module: keep importing it cheap
+    import pandas as pd
 
 # (label, summary key): the headline metrics of the fidelity benchmark first.
 METRICS: tuple[tuple[str, str], ...] = (
@@ -55,6 +57,8 @@ def error_table(real: Sequence[Mapping] | Mapping, sim: Mapping,
                 metrics: Sequence[tuple[str, str]] = METRICS) -> pd.DataFrame:
     """One row per metric: real (median of the real runs), min, max, sim, rel. error,
     in spread (min <= sim <= max)."""
+    import numpy as np
+    import pandas as pd
     reals = [real] if isinstance(real, Mapping) else list(real)
     rows = []
     for label, key in metrics:
