@@ -39,7 +39,6 @@ import asyncio
 import dataclasses
 import datetime as _dt
 import json
-import math
 import re
 import time
 from dataclasses import dataclass

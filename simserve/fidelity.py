@@ -1,4 +1,6 @@
-"""Real against simulated: the error table of one scenario run both ways.
+"""Real against simulated: the error table of one scenario run both ways (``simserve compare``).
+
+(Not named ``compare``: ``simserve.compare`` is the public API that runs a scenario's variants.)
 
 ``simserve compare REAL_DIR [REAL_DIR ...] SIM_DIR`` reads the ``summary.json`` of a replayed run
 (``simserve replay``) and of a simulated one (``simserve run``) and prints, per metric, the real
