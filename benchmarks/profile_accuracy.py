@@ -153,13 +153,14 @@ def measure_steps(profile: dict, batches: list[Batch], warmup: int, repeats: int
     from profiler import attention as attn
     from profiler.layers import DTYPES, Model, PagedKVCache, Shapes, blocks_needed, build_step
     from profiler.layers import sample_greedy
-    from profiler.measure import CLOCKS, sample_rows
+    from profiler.measure import CLOCKS, sample_rows, steady_malloc
 
     prov, settings, shapes_d = profile["provenance"], profile["settings"], profile["model"]
     if prov["device"] != "cpu":
         raise SystemExit("profile_accuracy: this benchmark measures on the CPU; the profile "
                          f"was measured on {prov['device']}")
     torch.set_num_threads(prov["threads"])
+    steady_malloc()                                # as the profiler measures (see there)
     dtype = DTYPES[prov["dtype"]]
     shapes = Shapes(**{k: shapes_d[k] for k in Shapes.__dataclass_fields__})
     bs = settings["block_size"]

@@ -455,7 +455,7 @@ class _Cluster:
             return
         tokens = proxy.num_computed_tokens
         pin = -1 - req.id            # the KV stays on the prefill replica until it has landed
-        assert prefill.blocks.allocate(pin, tokens) is not None   # its blocks were just freed
+        _pin(prefill.blocks, pin, proxy, tokens)
         target = self.assigned.get(req.id)
         if target is None:           # every decode replica is down: wait for one
             self.assigned.pop(req.id, None)
@@ -568,9 +568,11 @@ class _Cluster:
         sched = r.scheduler
         held = [*sched.running, *sched.waiting, *sched.swapped]
         victims = [self.real.pop(p.id) for p in held] if r.role == "prefill" else held
-        for _, _, kind, payload in r.inbox:
-            if kind == _UNPIN:       # the source of a transfer in flight: the transfer is lost
+        for t, _, kind, payload in r.inbox:
+            if kind == _UNPIN:       # the source of a transfer: lost if still in flight
                 _, req, target = payload
+                if t <= self.env.now:
+                    continue         # it has landed: only this replica's copy is gone
                 target.inbox[:] = [e for e in target.inbox if e[3][0] is not req]
                 heapify(target.inbox)
             else:                    # a transfer on its way here: release the source's copy
@@ -630,6 +632,18 @@ class _Cluster:
                 target = self.decode_router(req, self.live(self.decode))
                 self._assign(req, target)
                 self._send(req, prefill, target, tokens, pin, t)
+
+
+def _pin(blocks: BlockManager, pin: int, proxy: Request, tokens: int) -> None:
+    """Hold a finished proxy's KV (``tokens`` tokens) under the id ``pin``. Its blocks were
+    freed a moment ago, so they fit; with prefix caching the pin takes the same cached blocks
+    back (shared prefixes stay shared) rather than fresh ones."""
+    if blocks.caches_prefixes:
+        blocks.register(pin, proxy.num_prompt_tokens, proxy.spec.hash_ids)
+        cached = blocks.cached_tokens(pin, tokens + 1)
+        if cached and blocks.allocate_cached(pin, tokens, cached) is not None:
+            return
+    blocks.allocate(pin, tokens)
 
 
 def _fresh(old: Scheduler, factory: Callable[[], Scheduler]) -> Scheduler:

@@ -540,6 +540,9 @@ def test_clock_and_method_recorded(profile_file):
     # one CPU thread: the measuring thread's CPU time (other processes' time left out)
     assert p["settings"]["timer"] == "thread_time"
     assert p["settings"]["method"] == "in_step"
+    note = p["provenance"]["note"]
+    assert "load average (1 min)" in note
+    assert "glibc malloc held steady" in note or not sys.platform.startswith("linux")
     with pytest.raises(ValueError, match="one thread"):
         Options(threads=2, timer="cpu")
     assert Options(threads=2).timer_name == "perf_counter"

@@ -456,7 +456,8 @@ def format_summary(summary: dict, title: str = "Serving Benchmark Result") -> st
     if summary.get("per_replica"):
         section("Replicas")
         for r in summary["per_replica"]:
-            where = "/".join(x for x in (r["group"], "" if r["role"] == "mixed" else r["role"]) if x)
+            role = "" if r["role"] == "mixed" else r["role"]
+            where = "/".join(x for x in (r["group"], role) if x)
             busy, kv = 100 * r["busy_fraction"], 100 * r["mean_kv_utilization"]
             lines.append(f"{r['replica']:>3} {where[:16]:<16} {r['completed']:>6} done "
                          f"{busy:5.1f}% busy {kv:5.1f}% KV")

@@ -43,6 +43,8 @@ class VllmV0(Scheduler):
             n = req.num_remaining
             if n > batch.token_budget or batch.seq_budget <= 0:
                 return
-            if not self.blocks.can_allocate(req.id, n, reserve=reserve):
+            # all its tokens need blocks: a request handed over with its KV computed (a
+            # disaggregated decode replica) asks for 1 new token but holds its whole context
+            if not self.blocks.can_allocate(req.id, req.num_computed_tokens + n, reserve=reserve):
                 return
             self.admit(batch, req, n)
