@@ -301,8 +301,6 @@ def cluster_summary(rec, replicas, requests) -> dict[str, Any]:
         t1 = float(done["finish_s"].max()) if len(done) else t0
         logs = {}
         for i, log in rec.replicas.items():
-            logs[i] = {**{c: np.frombuffer(a, dtype=np.int32 if c == "kv_blocks_used"
-                                           else np.float64) for c, a in log.steps.items()},
-                       **{c: np.frombuffer(a, dtype=np.int64) for c, a in log.groups.items()}}
+            logs[i] = {**log.step_arrays(), **log.group_columns()}
         out.update(replica_summary(requests, logs, replicas, t0, t1))
     return out

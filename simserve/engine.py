@@ -71,17 +71,17 @@ INF = math.inf
 _LAND, _UNPIN = 0, 1     # inbox entries: a KV cache landing; a prefill replica's KV released
 
 # Per-step columns (vary inside a fast-forwarded stretch) and per-group columns (constant over a
-# group of steps: one plain step, or one whole stretch). Typecodes: float64 times, int64 counts.
+# group of steps: one plain step, or one whole stretch). Typecodes: float64 times, int32 counts.
+# A group is one record of GROUP_FIELDS, appended to one flat int32 array (one call per group).
 STEP_ARRAYS = {"start_s": "d", "duration_s": "d", "kv_blocks_used": "i"}
-GROUP_ARRAYS = {
-    "num_steps": "q", "replica": "q", "num_prefill_tokens": "q", "num_prefill_seqs": "q",
-    "num_decode_seqs": "q", "num_batched_tokens": "q", "num_running": "q", "num_waiting": "q",
-    "kv_blocks_total": "q", "num_preempted": "q", "swap_out_blocks": "q", "swap_in_blocks": "q",
-}
+GROUP_FIELDS = ("num_steps", "replica", "num_prefill_tokens", "num_prefill_seqs",
+                "num_decode_seqs", "num_batched_tokens", "num_running", "num_waiting",
+                "kv_blocks_total", "num_preempted", "swap_out_blocks", "swap_in_blocks")
 STEP_COLUMNS = ("replica", "start_s", "duration_s", "num_prefill_tokens", "num_prefill_seqs",
                 "num_decode_seqs", "num_batched_tokens", "num_running", "num_waiting",
                 "kv_blocks_used", "kv_blocks_total", "num_preempted", "swap_out_blocks",
                 "swap_in_blocks")
+_G = len(GROUP_FIELDS)
 
 
 @dataclass(eq=False)
@@ -123,7 +123,20 @@ class _ReplicaLog:
 
     def __init__(self) -> None:
         self.steps = {c: array(t) for c, t in STEP_ARRAYS.items()}
-        self.groups = {c: array(t) for c, t in GROUP_ARRAYS.items()}
+        self.group_records = array("i")      # GROUP_FIELDS of each group, one after another
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.group_records) // _G
+
+    def group_columns(self) -> dict[str, np.ndarray]:
+        """Each group field as an int64 array (one value per group)."""
+        table = np.frombuffer(self.group_records, dtype=np.int32).reshape(-1, _G)
+        return {c: table[:, j].astype(np.int64) for j, c in enumerate(GROUP_FIELDS)}
+
+    def step_arrays(self) -> dict[str, np.ndarray]:
+        """The per-step columns as arrays (views of the recorded buffers)."""
+        return {c: np.frombuffer(a, dtype=_DTYPES[STEP_ARRAYS[c]]) for c, a in self.steps.items()}
 
     def ends(self) -> np.ndarray:
         """End time of each step (start + duration: the very sums the engine advanced by)."""
@@ -133,27 +146,24 @@ class _ReplicaLog:
     def trim(self, keep: int) -> None:
         """Keep only the first ``keep`` steps of the last group (a stretch cut short, or a
         step lost to a failure: ``keep = 0`` drops the group)."""
-        k = self.groups["num_steps"][-1]
+        g = self.group_records
+        last = len(g) - _G                   # the last group's num_steps
+        k = g[last]
         if keep >= k:
             return
         for a in self.steps.values():
             del a[len(a) - (k - keep):]
         if keep:
-            self.groups["num_steps"][-1] = keep
+            g[last] = keep
         else:
-            for a in self.groups.values():
-                a.pop()
+            del g[last:]
 
     def columns(self) -> dict[str, np.ndarray]:
-        counts = np.frombuffer(self.groups["num_steps"], dtype=np.int64)
-        group_of_step = np.repeat(np.arange(len(counts)), counts)
-        out = {}
-        for c in STEP_COLUMNS:
-            if c in STEP_ARRAYS:
-                out[c] = np.frombuffer(self.steps[c], dtype=_DTYPES[STEP_ARRAYS[c]])
-            else:
-                out[c] = np.frombuffer(self.groups[c], dtype=np.int64).take(group_of_step)
-        return out
+        groups = self.group_columns()
+        group_of_step = np.repeat(np.arange(len(groups["num_steps"])), groups["num_steps"])
+        steps = self.step_arrays()
+        return {c: steps[c] if c in steps else groups[c].take(group_of_step)
+                for c in STEP_COLUMNS}
 
 
 _DTYPES = {"d": np.float64, "q": np.int64, "i": np.int32}
@@ -183,7 +193,8 @@ class Recorder:
 
     @property
     def num_stretches(self) -> int:
-        return sum(1 for log in self.replicas.values() for k in log.groups["num_steps"] if k > 1)
+        return sum(int((log.group_columns()["num_steps"] > 1).sum())
+                   for log in self.replicas.values())
 
     def step(self, replica: Replica, start: float, duration: float, plan: StepPlan) -> None:
         log = self.log(replica)
@@ -208,19 +219,11 @@ class Recorder:
     @staticmethod
     def _group(log, k, replica, prefill_tokens, prefill_seqs, decode_seqs, preempted,
                swap_out, swap_in) -> None:
-        g, sched = log.groups, replica.scheduler
-        g["num_steps"].append(k)
-        g["replica"].append(replica.index)
-        g["num_prefill_tokens"].append(prefill_tokens)
-        g["num_prefill_seqs"].append(prefill_seqs)
-        g["num_decode_seqs"].append(decode_seqs)
-        g["num_batched_tokens"].append(prefill_tokens + decode_seqs)
-        g["num_running"].append(len(sched.running))
-        g["num_waiting"].append(sched.num_waiting)
-        g["kv_blocks_total"].append(sched.blocks.num_blocks)
-        g["num_preempted"].append(preempted)
-        g["swap_out_blocks"].append(swap_out)
-        g["swap_in_blocks"].append(swap_in)
+        sched = replica.scheduler
+        log.group_records.extend((k, replica.index, prefill_tokens, prefill_seqs, decode_seqs,
+                                  prefill_tokens + decode_seqs, len(sched.running),
+                                  sched.num_waiting, sched.blocks.num_blocks, preempted,
+                                  swap_out, swap_in))
 
     def columns(self) -> dict[str, np.ndarray]:
         """Every step column as an array: replicas one after another, each in step order."""

@@ -305,10 +305,7 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     logs = [rec.replicas[i] for i in sorted(rec.replicas)]
 
     def levels(t0: float, t1: float) -> dict:
-        groups = [{**{c: np.frombuffer(log.steps[c], dtype=np.float64 if c != "kv_blocks_used"
-                                       else np.int32) for c in log.steps},
-                   **{c: np.frombuffer(log.groups[c], dtype=np.int64) for c in log.groups}}
-                  for log in logs]
+        groups = [{**log.step_arrays(), **log.group_columns()} for log in logs]
         return grouped_levels(groups, t0, t1)
 
     summary = summarize(requests, None, None, s.slo, itl=itl_sample(rec, replicas),

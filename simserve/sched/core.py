@@ -188,6 +188,8 @@ class Scheduler:
         written as one tight loop: a decode needs a new block only once per ``block_size``
         steps, so most iterations are a division and an append.
         """
+        if self._decode_all_at_once(batch):
+            return True
         bs = self.blocks.block_size
         held = self.blocks._held
         entries, scheduled, decode_ctx = batch.entries, batch.scheduled, batch.decode_ctx
@@ -213,6 +215,39 @@ class Scheduler:
             elif not self.grow_or_preempt(batch, req, 1):
                 return False
             i += 1
+        return True
+
+    def _decode_all_at_once(self, batch: Batch) -> bool:
+        """``decode_all``'s usual case in a few list passes instead of one branchy loop: the
+        budgets cover every running request, every one is decoding, and the new blocks they
+        need all fit (so no one is preempted and, a counting block manager being a counter,
+        allocating them one by one in order or all at once ends the same). Returns False,
+        having changed nothing, if any condition fails."""
+        running = self.running
+        n = len(running)
+        blocks = self.blocks
+        if not n or n > batch.token_budget or n > batch.seq_budget or blocks.caches_prefixes:
+            return False
+        ctx = [r.num_computed_tokens for r in running]
+        if any(not r.num_generated or c + 1 != r.num_prompt_tokens + r.num_generated
+               for r, c in zip(running, ctx)):
+            return False
+        bs, held = blocks.block_size, blocks._held
+        ids = [r.id for r in running]
+        grow = [(i, need) for i, c in zip(ids, ctx)
+                if (need := -(-(c + 1) // bs)) > held.get(i, 0)]
+        if grow:
+            added = sum(need - held.get(i, 0) for i, need in grow)
+            if added > blocks.num_free:
+                return False
+            blocks.num_free -= added
+            held.update(grow)
+        batch.entries.extend([(r, 1) for r in running])
+        batch.scheduled.update(ids)
+        batch.decode_ctx.extend(ctx)
+        batch.token_budget -= n
+        batch.seq_budget -= n
+        batch.num_sampled += n
         return True
 
     def preempt(self, batch: Batch, req: Request) -> None:
