@@ -51,7 +51,7 @@ CHILD = textwrap.dedent("""
     r = simserve.run(s, fast_forward=fast_forward)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"wall": wall, "cpu": cpu, "steps": len(r.steps), "rss": rss,
+    print(json.dumps({"wall": wall, "cpu": cpu, "steps": r.num_steps, "rss": rss,
                       "completed": r.summary["completed"],
                       "mean_ttft_ms": r.summary["mean_ttft_ms"]}))
 """)

@@ -302,7 +302,8 @@ def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: 
                  faults, on_failure, max_retries)
     for r in replicas:
         r.proc = env.process(_replica_loop(env, c, r))
-    env.process(_arrival_process(env, c))
+    if not c.pull:
+        env.process(_arrival_process(env, c))
     if faults is not None:
         for t, i, restart in faults.initial():
             c.add_fault(t, replicas[i], restart)
@@ -339,6 +340,11 @@ class _Cluster:
         self.router, self.decode_router, self.transfer_s = router, decode_router, transfer_s
         self.fast_forward = fast_forward
         self.run_ahead = fast_forward and not self.disaggregated
+        # One replica, nothing else going on: nothing can happen between two of its step
+        # boundaries but arrivals, and where an arrival goes is forced, so the replica takes
+        # the arrivals due by each boundary itself (as the URGENT arrival events would have, in
+        # the same order) and never waits on the SimPy clock but to sleep while idle.
+        self.pull = self.run_ahead and len(self.replicas) == 1 and faults is None
         self.tracked = self.disaggregated or faults is not None   # flights may be cut short
         self.faults, self.on_failure, self.max_retries = faults, on_failure, max_retries
         if faults is not None and any(r.factory is None for r in replicas):
@@ -669,11 +675,23 @@ def _arrival_process(env, c: _Cluster):
         spec = specs[arrivals.next]
         if spec.arrival_s > env.now:
             yield env.at(spec.arrival_s, URGENT)
-        arrivals.next += 1
-        req = Request(spec)
-        c.rec.requests.append(req)
-        c.dispatch(req)
+        _arrive(c, spec)
     arrivals.done = True
+
+
+def _arrive(c: _Cluster, spec: RequestSpec) -> None:
+    c.arrivals.next += 1
+    req = Request(spec)
+    c.rec.requests.append(req)
+    c.dispatch(req)
+
+
+def _pull_arrivals(c: _Cluster, now: float) -> None:
+    """Every arrival due by ``now`` (the pull mode of ``_Cluster.pull``)."""
+    arrivals, specs = c.arrivals, c.arrivals.specs
+    while arrivals.next < len(specs) and specs[arrivals.next].arrival_s <= now:
+        _arrive(c, specs[arrivals.next])
+    arrivals.done = arrivals.next == len(specs)
 
 
 def _replica_loop(env, c: _Cluster, r: Replica):
@@ -682,13 +700,24 @@ def _replica_loop(env, c: _Cluster, r: Replica):
     rec, arrivals, faults, inbox, latency = c.rec, c.arrivals, c.fault_times, r.inbox, r.latency
     fast, run_ahead, tracked, fault_end = c.fast_forward, c.run_ahead, c.tracked, c.fault_end_rule
     arrival_cut, arrival_end = c.arrival_rules(r)
+    pull = c.pull
+    if pull:
+        arrival_end = False      # one replica: the router has no choice to make
     inf = INF
     sched = r.scheduler
     now = env.now
     while True:
+        if pull and arrivals.next_time <= now:
+            _pull_arrivals(c, now)
         if inbox and inbox[0][0] <= now:
             c.drain(r, now)
         plan = sched.schedule() if sched.has_work else None   # (a down replica has no work)
+        if pull and (plan is None or plan.is_empty):
+            if c.finished or arrivals.next_time == inf:
+                return           # all done (or deadlocked: simulate() sees nothing left)
+            now = arrivals.next_time
+            yield env.at(now)    # idle until the next arrival
+            continue
         if plan is None or plan.is_empty:
             if env.now < now:
                 yield env.at(now)      # catch the SimPy clock up before sleeping
@@ -741,7 +770,7 @@ def _replica_loop(env, c: _Cluster, r: Replica):
             duration = latency.step_time(plan)
             rec.step(r, start, duration, plan)
             now = start + duration
-        if not run_ahead or now >= cut:
+        if not pull and (not run_ahead or now >= cut):
             if tracked:
                 r.flight = _Flight(starts, ends, True) if stretch else \
                     _Flight([start], [now], False)

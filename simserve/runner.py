@@ -62,6 +62,14 @@ class Result:
         return self._steps
 
     @property
+    def num_steps(self) -> int:
+        """Engine iterations simulated, all replicas together (``len(steps)``, without
+        building the table)."""
+        if self._steps is not None or self._recorder is None:
+            return len(self.steps)
+        return sum(len(log.steps["start_s"]) for log in self._recorder.replicas.values())
+
+    @property
     def has_token_times(self) -> bool:
         return self._runs is not None
 

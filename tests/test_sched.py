@@ -227,3 +227,12 @@ def test_block_manager_query_command_pairs():
     assert bm.allocate(2, 9) is None and bm.num_free == 1   # 3 blocks needed: nothing changes
     assert bm.can_allocate(2, 4) and not bm.can_allocate(2, 4, reserve=1)
     assert bm.free(1) == 2 and bm.num_free == 3
+
+
+def test_result_counts_steps_without_building_the_table():
+    import simserve
+    from simserve.config import load_scenario
+    r = simserve.run(load_scenario("scenarios/quickstart.yaml"))
+    n = r.num_steps
+    assert r._steps is None and n > 0
+    assert n == len(r.steps)

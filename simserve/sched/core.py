@@ -19,6 +19,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import ClassVar
 
 from simserve.kv.blocks import BlockManager
@@ -411,6 +412,8 @@ class Scheduler:
         if k <= 1:
             return 1
         bs, free = self.blocks.block_size, self.blocks.num_free
+        if len(snap) * (k // bs + 1) <= free:   # k steps add at most k // bs + 1 blocks each
+            return k
 
         def new_blocks(steps: int) -> int:   # blocks to add so that every c + steps fits
             total = 0
@@ -440,11 +443,7 @@ class Scheduler:
             # h * bs - c (>= 1, since step 0 fits in h blocks), then every bs steps
             for first in range(h * bs - c, k, bs):
                 extra[first] += 1
-        used, total = [], self.blocks.num_used
-        for e in extra:
-            total += e
-            used.append(total)
-        return used
+        return list(accumulate(extra, initial=self.blocks.num_used))[1:]
 
     def complete_decode_stretch(self, ends: list[float]) -> list[Request]:
         """Apply a k-step decode stretch whose steps end at ``ends``; return finished requests.
