@@ -130,9 +130,10 @@ class _ReplicaLog:
         return len(self.group_records) // _G
 
     def group_columns(self) -> dict[str, np.ndarray]:
-        """Each group field as an int64 array (one value per group)."""
+        """Each group field as an int32 array, one value per group (views of the records, no
+        copy: widen before summing anything that may overflow)."""
         table = np.frombuffer(self.group_records, dtype=np.int32).reshape(-1, _G)
-        return {c: table[:, j].astype(np.int64) for j, c in enumerate(GROUP_FIELDS)}
+        return {c: table[:, j] for j, c in enumerate(GROUP_FIELDS)}
 
     def step_arrays(self) -> dict[str, np.ndarray]:
         """The per-step columns as arrays (views of the recorded buffers)."""
@@ -162,7 +163,7 @@ class _ReplicaLog:
         groups = self.group_columns()
         group_of_step = np.repeat(np.arange(len(groups["num_steps"])), groups["num_steps"])
         steps = self.step_arrays()
-        return {c: steps[c] if c in steps else groups[c].take(group_of_step)
+        return {c: steps[c] if c in steps else groups[c].take(group_of_step).astype(np.int64)
                 for c in STEP_COLUMNS}
 
 

@@ -232,7 +232,9 @@ def test_block_manager_query_command_pairs():
 def test_result_counts_steps_without_building_the_table():
     import simserve
     from simserve.config import load_scenario
-    r = simserve.run(load_scenario("scenarios/quickstart.yaml"))
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    r = simserve.run(load_scenario(root / "scenarios" / "quickstart.yaml"))
     n = r.num_steps
     assert r._steps is None and n > 0
     assert n == len(r.steps)

@@ -59,6 +59,7 @@ class RooflineModel:
         # activation bytes)
         self._linear = [(2 * w / flops, w * d / bw, a * d / bw) for w, a in linear_ops]
         self._layers = L
+        self._linear_at: dict[int, float] = {}   # linear time by tokens in the step (memo)
 
         # Attention, all layers together. FLOPs per (query token · attended token):
         # QKᵀ and PV each 2 · head_dim per query head.
@@ -120,11 +121,14 @@ class RooflineModel:
 
     def _parts(self, plan: StepPlan) -> tuple[float, float, float, float, float, float]:
         n = plan.num_batched_tokens
-        linear = 0.0
-        if n:
-            for flop_s, weight_s, act_s in self._linear:
-                linear += max(n * flop_s, weight_s + n * act_s)
-            linear *= self._layers
+        linear = self._linear_at.get(n)
+        if linear is None:       # the same few token counts recur step after step
+            linear = 0.0
+            if n:
+                for flop_s, weight_s, act_s in self._linear:
+                    linear += max(n * flop_s, weight_s + n * act_s)
+                linear *= self._layers
+            self._linear_at[n] = linear
 
         # prefill chunk of q tokens after c cached ones: causal, so the chunk's i-th token
         # attends c + i tokens; Σ_{i=1..q} (c + i) = q · (c + (q + 1) / 2)

@@ -339,7 +339,7 @@ def grouped_levels(groups: list[dict], t0: float, t1: float, chunk: int = 1 << 2
 
     Each item of ``groups`` is one replica: arrays ``start_s``, ``duration_s``,
     ``kv_blocks_used`` per step, and ``num_steps``, ``num_running``, ``num_waiting``,
-    ``num_batched_tokens``, ``kv_blocks_total`` per group.
+    ``num_batched_tokens``, ``kv_blocks_total`` per group (any integer type).
     """
     width = t1 - t0
     num_steps = sum(len(g["start_s"]) for g in groups)
@@ -364,7 +364,8 @@ def grouped_levels(groups: list[dict], t0: float, t1: float, chunk: int = 1 << 2
             frac = np.divide(used_all[a:b], total, out=np.zeros(b - a), where=total > 0)
             kv += float(np.dot(frac, overlap))
             kv_max = max(kv_max, float(frac.max()))
-        batched += float(np.dot(g["num_batched_tokens"], counts))
+        batched += float(np.dot(g["num_batched_tokens"].astype(np.int64),
+                                counts.astype(np.int64)))   # may exceed int32
     return {
         "num_steps": num_steps,
         "mean_running": running / width,
