@@ -208,21 +208,29 @@ class Recorder:
                     plan.swap_in_blocks)
 
     def stretch(self, replica: Replica, starts: list[float], durations: list[float],
-                plan: StepPlan, kv_used: list[int]) -> None:
-        """k decode steps that differ only in their times and KV blocks used."""
+                segments: list[tuple[int, int]], kv_used: list[int]) -> None:
+        """k decode steps, one group per segment ``(first step, requests decoding)``
+        (``Scheduler.stretch_segments``): the steps of a segment differ only in their times
+        and KV blocks used; every running request is in it."""
         log = self.log(replica)
         s = log.steps
         s["start_s"].extend(starts)
         s["duration_s"].extend(durations)
         s["kv_blocks_used"].extend(kv_used)
-        self._group(log, len(kv_used), replica, 0, 0, len(plan.decode_ctx), 0, 0, 0)
+        k = len(starts)
+        for j, (i0, m) in enumerate(segments):
+            if i0 >= k:
+                break
+            i1 = segments[j + 1][0] if j + 1 < len(segments) else k
+            self._group(log, min(i1, k) - i0, replica, 0, 0, m, 0, 0, 0, num_running=m)
 
     @staticmethod
     def _group(log, k, replica, prefill_tokens, prefill_seqs, decode_seqs, preempted,
-               swap_out, swap_in) -> None:
+               swap_out, swap_in, num_running=None) -> None:
         sched = replica.scheduler
         log.group_records.extend((k, replica.index, prefill_tokens, prefill_seqs, decode_seqs,
-                                  prefill_tokens + decode_seqs, len(sched.running),
+                                  prefill_tokens + decode_seqs,
+                                  len(sched.running) if num_running is None else num_running,
                                   sched.num_waiting, sched.blocks.num_blocks, preempted,
                                   swap_out, swap_in))
 
@@ -747,25 +755,38 @@ def _replica_loop(env, c: _Cluster, r: Replica):
                 cut_end = t
         if inbox and inbox[0][0] < cut:
             cut = inbox[0][0]
-        k = sched.decode_stretch_limit(plan, MAX_STRETCH) if fast else 1
+        # past a finish only when nothing can look at the replica before the stretch is
+        # applied (pull mode: it is applied at once)
+        k = sched.decode_stretch_limit(plan, MAX_STRETCH, pull) if fast else 1
         if k > 1:
             # step i starts at s_i = (...((s_0 + d_0) + d_1) ...), added in order exactly as
-            # stepping would (step 0 always runs)
-            step_time = stretch_step_time(latency, plan)
+            # stepping would (step 0 always runs); each segment priced from its own plan
+            firsts = sched.stretch_segments(k)
+            segments = []            # (first step, requests) of the segments reached
             starts, durations, t = [], [], start
-            for i in range(k):
-                if i and (t >= cut or cut_end < inf and t + step_time(i) >= cut_end):
+            for j, i0 in enumerate(firsts):
+                if i0 and t >= cut:  # its first step would start at or after the cut
                     break
-                d = step_time(i)
-                starts.append(t)
-                durations.append(d)
-                t = t + d
+                i1 = firsts[j + 1] if j + 1 < len(firsts) else k
+                seg_plan = sched.segment_plan(plan, i0)
+                segments.append((i0, len(seg_plan.decode_ctx)))
+                step_time = stretch_step_time(latency, seg_plan)
+                for i in range(i0, i1):
+                    if i and (t >= cut or cut_end < inf and t + step_time(i - i0) >= cut_end):
+                        break
+                    d = step_time(i - i0)
+                    starts.append(t)
+                    durations.append(d)
+                    t = t + d
+                else:
+                    continue
+                break
             k = len(starts)
         stretch = k > 1
         if stretch:
             ends = starts[1:]
             ends.append(t)
-            rec.stretch(r, starts, durations, plan, sched.stretch_blocks_used(k))
+            rec.stretch(r, starts, durations, segments, sched.stretch_blocks_used(k))
             now = t
         else:
             duration = latency.step_time(plan)

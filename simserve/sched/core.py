@@ -106,6 +106,10 @@ class Scheduler:
     # without calling schedule() (see decode_stretch_limit). Policies that count steps or use
     # timers must leave it False.
     monotone_admission: ClassVar[bool] = False
+    # True if, moreover, with nothing waiting or swapped, a step right after some requests
+    # finish decodes every request left (the same decision, minus the finished): a stretch may
+    # then run on past a finish (``decode_stretch_limit(..., past_finish=True)``).
+    continues_past_finish: ClassVar[bool] = False
     # the policy's knobs (a frozen dataclass read by sched.params.read_params), if it has any
     params_type: ClassVar[type | None] = None
 
@@ -128,7 +132,8 @@ class Scheduler:
         self.record_tokens = False
         self.step_ends = array("d")
         self._batch: Batch | None = None
-        self._stretch: list[tuple[Request, int, int]] = []   # see decode_stretch_limit
+        self._stretch: list[tuple[Request, int, int, int]] = []   # see decode_stretch_limit
+        self._past_finish = False
 
     # -- queue state -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -371,6 +376,12 @@ class Scheduler:
         return first
 
     def _finish(self, finished: list[Request], t_end: float) -> None:
+        for req in finished:
+            req.last_token_s = t_end
+        self._finish_at(finished)
+
+    def _finish_at(self, finished: list[Request]) -> None:
+        """Retire finished requests, each at the time of its last token."""
         if len(finished) == 1:
             self.running.remove(finished[0])
         elif finished:
@@ -379,7 +390,7 @@ class Scheduler:
         for req in finished:
             self.blocks.free(req.id)
             req.status = Status.FINISHED
-            req.finish_s = t_end
+            req.finish_s = req.last_token_s
 
     # -- fast-forward ------------------------------------------------------------------------
     #
@@ -393,11 +404,15 @@ class Scheduler:
     # Until someone finishes, arrives, or the blocks run out, every step repeats the decision
     # (for a policy with monotone admission), so the engine can price and apply k steps at once.
 
-    def decode_stretch_limit(self, plan: StepPlan, max_steps: int) -> int:
+    def decode_stretch_limit(self, plan: StepPlan, max_steps: int,
+                             past_finish: bool = False) -> int:
         """How many steps, starting with ``plan``, are a decode stretch (1 = just this one).
 
-        Bounded by ``max_steps``, by the earliest finish (its last step ends the stretch), and
-        by the KV blocks: the stretch stops before the step whose allocations would not fit.
+        Bounded by ``max_steps``; by the KV blocks (the stretch stops before the step whose
+        allocations would not fit); and by the earliest finish (its last step ends the
+        stretch) unless ``past_finish`` and the policy ``continues_past_finish`` with nothing
+        waiting or swapped: then requests drop out of the stretch as they finish, in
+        *segments* (``stretch_segments``, ``segment_plan``), and it runs until the last one is done.
         """
         running = self.running
         if (not self.monotone_admission or plan.prefill_lens or plan.num_preempted
@@ -406,19 +421,26 @@ class Scheduler:
                 or self.blocks.caches_prefixes):   # blocks with identities: allocate() each
             return 1
         held = self.blocks._held
-        # snapshot (request, tokens computed, blocks held) once: the stretch verbs reuse it
-        snap = self._stretch = [(r, r.num_computed_tokens, held[r.id]) for r in running]
-        k = min(max_steps, min(r.num_output_tokens - r.num_generated for r in running))
+        # snapshot (request, tokens computed, blocks held, steps left) once: the stretch verbs
+        # reuse it
+        snap = self._stretch = [(r, r.num_computed_tokens, held[r.id],
+                                 r.num_output_tokens - r.num_generated) for r in running]
+        self._past_finish = past = (past_finish and self.continues_past_finish
+                                    and not self.waiting and not self.swapped)
+        left = [x[3] for x in snap]
+        k = min(max_steps, max(left) if past else min(left))
         if k <= 1:
             return 1
         bs, free = self.blocks.block_size, self.blocks.num_free
         if len(snap) * (k // bs + 1) <= free:   # k steps add at most k // bs + 1 blocks each
             return k
 
-        def new_blocks(steps: int) -> int:   # blocks to add so that every c + steps fits
+        def new_blocks(steps: int) -> int:
+            """Blocks to add so that each member fits the steps it takes of ``steps`` (blocks
+            freed by members that finish are not counted back: a conservative bound)."""
             total = 0
-            for _, c, h in snap:
-                need = -(-(c + steps) // bs) - h
+            for _, c, h, n in snap:
+                need = -(-(c + min(steps, n)) // bs) - h
                 if need > 0:
                     total += need
             return total
@@ -434,35 +456,65 @@ class Scheduler:
                 hi = mid
         return lo
 
+    def stretch_segments(self, k: int) -> list[int]:
+        """The first step of each run of one membership among the stretch's steps 0..k-1
+        (``[0]`` unless requests drop out as they finish). ``segment_plan`` gives each one's
+        plan; step i of a segment starting at i0 is that plan with every context grown by
+        i - i0."""
+        if not self._past_finish:
+            return [0]
+        return [0, *sorted({n for *_, n in self._stretch if n < k})]
+
+    def segment_plan(self, plan: StepPlan, i0: int) -> StepPlan:
+        """The plan of step ``i0`` of the stretch that starts with ``plan``: exactly what
+        ``schedule()`` would make then (the requests left, in running order, each decoding)."""
+        if i0 == 0:
+            return plan
+        members = [(r.id, c + i0) for r, c, _, n in self._stretch if n > i0]
+        m = len(members)
+        return StepPlan(request_ids=tuple([i for i, _ in members]), num_new_tokens=(1,) * m,
+                        prefill_lens=(), prefill_ctx=(),
+                        decode_ctx=tuple([c for _, c in members]), num_sampled=m,
+                        extra_s=plan.extra_s)
+
     def stretch_blocks_used(self, k: int) -> list[int]:
         """KV blocks in use after scheduling each step 0..k-1 of a stretch (for the recorder)."""
         bs = self.blocks.block_size
         extra = [0] * k
-        for _, c, h in self._stretch:
+        for _, c, h, n in self._stretch:
             # step i holds ceil((c + i + 1) / bs) blocks: it first needs block h + 1 at step
-            # h * bs - c (>= 1, since step 0 fits in h blocks), then every bs steps
-            for first in range(h * bs - c, k, bs):
+            # h * bs - c (>= 1, since step 0 fits in h blocks), then every bs steps; a member
+            # that finishes at step n - 1 frees all it holds before step n
+            last = min(k, n)
+            grown = 0
+            for first in range(h * bs - c, last, bs):
                 extra[first] += 1
+                grown += 1
+            if n < k:
+                extra[n] -= h + grown
         return list(accumulate(extra, initial=self.blocks.num_used))[1:]
 
     def complete_decode_stretch(self, ends: list[float]) -> list[Request]:
         """Apply a k-step decode stretch whose steps end at ``ends``; return finished requests.
 
-        Inter-token gaps: inside the stretch every member has one per step gap (k - 1 each);
-        entering it, a member that decoded in the step just before adds that step gap, others
-        add their own gap since their last token.
+        A member takes ``min(k, steps it has left)`` of the steps. Inter-token gaps: inside the
+        stretch every member has one per step gap between its steps; entering it, a member that
+        decoded in the step just before adds that step gap, others add their own gap since
+        their last token.
         """
         k = len(ends)
         a = self._next_step(ends)
-        t_first, t_end = ends[0], ends[-1]
+        t_first = ends[0]
         finished = []
         bs, held = self.blocks.block_size, self.blocks._held
         added = adjacent = 0
         extra = self.itl_extra
-        for req, c, h in self._stretch:
-            c += k
+        diff = self.itl_diff
+        for req, c, h, n in self._stretch:
+            steps = n if n < k else k
+            c += steps
             req.num_computed_tokens = c
-            req.num_generated += k
+            req.num_generated += steps
             need = -(-c // bs)          # fits: decode_stretch_limit checked the total
             if need > h:
                 held[req.id] = need
@@ -473,21 +525,19 @@ class Scheduler:
                 adjacent += 1
             else:
                 extra.append(t_first - req.last_token_s)
-            req.last_step, req.last_token_s = a + k - 1, t_end
+            req.last_step, req.last_token_s = a + steps - 1, ends[steps - 1]
             if req.token_runs is not None:
-                _extend_runs(req.token_runs, a, k)
-            if req.num_generated == req.num_output_tokens:
+                _extend_runs(req.token_runs, a, steps)
+            diff[a] += 1                # gaps a .. a + steps - 2
+            diff[a + steps - 1] -= 1
+            if steps == n:
                 finished.append(req)
-        members = len(self._stretch)
-        diff = self.itl_diff
         if adjacent:
             diff[a - 1] += adjacent
             diff[a] -= adjacent
-        diff[a] += members              # gaps a .. a + k - 2, one per member
-        diff[a + k - 1] -= members
         self.blocks.num_free -= added
         self._stretch = []
-        self._finish(finished, t_end)
+        self._finish_at(finished)
         return finished
 
 

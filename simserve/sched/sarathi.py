@@ -17,6 +17,7 @@ from simserve.sched.plan import StepPlan
 class Sarathi(Scheduler):
     name = "sarathi"
     monotone_admission = True   # see Scheduler.monotone_admission
+    continues_past_finish = True
     chunked = True
 
     def schedule(self) -> StepPlan:

@@ -20,6 +20,7 @@ WATERMARK = 0.01   # vLLM v0 block_manager watermark: keep 1 % free when admitti
 class VllmV0(Scheduler):
     name = "vllm_v0"
     monotone_admission = True   # see Scheduler.monotone_admission
+    continues_past_finish = True
     chunked = False
 
     def schedule(self) -> StepPlan:

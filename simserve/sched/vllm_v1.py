@@ -17,6 +17,7 @@ from simserve.sched.plan import StepPlan
 class VllmV1(Scheduler):
     name = "vllm_v1"
     monotone_admission = True   # see Scheduler.monotone_admission
+    continues_past_finish = True
 
     def schedule(self) -> StepPlan:
         batch = self.new_batch()
