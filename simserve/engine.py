@@ -28,6 +28,14 @@ Run-ahead: when no unannounced events can happen (no disaggregation), a step or 
 ends before the next outside event is applied at once, without a SimPy event; the replica runs
 ahead of the SimPy clock but never past that event.
 
+Pull mode (``_Cluster.pull``): one replica and no failures. Nothing but arrivals can happen
+between two of its step boundaries and the router has no choice to make, so the replica takes
+the arrivals due by each boundary itself (in order, as the URGENT arrival events would have)
+and yields to SimPy only to sleep while idle. Every stretch is then applied before anyone could
+look at it, so a stretch may also run on past finishes (``Scheduler.continues_past_finish``):
+requests drop out as they finish, and each run of one membership (a *segment*) is priced from
+the plan ``schedule()`` would have made at its first step.
+
 Event priorities at one instant: arrivals (and inbox wake-ups) are URGENT, so a step starting
 at that time sees them; step completions are NORMAL; failures and restarts come last (LATE),
 so steps that ended by the failure time stand and the step in flight is lost.
