@@ -133,3 +133,18 @@ def test_linear_latency():
     # 100 + 2 = 102 tokens, 3 sequences: 5 ms + 10.2 ms + 3 ms
     assert model.step_time(plan(prefill=[(100, 0)], decode=[7, 9])) == pytest.approx(0.0182)
     assert model.step_time(plan()) == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(decode=st.lists(st.integers(0, 5000), min_size=1, max_size=40),
+       tp=st.sampled_from([1, 2, 4]), steps=st.integers(1, 40),
+       prefill=st.sampled_from([(), ((64, 0),)]))
+def test_decode_stretch_is_bit_identical_to_step_time(decode, tp, steps, prefill):
+    """Step i of a stretch priced at once equals step_time of that step's own plan, to the
+    bit, with and without tensor parallelism (the fast-forward equivalence rests on it)."""
+    model = RooflineModel(LLAMA, H100, tensor_parallel_size=tp)
+    p = plan(prefill=prefill, decode=decode)
+    step = model.decode_stretch(p)
+    for i in range(steps):
+        grown = plan(prefill=prefill, decode=[c + i for c in decode])
+        assert step(i) == model.step_time(grown)

@@ -92,9 +92,16 @@ class RooflineModel:
         """``step_time`` of step i of a decode stretch starting with ``plan`` (every context
         grown by i), as a function of i. Mirrors ``_parts`` operation for operation, so each
         value is bit-identical to ``step_time`` of that step (fast-forward relies on it)."""
-        linear, prefill, _, lm_head, comm, swap = self._parts(plan)
-        before = linear + prefill          # sum(parts) adds left to right: 0 + linear + ...
         b = len(plan.decode_ctx)
+        if plan.prefill_lens or plan.swap_in_blocks or plan.swap_out_blocks:
+            linear, prefill, _, lm_head, comm, swap = self._parts(plan)
+        else:                # a plain decode step: only what _parts would give for it
+            linear, prefill, swap = self._linear_s(b), 0.0, 0.0
+            r = plan.num_sampled
+            lm_head = max(r * self._lm_flop_s, self._lm_weight_s + r * self._lm_row_s) \
+                if r else 0.0
+            comm = b * self._ar_tok_s + self._ar_fixed_s if b else 0.0
+        before = linear + prefill          # sum(parts) adds left to right: 0 + linear + ...
         base = sum(plan.decode_ctx) + b    # Σ (c + i) + b = base + b·i: exact integers
         flop_s, kv_s, q_part = self._attn_flop_s, self._kv_tok_s, b * self._q_tok_s
         overhead = self.step_overhead_s
@@ -119,16 +126,22 @@ class RooflineModel:
             return dict.fromkeys(PARTS + ("overhead",), 0.0)
         return {**dict(zip(PARTS, self._parts(plan))), "overhead": self.step_overhead_s}
 
-    def _parts(self, plan: StepPlan) -> tuple[float, float, float, float, float, float]:
-        n = plan.num_batched_tokens
+    def _linear_s(self, n: int) -> float:
+        """The GEMMs of a step of ``n`` tokens, all layers (memoised: the same few token
+        counts recur step after step)."""
         linear = self._linear_at.get(n)
-        if linear is None:       # the same few token counts recur step after step
+        if linear is None:
             linear = 0.0
             if n:
                 for flop_s, weight_s, act_s in self._linear:
                     linear += max(n * flop_s, weight_s + n * act_s)
                 linear *= self._layers
             self._linear_at[n] = linear
+        return linear
+
+    def _parts(self, plan: StepPlan) -> tuple[float, float, float, float, float, float]:
+        n = plan.num_batched_tokens
+        linear = self._linear_s(n)
 
         # prefill chunk of q tokens after c cached ones: causal, so the chunk's i-th token
         # attends c + i tokens; Σ_{i=1..q} (c + i) = q · (c + (q + 1) / 2)

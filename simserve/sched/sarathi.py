@@ -30,6 +30,8 @@ class Sarathi(Scheduler):
         return batch.freeze()
 
     def _decodes(self, batch: Batch) -> None:
+        if self._decode_all_at_once(batch):   # the usual case: every running request decodes
+            return
         i = 0
         while i < len(self.running) and not batch.full:
             req = self.running[i]
