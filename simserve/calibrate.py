@@ -22,7 +22,8 @@ Probes (bounded: a few hundred requests, all sent to one loopback endpoint by de
 
 * **single** requests, one at a time on an idle server, over prompt lengths: TTFT (the prefill
   steps, chunked by ``max_num_batched_tokens``) and TPOT (decode steps of one sequence);
-* **decode batches**: c requests sent together, for several concurrencies c; the steady decode
+* **decode batches**: c requests sent together, for several concurrencies c, at a short and a
+  long prompt (so that the fit sees decode attention over long contexts); the steady decode
   step time is measured where all c are decoding (after the last first token, before the first
   finish), per request as (last - first chunk time) / tokens between, then the median.
 
@@ -70,6 +71,9 @@ class ProbePlan:
     concurrencies: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32)
     batch_prompt: int = 256
     batch_output: int = 64
+    # decode batches are also sent at these longer prompts, so that the fit sees decode
+    # attention over long contexts (what a loaded server runs), not only at batch_prompt
+    long_batch_prompts: tuple[int, ...] = (1024,)
     repeats: int = 3               # medians over repeats: the first sight of a shape is slower
     gap_s: float = 0.05            # idle time between probes, so each starts on an idle server
 
@@ -77,11 +81,18 @@ class ProbePlan:
         longest = s.max_model_len - self.single_output
         return dataclasses.replace(
             self, prompt_lens=tuple(p for p in self.prompt_lens if p <= longest),
-            concurrencies=tuple(c for c in self.concurrencies if c <= s.engine.max_num_seqs))
+            concurrencies=tuple(c for c in self.concurrencies if c <= s.engine.max_num_seqs),
+            long_batch_prompts=tuple(p for p in self.long_batch_prompts
+                                     if p + self.batch_output <= s.max_model_len))
+
+    @property
+    def batch_prompts(self) -> tuple[int, ...]:
+        return (self.batch_prompt, *self.long_batch_prompts)
 
     @property
     def num_requests(self) -> int:
-        return self.repeats * (len(self.prompt_lens) + sum(self.concurrencies))
+        return self.repeats * (len(self.prompt_lens)
+                               + len(self.batch_prompts) * sum(self.concurrencies))
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,9 +164,10 @@ def single_observations(latency, prompt: int, output: int, budget: int, ttft: fl
 
 
 def batch_observation(latency, c: int, ctx_lo: float, ctx_hi: float,
-                      step_s: float) -> Observation:
+                      step_s: float, prompt: int | None = None) -> Observation:
     dec = [decode_plan(c, int(round(x))) for x in np.linspace(ctx_lo, ctx_hi, 5)]
-    return Observation(f"batch c={c} step", (*_mean_features(latency, dec), 0.0), step_s)
+    name = f"batch c={c} step" if prompt is None else f"batch c={c} P={prompt} step"
+    return Observation(name, (*_mean_features(latency, dec), 0.0), step_s)
 
 
 def steady_decode_step(times: list[list[float]], counts: list[list[int]],
@@ -269,14 +281,15 @@ async def _probe_server(s: Scenario, endpoint: str, model: str | None, plan: Pro
                 records.append({"kind": "single", "prompt": p, "output": plan.single_output,
                                 "sent": o.sent_s, "times": o.chunk_times,
                                 "counts": o.chunk_tokens})
-            for c in plan.concurrencies:
-                await asyncio.sleep(plan.gap_s)
-                outs = await asyncio.gather(*(send(plan.batch_prompt, plan.batch_output)
-                                              for _ in range(c)))
-                records.append({"kind": "batch", "c": c, "prompt": plan.batch_prompt,
-                                "output": plan.batch_output,
-                                "times": [o.chunk_times for o in outs],
-                                "counts": [o.chunk_tokens for o in outs]})
+            for prompt in plan.batch_prompts:
+                for c in plan.concurrencies:
+                    await asyncio.sleep(plan.gap_s)
+                    outs = await asyncio.gather(*(send(prompt, plan.batch_output)
+                                                  for _ in range(c)))
+                    records.append({"kind": "batch", "c": c, "prompt": prompt,
+                                    "output": plan.batch_output,
+                                    "times": [o.chunk_times for o in outs],
+                                    "counts": [o.chunk_tokens for o in outs]})
             if log:
                 log(f"probe round {rep + 1}/{plan.repeats} done")
     info["model"] = model
@@ -286,9 +299,8 @@ async def _probe_server(s: Scenario, endpoint: str, model: str | None, plan: Pro
 def observations_from_probes(records: list[dict], latency, budget: int) -> list[Observation]:
     """Turn recorded probes into observations, repeats of one probe merged by median."""
     singles: dict[int, list[tuple[float, float | None]]] = {}
-    batches: dict[int, list[tuple[float, float, float]]] = {}
+    batches: dict[tuple[int, int], list[tuple[float, float, float]]] = {}   # (prompt, c)
     outputs: dict[int, int] = {}
-    batch_prompt = 0
     for r in records:
         if r["kind"] == "single":
             t, n = r["times"], r["counts"]
@@ -300,18 +312,17 @@ def observations_from_probes(records: list[dict], latency, budget: int) -> list[
             outputs[r["prompt"]] = r["output"]
         else:
             steady = steady_decode_step(r["times"], r["counts"], r["prompt"])
-            batch_prompt = r["prompt"]
             if steady is not None:
-                batches.setdefault(r["c"], []).append(steady)
+                batches.setdefault((r["prompt"], r["c"]), []).append(steady)
     obs: list[Observation] = []
     for p, vals in sorted(singles.items()):
         ttft = float(np.median([v[0] for v in vals]))
         tpots = [v[1] for v in vals if v[1] is not None]
         obs += single_observations(latency, p, outputs[p], budget, ttft,
                                    float(np.median(tpots)) if tpots else None)
-    for c, vals in sorted(batches.items()):
+    for (prompt, c), vals in sorted(batches.items()):
         step, lo, hi = (float(np.median([v[i] for v in vals])) for i in range(3))
-        obs.append(batch_observation(latency, c, max(lo, batch_prompt), hi, step))
+        obs.append(batch_observation(latency, c, max(lo, prompt), hi, step, prompt))
     return obs
 
 

@@ -278,7 +278,7 @@ def test_calibration_recovers_a_known_engine(tmp_path, capsys):
     assert prov["endpoint"] == url and prov["engine_version"] == "fake-1.0"
     assert prov["probes"]["num_requests"] == 3 * (6 + 13)
     assert {r["probe"] for r in cal["fit"]["residuals"]} >= {"single P=900 ttft",
-                                                              "batch c=8 step"}
+                                                              "batch c=8 P=200 step"}
     # the written file is a valid profile that simulates with the calibrated terms
     out = write_calibrated(profile, tmp_path / "cal.json")
     lat = ProfileLatency.from_file(out)
@@ -303,3 +303,16 @@ def test_cli_calibrate_errors_are_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "KV cache size" in err
     assert not (tmp_path / "c.json").exists()
+
+
+def test_probe_plan_adds_long_context_batches_that_fit(tmp_path):
+    """Decode batches go out at the short prompt and at each long one that fits
+    max_model_len with the output; the request count covers both."""
+    from simserve.config import load_scenario
+    s = load_scenario(write_scenario(tmp_path))          # max_model_len 1024
+    short = ProbePlan().for_scenario(s)
+    assert short.long_batch_prompts == () and short.batch_prompts == (256,)
+    roomy = ProbePlan(long_batch_prompts=(512, 960, 1000))
+    plan = roomy.for_scenario(s)
+    assert plan.batch_prompts == (256, 512, 960)           # 1000 + 64 > 1024
+    assert plan.num_requests == 3 * (len(plan.prompt_lens) + 3 * sum(plan.concurrencies))
