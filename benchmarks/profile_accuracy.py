@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -143,17 +144,18 @@ def measure_steps(profile: dict, batches: list[Batch], warmup: int, repeats: int
                   seed: int = 0, progress: bool = True) -> list[float]:
     """Median whole-step seconds of each batch, timed with the profiler's own step code.
 
-    Measured in rounds: each round runs every batch once, in a fresh random order, so that each
-    step follows some other step (as in a server) and a slow spell of a shared machine spreads
-    over all batches instead of biasing the few measured during it. The first ``warmup`` rounds
-    are not timed.
+    Measured in rounds, as the profiler measures its grids (``profiler.measure.Timer.rounds``):
+    each round runs every batch once, in a fresh random order, so that each step follows some
+    other step (as in a server) and a slow spell of a shared machine spreads over all batches
+    instead of biasing the few measured during it. The first ``warmup`` rounds are not
+    timed.
     """
     import torch
 
     from profiler import attention as attn
     from profiler.layers import DTYPES, Model, PagedKVCache, Shapes, blocks_needed, build_step
     from profiler.layers import sample_greedy
-    from profiler.measure import CLOCKS, sample_rows, steady_malloc
+    from profiler.measure import CLOCKS, WHOLE_STEP, Timer, sample_rows, steady_malloc
 
     prov, settings, shapes_d = profile["provenance"], profile["settings"], profile["model"]
     if prov["device"] != "cpu":
@@ -180,26 +182,24 @@ def measure_steps(profile: dict, batches: list[Batch], warmup: int, repeats: int
         ids = torch.randint(0, shapes.vocab_size, (meta.num_tokens,), generator=gen)
         # sampled rows: the last token of the chunks that finish a prompt, and every decode
         steps.append((meta, ids, sample_rows(meta, b.num_sampled, "cpu")))
-    # the profile's own clock: thread CPU time for a one-thread profile, else wall time
-    clock = CLOCKS[settings["timer"]]
-    times: list[list[float]] = [[] for _ in batches]
-    rng = random.Random(seed)
+    # the profile's own clock: thread CPU time for a one-thread profile, else wall time; the
+    # profiler's own rounds (Timer.rounds), without a time budget
+    timer = Timer(torch.device("cpu"), warmup, repeats, budget_s=math.inf,
+                  clock=CLOCKS[settings["timer"]])
     start = time.perf_counter()
-    for r in range(warmup + repeats):
-        order = list(range(len(batches)))
-        rng.shuffle(order)
-        for i in order:
-            meta, ids, rows = steps[i]
-            backend.prepare(meta, nb)              # per-step metadata: outside the timing
-            t0 = clock()
-            model.step(ids, meta, caches, backend, sample_greedy, rows)
-            elapsed = clock() - t0
-            if r >= warmup:
-                times[i].append(elapsed)
+
+    def on_round(done: int, total: int) -> None:
         if progress:
-            print(f"round {r + 1}/{warmup + repeats}{' (warm-up)' if r < warmup else ''}, "
+            print(f"round {done}/{total}{' (warm-up)' if done <= warmup else ''}, "
                   f"{time.perf_counter() - start:.0f}s", file=sys.stderr, flush=True)
-    return [statistics.median(t) for t in times]
+
+    def step(meta, ids, rows):
+        return (lambda: backend.prepare(meta, nb),     # per-step metadata: outside the timing
+                lambda sections: model.step(ids, meta, caches, backend, sample_greedy, rows,
+                                            sections))
+
+    measured = timer.rounds([step(*x) for x in steps], seed=seed, on_round=on_round)
+    return [parts[WHOLE_STEP].median for parts in measured]
 
 
 # --------------------------------------------------------------------------------------------

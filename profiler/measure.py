@@ -27,6 +27,7 @@ from profiler.layers import (DTYPES, DecoderLayer, Model, PagedKVCache, Sections
 from profiler.schema import KIND, SCHEMA_VERSION
 
 MIN_REPEATS = 3
+WHOLE_STEP = "step"     # Timer.rounds: a step's whole time beside its parts
 
 # CPU clocks by the name ``settings.timer`` records. With one torch thread every kernel runs on
 # the calling thread, so its CPU time is the step's uncontended time: on a shared machine, time
@@ -74,8 +75,9 @@ class Timer:
                     len(times))
 
     def sections(self, fn: Callable[[Sections], Any]) -> dict[str, Stat]:
-        """Median and spread of each part of a step over warmed-up repeats: ``fn(sections)``
-        runs one step that marks its parts (:class:`~profiler.layers.Sections`)."""
+        """Median and spread of each part of a step over warmed-up repeats, and of the whole
+        step (``WHOLE_STEP``): ``fn(sections)`` runs one step that marks its parts
+        (:class:`~profiler.layers.Sections`)."""
         rec = Sections(self.device, self.clock)
         start = time.perf_counter()
         for _ in range(self.warmup):
@@ -88,7 +90,9 @@ class Timer:
         start = time.perf_counter()
         while n < self.repeats:
             fn(rec)
-            for name, seconds in rec.result().items():
+            parts = rec.result()
+            parts[WHOLE_STEP] = sum(parts.values())
+            for name, seconds in parts.items():
                 samples.setdefault(name, []).append(seconds)
             n += 1
             if n >= MIN_REPEATS and time.perf_counter() - start > self.budget_s:
@@ -98,6 +102,53 @@ class Timer:
             times.sort()
             out[name] = Stat(_quantile(times, 0.5), _quantile(times, 0.1),
                              _quantile(times, 0.9), len(times))
+        return out
+
+    def rounds(self, steps: list[tuple[Callable[[], None], Callable[[Sections], Any]]],
+               seed: int = 0, on_round: Callable[[int, int], None] | None = None
+               ) -> list[dict[str, Stat]]:
+        """Like :meth:`sections` for many steps at once, measured in *rounds*: each round runs
+        every step once, in a fresh random order, so that a slow spell of a shared machine
+        spreads over all of them instead of biasing the few measured during it, and each step
+        follows some other step (as in a server); each step's whole time (the sum of its
+        parts) is kept too, as ``WHOLE_STEP``. ``steps`` are ``(prepare, run)`` pairs:
+        ``prepare()`` (the attention backend's per-step metadata, untimed) goes right before
+        each ``run(sections)``. The first ``warmup`` rounds are not kept; rounds stop after
+        ``repeats``, or after ``MIN_REPEATS`` once the family has used its time budget
+        (``budget_s`` per step). ``on_round(done, total)`` after each round."""
+        rec = Sections(self.device, self.clock)
+        rng = random.Random(seed)
+        order = list(range(len(steps)))
+        samples: list[dict[str, list[float]]] = [{} for _ in steps]
+        total = self.warmup + self.repeats
+        start = time.perf_counter()
+        for r in range(total):
+            rng.shuffle(order)
+            for i in order:
+                prepare, run = steps[i]
+                prepare()
+                run(rec)
+                parts = rec.result()
+                if r >= self.warmup:
+                    parts[WHOLE_STEP] = sum(parts.values())
+                    for name, seconds in parts.items():
+                        samples[i].setdefault(name, []).append(seconds)
+            kept = r + 1 - self.warmup
+            if on_round is not None:
+                on_round(r + 1, total)
+            if kept >= MIN_REPEATS and \
+                    time.perf_counter() - start > self.budget_s * len(steps):
+                if on_round is not None and r + 1 < total:
+                    on_round(total, total)
+                break
+        out = []
+        for got in samples:
+            stats = {}
+            for name, times in got.items():
+                times.sort()
+                stats[name] = Stat(_quantile(times, 0.5), _quantile(times, 0.1),
+                                   _quantile(times, 0.9), len(times))
+            out.append(stats)
         return out
 
     def _cpu(self, fn: Callable[[], Any]) -> list[float]:
@@ -360,6 +411,9 @@ class _Ctx:
     model: Model
     backend: Any
     notes: list[str] = field(default_factory=list)
+    # measure each family of steps in rounds (Timer.rounds); off for a compiled FlexAttention
+    # backend, which would recompile as shapes alternate
+    interleave: bool = True
 
     def randn(self, *shape: int) -> torch.Tensor:
         return torch.randn(shape, generator=self.gen).to(self.dtype).to(self.device)
@@ -416,7 +470,8 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
     ctx = _Ctx(shapes, opts, grid, device, dtype,
                Timer(device, grid.warmup, grid.repeats, grid.point_budget_s,
                      clock=CLOCKS.get(opts.timer_name, time.perf_counter)),
-               progress, gen, model, backend, notes)
+               progress, gen, model, backend, notes,
+               interleave=not getattr(backend, "compiled", False))
 
     linear, embedding = _measure_tokens(ctx)
     attn_prefill = _measure_prefill(ctx)
@@ -447,6 +502,7 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
             "timer": opts.timer_name,
             "sampler": "greedy (lm_head.top_p_seconds: top-p 0.9)",
             "method": "in_step",
+            "order": "rounds" if ctx.interleave else "point_by_point",
         },
         "attention": {
             "backend": backend_name, "compiled": compiled,
@@ -524,18 +580,46 @@ def sample_rows(meta: StepMeta, num_sampled: int, device: Any) -> torch.Tensor:
                         device=device)
 
 
-def _in_step(c: _Ctx, caches: list[PagedKVCache], prefill: list[tuple[int, int]],
-             decode_ctx: list[int], num_sampled: int,
-             sample: Callable[[torch.Tensor], torch.Tensor] = sample_greedy) -> dict[str, Stat]:
-    """Run whole steps of this composition and time each part inside them (Sections)."""
+StepSpec = tuple  # (prefill chunks [(q, ctx)], decode contexts, num_sampled[, sampler])
+
+
+def _step(c: _Ctx, caches: list[PagedKVCache], spec: StepSpec):
+    """``(prepare, run)`` of one step of this composition: ``run(sections)`` runs the whole
+    step and marks its parts (Sections)."""
+    prefill, decode_ctx, num_sampled, *rest = spec
+    sample = rest[0] if rest else sample_greedy
     nb = caches[0].num_blocks
     meta = build_step(prefill, decode_ctx, c.opts.block_size, nb, c.device, generator=c.gen)
-    c.backend.prepare(meta, nb)
     ids = torch.randint(0, c.shapes.vocab_size, (meta.num_tokens,), generator=c.gen).to(
         c.device)
     rows = sample_rows(meta, num_sampled, c.device)
-    return c.timer.sections(
-        lambda sections: c.model.step(ids, meta, caches, c.backend, sample, rows, sections))
+    return (lambda: c.backend.prepare(meta, nb),
+            lambda sections: c.model.step(ids, meta, caches, c.backend, sample, rows, sections))
+
+
+def _in_steps(c: _Ctx, caches: list[PagedKVCache], specs: list[StepSpec],
+              section: str, labels: list[str]) -> list[dict[str, Stat]]:
+    """Each step's parts, for a family of steps sharing ``caches``: in rounds over the family
+    (:meth:`Timer.rounds`) when ``c.interleave``, else one step after another (a compiled
+    FlexAttention backend: interleaving shapes would make torch.compile recompile)."""
+    if not c.interleave:
+        out = []
+        for spec, label in zip(specs, labels):
+            prepare, run = _step(c, caches, spec)
+            prepare()
+            out.append(c.timer.sections(run))
+            c.progress.step(section, label)
+        return out
+    steps = [_step(c, caches, spec) for spec in specs]
+    shown = 0
+
+    def on_round(done: int, total: int) -> None:   # the bar moves a share of points a round
+        nonlocal shown
+        while shown < len(specs) * done // total:
+            c.progress.step(section, f"round {done}/{total}")
+            shown += 1
+
+    return c.timer.rounds(steps, seed=c.opts.seed, on_round=on_round)
 
 
 def _measure_tokens(c: _Ctx) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -544,13 +628,10 @@ def _measure_tokens(c: _Ctx) -> tuple[dict[str, Any], dict[str, Any]]:
     L = len(c.model.layers)
     tokens = token_axis(c.grid.tokens, c.opts.max_num_batched_tokens)
     caches = _layer_caches(c, blocks_needed(max(tokens), c.opts.block_size) + 8)
-    linear: list[Stat] = []
-    embedding: list[Stat] = []
-    for t in tokens:
-        parts = _in_step(c, caches, [(t, 0)], [], 1)
-        linear.append(_per_layer(parts["linear"], L))
-        embedding.append(parts["embedding"])
-        c.progress.step("linear", f"tokens={t}")
+    measured = _in_steps(c, caches, [([(t, 0)], [], 1) for t in tokens], "linear",
+                         [f"tokens={t}" for t in tokens])
+    linear = [_per_layer(parts["linear"], L) for parts in measured]
+    embedding = [parts["embedding"] for parts in measured]
     ops = _measure_ops(c, tokens, caches[0])
     return ({"tokens": tokens, **_series(linear), "ops": ops},
             {"tokens": tokens, **_series(embedding)})
@@ -590,13 +671,11 @@ def _measure_prefill(c: _Ctx) -> dict[str, Any]:
     ctxs = list(c.grid.prefill_ctx)
     # larger than any point needs: blocks come from all over the cache
     caches = _layer_caches(c, 2 * blocks_needed(max(chunks) + max(ctxs), c.opts.block_size))
-    rows = []
-    for chunk in chunks:
-        row = []
-        for ctx in ctxs:
-            row.append(_per_layer(_in_step(c, caches, [(chunk, ctx)], [], 1)["attention"], L))
-            c.progress.step("attn_prefill", f"chunk={chunk} ctx={ctx}")
-        rows.append(row)
+    points = [(chunk, ctx) for chunk in chunks for ctx in ctxs]
+    measured = _in_steps(c, caches, [([(chunk, ctx)], [], 1) for chunk, ctx in points],
+                         "attn_prefill", [f"chunk={q} ctx={x}" for q, x in points])
+    att = iter(_per_layer(parts["attention"], L) for parts in measured)
+    rows = [[next(att) for _ in ctxs] for _ in chunks]
     del caches
     return {"chunk": chunks, "ctx": ctxs, **_table(rows)}
 
@@ -607,14 +686,11 @@ def _measure_decode(c: _Ctx) -> dict[str, Any]:
     batches, ctxs = list(c.grid.decode_batch), list(c.grid.decode_ctx)
     bs = c.opts.block_size
     caches = _layer_caches(c, max(batches) * blocks_needed(max(ctxs) + 1, bs) + max(batches))
-    rows = []
-    for batch in batches:
-        row = []
-        for ctx in ctxs:
-            parts = _in_step(c, caches, [], [ctx] * batch, batch)
-            row.append(_per_layer(parts["attention"], L))
-            c.progress.step("attn_decode", f"batch={batch} ctx={ctx}")
-        rows.append(row)
+    points = [(batch, ctx) for batch in batches for ctx in ctxs]
+    measured = _in_steps(c, caches, [([], [ctx] * batch, batch) for batch, ctx in points],
+                         "attn_decode", [f"batch={b} ctx={x}" for b, x in points])
+    att = iter(_per_layer(parts["attention"], L) for parts in measured)
+    rows = [[next(att) for _ in ctxs] for _ in batches]
     del caches
     return {"batch": batches, "ctx": ctxs, **_table(rows)}
 
@@ -625,13 +701,14 @@ def _measure_lm_head(c: _Ctx) -> dict[str, Any]:
     ctx = min(c.grid.decode_ctx)
     bs = c.opts.block_size
     caches = _layer_caches(c, max(c.grid.lm_seqs) * blocks_needed(ctx + 1, bs) + 8)
-    greedy, top_p = [], []
     sample_top_p = make_top_p(0.9, seed=c.opts.seed)
-    for s in c.grid.lm_seqs:
-        greedy.append(_in_step(c, caches, [], [ctx] * s, s)["lm_head"])
-        c.progress.step("lm_head", f"seqs={s} greedy")
-        top_p.append(_in_step(c, caches, [], [ctx] * s, s, sample=sample_top_p)["lm_head"])
-        c.progress.step("lm_head", f"seqs={s} top-p")
+    seqs = list(c.grid.lm_seqs)
+    specs = [([], [ctx] * n, n, sampler) for n in seqs for sampler in (sample_greedy,
+                                                                        sample_top_p)]
+    measured = _in_steps(c, caches, specs, "lm_head",
+                         [f"seqs={n} {kind}" for n in seqs for kind in ("greedy", "top-p")])
+    greedy = [parts["lm_head"] for parts in measured[0::2]]
+    top_p = [parts["lm_head"] for parts in measured[1::2]]
     del caches
     return {"seqs": list(c.grid.lm_seqs), **_series(greedy),
             "top_p_seconds": [x.median for x in top_p]}
@@ -726,15 +803,12 @@ def _measure_heldout(c: _Ctx) -> list[dict[str, Any]]:
                      [q + x for q, x in prefill] + [x + 1 for x in decode_ctx])
                  for prefill, decode_ctx, _ in steps)
     caches = [c.cache(nb) for _ in c.model.layers]
-    for prefill, decode_ctx, num_sampled in steps:
-        meta = build_step(prefill, decode_ctx, bs, nb, c.device, generator=c.gen)
-        c.backend.prepare(meta, nb)
-        ids = torch.randint(0, c.shapes.vocab_size, (meta.num_tokens,), generator=c.gen).to(
-            c.device)
-        rows = sample_rows(meta, num_sampled, c.device)
-        stat = c.timer(lambda: c.model.step(ids, meta, caches, c.backend, sample_greedy, rows))
+    # whole steps, measured as the parts are (a step's time is the sum of its sections)
+    measured = _in_steps(c, caches, steps, "heldout",
+                         [f"{len(p)} chunks + {len(d)} decodes" for p, d, _ in steps])
+    for (prefill, decode_ctx, num_sampled), parts in zip(steps, measured):
+        stat = parts[WHOLE_STEP]
         out.append({"prefill": [[q, x] for q, x in prefill], "decode_ctx": decode_ctx,
                     "num_sampled": num_sampled, "seconds": stat.median, "p10": stat.p10,
                     "p90": stat.p90})
-        c.progress.step("heldout", f"{len(prefill)} chunks + {len(decode_ctx)} decodes")
     return out

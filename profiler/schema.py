@@ -18,7 +18,9 @@ Layout (all times in seconds; every timing is the median over warmed-up repeats,
     settings        block_size, max_num_batched_tokens, warmup, repeats,
                     timer ("perf_counter"|"thread_time"|"cuda_event"), sampler,
                     method (optional: "in_step" = parts timed inside whole steps; absent or
-                    "isolated" = each part timed alone)
+                    "isolated" = each part timed alone), order (optional: "rounds" = a
+                    family's points interleaved, round after round; absent or
+                    "point_by_point")
     attention       backend, compiled, compile_seconds {family: s}, fallback|null,
                     self_check_rel_err, note
     linear          per decoder layer, everything but attention, vs tokens in the step:
@@ -55,6 +57,7 @@ from simserve.errors import DataError
 SCHEMA_VERSION = 1
 KIND = "simserve-profile"
 METHODS = ("in_step", "isolated")
+ORDERS = ("rounds", "point_by_point")
 
 
 class ProfileError(DataError):
@@ -101,6 +104,9 @@ class _SettingsAdded(TypedDict, total=False):
     # added within version 1; absent means "isolated" (each part timed alone, over and over,
     # as the first version-1 files were); "in_step": each part timed inside whole steps
     method: Literal["in_step", "isolated"]
+    # added within version 1; absent means "point_by_point" (each point's repeats back to
+    # back); "rounds": every point of a family once per round, in random order
+    order: Literal["rounds", "point_by_point"]
 
 
 class Settings(_SettingsAdded):
@@ -377,7 +383,7 @@ _SETTINGS = _record({
     "block_size": _pos_int, "max_num_batched_tokens": _pos_int, "warmup": _nonneg_int,
     "repeats": _pos_int, "timer": _choice("perf_counter", "thread_time", "cuda_event"),
     "sampler": _str,
-}, optional={"method": _choice(*METHODS)})
+}, optional={"method": _choice(*METHODS), "order": _choice(*ORDERS)})
 _ATTENTION = _record({
     "backend": _choice("reference", "flex", "flashinfer"), "compiled": _bool,
     "compile_seconds": _str_to_seconds, "fallback": _optional(_str),

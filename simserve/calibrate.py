@@ -10,9 +10,12 @@ fits by least squares (relative errors, non-negative coefficients)::
                                                          output processing, detokenising, SSE
                 + scale · GEMM kernels(plan)             the profile's measured parts: embedding,
                                                          linear layers, LM head
-                + attention_scale · attention(plan)      prefill and decode attention (a serving
-                                                         engine's attention kernels differ most
-                                                         from the profiler's)
+                + prefill_attention_scale · prefill attention(plan)
+                + decode_attention_scale · decode attention(plan)
+                                                         (a serving engine's attention kernels
+                                                         differ most from the profiler's, and
+                                                         its prefill and decode kernels differ
+                                                         from each other)
     TTFT        = frontend_delay_s + Σ steps up to the first token
 
 ``frontend_delay_s`` is the HTTP server's hand-off to the engine and the stream back: a fixed
@@ -57,8 +60,8 @@ if TYPE_CHECKING:   # the CLI builds its parser from this module: keep importing
     from simserve.sched.plan import StepPlan
 
 CALIBRATION_VERSION = 1
-PARAMS = ("step_overhead_s", "per_output_token_s", "scale", "attention_scale",
-          "frontend_delay_s")
+PARAMS = ("step_overhead_s", "per_output_token_s", "scale", "prefill_attention_scale",
+          "decode_attention_scale", "frontend_delay_s")
 
 
 @dataclass(frozen=True)
@@ -122,8 +125,8 @@ def decode_plan(batch: int, ctx: int) -> StepPlan:
 @dataclass(frozen=True)
 class Observation:
     """One measured quantity and its linear model: ``y ≈ x · params`` (in :data:`PARAMS`
-    order: steps, tokens sampled, GEMM-part kernel seconds, attention kernel seconds, 1 for a
-    first-token latency)."""
+    order: steps, tokens sampled, GEMM-part kernel seconds, prefill and decode attention kernel
+    seconds, 1 for a first-token latency)."""
 
     probe: str          # e.g. "single P=512 ttft", "batch c=8 step"
     x: tuple[float, ...]
@@ -131,20 +134,20 @@ class Observation:
 
 
 GEMM_PARTS = ("embedding", "linear", "lm_head")
-ATTENTION_PARTS = ("attn_prefill", "attn_decode")
 
 
-def step_features(latency, plans: list[StepPlan]) -> tuple[float, float, float, float]:
-    """(steps, tokens sampled, GEMM kernels s, attention kernels s) summed over ``plans``,
-    priced by an uncalibrated profile model (its ``breakdown``)."""
-    steps = sampled = gemm = attn = 0.0
+def step_features(latency, plans: list[StepPlan]) -> tuple[float, float, float, float, float]:
+    """(steps, tokens sampled, GEMM kernels s, prefill attention s, decode attention s)
+    summed over ``plans``, priced by an uncalibrated profile model (its ``breakdown``)."""
+    steps = sampled = gemm = prefill = decode = 0.0
     for plan in plans:
         parts = latency.breakdown(plan)
         steps += 1
         sampled += plan.num_sampled
         gemm += sum(parts[k] for k in GEMM_PARTS)
-        attn += sum(parts[k] for k in ATTENTION_PARTS)
-    return steps, sampled, gemm, attn
+        prefill += parts["attn_prefill"]
+        decode += parts["attn_decode"]
+    return steps, sampled, gemm, prefill, decode
 
 
 def _mean_features(latency, plans: list[StepPlan]) -> tuple[float, ...]:
@@ -437,48 +440,15 @@ def write_calibrated(profile: dict, out: str | Path) -> Path:
 
 
 def run_calibrated(scenario: Scenario | str | Path, overrides: list[str] | None = None):
-    """``runner.run`` plus the calibrated front-end delay ``h`` (``frontend_delay_s``): each
-    request reaches the engine ``h`` after the client sends it, and its latencies are measured
-    from the send, as a client measures them. Without a calibration this is ``runner.run``.
-
-    A constant delay on every arrival shifts the whole simulation by ``h`` (the engine starts
-    idle and nothing else has a clock), so the schedule is the same and every token is ``h``
-    later on the client's clock: first token and finish (TTFT, E2EL) move by ``h``, TPOT and ITL
-    do not, and the run lasts ``h`` longer. That is applied to the request table and the
-    summary's request-time metrics; the scheduler levels are left as simulated.
-    """
-    import pandas as pd
-
-    from simserve.config import Scenario, load_scenario
-    from simserve.engine import STEP_COLUMNS
-    from simserve.metrics.summary import WeightedSample, summarize
-    from simserve.runner import build_latency, class_slos, run
-    s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
-    latency = build_latency(s)
-    result = run(s, latency=latency)
-    delay = float(getattr(latency, "frontend_delay_s", 0.0))
-    result.summary["frontend_delay_ms"] = delay * 1000.0
-    if delay <= 0:
-        return result
-    req = result.requests.copy()
-    for col in ("first_token_s", "finish_s", "ttft_s", "e2el_s"):
-        req[col] = req[col] + delay
-    steps = pd.DataFrame({c: pd.Series(dtype=float) for c in STEP_COLUMNS})
-    has_classes = bool((req["class"].astype(str) != "").any())
-    shifted = summarize(req, None, steps, s.slo,
-                        itl=WeightedSample(np.zeros(1), np.ones(1, dtype=np.int64)),
-                        class_slos=class_slos(s) if has_classes else None,
-                        prefix_caching=s.engine.enable_prefix_caching)
-    for key, value in shifted.items():
-        if any(t in key for t in _CLIENT_CLOCK_KEYS):
-            result.summary[key] = value
-    result.requests = req
+    """``runner.run`` with the summary's ``frontend_delay_ms`` always present (0 without a
+    calibration). ``runner.collect`` applies a calibrated profile's front-end delay ``h``
+    itself: each request reaches the engine ``h`` after the client sends it, so every engine
+    time moves ``h`` later onto the client's clock: first token and finish (TTFT, E2EL) move by
+    ``h``, TPOT and ITL do not, and the run lasts ``h`` longer."""
+    from simserve.runner import run
+    result = run(scenario, overrides=overrides)
+    result.summary.setdefault("frontend_delay_ms", 0.0)
     return result
-
-
-# summary keys that depend on when the client sees tokens (ITL and TPOT do not move)
-_CLIENT_CLOCK_KEYS = ("ttft", "e2el", "duration", "throughput", "goodput", "slo_", "num_good",
-                      "per_class")
 
 
 # --------------------------------------------------------------------------------------------
@@ -546,7 +516,9 @@ def format_calibration(cal: dict) -> str:
         f"step overhead      {cal['step_overhead_s'] * 1e3:8.3f} ms",
         f"per output token   {cal['per_output_token_s'] * 1e3:8.3f} ms",
         f"GEMM kernel scale  {cal['scale']:8.3f}",
-        f"attention scale    {cal['attention_scale']:8.3f}",
+        *([f"attention scale    {cal['attention_scale']:8.3f}"] if "attention_scale" in cal
+          else [f"prefill attention  {cal['prefill_attention_scale']:8.3f} (scale)",
+                f"decode attention   {cal['decode_attention_scale']:8.3f} (scale)"]),
         f"front-end delay    {cal['frontend_delay_s'] * 1e3:8.3f} ms",
         f"fit: {f['num_observations']} observations, relative residual rms "
         f"{100 * f['residual_rel_rms']:.1f} %, max {100 * f['residual_rel_max']:.1f} %",

@@ -132,6 +132,9 @@ class _ReplicaLog:
     def __init__(self) -> None:
         self.steps = {c: array(t) for c, t in STEP_ARRAYS.items()}
         self.group_records = array("i")      # GROUP_FIELDS of each group, one after another
+        # added to start times read back (a front-end delay puts the engine's clock behind
+        # the client's: runner.collect); the engine itself never reads it
+        self.offset = 0.0
 
     @property
     def num_groups(self) -> int:
@@ -144,8 +147,12 @@ class _ReplicaLog:
         return {c: table[:, j] for j, c in enumerate(GROUP_FIELDS)}
 
     def step_arrays(self) -> dict[str, np.ndarray]:
-        """The per-step columns as arrays (views of the recorded buffers)."""
-        return {c: np.frombuffer(a, dtype=_DTYPES[STEP_ARRAYS[c]]) for c, a in self.steps.items()}
+        """The per-step columns as arrays (views of the recorded buffers; start times plus
+        ``offset`` when there is one)."""
+        out = {c: np.frombuffer(a, dtype=_DTYPES[STEP_ARRAYS[c]]) for c, a in self.steps.items()}
+        if self.offset:
+            out["start_s"] = out["start_s"] + self.offset
+        return out
 
     def ends(self) -> np.ndarray:
         """End time of each step (start + duration: the very sums the engine advanced by)."""

@@ -51,7 +51,7 @@ class Result:
     latency_label: str = ""
     warnings: list[str] = field(default_factory=list)
     _recorder: Recorder | None = field(default=None, repr=False)
-    _runs: list | None = field(default=None, repr=False)   # (token runs, step ends) per row
+    _runs: list | None = field(default=None, repr=False)   # (runs, step ends, delay) per row
     _token_times: list | None = field(default=None, repr=False)
 
     @property
@@ -82,12 +82,13 @@ class Result:
                                 "(CLI: --tokens)")
         if self._token_times is None:
             out = []
-            for runs, ends in self._runs:
+            for runs, ends, delay in self._runs:
                 if not runs:
                     out.append(np.empty(0))
                     continue
                 e = np.frombuffer(ends, dtype=np.float64)
-                out.append(np.concatenate([e[a:b] for a, b in runs]))
+                times = np.concatenate([e[a:b] for a, b in runs])
+                out.append(times + delay if delay else times)
             self._token_times = out
         return self._token_times
 
@@ -276,6 +277,13 @@ def comparison_table(results: dict[str, Result]) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
+def frontend_delays(replicas: list[Replica]) -> dict[int, float]:
+    """Each replica's front-end delay in seconds (a calibrated profile's ``frontend_delay_s``;
+    0 for every other latency model)."""
+    return {r.index: float(getattr(r.latency, "frontend_delay_s", 0.0) or 0.0)
+            for r in replicas}
+
+
 def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     reqs = sorted(rec.requests, key=lambda r: r.id)
     n = len(reqs)
@@ -288,13 +296,26 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     first = column(r.first_token_s if r.status is Status.FINISHED else nan for r in reqs)
     finish = column(r.finish_s if r.status is Status.FINISHED else nan for r in reqs)
     arrival = column(r.spec.arrival_s for r in reqs)
+    replica_of = column((r.replica for r in reqs), np.int64)
+    delays = frontend_delays(replicas)
+    if any(delays.values()):
+        # a front-end delay h (calibrated, docs/fidelity.md): the request reaches the engine
+        # h after the client sends it, so the engine's clock runs h behind the client's. Every
+        # engine time (tokens, finishes, steps) moves onto the client's clock, as a real
+        # server is measured; arrivals are the client's send times already.
+        for r in replicas:
+            if r.index in rec.replicas:
+                rec.replicas[r.index].offset = delays[r.index]
+        shift = np.array([delays.get(int(i), 0.0) for i in range(int(replica_of.max()) + 1)]
+                         if n else [0.0])[replica_of]
+        first, finish = first + shift, finish + shift
     out = column((r.num_output_tokens for r in reqs), np.int64)
     ttft, e2el = first - arrival, finish - arrival
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(finished & (out > 1), (e2el - ttft) / (out - 1), nan)
     requests = pd.DataFrame({
         "request_id": column((r.id for r in reqs), np.int64),
-        "replica": column((r.replica for r in reqs), np.int64),
+        "replica": replica_of,
         "arrival_s": arrival,
         "num_prompt_tokens": column((r.num_prompt_tokens for r in reqs), np.int64),
         "num_output_tokens": out,
@@ -320,9 +341,11 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
                         class_slos=class_slos(s) if any(r.spec.klass for r in reqs) else None,
                         prefix_caching=s.engine.enable_prefix_caching, levels=levels)
     summary.update(cluster_summary(rec, replicas, requests))
+    if any(delays.values()):
+        summary["frontend_delay_ms"] = 1000.0 * max(delays.values())
     runs = None
     if all(r.scheduler.record_tokens for r in replicas):
-        runs = [(r.token_runs, r.step_ends) if ok else ([], None)
+        runs = [(r.token_runs, r.step_ends, delays.get(r.replica, 0.0)) if ok else ([], None, 0.0)
                 for r, ok in zip(reqs, finished)]
     return Result(s, requests, None, summary, _recorder=rec, _runs=runs)
 

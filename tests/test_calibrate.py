@@ -31,7 +31,8 @@ from tests.test_profile_latency import synthetic_profile  # noqa: E402
 from tests.test_replay import FakeServer  # noqa: E402
 
 TRUE = {"step_overhead_s": 0.008, "per_output_token_s": 0.0005, "scale": 2.0,
-        "attention_scale": 3.0, "frontend_delay_s": 0.005}
+        "prefill_attention_scale": 3.0, "decode_attention_scale": 1.5,
+        "frontend_delay_s": 0.005}
 
 
 def write_scenario(tmp_path: Path, *, rate: float = 2.0, n: int = 20) -> Path:
@@ -75,9 +76,12 @@ def test_fit_recovers_exact_parameters_from_noiseless_observations():
 
 def test_fit_keeps_coefficients_non_negative_and_honours_fixed():
     # rows that a free least-squares fit would answer with a negative per-token cost
-    rows = [((1.0, 1.0, 0.01, 0.001, 0.0), 0.020), ((1.0, 8.0, 0.02, 0.002, 0.0), 0.018),
-            ((1.0, 2.0, 0.03, 0.001, 0.0), 0.035), ((2.0, 1.0, 0.04, 0.003, 1.0), 0.060),
-            ((1.0, 4.0, 0.02, 0.004, 0.0), 0.024)]
+    rows = [((1.0, 1.0, 0.01, 0.001, 0.002, 0.0), 0.020),
+            ((1.0, 8.0, 0.02, 0.002, 0.001, 0.0), 0.018),
+            ((1.0, 2.0, 0.03, 0.001, 0.003, 0.0), 0.035),
+            ((2.0, 1.0, 0.04, 0.003, 0.0, 1.0), 0.060),
+            ((1.0, 4.0, 0.02, 0.004, 0.002, 0.0), 0.024),
+            ((1.0, 3.0, 0.01, 0.0, 0.005, 0.0), 0.015)]
     result = fit([Observation(str(i), x, y) for i, (x, y) in enumerate(rows)])
     assert all(v >= 0 for v in result.params.values())
     pinned = fit([Observation(str(i), x, y) for i, (x, y) in enumerate(rows)],
@@ -118,8 +122,12 @@ def test_calibration_block_prices_steps(tmp_path):
         parts = base.breakdown(plan)
         expected = (TRUE["step_overhead_s"] + TRUE["per_output_token_s"] * plan.num_sampled
                     + TRUE["scale"] * (parts["embedding"] + parts["linear"] + parts["lm_head"])
-                    + TRUE["attention_scale"] * (parts["attn_prefill"] + parts["attn_decode"]))
+                    + TRUE["prefill_attention_scale"] * parts["attn_prefill"]
+                    + TRUE["decode_attention_scale"] * parts["attn_decode"])
         assert cal.step_time(plan) == pytest.approx(expected, rel=1e-12)
+    # a block from before the split: one attention_scale for both attentions
+    old = ProfileLatency({**prof, "calibration": {"scale": 2.0, "attention_scale": 3.0}})
+    assert (old.prefill_attention_scale, old.decode_attention_scale) == (3.0, 3.0)
     assert cal.frontend_delay_s == TRUE["frontend_delay_s"]
     assert "calibrated" in cal.label and "calibrated" not in base.label
     with pytest.raises(DataError, match="calibration.scale"):
@@ -130,7 +138,7 @@ def test_calibration_block_prices_steps(tmp_path):
         2 * base.step_time(decode_plan(8, 300)))
 
 
-def test_run_calibrated_adds_the_frontend_delay_to_client_latencies(tmp_path):
+def test_the_frontend_delay_moves_engine_times_onto_the_client_clock(tmp_path):
     path = write_scenario(tmp_path, rate=2.0, n=10)      # 0.5 s apart: never overlapping
     cal = {**synthetic_profile(), "calibration": dict(TRUE, version=1)}
     write_calibrated(cal, tmp_path / "cal.json")
@@ -147,6 +155,17 @@ def test_run_calibrated_adds_the_frontend_delay_to_client_latencies(tmp_path):
     assert with_delay.summary["median_ttft_ms"] == pytest.approx(
         without.summary["median_ttft_ms"] + 5.0)
     assert with_delay.summary["median_itl_ms"] == pytest.approx(without.summary["median_itl_ms"])
+    assert with_delay.summary["frontend_delay_ms"] == pytest.approx(5.0)
+    assert "frontend_delay_ms" not in without.summary      # no delay: the key is left out
+    # plain `run` applies it too, to every engine time: steps and tokens on the client's clock
+    plain = run(load_scenario(path, ["latency.path=cal.json"]), record_tokens=True)
+    base = run(load_scenario(path, ["latency.path=cal0.json"]), record_tokens=True)
+    assert plain.requests.equals(with_delay.requests)
+    assert np.allclose(plain.steps["start_s"], base.steps["start_s"] + TRUE["frontend_delay_s"])
+    assert np.allclose(plain.steps["duration_s"], base.steps["duration_s"])
+    for x, y in zip(plain.token_times, base.token_times):
+        assert np.allclose(x, y + TRUE["frontend_delay_s"])
+    assert plain.summary["mean_running"] == pytest.approx(base.summary["mean_running"], rel=0.02)
 
 
 # --- a whole calibration against a live (fake) engine -----------------------------------------

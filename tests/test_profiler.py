@@ -529,10 +529,12 @@ def test_timer_sections_gives_a_stat_per_part():
         rec.mark("b")
         rec.mark("a")
 
+    from profiler.measure import WHOLE_STEP
     stats = timer.sections(fn)
-    assert len(calls) == 5 and set(stats) == {"a", "b"}
+    assert len(calls) == 5 and set(stats) == {"a", "b", WHOLE_STEP}
     assert stats["a"].n == 4 and stats["a"].p10 <= stats["a"].median <= stats["a"].p90
     assert stats["b"].median > stats["a"].median
+    assert stats[WHOLE_STEP].median >= stats["b"].median     # the whole step holds its parts
 
 
 def test_clock_and_method_recorded(profile_file):
@@ -617,3 +619,55 @@ def test_importing_simserve_cli_does_not_import_torch():
             "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_context_axes_stop_at_max_model_len():
+    """No sequence of the model gets longer than max_model_len, so the context axes end
+    there, with that length itself measured (the CLI defaults it to the card's
+    max_position_embeddings)."""
+    from profiler.measure import GRIDS, Options
+    full = GRIDS["full"]
+    g = Options(grid="full", max_model_len=1000).grid_spec
+    assert g.prefill_ctx == tuple(sorted({v for v in full.prefill_ctx if v <= 1000} | {1000}))
+    assert g.decode_ctx == tuple(sorted({v for v in full.decode_ctx if v <= 1000} | {1000}))
+    assert g.heldout_max_ctx == 1000
+    assert g.decode_batch == full.decode_batch and g.prefill_chunk == full.prefill_chunk
+    assert Options(grid="full").grid_spec == full
+    with pytest.raises(ValueError, match="max_model_len"):
+        Options(max_model_len=0)
+
+
+def test_rounds_interleave_a_family_and_keep_whole_steps():
+    """Timer.rounds: every step once per round in a shuffled order, prepare right before each
+    run, warm-up rounds dropped, and each step's whole time (the sum of its parts) kept."""
+    from profiler.measure import WHOLE_STEP, Timer
+    ticks = iter(range(10**6))
+    clock = lambda: float(next(ticks))     # noqa: E731  each reading one second later
+    timer = Timer(torch.device("cpu"), warmup=2, repeats=5, budget_s=1e9, clock=clock)
+    calls: list[tuple[str, int]] = []
+
+    def step(i: int, parts: int):
+        def prepare():
+            calls.append(("prepare", i))
+
+        def run(sections):
+            assert calls[-1] == ("prepare", i)     # its own metadata, right before it
+            calls.append(("run", i))
+            sections.start()
+            for p in range(parts):
+                sections.mark(f"part{p}")
+        return prepare, run
+
+    rounds_seen: list[tuple[int, int]] = []
+    out = timer.rounds([step(i, parts=i + 1) for i in range(6)], seed=3,
+                       on_round=lambda done, total: rounds_seen.append((done, total)))
+    assert rounds_seen == [(r, 7) for r in range(1, 8)]
+    runs = [i for kind, i in calls if kind == "run"]
+    orders = [runs[k:k + 6] for k in range(0, len(runs), 6)]
+    assert len(orders) == 7 and all(sorted(o) == list(range(6)) for o in orders)
+    assert len({tuple(o) for o in orders}) > 1                # shuffled, not one fixed order
+    for i, stats in enumerate(out):
+        assert set(stats) == {f"part{p}" for p in range(i + 1)} | {WHOLE_STEP}
+        assert all(s.n == 5 for s in stats.values())          # warm-up rounds not kept
+        assert all(s.median == 1.0 for name, s in stats.items() if name != WHOLE_STEP)
+        assert stats[WHOLE_STEP].median == i + 1              # one second per part

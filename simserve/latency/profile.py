@@ -14,9 +14,10 @@ context is not enough).
 
 A calibrated profile (``simserve calibrate``, docs/fidelity.md) carries a ``calibration`` block:
 ``step_overhead_s`` is added to every step, ``per_output_token_s`` per sampled token, and the
-measured parts are multiplied by ``scale`` (embedding, linear, LM head) and ``attention_scale``
-(attention; ``scale`` when absent). ``frontend_delay_s`` is per request, outside the steps: it is
-exposed as an attribute for whoever simulates the HTTP front-end.
+measured parts are multiplied by ``scale`` (embedding, linear, LM head),
+``prefill_attention_scale`` and ``decode_attention_scale`` (the two attentions; an older
+block's single ``attention_scale`` for both, ``scale`` when absent). ``frontend_delay_s`` is
+per request, outside the steps (``runner.collect`` moves engine times onto the client's clock).
 """
 
 from __future__ import annotations
@@ -151,8 +152,14 @@ class ProfileLatency:
         self.step_overhead_s = step_overhead_s + cal["step_overhead_s"]
         self.per_output_token_s = cal["per_output_token_s"]
         self.scale = cal["scale"]                         # GEMM parts: embedding, linear, LM head
-        self.attention_scale = cal.get("attention_scale", self.scale)
+        # attention: prefill and decode run different kernels in a serving engine, so each has
+        # its own scale; an older block's single attention_scale (or none: GEMM scale) for both
+        both = cal.get("attention_scale", self.scale)
+        self.prefill_attention_scale = cal.get("prefill_attention_scale", both)
+        self.decode_attention_scale = cal.get("decode_attention_scale", both)
         self.frontend_delay_s = cal["frontend_delay_s"]   # per request, outside the steps
+        self._scaled = (self.scale, self.prefill_attention_scale,
+                        self.decode_attention_scale) != (1.0, 1.0, 1.0)
         if "calibration" in profile:
             self.label = self.label[:-1] + ", calibrated)"
         lin, emb, lm = profile["linear"], profile["embedding"], profile["lm_head"]
@@ -204,7 +211,7 @@ class ProfileLatency:
         again.pop("attn_decode", None)
         ctx = sorted(plan.decode_ctx)
         prefix = [0, *accumulate(ctx)]
-        scaled = self.scale != 1.0 or self.attention_scale != 1.0
+        scaled = self._scaled
         extra = plan.extra_s
 
         def step(i: int) -> float:
@@ -213,7 +220,7 @@ class ProfileLatency:
             self.extrapolated.update(again)
             decode = self.layers * self._get("attn_decode", self.decode, ctx, prefix, i)
             if scaled:
-                decode *= self.attention_scale
+                decode *= self.decode_attention_scale
             parts = dict(base)
             parts["attn_decode"] = decode
             return sum(parts.values()) + extra
@@ -243,11 +250,11 @@ class ProfileLatency:
         if plan.num_sampled:
             parts["lm_head"] = self._get("lm_head", self.lm_head, plan.num_sampled)
             parts["output_tokens"] = self.per_output_token_s * plan.num_sampled
-        if self.scale != 1.0 or self.attention_scale != 1.0:
+        if self._scaled:
             for name in ("embedding", "linear", "lm_head"):
                 parts[name] *= self.scale
-            for name in ("attn_prefill", "attn_decode"):
-                parts[name] *= self.attention_scale
+            parts["attn_prefill"] *= self.prefill_attention_scale
+            parts["attn_decode"] *= self.decode_attention_scale
         parts["swap"] = (plan.swap_in_blocks + plan.swap_out_blocks) * self._swap_block_s
         if self.tp_scale != 1.0:
             for name in ("linear", "attn_prefill", "attn_decode", "lm_head"):
@@ -280,8 +287,9 @@ def _calibration(cal: Any, source: str) -> dict[str, float]:
         raise DataError(source, "calibration: expected an object")
     out = {}
     keys = dict(_CALIBRATION_DEFAULTS)
-    if "attention_scale" in cal:          # without it, attention is scaled like the rest
-        keys["attention_scale"] = 1.0
+    for key in ("attention_scale", "prefill_attention_scale", "decode_attention_scale"):
+        if key in cal:                    # without them, attention is scaled like the rest
+            keys[key] = 1.0
     for key, default in keys.items():
         v = cal.get(key, default)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
