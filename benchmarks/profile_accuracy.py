@@ -8,6 +8,12 @@ LM head, greedy sampling; same dtype, block size, attention backend and thread c
 profile; warmed up, median of repeats, in rounds over all batches), predicts it with simserve's
 ``ProfileLatency``, and prints the absolute relative error per batch kind.
 
+A shared machine's speed wanders by several per cent over minutes. To tell that apart from the
+composition's own error, the profile's own held-out whole steps (timed while profiling) are
+re-timed in the same rounds: the median ratio now/then is the machine's drift since profiling,
+printed with a second table in which every prediction is scaled by it (a diagnostic, not a
+prediction: the first table is the result).
+
     .venv/bin/python benchmarks/profile_accuracy.py                      # the shipped tiny CPU profile
     .venv/bin/python benchmarks/profile_accuracy.py --profile p.json --n 300 --json out.json
 
@@ -260,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="timed rounds; each batch's time is its median over them")
     ap.add_argument("--seed", type=int, default=12345)
     ap.add_argument("--json", type=Path, help="write every batch's result here")
+    ap.add_argument("--max-ref-s", type=float, default=1.0,
+                    help="re-time the profile's own held-out steps up to this long, in the "
+                         "same rounds, to measure how far the machine drifted since profiling")
     args = ap.parse_args(argv)
 
     from profiler.schema import load_profile
@@ -272,9 +281,17 @@ def main(argv: list[str] | None = None) -> int:
     batches = held_out_batches(profile, args.n, args.seed, budget, max_decodes, max_ctx)
     model = ProfileLatency(profile, source=str(args.profile))
 
+    # the profile's own whole steps (timed while profiling) once more, in the same rounds:
+    # their ratio now/then is how much faster or slower the machine runs than when profiled
+    refs = [h for h in profile["heldout"] if h["seconds"] <= args.max_ref_s]
+    ref_batches = [Batch("reference", tuple(tuple(x) for x in h["prefill"]),
+                         tuple(h["decode_ctx"]), h["num_sampled"]) for h in refs]
     load_before = loadavg()
-    measured = measure_steps(profile, batches, args.warmup, args.repeats)
+    measured = measure_steps(profile, batches + ref_batches, args.warmup, args.repeats)
     load_after = loadavg()
+    measured, ref_now = measured[:len(batches)], measured[len(batches):]
+    ratios = sorted(m / h["seconds"] for m, h in zip(ref_now, refs))
+    drift = statistics.median(ratios) if ratios else None
 
     rows = []
     for b, m in zip(batches, measured):
@@ -295,6 +312,14 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {load_before:.2f} before, {load_after:.2f} after; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(format_table(summary))
+    if drift is not None:
+        adjusted = summarize([{**r, "rel_err": (r["predicted_s"] * drift - r["measured_s"])
+                               / r["measured_s"]} for r in rows])
+        print(f"\nmachine drift since profiling: the profile's {len(refs)} held-out steps of "
+              f"up to {args.max_ref_s:g} s, re-timed in these rounds, took x{drift:.3f} their "
+              f"profiled time (x{ratios[0]:.3f} to x{ratios[-1]:.3f}). With every prediction "
+              f"scaled by that drift (the composition's error alone, not a prediction):")
+        print(format_table(adjusted))
     if model.warnings():
         print("\n".join(model.warnings()))
     worst = sorted(rows, key=lambda r: -abs(r["rel_err"]))[:5]
@@ -304,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"profile": str(args.profile), "budget": budget,
                                          "load_before": load_before, "load_after": load_after,
-                                         "summary": summary, "batches": rows}, indent=1))
+                                         "summary": summary, "drift": drift,
+                                         "drift_ratios": ratios, "batches": rows}, indent=1))
     return 0
 
 
