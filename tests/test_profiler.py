@@ -671,4 +671,3 @@ def test_rounds_interleave_a_family_and_keep_whole_steps():
         assert all(s.n == 5 for s in stats.values())          # warm-up rounds not kept
         assert all(s.median == 1.0 for name, s in stats.items() if name != WHOLE_STEP)
         assert stats[WHOLE_STEP].median == i + 1              # one second per part
-
