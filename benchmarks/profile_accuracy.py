@@ -204,7 +204,9 @@ def measure_steps(profile: dict, batches: list[Batch], warmup: int, repeats: int
                 lambda sections: model.step(ids, meta, caches, backend, sample_greedy, rows,
                                             sections))
 
-    measured = timer.rounds([step(*x) for x in steps], seed=seed, on_round=on_round)
+    # warm like the profile's own rounds when it was measured so (settings.order)
+    warm = settings.get("order") == "warm_rounds"
+    measured = timer.rounds([step(*x) for x in steps], seed=seed, on_round=on_round, warm=warm)
     return [parts[WHOLE_STEP].median for parts in measured]
 
 

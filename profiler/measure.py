@@ -105,8 +105,8 @@ class Timer:
         return out
 
     def rounds(self, steps: list[tuple[Callable[[], None], Callable[[Sections], Any]]],
-               seed: int = 0, on_round: Callable[[int, int], None] | None = None
-               ) -> list[dict[str, Stat]]:
+               seed: int = 0, on_round: Callable[[int, int], None] | None = None,
+               warm: bool = False) -> list[dict[str, Stat]]:
         """Like :meth:`sections` for many steps at once, measured in *rounds*: each round runs
         every step once, in a fresh random order, so that a slow spell of a shared machine
         spreads over all of them instead of biasing the few measured during it, and each step
@@ -115,7 +115,10 @@ class Timer:
         ``prepare()`` (the attention backend's per-step metadata, untimed) goes right before
         each ``run(sections)``. The first ``warmup`` rounds are not kept; rounds stop after
         ``repeats``, or after ``MIN_REPEATS`` once the family has used its time budget
-        (``budget_s`` per step). ``on_round(done, total)`` after each round."""
+        (``budget_s`` per step). ``on_round(done, total)`` after each round. With ``warm``
+        each step runs twice in a row and only the second is kept: in a server consecutive
+        steps are alike, so a step finds what it needs where the step before left it, not
+        where a step of another size did."""
         rec = Sections(self.device, self.clock)
         rng = random.Random(seed)
         order = list(range(len(steps)))
@@ -127,6 +130,9 @@ class Timer:
             for i in order:
                 prepare, run = steps[i]
                 prepare()
+                if warm:
+                    run(rec)
+                    rec.result()
                 run(rec)
                 parts = rec.result()
                 if r >= self.warmup:
@@ -502,7 +508,7 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
             "timer": opts.timer_name,
             "sampler": "greedy (lm_head.top_p_seconds: top-p 0.9)",
             "method": "in_step",
-            "order": "rounds" if ctx.interleave else "point_by_point",
+            "order": "warm_rounds" if ctx.interleave else "point_by_point",
         },
         "attention": {
             "backend": backend_name, "compiled": compiled,
@@ -619,7 +625,7 @@ def _in_steps(c: _Ctx, caches: list[PagedKVCache], specs: list[StepSpec],
             c.progress.step(section, f"round {done}/{total}")
             shown += 1
 
-    return c.timer.rounds(steps, seed=c.opts.seed, on_round=on_round)
+    return c.timer.rounds(steps, seed=c.opts.seed, on_round=on_round, warm=True)
 
 
 def _measure_tokens(c: _Ctx) -> tuple[dict[str, Any], dict[str, Any]]:

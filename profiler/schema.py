@@ -19,7 +19,8 @@ Layout (all times in seconds; every timing is the median over warmed-up repeats,
                     timer ("perf_counter"|"thread_time"|"cuda_event"), sampler,
                     method (optional: "in_step" = parts timed inside whole steps; absent or
                     "isolated" = each part timed alone), order (optional: "rounds" = a
-                    family's points interleaved, round after round; absent or
+                    family's points interleaved, round after round; "warm_rounds" = the
+                    same, each point run twice in a row and the second kept; absent or
                     "point_by_point")
     attention       backend, compiled, compile_seconds {family: s}, fallback|null,
                     self_check_rel_err, note
@@ -57,7 +58,7 @@ from simserve.errors import DataError
 SCHEMA_VERSION = 1
 KIND = "simserve-profile"
 METHODS = ("in_step", "isolated")
-ORDERS = ("rounds", "point_by_point")
+ORDERS = ("rounds", "warm_rounds", "point_by_point")
 
 
 class ProfileError(DataError):
@@ -105,8 +106,9 @@ class _SettingsAdded(TypedDict, total=False):
     # as the first version-1 files were); "in_step": each part timed inside whole steps
     method: Literal["in_step", "isolated"]
     # added within version 1; absent means "point_by_point" (each point's repeats back to
-    # back); "rounds": every point of a family once per round, in random order
-    order: Literal["rounds", "point_by_point"]
+    # back); "rounds": every point of a family once per round, in random order;
+    # "warm_rounds": the same, each point twice in a row, the second kept
+    order: Literal["rounds", "warm_rounds", "point_by_point"]
 
 
 class Settings(_SettingsAdded):

@@ -671,3 +671,26 @@ def test_rounds_interleave_a_family_and_keep_whole_steps():
         assert all(s.n == 5 for s in stats.values())          # warm-up rounds not kept
         assert all(s.median == 1.0 for name, s in stats.items() if name != WHOLE_STEP)
         assert stats[WHOLE_STEP].median == i + 1              # one second per part
+
+
+def test_warm_rounds_run_each_step_twice_in_a_row_and_keep_the_second():
+    from profiler.measure import WHOLE_STEP, Timer
+    ticks = iter(range(10**6))
+    timer = Timer(torch.device("cpu"), warmup=1, repeats=3, budget_s=1e9,
+                  clock=lambda: float(next(ticks)))
+    runs: list[int] = []
+
+    def step(i: int):
+        def run(sections):
+            runs.append(i)
+            sections.start()
+            sections.mark("part")
+            if len(runs) % 2:          # the first of each pair is slow: it must not count
+                sections.mark("part")
+        return (lambda: None), run
+
+    out = timer.rounds([step(i) for i in range(4)], seed=1, warm=True)
+    assert len(runs) == 2 * 4 * 4                            # 4 rounds, 4 steps, twice each
+    assert all(runs[k] == runs[k + 1] for k in range(0, len(runs), 2))   # pairs in a row
+    for stats in out:
+        assert stats[WHOLE_STEP].n == 3 and stats[WHOLE_STEP].median == 1.0
