@@ -208,7 +208,7 @@ class Grid:
 
 
 GRIDS = {
-    # tiny model on one CPU thread: < 60 s end to end
+    # tiny model on one CPU thread: ~105 s end to end in warm rounds (2-core EPYC VM)
     "quick": Grid(tokens=(1, 8, 32, 128, 512, 2048), prefill_chunk=(16, 128, 512, 2048),
                   prefill_ctx=(0, 512, 2048), decode_batch=(1, 8, 64), decode_ctx=(16, 256, 2048),
                   lm_seqs=(1, 8, 64, 256), heldout=4, heldout_max_decodes=48,
