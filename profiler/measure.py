@@ -45,6 +45,12 @@ class Stat:
     n: int
 
 
+def _stat(times: list[float]) -> Stat:
+    """Median, 10th and 90th percentile of ``times`` (sorted in place)."""
+    times.sort()
+    return Stat(_quantile(times, 0.5), _quantile(times, 0.1), _quantile(times, 0.9), len(times))
+
+
 def _quantile(sorted_xs: list[float], q: float) -> float:
     pos = q * (len(sorted_xs) - 1)
     lo, hi = math.floor(pos), math.ceil(pos)
@@ -69,10 +75,7 @@ class Timer:
             # one warm-up call is enough for a slow point (allocator, caches, compile are warm)
             if time.perf_counter() - start > self.budget_s / 3:
                 break
-        times = self._cuda(fn) if self.device.type == "cuda" else self._cpu(fn)
-        times.sort()
-        return Stat(_quantile(times, 0.5), _quantile(times, 0.1), _quantile(times, 0.9),
-                    len(times))
+        return _stat(self._cuda(fn) if self.device.type == "cuda" else self._cpu(fn))
 
     def sections(self, fn: Callable[[Sections], Any]) -> dict[str, Stat]:
         """Median and spread of each part of a step over warmed-up repeats, and of the whole
@@ -97,12 +100,7 @@ class Timer:
             n += 1
             if n >= MIN_REPEATS and time.perf_counter() - start > self.budget_s:
                 break
-        out = {}
-        for name, times in samples.items():
-            times.sort()
-            out[name] = Stat(_quantile(times, 0.5), _quantile(times, 0.1),
-                             _quantile(times, 0.9), len(times))
-        return out
+        return {name: _stat(times) for name, times in samples.items()}
 
     def rounds(self, steps: list[tuple[Callable[[], None], Callable[[Sections], Any]]],
                seed: int = 0, on_round: Callable[[int, int], None] | None = None,
@@ -147,15 +145,7 @@ class Timer:
                 if on_round is not None and r + 1 < total:
                     on_round(total, total)
                 break
-        out = []
-        for got in samples:
-            stats = {}
-            for name, times in got.items():
-                times.sort()
-                stats[name] = Stat(_quantile(times, 0.5), _quantile(times, 0.1),
-                                   _quantile(times, 0.9), len(times))
-            out.append(stats)
-        return out
+        return [{name: _stat(times) for name, times in got.items()} for got in samples]
 
     def _cpu(self, fn: Callable[[], Any]) -> list[float]:
         times: list[float] = []

@@ -132,6 +132,8 @@ def test_calibration_block_prices_steps(tmp_path):
     assert "calibrated" in cal.label and "calibrated" not in base.label
     with pytest.raises(DataError, match="calibration.scale"):
         ProfileLatency({**prof, "calibration": {"scale": -1}})
+    with pytest.raises(DataError, match="calibration.decode_attention_scale"):
+        ProfileLatency({**prof, "calibration": {"decode_attention_scale": "fast"}})
     # without attention_scale, attention is scaled like the GEMM parts
     one = ProfileLatency({**prof, "calibration": {"scale": 2.0}})
     assert one.step_time(decode_plan(8, 300)) == pytest.approx(

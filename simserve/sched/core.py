@@ -363,7 +363,7 @@ class Scheduler:
                     _extend_runs(req.token_runs, index, 1)
                 if req.num_generated == req.num_output_tokens:
                     finished.append(req)
-        self._finish(finished, t_end)
+        self._finish_at(finished)
         return finished
 
     def _next_step(self, ends: list[float]) -> int:
@@ -374,11 +374,6 @@ class Scheduler:
         if self.record_tokens:
             self.step_ends.extend(ends)
         return first
-
-    def _finish(self, finished: list[Request], t_end: float) -> None:
-        for req in finished:
-            req.last_token_s = t_end
-        self._finish_at(finished)
 
     def _finish_at(self, finished: list[Request]) -> None:
         """Retire finished requests, each at the time of its last token."""
