@@ -58,6 +58,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -223,10 +224,11 @@ class Recorder:
                     plan.swap_in_blocks)
 
     def stretch(self, replica: Replica, starts: list[float], durations: list[float],
-                segments: list[tuple[int, int]], kv_used: list[int]) -> None:
-        """k decode steps, one group per segment ``(first step, requests decoding)``
+                segments: list[tuple[int, int]], kv_used: list[int], plan: StepPlan) -> None:
+        """k steps starting with ``plan``, one group per segment ``(first step, requests)``
         (``Scheduler.stretch_segments``): the steps of a segment differ only in their times
-        and KV blocks used; every running request is in it."""
+        and KV blocks used; every running request is in it. The first segment has ``plan``'s
+        counts (a mixed first step is a segment of its own); the others decode."""
         log = self.log(replica)
         s = log.steps
         s["start_s"].extend(starts)
@@ -237,7 +239,11 @@ class Recorder:
             if i0 >= k:
                 break
             i1 = segments[j + 1][0] if j + 1 < len(segments) else k
-            self._group(log, min(i1, k) - i0, replica, 0, 0, m, 0, 0, 0, num_running=m)
+            if j == 0:
+                self._group(log, min(i1, k), replica, plan.num_prefill_tokens,
+                            len(plan.prefill_lens), len(plan.decode_ctx), 0, 0, 0, num_running=m)
+            else:
+                self._group(log, min(i1, k) - i0, replica, 0, 0, m, 0, 0, 0, num_running=m)
 
     @staticmethod
     def _group(log, k, replica, prefill_tokens, prefill_seqs, decode_seqs, preempted,
@@ -599,7 +605,7 @@ class _Cluster:
         """Every request whose KV was on, or on its way to or from, the failed replica; the
         requests that were only assigned to it (still prefilling elsewhere) get another."""
         sched = r.scheduler
-        held = [*sched.running, *sched.waiting, *sched.swapped]
+        held = sched.held_requests()
         victims = [self.real.pop(p.id) for p in held] if r.role == "prefill" else held
         for t, _, kind, payload in r.inbox:
             if kind == _UNPIN:       # the source of a transfer: lost if still in flight
@@ -773,38 +779,20 @@ def _replica_loop(env, c: _Cluster, r: Replica):
         # past a finish only when nothing can look at the replica before the stretch is
         # applied (pull mode: it is applied at once)
         k = sched.decode_stretch_limit(plan, MAX_STRETCH, pull) if fast else 1
+        durations = None
         if k > 1:
-            # step i starts at s_i = (...((s_0 + d_0) + d_1) ...), added in order exactly as
-            # stepping would (step 0 always runs); each segment priced from its own plan
-            firsts = sched.stretch_segments(k)
-            segments = []            # (first step, requests) of the segments reached
-            starts, durations, t = [], [], start
-            for j, i0 in enumerate(firsts):
-                if i0 and t >= cut:  # its first step would start at or after the cut
-                    break
-                i1 = firsts[j + 1] if j + 1 < len(firsts) else k
-                seg_plan = sched.segment_plan(plan, i0)
-                segments.append((i0, len(seg_plan.decode_ctx)))
-                step_time = stretch_step_time(latency, seg_plan)
-                for i in range(i0, i1):
-                    if i and (t >= cut or cut_end < inf and t + step_time(i - i0) >= cut_end):
-                        break
-                    d = step_time(i - i0)
-                    starts.append(t)
-                    durations.append(d)
-                    t = t + d
-                else:
-                    continue
-                break
+            starts, durations, segments, t = _price_stretch(sched, latency, plan, k, start,
+                                                            cut, cut_end)
             k = len(starts)
         stretch = k > 1
         if stretch:
             ends = starts[1:]
             ends.append(t)
-            rec.stretch(r, starts, durations, segments, sched.stretch_blocks_used(k))
+            rec.stretch(r, starts, durations, segments, sched.stretch_blocks_used(k), plan)
             now = t
         else:
-            duration = latency.step_time(plan)
+            # (a stretch cut back to its first step: that step is priced already)
+            duration = durations[0] if durations else latency.step_time(plan)
             rec.step(r, start, duration, plan)
             now = start + duration
         if not pull and (not run_ahead or now >= cut):
@@ -840,19 +828,70 @@ def _hold(env, r: Replica, end: float):
             end = r.flight.ends[-1]
 
 
-def stretch_step_time(latency: LatencyModel, plan: StepPlan):
-    """``i -> seconds`` of step i of a decode stretch starting with ``plan`` (step i: every
-    context grown by i). Uses the model's own ``decode_stretch`` when it has one (it must give
-    values bit-identical to ``step_time`` step by step); otherwise prices each step's plan."""
+def _price_stretch(sched: Scheduler, latency: LatencyModel, plan: StepPlan, k: int,
+                   start: float, cut: float, cut_end: float):
+    """Price the decode stretch of up to ``k`` steps starting with ``plan`` at ``start``.
+
+    Step i starts at s_i = (...((s_0 + d_0) + d_1) ...), summed in order exactly as stepping
+    would (a cumulative sum, which adds left to right); a step after the first is kept only if
+    it starts before ``cut`` and ends before ``cut_end``. Each segment is priced from its own
+    plan, in chunks no longer than the cut needs (step times grow along a segment, so the last
+    one priced bounds how many more fit). Returns (starts, durations, segments, end): the kept
+    steps, the ``(first step, requests)`` of each segment reached, and the last step's end.
+    """
+    firsts = sched.stretch_segments(k)
+    segments: list[tuple[int, int]] = []
+    starts: list[float] = []
+    durations: list[float] = []
+    t, d_last = start, 0.0
+    for j, i0 in enumerate(firsts):
+        if i0 and t >= cut:      # the segment's first step would start at or after the cut
+            break
+        i1 = firsts[j + 1] if j + 1 < len(firsts) else k
+        seg_plan = sched.segment_plan(plan, i0)
+        segments.append((i0, len(seg_plan.request_ids)))
+        prices = stretch_prices(latency, seg_plan)
+        i = i0
+        while i < i1:
+            n = i1 - i
+            if cut < INF:        # enough steps to reach the cut, if step times only grow
+                n = min(n, max(1, int((cut - t) / d_last) + 2) if d_last > 0 else 1)
+            d = prices(i - i0, n)
+            acc = list(accumulate(d, initial=t))   # acc[m]: start of step i + m; acc[n]: end
+            keep = n
+            if cut < INF:
+                keep = bisect_left(acc, cut, 0, n)                 # first start >= cut
+            if cut_end < INF:
+                keep = min(keep, bisect_left(acc, cut_end, 1, n + 1) - 1)   # first end >= it
+            if i == 0 and keep == 0:
+                keep = 1                   # step 0 always runs
+            t = acc[keep]
+            if keep < n:
+                starts += acc[:keep]
+                durations += d[:keep]
+                return starts, durations, segments, t
+            del acc[n]
+            starts += acc
+            durations += d
+            d_last = d[-1]
+            i += n
+    return starts, durations, segments, t
+
+
+def stretch_prices(latency: LatencyModel, plan: StepPlan):
+    """``(i, n) -> list`` of the seconds of steps i .. i + n - 1 of a decode stretch starting
+    with ``plan`` (step i: every context grown by i). Uses the model's own ``decode_stretch``
+    when it has one (its values must be bit-identical to ``step_time`` step by step);
+    otherwise prices each step's plan."""
     fast = getattr(latency, "decode_stretch", None)
     if fast is not None:
         return fast(plan)
 
-    def step(i: int) -> float:
-        return latency.step_time(
-            dataclasses.replace(plan, decode_ctx=tuple(c + i for c in plan.decode_ctx)))
+    def prices(i: int, n: int) -> list[float]:
+        return [latency.step_time(dataclasses.replace(
+            plan, decode_ctx=tuple(c + m for c in plan.decode_ctx))) for m in range(i, i + n)]
 
-    return step
+    return prices
 
 
 def _mark_first_scheduled(sched: Scheduler, plan: StepPlan, start: float) -> None:

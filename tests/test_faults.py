@@ -33,6 +33,19 @@ def faults_raw(replicas=2, **faults):
     }
 
 
+def test_a_failure_also_evacuates_fastserve_paused_jobs():
+    # FastServe, one sequence per step, quantum 1: the two requests alternate, so at any step
+    # boundary one of them is paused (KV held, not running). Replica 0 of one fails at 25 ms:
+    # the paused job must be retried with the running one, not lost with the replica.
+    raw = faults_raw(replicas=1, events=[{"replica": 0, "at_s": 0.025, "restart_s": 0.05}])
+    raw["engine"]["max_num_seqs"] = 1
+    raw["scheduler"] = {"policy": "fastserve", "num_queues": 2, "base_quantum": 1}
+    raw["workload"]["num_requests"] = 2
+    sm = simserve.run(parse_scenario(raw)).summary
+    assert sm["completed"] == 2 and sm["num_failed"] == 0 and sm["num_rejected"] == 0
+    assert sm["num_retried_requests"] == 2
+
+
 def test_failure_with_retry_by_hand():
     # 4 requests at t=0 (prompt 10, 5 tokens), round robin: replica 0 serves 0 and 2, replica 1
     # serves 1 and 3; every step 10 ms. Replica 0 fails at 25 ms (back at 125 ms):

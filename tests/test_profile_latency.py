@@ -201,12 +201,12 @@ def test_decode_stretch_is_bit_identical_to_step_time(calibrated):
         ctx = [rng.randint(0, 1100) for _ in range(rng.randint(1, 12))]   # some beyond 1000
         p = plan(decode=ctx, sampled=len(ctx))
         fast, slow = ProfileLatency(prof), ProfileLatency(prof)
-        step = fast.decode_stretch(p)
+        prices = fast.decode_stretch(p)
         for i in range(0, 200, 7):
             import dataclasses
-            expected = slow.step_time(dataclasses.replace(
-                p, decode_ctx=tuple(c + i for c in ctx)))
-            assert step(i) == expected, (ctx, i)
+            expected = [slow.step_time(dataclasses.replace(
+                p, decode_ctx=tuple(c + m for c in ctx))) for m in (i, i + 1, i + 2)]
+            assert prices(i, 3) == expected, (ctx, i)
         assert fast.extrapolated == slow.extrapolated
 
 

@@ -144,7 +144,8 @@ def test_decode_stretch_is_bit_identical_to_step_time(decode, tp, steps, prefill
     bit, with and without tensor parallelism (the fast-forward equivalence rests on it)."""
     model = RooflineModel(LLAMA, H100, tensor_parallel_size=tp)
     p = plan(prefill=prefill, decode=decode)
-    step = model.decode_stretch(p)
-    for i in range(steps):
-        grown = plan(prefill=prefill, decode=[c + i for c in decode])
-        assert step(i) == model.step_time(grown)
+    prices = model.decode_stretch(p)
+    expected = [model.step_time(plan(prefill=prefill, decode=[c + i for c in decode]))
+                for i in range(steps)]
+    assert prices(0, steps) == expected
+    assert prices(steps // 2, steps - steps // 2) == expected[steps // 2:]

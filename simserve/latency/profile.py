@@ -200,8 +200,8 @@ class ProfileLatency:
         return sum(self.breakdown(plan).values()) + plan.extra_s
 
     def decode_stretch(self, plan: StepPlan):
-        """``step_time`` of step i of a decode stretch starting with ``plan`` (every context
-        grown by i), as a function of i. Only decode attention changes along a stretch; it is
+        """Prices of a decode stretch starting with ``plan`` (step i: every context grown by
+        i): a function ``(i, n) -> list`` of the ``step_time`` of steps i .. i + n - 1. Only decode attention changes along a stretch; it is
         recomputed from the contexts sorted once (no per-step sort or tuple), by the same
         operations as :meth:`breakdown`, so each value is bit-identical to ``step_time`` of that
         step, and the extrapolation counts come out as if each step had been priced."""
@@ -225,7 +225,10 @@ class ProfileLatency:
             parts["attn_decode"] = decode
             return sum(parts.values()) + extra
 
-        return step
+        def prices(i: int, n: int) -> list[float]:
+            return [step(j) for j in range(i, i + n)]
+
+        return prices
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         """Seconds per component (all layers together); they sum to :meth:`step_time` less the

@@ -89,9 +89,10 @@ class RooflineModel:
         return sum(self._parts(plan)) + self.step_overhead_s + plan.extra_s
 
     def decode_stretch(self, plan: StepPlan):
-        """``step_time`` of step i of a decode stretch starting with ``plan`` (every context
-        grown by i), as a function of i. Mirrors ``_parts`` operation for operation, so each
-        value is bit-identical to ``step_time`` of that step (fast-forward relies on it)."""
+        """Prices of a decode stretch starting with ``plan`` (step i: every context grown by
+        i): a function ``(i, n) -> list`` of the ``step_time`` of steps i .. i + n - 1.
+        Mirrors ``_parts`` operation for operation, so each value is
+        bit-identical to ``step_time`` of that step (fast-forward relies on it)."""
         b = len(plan.decode_ctx)
         if plan.prefill_lens or plan.swap_in_blocks or plan.swap_out_blocks:
             linear, prefill, _, lm_head, comm, swap = self._parts(plan)
@@ -106,12 +107,12 @@ class RooflineModel:
         flop_s, kv_s, q_part = self._attn_flop_s, self._kv_tok_s, b * self._q_tok_s
         overhead = self.step_overhead_s
 
-        def step(i: int) -> float:
-            attended = base + b * i
-            decode = max(attended * flop_s, attended * kv_s + q_part)
-            return ((((before + decode) + lm_head) + comm) + swap) + overhead
+        def prices(i: int, n: int) -> list[float]:
+            attended = range(base + b * i, base + b * (i + n), b) if b else [0] * n
+            return [((((before + max(a * flop_s, a * kv_s + q_part)) + lm_head) + comm) + swap)
+                    + overhead for a in attended]
 
-        return step
+        return prices
 
     def allreduce_s(self, num_tokens: int) -> float:
         """Tensor-parallel communication of a step of ``num_tokens`` tokens: two ring

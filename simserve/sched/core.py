@@ -108,7 +108,9 @@ class Scheduler:
     monotone_admission: ClassVar[bool] = False
     # True if, moreover, with nothing waiting or swapped, a step right after some requests
     # finish decodes every request left (the same decision, minus the finished): a stretch may
-    # then run on past a finish (``decode_stretch_limit(..., past_finish=True)``).
+    # then run on past a finish (``decode_stretch_limit(..., past_finish=True)``); and a step
+    # after one in which every running request sampled decodes them all: a stretch may then
+    # start with a mixed step that ends some prefills.
     continues_past_finish: ClassVar[bool] = False
     # the policy's knobs (a frozen dataclass read by sched.params.read_params), if it has any
     params_type: ClassVar[type | None] = None
@@ -134,6 +136,7 @@ class Scheduler:
         self._batch: Batch | None = None
         self._stretch: list[tuple[Request, int, int, int]] = []   # see decode_stretch_limit
         self._past_finish = False
+        self._mixed = False     # the stretch starts with a mixed step (decode_stretch_limit)
 
     # -- queue state -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -145,6 +148,10 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
+
+    def held_requests(self) -> list[Request]:
+        """Every request this scheduler holds, in any queue (what a failure loses)."""
+        return [*self.running, *self.waiting, *self.swapped]
 
     @property
     def num_waiting(self) -> int:
@@ -398,28 +405,50 @@ class Scheduler:
     #
     # Until someone finishes, arrives, or the blocks run out, every step repeats the decision
     # (for a policy with monotone admission), so the engine can price and apply k steps at once.
+    # A stretch may also start with a step that completes the last prefill chunks of some
+    # requests while the others decode: when nothing is left waiting, the next step decodes
+    # them all (a newcomer with prompt p is then at c = p - 1, as if it had decoded at step 0).
 
     def decode_stretch_limit(self, plan: StepPlan, max_steps: int,
                              past_finish: bool = False) -> int:
         """How many steps, starting with ``plan``, are a decode stretch (1 = just this one).
 
-        Bounded by ``max_steps``; by the KV blocks (the stretch stops before the step whose
+        ``plan`` must schedule every running request and have each sample a token: all
+        decodes, or (with ``past_finish``, for a policy that ``continues_past_finish``, with
+        nothing waiting or swapped) some of them the last chunk of a prefill, which makes step
+        0 a segment of its own. Bounded by ``max_steps``; by the KV blocks (the stretch stops before the step whose
         allocations would not fit); and by the earliest finish (its last step ends the
         stretch) unless ``past_finish`` and the policy ``continues_past_finish`` with nothing
         waiting or swapped: then requests drop out of the stretch as they finish, in
         *segments* (``stretch_segments``, ``segment_plan``), and it runs until the last one is done.
         """
         running = self.running
-        if (not self.monotone_admission or plan.prefill_lens or plan.num_preempted
+        if (not self.monotone_admission or plan.num_preempted
                 or plan.swap_in_blocks or plan.swap_out_blocks
-                or len(plan.decode_ctx) != len(running) or max_steps <= 1
+                or plan.num_sampled != len(running) or len(plan.request_ids) != len(running)
+                or max_steps <= 1
                 or self.blocks.caches_prefixes):   # blocks with identities: allocate() each
             return 1
+        # every running request is in the plan and samples a token in it; if some prefill
+        # (their last chunk), the stretch may start with this mixed step when what follows is
+        # sure to decode them all (nothing waits to be admitted or swapped in) and, as for
+        # segments, nothing can look at the stretch before it is applied (``past_finish``)
+        self._mixed = mixed = bool(plan.prefill_lens)
+        if mixed and (not past_finish or not self.continues_past_finish or self.waiting
+                      or self.swapped or self._batch is None or self._batch.plan is not plan):
+            return 1
         held = self.blocks._held
-        # snapshot (request, tokens computed, blocks held, steps left) once: the stretch verbs
-        # reuse it
-        snap = self._stretch = [(r, r.num_computed_tokens, held[r.id],
-                                 r.num_output_tokens - r.num_generated) for r in running]
+        # snapshot (request, c, blocks held, steps left) once: the stretch verbs reuse it.
+        # Step i feeds the member's token at position c + i: c is the tokens computed before
+        # the step less one, plus the tokens the plan gives it (1 for a decode).
+        if mixed:
+            new = {r.id: n for r, n in self._batch.entries}
+            snap = [(r, r.num_computed_tokens + new[r.id] - 1, held[r.id],
+                     r.num_output_tokens - r.num_generated) for r in running]
+        else:
+            snap = [(r, r.num_computed_tokens, held[r.id],
+                     r.num_output_tokens - r.num_generated) for r in running]
+        self._stretch = snap
         self._past_finish = past = (past_finish and self.continues_past_finish
                                     and not self.waiting and not self.swapped)
         left = [x[3] for x in snap]
@@ -452,17 +481,20 @@ class Scheduler:
         return lo
 
     def stretch_segments(self, k: int) -> list[int]:
-        """The first step of each run of one membership among the stretch's steps 0..k-1
-        (``[0]`` unless requests drop out as they finish). ``segment_plan`` gives each one's
-        plan; step i of a segment starting at i0 is that plan with every context grown by
+        """The first step of each run of one membership and shape among the stretch's steps
+        0..k-1 (``[0]`` unless the stretch starts with a mixed step, which is a segment of its
+        own, or requests drop out as they finish). ``segment_plan`` gives each one's plan;
+        step i of a decode segment starting at i0 is that plan with every context grown by
         i - i0."""
-        if not self._past_finish:
-            return [0]
-        return [0, *sorted({n for *_, n in self._stretch if n < k})]
+        firsts = {n for *_, n in self._stretch if n < k} if self._past_finish else set()
+        if self._mixed:
+            firsts.add(1)
+        return [0, *sorted(firsts)]
 
     def segment_plan(self, plan: StepPlan, i0: int) -> StepPlan:
         """The plan of step ``i0`` of the stretch that starts with ``plan``: exactly what
-        ``schedule()`` would make then (the requests left, in running order, each decoding)."""
+        ``schedule()`` would make then (the requests left, in running order, each decoding;
+        step 0 is ``plan`` itself)."""
         if i0 == 0:
             return plan
         members = [(r.id, c + i0) for r, c, _, n in self._stretch if n > i0]

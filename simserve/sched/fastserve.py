@@ -72,6 +72,9 @@ class FastServe(Scheduler):
     def num_waiting(self) -> int:
         return super().num_waiting + len(self.paused)
 
+    def held_requests(self) -> list[Request]:
+        return [*super().held_requests(), *self.paused]
+
     def quantum(self, level: int) -> float:
         p = self.params
         return p.base_quantum * p.quantum_ratio ** level
