@@ -235,15 +235,22 @@ class Recorder:
         s["duration_s"].extend(durations)
         s["kv_blocks_used"].extend(kv_used)
         k = len(starts)
-        for j, (i0, m) in enumerate(segments):
+        sched = replica.scheduler
+        index, waiting, blocks = replica.index, sched.num_waiting, sched.blocks.num_blocks
+        ends = [i0 for i0, _ in segments[1:]]
+        ends.append(k)
+        records = log.group_records
+        for (i0, m), i1 in zip(segments, ends):
             if i0 >= k:
                 break
-            i1 = segments[j + 1][0] if j + 1 < len(segments) else k
-            if j == 0:
-                self._group(log, min(i1, k), replica, plan.num_prefill_tokens,
-                            len(plan.prefill_lens), len(plan.decode_ctx), 0, 0, 0, num_running=m)
+            steps = min(i1, k) - i0
+            if i0 == 0:
+                prefill = plan.num_prefill_tokens
+                records.extend((steps, index, prefill, len(plan.prefill_lens),
+                                len(plan.decode_ctx), prefill + len(plan.decode_ctx), m,
+                                waiting, blocks, 0, 0, 0))
             else:
-                self._group(log, min(i1, k) - i0, replica, 0, 0, m, 0, 0, 0, num_running=m)
+                records.extend((steps, index, 0, 0, m, m, m, waiting, blocks, 0, 0, 0))
 
     @staticmethod
     def _group(log, k, replica, prefill_tokens, prefill_seqs, decode_seqs, preempted,
@@ -895,8 +902,7 @@ def stretch_prices(latency: LatencyModel, plan: StepPlan):
 
 
 def _mark_first_scheduled(sched: Scheduler, plan: StepPlan, start: float) -> None:
-    if plan.prefill_lens:   # a request is first scheduled with its first prefill chunk
-        scheduled = set(plan.request_ids)
-        for req in sched.running:
-            if req.first_scheduled_s is None and req.id in scheduled:
-                req.first_scheduled_s = start
+    """Requests scheduled for the first time in this step (always with a prefill chunk)."""
+    if plan.prefill_lens:
+        for req in sched._batch.first_scheduled:
+            req.first_scheduled_s = start

@@ -112,7 +112,15 @@ class RooflineModel:
             return [((((before + max(a * flop_s, a * kv_s + q_part)) + lm_head) + comm) + swap)
                     + overhead for a in attended]
 
-        return prices
+        def memory_bound_prices(i: int, n: int) -> list[float]:
+            # the same values when a·kv_s + q_part >= a·flop_s for every a (kv_s >= flop_s;
+            # rounding is monotone), so max() picks its second term, and comm = swap = 0.0
+            # (x + 0.0 is x for any x >= 0): the usual decode step, in fewer operations
+            return [((before + (a * kv_s + q_part)) + lm_head) + overhead
+                    for a in range(base + b * i, base + b * (i + n), b)]
+
+        return memory_bound_prices if kv_s >= flop_s and b and not comm and not swap \
+            else prices
 
     def allreduce_s(self, num_tokens: int) -> float:
         """Tensor-parallel communication of a step of ``num_tokens`` tokens: two ring

@@ -20,6 +20,7 @@ from array import array
 from collections import deque
 from dataclasses import dataclass
 from itertools import accumulate
+from operator import itemgetter
 from typing import ClassVar
 
 from simserve.kv.blocks import BlockManager
@@ -49,7 +50,11 @@ class Batch:
         self.token_budget = limits.max_num_batched_tokens
         self.seq_budget = limits.max_num_seqs
         self.entries: list[tuple[Request, int]] = []
+        self.ids: list[int] = []               # the entries' request ids and new tokens,
+        self.new_tokens: list[int] = []        # kept as they are added (freeze packs them)
         self.scheduled: set[int] = set()
+        self.prefills: list[tuple[Request, int]] = []   # the entries that are prefill chunks
+        self.first_scheduled: list[Request] = []        # requests scheduled for the first time
         self.plan: StepPlan | None = None
         self.num_preempted = 0
         self.swap_out_blocks = 0
@@ -61,6 +66,8 @@ class Batch:
 
     def add(self, req: Request, n: int) -> None:
         self.entries.append((req, n))
+        self.ids.append(req.id)
+        self.new_tokens.append(n)
         self.scheduled.add(req.id)
         self.token_budget -= n
         self.seq_budget -= 1
@@ -71,6 +78,9 @@ class Batch:
         else:
             self.prefill_lens.append(n)
             self.prefill_ctx.append(computed)
+            self.prefills.append((req, n))
+            if req.first_scheduled_s is None:   # (a first scheduling is always a prefill)
+                self.first_scheduled.append(req)
         if computed + n == num_tokens:
             self.num_sampled += 1
 
@@ -79,10 +89,9 @@ class Batch:
         return self.token_budget <= 0 or self.seq_budget <= 0
 
     def freeze(self) -> StepPlan:
-        entries = self.entries
         self.plan = StepPlan(
-            request_ids=tuple([r.id for r, _ in entries]),
-            num_new_tokens=tuple([n for _, n in entries]),
+            request_ids=tuple(self.ids),
+            num_new_tokens=tuple(self.new_tokens),
             prefill_lens=tuple(self.prefill_lens),
             prefill_ctx=tuple(self.prefill_ctx),
             decode_ctx=tuple(self.decode_ctx),
@@ -220,6 +229,8 @@ class Scheduler:
                     return False
             elif -(-(c + 1) // bs) <= held.get(req.id, 0):
                 entries.append((req, 1))
+                batch.ids.append(req.id)
+                batch.new_tokens.append(1)
                 scheduled.add(req.id)
                 decode_ctx.append(c)
                 batch.token_budget -= 1
@@ -255,7 +266,10 @@ class Scheduler:
                 return False
             blocks.num_free -= added
             held.update(grow)
-        batch.entries.extend([(r, 1) for r in running])
+        ones = [1] * n
+        batch.entries.extend(zip(running, ones))
+        batch.ids.extend(ids)
+        batch.new_tokens.extend(ones)
         batch.scheduled.update(ids)
         batch.decode_ctx.extend(ctx)
         batch.token_budget -= n
@@ -442,8 +456,8 @@ class Scheduler:
         # Step i feeds the member's token at position c + i: c is the tokens computed before
         # the step less one, plus the tokens the plan gives it (1 for a decode).
         if mixed:
-            new = {r.id: n for r, n in self._batch.entries}
-            snap = [(r, r.num_computed_tokens + new[r.id] - 1, held[r.id],
+            more = {r.id: n - 1 for r, n in self._batch.prefills}
+            snap = [(r, r.num_computed_tokens + more.get(r.id, 0), held[r.id],
                      r.num_output_tokens - r.num_generated) for r in running]
         else:
             snap = [(r, r.num_computed_tokens, held[r.id],
@@ -451,8 +465,7 @@ class Scheduler:
         self._stretch = snap
         self._past_finish = past = (past_finish and self.continues_past_finish
                                     and not self.waiting and not self.swapped)
-        left = [x[3] for x in snap]
-        k = min(max_steps, max(left) if past else min(left))
+        k = min(max_steps, (max if past else min)(snap, key=_steps_left)[3])
         if k <= 1:
             return 1
         bs, free = self.blocks.block_size, self.blocks.num_free
@@ -486,7 +499,7 @@ class Scheduler:
         own, or requests drop out as they finish). ``segment_plan`` gives each one's plan;
         step i of a decode segment starting at i0 is that plan with every context grown by
         i - i0."""
-        firsts = {n for *_, n in self._stretch if n < k} if self._past_finish else set()
+        firsts = {x[3] for x in self._stretch if x[3] < k} if self._past_finish else set()
         if self._mixed:
             firsts.add(1)
         return [0, *sorted(firsts)]
@@ -497,12 +510,10 @@ class Scheduler:
         step 0 is ``plan`` itself)."""
         if i0 == 0:
             return plan
-        members = [(r.id, c + i0) for r, c, _, n in self._stretch if n > i0]
-        m = len(members)
-        return StepPlan(request_ids=tuple([i for i, _ in members]), num_new_tokens=(1,) * m,
-                        prefill_lens=(), prefill_ctx=(),
-                        decode_ctx=tuple([c for _, c in members]), num_sampled=m,
-                        extra_s=plan.extra_s)
+        ids, ctx = zip(*[(r.id, c + i0) for r, c, _, n in self._stretch if n > i0])
+        m = len(ids)
+        return StepPlan(request_ids=ids, num_new_tokens=(1,) * m, prefill_lens=(),
+                        prefill_ctx=(), decode_ctx=ctx, num_sampled=m, extra_s=plan.extra_s)
 
     def stretch_blocks_used(self, k: int) -> list[int]:
         """KV blocks in use after scheduling each step 0..k-1 of a stretch (for the recorder)."""
@@ -555,10 +566,10 @@ class Scheduler:
             req.last_step, req.last_token_s = a + steps - 1, ends[steps - 1]
             if req.token_runs is not None:
                 _extend_runs(req.token_runs, a, steps)
-            diff[a] += 1                # gaps a .. a + steps - 2
-            diff[a + steps - 1] -= 1
+            diff[a + steps - 1] -= 1    # its gaps a .. a + steps - 2 (the start: below)
             if steps == n:
                 finished.append(req)
+        diff[a] += len(self._stretch)
         if adjacent:
             diff[a - 1] += adjacent
             diff[a] -= adjacent
@@ -566,6 +577,9 @@ class Scheduler:
         self._stretch = []
         self._finish_at(finished)
         return finished
+
+
+_steps_left = itemgetter(3)     # of a stretch snapshot entry (request, c, blocks held, steps)
 
 
 def _extend_runs(runs: list[list[int]], first: int, k: int) -> None:
