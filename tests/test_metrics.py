@@ -309,3 +309,19 @@ def test_weighted_percentile_of_nearly_equal_values():
     expanded = np.repeat(values, weights)
     for q in (0, 50, 90, 99, 100):
         assert WeightedSample(values, weights).percentile(q) == np.percentile(expanded, q)
+
+
+def test_weighted_percentiles_of_many_ranks_in_crowded_chunks():
+    """Several percentiles at once over chunked data whose values crowd one histogram bin
+    (more than 2**16 of them: the selection zooms in) and whose extremes share one bin."""
+    from simserve.metrics.summary import WeightedSample
+    rng = np.random.default_rng(5)
+    crowd = 0.02 + rng.random(150_000) * 1e-7       # all in one of 4096 bins of [0, 1000]
+    values = np.concatenate([crowd, rng.random(5000), [0.0, 1000.0]])
+    weights = rng.integers(1, 4, len(values))
+    cut = [0, 40_000, 150_500, len(values)]
+    chunks = lambda: [(values[a:b], weights[a:b]) for a, b in zip(cut, cut[1:])]  # noqa: E731
+    qs = [0, 1, 25, 50, 90, 99, 99.9, 100]
+    expanded = np.repeat(values, weights)
+    assert WeightedSample(chunks=chunks).percentiles(qs) == \
+        [float(np.percentile(expanded, q)) for q in qs]

@@ -107,20 +107,20 @@ class RooflineModel:
         flop_s, kv_s, q_part = self._attn_flop_s, self._kv_tok_s, b * self._q_tok_s
         overhead = self.step_overhead_s
 
-        def prices(i: int, n: int) -> list[float]:
-            attended = range(base + b * i, base + b * (i + n), b) if b else [0] * n
-            return [((((before + max(a * flop_s, a * kv_s + q_part)) + lm_head) + comm) + swap)
-                    + overhead for a in attended]
+        if kv_s >= flop_s and b and not comm and not swap:
+            # the usual decode step, in fewer operations but the same values: a·kv_s + q_part
+            # >= a·flop_s for every a (kv_s >= flop_s; rounding is monotone), so max() picks
+            # its second term, and x + 0.0 is x for any x >= 0
+            def prices(i: int, n: int) -> list[float]:
+                return [((before + (a * kv_s + q_part)) + lm_head) + overhead
+                        for a in range(base + b * i, base + b * (i + n), b)]
+        else:
+            def prices(i: int, n: int) -> list[float]:
+                attended = range(base + b * i, base + b * (i + n), b) if b else [0] * n
+                return [((((before + max(a * flop_s, a * kv_s + q_part)) + lm_head) + comm)
+                         + swap) + overhead for a in attended]
 
-        def memory_bound_prices(i: int, n: int) -> list[float]:
-            # the same values when a·kv_s + q_part >= a·flop_s for every a (kv_s >= flop_s;
-            # rounding is monotone), so max() picks its second term, and comm = swap = 0.0
-            # (x + 0.0 is x for any x >= 0): the usual decode step, in fewer operations
-            return [((before + (a * kv_s + q_part)) + lm_head) + overhead
-                    for a in range(base + b * i, base + b * (i + n), b)]
-
-        return memory_bound_prices if kv_s >= flop_s and b and not comm and not swap \
-            else prices
+        return prices
 
     def allreduce_s(self, num_tokens: int) -> float:
         """Tensor-parallel communication of a step of ``num_tokens`` tokens: two ring

@@ -69,10 +69,11 @@ class WeightedSample:
     def _at_ranks(self, ranks: list[int]) -> dict[int, float]:
         """The elements at these 0-based ranks of the sorted expanded sample. A weighted
         histogram locates the bin holding each rank; only those bins' values are then
-        gathered and sorted (zooming into a bin that is still crowded)."""
+        gathered and sorted (zooming into a bin that is still crowded). Two passes over the
+        data serve all the ranks."""
         lo_v = min(float(v.min()) for v, _ in self._pieces())
         hi_v = max(float(v.max()) for v, _ in self._pieces())
-        return {r: self._select(r, lo_v, hi_v, self._pieces) for r in ranks} if lo_v < hi_v \
+        return self._select(ranks, lo_v, hi_v, self._pieces) if lo_v < hi_v \
             else dict.fromkeys(ranks, lo_v)
 
     @staticmethod
@@ -92,36 +93,40 @@ class WeightedSample:
         return max(totals)
 
     @staticmethod
-    def _select(rank: int, lo_v: float, hi_v: float, pieces) -> float:
-        while True:
-            if lo_v == hi_v:
-                return lo_v
-            counts = np.zeros(4096)
-            try:
-                for v, w in pieces():
-                    c, edges = np.histogram(v, bins=4096, range=(lo_v, hi_v), weights=w)
-                    counts += c
-            except ValueError:   # a range a few ulps wide: only a handful of distinct values
-                return WeightedSample._select_distinct(rank, lo_v, hi_v, pieces)
-            cum = np.cumsum(counts)
-            j = int(np.searchsorted(cum, rank, side="right"))
-            before = int(cum[j - 1]) if j else 0
-            top = j == len(counts) - 1
-            lo_e, hi_e = edges[j], edges[j + 1]
-            bin_v, bin_w = [], []
+    def _select(ranks: list[int], lo_v: float, hi_v: float, pieces) -> dict[int, float]:
+        """The elements at ``ranks`` among the values in [lo_v, hi_v] of ``pieces()``."""
+        if lo_v == hi_v:
+            return dict.fromkeys(ranks, lo_v)
+        counts = np.zeros(4096)
+        try:
             for v, w in pieces():
-                inside = (v >= lo_e) & ((v <= hi_e) if top else (v < hi_e))
+                c, edges = np.histogram(v, bins=4096, range=(lo_v, hi_v), weights=w)
+                counts += c
+        except ValueError:   # a range a few ulps wide: only a handful of distinct values
+            return {r: WeightedSample._select_distinct(r, lo_v, hi_v, pieces) for r in ranks}
+        cum = np.cumsum(counts)
+        bin_of = {r: int(np.searchsorted(cum, r, side="right")) for r in ranks}
+        last = len(counts) - 1
+        gathered: dict[int, tuple[list, list]] = {j: ([], []) for j in set(bin_of.values())}
+        for v, w in pieces():
+            for j, (bin_v, bin_w) in gathered.items():
+                inside = (v >= edges[j]) & ((v <= edges[j + 1]) if j == last
+                                            else (v < edges[j + 1]))
                 bin_v.append(v[inside])
                 bin_w.append(w[inside])
-            bv, bw = np.concatenate(bin_v), np.concatenate(bin_w)
+        at = {}
+        for r, j in bin_of.items():
+            before = int(cum[j - 1]) if j else 0
+            bv, bw = np.concatenate(gathered[j][0]), np.concatenate(gathered[j][1])
             if len(bv) <= 1 << 16:
                 order = np.argsort(bv)
-                k = int(np.searchsorted(np.cumsum(bw[order]), rank - before, side="right"))
-                return float(bv[order][k])
-            # still crowded: zoom into this bin alone
-            rank -= before
-            lo_v, hi_v = float(lo_e), float(hi_e)
-            pieces = (lambda bv=bv, bw=bw: [(bv, bw)])
+                k = int(np.searchsorted(np.cumsum(bw[order]), r - before, side="right"))
+                at[r] = float(bv[order][k])
+            else:            # still crowded: zoom into this bin alone
+                at[r] = WeightedSample._select([r - before], float(edges[j]),
+                                               float(edges[j + 1]),
+                                               lambda bv=bv, bw=bw: [(bv, bw)])[r - before]
+        return at
 
 
 def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,

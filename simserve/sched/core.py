@@ -523,11 +523,13 @@ class Scheduler:
             # step i holds ceil((c + i + 1) / bs) blocks: it first needs block h + 1 at step
             # h * bs - c (>= 1, since step 0 fits in h blocks), then every bs steps; a member
             # that finishes at step n - 1 frees all it holds before step n
-            last = min(k, n)
+            last = n if n < k else k
+            first = h * bs - c
             grown = 0
-            for first in range(h * bs - c, last, bs):
-                extra[first] += 1
-                grown += 1
+            if first < last:
+                for i in range(first, last, bs):
+                    extra[i] += 1
+                grown = (last - 1 - first) // bs + 1
             if n < k:
                 extra[n] -= h + grown
         return list(accumulate(extra, initial=self.blocks.num_used))[1:]
