@@ -857,7 +857,11 @@ def _price_stretch(sched: Scheduler, latency: LatencyModel, plan: StepPlan, k: i
         i1 = firsts[j + 1] if j + 1 < len(firsts) else k
         seg_plan = sched.segment_plan(plan, i0)
         segments.append((i0, len(seg_plan.request_ids)))
-        prices = stretch_prices(latency, seg_plan)
+        if i1 - i0 == 1:         # a segment of one step (a mixed first step, usually)
+            d0 = latency.step_time(seg_plan)
+            prices = lambda i, n, d0=d0: [d0]      # noqa: E731
+        else:
+            prices = stretch_prices(latency, seg_plan)
         i = i0
         while i < i1:
             n = i1 - i

@@ -46,6 +46,10 @@ class Batch:
     token; anything else is a prefill chunk), so ``freeze`` only packs tuples.
     """
 
+    __slots__ = ("token_budget", "seq_budget", "entries", "ids", "new_tokens", "scheduled",
+                 "prefills", "first_scheduled", "plan", "num_preempted", "swap_out_blocks",
+                 "swap_in_blocks", "prefill_lens", "prefill_ctx", "decode_ctx", "num_sampled")
+
     def __init__(self, limits: SchedulerLimits):
         self.token_budget = limits.max_num_batched_tokens
         self.seq_budget = limits.max_num_seqs
@@ -89,17 +93,10 @@ class Batch:
         return self.token_budget <= 0 or self.seq_budget <= 0
 
     def freeze(self) -> StepPlan:
-        self.plan = StepPlan(
-            request_ids=tuple(self.ids),
-            num_new_tokens=tuple(self.new_tokens),
-            prefill_lens=tuple(self.prefill_lens),
-            prefill_ctx=tuple(self.prefill_ctx),
-            decode_ctx=tuple(self.decode_ctx),
-            num_sampled=self.num_sampled,
-            swap_out_blocks=self.swap_out_blocks,
-            swap_in_blocks=self.swap_in_blocks,
-            num_preempted=self.num_preempted,
-        )
+        self.plan = StepPlan(   # (positional: the order of StepPlan's fields)
+            tuple(self.ids), tuple(self.new_tokens), tuple(self.prefill_lens),
+            tuple(self.prefill_ctx), tuple(self.decode_ctx), self.num_sampled,
+            self.swap_out_blocks, self.swap_in_blocks, self.num_preempted)
         return self.plan
 
 
@@ -512,8 +509,7 @@ class Scheduler:
             return plan
         ids, ctx = zip(*[(r.id, c + i0) for r, c, _, n in self._stretch if n > i0])
         m = len(ids)
-        return StepPlan(request_ids=ids, num_new_tokens=(1,) * m, prefill_lens=(),
-                        prefill_ctx=(), decode_ctx=ctx, num_sampled=m, extra_s=plan.extra_s)
+        return StepPlan(ids, (1,) * m, (), (), ctx, m, 0, 0, 0, plan.extra_s)   # (positional)
 
     def stretch_blocks_used(self, k: int) -> list[int]:
         """KV blocks in use after scheduling each step 0..k-1 of a stretch (for the recorder)."""
