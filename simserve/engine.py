@@ -231,9 +231,9 @@ class Recorder:
         counts (a mixed first step is a segment of its own); the others decode."""
         log = self.log(replica)
         s = log.steps
-        s["start_s"].extend(starts)
-        s["duration_s"].extend(durations)
-        s["kv_blocks_used"].extend(kv_used)
+        s["start_s"].fromlist(starts)          # (fromlist: twice as fast as extend)
+        s["duration_s"].fromlist(durations)
+        s["kv_blocks_used"].fromlist(kv_used)
         k = len(starts)
         sched = replica.scheduler
         index, waiting, blocks = replica.index, sched.num_waiting, sched.blocks.num_blocks
@@ -246,11 +246,11 @@ class Recorder:
             steps = min(i1, k) - i0
             if i0 == 0:
                 prefill = plan.num_prefill_tokens
-                records.extend((steps, index, prefill, len(plan.prefill_lens),
-                                len(plan.decode_ctx), prefill + len(plan.decode_ctx), m,
-                                waiting, blocks, 0, 0, 0))
+                records.fromlist([steps, index, prefill, len(plan.prefill_lens),
+                                  len(plan.decode_ctx), prefill + len(plan.decode_ctx), m,
+                                  waiting, blocks, 0, 0, 0])
             else:
-                records.extend((steps, index, 0, 0, m, m, m, waiting, blocks, 0, 0, 0))
+                records.fromlist([steps, index, 0, 0, m, m, m, waiting, blocks, 0, 0, 0])
 
     @staticmethod
     def _group(log, k, replica, prefill_tokens, prefill_seqs, decode_seqs, preempted,
@@ -842,51 +842,43 @@ def _price_stretch(sched: Scheduler, latency: LatencyModel, plan: StepPlan, k: i
     Step i starts at s_i = (...((s_0 + d_0) + d_1) ...), summed in order exactly as stepping
     would (a cumulative sum, which adds left to right); a step after the first is kept only if
     it starts before ``cut`` and ends before ``cut_end``. Each segment is priced from its own
-    plan, in chunks no longer than the cut needs (step times grow along a segment, so the last
-    one priced bounds how many more fit). Returns (starts, durations, segments, end): the kept
-    steps, the ``(first step, requests)`` of each segment reached, and the last step's end.
+    plan, and only as far as the cut needs: step 0 first, then as many steps as fit before the
+    cut at the last step's price (step times grow along a segment), and so on. Returns
+    (starts, durations, segments, end): the kept steps, the ``(first step, requests)`` of each
+    segment begun, and the last kept step's end.
     """
     firsts = sched.stretch_segments(k)
+    stops = [*firsts[1:], k]
     segments: list[tuple[int, int]] = []
-    starts: list[float] = []
     durations: list[float] = []
-    t, d_last = start, 0.0
-    for j, i0 in enumerate(firsts):
-        if i0 and t >= cut:      # the segment's first step would start at or after the cut
-            break
-        i1 = firsts[j + 1] if j + 1 < len(firsts) else k
-        seg_plan = sched.segment_plan(plan, i0)
-        segments.append((i0, len(seg_plan.request_ids)))
-        if i1 - i0 == 1:         # a segment of one step (a mixed first step, usually)
-            d0 = latency.step_time(seg_plan)
-            prices = lambda i, n, d0=d0: [d0]      # noqa: E731
-        else:
-            prices = stretch_prices(latency, seg_plan)
-        i = i0
-        while i < i1:
-            n = i1 - i
-            if cut < INF:        # enough steps to reach the cut, if step times only grow
-                n = min(n, max(1, int((cut - t) / d_last) + 2) if d_last > 0 else 1)
-            d = prices(i - i0, n)
-            acc = list(accumulate(d, initial=t))   # acc[m]: start of step i + m; acc[n]: end
-            keep = n
-            if cut < INF:
-                keep = bisect_left(acc, cut, 0, n)                 # first start >= cut
-            if cut_end < INF:
-                keep = min(keep, bisect_left(acc, cut_end, 1, n + 1) - 1)   # first end >= it
-            if i == 0 and keep == 0:
-                keep = 1                   # step 0 always runs
-            t = acc[keep]
-            if keep < n:
-                starts += acc[:keep]
-                durations += d[:keep]
-                return starts, durations, segments, t
-            del acc[n]
-            starts += acc
-            durations += d
-            d_last = d[-1]
-            i += n
-    return starts, durations, segments, t
+    j, prices, want = 0, None, 1
+    while True:
+        while len(durations) < want:          # price on, segment by segment
+            i0, i1 = firsts[j], stops[j]
+            if prices is None:
+                seg_plan = sched.segment_plan(plan, i0)
+                segments.append((i0, len(seg_plan.request_ids)))
+                if i1 - i0 == 1:           # one step (a mixed first step, usually)
+                    d0 = latency.step_time(seg_plan)
+                    prices = lambda i, n, d0=d0: [d0]      # noqa: E731
+                else:
+                    prices = stretch_prices(latency, seg_plan)
+            i = len(durations)
+            durations += prices(i - i0, min(i1, want) - i)
+            if len(durations) == i1:
+                j, prices = j + 1, None
+        n = len(durations)
+        acc = list(accumulate(durations, initial=start))  # acc[m]: start of step m; acc[n]: end
+        keep = n
+        if cut < INF:
+            keep = bisect_left(acc, cut, 0, n)                         # first start >= cut
+        if cut_end < INF:
+            keep = min(keep, bisect_left(acc, cut_end, 1, n + 1) - 1)   # first end >= it
+        keep = max(keep, 1)                                            # step 0 always runs
+        if keep < n or n == k:
+            return acc[:keep], durations[:keep], segments, acc[keep]
+        d = durations[-1]
+        want = min(k, n + max(1, int((cut - acc[n]) / d) + 2)) if cut < INF and d > 0 else k
 
 
 def stretch_prices(latency: LatencyModel, plan: StepPlan):
