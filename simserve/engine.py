@@ -891,8 +891,8 @@ def stretch_prices(latency: LatencyModel, plan: StepPlan):
         return fast(plan)
 
     def prices(i: int, n: int) -> list[float]:
-        return [latency.step_time(dataclasses.replace(
-            plan, decode_ctx=tuple(c + m for c in plan.decode_ctx))) for m in range(i, i + n)]
+        return [latency.step_time(plan._replace(decode_ctx=tuple(c + m for c in plan.decode_ctx)))
+                for m in range(i, i + n)]
 
     return prices
 

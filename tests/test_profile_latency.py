@@ -203,9 +203,8 @@ def test_decode_stretch_is_bit_identical_to_step_time(calibrated):
         fast, slow = ProfileLatency(prof), ProfileLatency(prof)
         prices = fast.decode_stretch(p)
         for i in range(0, 200, 7):
-            import dataclasses
-            expected = [slow.step_time(dataclasses.replace(
-                p, decode_ctx=tuple(c + m for c in ctx))) for m in (i, i + 1, i + 2)]
+            expected = [slow.step_time(p._replace(decode_ctx=tuple(c + m for c in ctx)))
+                        for m in (i, i + 1, i + 2)]
             assert prices(i, 3) == expected, (ctx, i)
         assert fast.extrapolated == slow.extrapolated
 

@@ -23,7 +23,7 @@ look-ahead block preallocation and multi-step decode loops.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from simserve.sched.core import Batch, Scheduler
 from simserve.sched.params import knob
@@ -83,6 +83,6 @@ class Lmdeploy(Scheduler):
     def _with_overhead(self, batch: Batch) -> StepPlan:
         plan = batch.freeze()
         if self.params.reschedule_overhead_ms:
-            plan = replace(plan, extra_s=self.params.reschedule_overhead_ms / 1000.0)
+            plan = plan._replace(extra_s=self.params.reschedule_overhead_ms / 1000.0)
             batch.plan = plan    # complete() reads the entries of the batch that made the plan
         return plan

@@ -6,12 +6,13 @@ downstream of the scheduler sees requests or queues, only this record.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class StepPlan:
-    """Work of one iteration.
+class StepPlan(NamedTuple):
+    """Work of one iteration. Immutable (a named tuple: built several times per simulated
+    boundary, it costs a quarter of a frozen dataclass); ``plan._replace(field=...)`` makes
+    a changed copy.
 
     A request's tokens are "prefill" when they are (part of) a catch-up of its KV cache: the prompt,
     or the prompt plus already generated tokens after a recompute preemption. They are "decode"

@@ -18,7 +18,6 @@ preempted for blocks.
 from __future__ import annotations
 
 from bisect import insort
-from dataclasses import replace
 
 from simserve.sched.core import Batch
 from simserve.sched.plan import StepPlan
@@ -44,7 +43,7 @@ class Priority(VllmV1):
             preempted += plan.num_preempted
             plan = super().schedule()
         if preempted:
-            plan = self._batch.plan = replace(plan, num_preempted=plan.num_preempted + preempted)
+            plan = self._batch.plan = plan._replace(num_preempted=plan.num_preempted + preempted)
         return plan
 
     def add(self, req: Request) -> None:
