@@ -255,8 +255,10 @@ class Scheduler:
             return False
         bs, held = blocks.block_size, blocks._held
         ids = [r.id for r in running]
-        grow = [(i, need) for i, c in zip(ids, ctx)
-                if (need := -(-(c + 1) // bs)) > held.get(i, 0)]
+        # a running request's blocks hold its c computed tokens, so token c + 1 needs a new
+        # block only when c fills its blocks exactly: c a multiple of bs and held = c / bs
+        grow = [(i, c // bs + 1) for i, c in zip(ids, ctx)
+                if not c % bs and held.get(i, 0) <= c // bs]
         if grow:
             added = sum(need - held.get(i, 0) for i, need in grow)
             if added > blocks.num_free:
@@ -388,7 +390,7 @@ class Scheduler:
         """Account for ``len(ends)`` completed steps; the index of the first."""
         first = self.num_steps
         self.num_steps += len(ends)
-        self.itl_diff.extend([0] * len(ends))
+        self.itl_diff.frombytes(bytes(len(ends) * self.itl_diff.itemsize))   # zeros
         if self.record_tokens:
             self.step_ends.extend(ends)
         return first
