@@ -858,7 +858,8 @@ def _price_stretch(sched: Scheduler, latency: LatencyModel, plan: StepPlan, k: i
             i0, i1 = firsts[j], stops[j]
             if prices is None:
                 seg_plan = sched.segment_plan(plan, i0)
-                segments.append((i0, len(seg_plan.request_ids)))
+                # requests running: all of them in step 0 (some may wait in a mixed one)
+                segments.append((i0, len(seg_plan.request_ids) if i0 else len(sched.running)))
                 if i1 - i0 == 1:           # one step (a mixed first step, usually)
                     d0 = latency.step_time(seg_plan)
                     prices = lambda i, n, d0=d0: [d0]      # noqa: E731

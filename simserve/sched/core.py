@@ -140,7 +140,7 @@ class Scheduler:
         self.record_tokens = False
         self.step_ends = array("d")
         self._batch: Batch | None = None
-        self._stretch: list[tuple[Request, int, int, int]] = []   # see decode_stretch_limit
+        self._stretch: list[tuple[Request, int, int, int, int]] = []   # see decode_stretch_limit
         self._past_finish = False
         self._mixed = False     # the stretch starts with a mixed step (decode_stretch_limit)
 
@@ -419,52 +419,73 @@ class Scheduler:
     # Until someone finishes, arrives, or the blocks run out, every step repeats the decision
     # (for a policy with monotone admission), so the engine can price and apply k steps at once.
     # A stretch may also start with a step that completes the last prefill chunks of some
-    # requests while the others decode: when nothing is left waiting, the next step decodes
-    # them all (a newcomer with prompt p is then at c = p - 1, as if it had decoded at step 0).
+    # requests while the others decode, or wait (vLLM v0's prefill-only steps): when nothing is
+    # left waiting, the next step decodes them all. A member's c is then chosen so that step
+    # i >= 1 still feeds position c + i: a newcomer with prompt p has c = p - 1 (as if it had
+    # decoded at step 0); a request that waits in step 0 has c one less than its context, and
+    # takes the stretch's steps from step 1 (its offset o = 1).
 
     def decode_stretch_limit(self, plan: StepPlan, max_steps: int,
                              past_finish: bool = False) -> int:
         """How many steps, starting with ``plan``, are a decode stretch (1 = just this one).
 
-        ``plan`` must schedule every running request and have each sample a token: all
-        decodes, or (with ``past_finish``, for a policy that ``continues_past_finish``, with
-        nothing waiting or swapped) some of them the last chunk of a prefill, which makes step
-        0 a segment of its own. Bounded by ``max_steps``; by the KV blocks (the stretch stops before the step whose
-        allocations would not fit); and by the earliest finish (its last step ends the
-        stretch) unless ``past_finish`` and the policy ``continues_past_finish`` with nothing
-        waiting or swapped: then requests drop out of the stretch as they finish, in
-        *segments* (``stretch_segments``, ``segment_plan``), and it runs until the last one is done.
+        ``plan`` must have every request in it sample a token and, but for a mixed first
+        step, decode every running request. A mixed first step (with ``past_finish``, for a
+        policy that ``continues_past_finish``, with nothing waiting or swapped) completes the
+        last prefill chunks of some requests while the others decode or, still decoding, wait;
+        it is a segment of its own. Bounded by ``max_steps``; by the KV blocks (the stretch
+        stops before the step whose allocations would not fit); and by the earliest finish (its
+        last step ends the stretch) unless ``past_finish`` and the policy
+        ``continues_past_finish`` with nothing waiting or swapped: then requests drop out of the
+        stretch as they finish, in *segments* (``stretch_segments``, ``segment_plan``), and it
+        runs until the last one is done.
         """
         running = self.running
+        everyone = len(plan.request_ids) == len(running)
         if (not self.monotone_admission or plan.num_preempted
                 or plan.swap_in_blocks or plan.swap_out_blocks
-                or plan.num_sampled != len(running) or len(plan.request_ids) != len(running)
-                or max_steps <= 1
+                or plan.num_sampled != len(plan.request_ids) or max_steps <= 1
                 or self.blocks.caches_prefixes):   # blocks with identities: allocate() each
             return 1
-        # every running request is in the plan and samples a token in it; if some prefill
-        # (their last chunk), the stretch may start with this mixed step when what follows is
-        # sure to decode them all (nothing waits to be admitted or swapped in) and, as for
-        # segments, nothing can look at the stretch before it is applied (``past_finish``)
+        # if some prefill (their last chunk), the stretch may start with this mixed step when
+        # what follows is sure to decode every running request (nothing waits to be admitted
+        # or swapped in, and the token budget holds them all) and, as for segments, nothing
+        # can look at the stretch before it is applied (``past_finish``)
         self._mixed = mixed = bool(plan.prefill_lens)
+        if not mixed and not everyone:
+            return 1
         if mixed and (not past_finish or not self.continues_past_finish or self.waiting
-                      or self.swapped or self._batch is None or self._batch.plan is not plan):
+                      or self.swapped or self._batch is None or self._batch.plan is not plan
+                      or len(running) > self.limits.max_num_batched_tokens):
             return 1
         held = self.blocks._held
-        # snapshot (request, c, blocks held, steps left) once: the stretch verbs reuse it.
-        # Step i feeds the member's token at position c + i: c is the tokens computed before
-        # the step less one, plus the tokens the plan gives it (1 for a decode).
-        if mixed:
-            more = {r.id: n - 1 for r, n in self._batch.prefills}
-            snap = [(r, r.num_computed_tokens + more.get(r.id, 0), held[r.id],
-                     r.num_output_tokens - r.num_generated) for r in running]
-        else:
+        # snapshot (request, c, blocks held, end step, offset o) once: the stretch verbs reuse
+        # it. The member takes steps o .. end - 1, and step i feeds its token at position
+        # c + i: c is the tokens computed before step 0 less one, plus the tokens the plan
+        # gives it (1 for a decode, 0 if it waits).
+        if not mixed:
             snap = [(r, r.num_computed_tokens, held[r.id],
-                     r.num_output_tokens - r.num_generated) for r in running]
+                     r.num_output_tokens - r.num_generated, 0) for r in running]
+        else:
+            more = {r.id: n - 1 for r, n in self._batch.prefills}
+            if everyone:
+                snap = [(r, r.num_computed_tokens + more.get(r.id, 0), held[r.id],
+                         r.num_output_tokens - r.num_generated, 0) for r in running]
+            else:
+                snap = []
+                scheduled = self._batch.scheduled
+                for r in running:
+                    c, left = r.num_computed_tokens, r.num_output_tokens - r.num_generated
+                    if r.id in scheduled:
+                        snap.append((r, c + more.get(r.id, 0), held[r.id], left, 0))
+                    elif r.num_generated and c + 1 == r.num_prompt_tokens + r.num_generated:
+                        snap.append((r, c - 1, held[r.id], left + 1, 1))   # waits, decoding
+                    else:
+                        return 1   # a prefill left undone: the next step is no decode step
         self._stretch = snap
         self._past_finish = past = (past_finish and self.continues_past_finish
                                     and not self.waiting and not self.swapped)
-        k = min(max_steps, (max if past else min)(snap, key=_steps_left)[3])
+        k = min(max_steps, (max if past else min)(snap, key=_end_step)[3])
         if k <= 1:
             return 1
         bs, free = self.blocks.block_size, self.blocks.num_free
@@ -475,8 +496,8 @@ class Scheduler:
             """Blocks to add so that each member fits the steps it takes of ``steps`` (blocks
             freed by members that finish are not counted back: a conservative bound)."""
             total = 0
-            for _, c, h, n in snap:
-                need = -(-(c + min(steps, n)) // bs) - h
+            for _, c, h, e, _ in snap:
+                need = -(-(c + min(steps, e)) // bs) - h
                 if need > 0:
                     total += need
             return total
@@ -509,7 +530,7 @@ class Scheduler:
         step 0 is ``plan`` itself)."""
         if i0 == 0:
             return plan
-        ids, ctx = zip(*[(r.id, c + i0) for r, c, _, n in self._stretch if n > i0])
+        ids, ctx = zip(*[(r.id, c + i0) for r, c, _, e, _ in self._stretch if e > i0])
         m = len(ids)
         return StepPlan(ids, (1,) * m, (), (), ctx, m, 0, 0, 0, plan.extra_s)   # (positional)
 
@@ -517,59 +538,61 @@ class Scheduler:
         """KV blocks in use after scheduling each step 0..k-1 of a stretch (for the recorder)."""
         bs = self.blocks.block_size
         extra = [0] * k
-        for _, c, h, n in self._stretch:
+        for _, c, h, e, _ in self._stretch:
             # step i holds ceil((c + i + 1) / bs) blocks: it first needs block h + 1 at step
             # h * bs - c (>= 1, since step 0 fits in h blocks), then every bs steps; a member
-            # that finishes at step n - 1 frees all it holds before step n
-            last = n if n < k else k
+            # that finishes at step e - 1 frees all it holds before step e
+            last = e if e < k else k
             first = h * bs - c
             grown = 0
             if first < last:
                 for i in range(first, last, bs):
                     extra[i] += 1
                 grown = (last - 1 - first) // bs + 1
-            if n < k:
-                extra[n] -= h + grown
+            if e < k:
+                extra[e] -= h + grown
         return list(accumulate(extra, initial=self.blocks.num_used))[1:]
 
     def complete_decode_stretch(self, ends: list[float]) -> list[Request]:
         """Apply a k-step decode stretch whose steps end at ``ends``; return finished requests.
 
-        A member takes ``min(k, steps it has left)`` of the steps. Inter-token gaps: inside the
-        stretch every member has one per step gap between its steps; entering it, a member that
-        decoded in the step just before adds that step gap, others add their own gap since
-        their last token.
+        A member takes steps o .. min(k, end) - 1. Inter-token gaps: inside the stretch every
+        member has one per step gap between its steps; entering it, a member that decoded in
+        the step just before adds that step gap, others add their own gap since their last
+        token.
         """
         k = len(ends)
         a = self._next_step(ends)
-        t_first = ends[0]
         finished = []
         bs, held = self.blocks.block_size, self.blocks._held
-        added = adjacent = 0
+        added = adjacent = late = 0
         extra = self.itl_extra
         diff = self.itl_diff
-        for req, c, h, n in self._stretch:
-            steps = n if n < k else k
-            c += steps
+        for req, c, h, e, o in self._stretch:
+            end = e if e < k else k
+            c += end
             req.num_computed_tokens = c
-            req.num_generated += steps
+            req.num_generated += end - o
             need = -(-c // bs)          # fits: decode_stretch_limit checked the total
             if need > h:
                 held[req.id] = need
                 added += need - h
             if req.first_token_s is None:
-                req.first_token_s = t_first
-            elif req.last_step == a - 1:
+                req.first_token_s = ends[o]
+            elif req.last_step == a - 1 and not o:
                 adjacent += 1
             else:
-                extra.append(t_first - req.last_token_s)
-            req.last_step, req.last_token_s = a + steps - 1, ends[steps - 1]
+                extra.append(ends[o] - req.last_token_s)
+            req.last_step, req.last_token_s = a + end - 1, ends[end - 1]
             if req.token_runs is not None:
-                _extend_runs(req.token_runs, a, steps)
-            diff[a + steps - 1] -= 1    # its gaps a .. a + steps - 2 (the start: below)
-            if steps == n:
+                _extend_runs(req.token_runs, a + o, end - o)
+            diff[a + end - 1] -= 1      # its gaps a + o .. a + end - 2 (the start: below)
+            late += o
+            if e <= k:
                 finished.append(req)
-        diff[a] += len(self._stretch)
+        diff[a] += len(self._stretch) - late
+        if late:
+            diff[a + 1] += late
         if adjacent:
             diff[a - 1] += adjacent
             diff[a] -= adjacent
@@ -579,7 +602,7 @@ class Scheduler:
         return finished
 
 
-_steps_left = itemgetter(3)     # of a stretch snapshot entry (request, c, blocks held, steps)
+_end_step = itemgetter(3)   # of a stretch snapshot entry (request, c, blocks held, end, offset)
 
 
 def _extend_runs(runs: list[list[int]], first: int, k: int) -> None:
