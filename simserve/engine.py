@@ -34,7 +34,8 @@ the arrivals due by each boundary itself (in order, as the URGENT arrival events
 and yields to SimPy only to sleep while idle. Every stretch is then applied before anyone could
 look at it, so a stretch may also run on past finishes (``Scheduler.continues_past_finish``):
 requests drop out as they finish, and each run of one membership (a *segment*) is priced from
-the plan ``schedule()`` would have made at its first step.
+the plan ``schedule()`` would have made at its first step; and it may start with a mixed step
+that finishes the newcomers' prefills while the others decode or wait (a segment of its own).
 
 Event priorities at one instant: arrivals (and inbox wake-ups) are URGENT, so a step starting
 at that time sees them; step completions are NORMAL; failures and restarts come last (LATE),
