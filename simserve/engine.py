@@ -853,7 +853,9 @@ def _price_stretch(sched: Scheduler, latency: LatencyModel, plan: StepPlan, k: i
     stops = [*firsts[1:], k]
     segments: list[tuple[int, int]] = []
     durations: list[float] = []
-    j, prices, want = 0, None, min(k, 2)   # step 1 too: step 0 may be a (long) mixed step
+    # steps 0 and 1 first (step 0 may be a long mixed step), or all when nothing cuts
+    want = min(k, 2) if cut < INF else k
+    j, prices = 0, None
     while True:
         while len(durations) < want:          # price on, segment by segment
             i0, i1 = firsts[j], stops[j]

@@ -530,9 +530,10 @@ class Scheduler:
         step 0 is ``plan`` itself)."""
         if i0 == 0:
             return plan
-        ids, ctx = zip(*[(r.id, c + i0) for r, c, _, e, _ in self._stretch if e > i0])
-        m = len(ids)
-        return StepPlan(ids, (1,) * m, (), (), ctx, m, 0, 0, 0, plan.extra_s)   # (positional)
+        members = [x for x in self._stretch if x[3] > i0]     # x = (request, c, h, end, o)
+        m = len(members)
+        return StepPlan(tuple([x[0].id for x in members]), (1,) * m, (), (),    # (positional)
+                        tuple([x[1] + i0 for x in members]), m, 0, 0, 0, plan.extra_s)
 
     def stretch_blocks_used(self, k: int) -> list[int]:
         """KV blocks in use after scheduling each step 0..k-1 of a stretch (for the recorder)."""

@@ -40,6 +40,8 @@ class Sarathi(Scheduler):
             i += 1
 
     def _partial_prefills(self, batch: Batch) -> None:
+        if len(batch.scheduled) == len(self.running):   # everyone decodes already
+            return
         for req in self.running:
             if batch.full:
                 return
