@@ -463,25 +463,24 @@ class Scheduler:
         # it. The member takes steps o .. end - 1, and step i feeds its token at position
         # c + i: c is the tokens computed before step 0 less one, plus the tokens the plan
         # gives it (1 for a decode, 0 if it waits).
-        if not mixed:
+        if everyone:
             snap = [(r, r.num_computed_tokens, held[r.id],
                      r.num_output_tokens - r.num_generated, 0) for r in running]
+            for r, n in self._batch.prefills if mixed else ():   # their last chunk: c moves on
+                j = running.index(r)
+                snap[j] = (r, r.num_computed_tokens + n - 1, *snap[j][2:])
         else:
             more = {r.id: n - 1 for r, n in self._batch.prefills}
-            if everyone:
-                snap = [(r, r.num_computed_tokens + more.get(r.id, 0), held[r.id],
-                         r.num_output_tokens - r.num_generated, 0) for r in running]
-            else:
-                snap = []
-                scheduled = self._batch.scheduled
-                for r in running:
-                    c, left = r.num_computed_tokens, r.num_output_tokens - r.num_generated
-                    if r.id in scheduled:
-                        snap.append((r, c + more.get(r.id, 0), held[r.id], left, 0))
-                    elif r.num_generated and c + 1 == r.num_prompt_tokens + r.num_generated:
-                        snap.append((r, c - 1, held[r.id], left + 1, 1))   # waits, decoding
-                    else:
-                        return 1   # a prefill left undone: the next step is no decode step
+            snap = []
+            scheduled = self._batch.scheduled
+            for r in running:
+                c, left = r.num_computed_tokens, r.num_output_tokens - r.num_generated
+                if r.id in scheduled:
+                    snap.append((r, c + more.get(r.id, 0), held[r.id], left, 0))
+                elif r.num_generated and c + 1 == r.num_prompt_tokens + r.num_generated:
+                    snap.append((r, c - 1, held[r.id], left + 1, 1))   # waits, decoding
+                else:
+                    return 1   # a prefill left undone: the next step is no decode step
         self._stretch = snap
         self._past_finish = past = (past_finish and self.continues_past_finish
                                     and not self.waiting and not self.swapped)
