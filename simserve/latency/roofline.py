@@ -60,6 +60,7 @@ class RooflineModel:
         self._linear = [(2 * w / flops, w * d / bw, a * d / bw) for w, a in linear_ops]
         self._layers = L
         self._linear_at: dict[int, float] = {}   # linear time by tokens in the step (memo)
+        self._decode_terms: dict[int, tuple] = {}   # decode_stretch's terms by batch size
 
         # Attention, all layers together. FLOPs per (query token · attended token):
         # QKᵀ and PV each 2 · head_dim per query head.
@@ -94,20 +95,30 @@ class RooflineModel:
         Mirrors ``_parts`` operation for operation, so each value is
         bit-identical to ``step_time`` of that step (fast-forward relies on it)."""
         b = len(plan.decode_ctx)
-        if plan.prefill_lens or plan.swap_in_blocks or plan.swap_out_blocks:
-            linear, prefill, _, lm_head, comm, swap = self._parts(plan)
-        else:                # a plain decode step: only what _parts would give for it
-            linear, prefill, swap = self._linear_s(b), 0.0, 0.0
-            r = plan.num_sampled
-            lm_head = max(r * self._lm_flop_s, self._lm_weight_s + r * self._lm_row_s) \
-                if r else 0.0
-            comm = b * self._ar_tok_s + self._ar_fixed_s if b else 0.0
-        before = linear + prefill          # sum(parts) adds left to right: 0 + linear + ...
         base = sum(plan.decode_ctx) + b    # Σ (c + i) + b = base + b·i: exact integers
-        flop_s, kv_s, q_part = self._attn_flop_s, self._kv_tok_s, b * self._q_tok_s
-        overhead = self.step_overhead_s
+        flop_s, kv_s, overhead = self._attn_flop_s, self._kv_tok_s, self.step_overhead_s
+        if plan.prefill_lens or plan.swap_in_blocks or plan.swap_out_blocks \
+                or plan.num_sampled != b:
+            linear, prefill, _, lm_head, comm, swap = self._parts(plan)
+            before = linear + prefill      # sum(parts) adds left to right: 0 + linear + ...
+            q_part = b * self._q_tok_s
+            fast = False
+        else:                # a plain decode step: its terms depend on b alone (memoised)
+            terms = self._decode_terms.get(b)
+            if terms is None:
+                linear = self._linear_s(b)
+                lm_head = max(b * self._lm_flop_s, self._lm_weight_s + b * self._lm_row_s) \
+                    if b else 0.0
+                comm = b * self._ar_tok_s + self._ar_fixed_s if b else 0.0
+                # memory-bound at every context and nothing to add but the LM head: the
+                # short formula below gives the same values
+                fast = bool(kv_s >= flop_s and b and not comm)
+                terms = self._decode_terms[b] = (linear + 0.0, lm_head, comm, b * self._q_tok_s,
+                                                 fast)
+            before, lm_head, comm, q_part, fast = terms
+            swap = 0.0
 
-        if kv_s >= flop_s and b and not comm and not swap:
+        if fast:
             # the usual decode step, in fewer operations but the same values: a·kv_s + q_part
             # >= a·flop_s for every a (kv_s >= flop_s; rounding is monotone), so max() picks
             # its second term, and x + 0.0 is x for any x >= 0
