@@ -61,7 +61,7 @@ if TYPE_CHECKING:   # the CLI builds its parser from this module: keep importing
 
 CALIBRATION_VERSION = 1
 PARAMS = ("step_overhead_s", "per_output_token_s", "scale", "prefill_attention_scale",
-          "decode_attention_scale", "frontend_delay_s")
+          "decode_attention_scale", "frontend_delay_s", "admission_s")
 
 
 @dataclass(frozen=True)
@@ -77,13 +77,22 @@ class ProbePlan:
     # decode batches are also sent at these longer prompts, so that the fit sees decode
     # attention over long contexts (what a loaded server runs), not only at batch_prompt
     long_batch_prompts: tuple[int, ...] = (1024,)
+    # mixed steps: a newcomer's prompt sent into a running decode stream (after it has
+    # streamed mixed_after tokens); the stall in that stream is the step that admits it
+    mixed_prompts: tuple[int, ...] = (32, 128, 384)
+    mixed_stream: tuple[int, int] = (256, 96)     # the running stream's prompt and output
+    mixed_after: int = 8
     repeats: int = 3               # medians over repeats: the first sight of a shape is slower
     gap_s: float = 0.05            # idle time between probes, so each starts on an idle server
 
     def for_scenario(self, s: Scenario) -> ProbePlan:
         longest = s.max_model_len - self.single_output
+        stream_fits = sum(self.mixed_stream) <= s.max_model_len and s.engine.max_num_seqs >= 2
         return dataclasses.replace(
             self, prompt_lens=tuple(p for p in self.prompt_lens if p <= longest),
+            # the newcomer's whole prompt and the stream's decode in one step's budget
+            mixed_prompts=tuple(p for p in self.mixed_prompts
+                                if stream_fits and p < s.max_num_batched_tokens),
             concurrencies=tuple(c for c in self.concurrencies if c <= s.engine.max_num_seqs),
             long_batch_prompts=tuple(p for p in self.long_batch_prompts
                                      if p + self.batch_output <= s.max_model_len))
@@ -94,7 +103,7 @@ class ProbePlan:
 
     @property
     def num_requests(self) -> int:
-        return self.repeats * (len(self.prompt_lens)
+        return self.repeats * (len(self.prompt_lens) + 2 * len(self.mixed_prompts)
                                + len(self.batch_prompts) * sum(self.concurrencies))
 
 
@@ -115,6 +124,12 @@ def single_prefill_plans(prompt: int, budget: int) -> list[StepPlan]:
     return plans
 
 
+def mixed_plan(prompt: int, ctx: int) -> StepPlan:
+    """A newcomer's whole prompt beside one decode at ``ctx``: the step that admits it."""
+    from simserve.sched.plan import StepPlan
+    return StepPlan((0, 1), (1, prompt), (prompt,), (0,), (ctx,), 2)
+
+
 def decode_plan(batch: int, ctx: int) -> StepPlan:
     """One decode step of ``batch`` sequences, each with ``ctx`` tokens already in KV."""
     from simserve.sched.plan import StepPlan
@@ -126,7 +141,7 @@ def decode_plan(batch: int, ctx: int) -> StepPlan:
 class Observation:
     """One measured quantity and its linear model: ``y ≈ x · params`` (in :data:`PARAMS`
     order: steps, tokens sampled, GEMM-part kernel seconds, prefill and decode attention kernel
-    seconds, 1 for a first-token latency)."""
+    seconds, 1 for a first-token latency, requests admitted)."""
 
     probe: str          # e.g. "single P=512 ttft", "batch c=8 step"
     x: tuple[float, ...]
@@ -154,15 +169,21 @@ def _mean_features(latency, plans: list[StepPlan]) -> tuple[float, ...]:
     return tuple(v / len(plans) for v in step_features(latency, plans))
 
 
+def _admitted(plans: list[StepPlan]) -> float:
+    """Requests admitted over ``plans`` (prefill chunks at context 0)."""
+    return float(sum(plan.prefill_ctx.count(0) for plan in plans))
+
+
 def single_observations(latency, prompt: int, output: int, budget: int, ttft: float,
                         tpot: float | None) -> list[Observation]:
     pre = single_prefill_plans(prompt, budget)
-    obs = [Observation(f"single P={prompt} ttft", (*step_features(latency, pre), 1.0), ttft)]
+    obs = [Observation(f"single P={prompt} ttft",
+                       (*step_features(latency, pre), 1.0, _admitted(pre)), ttft)]
     if tpot is not None and output > 1:
         # decode steps feed tokens 1 .. output-1 back: contexts prompt .. prompt + output - 2
         dec = [decode_plan(1, prompt + i) for i in range(output - 1)]
-        obs.append(Observation(f"single P={prompt} tpot", (*_mean_features(latency, dec), 0.0),
-                               tpot))
+        obs.append(Observation(f"single P={prompt} tpot",
+                               (*_mean_features(latency, dec), 0.0, 0.0), tpot))
     return obs
 
 
@@ -170,7 +191,28 @@ def batch_observation(latency, c: int, ctx_lo: float, ctx_hi: float,
                       step_s: float, prompt: int | None = None) -> Observation:
     dec = [decode_plan(c, int(round(x))) for x in np.linspace(ctx_lo, ctx_hi, 5)]
     name = f"batch c={c} step" if prompt is None else f"batch c={c} P={prompt} step"
-    return Observation(name, (*_mean_features(latency, dec), 0.0), step_s)
+    return Observation(name, (*_mean_features(latency, dec), 0.0, 0.0), step_s)
+
+
+def mixed_observation(latency, prompt: int, ctx: int, step_s: float) -> Observation:
+    plan = [mixed_plan(prompt, ctx)]
+    return Observation(f"mixed P={prompt} step", (*step_features(latency, plan), 0.0, 1.0),
+                       step_s)
+
+
+def mixed_step(stream_times: list[float], stream_counts: list[int], first_token: float,
+               stream_prompt: int) -> tuple[float, int] | None:
+    """The running stream's gap that ends with the newcomer's first token (within 5 ms: the
+    two tokens come from one step), and the stream's context in that step; None if the
+    stream was not running across it or its step merged several tokens."""
+    t, cum = np.asarray(stream_times), np.cumsum(stream_counts)
+    near = np.flatnonzero((t[1:] >= first_token - 0.005) & (t[1:] <= first_token + 0.005))
+    if not len(near):
+        return None
+    j = int(near[np.argmax(np.diff(t)[near])]) + 1       # the longest such gap ends at t[j]
+    if stream_counts[j] != 1:
+        return None
+    return float(t[j] - t[j - 1]), int(stream_prompt + cum[j - 1] - 1)
 
 
 def steady_decode_step(times: list[list[float]], counts: list[list[int]],
@@ -284,6 +326,23 @@ async def _probe_server(s: Scenario, endpoint: str, model: str | None, plan: Pro
                 records.append({"kind": "single", "prompt": p, "output": plan.single_output,
                                 "sent": o.sent_s, "times": o.chunk_times,
                                 "counts": o.chunk_tokens})
+            for p in plan.mixed_prompts:
+                await asyncio.sleep(plan.gap_s)
+                stream_prompt, stream_output = plan.mixed_stream
+                stream = Outcome(RequestSpec(next(counter), 0.0, stream_prompt, stream_output))
+                task = asyncio.create_task(_send(
+                    session, url, request_body(model, prompt_ids(
+                        s.seed + 1_000_003, stream.spec.request_id, stream_prompt,
+                        s.model.vocab_size), stream_output), stream, t0, timeout))
+                while (sum(stream.chunk_tokens) < plan.mixed_after and not task.done()):
+                    await asyncio.sleep(0.002)
+                newcomer = await send(p, 2)
+                await task
+                if stream.error:
+                    raise EndpointError(f"{url}: probe request failed ({stream.error})")
+                records.append({"kind": "mixed", "prompt": p, "stream_prompt": stream_prompt,
+                                "times": stream.chunk_times, "counts": stream.chunk_tokens,
+                                "first": newcomer.chunk_times[0]})
             for prompt in plan.batch_prompts:
                 for c in plan.concurrencies:
                     await asyncio.sleep(plan.gap_s)
@@ -303,9 +362,14 @@ def observations_from_probes(records: list[dict], latency, budget: int) -> list[
     """Turn recorded probes into observations, repeats of one probe merged by median."""
     singles: dict[int, list[tuple[float, float | None]]] = {}
     batches: dict[tuple[int, int], list[tuple[float, float, float]]] = {}   # (prompt, c)
+    mixed: dict[int, list[tuple[float, int]]] = {}
     outputs: dict[int, int] = {}
     for r in records:
-        if r["kind"] == "single":
+        if r["kind"] == "mixed":
+            found = mixed_step(r["times"], r["counts"], r["first"], r["stream_prompt"])
+            if found is not None:
+                mixed.setdefault(r["prompt"], []).append(found)
+        elif r["kind"] == "single":
             t, n = r["times"], r["counts"]
             ttft = t[0] - r["sent"]
             tokens = sum(n)
@@ -326,6 +390,9 @@ def observations_from_probes(records: list[dict], latency, budget: int) -> list[
     for (prompt, c), vals in sorted(batches.items()):
         step, lo, hi = (float(np.median([v[i] for v in vals])) for i in range(3))
         obs.append(batch_observation(latency, c, max(lo, prompt), hi, step, prompt))
+    for p, vals in sorted(mixed.items()):
+        step = float(np.median([v[0] for v in vals]))
+        obs.append(mixed_observation(latency, p, int(np.median([v[1] for v in vals])), step))
     return obs
 
 
@@ -520,6 +587,7 @@ def format_calibration(cal: dict) -> str:
           else [f"prefill attention  {cal['prefill_attention_scale']:8.3f} (scale)",
                 f"decode attention   {cal['decode_attention_scale']:8.3f} (scale)"]),
         f"front-end delay    {cal['frontend_delay_s'] * 1e3:8.3f} ms",
+        f"per admission      {cal.get('admission_s', 0.0) * 1e3:8.3f} ms",
         f"fit: {f['num_observations']} observations, relative residual rms "
         f"{100 * f['residual_rel_rms']:.1f} %, max {100 * f['residual_rel_max']:.1f} %",
     ]

@@ -20,8 +20,8 @@ from aiohttp import web  # noqa: E402
 from profiler.schema import dump  # noqa: E402
 from simserve.calibrate import (PARAMS, Observation, ProbePlan, calibrate,  # noqa: E402
                                 decode_plan, fit, format_calibration, kv_tokens_from_log,
-                                run_calibrated, single_prefill_plans, steady_decode_step,
-                                step_features, write_calibrated)
+                                mixed_plan, mixed_step, run_calibrated, single_prefill_plans,
+                                steady_decode_step, step_features, write_calibrated)
 from simserve.cli import main  # noqa: E402
 from simserve.config import load_scenario  # noqa: E402
 from simserve.errors import DataError  # noqa: E402
@@ -32,7 +32,7 @@ from tests.test_replay import FakeServer  # noqa: E402
 
 TRUE = {"step_overhead_s": 0.008, "per_output_token_s": 0.0005, "scale": 2.0,
         "prefill_attention_scale": 3.0, "decode_attention_scale": 1.5,
-        "frontend_delay_s": 0.005}
+        "frontend_delay_s": 0.005, "admission_s": 0.004}
 
 
 def write_scenario(tmp_path: Path, *, rate: float = 2.0, n: int = 20) -> Path:
@@ -63,11 +63,14 @@ def test_fit_recovers_exact_parameters_from_noiseless_observations():
     true = np.array([TRUE[k] for k in PARAMS])
     obs = []
     for p in (16, 100, 300, 600):
-        x = (*step_features(kernels, single_prefill_plans(p, 256)), 1.0)
+        x = (*step_features(kernels, single_prefill_plans(p, 256)), 1.0, 1.0)
         obs.append(Observation(f"ttft {p}", x, float(np.dot(x, true))))
     for c, ctx in ((1, 100), (4, 500), (8, 100), (8, 500)):
-        x = (*step_features(kernels, [decode_plan(c, ctx)]), 0.0)
+        x = (*step_features(kernels, [decode_plan(c, ctx)]), 0.0, 0.0)
         obs.append(Observation(f"batch {c}", x, float(np.dot(x, true))))
+    for p in (32, 200):      # only these tell the admission apart from the front-end delay
+        x = (*step_features(kernels, [mixed_plan(p, 300)]), 0.0, 1.0)
+        obs.append(Observation(f"mixed {p}", x, float(np.dot(x, true))))
     result = fit(obs)
     for k, v in TRUE.items():
         assert result.params[k] == pytest.approx(v, rel=1e-6)
@@ -76,12 +79,12 @@ def test_fit_recovers_exact_parameters_from_noiseless_observations():
 
 def test_fit_keeps_coefficients_non_negative_and_honours_fixed():
     # rows that a free least-squares fit would answer with a negative per-token cost
-    rows = [((1.0, 1.0, 0.01, 0.001, 0.002, 0.0), 0.020),
-            ((1.0, 8.0, 0.02, 0.002, 0.001, 0.0), 0.018),
-            ((1.0, 2.0, 0.03, 0.001, 0.003, 0.0), 0.035),
-            ((2.0, 1.0, 0.04, 0.003, 0.0, 1.0), 0.060),
-            ((1.0, 4.0, 0.02, 0.004, 0.002, 0.0), 0.024),
-            ((1.0, 3.0, 0.01, 0.0, 0.005, 0.0), 0.015)]
+    rows = [((1.0, 1.0, 0.01, 0.001, 0.002, 0.0, 0.0), 0.020),
+            ((1.0, 8.0, 0.02, 0.002, 0.001, 0.0, 0.0), 0.018),
+            ((1.0, 2.0, 0.03, 0.001, 0.003, 0.0, 0.0), 0.035),
+            ((2.0, 1.0, 0.04, 0.003, 0.0, 1.0, 1.0), 0.060),
+            ((1.0, 4.0, 0.02, 0.004, 0.002, 0.0, 0.0), 0.024),
+            ((1.0, 3.0, 0.01, 0.0, 0.005, 0.0, 1.0), 0.015)]
     result = fit([Observation(str(i), x, y) for i, (x, y) in enumerate(rows)])
     assert all(v >= 0 for v in result.params.values())
     pinned = fit([Observation(str(i), x, y) for i, (x, y) in enumerate(rows)],
@@ -118,13 +121,17 @@ def test_calibration_block_prices_steps(tmp_path):
     prof = synthetic_profile()
     base = ProfileLatency(prof)
     cal = ProfileLatency({**prof, "calibration": dict(TRUE, version=1)})
-    for plan in (decode_plan(1, 100), decode_plan(8, 300), *single_prefill_plans(300, 256)):
+    for plan in (decode_plan(1, 100), decode_plan(8, 300), *single_prefill_plans(300, 256),
+                 mixed_plan(100, 300)):
         parts = base.breakdown(plan)
+        admitted = plan.prefill_ctx.count(0)     # the first chunk of a prompt admits it
         expected = (TRUE["step_overhead_s"] + TRUE["per_output_token_s"] * plan.num_sampled
+                    + TRUE["admission_s"] * admitted
                     + TRUE["scale"] * (parts["embedding"] + parts["linear"] + parts["lm_head"])
                     + TRUE["prefill_attention_scale"] * parts["attn_prefill"]
                     + TRUE["decode_attention_scale"] * parts["attn_decode"])
         assert cal.step_time(plan) == pytest.approx(expected, rel=1e-12)
+    assert [p.prefill_ctx.count(0) for p in single_prefill_plans(300, 256)] == [1, 0]
     # a block from before the split: one attention_scale for both attentions
     old = ProfileLatency({**prof, "calibration": {"scale": 2.0, "attention_scale": 3.0}})
     assert (old.prefill_attention_scale, old.decode_attention_scale) == (3.0, 3.0)
@@ -297,9 +304,14 @@ def test_calibration_recovers_a_known_engine(tmp_path, capsys):
     assert cal["num_gpu_blocks"] == 4096 // 16 and cal["kv_tokens"] == 4096
     prov = cal["provenance"]
     assert prov["endpoint"] == url and prov["engine_version"] == "fake-1.0"
-    assert prov["probes"]["num_requests"] == 3 * (6 + 13)
+    assert prov["probes"]["num_requests"] == 3 * (6 + 2 * 2 + 13)   # mixed: P=32, P=128
     assert {r["probe"] for r in cal["fit"]["residuals"]} >= {"single P=900 ttft",
-                                                              "batch c=8 P=200 step"}
+                                                              "batch c=8 P=200 step",
+                                                              "mixed P=128 step"}
+    # the mixed probes tell the engine's cost of admitting a request apart from the front end
+    assert cal["admission_s"] == pytest.approx(TRUE["admission_s"], rel=0.35)
+    for plan in (mixed_plan(32, 300), mixed_plan(128, 300)):
+        assert fitted.step_time(plan) == pytest.approx(true.step_time(plan), rel=0.1), plan
     # the written file is a valid profile that simulates with the calibrated terms
     out = write_calibrated(profile, tmp_path / "cal.json")
     lat = ProfileLatency.from_file(out)
@@ -336,4 +348,16 @@ def test_probe_plan_adds_long_context_batches_that_fit(tmp_path):
     roomy = ProbePlan(long_batch_prompts=(512, 960, 1000))
     plan = roomy.for_scenario(s)
     assert plan.batch_prompts == (256, 512, 960)           # 1000 + 64 > 1024
-    assert plan.num_requests == 3 * (len(plan.prompt_lens) + 3 * sum(plan.concurrencies))
+    assert plan.num_requests == 3 * (len(plan.prompt_lens) + 2 * len(plan.mixed_prompts)
+                                     + 3 * sum(plan.concurrencies))
+    assert plan.mixed_prompts == (32, 128)                 # 384 + 1 > the budget of 256
+
+
+def test_mixed_step_is_the_stream_gap_that_ends_with_the_newcomer():
+    # a stream decodes every 10 ms; the newcomer's first token comes 0.4 ms after the stream's
+    # token that ends a 30 ms gap (the step that admitted it)
+    times = [0.10, 0.11, 0.12, 0.15, 0.16, 0.17]
+    step, ctx = mixed_step(times, [1] * 6, 0.1504, stream_prompt=256)
+    assert step == pytest.approx(0.03) and ctx == 256 + 3 - 1
+    assert mixed_step(times, [1] * 6, 0.30, 256) is None            # not running across it
+    assert mixed_step(times, [1, 1, 1, 2, 1, 1], 0.1504, 256) is None   # a merged chunk

@@ -16,8 +16,10 @@ A calibrated profile (``simserve calibrate``, docs/fidelity.md) carries a ``cali
 ``step_overhead_s`` is added to every step, ``per_output_token_s`` per sampled token, and the
 measured parts are multiplied by ``scale`` (embedding, linear, LM head),
 ``prefill_attention_scale`` and ``decode_attention_scale`` (the two attentions; an older
-block's single ``attention_scale`` for both, ``scale`` when absent). ``frontend_delay_s`` is
-per request, outside the steps (``runner.collect`` moves engine times onto the client's clock).
+block's single ``attention_scale`` for both, ``scale`` when absent). ``admission_s`` is added
+per request admitted in the step (a prefill chunk at context 0: the engine's own work to take a
+new request in, which a profile of kernels cannot see). ``frontend_delay_s`` is per request,
+outside the steps (``runner.collect`` moves engine times onto the client's clock).
 """
 
 from __future__ import annotations
@@ -158,6 +160,7 @@ class ProfileLatency:
         self.prefill_attention_scale = cal.get("prefill_attention_scale", both)
         self.decode_attention_scale = cal.get("decode_attention_scale", both)
         self.frontend_delay_s = cal["frontend_delay_s"]   # per request, outside the steps
+        self.admission_s = cal["admission_s"]             # per request admitted in a step
         self._scaled = (self.scale, self.prefill_attention_scale,
                         self.decode_attention_scale) != (1.0, 1.0, 1.0)
         if "calibration" in profile:
@@ -233,11 +236,13 @@ class ProfileLatency:
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         """Seconds per component (all layers together); they sum to :meth:`step_time` less the
         plan's ``extra_s``."""
-        parts = dict.fromkeys(("overhead", "output_tokens", "embedding", "linear",
+        parts = dict.fromkeys(("overhead", "admission", "output_tokens", "embedding", "linear",
                                "attn_prefill", "attn_decode", "lm_head", "swap"), 0.0)
         if plan.is_empty:
             return parts
         parts["overhead"] = self.step_overhead_s
+        if self.admission_s and plan.prefill_ctx:
+            parts["admission"] = self.admission_s * plan.prefill_ctx.count(0)
         n = plan.num_batched_tokens
         if n:
             parts["embedding"] = self._get("embedding", self.embedding, n)
@@ -279,7 +284,7 @@ class ProfileLatency:
 
 
 _CALIBRATION_DEFAULTS = {"step_overhead_s": 0.0, "per_output_token_s": 0.0, "scale": 1.0,
-                         "frontend_delay_s": 0.0}
+                         "frontend_delay_s": 0.0, "admission_s": 0.0}
 
 
 def _calibration(cal: Any, source: str) -> dict[str, float]:
