@@ -16,10 +16,14 @@ fits by least squares (relative errors, non-negative coefficients)::
                                                          differ most from the profiler's, and
                                                          its prefill and decode kernels differ
                                                          from each other)
+                + admission_s · requests admitted(plan)  the engine's work to take a request in
+                                                         (prefill chunks at context 0)
     TTFT        = frontend_delay_s + Σ steps up to the first token
 
 ``frontend_delay_s`` is the HTTP server's hand-off to the engine and the stream back: a fixed
-per-request latency outside the steps.
+per-request latency outside the steps. In a single request's TTFT it and ``admission_s`` both
+count once; the mixed probes, whose step admits a request but holds no front end, tell them
+apart.
 
 Probes (bounded: a few hundred requests, all sent to one loopback endpoint by default):
 
@@ -28,7 +32,9 @@ Probes (bounded: a few hundred requests, all sent to one loopback endpoint by de
 * **decode batches**: c requests sent together, for several concurrencies c, at a short and a
   long prompt (so that the fit sees decode attention over long contexts); the steady decode
   step time is measured where all c are decoding (after the last first token, before the first
-  finish), per request as (last - first chunk time) / tokens between, then the median.
+  finish), per request as (last - first chunk time) / tokens between, then the median;
+* **mixed steps**: a newcomer's prompt sent into a running decode stream; the stream's gap that
+  ends with the newcomer's first token is the step that admitted it beside one decode.
 
 The calibrated profile is the base profile plus a ``calibration`` block (read by
 ``simserve.latency.profile.ProfileLatency``), with provenance: endpoint, engine version (from
