@@ -34,7 +34,12 @@ class WeightedSample:
             weights = np.asarray(weights, dtype=np.int64)
             chunks = lambda: [(values, weights)]   # noqa: E731
         self._chunks = chunks
-        self._n = sum(int(w.sum()) for _, w in chunks())
+        # one pass for the count, the sum and the range (each later pass regenerates the data)
+        self._n, self._sum, self._lo, self._hi = 0, 0.0, math.inf, -math.inf
+        for v, w in self._pieces():
+            self._n += int(w.sum())
+            self._sum += float(np.dot(v, w))
+            self._lo, self._hi = min(self._lo, float(v.min())), max(self._hi, float(v.max()))
 
     def __len__(self) -> int:
         return self._n
@@ -43,7 +48,7 @@ class WeightedSample:
         return ((v, w) for v, w in self._chunks() if len(v))
 
     def mean(self) -> float:
-        return sum(float(np.dot(v, w)) for v, w in self._pieces()) / self._n
+        return self._sum / self._n
 
     def std(self) -> float:
         mean = self.mean()
@@ -71,8 +76,7 @@ class WeightedSample:
         histogram locates the bin holding each rank; only those bins' values are then
         gathered and sorted (zooming into a bin that is still crowded). Two passes over the
         data serve all the ranks."""
-        lo_v = min(float(v.min()) for v, _ in self._pieces())
-        hi_v = max(float(v.max()) for v, _ in self._pieces())
+        lo_v, hi_v = self._lo, self._hi
         return self._select(ranks, lo_v, hi_v, self._pieces) if lo_v < hi_v \
             else dict.fromkeys(ranks, lo_v)
 
