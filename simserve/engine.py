@@ -236,32 +236,26 @@ class Recorder:
         s["duration_s"].fromlist(durations)
         s["kv_blocks_used"].fromlist(kv_used)
         k = len(starts)
-        sched = replica.scheduler
-        index, waiting, blocks = replica.index, sched.num_waiting, sched.blocks.num_blocks
         ends = [i0 for i0, _ in segments[1:]]
         ends.append(k)
-        records = log.group_records
         for (i0, m), i1 in zip(segments, ends):
             if i0 >= k:
                 break
-            steps = min(i1, k) - i0
             if i0 == 0:
-                prefill = plan.num_prefill_tokens
-                records.fromlist([steps, index, prefill, len(plan.prefill_lens),
-                                  len(plan.decode_ctx), prefill + len(plan.decode_ctx), m,
-                                  waiting, blocks, 0, 0, 0])
+                self._group(log, min(i1, k), replica, plan.num_prefill_tokens,
+                            len(plan.prefill_lens), len(plan.decode_ctx), 0, 0, 0, num_running=m)
             else:
-                records.fromlist([steps, index, 0, 0, m, m, m, waiting, blocks, 0, 0, 0])
+                self._group(log, min(i1, k) - i0, replica, 0, 0, m, 0, 0, 0, num_running=m)
 
     @staticmethod
     def _group(log, k, replica, prefill_tokens, prefill_seqs, decode_seqs, preempted,
                swap_out, swap_in, num_running=None) -> None:
         sched = replica.scheduler
-        log.group_records.extend((k, replica.index, prefill_tokens, prefill_seqs, decode_seqs,
-                                  prefill_tokens + decode_seqs,
-                                  len(sched.running) if num_running is None else num_running,
-                                  sched.num_waiting, sched.blocks.num_blocks, preempted,
-                                  swap_out, swap_in))
+        log.group_records.fromlist([k, replica.index, prefill_tokens, prefill_seqs, decode_seqs,
+                                    prefill_tokens + decode_seqs,
+                                    len(sched.running) if num_running is None else num_running,
+                                    sched.num_waiting, sched.blocks.num_blocks, preempted,
+                                    swap_out, swap_in])   # (GROUP_FIELDS order)
 
     def columns(self) -> dict[str, np.ndarray]:
         """Every step column as an array: replicas one after another, each in step order."""

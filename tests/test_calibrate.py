@@ -361,3 +361,10 @@ def test_mixed_step_is_the_stream_gap_that_ends_with_the_newcomer():
     assert step == pytest.approx(0.03) and ctx == 256 + 3 - 1
     assert mixed_step(times, [1] * 6, 0.30, 256) is None            # not running across it
     assert mixed_step(times, [1, 1, 1, 2, 1, 1], 0.1504, 256) is None   # a merged chunk
+
+
+def test_a_malformed_admission_cost_is_one_clear_error():
+    with pytest.raises(DataError, match="calibration.admission_s"):
+        ProfileLatency({**synthetic_profile(), "calibration": {"admission_s": "slow"}})
+    with pytest.raises(DataError, match="calibration.admission_s"):
+        ProfileLatency({**synthetic_profile(), "calibration": {"admission_s": -0.001}})
