@@ -836,48 +836,52 @@ def _price_stretch(sched: Scheduler, latency: LatencyModel, plan: StepPlan, k: i
 
     Step i starts at s_i = (...((s_0 + d_0) + d_1) ...), summed in order exactly as stepping
     would (a cumulative sum, which adds left to right); a step after the first is kept only if
-    it starts before ``cut`` and ends before ``cut_end``. Each segment is priced from its own
-    plan, and only as far as the cut needs: steps 0 and 1 first, then as many steps as fit
-    before the cut at the last step's price (step times grow along a segment, but shrink when
-    requests drop out: hence 10 % more), and so on. Returns
-    (starts, durations, segments, end): the kept steps, the ``(first step, requests)`` of each
-    segment begun, and the last kept step's end.
+    it starts before ``cut`` and ends before ``cut_end`` (>= ``cut``). Each segment is priced
+    from its own plan, and only as far as the cut needs: a segment's first step, then as many
+    as would reach the cut at the last price (step times grow along a segment; if they do not,
+    the loop prices on). Returns (starts, durations, segments, end): the kept steps, the
+    ``(first step, requests)`` of each segment begun, and the last kept step's end.
     """
-    firsts = sched.stretch_segments(k)
-    stops = [*firsts[1:], k]
-    segments: list[tuple[int, int]] = []
+    segs = sched.stretch_segments(k)
+    by_sum = None if plan.extra_s else getattr(latency, "decode_stretch_sum", None)
+    acc = [start]            # acc[m]: start of step m; acc[-1]: end of the last step priced
     durations: list[float] = []
-    # steps 0 and 1 first (step 0 may be a long mixed step), or all when nothing cuts
-    want = min(k, 2) if cut < INF else k
-    j, prices = 0, None
-    while True:
-        while len(durations) < want:          # price on, segment by segment
-            i0, i1 = firsts[j], stops[j]
-            if prices is None:
-                seg_plan = sched.segment_plan(plan, i0)
-                # requests running: all of them in step 0 (some may wait in a mixed one)
-                segments.append((i0, len(seg_plan.request_ids) if i0 else len(sched.running)))
-                if i1 - i0 == 1:           # one step (a mixed first step, usually)
-                    d0 = latency.step_time(seg_plan)
-                    prices = lambda i, n, d0=d0: [d0]      # noqa: E731
-                else:
-                    prices = stretch_prices(latency, seg_plan)
-            i = len(durations)
-            durations += prices(i - i0, min(i1, want) - i)
-            if len(durations) == i1:
-                j, prices = j + 1, None
-        n = len(durations)
-        acc = list(accumulate(durations, initial=start))  # acc[m]: start of step m; acc[n]: end
-        keep = n
-        if cut < INF:
-            keep = bisect_left(acc, cut, 0, n)                         # first start >= cut
-        if cut_end < INF:
-            keep = min(keep, bisect_left(acc, cut_end, 1, n + 1) - 1)   # first end >= it
-        keep = max(keep, 1)                                            # step 0 always runs
-        if keep < n or n == k:
-            return acc[:keep], durations[:keep], segments, acc[keep]
-        d = durations[-1]
-        want = min(k, n + int((cut - acc[n]) / d * 1.1) + 2) if cut < INF and d > 0 else k
+    segments: list[tuple[int, int]] = []
+    for j, (i0, m, total) in enumerate(segs):
+        i1 = segs[j + 1][0] if j + 1 < len(segs) else k
+        segments.append((i0, m))
+        if i1 == 1:                      # step 0 alone (a mixed first step, usually)
+            d = latency.step_time(plan)
+            durations.append(d)
+            acc.append(acc[-1] + d)
+        else:
+            if i0 == 0:
+                prices = stretch_prices(latency, plan)
+            elif by_sum is not None:     # a decode segment: m requests, their contexts' sum
+                prices = by_sum(m, total)
+            else:
+                prices = stretch_prices(latency, sched.segment_plan(plan, i0))
+            i, n = i0, (1 if cut < INF else i1 - i0)
+            while True:
+                chunk = prices(i - i0, n)
+                durations += chunk
+                acc += accumulate(chunk, initial=acc.pop())
+                i += n
+                if i == i1 or acc[-1] >= cut:
+                    break
+                d = chunk[-1]
+                n = min(i1 - i, int((cut - acc[-1]) / d) + 1) if d > 0 else i1 - i
+        if acc[-1] >= cut:
+            break
+    n = len(durations)
+    keep = bisect_left(acc, cut, 0, n) if cut < INF else n             # first start >= cut
+    if cut_end < INF:
+        keep = min(keep, bisect_left(acc, cut_end, 1, n + 1) - 1)      # first end >= it
+    keep = max(keep, 1)                                                # step 0 always runs
+    if keep < n:
+        del acc[keep + 1:], durations[keep:]
+    end = acc.pop()
+    return acc, durations, segments, end
 
 
 def stretch_prices(latency: LatencyModel, plan: StepPlan):

@@ -14,6 +14,13 @@ class LatencyModel(Protocol):
     attention over the KV cache, LM head and sampling, per-step CPU/scheduling overhead, and any
     swap transfers the plan carries. ``label`` names the model's source for reports
     (e.g. ``"roofline (H100-SXM spec)"``).
+
+    Optional, for fast-forward (``engine.stretch_prices``): ``decode_stretch(plan)`` returns a
+    function ``(i, n) -> list`` of the step times of steps i .. i + n - 1 of a decode stretch
+    starting with ``plan`` (step i: every context grown by i); a model whose plain decode step
+    depends on the contexts only through their sum may also offer ``decode_stretch_sum(b,
+    total_ctx)``, the same for ``b`` decoding requests whose contexts sum to ``total_ctx``. Both
+    must give values bit-identical to ``step_time`` of each step.
     """
 
     label: str

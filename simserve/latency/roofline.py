@@ -95,28 +95,41 @@ class RooflineModel:
         Mirrors ``_parts`` operation for operation, so each value is
         bit-identical to ``step_time`` of that step (fast-forward relies on it)."""
         b = len(plan.decode_ctx)
+        if not (plan.prefill_lens or plan.swap_in_blocks or plan.swap_out_blocks
+                or plan.num_sampled != b or plan.extra_s):
+            return self.decode_stretch_sum(b, sum(plan.decode_ctx))
         base = sum(plan.decode_ctx) + b    # Σ (c + i) + b = base + b·i: exact integers
+        flop_s, kv_s, overhead, extra = (self._attn_flop_s, self._kv_tok_s,
+                                         self.step_overhead_s, plan.extra_s)
+        linear, prefill, _, lm_head, comm, swap = self._parts(plan)
+        before = linear + prefill          # sum(parts) adds left to right: 0 + linear + ...
+        q_part = b * self._q_tok_s
+
+        def prices(i: int, n: int) -> list[float]:
+            attended = range(base + b * i, base + b * (i + n), b) if b else [0] * n
+            return [(((((before + max(a * flop_s, a * kv_s + q_part)) + lm_head) + comm)
+                      + swap) + overhead) + extra for a in attended]
+
+        return prices
+
+    def decode_stretch_sum(self, b: int, total_ctx: int):
+        """``decode_stretch`` of a plain decode step of ``b`` requests whose contexts sum to
+        ``total_ctx`` (a roofline decode step depends on nothing else), without building the
+        plan: what the engine prices a stretch's later segments with."""
+        base = total_ctx + b               # Σ (c + i) + b = base + b·i: exact integers
+        terms = self._decode_terms.get(b)
+        if terms is None:                  # the terms that depend on b alone (memoised)
+            linear = self._linear_s(b)
+            lm_head = max(b * self._lm_flop_s, self._lm_weight_s + b * self._lm_row_s) \
+                if b else 0.0
+            comm = b * self._ar_tok_s + self._ar_fixed_s if b else 0.0
+            # memory-bound at every context and nothing to add but the LM head: the short
+            # formula below gives the same values
+            fast = bool(self._kv_tok_s >= self._attn_flop_s and b and not comm)
+            terms = self._decode_terms[b] = (linear + 0.0, lm_head, comm, b * self._q_tok_s,
+                                             fast)
+        before, lm_head, comm, q_part, fast = terms
         flop_s, kv_s, overhead = self._attn_flop_s, self._kv_tok_s, self.step_overhead_s
-        if plan.prefill_lens or plan.swap_in_blocks or plan.swap_out_blocks \
-                or plan.num_sampled != b:
-            linear, prefill, _, lm_head, comm, swap = self._parts(plan)
-            before = linear + prefill      # sum(parts) adds left to right: 0 + linear + ...
-            q_part = b * self._q_tok_s
-            fast = False
-        else:                # a plain decode step: its terms depend on b alone (memoised)
-            terms = self._decode_terms.get(b)
-            if terms is None:
-                linear = self._linear_s(b)
-                lm_head = max(b * self._lm_flop_s, self._lm_weight_s + b * self._lm_row_s) \
-                    if b else 0.0
-                comm = b * self._ar_tok_s + self._ar_fixed_s if b else 0.0
-                # memory-bound at every context and nothing to add but the LM head: the
-                # short formula below gives the same values
-                fast = bool(kv_s >= flop_s and b and not comm)
-                terms = self._decode_terms[b] = (linear + 0.0, lm_head, comm, b * self._q_tok_s,
-                                                 fast)
-            before, lm_head, comm, q_part, fast = terms
-            swap = 0.0
 
         if fast:
             # the usual decode step, in fewer operations but the same values: a·kv_s + q_part
@@ -129,7 +142,7 @@ class RooflineModel:
             def prices(i: int, n: int) -> list[float]:
                 attended = range(base + b * i, base + b * (i + n), b) if b else [0] * n
                 return [((((before + max(a * flop_s, a * kv_s + q_part)) + lm_head) + comm)
-                         + swap) + overhead for a in attended]
+                         + 0.0) + overhead for a in attended]
 
         return prices
 

@@ -512,16 +512,35 @@ class Scheduler:
                 hi = mid
         return lo
 
-    def stretch_segments(self, k: int) -> list[int]:
-        """The first step of each run of one membership and shape among the stretch's steps
-        0..k-1 (``[0]`` unless the stretch starts with a mixed step, which is a segment of its
-        own, or requests drop out as they finish). ``segment_plan`` gives each one's plan;
-        step i of a decode segment starting at i0 is that plan with every context grown by
-        i - i0."""
-        firsts = {x[3] for x in self._stretch if x[3] < k} if self._past_finish else set()
-        if self._mixed:
-            firsts.add(1)
-        return [0, *sorted(firsts)]
+    def stretch_segments(self, k: int) -> list[tuple[int, int, int]]:
+        """The runs of one membership and shape among the stretch's steps 0..k-1, as ``(first
+        step i0, requests in it, the sum of their contexts at step i0)``: one run unless the
+        stretch starts with a mixed step, which is a segment of its own, or requests drop out
+        as they finish. Step i of a decode segment starting at i0 decodes those requests with
+        every context grown by i - i0 (``segment_plan`` gives its plan; the sum is what a
+        latency model with ``decode_stretch_sum`` needs)."""
+        total = 0
+        drops: dict[int, list[int]] = {}      # step -> [members, Σ c] of those gone by then
+        past = self._past_finish
+        for _, c, _, e, _ in self._stretch:
+            total += c
+            if past and e < k:
+                d = drops.get(e)
+                if d is None:
+                    drops[e] = [1, c]
+                else:
+                    d[0] += 1
+                    d[1] += c
+        if self._mixed and 1 not in drops:
+            drops[1] = [0, 0]
+        m = len(self._stretch)
+        segments = [(0, m, total)]
+        for i0 in sorted(drops):
+            gone, ctx = drops[i0]
+            m -= gone
+            total -= ctx
+            segments.append((i0, m, total + m * i0))
+        return segments
 
     def segment_plan(self, plan: StepPlan, i0: int) -> StepPlan:
         """The plan of step ``i0`` of the stretch that starts with ``plan``: exactly what
