@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 
 import dataclasses
 
+from simserve.cards import load_hardware, load_model
 from simserve.engine import Replica, round_robin, simulate
+from simserve.latency.roofline import RooflineModel
 from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
 from simserve.sched import POLICIES, PREFIX_CACHING_POLICIES, SchedulerLimits, Status
@@ -86,7 +88,7 @@ def scenarios(draw):
 
 
 def run_checked(policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs,
-                num_replicas, params=None, prefix=False, fast_forward=True):
+                num_replicas, params=None, prefix=False, fast_forward=True, latency=None):
     """Run with a scheduler wrapper that checks every plan as it is made."""
     cls = POLICIES[policy]
     replicas = []
@@ -95,7 +97,7 @@ def run_checked(policy, limits, block_size, num_blocks, host_blocks, max_model_l
             else BlockManager(num_blocks, block_size, host_blocks)
         sched = cls(limits, blocks, params, 3)
         sched.record_tokens = True
-        replicas.append(Replica(i, sched, ToyLatency(), max_model_len))
+        replicas.append(Replica(i, sched, latency or ToyLatency(), max_model_len))
     plans = []
 
     for r in replicas:
@@ -174,6 +176,10 @@ def test_same_input_same_schedule(case):
     assert [r.token_times for r in rec1.requests] == [r.token_times for r in rec2.requests]
 
 
+def _roofline():
+    return RooflineModel(load_model("Llama-3.1-8B"), load_hardware("H100-SXM"))
+
+
 def _by_replica(rec):
     """Each replica's steps as (start, duration, batched, running, waiting, kv) in time order."""
     s = {c: v.tolist() for c, v in rec.columns().items()}
@@ -196,5 +202,18 @@ def test_fast_forward_equals_stepping(case):
     for a, b in zip(fast.requests, slow.requests):
         assert a.id == b.id and a.status == b.status and a.reject_reason == b.reject_reason
         assert a.num_preemptions == b.num_preemptions
+        assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s
+        assert a.token_times == b.token_times
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_fast_forward_equals_stepping_on_the_roofline(case):
+    """As above, priced by the roofline model, whose stretches take its own fast paths
+    (``decode_stretch``, and ``decode_stretch_sum`` for the segments after a finish)."""
+    fast, _, _ = run_checked(*case, fast_forward=True, latency=_roofline())
+    slow, _, _ = run_checked(*case, fast_forward=False, latency=_roofline())
+    assert _by_replica(fast) == _by_replica(slow)
+    for a, b in zip(fast.requests, slow.requests):
         assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s
         assert a.token_times == b.token_times

@@ -140,18 +140,23 @@ def test_linear_latency():
 @settings(max_examples=60, deadline=None)
 @given(decode=st.lists(st.integers(0, 5000), min_size=1, max_size=40),
        tp=st.sampled_from([1, 2, 4]), steps=st.integers(1, 40),
-       prefill=st.sampled_from([(), ((64, 0),)]), compute_bound=st.booleans())
-def test_decode_stretch_is_bit_identical_to_step_time(decode, tp, steps, prefill, compute_bound):
+       prefill=st.sampled_from([(), ((64, 0),)]), compute_bound=st.booleans(),
+       extra_s=st.sampled_from([0.0, 0.0031]))
+def test_decode_stretch_is_bit_identical_to_step_time(decode, tp, steps, prefill, compute_bound,
+                                                      extra_s):
     """Step i of a stretch priced at once equals step_time of that step's own plan, to the
     bit, with and without tensor parallelism, on memory-bound decode attention (H100) and on
-    compute-bound (a device with 1/1000 of its FLOP/s), where the formulas take other paths
-    (the fast-forward equivalence rests on it)."""
+    compute-bound (a device with 1/1000 of its FLOP/s), where the formulas take other paths,
+    with and without a policy's extra step cost; and so does ``decode_stretch_sum`` of a
+    plain decode step (the fast-forward equivalence rests on it)."""
     hw = dataclasses.replace(H100, peak_flops=H100.peak_flops / 1000) if compute_bound else H100
     model = RooflineModel(LLAMA, hw, tensor_parallel_size=tp)
     assert (model._kv_tok_s < model._attn_flop_s) == compute_bound
-    p = plan(prefill=prefill, decode=decode)
+    p = plan(prefill=prefill, decode=decode)._replace(extra_s=extra_s)
     prices = model.decode_stretch(p)
-    expected = [model.step_time(plan(prefill=prefill, decode=[c + i for c in decode]))
+    expected = [model.step_time(p._replace(decode_ctx=tuple(c + i for c in decode)))
                 for i in range(steps)]
     assert prices(0, steps) == expected
     assert prices(steps // 2, steps - steps // 2) == expected[steps // 2:]
+    if not prefill and not extra_s:
+        assert model.decode_stretch_sum(len(decode), sum(decode))(0, steps) == expected
