@@ -173,7 +173,8 @@ class RooflineModel:
         return linear
 
     def _parts(self, plan: StepPlan) -> tuple[float, float, float, float, float, float]:
-        n = plan.num_batched_tokens
+        prefill_tokens = sum(plan.prefill_lens)
+        n = prefill_tokens + len(plan.decode_ctx)      # plan.num_batched_tokens
         linear = self._linear_s(n)
 
         # prefill chunk of q tokens after c cached ones: causal, so the chunk's i-th token
@@ -185,7 +186,7 @@ class RooflineModel:
                 pairs += q * (c + (q + 1) / 2)
                 kv_toks += c + q
             prefill = max(pairs * self._attn_flop_s,
-                          kv_toks * self._kv_tok_s + plan.num_prefill_tokens * self._q_tok_s)
+                          kv_toks * self._kv_tok_s + prefill_tokens * self._q_tok_s)
 
         # decode: each sequence's new token attends ctx + 1 tokens, reading their K and V
         decode = 0.0

@@ -250,8 +250,9 @@ class Scheduler:
         if not n or n > batch.token_budget or n > batch.seq_budget or blocks.caches_prefixes:
             return False
         ctx = [r.num_computed_tokens for r in running]
-        if any(not r.num_generated or c + 1 != r.num_prompt_tokens + r.num_generated
-               for r, c in zip(running, ctx)):
+        # each decoding: it has sampled a token and computed all but that one (-1: it has not)
+        if ctx != [r.num_prompt_tokens + r.num_generated - 1 if r.num_generated else -1
+                   for r in running]:
             return False
         bs, held = blocks.block_size, blocks._held
         ids = [r.id for r in running]
