@@ -219,10 +219,12 @@ class Recorder:
         s = log.steps
         s["start_s"].append(start)
         s["duration_s"].append(duration)
-        s["kv_blocks_used"].append(replica.scheduler.blocks.num_used)
-        self._group(log, 1, replica, plan.num_prefill_tokens, len(plan.prefill_lens),
-                    len(plan.decode_ctx), plan.num_preempted, plan.swap_out_blocks,
-                    plan.swap_in_blocks)
+        sched = replica.scheduler
+        s["kv_blocks_used"].append(sched.blocks.num_used)
+        log.group_records.fromlist(_group_row(
+            1, replica.index, plan.num_prefill_tokens, len(plan.prefill_lens),
+            len(plan.decode_ctx), len(sched.running), sched.num_waiting, sched.blocks.num_blocks,
+            plan.num_preempted, plan.swap_out_blocks, plan.swap_in_blocks))
 
     def stretch(self, replica: Replica, starts: list[float], durations: list[float],
                 segments: list[tuple[int, int]], kv_used: list[int], plan: StepPlan) -> None:
@@ -236,26 +238,19 @@ class Recorder:
         s["duration_s"].fromlist(durations)
         s["kv_blocks_used"].fromlist(kv_used)
         k = len(starts)
-        ends = [i0 for i0, _ in segments[1:]]
-        ends.append(k)
-        for (i0, m), i1 in zip(segments, ends):
+        index, sched = replica.index, replica.scheduler
+        waiting, num_blocks = sched.num_waiting, sched.blocks.num_blocks
+        rows: list[int] = []
+        for j, (i0, m) in enumerate(segments):
             if i0 >= k:
                 break
+            i1 = min(segments[j + 1][0], k) if j + 1 < len(segments) else k
             if i0 == 0:
-                self._group(log, min(i1, k), replica, plan.num_prefill_tokens,
-                            len(plan.prefill_lens), len(plan.decode_ctx), 0, 0, 0, num_running=m)
+                rows += _group_row(i1, index, plan.num_prefill_tokens, len(plan.prefill_lens),
+                                   len(plan.decode_ctx), m, waiting, num_blocks, 0, 0, 0)
             else:
-                self._group(log, min(i1, k) - i0, replica, 0, 0, m, 0, 0, 0, num_running=m)
-
-    @staticmethod
-    def _group(log, k, replica, prefill_tokens, prefill_seqs, decode_seqs, preempted,
-               swap_out, swap_in, num_running=None) -> None:
-        sched = replica.scheduler
-        log.group_records.fromlist([k, replica.index, prefill_tokens, prefill_seqs, decode_seqs,
-                                    prefill_tokens + decode_seqs,
-                                    len(sched.running) if num_running is None else num_running,
-                                    sched.num_waiting, sched.blocks.num_blocks, preempted,
-                                    swap_out, swap_in])   # (GROUP_FIELDS order)
+                rows += _group_row(i1 - i0, index, 0, 0, m, m, waiting, num_blocks, 0, 0, 0)
+        log.group_records.fromlist(rows)
 
     def columns(self) -> dict[str, np.ndarray]:
         """Every step column as an array: replicas one after another, each in step order."""
@@ -266,6 +261,15 @@ class Recorder:
         if len(logs) == 1:
             return logs[0]
         return {c: np.concatenate([log[c] for log in logs]) for c in STEP_COLUMNS}
+
+
+def _group_row(num_steps: int, replica: int, prefill_tokens: int, prefill_seqs: int,
+               decode_seqs: int, running: int, waiting: int, num_blocks: int, preempted: int,
+               swap_out: int, swap_in: int) -> list[int]:
+    """One group's record, in GROUP_FIELDS order (the one place that knows it)."""
+    return [num_steps, replica, prefill_tokens, prefill_seqs, decode_seqs,
+            prefill_tokens + decode_seqs, running, waiting, num_blocks, preempted, swap_out,
+            swap_in]
 
 
 def rejection_reason(req: Request, replica: Replica) -> str:
