@@ -10,9 +10,13 @@ Not part of CI: it needs a 3.4 GB install and about 15 minutes. What it does:
    run faster than the sustained loads that follow.
 3. Replays four workloads, each ``--repeats`` times: light, moderate (~70 % of capacity) and
    saturating Poisson loads, and an Azure-conversation-shaped trace rescaled to the tiny
-   model's context.
-4. Simulates the same scenarios with (a) the kernel profile alone and (b) the calibrated
-   profile (vLLM v1 policy, the server's knobs and KV capacity).
+   model's context. Right before each run, a speed check (``simserve.calibrate.speed_check``:
+   decode batches at 1, 4 and 16 streams, a few seconds) reads how much slower or faster
+   than at calibration the server runs then (``--no-speed-check`` skips it).
+4. Simulates the same scenarios with (a) the kernel profile alone, (b) the calibrated
+   profile (vLLM v1 policy, the server's knobs and KV capacity), and (c) the calibrated
+   profile at the median speed of the workload's checks (every calibrated time times that
+   factor): what (b) would be on a machine that kept its speed.
 5. Restarts the server with knobs that were not calibrated on (``--max-num-seqs 8
    --max-num-batched-tokens 256``) and repeats 3-4 for two workloads with the same calibration.
 6. Prints, per workload and metric: median of the real runs, their min-max, each simulated
@@ -42,7 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from simserve.calibrate import (ProbePlan, calibrate, format_calibration,  # noqa: E402
-                                kv_tokens_from_log, run_calibrated, write_calibrated)
+                                kv_tokens_from_log, rescaled, run_calibrated, speed_check,
+                                write_calibrated)
 from simserve.fidelity import HEADLINE, error_table  # noqa: E402
 from simserve.config import parse_scenario  # noqa: E402
 from simserve.replay import replay  # noqa: E402
@@ -218,54 +223,76 @@ def raise_client_priority() -> int:
     return os.getpriority(os.PRIO_PROCESS, 0)
 
 
-def measure(name: str, sc, endpoint: str, repeats: int, out: Path) -> list[dict]:
+def measure(name: str, sc, endpoint: str, repeats: int, out: Path,
+            calibrated: dict | None = None) -> list[dict]:
+    """Replay ``sc`` ``repeats`` times; with ``calibrated``, a speed check (seconds of decode
+    batches) right before each run reads how much slower than at calibration the server
+    runs then."""
     summaries = []
     for k in range(repeats):
         before = wait_for_quiet()
+        speed = speed_check(sc, endpoint, calibrated)["factor"] if calibrated else None
         res = replay(sc, endpoint, timeout=120, time_limit=600, warmup=2)
         res.save(out / "real" / name / f"run{k}")
         sm = res.summary
         print(f"  {name} run {k}: {sm['completed']}/{sm['num_requests']} finished, "
               f"TTFT p50 {sm['median_ttft_ms']:.1f} ms, TPOT p50 {sm['median_tpot_ms']:.2f} ms, "
               f"{sm['output_throughput']:.0f} tok/s (load {before} -> {loadavg()}; send lag "
-              f"p99 {sm['send_lag_p99_ms']:.0f} ms)",
-              file=sys.stderr)
-        summaries.append({**sm, "load_before": before})
+              f"p99 {sm['send_lag_p99_ms']:.0f} ms"
+              + (f"; speed check {speed:.3f}" if speed else "") + ")", file=sys.stderr)
+        summaries.append({**sm, "load_before": before, "speed_factor": speed})
     return summaries
 
 
-def simulate(name: str, sc, out: Path, calibrated: bool) -> dict:
+def simulate(name: str, sc, out: Path, calibrated: bool, folder: str | None = None) -> dict:
     res = run_calibrated(sc) if calibrated else run(sc)
-    res.save(out / ("sim_calibrated" if calibrated else "sim_profile") / name)
+    res.save(out / (folder or ("sim_calibrated" if calibrated else "sim_profile")) / name)
     return res.summary
 
 
-def report(name: str, reals: list[dict], sim_a: dict, sim_b: dict) -> tuple[str, list[dict]]:
+def _on_target(metric: str, row) -> bool | None:
+    limit = next((v for k, v in TARGETS.items() if metric.startswith(k)), None)
+    if limit is None:
+        return None
+    return bool(abs(row["rel. error"]) <= limit or (metric.startswith("TTFT") and row["in spread"]))
+
+
+def report(name: str, reals: list[dict], sim_a: dict, sim_b: dict,
+           sim_c: dict | None = None) -> tuple[str, list[dict]]:
     ta, tb = error_table(reals, sim_a, HEADLINE), error_table(reals, sim_b, HEADLINE)
+    tc = error_table(reals, sim_c, HEADLINE) if sim_c is not None else None
     lag = [r.get("send_lag_p99_ms") or 0.0 for r in reals]
+    speeds = [r["speed_factor"] for r in reals if r.get("speed_factor")]
     lines = [f"### {name}  (load average {min(r['load_before'] for r in reals):.1f}-"
              f"{max(r['load_before'] for r in reals):.1f}; {len(reals)} real runs; client send "
-             f"lag p99 {min(lag):.0f}-{max(lag):.0f} ms)", "",
+             f"lag p99 {min(lag):.0f}-{max(lag):.0f} ms"
+             + (f"; speed checks {', '.join(f'{s:.3f}' for s in speeds)}" if speeds else "")
+             + ")", "",
              "| metric | real (median) | real min-max | sim (a) profile | err (a) "
-             "| sim (b) calibrated | err (b) | (b) on target |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| sim (b) calibrated | err (b) | (b) on target |"
+             + (" sim (c) speed-checked | err (c) | (c) on target |" if tc is not None else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if tc is not None else "")]
     rows = []
+    yes = {None: "—", True: "yes", False: "no"}
     for metric in ta.index:
         a, b = ta.loc[metric], tb.loc[metric]
-        limit = next(v for k, v in TARGETS.items() if metric.startswith(k)) \
-            if any(metric.startswith(k) for k in TARGETS) else None
-        ok = None
-        if limit is not None:
-            ok = abs(b["rel. error"]) <= limit or (metric.startswith("TTFT") and b["in spread"])
-        lines.append(f"| {metric} | {a['real']:.4g} | {a['real min']:.4g}-{a['real max']:.4g} "
-                     f"| {a['sim']:.4g} | {100 * a['rel. error']:+.1f} % | {b['sim']:.4g} "
-                     f"| {100 * b['rel. error']:+.1f} % | "
-                     f"{'—' if ok is None else ('yes' if ok else 'no')} |")
-        rows.append({"workload": name, "metric": metric, "real": a["real"],
-                     "real_min": a["real min"], "real_max": a["real max"],
-                     "sim_profile": a["sim"], "err_profile": a["rel. error"],
-                     "sim_calibrated": b["sim"], "err_calibrated": b["rel. error"],
-                     "in_spread_calibrated": bool(b["in spread"]), "on_target": ok})
+        ok = _on_target(metric, b)
+        line = (f"| {metric} | {a['real']:.4g} | {a['real min']:.4g}-{a['real max']:.4g} "
+                f"| {a['sim']:.4g} | {100 * a['rel. error']:+.1f} % | {b['sim']:.4g} "
+                f"| {100 * b['rel. error']:+.1f} % | {yes[ok]} |")
+        row = {"workload": name, "metric": metric, "real": a["real"],
+               "real_min": a["real min"], "real_max": a["real max"],
+               "sim_profile": a["sim"], "err_profile": a["rel. error"],
+               "sim_calibrated": b["sim"], "err_calibrated": b["rel. error"],
+               "in_spread_calibrated": bool(b["in spread"]), "on_target": ok}
+        if tc is not None:
+            c = tc.loc[metric]
+            ok_c = _on_target(metric, c)
+            line += f" {c['sim']:.4g} | {100 * c['rel. error']:+.1f} % | {yes[ok_c]} |"
+            row.update({"sim_speed_checked": c["sim"], "err_speed_checked": c["rel. error"],
+                        "on_target_speed_checked": ok_c})
+        lines.append(line)
+        rows.append(row)
     return "\n".join(lines), rows
 
 
@@ -285,6 +312,9 @@ def main() -> int:
                     help="calibrate at once instead of after one unrecorded moderate load (a "
                          "machine fresh from idling may run short probes faster than the "
                          "sustained load that follows)")
+    ap.add_argument("--no-speed-check", action="store_true",
+                    help="skip the speed check before each real run and the (c) column "
+                         "(the calibrated profile at the speed the checks read)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -325,16 +355,25 @@ def main() -> int:
             (out / "calibration.txt").write_text(text + "\n")
             results["calibration_wall_s"] = time.time() - t0
         cal_latency = {"model": "profile", "path": str(cal_path)}
+        cal_profile = None if args.no_speed_check else json.loads(cal_path.read_text())
         for name in names:
             real_sc = scenario(name, wls[name], knobs, base_latency, blocks, out)
-            reals = measure(f"{label}{name}", real_sc, endpoint, args.repeats, out)
+            reals = measure(f"{label}{name}", real_sc, endpoint, args.repeats, out, cal_profile)
             sim_a = simulate(f"{label}{name}", real_sc, out, calibrated=False)
             sim_b = simulate(f"{label}{name}",
                              scenario(name, wls[name], knobs, cal_latency, blocks, out), out,
                              calibrated=True)
+            sim_c = None
+            if cal_profile is not None:   # (c): at the median speed the checks read
+                factor = float(np.median([r["speed_factor"] for r in reals]))
+                path = write_calibrated(rescaled(cal_profile, factor),
+                                        out / "speed_checked" / f"{label}{name}.json")
+                sim_c = simulate(f"{label}{name}", scenario(
+                    name, wls[name], knobs, {"model": "profile", "path": str(path)}, blocks,
+                    out), out, calibrated=True, folder="sim_speed_checked")
             title = f"{name}, max_num_seqs {knobs['max_num_seqs']}, max_num_batched_tokens " \
                     f"{knobs['max_num_batched_tokens']}" + (" (held out)" if label else "")
-            text, r = report(title, reals, sim_a, sim_b)
+            text, r = report(title, reals, sim_a, sim_b, sim_c)
             print(text + "\n")
             sections.append(text)
             rows.extend(r)
@@ -359,7 +398,11 @@ def main() -> int:
     (out / "fidelity.json").write_text(json.dumps({**results, "rows": rows}, indent=1,
                                                   default=_plain) + "\n")
     ok = [r["on_target"] for r in rows if r["on_target"] is not None]
-    print(f"{sum(ok)}/{len(ok)} targeted (b) values on target; tables in {out}/fidelity.md")
+    ok_c = [r["on_target_speed_checked"] for r in rows
+            if r.get("on_target_speed_checked") is not None]
+    print(f"{sum(ok)}/{len(ok)} targeted (b) values on target"
+          + (f", {sum(ok_c)}/{len(ok_c)} with (c)" if ok_c else "")
+          + f"; tables in {out}/fidelity.md")
     return 0
 
 

@@ -465,6 +465,63 @@ def calibrate(scenario: Scenario | str | Path, endpoint: str, *, base_profile: s
     return {**base_dict, "calibration": calibration}
 
 
+# --------------------------------------------------------------------------------------------
+# Re-measuring the server's speed since calibration
+
+
+TIME_TERMS = ("step_overhead_s", "per_output_token_s", "scale", "attention_scale",
+              "prefill_attention_scale", "decode_attention_scale", "frontend_delay_s",
+              "admission_s")      # every calibrated term that is a time, or scales one
+SPEED_PLAN = ProbePlan(prompt_lens=(), mixed_prompts=(), concurrencies=(1, 4, 16),
+                       long_batch_prompts=(), batch_output=48, repeats=1)
+
+
+def speed_check(scenario: Scenario | str | Path, endpoint: str, calibrated: dict, *,
+                plan: ProbePlan = SPEED_PLAN, timeout: float = 60.0, warmup: int = 1,
+                allow_remote: bool = False) -> dict:
+    """How fast the server runs now against a calibrated profile of it: a few decode batches
+    (seconds, not minutes), each one's steady step measured over the step the calibrated
+    model predicts. Returns ``{"factor": median ratio, "ratios": {probe: ratio}}``; a factor
+    of 1.1 means steps take 10 % longer than at calibration (a shared machine's speed drifts
+    by that much within minutes). ``rescaled(calibrated, factor)`` is the profile at that
+    speed."""
+    from simserve.config import Scenario, load_scenario
+    from simserve.latency.profile import ProfileLatency
+    from simserve.replay import check_endpoint_host
+    s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    endpoint = check_endpoint_host(endpoint, allow_remote)
+    plan = plan.for_scenario(s)
+    if not plan.concurrencies:
+        raise ConfigError("engine", "no speed probe fits this scenario's max_num_seqs")
+    model = ProfileLatency(calibrated, source="<calibrated profile>")
+    _, records = asyncio.run(_probe_server(s, endpoint, None, plan, timeout, warmup, None))
+    ratios = {}
+    for r in records:
+        steady = steady_decode_step(r["times"], r["counts"], r["prompt"])
+        if steady is None:
+            continue
+        step, lo, hi = steady
+        predicted = np.mean([model.step_time(decode_plan(r["c"], int(round(x))))
+                             for x in np.linspace(max(lo, r["prompt"]), hi, 5)])
+        ratios[f"batch c={r['c']} P={r['prompt']} step"] = float(step / predicted)
+    if not ratios:
+        raise SimserveError(f"{endpoint}: the speed check measured no steady decode step")
+    return {"factor": float(np.median(list(ratios.values()))), "ratios": ratios}
+
+
+def rescaled(calibrated: dict, factor: float) -> dict:
+    """The calibrated profile with every calibrated time (and every scale on the kernel
+    times) multiplied by ``factor``: the same server, uniformly ``factor`` times slower."""
+    cal = dict(calibrated["calibration"])
+    for key in TIME_TERMS:
+        if key in cal:
+            cal[key] = cal[key] * factor
+    if "scale" not in cal:                 # (its default: 1)
+        cal["scale"] = factor
+    cal["speed_factor"] = factor
+    return {**calibrated, "calibration": cal}
+
+
 def _scenario_profile(s: Scenario) -> Path:
     if s.latency.model != "profile" or not s.latency.path:
         raise ConfigError("latency.path", "calibration needs a base profile: set latency.model: "

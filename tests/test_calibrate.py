@@ -5,6 +5,7 @@ that runs a small continuous-batching engine with known costs."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import multiprocessing
 from collections import deque
@@ -18,9 +19,10 @@ aiohttp = pytest.importorskip("aiohttp")
 from aiohttp import web  # noqa: E402
 
 from profiler.schema import dump  # noqa: E402
-from simserve.calibrate import (PARAMS, Observation, ProbePlan, calibrate,  # noqa: E402
-                                decode_plan, fit, format_calibration, kv_tokens_from_log,
-                                mixed_plan, mixed_step, run_calibrated, single_prefill_plans,
+from simserve.calibrate import (PARAMS, SPEED_PLAN, Observation, ProbePlan,  # noqa: E402
+                                calibrate, decode_plan, fit, format_calibration,
+                                kv_tokens_from_log, mixed_plan, mixed_step, rescaled,
+                                run_calibrated, single_prefill_plans, speed_check,
                                 steady_decode_step, step_features, write_calibrated)
 from simserve.cli import main  # noqa: E402
 from simserve.config import load_scenario  # noqa: E402
@@ -187,8 +189,8 @@ class FakeEngine:
     chunk as their step ends. Steps end at absolute times (start + cost), so a late wake-up on
     a busy machine jitters one step end instead of lengthening every later step."""
 
-    def __init__(self, budget: int = 256, max_seqs: int = 8):
-        self.budget, self.max_seqs = budget, max_seqs
+    def __init__(self, budget: int = 256, max_seqs: int = 8, slowdown: float = 1.0):
+        self.budget, self.max_seqs, self.slowdown = budget, max_seqs, slowdown
         self.latency = ProfileLatency({**synthetic_profile(), "calibration": dict(TRUE)})
         self.waiting: deque = deque()
         self.running: list = []
@@ -243,7 +245,7 @@ class FakeEngine:
             plan = StepPlan(tuple(range(len(sched))), tuple(n for _, n in sched),
                             tuple(n for n, _ in pre), tuple(c for _, c in pre), tuple(dec),
                             len(sampled))
-            clock += self.latency.step_time(plan)
+            clock += self.latency.step_time(plan) * self.slowdown
             await asyncio.sleep(max(0.0, clock - loop.time()))
             for r, n in sched:
                 r["done"] += n
@@ -253,19 +255,20 @@ class FakeEngine:
             self.running = [r for r in self.running if r["gen"] < r["out"]]
 
 
-def _serve_engine(conn) -> None:
-    with FakeServer(handler=FakeEngine().handler) as srv:
+def _serve_engine(conn, slowdown: float) -> None:
+    with FakeServer(handler=FakeEngine(slowdown=slowdown).handler) as srv:
         conn.send(srv.url)
         conn.recv()                    # until the test says stop
 
 
 @contextmanager
-def engine_in_own_process():
+def engine_in_own_process(slowdown: float = 1.0):
     """The fake engine's server in a forked process: in the test's own process its thread
-    would wait for the client's GIL (up to the 5 ms switch interval) at every token."""
+    would wait for the client's GIL (up to the 5 ms switch interval) at every token.
+    ``slowdown`` multiplies every step's cost (a machine running slower than it was)."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve_engine, args=(child,), daemon=True)
+    proc = ctx.Process(target=_serve_engine, args=(child, slowdown), daemon=True)
     proc.start()
     try:
         assert parent.poll(30), "fake engine did not start"
@@ -318,6 +321,30 @@ def test_calibration_recovers_a_known_engine(tmp_path, capsys):
     assert lat.scale == cal["scale"] and "calibrated" in lat.label
     result = run_calibrated(path, [f"latency.path={out}"])
     assert result.summary["completed"] == 20
+
+
+def test_speed_check_measures_how_much_slower_the_server_runs_now(tmp_path):
+    """Against the engine's own calibration, a speed check reads a factor near 1 from the
+    engine as it was and near 1.5 from the same engine running 1.5 times slower; the rescaled
+    profile prices every step 1.5 times longer."""
+    path = write_scenario(tmp_path)
+    calibrated = {**synthetic_profile(), "calibration": dict(TRUE)}
+    plan = dataclasses.replace(SPEED_PLAN, concurrencies=(1, 4, 8), batch_prompt=200,
+                               batch_output=24)
+    factors = {}
+    for slowdown in (1.0, 1.5):
+        with engine_in_own_process(slowdown) as url:
+            check = speed_check(path, url, calibrated, plan=plan)
+        assert set(check["ratios"]) == {f"batch c={c} P=200 step" for c in (1, 4, 8)}
+        factors[slowdown] = check["factor"]
+    assert factors[1.0] == pytest.approx(1.0, rel=0.15)
+    assert factors[1.5] == pytest.approx(1.5, rel=0.15)
+    assert factors[1.5] / factors[1.0] == pytest.approx(1.5, rel=0.1)
+    before = ProfileLatency(calibrated)
+    after = ProfileLatency(rescaled(calibrated, 1.5))
+    assert after.frontend_delay_s == pytest.approx(1.5 * TRUE["frontend_delay_s"])
+    for p in (decode_plan(4, 300), mixed_plan(128, 300), *single_prefill_plans(600, 256)):
+        assert after.step_time(p) == pytest.approx(1.5 * before.step_time(p), rel=1e-12)
 
 
 def test_cli_calibrate_errors_are_one_line(tmp_path, capsys):
