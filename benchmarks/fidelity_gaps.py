@@ -27,8 +27,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from simserve.calibrate import load_steps  # noqa: E402
 
 
 def _read(path: Path, name: str) -> pd.DataFrame:
@@ -39,57 +41,26 @@ def _read(path: Path, name: str) -> pd.DataFrame:
     return pd.read_csv(f)
 
 
-def decode_gaps(real: Path) -> pd.DataFrame:
-    """(streams alive, seconds per step) of every pure decode gap of a replay. A chunk of n
-    tokens (the HTTP side merged n steps' outputs) ends a gap of n steps."""
+def steps_of(real: Path):
+    """The replay's pure decode and mixed steps (``simserve.calibrate.load_steps``, which
+    calibration's load probe uses too), from its chunks and prompt lengths."""
     req, chunks = _read(real, "requests.csv"), _read(real, "chunks.csv")
-    firsts = np.sort(req["first_token_s"].dropna().to_numpy())
-    alive_from, alive_to = req["first_token_s"].to_numpy(), req["finish_s"].to_numpy()
-    rows = []
-    for _, g in chunks.groupby("request_id"):
-        ts, n = _deliveries(g["time_s"].to_numpy(), g["num_tokens"].to_numpy())
-        for a, b, k in zip(ts[:-1], ts[1:], n[1:]):
-            j = np.searchsorted(firsts, a + 1e-6)
-            if k < 1 or j < len(firsts) and firsts[j] <= b + 0.002:
-                continue                          # a newcomer's prefill ran in this gap
-            rows.append((int(((alive_from <= a) & (alive_to >= b)).sum()), (b - a) / k))
-    return pd.DataFrame(rows, columns=["streams", "gap_s"])
+    prompts = dict(zip(req["request_id"], req["num_prompt_tokens"]))
+    return load_steps([{"prompt": int(prompts[rid]), "times": g["time_s"].tolist(),
+                        "counts": g["num_tokens"].tolist()}
+                       for rid, g in chunks.groupby("request_id")])
 
 
-def _deliveries(ts: np.ndarray, n: np.ndarray, within: float = 0.001):
-    """Chunks less than ``within`` apart as one delivery (SSE events read together), with
-    their tokens summed: no engine step here is that short."""
-    times, tokens = [ts[0]], [int(n[0])]
-    for t, k in zip(ts[1:], n[1:]):
-        if t - times[-1] < within:
-            tokens[-1] += int(k)
-            times[-1] = t
-        else:
-            times.append(t)
-            tokens.append(int(k))
-    return np.array(times), np.array(tokens)
+def decode_gaps(real: Path) -> pd.DataFrame:
+    """(streams alive, seconds per step) of every pure decode gap of a replay."""
+    return pd.DataFrame([(len(c), s) for s, c in steps_of(real).decode],
+                        columns=["streams", "gap_s"])
 
 
 def mixed_stalls(real: Path) -> pd.DataFrame:
     """(prompt tokens, seconds) of the mixed step that ends each newcomer's prompt."""
-    req, tok = _read(real, "requests.csv"), _read(real, "tokens.csv")
-    streams = {r: g["time_s"].to_numpy() for r, g in tok.groupby("request_id")}
-    rows = []
-    for q in req.itertuples():
-        t1 = q.first_token_s
-        if not np.isfinite(t1):
-            continue
-        longest = []
-        for r, ts in streams.items():
-            if r == q.request_id or len(ts) < 3 or ts[0] > q.arrival_s or ts[-1] < t1 + 0.01:
-                continue                          # not streaming across the newcomer's prefill
-            ends, gaps = ts[1:], np.diff(ts)
-            near = (ends >= t1 - 0.005) & (ends <= t1 + 0.005)
-            if near.any():
-                longest.append(gaps[near].max())
-        if longest:
-            rows.append((q.num_prompt_tokens, float(np.median(longest))))
-    return pd.DataFrame(rows, columns=["prompt", "step_s"])
+    return pd.DataFrame([(p, s) for p, s, _ in steps_of(real).mixed],
+                        columns=["prompt", "step_s"])
 
 
 def tables(real: Path, sim: Path, min_count: int = 20) -> tuple[pd.DataFrame, pd.DataFrame]:

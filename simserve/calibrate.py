@@ -90,6 +90,14 @@ class ProbePlan:
     mixed_after: int = 8
     repeats: int = 3               # medians over repeats: the first sight of a shape is slower
     gap_s: float = 0.05            # idle time between probes, so each starts on an idle server
+    # an open-loop load, sent once after the rest: Poisson arrivals, uniform prompt and output
+    # lengths (inclusive ranges). Its steps, read off the token streams (``load_steps``), show
+    # the server as a load finds it: decode steps beside other requests' arrivals and
+    # streaming output, and admissions into running batches. 0 requests: no load probe.
+    load_requests: int = 100
+    load_rate: float = 9.0
+    load_prompt: tuple[int, int] = (16, 384)
+    load_output: tuple[int, int] = (24, 96)
 
     def for_scenario(self, s: Scenario) -> ProbePlan:
         longest = s.max_model_len - self.single_output
@@ -101,7 +109,11 @@ class ProbePlan:
                                 if stream_fits and p < s.max_num_batched_tokens),
             concurrencies=tuple(c for c in self.concurrencies if c <= s.engine.max_num_seqs),
             long_batch_prompts=tuple(p for p in self.long_batch_prompts
-                                     if p + self.batch_output <= s.max_model_len))
+                                     if p + self.batch_output <= s.max_model_len),
+            # a prompt fits one step beside the others' decodes, and the context with its output
+            load_prompt=(self.load_prompt[0], max(self.load_prompt[0], min(
+                self.load_prompt[1], s.max_num_batched_tokens - s.engine.max_num_seqs,
+                s.max_model_len - self.load_output[1]))))
 
     @property
     def batch_prompts(self) -> tuple[int, ...]:
@@ -110,7 +122,8 @@ class ProbePlan:
     @property
     def num_requests(self) -> int:
         return self.repeats * (len(self.prompt_lens) + 2 * len(self.mixed_prompts)
-                               + len(self.batch_prompts) * sum(self.concurrencies))
+                               + len(self.batch_prompts) * sum(self.concurrencies)) \
+            + self.load_requests
 
 
 # --------------------------------------------------------------------------------------------
@@ -360,6 +373,26 @@ async def _probe_server(s: Scenario, endpoint: str, model: str | None, plan: Pro
                                     "counts": [o.chunk_tokens for o in outs]})
             if log:
                 log(f"probe round {rep + 1}/{plan.repeats} done")
+        if plan.load_requests:
+            rng = np.random.default_rng(s.seed + 1_000_033)
+            n = plan.load_requests
+            arrivals = np.cumsum(rng.exponential(1.0 / plan.load_rate, n))
+            prompts = rng.integers(plan.load_prompt[0], plan.load_prompt[1] + 1, n)
+            outputs = rng.integers(plan.load_output[0], plan.load_output[1] + 1, n)
+            await asyncio.sleep(plan.gap_s)
+            start = time.perf_counter()
+
+            async def at(t: float, prompt: int, output: int) -> Outcome:
+                await asyncio.sleep(max(0.0, start + t - time.perf_counter()))
+                return await send(prompt, output)
+
+            outs = await asyncio.gather(*(at(float(t), int(p), int(o))
+                                          for t, p, o in zip(arrivals, prompts, outputs)))
+            records.append({"kind": "load", "streams": [
+                {"prompt": o.spec.num_prompt_tokens, "times": o.chunk_times,
+                 "counts": o.chunk_tokens} for o in outs]})
+            if log:
+                log(f"load probe done: {n} requests at {plan.load_rate:g}/s")
     info["model"] = model
     return info, records
 
@@ -370,8 +403,11 @@ def observations_from_probes(records: list[dict], latency, budget: int) -> list[
     batches: dict[tuple[int, int], list[tuple[float, float, float]]] = {}   # (prompt, c)
     mixed: dict[int, list[tuple[float, int]]] = {}
     outputs: dict[int, int] = {}
+    obs: list[Observation] = []
     for r in records:
-        if r["kind"] == "mixed":
+        if r["kind"] == "load":
+            obs += load_observations(load_steps(r["streams"]), latency)
+        elif r["kind"] == "mixed":
             found = mixed_step(r["times"], r["counts"], r["first"], r["stream_prompt"])
             if found is not None:
                 mixed.setdefault(r["prompt"], []).append(found)
@@ -387,7 +423,6 @@ def observations_from_probes(records: list[dict], latency, budget: int) -> list[
             steady = steady_decode_step(r["times"], r["counts"], r["prompt"])
             if steady is not None:
                 batches.setdefault((r["prompt"], r["c"]), []).append(steady)
-    obs: list[Observation] = []
     for p, vals in sorted(singles.items()):
         ttft = float(np.median([v[0] for v in vals]))
         tpots = [v[1] for v in vals if v[1] is not None]
@@ -399,6 +434,115 @@ def observations_from_probes(records: list[dict], latency, budget: int) -> list[
     for p, vals in sorted(mixed.items()):
         step = float(np.median([v[0] for v in vals]))
         obs.append(mixed_observation(latency, p, int(np.median([v[1] for v in vals])), step))
+    return obs
+
+
+# --------------------------------------------------------------------------------------------
+# Steps of a loaded server, read off its token streams (also benchmarks/fidelity_gaps.py)
+
+
+@dataclass(frozen=True)
+class LoadSteps:
+    """Engine steps recognised in the token streams of an open-loop load: each pure decode
+    step as (its seconds, the contexts of the requests it decoded), each mixed step that
+    completed a newcomer's prompt as (prompt tokens, its seconds, the others' contexts)."""
+
+    decode: list[tuple[float, tuple[int, ...]]]
+    mixed: list[tuple[int, float, tuple[int, ...]]]
+
+
+def deliveries(times, counts, within: float = 0.001) -> tuple[np.ndarray, np.ndarray]:
+    """Chunks less than ``within`` apart as one delivery (SSE events read together), with
+    their tokens summed: no engine step is that short."""
+    out_t, out_n = [float(times[0])], [int(counts[0])]
+    for t, k in zip(times[1:], counts[1:]):
+        if t - out_t[-1] < within:
+            out_n[-1] += int(k)
+            out_t[-1] = float(t)
+        else:
+            out_t.append(float(t))
+            out_n.append(int(k))
+    return np.array(out_t), np.array(out_n)
+
+
+def load_steps(streams: list[dict]) -> LoadSteps:
+    """Steps of a load from its streams (``prompt``, chunk ``times`` and token ``counts``).
+
+    *Pure decode step*: a gap between two deliveries of a stream with no newcomer's first
+    token inside it (nor within 2 ms after); a delivery of n tokens ends n steps of equal
+    length. It decoded every stream alive across it, each at context prompt + tokens
+    delivered - 1. *Mixed step*: the step that completes a newcomer's prompt shows as the
+    longest gap, among streams running across it, that ends within ±5 ms of the newcomer's
+    first token (the median over those streams).
+    """
+    live = [s for s in streams if s["times"]]
+    if not live:
+        return LoadSteps([], [])
+    merged = [deliveries(s["times"], s["counts"]) for s in live]
+    prompts = np.array([s["prompt"] for s in live])
+    first = np.array([t[0] for t, _ in merged])
+    last = np.array([t[-1] for t, _ in merged])
+    firsts = np.sort(first)
+    cums = [np.cumsum(n) for _, n in merged]
+
+    def contexts(at: float, alive: np.ndarray, skip: int = -1) -> tuple[int, ...]:
+        return tuple(int(prompts[j] + cums[j][np.searchsorted(merged[j][0], at, "right") - 1]
+                         - 1) for j in np.flatnonzero(alive) if j != skip)
+
+    decode = []
+    for ts, ns in merged:
+        for a, b, k in zip(ts[:-1], ts[1:], ns[1:]):
+            j = np.searchsorted(firsts, a + 1e-6)
+            if k < 1 or j < len(firsts) and firsts[j] <= b + 0.002:
+                continue                          # a newcomer's prefill ran in this gap
+            alive = (first <= a) & (last >= b)
+            decode.append(((b - a) / k, contexts(a, alive)))
+    mixed = []
+    for i, t1 in enumerate(first):
+        stalls = []
+        across = (first < t1 - 0.006) & (last > t1 + 0.003)
+        across[i] = False
+        for j in np.flatnonzero(across):
+            ts = merged[j][0]
+            ends, gaps = ts[1:], np.diff(ts)
+            near = (ends >= t1 - 0.005) & (ends <= t1 + 0.005)
+            if near.any():
+                stalls.append(float(gaps[near].max()))
+        if stalls:
+            mixed.append((int(prompts[i]), float(np.median(stalls)),
+                          contexts(t1 - 0.0051, across)))
+    return LoadSteps(decode, mixed)
+
+
+def load_observations(steps: LoadSteps, latency, min_count: int = 20) -> list[Observation]:
+    """Observations from a load's steps: decode steps binned by the requests they decoded
+    (the median step; features of the bin's median total context spread evenly), mixed steps
+    by prompt length in 128-token bins (the median step; features averaged over the bin)."""
+    from simserve.sched.plan import StepPlan
+    obs = []
+    by_b: dict[int, list[tuple[float, int]]] = {}
+    for sec, ctx in steps.decode:
+        if ctx:
+            by_b.setdefault(len(ctx), []).append((sec, sum(ctx)))
+    for b, vals in sorted(by_b.items()):
+        if len(vals) < min_count:
+            continue
+        step = float(np.median([v[0] for v in vals]))
+        ctx = int(round(np.median([v[1] for v in vals]) / b))
+        obs.append(Observation(f"load decode b={b} step",
+                               (*step_features(latency, [decode_plan(b, ctx)]), 0.0, 0.0), step))
+    by_p: dict[int, list[tuple[float, StepPlan]]] = {}
+    for prompt, sec, ctx in steps.mixed:
+        plan = StepPlan(tuple(range(len(ctx) + 1)), (*[1] * len(ctx), prompt), (prompt,), (0,),
+                        ctx, len(ctx) + 1)
+        by_p.setdefault((prompt - 1) // 128, []).append((sec, plan))
+    for k, vals in sorted(by_p.items()):
+        if len(vals) < 5:
+            continue
+        plans = [v[1] for v in vals]
+        obs.append(Observation(f"load mixed P={128 * k + 1}-{128 * (k + 1)} step",
+                               (*_mean_features(latency, plans), 0.0, 1.0),
+                               float(np.median([v[0] for v in vals]))))
     return obs
 
 
@@ -473,7 +617,7 @@ TIME_TERMS = ("step_overhead_s", "per_output_token_s", "scale", "attention_scale
               "prefill_attention_scale", "decode_attention_scale", "frontend_delay_s",
               "admission_s")      # every calibrated term that is a time, or scales one
 SPEED_PLAN = ProbePlan(prompt_lens=(), mixed_prompts=(), concurrencies=(1, 4, 16),
-                       long_batch_prompts=(), batch_output=48, repeats=1)
+                       long_batch_prompts=(), batch_output=48, repeats=1, load_requests=0)
 
 
 def speed_check(scenario: Scenario | str | Path, endpoint: str, calibrated: dict, *,

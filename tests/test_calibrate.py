@@ -21,7 +21,7 @@ from aiohttp import web  # noqa: E402
 from profiler.schema import dump  # noqa: E402
 from simserve.calibrate import (PARAMS, SPEED_PLAN, Observation, ProbePlan,  # noqa: E402
                                 calibrate, decode_plan, fit, format_calibration,
-                                kv_tokens_from_log, mixed_plan, mixed_step, rescaled,
+                                kv_tokens_from_log, load_steps, mixed_plan, mixed_step, rescaled,
                                 run_calibrated, single_prefill_plans, speed_check,
                                 steady_decode_step, step_features, write_calibrated)
 from simserve.cli import main  # noqa: E402
@@ -284,7 +284,7 @@ def test_calibration_recovers_a_known_engine(tmp_path, capsys):
     path = write_scenario(tmp_path)
     plan = ProbePlan(prompt_lens=(16, 100, 250, 400, 600, 900), single_output=8,
                      concurrencies=(1, 4, 8), batch_prompt=200, batch_output=24, repeats=3,
-                     gap_s=0.02)
+                     gap_s=0.02, load_requests=60, load_rate=25.0, load_output=(8, 24))
     with engine_in_own_process() as url:
         profile = calibrate(path, url, plan=plan, kv_tokens=4096, warmup=1)
     cal = profile["calibration"]
@@ -307,7 +307,12 @@ def test_calibration_recovers_a_known_engine(tmp_path, capsys):
     assert cal["num_gpu_blocks"] == 4096 // 16 and cal["kv_tokens"] == 4096
     prov = cal["provenance"]
     assert prov["endpoint"] == url and prov["engine_version"] == "fake-1.0"
-    assert prov["probes"]["num_requests"] == 3 * (6 + 2 * 2 + 13)   # mixed: P=32, P=128
+    assert prov["probes"]["num_requests"] == 3 * (6 + 2 * 2 + 13) + 60   # mixed: P=32, 128
+    # the load probe's steps were read and fitted too: decode steps by batch, mixed steps
+    load = [r for r in cal["fit"]["residuals"] if r["probe"].startswith("load ")]
+    assert any(r["probe"].startswith("load decode b=") for r in load)
+    assert any(r["probe"].startswith("load mixed P=") for r in load)
+    assert all(abs(r["rel_error"]) < 0.35 for r in load), load
     assert {r["probe"] for r in cal["fit"]["residuals"]} >= {"single P=900 ttft",
                                                               "batch c=8 P=200 step",
                                                               "mixed P=128 step"}
@@ -376,8 +381,33 @@ def test_probe_plan_adds_long_context_batches_that_fit(tmp_path):
     plan = roomy.for_scenario(s)
     assert plan.batch_prompts == (256, 512, 960)           # 1000 + 64 > 1024
     assert plan.num_requests == 3 * (len(plan.prompt_lens) + 2 * len(plan.mixed_prompts)
-                                     + 3 * sum(plan.concurrencies))
+                                     + 3 * sum(plan.concurrencies)) + plan.load_requests
     assert plan.mixed_prompts == (32, 128)                 # 384 + 1 > the budget of 256
+    # the load's prompts fit one step beside every other request's decode: 256 - 8 seqs
+    assert plan.load_prompt == (16, 248)
+
+
+def test_load_steps_reads_decode_and_mixed_steps_off_token_streams():
+    """A hand-made timeline: A (prompt 100) decodes alone in 10 ms steps; B (prompt 50)
+    arrives and its prompt runs in a 25 ms step beside A's decode; then both decode in 12 ms
+    steps, two of A's tokens read together once (one delivery of 2 tokens ends 2 steps)."""
+    a_times = [0.01 * i for i in range(1, 9)]                  # A's tokens 1..8 at 10 ms steps
+    a_times.append(0.08 + 0.025)                               # token 9: the mixed step
+    both = [0.105 + 0.012 * i for i in range(1, 6)]            # 5 steps of both
+    a_times += both
+    a_counts = [1] * len(a_times)
+    a_times[-2:], a_counts[-2:] = [a_times[-1]], [2]           # the last two steps, one chunk
+    b_times, b_counts = [0.105, *both], [1] * 6
+    steps = load_steps([{"prompt": 100, "times": a_times, "counts": a_counts},
+                        {"prompt": 50, "times": b_times, "counts": b_counts}])
+    alone = [(s, c) for s, c in steps.decode if len(c) == 1]
+    pairs = [(s, c) for s, c in steps.decode if len(c) == 2]
+    assert len(alone) == 7 and all(s == pytest.approx(0.010) for s, _ in alone)
+    assert [c for _, c in alone] == [(100 + i - 1,) for i in range(1, 8)]
+    # B's gaps (5) and A's (3 single, 1 of two steps), each one step of 12 ms
+    assert len(pairs) == 9 and all(s == pytest.approx(0.012) for s, _ in pairs)
+    assert ((100 + 9 - 1, 50 + 1 - 1)) in [c for _, c in pairs]    # the first step of both
+    assert steps.mixed == [(50, pytest.approx(0.025), (100 + 8 - 1,))]
 
 
 def test_mixed_step_is_the_stream_gap_that_ends_with_the_newcomer():
