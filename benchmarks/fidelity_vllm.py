@@ -10,13 +10,13 @@ Not part of CI: it needs a 3.4 GB install and about 15 minutes. What it does:
    run faster than the sustained loads that follow.
 3. Replays four workloads, each ``--repeats`` times: light, moderate (~70 % of capacity) and
    saturating Poisson loads, and an Azure-conversation-shaped trace rescaled to the tiny
-   model's context. Right before each run, a speed check (``simserve.calibrate.speed_check``:
-   decode batches at 1, 4 and 16 streams, a few seconds) reads how much slower or faster
-   than at calibration the server runs then (``--no-speed-check`` skips it).
+   model's context. With ``--speed-check``, right before each run a speed check
+   (``simserve.calibrate.speed_check``: decode batches at 1, 4 and 16 streams, a few seconds)
+   reads how much slower or faster than at calibration the server runs then.
 4. Simulates the same scenarios with (a) the kernel profile alone, (b) the calibrated
-   profile (vLLM v1 policy, the server's knobs and KV capacity), and (c) the calibrated
-   profile at the median speed of the workload's checks (every calibrated time times that
-   factor): what (b) would be on a machine that kept its speed.
+   profile (vLLM v1 policy, the server's knobs and KV capacity), and with ``--speed-check``
+   (c) the calibrated profile at the median speed of the workload's checks (every calibrated
+   time times that factor), a diagnostic of drift between calibration and workload.
 5. Restarts the server with knobs that were not calibrated on (``--max-num-seqs 8
    --max-num-batched-tokens 256``) and repeats 3-4 for two workloads with the same calibration.
 6. Prints, per workload and metric: median of the real runs, their min-max, each simulated
@@ -312,9 +312,10 @@ def main() -> int:
                     help="calibrate at once instead of after one unrecorded moderate load (a "
                          "machine fresh from idling may run short probes faster than the "
                          "sustained load that follows)")
-    ap.add_argument("--no-speed-check", action="store_true",
-                    help="skip the speed check before each real run and the (c) column "
-                         "(the calibrated profile at the speed the checks read)")
+    ap.add_argument("--speed-check", action="store_true",
+                    help="a speed check before each real run, and a column (c): the "
+                         "calibrated profile at the speed the checks read (a diagnostic: "
+                         "single checks are noisy, 0.88-1.47 within one workload)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -355,7 +356,7 @@ def main() -> int:
             (out / "calibration.txt").write_text(text + "\n")
             results["calibration_wall_s"] = time.time() - t0
         cal_latency = {"model": "profile", "path": str(cal_path)}
-        cal_profile = None if args.no_speed_check else json.loads(cal_path.read_text())
+        cal_profile = json.loads(cal_path.read_text()) if args.speed_check else None
         for name in names:
             real_sc = scenario(name, wls[name], knobs, base_latency, blocks, out)
             reals = measure(f"{label}{name}", real_sc, endpoint, args.repeats, out, cal_profile)

@@ -34,7 +34,13 @@ Probes (bounded: a few hundred requests, all sent to one loopback endpoint by de
   step time is measured where all c are decoding (after the last first token, before the first
   finish), per request as (last - first chunk time) / tokens between, then the median;
 * **mixed steps**: a newcomer's prompt sent into a running decode stream; the stream's gap that
-  ends with the newcomer's first token is the step that admitted it beside one decode.
+  ends with the newcomer's first token is the step that admitted it beside one decode;
+* **a load**: an open-loop Poisson load (``ProbePlan.load_*``), whose decode and mixed steps
+  are read off the token streams (``load_steps``): steps as a loaded server runs them, beside
+  other requests' arrivals and streaming output, which closed probes run faster.
+
+``speed_check`` re-measures, in seconds, how much slower than at calibration a server runs now;
+``rescaled`` applies that factor to a calibrated profile.
 
 The calibrated profile is the base profile plus a ``calibration`` block (read by
 ``simserve.latency.profile.ProfileLatency``), with provenance: endpoint, engine version (from
