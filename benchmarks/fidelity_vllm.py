@@ -30,6 +30,7 @@ Not part of CI: it needs a 3.4 GB install and about 15 minutes. What it does:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -312,6 +313,10 @@ def main() -> int:
                     help="calibrate at once instead of after one unrecorded moderate load (a "
                          "machine fresh from idling may run short probes faster than the "
                          "sustained load that follows)")
+    ap.add_argument("--calibrate-each", action="store_true",
+                    help="calibrate again (one probe round and the load) right before each "
+                         "workload with the server's knobs, and simulate it with that "
+                         "calibration (the held-out knobs keep the first one)")
     ap.add_argument("--speed-check", action="store_true",
                     help="a speed check before each real run, and a column (c): the "
                          "calibrated profile at the speed the checks read (a diagnostic: "
@@ -355,9 +360,20 @@ def main() -> int:
             print(text, file=sys.stderr)
             (out / "calibration.txt").write_text(text + "\n")
             results["calibration_wall_s"] = time.time() - t0
-        cal_latency = {"model": "profile", "path": str(cal_path)}
-        cal_profile = json.loads(cal_path.read_text()) if args.speed_check else None
+        fresh = args.calibrate_each and not label    # (held-out knobs: never calibrated on)
         for name in names:
+            if fresh:   # a fresh calibration right before this workload (one probe round)
+                wait_for_quiet()
+                prof = calibrate(scenario("calibration", wls["moderate"], knobs, base_latency,
+                                          blocks, out), endpoint,
+                                 plan=dataclasses.replace(ProbePlan(), repeats=1), kv_tokens=kv)
+                path = write_calibrated(prof, out / "calibrated_each" / f"{name}.json")
+                print(f"fresh calibration for {name}: "
+                      f"{100 * prof['calibration']['fit']['residual_rel_rms']:.1f} % rms",
+                      file=sys.stderr)
+            cal_latency = {"model": "profile", "path": str(path if fresh else cal_path)}
+            cal_profile = json.loads(Path(cal_latency["path"]).read_text()) \
+                if args.speed_check else None
             real_sc = scenario(name, wls[name], knobs, base_latency, blocks, out)
             reals = measure(f"{label}{name}", real_sc, endpoint, args.repeats, out, cal_profile)
             sim_a = simulate(f"{label}{name}", real_sc, out, calibrated=False)
