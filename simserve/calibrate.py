@@ -212,9 +212,15 @@ def single_observations(latency, prompt: int, output: int, budget: int, ttft: fl
     return obs
 
 
+def steady_plans(c: int, ctx_lo: float, ctx_hi: float) -> list[StepPlan]:
+    """Decode steps of a batch of ``c`` across the context range its steady window covered
+    (five points: what a batch probe's measured step is set against)."""
+    return [decode_plan(c, int(round(x))) for x in np.linspace(ctx_lo, ctx_hi, 5)]
+
+
 def batch_observation(latency, c: int, ctx_lo: float, ctx_hi: float,
                       step_s: float, prompt: int | None = None) -> Observation:
-    dec = [decode_plan(c, int(round(x))) for x in np.linspace(ctx_lo, ctx_hi, 5)]
+    dec = steady_plans(c, ctx_lo, ctx_hi)
     name = f"batch c={c} step" if prompt is None else f"batch c={c} P={prompt} step"
     return Observation(name, (*_mean_features(latency, dec), 0.0, 0.0), step_s)
 
@@ -651,8 +657,8 @@ def speed_check(scenario: Scenario | str | Path, endpoint: str, calibrated: dict
         if steady is None:
             continue
         step, lo, hi = steady
-        predicted = np.mean([model.step_time(decode_plan(r["c"], int(round(x))))
-                             for x in np.linspace(max(lo, r["prompt"]), hi, 5)])
+        predicted = np.mean([model.step_time(p)
+                             for p in steady_plans(r["c"], max(lo, r["prompt"]), hi)])
         ratios[f"batch c={r['c']} P={r['prompt']} step"] = float(step / predicted)
     if not ratios:
         raise SimserveError(f"{endpoint}: the speed check measured no steady decode step")
