@@ -241,6 +241,19 @@ class FlexPagedAttention:
             out[q_index[valid]] = og.permute(0, 2, 1, 3)[valid]
         return out
 
+    def kernel_options(self, block_mask) -> dict[str, int] | None:
+        """On CUDA the Triton kernel walks a BlockMask's KV blocks ``BLOCK_N`` keys at a time,
+        and ``BLOCK_N`` must divide the mask's KV block, which here is one page (16 tokens in
+        vLLM's default): its own default (64 or 128) does not, and compiling would fail. Take
+        the largest power of two up to 64 that divides the page. CPU kernels need nothing."""
+        if self.device.type != "cuda":
+            return None
+        page = block_mask.BLOCK_SIZE[1]
+        n = 64
+        while n > 1 and page % n:
+            n //= 2
+        return {"BLOCK_N": n}
+
     def _run(self, key: tuple, q, k, v, block_mask) -> torch.Tensor:
         gqa = q.shape[1] != k.shape[1]
         if self.compiled:
@@ -248,7 +261,8 @@ class FlexPagedAttention:
             first = name not in self._seen
             t0 = time.perf_counter()
             try:
-                out = self._compiled_fn(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+                out = self._compiled_fn(q, k, v, block_mask=block_mask, enable_gqa=gqa,
+                                        kernel_options=self.kernel_options(block_mask))
             except Exception as e:  # noqa: BLE001 - any compile failure means "use eager"
                 self.compiled = False
                 self.fallback = f"torch.compile failed ({_root_cause(e)}); eager used"

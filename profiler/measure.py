@@ -459,6 +459,12 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
                                 f"attention (relative error {rel_err:.2e} > "
                                 f"{attn.TOLERANCE[dtype]:.0e}); refusing to profile it")
 
+    if device.type == "cuda" and opts.compile and getattr(backend, "fallback", None):
+        # eager FlexAttention materialises every score: its GPU times would mean nothing, and
+        # the large points would fail minutes into the run
+        raise attn.BackendError(f"attention backend {backend_name!r}: {backend.fallback}; "
+                                "refusing to profile eager FlexAttention on CUDA (use "
+                                "--attention reference, or install flashinfer)")
     model = Model(shapes, dtype, device, seed=opts.seed, distinct_layers=distinct,
                   max_positions=max(grid.prefill_ctx) + max(grid.prefill_chunk)
                   + max(grid.decode_ctx) + opts.max_num_batched_tokens + 2)
