@@ -25,5 +25,17 @@ for model in "$@"; do
         --note "benchmarks/gpu_profiles.sh on a lent $(nvidia-smi --query-gpu=name --format=csv,noheader)" \
         > "$out/$model.log" 2>&1
     echo "$model ($grid): exit $? after $(( $(date +%s) - t0 )) s"
-    tail -n 4 "$out/$model.log"
+    tail -n 3 "$out/$model.log"
+    python3 - "$out/${model}_${gpu}_bf16.json" <<'PY' || true
+import json, sys
+p = json.load(open(sys.argv[1]))
+print("execution:", p["provenance"].get("execution"))
+print("attention:", p["attention"]["backend"], "fallback", p["attention"]["fallback"],
+      "self-check", p["attention"]["self_check_rel_err"])
+lin = p["linear"]
+print("linear ms/layer:", {t: round(s * 1e3, 4) for t, s in zip(lin["tokens"], lin["seconds"])})
+for h in p["heldout"]:
+    print("heldout", len(h["prefill"]), "chunks", sum(q for q, _ in h["prefill"]), "tokens +",
+          len(h["decode_ctx"]), "decodes:", round(h["seconds"] * 1e3, 3), "ms")
+PY
 done

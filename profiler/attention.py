@@ -144,7 +144,8 @@ class FlexPagedAttention:
     name = "flex"
     Q_TILE = 128      # BlockMask query tile; the kernel skips tiles with no pages
 
-    def __init__(self, device: Any, compile: bool = True, eager_limit_bytes: int = 2 << 30):
+    def __init__(self, device: Any, compile: bool = True, eager_limit_bytes: int = 2 << 30,
+                 heads_per_kv: int = 1):
         from torch.nn.attention.flex_attention import BlockMask, flex_attention
         self._flex = flex_attention
         self._block_mask_cls = BlockMask
@@ -153,6 +154,7 @@ class FlexPagedAttention:
         self.fallback: str | None = None
         self.compile_seconds: dict[str, float] = {}
         self.eager_limit_bytes = eager_limit_bytes
+        self.heads_per_kv = heads_per_kv
         self._families: dict[tuple, _FlexFamily] = {}
         self._seen: set[str] = set()
         self._compiled_fn: Callable | None = None
@@ -164,6 +166,17 @@ class FlexPagedAttention:
                 if hasattr(dynamo_config, knob):
                     setattr(dynamo_config, knob, max(256, getattr(dynamo_config, knob)))
             self._compiled_fn = torch.compile(flex_attention, dynamic=False, fullgraph=True)
+
+    def q_tile(self, q_len: int) -> int:
+        """The BlockMask's query tile: ``Q_TILE``, but for queries short enough for Flex's
+        decoding kernel (< 128), which folds a KV head's query heads into the rows of one block
+        of ``BLOCK_M = next_pow2(q_len * heads_per_kv)`` (at least 16) rows; the tile must be a
+        multiple of it, or inductor finds no kernel to choose (torch/_inductor/kernel/flex/
+        flex_decoding.py). Seen on an H100: 64-token chunks of an 8B GQA model (4 heads per KV
+        head) failed to compile with 128-row tiles."""
+        if q_len >= self.Q_TILE:
+            return self.Q_TILE
+        return max(self.Q_TILE, _next_pow2(q_len * self.heads_per_kv))
 
     # ---- per step
 
@@ -185,7 +198,8 @@ class FlexPagedAttention:
         fam = self._families.get(key)
         if fam is None:
             fam = self._families[key] = _FlexFamily(batch, q_len, num_pages, bs, dev)
-        n_tiles = -(-q_len // self.Q_TILE)
+        tile = self.q_tile(q_len)
+        n_tiles = -(-q_len // tile)
 
         # per-row query gather (padding rows/columns point at token 0 and are dropped after)
         q_index = torch.zeros((batch, q_len), dtype=torch.long)
@@ -208,7 +222,7 @@ class FlexPagedAttention:
             owner[pages.long()] = row
             logical[pages.long()] = torch.arange(len(pages), dtype=torch.int32)
             for t in range(n_tiles):
-                lo, hi = t * self.Q_TILE, min((t + 1) * self.Q_TILE, ql) - 1
+                lo, hi = t * tile, min((t + 1) * tile, ql) - 1
                 if lo > hi:
                     break
                 # page i is fully visible to the tile if its last key <= the tile's first query
@@ -223,9 +237,13 @@ class FlexPagedAttention:
         fam.page_logical.copy_(logical)
         block_mask = self._block_mask_cls.from_kv_blocks(
             kv_num.to(dev), kv_idx.to(dev), full_num.to(dev), full_idx.to(dev),
-            BLOCK_SIZE=(self.Q_TILE, bs), mask_mod=fam.mask_mod,
+            BLOCK_SIZE=(tile, bs), mask_mod=fam.mask_mod,
             seq_lengths=(q_len, num_pages * bs))
-        return key, q_index.to(dev), valid.to(dev), block_mask
+        # the real (row, query) cells and their tokens, as index lists: no boolean indexing
+        # at run time (a data-dependent shape would stall the host, and break CUDA graphs)
+        rows, cols = valid.nonzero(as_tuple=True)
+        return key, q_index.to(dev), (rows.to(dev), cols.to(dev)), \
+            q_index[rows, cols].to(dev), block_mask
 
     # ---- per layer
 
@@ -235,10 +253,10 @@ class FlexPagedAttention:
         # the whole cache as one K/V sequence of num_blocks * block_size keys, batch 1 broadcast
         k = cache.k.view(1, -1, hkv, d).transpose(1, 2)
         v = cache.v.view(1, -1, hkv, d).transpose(1, 2)
-        for key, q_index, valid, block_mask in meta.backend_state["flex"]:
+        for key, q_index, cells, tokens, block_mask in meta.backend_state["flex"]:
             qg = q[q_index].permute(0, 2, 1, 3)                         # [B, H, Lq, D]
             og = self._run(key, qg, k, v, block_mask)
-            out[q_index[valid]] = og.permute(0, 2, 1, 3)[valid]
+            out[tokens] = og.permute(0, 2, 1, 3)[cells]
         return out
 
     def kernel_options(self, block_mask) -> dict[str, int] | None:
@@ -398,7 +416,8 @@ def make_backend(name: str, device: Any, shapes: Any, dtype: torch.dtype,
     if name == "reference":
         return ReferenceAttention()
     if name == "flex":
-        return FlexPagedAttention(device, compile=compile)
+        return FlexPagedAttention(device, compile=compile,
+                                  heads_per_kv=shapes.num_heads // shapes.num_kv_heads)
     if name == "flashinfer":
         return FlashInferAttention(device, shapes.num_heads, shapes.num_kv_heads,
                                    shapes.head_dim, dtype)

@@ -47,7 +47,12 @@ def build_parser(prog: str = "python -m profiler") -> argparse.ArgumentParser:
                    help="paged attention backend (auto: flashinfer, else flex, on CUDA; "
                         "reference on CPU)")
     p.add_argument("--no-compile", action="store_true",
-                   help="run FlexAttention eagerly instead of torch.compile")
+                   help="no torch.compile: FlexAttention eager, and on CUDA the layers' "
+                        "norms, RoPE and MLP as eager torch ops (compiled by default there, "
+                        "as vLLM does)")
+    p.add_argument("--no-cuda-graphs", action="store_true",
+                   help="CUDA: time eager launches instead of CUDA graph replays (vLLM "
+                        "replays captured graphs; eager timing measures the host)")
     p.add_argument("--timer", default="auto", choices=("auto", "wall", "cpu"),
                    help="CPU clock (auto: the measuring thread's CPU time with one thread, which "
                         "leaves out other processes' time on a shared machine; wall otherwise)")
@@ -116,7 +121,7 @@ def run(args: argparse.Namespace, argv: list[str], prog: str = "python -m profil
                    max_num_seqs=args.max_num_seqs, attention=args.attention,
                    max_model_len=args.max_model_len or card.max_position_embeddings,
                    timer=args.timer, note=args.note,
-                   compile=not args.no_compile,
+                   compile=not args.no_compile, cuda_graphs=not args.no_cuda_graphs,
                    gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
                    command=shlex.join([*prog.split(), *argv]))
     try:

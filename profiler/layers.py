@@ -214,10 +214,54 @@ class Rotary:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotate ``x`` of shape ``[T, heads, head_dim]``."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return rotate(x, self.cos, self.sin, positions)
+
+
+def rotate(x: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor,
+           positions: torch.Tensor) -> torch.Tensor:
+    cos = cos_table[positions].unsqueeze(1)
+    sin = sin_table[positions].unsqueeze(1)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+# A layer's work outside attention in two pieces, the code between attention calls, as vLLM v1
+# cuts a model for torch.compile (vllm/compilation/backends.py splits the graph at the attention
+# op): on CUDA the profiler compiles each piece, so norms, RoPE, SiLU·up and residual adds run
+# fused as in the engine, not as a dozen eager kernels each. Plain functions of tensors (no
+# ``self``), so one compiled piece serves every layer.
+
+def pre_attention(x: torch.Tensor, norm_w: torch.Tensor, w_qkv: torch.Tensor,
+                  b_qkv: torch.Tensor | None, cos_table: torch.Tensor, sin_table: torch.Tensor,
+                  positions: torch.Tensor, heads: int, kv_heads: int, head_dim: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RMSNorm, fused QKV projection, RoPE: ``q [T, heads, d]``, ``k, v [T, kv_heads, d]``."""
+    qkv = F.linear(rms_norm(x, norm_w), w_qkv, b_qkv)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q = rotate(q.reshape(-1, heads, head_dim), cos_table, sin_table, positions)
+    k = rotate(k.reshape(-1, kv_heads, head_dim), cos_table, sin_table, positions)
+    return q, k, v.reshape(-1, kv_heads, head_dim)
+
+
+def post_attention(x: torch.Tensor, o: torch.Tensor, w_o: torch.Tensor, norm_w: torch.Tensor,
+                   w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
+    """O projection and residual, RMSNorm, gate/up, SiLU·up, down and residual."""
+    x = x + F.linear(o.reshape(x.shape[0], -1), w_o)
+    gate, up = F.linear(rms_norm(x, norm_w), w_gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, w_down)
+
+
+class Pieces:
+    """The two pieces a layer runs, eager or compiled (``torch.compile``, shapes dynamic in
+    the token count so every step size shares one compiled piece)."""
+
+    def __init__(self, compiled: bool = False) -> None:
+        self.compiled = compiled
+        if compiled:
+            self.pre = torch.compile(pre_attention, dynamic=True, fullgraph=True)
+            self.post = torch.compile(post_attention, dynamic=True, fullgraph=True)
+        else:
+            self.pre, self.post = pre_attention, post_attention
 
 
 def _weight(rows: int, cols: int, dtype: torch.dtype, device: Any, gen: torch.Generator,
@@ -243,10 +287,11 @@ class DecoderLayer:
     OPS = ("input_norm", "qkv_proj", "rope", "kv_write", "o_proj", "post_norm", "mlp")
 
     def __init__(self, shapes: Shapes, dtype: torch.dtype, device: Any, gen: torch.Generator,
-                 rotary: Rotary):
+                 rotary: Rotary, pieces: Pieces | None = None):
         h, s = shapes.hidden_size, shapes
         self.s = s
         self.rotary = rotary
+        self.pieces = pieces or Pieces()
         self.input_norm = _near_one(h, dtype, device, gen)
         self.post_norm = _near_one(h, dtype, device, gen)
         self.w_qkv = _weight(s.q_dim + 2 * s.kv_dim, h, dtype, device, gen)
@@ -281,18 +326,17 @@ class DecoderLayer:
         the queries themselves (same shape): everything else in the layer still runs, which is
         how the per-token ("linear") part of a layer is timed in isolation. With ``sections``
         the layer's time is charged to ``linear`` and ``attention`` as it runs."""
-        h = rms_norm(x, self.input_norm)
-        q, k, v = self.split_qkv(self.qkv(h))
-        q = self.rotary(q, meta.positions)
-        k = self.rotary(k, meta.positions)
+        s, pieces = self.s, self.pieces
+        q, k, v = pieces.pre(x, self.input_norm, self.w_qkv, self.b_qkv, self.rotary.cos,
+                             self.rotary.sin, meta.positions, s.num_heads, s.num_kv_heads,
+                             s.head_dim)
         cache.write(k, v, meta.slot_mapping)
         if sections is not None:
             sections.mark("linear")
         o = q if attention is None else attention(q, cache, meta)
         if sections is not None:
             sections.mark("attention")
-        x = x + F.linear(o.reshape(x.shape[0], -1), self.w_o)
-        x = x + self.mlp(rms_norm(x, self.post_norm))
+        x = pieces.post(x, o, self.w_o, self.post_norm, self.w_gate_up, self.w_down)
         if sections is not None:
             sections.mark("linear")
         return x
@@ -311,9 +355,13 @@ class Sections:
     host or changes what overlaps.
     """
 
-    def __init__(self, device: torch.device | str, clock: Callable[[], float]):
+    def __init__(self, device: torch.device | str, clock: Callable[[], float],
+                 graph: bool = False):
         self.cuda = torch.device(device).type == "cuda"
         self.clock = clock
+        # marks made while a CUDA graph is captured: "external" events become event-record
+        # nodes of the graph (a plain event would only order streams), re-recorded each replay
+        self.graph = graph
         self._names: list[str] = []
         self._stamps: list[Any] = []
 
@@ -327,7 +375,7 @@ class Sections:
 
     def _stamp(self) -> Any:
         if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
+            e = torch.cuda.Event(enable_timing=True, external=self.graph)
             e.record()
             return e
         return self.clock()
@@ -353,15 +401,17 @@ class Model:
 
     def __init__(self, shapes: Shapes, dtype: torch.dtype, device: Any, seed: int = 0,
                  num_layers: int | None = None, distinct_layers: bool = True,
-                 max_positions: int = 4096):
+                 max_positions: int = 4096, compile_layers: bool = False):
         gen = torch.Generator(device=device).manual_seed(seed)
         self.shapes = shapes
         self.dtype = dtype
         self.device = device
         self.rotary = Rotary(shapes.head_dim, max_positions, dtype, device)
+        self.pieces = Pieces(compiled=compile_layers)
         n = shapes.num_layers if num_layers is None else num_layers
-        first = DecoderLayer(shapes, dtype, device, gen, self.rotary)
-        self.layers = [first] + [DecoderLayer(shapes, dtype, device, gen, self.rotary)
+        first = DecoderLayer(shapes, dtype, device, gen, self.rotary, self.pieces)
+        self.layers = [first] + [DecoderLayer(shapes, dtype, device, gen, self.rotary,
+                                              self.pieces)
                                  if distinct_layers else first for _ in range(n - 1)]
         self.embed = _weight(shapes.vocab_size, shapes.hidden_size, dtype, device, gen,
                              std=1.0)

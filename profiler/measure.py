@@ -63,11 +63,21 @@ class Timer:
     the OS gave to other processes is left out; see :data:`CLOCKS`)."""
 
     def __init__(self, device: torch.device, warmup: int, repeats: int, budget_s: float,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, graphs: bool = False):
         self.device, self.warmup, self.repeats, self.budget_s = device, warmup, repeats, budget_s
         self.clock = clock
+        # CUDA only: capture each step (or op) once as a CUDA graph and time its replays, as
+        # vLLM replays captured graphs: eager launches from Python would time the host, not the
+        # GPU (an 8B model's one-token step measured 30 ms eager on an H100)
+        self.graphs = graphs and device.type == "cuda"
+        self.graph_failures: dict[str, int] = {}    # why a capture failed -> times (eager used)
+        self.coverage: list[float] = []     # per replay: sum of a graph's parts / replay time
 
     def __call__(self, fn: Callable[[], Any]) -> Stat:
+        if self.graphs:
+            got = self._try_graph(lambda: self._graph_call(fn))
+            if got is not None:
+                return got
         start = time.perf_counter()
         for _ in range(self.warmup):
             fn()
@@ -81,6 +91,10 @@ class Timer:
         """Median and spread of each part of a step over warmed-up repeats, and of the whole
         step (``WHOLE_STEP``): ``fn(sections)`` runs one step that marks its parts
         (:class:`~profiler.layers.Sections`)."""
+        if self.graphs:
+            got = self._try_graph(lambda: self._graph_sections(fn))
+            if got is not None:
+                return got
         rec = Sections(self.device, self.clock)
         start = time.perf_counter()
         for _ in range(self.warmup):
@@ -146,6 +160,99 @@ class Timer:
                     on_round(total, total)
                 break
         return [{name: _stat(times) for name, times in got.items()} for got in samples]
+
+    # ---- CUDA graphs
+
+    def _try_graph(self, measure: Callable[[], Any]) -> Any:
+        """``measure()``, or None (and the reason counted) when capturing fails: that point is
+        then timed eagerly, and the profile says how many were."""
+        try:
+            return measure()
+        except Exception as e:  # noqa: BLE001 - any capture failure means "time it eagerly"
+            torch.cuda.synchronize()
+            why = attn._root_cause(e)
+            self.graph_failures[why] = self.graph_failures.get(why, 0) + 1
+            return None
+
+    def _capture(self, fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
+        """Warm ``fn`` up eagerly (compiles, allocator, library handles; once on a side stream,
+        as torch.cuda.graphs asks before a capture), then capture it."""
+        start = time.perf_counter()
+        for _ in range(max(1, self.warmup)):
+            fn()
+            torch.cuda.synchronize()
+            if time.perf_counter() - start > self.budget_s / 3:
+                break
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph
+
+    def _replays(self, graph: torch.cuda.CUDAGraph,
+                 after: Callable[[float], None]) -> None:
+        """Replay ``graph`` ``repeats`` times (at least ``MIN_REPEATS``, within the budget);
+        ``after(replay_seconds)`` reads each replay, timed by events outside the graph."""
+        start = time.perf_counter()
+        n = 0
+        while n < self.repeats:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            graph.replay()
+            b.record()
+            b.synchronize()
+            after(a.elapsed_time(b) / 1000.0)
+            n += 1
+            if n >= MIN_REPEATS and time.perf_counter() - start > self.budget_s:
+                break
+
+    def _graph_call(self, fn: Callable[[], Any]) -> Stat:
+        graph = self._capture(fn)
+        times: list[float] = []
+        self._replays(graph, times.append)
+        del graph
+        return _stat(times)
+
+    def _graph_sections(self, fn: Callable[[Sections | None], Any]) -> dict[str, Stat]:
+        """Parts of a captured step: the marks become event-record nodes inside the graph
+        (``Sections(graph=True)``), so every replay records them again."""
+        rec = Sections(self.device, self.clock, graph=True)
+        captured = [False]
+
+        def run() -> None:   # eager calls without marks; the capture with them
+            fn(rec if torch.cuda.is_current_stream_capturing() else None)
+            captured[0] = captured[0] or torch.cuda.is_current_stream_capturing()
+
+        graph = self._capture(run)
+        samples: dict[str, list[float]] = {}
+
+        def read(replay_s: float) -> None:
+            parts = rec.result()
+            parts[WHOLE_STEP] = sum(parts.values())
+            self.coverage.append(parts[WHOLE_STEP] / replay_s if replay_s > 0 else 0.0)
+            for name, seconds in parts.items():
+                samples.setdefault(name, []).append(seconds)
+
+        self._replays(graph, read)
+        del graph
+        return {name: _stat(times) for name, times in samples.items()}
+
+    def graph_note(self) -> str:
+        """What the profile says of the CUDA graphs (empty off CUDA graphs)."""
+        if not self.graphs:
+            return ""
+        note = "steps timed as CUDA graph replays (one capture per point)"
+        if self.coverage:
+            cov = sorted(self.coverage)
+            note += (f"; a step's parts add up to {100 * _quantile(cov, 0.1):.1f}-"
+                     f"{100 * _quantile(cov, 0.9):.1f} % (p10-p90) of its replay time")
+        for why, n in sorted(self.graph_failures.items()):
+            note += f"; {n} point(s) timed eagerly, capture failed: {why}"
+        return note
 
     def _cpu(self, fn: Callable[[], Any]) -> list[float]:
         times: list[float] = []
@@ -234,7 +341,8 @@ class Options:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     attention: str = "auto"              # auto | reference | flex | flashinfer
-    compile: bool = True                 # torch.compile for flex
+    compile: bool = True                 # torch.compile: flex; on CUDA the layer pieces too
+    cuda_graphs: bool = True             # CUDA: time steps as CUDA graph replays
     gpu_memory_utilization: float = 0.9
     seed: int = 0
     command: str = ""
@@ -265,7 +373,7 @@ class Options:
         ``thread_time`` (the measuring thread's CPU time) with one thread unless wall time was
         asked for, else ``perf_counter``."""
         if self.device == "cuda":
-            return "cuda_event"
+            return "cuda_graph_replay" if self.cuda_graphs else "cuda_event"
         if self.timer == "cpu" or (self.timer == "auto" and self.threads == 1):
             return "thread_time"
         return "perf_counter"
@@ -450,10 +558,14 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
 
     backend_name = attn.resolve_backend_name(opts.attention, device.type)
     backend = attn.make_backend(backend_name, device, shapes, dtype, compile=opts.compile)
-    rel_err = attn.self_check(backend, prefill=[(13, 37), (16, 0)], decode_ctx=[3, 17, 40],
-                              block_size=opts.block_size, num_heads=shapes.num_heads,
-                              num_kv_heads=shapes.num_kv_heads, head_dim=shapes.head_dim,
-                              dtype=dtype, device=device, seed=opts.seed)
+    # two steps: short chunks with decodes, and a 64-token-wide chunk family (the widest that
+    # Flex runs with its decoding kernel on CUDA, see FlexPagedAttention.q_tile)
+    rel_err = max(attn.self_check(backend, prefill=prefill, decode_ctx=decode_ctx,
+                                  block_size=opts.block_size, num_heads=shapes.num_heads,
+                                  num_kv_heads=shapes.num_kv_heads, head_dim=shapes.head_dim,
+                                  dtype=dtype, device=device, seed=opts.seed)
+                  for prefill, decode_ctx in (([(13, 37), (16, 0)], [3, 17, 40]),
+                                              ([(40, 5), (33, 0)], [9])))
     if rel_err > attn.TOLERANCE[dtype]:
         raise attn.BackendError(f"attention backend {backend_name!r} disagrees with dense "
                                 f"attention (relative error {rel_err:.2e} > "
@@ -467,13 +579,16 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
                                 "--attention reference, or install flashinfer)")
     model = Model(shapes, dtype, device, seed=opts.seed, distinct_layers=distinct,
                   max_positions=max(grid.prefill_ctx) + max(grid.prefill_chunk)
-                  + max(grid.decode_ctx) + opts.max_num_batched_tokens + 2)
+                  + max(grid.decode_ctx) + opts.max_num_batched_tokens + 2,
+                  compile_layers=opts.compile and device.type == "cuda")
     progress = Progress(count_points(grid, opts), stream)
     ctx = _Ctx(shapes, opts, grid, device, dtype,
                Timer(device, grid.warmup, grid.repeats, grid.point_budget_s,
-                     clock=CLOCKS.get(opts.timer_name, time.perf_counter)),
+                     clock=CLOCKS.get(opts.timer_name, time.perf_counter),
+                     graphs=opts.cuda_graphs),
                progress, gen, model, backend, notes,
-               interleave=not getattr(backend, "compiled", False))
+               interleave=not getattr(backend, "compiled", False)
+               and not (opts.cuda_graphs and device.type == "cuda"))
 
     linear, embedding = _measure_tokens(ctx)
     attn_prefill = _measure_prefill(ctx)
@@ -496,6 +611,7 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "command": opts.command, "grid": opts.grid,
             "note": _provenance_note(load_before, _load_average(), opts.note, malloc_note),
+            "execution": _execution_note(ctx, model),
         },
         "model": shapes.as_dict(dtype_bytes=torch.tensor([], dtype=dtype).element_size()),
         "settings": {
@@ -517,6 +633,13 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
         "memory": {**memory, "note": "; ".join([memory["note"], *notes]).strip("; ")},
         "heldout": heldout,
     }
+
+
+def _execution_note(c: _Ctx, model: Model) -> str:
+    """How the steps ran: eager or compiled layer pieces, CUDA graphs or eager launches."""
+    pieces = ("layer pieces (norm, QKV, RoPE / O, MLP, residuals) compiled by torch.compile"
+              if model.pieces.compiled else "layers run eagerly (torch ops one by one)")
+    return "; ".join(x for x in (pieces, c.timer.graph_note()) if x)
 
 
 def _attention_note(name: str, compiled: bool, fallback: str | None, device: torch.device) -> str:

@@ -13,10 +13,13 @@ Layout (all times in seconds; every timing is the median over warmed-up repeats,
     kind            "simserve-profile"
     provenance      device, device_name, torch_version, cuda_version|null, dtype, threads,
                     date (UTC ISO 8601), command (exact argv, no host name), grid ("quick"|"full"),
-                    note (optional: load average while measuring, and --note)
+                    note (optional: load average while measuring, and --note),
+                    execution (optional: eager or compiled layers, CUDA graphs and how their
+                    parts added up)
     model           the shapes the kernels were built with (compare before use: model_mismatch)
     settings        block_size, max_num_batched_tokens, warmup, repeats,
-                    timer ("perf_counter"|"thread_time"|"cuda_event"), sampler,
+                    timer ("perf_counter"|"thread_time"|"cuda_event"|"cuda_graph_replay"),
+                    sampler,
                     method (optional: "in_step" = parts timed inside whole steps; absent or
                     "isolated" = each part timed alone), order (optional: "rounds" = a
                     family's points interleaved, round after round; "warm_rounds" = the
@@ -116,7 +119,7 @@ class Settings(_SettingsAdded):
     max_num_batched_tokens: int
     warmup: int
     repeats: int                   # the most repeats per point; slow points may stop at 3
-    timer: Literal["perf_counter", "thread_time", "cuda_event"]
+    timer: Literal["perf_counter", "thread_time", "cuda_event", "cuda_graph_replay"]
     sampler: str                   # what lm_head.seconds and heldout sample with
 
 
@@ -374,7 +377,7 @@ _PROVENANCE = _record({
     "device": _choice("cpu", "cuda"), "device_name": _str, "torch_version": _str,
     "cuda_version": _optional(_str), "dtype": _choice("bf16", "fp16", "fp32"),
     "threads": _pos_int, "date": _str, "command": _str, "grid": _choice("quick", "full"),
-}, optional={"note": _str})
+}, optional={"note": _str, "execution": _str})
 _MODEL = _record({
     "name": _str, "num_layers": _pos_int, "hidden_size": _pos_int, "num_heads": _pos_int,
     "num_kv_heads": _pos_int, "head_dim": _pos_int, "intermediate_size": _pos_int,
@@ -383,7 +386,8 @@ _MODEL = _record({
 })
 _SETTINGS = _record({
     "block_size": _pos_int, "max_num_batched_tokens": _pos_int, "warmup": _nonneg_int,
-    "repeats": _pos_int, "timer": _choice("perf_counter", "thread_time", "cuda_event"),
+    "repeats": _pos_int, "timer": _choice("perf_counter", "thread_time", "cuda_event",
+                                  "cuda_graph_replay"),
     "sampler": _str,
 }, optional={"method": _choice(*METHODS), "order": _choice(*ORDERS)})
 _ATTENTION = _record({

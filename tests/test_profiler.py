@@ -247,6 +247,42 @@ def test_layer_writes_new_kv_at_slots_and_keeps_shape():
     torch.testing.assert_close(flat_v[meta.slot_mapping], v)
 
 
+def test_compiled_layer_pieces_compute_what_the_eager_layer_does():
+    """The profiler compiles a layer's two pieces on CUDA (as vLLM does); they must compute the
+    same function as the eager ops, at any token count (shapes are dynamic in T)."""
+    gen = torch.Generator().manual_seed(3)
+    eager = Model(TOY, torch.float32, "cpu", seed=0)
+    fused = Model(TOY, torch.float32, "cpu", seed=0, compile_layers=True)
+    assert fused.pieces.compiled and not eager.pieces.compiled
+    for prefill, decodes in (([(5, 3)], [7, 2]), ([(11, 0), (4, 9)], [])):
+        meta = build_step(prefill, decodes, 16, 20, "cpu", generator=gen)
+        x0 = torch.randn(meta.num_tokens, TOY.hidden_size, generator=gen)
+        outs = []
+        for model in (eager, fused):
+            backend = attn.ReferenceAttention()
+            backend.prepare(meta, 20)
+            caches = [PagedKVCache(20, 16, TOY.num_kv_heads, TOY.head_dim, torch.float32,
+                                   "cpu", fill="tile", generator=torch.Generator().manual_seed(1))
+                      for _ in model.layers]
+            x = x0
+            for layer, cache in zip(model.layers, caches):
+                x = layer.forward(x, meta, cache, backend)
+            outs.append(x)
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+
+
+def test_flex_query_tile_fits_the_decoding_kernel_block():
+    """Flex's decoding kernel (queries < 128) takes blocks of next_pow2(q_len * heads per KV
+    head) rows, at least 16; the BlockMask's query tile must be a multiple of it."""
+    flex = attn.FlexPagedAttention("cpu", compile=False, heads_per_kv=4)
+    assert [flex.q_tile(q) for q in (1, 8, 32, 64, 127, 128, 8192)] == \
+        [128, 128, 128, 256, 512, 128, 128]
+    assert attn.FlexPagedAttention("cpu", compile=False).q_tile(64) == 128
+    for q in range(1, 128):
+        block = max(16, 1 << (q * 4 - 1).bit_length())
+        assert flex.q_tile(q) % block == 0
+
+
 def test_model_step_samples_one_token_per_row_and_distinct_layers():
     model = Model(TOY, torch.float32, "cpu", seed=0)
     assert len({id(layer) for layer in model.layers}) == TOY.num_layers
