@@ -282,6 +282,14 @@ class FlexPagedAttention:
                 out = self._compiled_fn(q, k, v, block_mask=block_mask, enable_gqa=gqa,
                                         kernel_options=self.kernel_options(block_mask))
             except Exception as e:  # noqa: BLE001 - any compile failure means "use eager"
+                if self.device.type == "cuda":
+                    if torch.cuda.is_current_stream_capturing():
+                        raise        # the CUDA graph's problem: the Timer times it eagerly
+                    # eager Flex on a GPU materialises every score: its times would mean
+                    # nothing, and the next large point would run out of memory
+                    raise BackendError(f"FlexAttention family {name}: torch.compile failed "
+                                       f"({_root_cause(e)}); refusing eager Flex on CUDA") \
+                        from None
                 self.compiled = False
                 self.fallback = f"torch.compile failed ({_root_cause(e)}); eager used"
             else:

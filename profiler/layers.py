@@ -474,12 +474,16 @@ def make_top_p(top_p: float = 0.9, temperature: float = 1.0,
     def sample(logits: torch.Tensor) -> torch.Tensor:
         if logits.device not in gen:
             gen[logits.device] = torch.Generator(device=logits.device).manual_seed(seed)
+        # while a CUDA graph is captured, the default generator (which graphs know how to
+        # advance); ours would have to be registered with the graph
+        g = None if logits.is_cuda and torch.cuda.is_current_stream_capturing() \
+            else gen[logits.device]
         probs = torch.softmax(logits.float() / temperature, dim=-1)
         sorted_p, order = probs.sort(dim=-1, descending=True)
         # drop a token when the tokens before it already reach top_p (the first always stays)
         drop = sorted_p.cumsum(dim=-1) - sorted_p > top_p
         sorted_p = sorted_p.masked_fill(drop, 0.0)
-        pick = torch.multinomial(sorted_p, 1, generator=gen[logits.device])
+        pick = torch.multinomial(sorted_p, 1, generator=g)
         return order.gather(-1, pick).squeeze(-1)
 
     return sample

@@ -170,7 +170,12 @@ class Timer:
             return measure()
         except Exception as e:  # noqa: BLE001 - any capture failure means "time it eagerly"
             torch.cuda.synchronize()
+            if isinstance(e, attn.BackendError):
+                raise
             why = attn._root_cause(e)
+            if why not in self.graph_failures:    # said at once: the log keeps it if we die
+                print(f"profiler: CUDA graph capture failed ({why}); timing that point "
+                      "eagerly", file=sys.stderr)
             self.graph_failures[why] = self.graph_failures.get(why, 0) + 1
             return None
 
