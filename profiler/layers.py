@@ -144,11 +144,13 @@ def blocks_needed(seq_len: int, block_size: int) -> int:
 def build_step(prefill: list[tuple[int, int]], decode_ctx: list[int], block_size: int,
                num_cache_blocks: int, device: torch.device | str,
                generator: torch.Generator | None = None,
-               block_order: torch.Tensor | None = None) -> StepMeta:
+               block_order: torch.Tensor | None = None, wrap: bool = False) -> StepMeta:
     """Metadata for a step of prefill chunks ``(len, ctx)`` and decodes (``ctx``, 1 new token).
 
     Blocks are handed out from a shuffled order of the cache's blocks (or ``block_order``), so
-    block tables are non-contiguous as in a long-running server.
+    block tables are non-contiguous as in a long-running server. With ``wrap`` a step that
+    needs more blocks than the cache has reuses them (the shuffled order again): the same
+    bytes moved, for a timing, where the cache cannot be as large as the step.
     """
     if not prefill and not decode_ctx:
         raise ValueError("a step needs at least one sequence")
@@ -158,10 +160,12 @@ def build_step(prefill: list[tuple[int, int]], decode_ctx: list[int], block_size
         if q < 1:
             raise ValueError(f"a prefill chunk needs at least one token, got {q}")
     nblocks = [blocks_needed(c + q, block_size) for q, c in zip(query_lens, ctx_lens)]
-    if sum(nblocks) > num_cache_blocks:
+    if sum(nblocks) > num_cache_blocks and not wrap:
         raise ValueError(f"step needs {sum(nblocks)} KV blocks, cache has {num_cache_blocks}")
     if block_order is None:
         block_order = torch.randperm(num_cache_blocks, generator=generator)
+    if sum(nblocks) > len(block_order):
+        block_order = block_order.repeat(-(-sum(nblocks) // len(block_order)))
     width = max(nblocks) if nblocks else 1
     tables = torch.zeros((len(nblocks), width), dtype=torch.int32)
     positions, slots, starts = [], [], [0]

@@ -719,7 +719,8 @@ def _step(c: _Ctx, caches: list[PagedKVCache], spec: StepSpec):
     prefill, decode_ctx, num_sampled, *rest = spec
     sample = rest[0] if rest else sample_greedy
     nb = caches[0].num_blocks
-    meta = build_step(prefill, decode_ctx, c.opts.block_size, nb, c.device, generator=c.gen)
+    meta = build_step(prefill, decode_ctx, c.opts.block_size, nb, c.device, generator=c.gen,
+                      wrap=True)   # only where the cache was capped (see _measure_decode)
     ids = torch.randint(0, c.shapes.vocab_size, (meta.num_tokens,), generator=c.gen).to(
         c.device)
     rows = sample_rows(meta, num_sampled, c.device)
@@ -815,7 +816,21 @@ def _measure_decode(c: _Ctx) -> dict[str, Any]:
     L = len(c.model.layers)
     batches, ctxs = list(c.grid.decode_batch), list(c.grid.decode_ctx)
     bs = c.opts.block_size
-    caches = _layer_caches(c, max(batches) * blocks_needed(max(ctxs) + 1, bs) + max(batches))
+    need = max(batches) * blocks_needed(max(ctxs) + 1, bs)
+    nb = need + max(batches)
+    if c.device.type == "cuda":
+        # Triton kernels index a tensor with 32-bit offsets: on an H100, Flex's decoding
+        # kernel failed to compile for a 2.16e9-element cache (256 sequences x 8,193 tokens
+        # of an 8B model). Cap the cache below 2**31 elements; the largest points then reuse
+        # a few pages (same bytes read; said in the profile)
+        cap = (2**31 - 1) // (bs * c.shapes.kv_dim)
+        if nb > cap:
+            nb = cap
+            if need > cap:
+                c.notes.append(f"decode grid: KV cache capped at {cap} blocks (< 2**31 "
+                               "elements, Triton's 32-bit offsets); steps needing more "
+                               f"(up to {need}) reuse pages")
+    caches = _layer_caches(c, nb)
     points = [(batch, ctx) for batch in batches for ctx in ctxs]
     measured = _in_steps(c, caches, [([], [ctx] * batch, batch) for batch, ctx in points],
                          "attn_decode", [f"batch={b} ctx={x}" for b, x in points])
