@@ -256,6 +256,36 @@ def test_shipped_profile_validates_and_matches_its_card():
     assert p["attn_decode"]["batch"][-1] >= 32 and p["attn_decode"]["ctx"][-1] >= 2048
 
 
+GPU_SHIPPED = ("Llama-3.1-8B_H100-SXM_bf16", "Qwen2.5-7B_H100-SXM_bf16")
+
+
+@pytest.mark.parametrize("name", GPU_SHIPPED)
+def test_shipped_gpu_profiles_are_measured_on_an_h100_with_graphs_and_match_their_cards(name):
+    from profiler.schema import load_profile, model_mismatch
+    from simserve.cards import load_model
+    from simserve.latency.profile import PROFILES_DIR, ProfileLatency
+    p = load_profile(PROFILES_DIR / f"{name}.json")
+    card = load_model(name.split("_")[0])
+    assert model_mismatch(p, card) == []
+    prov = p["provenance"]
+    assert prov["device"] == "cuda" and "H100" in prov["device_name"]
+    assert prov["cuda_version"] and prov["torch_version"] and prov["date"].startswith("2026-")
+    assert prov["command"].startswith("python -m profiler --model") and "--grid full" in \
+        prov["command"]
+    assert "CUDA graph replays" in prov["execution"] and "timed eagerly" not in prov["execution"]
+    assert p["settings"]["timer"] == "cuda_graph_replay" and p["settings"]["block_size"] == 16
+    assert p["attention"]["fallback"] is None and p["attention"]["self_check_rel_err"] < 2e-2
+    # the knobs of scenarios/quickstart.yaml fit inside the grids
+    assert p["linear"]["tokens"][-1] == 8192 and p["attn_decode"]["batch"][-1] == 256
+    assert p["attn_prefill"]["ctx"][-1] == 8192 and p["attn_decode"]["ctx"][-1] == 8192
+    # composing the profile's own held-out whole steps from its grids: within 40 %, median 10 %
+    model = ProfileLatency(p, source=name)
+    errs = sorted(abs(model.step_time(plan(map(tuple, h["prefill"]), h["decode_ctx"],
+                                           h["num_sampled"])) - h["seconds"]) / h["seconds"]
+                  for h in p["heldout"])
+    assert len(errs) == 12 and errs[len(errs) // 2] < 0.10 and errs[-1] < 0.40
+
+
 def test_bare_shipped_name_resolves_and_unknown_name_lists_the_shipped(tmp_path):
     from simserve.latency.profile import resolve_profile_path
     assert resolve_profile_path(SHIPPED, tmp_path).name == f"{SHIPPED}.json"

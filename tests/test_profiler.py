@@ -228,6 +228,17 @@ def test_build_step_rejects_too_small_cache_and_empty_chunk():
         build_step([(0, 4)], [], 16, 8, "cpu")
 
 
+def test_build_step_wraps_onto_reused_blocks_only_when_asked():
+    with pytest.raises(ValueError, match="KV blocks"):
+        build_step([], [40, 40], 16, 5, "cpu")
+    meta = build_step([], [40, 40], 16, 5, "cpu", generator=torch.Generator().manual_seed(0),
+                      wrap=True)
+    assert meta.num_blocks_per_seq == [3, 3]
+    used = meta.block_tables.flatten().tolist()
+    assert all(0 <= b < 5 for b in used) and len(set(used)) == 5   # every block, one twice
+    assert int(meta.slot_mapping.max()) < 5 * 16
+
+
 def test_layer_writes_new_kv_at_slots_and_keeps_shape():
     gen = torch.Generator().manual_seed(0)
     model = Model(TOY, torch.float32, "cpu", seed=0)
