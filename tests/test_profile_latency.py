@@ -327,3 +327,17 @@ def test_mismatched_profile_is_one_clear_error_on_the_command_line(tmp_path, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "other model shapes" in err[0]
     assert "num_layers: profile 4, model 32" in err[0]
+
+
+def test_h100_scenario_prices_the_quickstart_load_by_roofline_and_by_the_measured_profile():
+    """The measured H100 profile is never faster than the spec-sheet roofline (which prices
+    every kernel at peak), and the comparison scenario runs both."""
+    from simserve.config import load_variants
+    variants = load_variants(REPO / "scenarios" / "h100_profile_vs_roofline.yaml")
+    assert [label for label, _ in variants] == ["roofline", "h100-profile"]
+    results = {label: simserve.run(s) for label, s in variants}
+    roof, prof = results["roofline"].summary, results["h100-profile"].summary
+    assert roof["completed"] == prof["completed"] == 1000
+    assert prof["median_tpot_ms"] > roof["median_tpot_ms"]
+    assert prof["median_ttft_ms"] > roof["median_ttft_ms"]
+    assert "H100" in results["h100-profile"].summary["latency_model"]

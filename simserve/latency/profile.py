@@ -144,8 +144,9 @@ class ProfileLatency:
                  tensor_parallel_size: int = 1, allreduce_s=None):
         self.profile = profile
         prov = profile["provenance"]
+        threads = "" if prov["device"] == "cuda" else f", {prov['threads']} threads"
         self.label = (f"profile ({profile['model']['name']} on {prov['device_name']}, "
-                      f"{prov['dtype']}, {prov['threads']} threads)")
+                      f"{prov['dtype']}{threads})")
         self.source = source
         self.layers = int(profile["model"]["num_layers"])
         # a calibration block (simserve calibrate: fitted against a live server) adds the
