@@ -145,7 +145,8 @@ class FlexPagedAttention:
     Q_TILE = 128      # BlockMask query tile; the kernel skips tiles with no pages
 
     def __init__(self, device: Any, compile: bool = True, eager_limit_bytes: int = 2 << 30,
-                 heads_per_kv: int = 1):
+                 heads_per_kv: int = 1, short_split: bool | None = None,
+                 pad_groups: bool | None = None):
         from torch.nn.attention.flex_attention import BlockMask, flex_attention
         self._flex = flex_attention
         self._block_mask_cls = BlockMask
@@ -155,6 +156,23 @@ class FlexPagedAttention:
         self.compile_seconds: dict[str, float] = {}
         self.eager_limit_bytes = eager_limit_bytes
         self.heads_per_kv = heads_per_kv
+        cuda = self.device.type == "cuda"
+        # Short queries (< Q_TILE: decodes, small chunks) go to Flex's decoding kernel, which
+        # splits a sequence's KV among SPLIT_KV programs (more for small batches). With "full"
+        # blocks in the mask it cuts the whole KV length (here: the whole cache) into the
+        # splits, so all of one sequence's pages land in one split and run serially
+        # (torch/_inductor/kernel/flex/templates/flex_decode.py.jinja, TILE_KV under
+        # HAS_FULL_BLOCKS); with partial blocks only, it cuts the sequence's own pages. Seen on
+        # an H100: one 8,192-token decode 0.83 ms a layer with full blocks. So on CUDA short
+        # queries get partial blocks only (mask_mod on every page). CPU kernels need full blocks.
+        self.short_split = cuda if short_split is None else short_split
+        # That kernel also needs a power-of-two number of query heads per KV head; otherwise
+        # Flex falls back to its general kernel, one program per query head, each reading its
+        # K/V again (Qwen2.5-7B, 7 per KV head: 13.6 ms a layer for 256 x 8,192 decodes against
+        # a 1.4 ms bandwidth floor). On CUDA short queries get zero query heads added to each
+        # group up to the next power of two (their outputs dropped).
+        self.pad_groups = cuda if pad_groups is None else pad_groups
+        self.group = (_next_pow2(heads_per_kv) if self.pad_groups else heads_per_kv)
         self._families: dict[tuple, _FlexFamily] = {}
         self._seen: set[str] = set()
         self._compiled_fn: Callable | None = None
@@ -167,16 +185,21 @@ class FlexPagedAttention:
                     setattr(dynamo_config, knob, max(256, getattr(dynamo_config, knob)))
             self._compiled_fn = torch.compile(flex_attention, dynamic=False, fullgraph=True)
 
-    def q_tile(self, q_len: int) -> int:
-        """The BlockMask's query tile: ``Q_TILE``, but for queries short enough for Flex's
-        decoding kernel (< 128), which folds a KV head's query heads into the rows of one block
-        of ``BLOCK_M = next_pow2(q_len * heads_per_kv)`` (at least 16) rows; the tile must be a
-        multiple of it, or inductor finds no kernel to choose (torch/_inductor/kernel/flex/
-        flex_decoding.py). Seen on an H100: 64-token chunks of an 8B GQA model (4 heads per KV
-        head) failed to compile with 128-row tiles."""
-        if q_len >= self.Q_TILE:
-            return self.Q_TILE
-        return max(self.Q_TILE, _next_pow2(q_len * self.heads_per_kv))
+    def short(self, q_len: int) -> bool:
+        """Whether queries of this (padded) length run Flex's decoding kernel: it folds a KV
+        head's query heads into the rows of one block of ``BLOCK_M = next_pow2(q_len * heads
+        per KV head)`` rows (at least 16), which must divide the BlockMask's query tile
+        (torch/_inductor/kernel/flex/flex_decoding.py). Up to one 128-row tile it does; longer
+        folds are sent to the general kernel (``cuda_kernel_options``): on an H100 the
+        decoding kernel with 256-row blocks (33-64-token chunks of an 8B model, 4 heads per KV
+        head) cost 3.6-4.6 ms a layer at contexts of 1,024 and more, against 0.28 ms for
+        32-token chunks."""
+        return q_len * self.group <= self.Q_TILE
+
+    def kernel_options(self, block_mask, q_len: int) -> dict[str, Any] | None:
+        if self.device.type != "cuda":
+            return None        # CPU kernels take no Triton block options
+        return cuda_kernel_options(block_mask.BLOCK_SIZE[1], self.short(q_len))
 
     # ---- per step
 
@@ -198,8 +221,9 @@ class FlexPagedAttention:
         fam = self._families.get(key)
         if fam is None:
             fam = self._families[key] = _FlexFamily(batch, q_len, num_pages, bs, dev)
-        tile = self.q_tile(q_len)
+        tile = self.Q_TILE
         n_tiles = -(-q_len // tile)
+        partial_only = self.short_split and self.short(q_len)
 
         # per-row query gather (padding rows/columns point at token 0 and are dropped after)
         q_index = torch.zeros((batch, q_len), dtype=torch.long)
@@ -226,7 +250,7 @@ class FlexPagedAttention:
                 if lo > hi:
                     break
                 # page i is fully visible to the tile if its last key <= the tile's first query
-                n_full = (ctx + lo + 1) // bs
+                n_full = 0 if partial_only else (ctx + lo + 1) // bs
                 n_any = (ctx + hi) // bs + 1
                 full_num[row, 0, t] = n_full
                 full_idx[row, 0, t, :n_full] = pages[:n_full]
@@ -235,8 +259,9 @@ class FlexPagedAttention:
         fam.q_pos.copy_(q_pos)
         fam.page_owner.copy_(owner)
         fam.page_logical.copy_(logical)
+        full = (None, None) if partial_only else (full_num.to(dev), full_idx.to(dev))
         block_mask = self._block_mask_cls.from_kv_blocks(
-            kv_num.to(dev), kv_idx.to(dev), full_num.to(dev), full_idx.to(dev),
+            kv_num.to(dev), kv_idx.to(dev), *full,
             BLOCK_SIZE=(tile, bs), mask_mod=fam.mask_mod,
             seq_lengths=(q_len, num_pages * bs))
         # the real (row, query) cells and their tokens, as index lists: no boolean indexing
@@ -255,22 +280,16 @@ class FlexPagedAttention:
         v = cache.v.view(1, -1, hkv, d).transpose(1, 2)
         for key, q_index, cells, tokens, block_mask in meta.backend_state["flex"]:
             qg = q[q_index].permute(0, 2, 1, 3)                         # [B, H, Lq, D]
+            pad = self.group - self.heads_per_kv if self.short(key[2]) else 0
+            if pad:     # zero query heads up to a power of two per KV head (see __init__)
+                b, h, lq, _ = qg.shape
+                qg = F.pad(qg.reshape(b, hkv, h // hkv, lq, d), (0, 0, 0, 0, 0, pad))
+                qg = qg.reshape(b, hkv * self.group, lq, d)
             og = self._run(key, qg, k, v, block_mask)
+            if pad:
+                og = og.reshape(b, hkv, self.group, lq, d)[:, :, :h // hkv].reshape(b, h, lq, d)
             out[tokens] = og.permute(0, 2, 1, 3)[cells]
         return out
-
-    def kernel_options(self, block_mask) -> dict[str, int] | None:
-        """On CUDA the Triton kernel walks a BlockMask's KV blocks ``BLOCK_N`` keys at a time,
-        and ``BLOCK_N`` must divide the mask's KV block, which here is one page (16 tokens in
-        vLLM's default): its own default (64 or 128) does not, and compiling would fail. Take
-        the largest power of two up to 64 that divides the page. CPU kernels need nothing."""
-        if self.device.type != "cuda":
-            return None
-        page = block_mask.BLOCK_SIZE[1]
-        n = 64
-        while n > 1 and page % n:
-            n //= 2
-        return {"BLOCK_N": n}
 
     def _run(self, key: tuple, q, k, v, block_mask) -> torch.Tensor:
         gqa = q.shape[1] != k.shape[1]
@@ -280,7 +299,8 @@ class FlexPagedAttention:
             t0 = time.perf_counter()
             try:
                 out = self._compiled_fn(q, k, v, block_mask=block_mask, enable_gqa=gqa,
-                                        kernel_options=self.kernel_options(block_mask))
+                                        kernel_options=self.kernel_options(block_mask,
+                                                                           key[2]))
             except Exception as e:  # noqa: BLE001 - any compile failure means "use eager"
                 if self.device.type == "cuda":
                     if torch.cuda.is_current_stream_capturing():
@@ -309,6 +329,19 @@ class FlexPagedAttention:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # "called without torch.compile": we know
             return self._flex(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+
+
+def cuda_kernel_options(page: int, short: bool) -> dict[str, Any]:
+    """Triton options for compiled Flex over pages of ``page`` tokens on CUDA. The kernels walk
+    a BlockMask's KV blocks ``BLOCK_N`` keys at a time, and ``BLOCK_N`` must divide the block,
+    here one page (16 tokens in vLLM's default): the kernels' own default (64 or 128) does not,
+    and nothing would compile. Take the largest power of two up to 64 that divides the page.
+    Queries that are not ``short`` (see ``FlexPagedAttention.short``) are kept off the decoding
+    kernel."""
+    n = 64
+    while n > 1 and page % n:
+        n //= 2
+    return {"BLOCK_N": n} if short else {"BLOCK_N": n, "FORCE_USE_FLEX_ATTENTION": True}
 
 
 def _root_cause(e: BaseException) -> str:

@@ -563,8 +563,8 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
 
     backend_name = attn.resolve_backend_name(opts.attention, device.type)
     backend = attn.make_backend(backend_name, device, shapes, dtype, compile=opts.compile)
-    # two steps: short chunks with decodes, and a 64-token-wide chunk family (the widest that
-    # Flex runs with its decoding kernel on CUDA, see FlexPagedAttention.q_tile)
+    # two steps: short chunks with decodes (Flex's decoding kernel on CUDA), and a family of
+    # 64-token-wide chunks (its general kernel for most GQA models: FlexPagedAttention.short)
     rel_err = max(attn.self_check(backend, prefill=prefill, decode_ctx=decode_ctx,
                                   block_size=opts.block_size, num_heads=shapes.num_heads,
                                   num_kv_heads=shapes.num_kv_heads, head_dim=shapes.head_dim,

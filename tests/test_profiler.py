@@ -114,6 +114,27 @@ def test_flex_eager_backend_matches_dense(dtype, heads, kv_heads):
     assert err < attn.TOLERANCE[dtype], err
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (7, 1), (8, 2)])
+def test_flex_cuda_layout_for_short_queries_matches_dense(heads, kv_heads):
+    """What the backend does for short queries on CUDA, run eagerly on CPU: partial blocks only
+    (so Flex's decoding kernel splits a sequence's own pages) and query heads padded with zero
+    heads to a power of two per KV head (3 -> 4, 7 -> 8; 4 stays)."""
+    flex = attn.FlexPagedAttention("cpu", compile=False, heads_per_kv=heads // kv_heads,
+                                   short_split=True, pad_groups=True)
+    assert flex.group == 1 << (heads // kv_heads - 1).bit_length()
+    err = paged_vs_dense(flex, 16, heads, kv_heads, torch.float32)
+    assert err < attn.TOLERANCE[torch.float32], err
+    # a step of decodes only: every query is short; the mask has no full blocks
+    gen = torch.Generator().manual_seed(4)
+    meta = build_step([], [5, 40, 17], 16, 12, "cpu", generator=gen)
+    flex.prepare(meta, 12)
+    (_, _, _, _, mask), = meta.backend_state["flex"]
+    assert mask.full_kv_num_blocks is None
+    err = attn.self_check(flex, [(3, 9)], [5, 40, 17], 16, heads, kv_heads, 32,
+                          torch.float32, "cpu")
+    assert err < attn.TOLERANCE[torch.float32], err
+
+
 @pytest.mark.compile
 def test_flex_compiled_backend_matches_dense():
     # one shape family (prefill rows only: batch 4, query length padded to 256), compiled once
@@ -282,16 +303,22 @@ def test_compiled_layer_pieces_compute_what_the_eager_layer_does():
         torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
 
 
-def test_flex_query_tile_fits_the_decoding_kernel_block():
-    """Flex's decoding kernel (queries < 128) takes blocks of next_pow2(q_len * heads per KV
-    head) rows, at least 16; the BlockMask's query tile must be a multiple of it."""
+def test_flex_short_queries_fold_into_one_query_tile():
+    """Flex's decoding kernel takes blocks of next_pow2(q_len * heads per KV head) rows (at
+    least 16), which must divide the 128-row query tile: queries whose fold is larger go to the
+    general kernel, and every page size gets a BLOCK_N that divides it."""
     flex = attn.FlexPagedAttention("cpu", compile=False, heads_per_kv=4)
-    assert [flex.q_tile(q) for q in (1, 8, 32, 64, 127, 128, 8192)] == \
-        [128, 128, 128, 256, 512, 128, 128]
-    assert attn.FlexPagedAttention("cpu", compile=False).q_tile(64) == 128
-    for q in range(1, 128):
-        block = max(16, 1 << (q * 4 - 1).bit_length())
-        assert flex.q_tile(q) % block == 0
+    assert [q for q in (1, 8, 32, 33, 64, 128) if flex.short(q)] == [1, 8, 32]
+    padded = attn.FlexPagedAttention("cpu", compile=False, heads_per_kv=7, pad_groups=True)
+    assert padded.group == 8 and padded.short(16) and not padded.short(17)
+    for q in range(1, 129):
+        if flex.short(q):
+            assert flex.Q_TILE % max(16, 1 << (q * 4 - 1).bit_length()) == 0
+    assert attn.cuda_kernel_options(16, True) == {"BLOCK_N": 16}
+    assert attn.cuda_kernel_options(32, False) == {"BLOCK_N": 32,
+                                                  "FORCE_USE_FLEX_ATTENTION": True}
+    assert attn.cuda_kernel_options(128, True) == {"BLOCK_N": 64}
+    assert flex.kernel_options(None, 1) is None          # CPU kernels take none
 
 
 def test_model_step_samples_one_token_per_row_and_distinct_layers():
