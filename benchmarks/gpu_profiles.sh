@@ -8,6 +8,8 @@
 # GRID is quick or full; each model gets at most SECONDS (timeout), its profile is
 # OUTDIR/<model>_<gpu>_bf16.json and its log OUTDIR/<model>.log. Needs torch with CUDA (and
 # Triton, for the compiled FlexAttention backend when flashinfer is not importable).
+# ATTENTION=triton (environment) profiles with our split-KV paged decode kernel for decodes
+# (default: the profiler's auto choice).
 set -u
 out=${1:?usage: gpu_profiles.sh OUTDIR GRID SECONDS MODEL...}; grid=${2:?grid}; limit=${3:?seconds}
 shift 3
@@ -20,6 +22,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torc
 for model in "$@"; do
     t0=$(date +%s)
     timeout "$limit" python3 -m profiler --model "$model" --device cuda --grid "$grid" \
+        --attention "${ATTENTION:-auto}" \
         --max-num-batched-tokens 8192 --max-model-len 8192 --max-num-seqs 256 \
         --out "$out/${model}_${gpu}_bf16.json" \
         --note "benchmarks/gpu_profiles.sh on a lent $(nvidia-smi --query-gpu=name --format=csv,noheader)" \

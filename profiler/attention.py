@@ -1,4 +1,4 @@
-"""Attention over a paged KV cache: three interchangeable backends.
+"""Attention over a paged KV cache: four interchangeable backends.
 
 Every backend is called as ``backend(q, cache, meta) -> out`` with ``q`` and ``out`` packed
 ``[T, heads, head_dim]`` (prefill chunks first, then decodes, as in :class:`StepMeta`) and K/V read
@@ -15,6 +15,8 @@ metadata once per step and shares it across layers.
   checked by ``mask_mod``), so the kernel never touches another sequence's pages. Compiled with
   torch.compile once per shape family (batch and query length padded to powers of two, so a grid
   of points reuses a few compiled kernels); falls back to eager, and says so, when compile fails.
+* ``triton``: prefill chunks as ``flex``; decodes through our split-KV paged decode kernel
+  (:mod:`profiler.triton_decode`).
 * ``flashinfer``: FlashInfer's paged prefill/decode wrappers on CUDA, when importable. The page
   table conversion (:func:`flashinfer_page_table`) is plain torch and tested on CPU.
 """
@@ -29,7 +31,7 @@ import torch.nn.functional as F
 
 from profiler.layers import PagedKVCache, StepMeta, gather_slots
 
-BACKENDS = ("reference", "flex", "flashinfer")
+BACKENDS = ("reference", "flex", "triton", "flashinfer")
 
 
 class BackendError(Exception):
@@ -273,12 +275,15 @@ class FlexPagedAttention:
     # ---- per layer
 
     def __call__(self, q: torch.Tensor, cache: PagedKVCache, meta: StepMeta) -> torch.Tensor:
-        out = torch.empty_like(q)
+        return self._run_groups(q, cache, meta.backend_state["flex"], torch.empty_like(q))
+
+    def _run_groups(self, q: torch.Tensor, cache: PagedKVCache, groups: list,
+                    out: torch.Tensor) -> torch.Tensor:
         hkv, d = cache.k.shape[2], cache.k.shape[3]
         # the whole cache as one K/V sequence of num_blocks * block_size keys, batch 1 broadcast
         k = cache.k.view(1, -1, hkv, d).transpose(1, 2)
         v = cache.v.view(1, -1, hkv, d).transpose(1, 2)
-        for key, q_index, cells, tokens, block_mask in meta.backend_state["flex"]:
+        for key, q_index, cells, tokens, block_mask in groups:
             qg = q[q_index].permute(0, 2, 1, 3)                         # [B, H, Lq, D]
             pad = self.group - self.heads_per_kv if self.short(key[2]) else 0
             if pad:     # zero query heads up to a power of two per KV head (see __init__)
@@ -342,6 +347,49 @@ def cuda_kernel_options(page: int, short: bool) -> dict[str, Any]:
     while n > 1 and page % n:
         n //= 2
     return {"BLOCK_N": n} if short else {"BLOCK_N": n, "FORCE_USE_FLEX_ATTENTION": True}
+
+
+class TritonDecodeAttention(FlexPagedAttention):
+    """Prefill chunks through compiled Flex (as ``flex``); decodes through our own split-KV
+    paged decode kernel (:mod:`profiler.triton_decode`), which spreads each sequence's keys
+    over many programs as vLLM's and FlashInfer's decode kernels do."""
+
+    name = "triton"
+
+    def __init__(self, device: Any, heads: int, kv_heads: int, head_dim: int,
+                 compile: bool = True, programs: int | None = None, **flex_options: Any):
+        from profiler import triton_decode
+        if not triton_decode.triton_available():
+            raise BackendError("the triton backend needs the triton package (it comes with "
+                               "torch's CUDA builds)")
+        super().__init__(device, compile=compile, heads_per_kv=heads // kv_heads,
+                         **flex_options)
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        if programs is None:   # twice the multiprocessors; a handful on CPU (interpreter)
+            programs = (2 * torch.cuda.get_device_properties(self.device).multi_processor_count
+                        if self.device.type == "cuda" else 8)
+        self.programs = programs
+        self._decode = triton_decode
+
+    def prepare(self, meta: StepMeta, num_cache_blocks: int) -> None:
+        p = meta.num_prefills
+        groups = ([self._prepare_group("prefill", list(range(p)), meta, num_cache_blocks)]
+                  if p else [])
+        plan = None
+        if meta.num_seqs > p:
+            plan = self._decode.plan_decodes(meta.block_tables[p:], meta.seq_lens[p:],
+                                             self.heads, self.kv_heads, self.head_dim,
+                                             self.programs, meta.block_tables.device)
+        meta.backend_state["triton"] = (groups, plan, meta.query_start[p])
+
+    def __call__(self, q: torch.Tensor, cache: PagedKVCache, meta: StepMeta) -> torch.Tensor:
+        groups, plan, start = meta.backend_state["triton"]
+        out = torch.empty_like(q)
+        if groups:
+            self._run_groups(q, cache, groups, out)
+        if plan is not None:
+            out[start:] = self._decode.paged_decode(q[start:], cache.k, cache.v, plan)
+        return out
 
 
 def _root_cause(e: BaseException) -> str:
@@ -459,6 +507,9 @@ def make_backend(name: str, device: Any, shapes: Any, dtype: torch.dtype,
     if name == "flex":
         return FlexPagedAttention(device, compile=compile,
                                   heads_per_kv=shapes.num_heads // shapes.num_kv_heads)
+    if name == "triton":
+        return TritonDecodeAttention(device, shapes.num_heads, shapes.num_kv_heads,
+                                     shapes.head_dim, compile=compile)
     if name == "flashinfer":
         return FlashInferAttention(device, shapes.num_heads, shapes.num_kv_heads,
                                    shapes.head_dim, dtype)

@@ -655,6 +655,10 @@ def _attention_note(name: str, compiled: bool, fallback: str | None, device: tor
             return "FlexAttention, torch.compile per shape family (compile time not in timings)"
         return "FlexAttention eager (unfused: materialises scores)" + (
             f"; {fallback}" if fallback else "; compile disabled")
+    if name == "triton":
+        return ("decodes: simserve's split-KV paged decode kernel (Triton, profiler/"
+                "triton_decode.py); prefill chunks: FlexAttention"
+                + (", torch.compile per shape family" if compiled else " eager"))
     return "FlashInfer paged prefill/decode wrappers"
 
 

@@ -124,7 +124,7 @@ class Settings(_SettingsAdded):
 
 
 class AttentionInfo(TypedDict):
-    backend: Literal["reference", "flex", "flashinfer"]
+    backend: Literal["reference", "flex", "triton", "flashinfer"]
     compiled: bool                 # torch.compile used for the timings
     compile_seconds: dict[str, float]  # first call per shape family, never inside any timing
     fallback: str | None           # why compile was abandoned for eager, if it was
@@ -391,7 +391,7 @@ _SETTINGS = _record({
     "sampler": _str,
 }, optional={"method": _choice(*METHODS), "order": _choice(*ORDERS)})
 _ATTENTION = _record({
-    "backend": _choice("reference", "flex", "flashinfer"), "compiled": _bool,
+    "backend": _choice("reference", "flex", "triton", "flashinfer"), "compiled": _bool,
     "compile_seconds": _str_to_seconds, "fallback": _optional(_str),
     "self_check_rel_err": _num, "note": _str,
 })

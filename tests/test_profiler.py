@@ -768,3 +768,48 @@ def test_warm_rounds_run_each_step_twice_in_a_row_and_keep_the_second():
     assert all(runs[k] == runs[k + 1] for k in range(0, len(runs), 2))   # pairs in a row
     for stats in out:
         assert stats[WHOLE_STEP].n == 3 and stats[WHOLE_STEP].median == 1.0
+
+
+triton_missing = not __import__("profiler.triton_decode", fromlist=["x"]).triton_available()
+TRITON_CHECK = """
+import sys, torch
+from profiler import attention as attn
+heads, kv_heads = int(sys.argv[1]), int(sys.argv[2])
+for programs in (1, 64):
+    backend = attn.TritonDecodeAttention("cpu", heads, kv_heads, 32, compile=False,
+                                         programs=programs)
+    print(programs, attn.self_check(backend, [(13, 37)], [5, 40, 17, 200, 1], 16, heads,
+                                    kv_heads, 32, torch.float32, "cpu"))
+"""
+
+
+@pytest.mark.skipif(triton_missing, reason="triton is not installed (it ships with torch's "
+                                           "CUDA builds, not with the CPU wheel)")
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (7, 1), (4, 4)])
+def test_triton_split_kv_decode_matches_dense_in_the_interpreter(heads, kv_heads):
+    """Our split-KV paged decode kernel, run by Triton's interpreter on CPU tensors (fp32: the
+    interpreter's bf16 dot is wrong), against dense attention, with one split and with many;
+    the prefill chunk in the same step goes through Flex. A fresh process: the interpreter is
+    chosen when triton is imported."""
+    import os
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-c", TRITON_CHECK, str(heads), str(kv_heads)],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    errs = {int(a): float(b) for a, b in (line.split() for line in r.stdout.split("\n")
+                                            if line.strip())}
+    assert set(errs) == {1, 64}
+    assert all(e < attn.TOLERANCE[torch.float32] for e in errs.values()), errs
+
+
+def test_triton_decode_splits_keys_for_few_sequences_and_not_for_many():
+    from profiler.triton_decode import BLOCK_N, plan_decodes
+    tables = torch.zeros((1, 600), dtype=torch.int32)
+    one = plan_decodes(tables, [8192], 32, 8, 128, 264, "cpu")
+    assert one.splits > 1 and one.keys_per_split % BLOCK_N == 0
+    assert one.splits * one.keys_per_split >= 8192 > (one.splits - 1) * one.keys_per_split
+    many = plan_decodes(torch.zeros((256, 600), dtype=torch.int32), [8192] * 256, 32, 8, 128,
+                        264, "cpu")
+    assert many.splits == 1 and many.keys_per_split >= 8192
+    short = plan_decodes(tables, [10], 32, 8, 128, 264, "cpu")
+    assert short.splits == 1 and one.acc.shape == (one.splits, 32, 128)
