@@ -17,6 +17,7 @@ graph (every launch argument is fixed once a step is prepared).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -33,11 +34,9 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+@functools.cache
 def _kernel():
     """The Triton kernel, built on first use (importing triton is slow, and optional)."""
-    global _KERNEL
-    if _KERNEL is not None:
-        return _KERNEL
     import triton
     import triton.language as tl
 
@@ -85,11 +84,7 @@ def _kernel():
         tl.store(M + part * stride_ms + head, m_i, mask=rows)
         tl.store(L + part * stride_ms + head, l_i, mask=rows)
 
-    _KERNEL = paged_decode_split
-    return _KERNEL
-
-
-_KERNEL: Any = None
+    return paged_decode_split
 
 
 @dataclass
