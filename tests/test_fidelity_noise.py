@@ -53,3 +53,35 @@ def test_campaign_medians_spreads_and_only_identical_scenarios_compared(tmp_path
     assert "light" in capsys.readouterr().out
     assert noise.main([str(tmp_path / "nothing")]) == 2
     assert "no real/ folder" in capsys.readouterr().err
+
+
+def test_sensitivity_resimulates_a_campaign_at_other_speeds(tmp_path, capsys):
+    """benchmarks/fidelity_sensitivity.py on a made-up campaign: the shipped tiny profile with a
+    calibration block, and one workload; x1 is the campaign's own simulation, slower steps give
+    a longer TPOT, faster ones a shorter."""
+    import yaml
+
+    import simserve
+    from profiler.schema import dump, load_profile
+    from simserve.latency.profile import PROFILES_DIR
+    spec = importlib.util.spec_from_file_location(
+        "fidelity_sensitivity", REPO / "benchmarks" / "fidelity_sensitivity.py")
+    sens = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sens)
+    profile = load_profile(PROFILES_DIR / "tiny-llama-45m_cpu-epyc-2core_bf16_1t.json")
+    dump({**profile, "calibration": {"step_overhead_s": 0.002, "scale": 0.8}},
+         tmp_path / "calibrated.json")
+    raw = yaml.safe_load((REPO / "scenarios" / "tiny_cpu_profile.yaml").read_text())
+    raw["latency"]["path"] = str(tmp_path / "calibrated.json")
+    raw["workload"]["num_requests"] = 40
+    (tmp_path / "sim_calibrated" / "light").mkdir(parents=True)
+    (tmp_path / "sim_calibrated" / "light" / "scenario.yaml").write_text(yaml.safe_dump(raw))
+    table = sens.sensitivity(tmp_path, [0.8, 1.0, 1.25])
+    tpot = {f: s["median_tpot_ms"] for f, s in table["light"].items()}
+    own = simserve.run(tmp_path / "sim_calibrated" / "light" / "scenario.yaml")
+    assert tpot[1.0] == pytest.approx(own.summary["median_tpot_ms"])
+    assert tpot[0.8] < tpot[1.0] < tpot[1.25]
+    assert sens.main([str(tmp_path), "--factors", "1", "1.1"]) == 0
+    assert "light" in capsys.readouterr().out
+    assert sens.main([str(tmp_path / "none")]) == 2
+    assert "calibrated.json" in capsys.readouterr().err
