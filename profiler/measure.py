@@ -226,11 +226,9 @@ class Timer:
         """Parts of a captured step: the marks become event-record nodes inside the graph
         (``Sections(graph=True)``), so every replay records them again."""
         rec = Sections(self.device, self.clock, graph=True)
-        captured = [False]
 
         def run() -> None:   # eager calls without marks; the capture with them
             fn(rec if torch.cuda.is_current_stream_capturing() else None)
-            captured[0] = captured[0] or torch.cuda.is_current_stream_capturing()
 
         graph = self._capture(run)
         samples: dict[str, list[float]] = {}
