@@ -85,3 +85,5 @@ def test_sensitivity_resimulates_a_campaign_at_other_speeds(tmp_path, capsys):
     assert "light" in capsys.readouterr().out
     assert sens.main([str(tmp_path / "none")]) == 2
     assert "calibrated.json" in capsys.readouterr().err
+    assert sens.main([str(tmp_path), "--factors", "0", "1"]) == 2
+    assert "--factors must be > 0" in capsys.readouterr().err

@@ -813,3 +813,10 @@ def test_triton_decode_splits_keys_for_few_sequences_and_not_for_many():
     assert many.splits == 1 and many.keys_per_split >= 8192
     short = plan_decodes(tables, [10], 32, 8, 128, 264, "cpu")
     assert short.splits == 1 and one.acc.shape == (one.splits, 32, 128)
+
+
+def test_triton_backend_without_triton_is_one_clear_error(monkeypatch):
+    from profiler import triton_decode
+    monkeypatch.setattr(triton_decode, "triton_available", lambda: False)
+    with pytest.raises(attn.BackendError, match="needs the triton package"):
+        attn.make_backend("triton", "cpu", TOY, torch.float32)
