@@ -21,7 +21,7 @@ from simserve.cluster import ClusterConfig
 from simserve.errors import ConfigError, DataError
 from simserve.fields import Fields
 from simserve.metrics.slo import SloConfig
-from simserve.sched import POLICIES, PREFIX_CACHING_POLICIES
+from simserve.sched import ENGINE_POLICIES, POLICIES, PREFIX_CACHING_POLICIES
 from simserve.sched.params import params_to_dict, read_params
 from simserve.workload.config import WorkloadConfig
 
@@ -48,6 +48,9 @@ class EngineConfig:
     max_model_len: int | None = None            # None: the model card's max_position_embeddings
     tensor_parallel_size: int = 1
     enable_prefix_caching: bool = False         # vLLM's flag (its default is on; here off)
+    # vLLM v1 (>= 0.2x; on by default): admit a waiting request only when KV blocks for its whole
+    # sequence so far are free, not just for its first chunk (vllm_v1, priority, vllm_native)
+    scheduler_reserve_full_isl: bool = True
 
     @classmethod
     def from_fields(cls, f: Fields) -> EngineConfig:
@@ -64,6 +67,7 @@ class EngineConfig:
             max_model_len=f.int("max_model_len", None, min=1),
             tensor_parallel_size=f.int("tensor_parallel_size", 1, min=1),
             enable_prefix_caching=f.bool("enable_prefix_caching", False),
+            scheduler_reserve_full_isl=f.bool("scheduler_reserve_full_isl", True),
         )
         f.done()
         return cfg
@@ -196,8 +200,23 @@ def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario")
     return scenario
 
 
+def _check_engine_policy(s: Scenario) -> None:
+    """A policy that runs an installed engine's scheduler: the engine must be importable, and
+    the scenario must ask only for what that scheduler does."""
+    from simserve.sched.vllm_native import check_available
+    check_available()
+    if s.engine.preemption_mode == "swap":
+        raise ConfigError("engine.preemption_mode", "vllm_native: vLLM v1 preempts by recompute "
+                                                    "only; remove preemption_mode: swap")
+    if s.cluster.disaggregated:
+        raise ConfigError("cluster.groups", "vllm_native: disaggregated prefill/decode replicas "
+                                            "are not supported; use vllm_v1")
+
+
 def _check_consistency(s: Scenario) -> None:
     cls = POLICIES[s.policy]
+    if s.policy in ENGINE_POLICIES:
+        _check_engine_policy(s)
     if s.engine.enable_prefix_caching:
         if s.policy not in PREFIX_CACHING_POLICIES:
             raise ConfigError("engine.enable_prefix_caching",

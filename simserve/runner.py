@@ -180,15 +180,17 @@ def _group_replicas(s: Scenario, g: GroupConfig, first: int,
         enable_chunked_prefill=s.chunked_prefill,
         long_prefill_token_threshold=s.engine.long_prefill_token_threshold,
         preemption_mode=s.engine.preemption_mode,
+        max_model_len=s.max_model_len,
+        reserve_full_sequence=s.engine.scheduler_reserve_full_isl,
     )
-    blocks = num_kv_blocks(s)
+    policy = POLICIES[s.policy]
+    blocks = num_kv_blocks(s) - policy.reserved_blocks
     if blocks < 1:
         raise ConfigError("engine.gpu_memory_utilization",
                           "no memory is left for the KV cache after the weights; raise it, "
                           "use more tensor parallelism, or set engine.num_gpu_blocks")
     host = num_host_blocks(s)
     latency = latency or build_latency(s)
-    policy = POLICIES[s.policy]
 
     def kv() -> BlockManager:
         if s.engine.enable_prefix_caching and g.role != "decode":   # decode replicas get KV

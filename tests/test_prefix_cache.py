@@ -53,16 +53,53 @@ def test_shared_blocks_are_counted_once_and_freed_tail_first_into_an_lru_pool():
     assert bm.held(1) == 4                    # 3 shared + 1 new
     bm.free(1)                                # the shared blocks are still held by request 0
     assert bm.num_free == 2
-    bm.free(0)                                # all 6 free, 4 of them still cached
+    bm.free(0)                                # all 6 free, 5 of them still cached
     assert bm.num_free == 6
-    # pool, head first: the never-used block, request 1's own (uncached: request 0 cached that
-    # content first), then request 0's blocks in reverse order 3, 2, 1, 0 — tails are evicted
-    # first. Taking 4 blocks evicts request 0's blocks 3 and 2; blocks 0 and 1 still hit
+    # Request 1's own 4th block holds the same content as request 0's block 3 and is cached
+    # too (vLLM does not de-duplicate). Pool, head first: the never-used block, request 1's
+    # 4th block, then request 0's blocks in reverse order 3, 2, 1, 0 — tails are evicted first.
+    # Taking 4 blocks evicts both copies of block 3's content and request 0's block 2; blocks
+    # 0 and 1 still hit.
     bm.register(2, 16, None)
     bm.allocate(2, 16)
-    assert bm.num_evicted == 2
+    assert bm.num_evicted == 3
     bm.register(3, 16, (1, 2))
     assert bm.cached_tokens(3, 16) == 8
+
+
+def test_duplicate_content_is_cached_and_the_oldest_copy_is_hit():
+    # (vLLM's BlockHashToBlockMap keeps every block of one content; a hit takes the oldest.)
+    # A (ids 1, 2) is admitted with a 4-token chunk; B, with the same prompt, hits A's one
+    # full block and computes its block 1 itself; A then computes its own block 1: two copies.
+    bm = pool(num_blocks=8)
+    bm.register(0, 16, (1, 2))
+    bm.allocate(0, 4)                                   # A: block 0 full, cached
+    bm.register(1, 16, (1, 2))
+    assert bm.cached_tokens(1, 16) == 4
+    bm.allocate_cached(1, 8, 4)                         # B: A's block 0 + its own block 1
+    bm.allocate(0, 8)                                   # A: its own block 1, the same content
+    b1, a1 = bm._tables[1][1], bm._tables[0][1]
+    assert b1 != a1 and bm._key[b1] == bm._key[a1] is not None   # both cached
+    bm.free(1)                                          # B's copy goes to the pool (cached)
+    bm.register(2, 16, (1, 2))
+    assert bm.cached_tokens(2, 16) == 8                 # both blocks still hit
+    bm.allocate_cached(2, 9, 8)
+    assert bm._tables[2][:2] == [bm._tables[0][0], b1]  # the oldest copy: B's, from the pool
+    assert bm.num_free == 8 - 2 - 1 - 1                 # A's 2, C's 3rd, and B's copy taken
+
+
+def test_freed_blocks_without_cached_content_are_reused_first():
+    # vLLM's BlockPool.free_blocks: cached blocks go to the free queue's tail (LRU), blocks
+    # with nothing cached to its head, so they are taken before any cached content is evicted
+    bm = pool(num_blocks=6)
+    bm.register(0, 6, None)
+    bm.allocate(0, 6)                        # blocks 0, 1: block 0 full (cached), 1 partial
+    assert [bm._key[b] is not None for b in bm._tables[0]] == [True, False]
+    bm.free(0)
+    assert list(bm._pool)[0] == 1 and list(bm._pool)[-1] == 0
+    bm.register(1, 4, None)
+    bm.allocate(1, 4)                        # takes block 1: nothing evicted
+    assert bm._tables[1] == [1] and bm.num_evicted == 0
 
 
 def make_v1(num_blocks: int = 100, budget: int = 100):
