@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from simserve.errors import SimserveError
+from simserve.errors import ConfigError, SimserveError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -101,6 +101,7 @@ def _report(args, out: Path) -> None:
 
 def _cmd_run(args) -> int:
     from simserve.config import load_variants
+    from simserve.paths import folder_name
     from simserve.runner import comparison_table, run
 
     variants = load_variants(args.scenario, args.overrides)
@@ -118,7 +119,7 @@ def _cmd_run(args) -> int:
             print(result.table())
         for warning in result.warnings:
             print(f"warning: {warning}", file=sys.stderr)
-        out = root if len(variants) == 1 else root / label
+        out = root if len(variants) == 1 else root / folder_name(label)
         path = result.save(out, tokens=args.tokens)
         print(f"simulated {result.summary['num_requests']} requests, {len(result.steps)} steps "
               f"in {wall:.2f} s [latency: {result.latency_label}]; results in {path}/")
@@ -167,9 +168,14 @@ def _cmd_capacity(args) -> int:
 
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     t0 = time.perf_counter()
-    result = capacity(args.scenario, target_rate=args.target_rate, tolerance=args.tolerance,
-                      seeds=args.seeds, overrides=args.overrides,
-                      max_replicas=args.max_replicas, log=log)
+    try:
+        result = capacity(args.scenario, target_rate=args.target_rate,
+                          tolerance=args.tolerance, seeds=args.seeds, overrides=args.overrides,
+                          max_replicas=args.max_replicas, log=log)
+    except ConfigError as e:      # the API's argument names as the options the user typed
+        if e.field in ("tolerance", "seeds", "max_replicas", "target_rate"):
+            raise ConfigError("--" + e.field.replace("_", "-"), e.message) from None
+        raise
     print(result.table())
     print(f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
     out = Path(args.out) if args.out else Path("runs") / f"{Path(args.scenario).stem}-capacity"
@@ -180,13 +186,36 @@ def _cmd_capacity(args) -> int:
 
 
 def _cmd_validate(args) -> int:
-    from simserve.config import load_scenario, num_kv_blocks
+    """Check any file the CLI accepts (a scenario, a compare file, a sweep file) as the command
+    that runs it would, including whether each deployment can exist (simserve/deployment.py)."""
+    from simserve.config import file_kind, load_variants, num_kv_blocks
+    from simserve.deployment import check
 
-    s = load_scenario(args.scenario, args.overrides)
-    blocks = num_kv_blocks(s)
-    print(f"{args.scenario}: ok — {s.model.name} on {s.hardware.name}, policy {s.policy}, "
-          f"{blocks} KV blocks of {s.engine.block_size} tokens "
-          f"({blocks * s.engine.block_size} tokens) per replica")
+    kind = file_kind(args.scenario)
+    if kind == "sweep":
+        from simserve.sweep import load_sweep
+        spec = load_sweep(args.scenario, args.overrides)
+        variants = [(f"point {i}: " + ", ".join(f"{k}={v}" for k, v in point.items()), s)
+                    for i, (point, s) in enumerate(zip(spec.points(), spec.scenarios()))]
+        what = f"sweep of {len(variants)} points over {', '.join(spec.fields)}"
+    else:
+        variants = load_variants(args.scenario, args.overrides)
+        what = (f"{len(variants)} variants: {', '.join(label for label, _ in variants)}"
+                if kind == "compare" else "")
+    for label, s in variants:
+        try:
+            check(s)
+        except ConfigError as e:
+            if kind == "scenario":
+                raise
+            raise ConfigError(e.field, f"{e.message} (in {label})") from None
+    print(f"{args.scenario}: ok" + (f" — {what}" if what else ""))
+    for label, s in variants:
+        blocks = num_kv_blocks(s)
+        head = "" if kind == "scenario" else f"{label}: "
+        print(f"  {head}{s.model.name} on {s.hardware.name}, policy {s.policy}, {blocks:,} KV "
+              f"blocks of {s.engine.block_size} tokens ({blocks * s.engine.block_size:,} "
+              "tokens) per replica")
     return 0
 
 

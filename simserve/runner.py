@@ -22,6 +22,7 @@ import yaml
 
 from simserve.config import Scenario, load_scenario, load_variants, num_host_blocks, \
     num_kv_blocks
+from simserve import deployment
 from simserve.cluster import GroupConfig, cluster_summary, engine_options, groups_of
 from simserve.engine import STEP_COLUMNS, Recorder, Replica, simulate
 from simserve.errors import ConfigError, SimserveError
@@ -29,6 +30,7 @@ from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
 from simserve.latency.base import LatencyModel
 from simserve.metrics.slo import SloConfig
+from simserve.paths import rebase_paths
 from simserve.metrics.summary import WeightedSample, format_summary, grouped_levels, summarize
 from simserve.sched import POLICIES, SchedulerLimits
 from simserve.sched.request import Status
@@ -116,14 +118,22 @@ class Result:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
-        (out / "scenario.yaml").write_text(
-            yaml.safe_dump(self.scenario.to_dict(), sort_keys=False))
+        (out / "scenario.yaml").write_text(scenario_yaml(self.scenario, out))
         self.requests.to_csv(out / "requests.csv", index=False, float_format="%.9g")
         self.steps.to_csv(out / "steps.csv", index=False, float_format="%.9g")
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
         if tokens and self.has_token_times:
             self.tokens().to_csv(out / "tokens.csv", index=False, float_format="%.9g")
         return out
+
+
+def scenario_yaml(s: Scenario, out: Path) -> str:
+    """The resolved scenario as written to ``out``: its file paths relative to ``out`` (so it
+    reruns from there), and the ``--set`` overrides that made it named in a header comment."""
+    header = "".join(f"# --set {o}\n" for o in s.overrides)
+    if header:
+        header = "# resolved with these overrides (already applied below):\n" + header
+    return header + yaml.safe_dump(rebase_paths(s.to_dict(), s.base_dir, out), sort_keys=False)
 
 
 def build_latency(s: Scenario) -> LatencyModel:
@@ -242,6 +252,8 @@ def _no_cyclic_gc():
 
 def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
          record_tokens: bool) -> Result:
+    if latency is None:        # a model passed in is the caller's to vouch for
+        deployment.check(s)
     specs = build_workload(s.workload, s.seed, s.base_dir)
     replicas = build_replicas(s, latency)
     for replica in replicas:

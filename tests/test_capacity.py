@@ -172,7 +172,7 @@ def test_cli_capacity_prints_answer_and_writes_results(tmp_path, capsys):
 
 @pytest.mark.parametrize("raw, args, message", [
     ({**CONSTANT, "slo": {}}, [], "error: slo: capacity planning needs an SLO"),
-    (CONSTANT, ["--tolerance", "2"], "error: tolerance: must be in (0, 1), got 2"),
+    (CONSTANT, ["--tolerance", "2"], "error: --tolerance: must be in [0.001, 1), got 2"),
     (CONSTANT, ["--set", "workload.rat=3"], "error: workload.rat: unknown field"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, raw, args, message):

@@ -111,7 +111,7 @@ def test_defaults():
     ({"num_requests": None}, "workload.num_requests: is required"),
     ({"arrival": "burst"}, "workload.rate: does not apply to arrival: burst"),
     ({"burstiness": 2}, "workload.burstiness: only applies to arrival: gamma"),
-    ({"arrival": "gamma", "burstiness": 0}, "workload.burstiness: must be > 0"),
+    ({"arrival": "gamma", "burstiness": 0}, "workload.burstiness: must be >= 0.001, got 0"),
     ({"prompt": {"dist": "zipf", "a": 1.0, "max": 10}}, "workload.prompt.a: must be > 1"),
     ({"prompt": {"dist": "zipf", "a": 2}}, "workload.prompt.max: is required for dist: zipf"),
     ({"prompt": {"dist": "uniform", "low": 10, "high": 5}}, "workload.prompt.high: must be >= 10"),

@@ -43,6 +43,7 @@ from typing import Any
 
 from simserve.errors import ConfigError
 from simserve.fields import Fields
+from simserve.limits import MAX_REQUESTS, MAX_SECONDS, MAX_TOKENS, MAX_ZIPF_SUPPORT
 
 ARRIVALS = ("poisson", "gamma", "constant", "burst")
 TRACE_FORMATS = ("azure", "mooncake", "burstgpt", "csv")
@@ -88,16 +89,17 @@ class LengthDist:
         dist = f.str("dist", choices=tuple(DIST_PARAMS))
         kw: dict[str, Any] = {}
         if dist == "fixed":
-            kw["value"] = f.int("value", min=1)
+            kw["value"] = f.int("value", min=1, max=MAX_TOKENS)
         elif dist == "uniform":
-            kw["low"] = f.int("low", min=1)
-            kw["high"] = f.int("high", min=kw["low"])
+            kw["low"] = f.int("low", min=1, max=MAX_TOKENS)
+            kw["high"] = f.int("high", min=kw["low"], max=MAX_TOKENS)
         elif dist == "normal":
-            kw["mean"] = f.float("mean", positive=True)
-            kw["std"] = f.float("std", min=0)
+            kw["mean"] = f.float("mean", positive=True, max=MAX_TOKENS)
+            kw["std"] = f.float("std", min=0, max=MAX_TOKENS)
         elif dist == "lognormal":
-            kw["mean"] = f.float("mean", positive=True)
-            kw["sigma"] = f.float("sigma", min=0)
+            kw["mean"] = f.float("mean", positive=True, max=MAX_TOKENS)
+            # exp(N(mu, sigma)) with sigma past 20 spans e^±60 (10^26) around the median
+            kw["sigma"] = f.float("sigma", min=0, max=20.0)
         elif dist == "zipf":
             a = f.float("a")
             if a <= 1:
@@ -106,8 +108,9 @@ class LengthDist:
         else:  # empirical
             kw["path"] = f.str("path")
             kw["column"] = f.str("column")
-        lo = f.int("min", 1, min=1)
-        hi = f.int("max", None, min=lo)
+        lo = f.int("min", 1, min=1, max=MAX_TOKENS)
+        # zipf tabulates its support 1..max, so its max is bounded by memory, not by int32
+        hi = f.int("max", None, min=lo, max=MAX_ZIPF_SUPPORT if dist == "zipf" else MAX_TOKENS)
         if dist == "zipf" and hi is None:
             raise ConfigError(f.where("max"), "is required for dist: zipf (top of its support)")
         f.done()
@@ -205,7 +208,7 @@ class RequestClass:
         if f.has("weight") and not synthetic:
             raise ConfigError(f.where("weight"), "only applies to synthetic workloads (a "
                                                  "trace names each request's class)")
-        weight = f.float("weight", 1.0, positive=True)
+        weight = f.float("weight", 1.0, positive=True, max=1e9)
         slo = f.section("slo")
         limits = {k: slo.float(k, None, positive=True) for k in _SLO_LIMITS}
         slo.done()
@@ -315,15 +318,18 @@ def _parse_synthetic(f: Fields) -> WorkloadConfig:
     if f.has("burstiness") and process != "gamma":
         raise ConfigError(f.where("burstiness"), f"only applies to arrival: gamma, "
                           f"not {process}")
-    burstiness = f.float("burstiness", 1.0, positive=True)
+    # gamma gaps of shape below 1e-3 are almost all 0 with a rare astronomically long one
+    burstiness = f.float("burstiness", 1.0, min=1e-3, max=1e6)
     if f.has("num_requests") and f.has("duration"):
         raise ConfigError(f.where("duration"), "give either num_requests or duration, not both")
-    num_requests = f.int("num_requests", None, min=1)
-    duration = f.float("duration", None, positive=True)
+    num_requests = f.int("num_requests", None, min=1, max=MAX_REQUESTS)
+    duration = f.float("duration", None, positive=True, max=MAX_SECONDS)
     if num_requests is None and (duration is None or process == "burst"):
         need = "is required for arrival: burst" if duration is not None else \
             "is required (or give duration in seconds)"
         raise ConfigError(f.where("num_requests"), need)
+    if rate is not None:
+        _check_span(f, rate, num_requests, duration)
     arrival = ArrivalConfig(process, rate, burstiness, num_requests, duration)
 
     if f.has("lengths"):
@@ -335,6 +341,19 @@ def _parse_synthetic(f: Fields) -> WorkloadConfig:
     return WorkloadConfig(arrival=arrival,
                           prompt=LengthDist.from_fields(f.section("prompt")),
                           output=LengthDist.from_fields(f.section("output")))
+
+
+def _check_span(f: Fields, rate: float, num_requests: int | None,
+                duration: float | None) -> None:
+    """What the rate implies must fit a run: the requests of a duration, the time of a count."""
+    if duration is not None and rate * duration > MAX_REQUESTS:
+        raise ConfigError(f.where("rate"), f"{rate:g} req/s for {duration:g} s is about "
+                                           f"{rate * duration:.3g} requests, more than the "
+                                           f"{MAX_REQUESTS:,} a run can hold")
+    if num_requests is not None and (num_requests - 1) / rate > MAX_SECONDS:
+        raise ConfigError(f.where("rate"), f"{num_requests} requests at {rate:g} req/s span "
+                                           f"about {(num_requests - 1) / rate:.3g} s, more than "
+                                           f"the {MAX_SECONDS:g} s a run can represent")
 
 
 def _parse_trace(f: Fields) -> WorkloadConfig:
@@ -352,7 +371,7 @@ def _parse_trace(f: Fields) -> WorkloadConfig:
         raise ConfigError(f.where("model"), f"only applies to format: burstgpt, not {fmt}")
     return WorkloadConfig(trace=TraceConfig(
         path=path, format=fmt, time_scale=time_scale, rate=rate, start_s=start, end_s=end,
-        num_requests=f.int("num_requests", None, min=1),
-        max_prompt_tokens=f.int("max_prompt_tokens", None, min=1),
-        max_output_tokens=f.int("max_output_tokens", None, min=1),
+        num_requests=f.int("num_requests", None, min=1, max=MAX_REQUESTS),
+        max_prompt_tokens=f.int("max_prompt_tokens", None, min=1, max=MAX_TOKENS),
+        max_output_tokens=f.int("max_output_tokens", None, min=1, max=MAX_TOKENS),
         model=f.str("model", None)))

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from simserve.errors import ConfigError
+from simserve.limits import MAX_SECONDS
 from simserve.workload.config import ArrivalConfig, LengthDist, WorkloadConfig
 from simserve.workload.spec import RequestSpec
 from simserve.workload.traces import read_length_columns, resolve_path
@@ -24,6 +26,9 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[RequestSpec
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4))
     arrival = arrival_times(cfg.arrival, arrival_rng)
     n = len(arrival)
+    if n and not arrival[-1] <= MAX_SECONDS:   # a heavy gamma tail can still overshoot
+        raise ConfigError("workload.rate", f"the arrivals drawn span {arrival[-1]:.3g} s, more "
+                                           f"than the {MAX_SECONDS:g} s a run can represent")
     if cfg.lengths is not None:
         # One row index per request keeps each (prompt, output) pair together; it uses the
         # prompt stream, and the output stream is left unused.
