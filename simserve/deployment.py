@@ -115,8 +115,10 @@ def check_step_times(s) -> None:
     for what, plan in plans.items():
         t = model.step_time(plan)
         if not (math.isfinite(t) and 0 <= t <= limits.MAX_STEP_S):
-            field = "hardware" if s.latency.model == "roofline" else "latency"
-            raise ConfigError(field, f"one engine step ({what}) would take {t:.3g} s with the "
-                                     f"{model.label} model, more than {limits.MAX_STEP_S:g} s: "
-                                     "check the device's peak_flops and bandwidths, or the "
-                                     "latency section")
+            roofline = s.latency.model == "roofline"
+            hint = ("hardware.peak_flops, hardware.mem_bandwidth and latency.step_overhead_ms"
+                    if roofline else "the latency section")
+            raise ConfigError("hardware" if roofline else "latency",
+                              f"one engine step ({what}) would take {t:.3g} s with the "
+                              f"{model.label} model, more than {limits.MAX_STEP_S:g} s: check "
+                              f"{hint}")

@@ -30,7 +30,7 @@ MAX_ZIPF_SUPPORT = 10_000_000       # zipf's support 1..max is tabulated (8 byte
 MAX_RETRIES = 100                   # fault retries per request (each re-routes it)
 MIN_MTBF_S = 1e-3                   # a replica failing more often than every millisecond
 MAX_FAILURES = 100_000              # random replica failures in one run (each costs a re-route)
-MAX_STEP_S = 3600.0                 # one engine iteration longer than an hour is a bad input
+MAX_STEP_S = 1e6                    # one engine iteration (11.6 days): past it a price is absurd
 
 # Device specs: beyond these a price is inf or 0 (see the module docstring).
 FLOPS_RANGE = (1e6, 1e19)           # FLOP/s

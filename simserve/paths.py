@@ -15,10 +15,13 @@ Two promises rest on this module:
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 import re
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 # Dotted fields of a scenario mapping that hold file paths, and whether the file must exist to
 # be a path (a profile may be a shipped profile's name instead).
@@ -85,3 +88,50 @@ def rebase(path: str, base_dir: Path, out_dir: Path, must_exist: bool = True) ->
         return Path(os.path.relpath(src.resolve(), Path(out_dir).resolve())).as_posix()
     except ValueError:          # another drive (Windows): no relative path exists
         return str(src.resolve())
+
+
+def default_out(base: Path, overrides: list[str] | tuple[str, ...] | None) -> Path:
+    """The default output folder: ``base``, or beside it one named after the ``--set``
+    overrides (``runs/quickstart+workload.rate=20``), so a run with overrides never lands in
+    the folder of the run without them."""
+    if not overrides:
+        return Path(base)
+    slug = folder_name("+".join(o.replace(" ", "") for o in overrides))
+    if len(slug) > 80:           # long override lists: a prefix and a stable digest
+        slug = slug[:60] + "-" + hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
+    return Path(base).with_name(f"{Path(base).name}+{slug}")
+
+
+def replaced_note(out: Path, new_scenario: str) -> str | None:
+    """A sentence when ``out`` holds the results of a different scenario than ``new_scenario``
+    (the scenario.yaml about to be written), naming up to three fields that differ; else None."""
+    old_path = Path(out) / "scenario.yaml"
+    if not old_path.is_file():
+        return None
+    try:
+        old = yaml.safe_load(old_path.read_text(encoding="utf-8"))
+        new = yaml.safe_load(new_scenario)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return f"replacing the files in {out}/ (its scenario.yaml is not one simserve wrote)"
+    if old == new:
+        return None
+    a, b = _flat(old), _flat(new)
+    changed = [f"{k}: {_short(a.get(k, '(unset)'))} → {_short(b.get(k, '(unset)'))}"
+               for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    more = f", and {len(changed) - 3} more" if len(changed) > 3 else ""
+    return (f"replacing the results of a different scenario in {out}/ "
+            f"({'; '.join(changed[:3])}{more})")
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 30 else text[:27] + "..."
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: node}

@@ -290,6 +290,19 @@ def comparison_table(results: dict[str, Result]) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
+def coinciding(results: dict[str, Result]) -> list[list[str]]:
+    """Groups of labels whose runs scheduled every step identically (the same steps table and
+    the same request times): policies that coincide at these knobs, whose curves hide each
+    other in a figure."""
+    groups: dict[tuple, list[str]] = {}
+    for label, r in results.items():
+        key = (int(pd.util.hash_pandas_object(r.steps.drop(columns="step"), index=False).sum()),
+               int(pd.util.hash_pandas_object(r.requests[["first_token_s", "finish_s"]],
+                                              index=False).sum()))
+        groups.setdefault(key, []).append(label)
+    return [g for g in groups.values() if len(g) > 1]
+
+
 def frontend_delays(replicas: list[Replica]) -> dict[int, float]:
     """Each replica's front-end delay in seconds (a calibrated profile's ``frontend_delay_s``;
     0 for every other latency model)."""

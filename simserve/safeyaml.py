@@ -169,8 +169,9 @@ def decode_text(data: bytes, path: str | Path) -> str:
 
 def parse(text: str, path: str | Path, line_offset: int = 0) -> Any:
     """Parse one YAML document with :class:`SafeLoader`; DataError naming ``path:line``."""
-    loader = SafeLoader(text)
+    loader = None
     try:
+        loader = SafeLoader(text)      # the reader checks every character here
         return loader.get_single_data()
     except _Limit as e:
         raise DataError(path, e.message, _line(e.line, line_offset)) from None
@@ -188,7 +189,8 @@ def parse(text: str, path: str | Path, line_offset: int = 0) -> Any:
     except RecursionError:          # a limit above should have caught it first
         raise DataError(path, "invalid YAML: nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _line(line: int | None, offset: int) -> int | None:

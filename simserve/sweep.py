@@ -160,8 +160,8 @@ def make_spec(base: dict | Scenario | str | Path, grid: dict | None = None,
     for key, value in (fixed or {}).items():
         set_field(base, key, value)
     apply_overrides(base, list(overrides or []))
+    _check_axes(grid or {}, zip_ or {})
     grid, zip_ = dict(grid or {}), dict(zip_ or {})
-    _check_axes(grid, zip_)
     return SweepSpec(name or base.get("name", "sweep"), base, Path(base_dir or "."), grid, zip_)
 
 
@@ -182,6 +182,8 @@ def _run_point(scenario: Scenario) -> tuple[dict | None, str | None]:
     from simserve.runner import run
     try:
         summary = run(scenario).summary
+    except SimserveError as e:        # bad input: its message names the field already
+        return None, str(e)
     except Exception as e:  # noqa: BLE001 - recorded in the table, never fatal to the sweep
         return None, f"{type(e).__name__}: {e}"
     summary = dict(summary)

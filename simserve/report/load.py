@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from simserve.errors import DataError
+from simserve.safeyaml import read_text
 
 
 @dataclass
@@ -137,17 +138,22 @@ def _read_csv(path: Path) -> pd.DataFrame:
         return pd.read_csv(path)
     except FileNotFoundError:
         raise DataError(path, "file not found") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise DataError(path, f"not a readable CSV table ({e})") from None
+    except UnicodeDecodeError:
+        raise DataError(path, "not a readable CSV table (not UTF-8 text)") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise DataError(path, f"not a readable CSV table ({' '.join(str(e).split())})") from None
 
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(path, "file not found") from None
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise DataError(path, f"invalid JSON: {e.msg}", e.lineno) from None
+    except RecursionError:
+        raise DataError(path, "invalid JSON: nested too deeply") from None
+    if not isinstance(data, dict):
+        raise DataError(path, "expected a JSON object")
+    return data
 
 
 def _read_yaml(path: Path) -> dict:

@@ -88,7 +88,8 @@ def load_trace(cfg: TraceConfig, base_dir: Path) -> Trace:
                               "arrive at the same time")
         arrival = arrival / arrival[-1] * ((len(idx) - 1) / cfg.rate)
     else:
-        arrival = arrival * cfg.time_scale
+        with np.errstate(over="ignore"):      # an overflow to inf is refused just below
+            arrival = arrival * cfg.time_scale
     if not arrival[-1] <= MAX_SECONDS:
         field = "workload.rate" if cfg.rate is not None else "workload.time_scale"
         raise ConfigError(field, f"the kept requests would span {arrival[-1]:.3g} s, more than "
@@ -296,6 +297,9 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
                     if isinstance(v, bool) or not isinstance(v, (int, float, str, type(None))):
                         # true is not 1 (as in scenario files); a list is not a length
                         raise DataError(path, f"field {k!r} is not a number: {v!r}", lineno)
+                    if isinstance(v, int) and not -2**63 <= v < 2**63:   # JSON ints are unbounded
+                        raise DataError(path, f"field {k!r} is out of range: "
+                                              f"{str(v)[:20]}... ({len(str(v))} digits)", lineno)
                     cols[k].append(v)
                 h = obj.get("hash_ids")
                 if h is not None and (not isinstance(h, list) or any(
