@@ -192,7 +192,7 @@ def _cmd_sweep(args) -> int:
     if not args.quiet:
         shown = ["point", *spec.fields, *(c for c in SWEEP_SHOWN if c in table)]
         view = table[shown].copy()
-        view["error"] = ["failed" if e else "" for e in table["error"].notna()]
+        view["error"] = ["failed" if e else "ok" for e in table["error"].notna()]
         print(format_table(view, index=False))
     out = Path(args.out) if args.out else Path("runs") / Path(args.grid).stem
     save_sweep(table, spec, out)
