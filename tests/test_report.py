@@ -70,6 +70,27 @@ def test_compare_run_from_the_cli_reports_every_variant(tmp_path, capsys):
     assert len(list((out / "figures").glob("*.svg"))) == 5
     page = (out / "report.html").read_text()
     assert page.index("vllm_v0") < page.index("sarathi") < page.index("static")  # file order
+    assert "Overrides: --set workload.num_requests=30." in page   # what made these runs
+
+
+def test_set_overrides_are_named_and_never_clobber_the_plain_run(tmp_path, capsys,
+                                                                  monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(TINY), "--no-report", "--quiet"]) == 0
+    assert main(["run", str(TINY), "--no-report", "--quiet",
+                 "--set", "workload.rate=40"]) == 0
+    plain, other = tmp_path / "runs" / "tiny", tmp_path / "runs" / "tiny+workload.rate=40"
+    assert "rate: 20" in (plain / "scenario.yaml").read_text()          # untouched
+    text = (other / "scenario.yaml").read_text()
+    assert text.startswith("# resolved with these overrides") and "# --set workload.rate=40\n" \
+        in text and "rate: 40" in text
+    capsys.readouterr()
+    # the same folder given twice for different scenarios: replaced, and said so
+    assert main(["run", str(TINY), "--no-report", "--quiet", "--out", str(plain),
+                 "--set", "seed=3"]) == 0
+    err = capsys.readouterr().err
+    assert f"note: replacing the results of a different scenario in {plain}/ (seed: 7 → 3)" \
+        in err
 
 
 def test_sweep_and_capacity_reports(tmp_path):

@@ -32,6 +32,7 @@ class RunData:
     summary: dict
     scenario: dict
     path: Path | None = None
+    overrides: tuple[str, ...] = ()        # the --set overrides that made the run
 
     @property
     def slo(self) -> dict:
@@ -41,14 +42,19 @@ class RunData:
     def from_result(cls, label: str, result) -> RunData:
         """From a :class:`simserve.runner.Result` (no files needed)."""
         return cls(label, result.scenario.policy, result.requests, result.steps,
-                   result.summary, result.scenario.to_dict())
+                   result.summary, result.scenario.to_dict(),
+                   overrides=tuple(result.scenario.overrides))
 
     @classmethod
     def from_dir(cls, path: Path, label: str | None = None) -> RunData:
         scenario = _read_yaml(path / "scenario.yaml")
+        # runner.scenario_yaml names the overrides in comment lines "# --set FIELD=VALUE"
+        overrides = tuple(line[len("# --set "):].strip()
+                          for line in read_text(path / "scenario.yaml").splitlines()
+                          if line.startswith("# --set "))
         return cls(label or path.name, scenario.get("scheduler", {}).get("policy", "?"),
                    _read_csv(path / "requests.csv"), _read_csv(path / "steps.csv"),
-                   _read_json(path / "summary.json"), scenario, path)
+                   _read_json(path / "summary.json"), scenario, path, overrides)
 
 
 @dataclass
