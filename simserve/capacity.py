@@ -198,9 +198,9 @@ def _prepare(s: Scenario, notes: list[str]) -> tuple[Scenario, float]:
                                                "rate: give workload.rate (a starting rate)")
         return s, w.trace.rate
     a = w.arrival
-    if a.rate is None:
-        raise ConfigError("workload.arrival", "capacity planning needs an arrival rate; "
-                                              "arrival: burst has none")
+    if a.rate is None or a.rate == math.inf:
+        raise ConfigError("workload.arrival", "capacity planning needs a finite arrival rate; "
+                                              "arrival: burst and rate: inf have none")
     if a.num_requests is None:
         # a fixed duration would send more requests at higher rates; fix the count instead
         n = max(1, round(a.rate * a.duration_s))

@@ -8,6 +8,7 @@ write files loses nothing that was on screen.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
                           "stretches (same results, slower; for checking)")
     run.add_argument("--tokens", action="store_true",
                      help="also write tokens.csv: the time of every output token")
+    run.add_argument("--metric-percentiles", metavar="P,P,...",
+                     help="latency percentiles to report, e.g. 25,50,99 (as vllm bench serve; "
+                          "same as --set metric_percentiles=[25,50,99])")
     _report_flags(run)
 
     rep = sub.add_parser("report", help="figures and report.html from output directories")
@@ -117,6 +121,8 @@ def _cmd_run(args) -> int:
     from simserve.paths import default_out, folder_name, replaced_note
     from simserve.runner import comparison_table, coinciding, run, scenario_yaml
 
+    if args.metric_percentiles:
+        args.overrides.append(f"metric_percentiles=[{args.metric_percentiles}]")
     variants = load_variants(args.scenario, args.overrides)
     for label, scenario in variants:      # every variant can exist before any of them runs
         try:
@@ -297,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`simserve run x.yaml | head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

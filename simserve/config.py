@@ -27,6 +27,7 @@ from simserve.sched.params import params_to_dict, read_params
 from simserve.workload.config import WorkloadConfig
 
 PREEMPTION_MODES = ("recompute", "swap")
+DEFAULT_PERCENTILES = (50, 90, 99)
 LATENCY_MODELS = ("roofline", "profile", "constant", "linear")
 _LATENCY_FIELDS = {"roofline": ("step_overhead_ms", "flops_efficiency", "bandwidth_efficiency"),
                    "profile": ("path", "step_overhead_ms"), "constant": ("step_ms",),
@@ -123,6 +124,8 @@ class Scenario:
     base_dir: Path = field(default=Path("."), compare=False)
     policy_params: Any = None                   # the policy's knobs (sched.params), if any
     overrides: tuple[str, ...] = field(default=(), compare=False)   # --set FIELD=VALUE applied
+    # the latency percentiles reported (vllm bench serve --metric-percentiles)
+    metric_percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
 
     # -- resolved engine values (what vLLM would compute at start-up) ------------------------
     @property
@@ -169,6 +172,8 @@ class Scenario:
         }
         if self.output_dir is not None:
             out["output_dir"] = self.output_dir
+        if self.metric_percentiles != DEFAULT_PERCENTILES:
+            out["metric_percentiles"] = list(self.metric_percentiles)
         return out
 
 
@@ -192,11 +197,32 @@ def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario")
         f.section("cluster"), raw, lambda merged, group: parse_scenario(
             {**merged, "name": f"{scenario_name}/{group}"}, base_dir, name))
     output_dir = f.str("output_dir", None)
+    percentiles = _percentiles(f)
     f.done()
     scenario = Scenario(scenario_name, model, hardware, engine, policy, workload, slo, latency,
-                        cluster, seed, output_dir, base_dir, policy_params)
+                        cluster, seed, output_dir, base_dir, policy_params,
+                        metric_percentiles=percentiles)
     _check_consistency(scenario)
     return scenario
+
+
+def _percentiles(f: Fields) -> tuple[float, ...]:
+    """``metric_percentiles: [25, 50, 99]`` (vLLM's --metric-percentiles), each in (0, 100]."""
+    raw = f.any("metric_percentiles", None)
+    if raw is None:
+        return DEFAULT_PERCENTILES
+    if not isinstance(raw, list) or not 1 <= len(raw) <= 20:
+        raise ConfigError(f.where("metric_percentiles"), "expected a list of 1 to 20 "
+                                                          "percentiles, e.g. [25, 50, 99]")
+    values = []
+    for i, p in enumerate(raw):
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 100:
+            raise ConfigError(f"{f.where('metric_percentiles')}[{i}]",
+                              f"expected a number in (0, 100], got {p!r}")
+        values.append(int(p) if float(p).is_integer() else float(p))
+    if len(set(values)) != len(values):
+        raise ConfigError(f.where("metric_percentiles"), f"percentiles repeat: {raw}")
+    return tuple(sorted(values))
 
 
 def _check_consistency(s: Scenario) -> None:

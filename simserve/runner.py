@@ -202,7 +202,8 @@ def _group_replicas(s: Scenario, g: GroupConfig, first: int,
 
     def kv() -> BlockManager:
         if s.engine.enable_prefix_caching and g.role != "decode":   # decode replicas get KV
-            return PrefixBlockManager(blocks, s.engine.block_size)  # by transfer, not cache
+            return PrefixBlockManager(blocks, s.engine.block_size,  # by transfer, not cache
+                                      source_block_size=s.workload.hash_block_tokens)
         return BlockManager(blocks, s.engine.block_size, host)
 
     def factory():   # also a failed replica's fresh start
@@ -258,7 +259,8 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
     replicas = build_replicas(s, latency)
     for replica in replicas:
         replica.scheduler.record_tokens = record_tokens
-    rec = simulate(specs, replicas, fast_forward=fast_forward, **engine_options(s, replicas))
+    rec = simulate(specs, replicas, fast_forward=fast_forward,
+                   max_concurrency=s.workload.max_concurrency, **engine_options(s, replicas))
     result = collect(s, rec, replicas)
     latency_models = {id(r.latency): r.latency for r in replicas}.values()
     result.latency_label = replicas[0].latency.label
@@ -366,7 +368,8 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
         groups = [{**log.step_arrays(), **log.group_columns()} for log in logs]
         return grouped_levels(groups, t0, t1)
 
-    summary = summarize(requests, None, None, s.slo, itl=itl_sample(rec, replicas),
+    summary = summarize(requests, None, None, s.slo, percentiles=s.metric_percentiles,
+                        itl=itl_sample(rec, replicas),
                         class_slos=class_slos(s) if any(r.spec.klass for r in reqs) else None,
                         prefix_caching=s.engine.enable_prefix_caching, levels=levels)
     summary.update(cluster_summary(rec, replicas, requests))

@@ -199,6 +199,9 @@ FIELDS: dict[str, list] = {
     "workload.rate": ["x", True, 0, -1, NAN, -INF, 1e-300, 1e-9],
     "workload.num_requests": [*POS_INT, 10**12, 10**7 + 1],
     "workload.bogus": [1],
+    "workload.max_concurrency": [0, -1, 1.5, "x", True, 1e308, 10**8],
+    "workload.prefix_len": [-1, 1.5, "x", 2**31, 1e308],
+    "metric_percentiles": [[0], [101], "x", [50, 50], [], [True], list(range(1, 30)), [NAN]],
     "output_dir": [5, [1]],
     "name": [5, {"a": 1}],
     "bogus": [1],
@@ -266,6 +269,8 @@ for value in [0, 1e308, NAN, "x", -5]:
 field_case("workload.rate", 1e9, r"^error: workload\.rate: .*requests",
            with_field("workload.duration", 10, NO_COUNT))
 field_case("workload.duration", 10, r"^error: workload\.duration")         # and num_requests
+field_case("workload.rate", "inf", r"^error: workload\.rate: inf",
+           with_field("workload.duration", 10, NO_COUNT))
 field_case("workload.rate", 5, r"^error: workload\.rate", with_field("workload.arrival", "burst"))
 DISTS = [
     ({"dist": "x"}, "dist"), ({"dist": "fixed", "value": 0}, "value"),
@@ -462,6 +467,29 @@ for id, text, expect in [("latin1", b"n\n1\n\xe9\n", r"l\.csv.*UTF-8"),
     both(f"lengths-{id}", {"s.yaml": scenario_text(with_field(
         "workload.prompt", {"dist": "empirical", "path": "l.csv", "column": "n"})),
         "l.csv": text}, expect)
+
+
+# ShareGPT files (lengths: {format: sharegpt})
+for id, text, expect in [("latin1", b'[{"a": "\xe9"}]', r"sg\.json.*UTF-8"),
+                         ("not-json", "[{", r"sg\.json:\d+: not JSON"),
+                         ("not-list", "{}", r"sg\.json: .*JSON list"),
+                         ("deep", "[" * 100000 + "]" * 100000, r"sg\.json: .*nested"),
+                         ("empty", "[]", r"sg\.json: no usable"),
+                         ("no-text", '[{"conversations": [{"value": 1}, {"value": "x"}]}]',
+                          r"sg\.json: conversation 0"),
+                         ("utf16", "[]".encode("utf-16"), r"sg\.json")]:
+    both(f"sharegpt-{id}", {"s.yaml": scenario_text(with_field("workload.lengths", {
+        "format": "sharegpt", "path": "sg.json"}, with_field("workload.prompt", None,
+                                                             with_field("workload.output", None)))),
+        "sg.json": text}, expect)
+for lengths, key in [({"format": "sharegpt", "path": "sg.json", "output_len": 0}, "output_len"),
+                     ({"format": "sharegpt", "path": "sg.json", "chars_per_token": 0},
+                      "chars_per_token"),
+                     ({"format": "sharegpt", "path": "sg.json", "prompt_column": "x"},
+                      "prompt_column"),
+                     ({"format": "parquet", "path": "sg.json"}, "format")]:
+    field_case("workload.lengths", lengths, rf"^error: workload\.lengths\.{key}",
+               with_field("workload.prompt", None, with_field("workload.output", None)))
 
 
 # --- 4. profile files (latency: profile) ---------------------------------------------------

@@ -38,6 +38,7 @@ or field (mooncake), and may give a ``priority`` column/field, which wins over t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -126,23 +127,46 @@ class LengthDist:
         return out
 
 
+LENGTH_FORMATS = ("csv", "sharegpt")
+
+
 @dataclass(frozen=True)
 class JointLengths:
-    """(prompt, output) pairs drawn together from one CSV row, keeping their correlation."""
+    """(prompt, output) pairs drawn together, keeping their correlation: from one CSV row
+    (``format: csv``, drawn with replacement), or from a ShareGPT JSON file (``format:
+    sharegpt``, sampled as ``vllm bench serve --dataset-name sharegpt`` does, token counts
+    estimated: simserve/workload/datasets.py)."""
 
     path: str
-    prompt_column: str
-    output_column: str
+    prompt_column: str | None = None        # csv
+    output_column: str | None = None        # csv
+    format: str = "csv"
+    output_len: int | None = None           # sharegpt: every output this long (vLLM's
+                                            # --sharegpt-output-len); None: the completion's
+    chars_per_token: float = 4.0            # sharegpt: characters per estimated token
 
     @staticmethod
     def from_fields(f: Fields) -> "JointLengths":
-        out = JointLengths(f.str("path"), f.str("prompt_column"), f.str("output_column"))
+        fmt = f.str("format", "csv", choices=LENGTH_FORMATS)
+        if fmt == "csv":
+            out = JointLengths(f.str("path"), f.str("prompt_column"), f.str("output_column"))
+        else:
+            out = JointLengths(f.str("path"), format=fmt,
+                               output_len=f.int("output_len", None, min=1, max=MAX_TOKENS),
+                               chars_per_token=f.float("chars_per_token", 4.0, min=0.5,
+                                                       max=100.0))
         f.done()
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "prompt_column": self.prompt_column,
-                "output_column": self.output_column}
+        if self.format == "csv":
+            return {"path": self.path, "prompt_column": self.prompt_column,
+                    "output_column": self.output_column}
+        out: dict[str, Any] = {"format": self.format, "path": self.path,
+                               "chars_per_token": self.chars_per_token}
+        if self.output_len is not None:
+            out["output_len"] = self.output_len
+        return out
 
 
 @dataclass(frozen=True)
@@ -155,7 +179,7 @@ class ArrivalConfig:
     """
 
     process: str = "poisson"
-    rate: float | None = None           # requests/s; None for burst
+    rate: float | None = None           # requests/s (inf: all at t = 0); None for burst
     burstiness: float = 1.0             # gamma only
     num_requests: int | None = None     # exactly one of num_requests and duration_s
     duration_s: float | None = None     # keep arrivals with t < duration_s
@@ -252,10 +276,23 @@ class WorkloadConfig:
     lengths: JointLengths | None = None
     trace: TraceConfig | None = None
     classes: tuple[RequestClass, ...] = ()
+    # synthetic: every prompt starts with the same prefix_len tokens, then its drawn length
+    # (vllm bench serve --random-prefix-len); prefix caching sees them as shared
+    prefix_len: int = 0
+    # at most this many requests in flight; one due while all are taken is sent when one ends
+    # (vllm bench serve --max-concurrency; simserve/clients.py)
+    max_concurrency: int | None = None
 
     @property
     def type(self) -> str:
         return "trace" if self.trace is not None else "synthetic"
+
+    @property
+    def hash_block_tokens(self) -> int:
+        """Prompt tokens per ``hash_ids`` entry of this workload's requests: 512 for Mooncake
+        traces; for a shared synthetic prefix, a block size that divides it (so the prefix
+        ends on a block boundary and every engine block inside it is shared exactly)."""
+        return math.gcd(self.prefix_len, 512) if self.prefix_len else 512
 
     @staticmethod
     def from_fields(f: Fields) -> "WorkloadConfig":
@@ -264,12 +301,17 @@ class WorkloadConfig:
                      choices=("synthetic", "trace"))
         cfg = _parse_trace(f) if kind == "trace" else _parse_synthetic(f)
         classes = _parse_classes(f, synthetic=kind == "synthetic")
+        limit = f.int("max_concurrency", None, min=1, max=MAX_REQUESTS)
         f.done()
+        if limit is not None:
+            cfg = replace(cfg, max_concurrency=limit)
         return replace(cfg, classes=classes) if classes else cfg
 
     def to_dict(self) -> dict[str, Any]:
         """A plain, YAML-serialisable mapping that :meth:`from_fields` parses back to ``self``."""
         out = self._source_dict()
+        if self.max_concurrency is not None:
+            out["max_concurrency"] = self.max_concurrency
         if self.classes:
             out["classes"] = [c.to_dict(self.trace is None) for c in self.classes]
         return out
@@ -297,6 +339,8 @@ class WorkloadConfig:
             out["num_requests"] = a.num_requests
         if a.duration_s is not None:
             out["duration"] = a.duration_s
+        if self.prefix_len:
+            out["prefix_len"] = self.prefix_len
         if self.lengths is not None:
             out["lengths"] = self.lengths.to_dict()
         else:
@@ -313,6 +357,12 @@ def _parse_synthetic(f: Fields) -> WorkloadConfig:
             raise ConfigError(f.where("rate"), "does not apply to arrival: burst "
                               "(all requests arrive at t = 0)")
         rate = None
+    elif _is_inf(f.any("rate", None)):
+        # vllm bench serve --request-rate inf: every request is sent at once (t = 0)
+        rate = math.inf
+        if f.has("duration"):
+            raise ConfigError(f.where("rate"), "inf sends every request at once; give "
+                                               "num_requests, not duration")
     else:
         rate = f.float("rate", positive=True)
     if f.has("burstiness") and process != "gamma":
@@ -331,16 +381,25 @@ def _parse_synthetic(f: Fields) -> WorkloadConfig:
     if rate is not None:
         _check_span(f, rate, num_requests, duration)
     arrival = ArrivalConfig(process, rate, burstiness, num_requests, duration)
+    prefix_len = f.int("prefix_len", 0, min=0, max=MAX_TOKENS)
 
     if f.has("lengths"):
         for name in ("prompt", "output"):
             if f.any(name, None) is not None:
                 raise ConfigError(f.where(name), "give either lengths (joint pairs) or "
                                   "prompt and output, not both")
-        return WorkloadConfig(arrival=arrival, lengths=JointLengths.from_fields(f.section("lengths")))
-    return WorkloadConfig(arrival=arrival,
+        return WorkloadConfig(arrival=arrival, prefix_len=prefix_len,
+                              lengths=JointLengths.from_fields(f.section("lengths")))
+    return WorkloadConfig(arrival=arrival, prefix_len=prefix_len,
                           prompt=LengthDist.from_fields(f.section("prompt")),
                           output=LengthDist.from_fields(f.section("output")))
+
+
+def _is_inf(value: Any) -> bool:
+    """``rate: inf`` as vLLM spells it (``--request-rate inf``), or YAML's ``.inf``."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("inf", "infinity", "+inf")
+    return isinstance(value, float) and value == math.inf
 
 
 def _check_span(f: Fields, rate: float, num_requests: int | None,

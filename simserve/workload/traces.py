@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from simserve.errors import ConfigError, DataError
-from simserve.limits import MAX_SECONDS, MAX_TOKENS
+from simserve.limits import MAX_REQUESTS, MAX_SECONDS, MAX_TOKENS
 from simserve.workload.config import TraceConfig
 from simserve.workload.spec import RequestSpec
 
@@ -79,6 +79,11 @@ def load_trace(cfg: TraceConfig, base_dir: Path) -> Trace:
         raise DataError(path, f"no requests in the window start_s={cfg.start_s}, "
                               f"end_s={cfg.end_s}; the trace spans 0 to {t[-1]:.3f} s")
 
+    if len(idx) > MAX_REQUESTS:
+        raise ConfigError("workload.num_requests", f"the trace keeps {len(idx):,} requests, "
+                                                   f"more than the {MAX_REQUESTS:,} a run can "
+                                                   "hold; take a window (start_s, end_s) or cap "
+                                                   "num_requests")
     arrival = rows.arrival_s[idx] - rows.arrival_s[idx[0]]
     if cfg.rate is not None:
         # Mean rate is (n - 1) / last_arrival: n requests span n - 1 gaps. Dividing by the
