@@ -8,6 +8,7 @@ precision (CSV files, DataFrames); only the display is rounded.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
@@ -53,5 +54,7 @@ def format_table(df: pd.DataFrame, index: bool = True) -> str:
 
 def styled(df: pd.DataFrame):
     """The DataFrame with :func:`human` numbers when displayed in Jupyter (a pandas Styler;
-    the data is unchanged)."""
-    return df.style.format(human)
+    the data is unchanged). Its HTML id comes from the data, so a notebook's saved output does
+    not change from one run to the next."""
+    digest = hashlib.sha1(pd.util.hash_pandas_object(df.astype(str)).values.tobytes())
+    return df.style.format(human).set_uuid(digest.hexdigest()[:10])
