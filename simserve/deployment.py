@@ -42,8 +42,16 @@ def _groups(s):
 
 
 def check_context(s) -> None:
-    """``engine.max_model_len`` within the model's positions."""
+    """``engine.max_model_len`` within the model's positions; a static batch's tokens within
+    what a step can count (static batching is the one policy whose step may pass the budget:
+    a whole batch of whole prompts)."""
     m, e = s.model, s.engine
+    if s.policy == "static" and e.max_num_seqs * s.max_model_len > limits.MAX_COUNT:
+        raise ConfigError("engine.max_num_seqs",
+                          f"a static batch of {e.max_num_seqs} prompts of up to "
+                          f"{s.max_model_len} tokens could hold more than the "
+                          f"{limits.MAX_COUNT:,} tokens a step can count; lower it or "
+                          "engine.max_model_len")
     if e.max_model_len is not None and e.max_model_len > m.max_position_embeddings:
         # vLLM refuses this too (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is set)
         raise ConfigError("engine.max_model_len",

@@ -117,7 +117,8 @@ def test_duration_workloads_get_a_fixed_request_count():
 @pytest.mark.parametrize("changes, message", [
     ({"slo": {}}, "slo: capacity planning needs an SLO"),
     ({"workload": {"arrival": "burst", "num_requests": 5, "prompt": {"dist": "fixed", "value": 8},
-                   "output": {"dist": "fixed", "value": 4}}}, "arrival: burst has none"),
+                   "output": {"dist": "fixed", "value": 4}}},
+     "arrival: burst and rate: inf have none"),
 ])
 def test_scenarios_that_cannot_be_searched(changes, message):
     raw = {**yaml.safe_load(yaml.safe_dump(CONSTANT)), **changes}

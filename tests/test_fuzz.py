@@ -256,6 +256,9 @@ field_case("engine.num_gpu_blocks", 2**31 - 1, r"^error: engine\.num_gpu_blocks:
 field_case("engine.num_gpu_blocks", 10**6, r"^error: engine\.num_gpu_blocks",
            with_field("model", "Llama-3.1-8B"))
 field_case("engine.block_size", 2**31 - 1, r"^error: engine\.num_gpu_blocks")
+# a static batch (whole prompts, past the budget) must fit a step's 32-bit token count
+field_case("engine.max_num_seqs", 2 * 10**9, r"^error: engine\.max_num_seqs: a static batch",
+           with_field("scheduler.policy", "static"))
 
 # the workload: arrivals and length distributions
 for value in [0, 1e-300, "x", NAN, 1e9]:
