@@ -308,7 +308,9 @@ class Grid:
 
 
 GRIDS = {
-    # tiny model on one CPU thread: ~105 s end to end in warm rounds (2-core EPYC VM)
+    # tiny model on one CPU thread: 621 s of CPU, 12.4 min wall at load ~3 (2-core EPYC VM,
+    # 2026-11-23; benchmarks/RESULTS.md). Its cost is per step (the reference attention's
+    # copies, warm rounds), not per point: 61 points instead of 89 still took 472 s of CPU.
     "quick": Grid(tokens=(1, 8, 32, 128, 512, 2048), prefill_chunk=(16, 128, 512, 2048),
                   prefill_ctx=(0, 512, 2048), decode_batch=(1, 8, 64), decode_ctx=(16, 256, 2048),
                   lm_seqs=(1, 8, 64, 256), heldout=4, heldout_max_decodes=48,

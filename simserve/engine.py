@@ -67,6 +67,7 @@ import simpy
 from simpy.core import NORMAL, URGENT, EmptySchedule
 
 from simserve.kv.blocks import BlockManager
+from simserve.clients import ClientGate
 from simserve.latency.base import LatencyModel
 from simserve.routing import least_outstanding, round_robin  # noqa: F401  (re-exported)
 from simserve.sched.core import Scheduler
@@ -323,19 +324,24 @@ class _Environment(simpy.Environment):
 def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: Router,
              fast_forward: bool = True, *, decode_router: Router | None = None,
              transfer_s: Callable[[int, Replica, Replica], float] | None = None,
-             faults=None, on_failure: str = "retry", max_retries: int = 3) -> Recorder:
+             faults=None, on_failure: str = "retry", max_retries: int = 3,
+             max_concurrency: int | None = None) -> Recorder:
     """Run the workload to completion; return what was recorded.
 
     ``router`` picks among the replicas that take arrivals (role ``mixed`` or ``prefill``);
     with decode replicas present, ``decode_router`` picks among those and ``transfer_s(tokens,
     src, dst)`` prices a KV handoff. ``faults`` is a ``faults.FaultSchedule`` (replicas need a
     ``factory`` then); ``on_failure`` and ``max_retries`` say what happens to the requests a
-    failed replica held. Every request ends finished, rejected or failed.
+    failed replica held. Every request ends finished, rejected or failed. ``max_concurrency``
+    limits the requests in flight as a benchmark client does (simserve/clients.py; stepped).
     """
     env = _Environment()
     rec = Recorder()
+    if max_concurrency is not None:
+        fast_forward = False       # an arrival that waits on a finish is not known ahead
     c = _Cluster(env, rec, specs, replicas, router, fast_forward, decode_router, transfer_s,
                  faults, on_failure, max_retries)
+    c.gate = ClientGate(max_concurrency) if max_concurrency is not None else None
     for r in replicas:
         r.proc = env.process(_replica_loop(env, c, r))
     if not c.pull:
@@ -396,6 +402,7 @@ class _Cluster:
         self.assigned: dict[int, Replica | None] = {}   # decode replica, until the KV lands
         self.prior: dict[int, list[float]] = {}   # token times delivered before its replica
         self.backlog: list[Request] = []     # no live replica in its pool: held at the router
+        self.gate: ClientGate | None = None   # the benchmark client's concurrency limit
         self.decode_backlog: list[tuple] = []    # prefilled, no live decode replica
 
     # -- the pieces the replica loop asks for ------------------------------------------------
@@ -409,6 +416,8 @@ class _Cluster:
 
     def resolve(self, n: int) -> None:
         self.pending -= n
+        if self.gate is not None:
+            self.gate.release(n)
         if self.pending == 0:
             self.finished = True
 
@@ -419,6 +428,8 @@ class _Cluster:
                 self.handoff(r, proxy, now)
             return
         self.pending -= len(finished)
+        if self.gate is not None:
+            self.gate.release(len(finished))
         if self.pending == 0:
             self.finished = True
 
@@ -711,6 +722,10 @@ def _arrival_process(env, c: _Cluster):
         spec = specs[arrivals.next]
         if spec.arrival_s > env.now:
             yield env.at(spec.arrival_s, URGENT)
+        if c.gate is not None:                      # the client's --max-concurrency
+            while not c.gate.admits():
+                yield c.gate.wait(env)
+            spec = c.gate.send(spec, env.now)
         _arrive(c, spec)
     arrivals.done = True
 

@@ -22,6 +22,7 @@ import yaml
 
 from simserve.config import Scenario, load_scenario, load_variants, num_host_blocks, \
     num_kv_blocks
+from simserve import deployment
 from simserve.cluster import GroupConfig, cluster_summary, engine_options, groups_of
 from simserve.engine import STEP_COLUMNS, Recorder, Replica, simulate
 from simserve.errors import ConfigError, SimserveError
@@ -29,6 +30,7 @@ from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
 from simserve.latency.base import LatencyModel
 from simserve.metrics.slo import SloConfig
+from simserve.paths import rebase_paths
 from simserve.metrics.summary import WeightedSample, format_summary, grouped_levels, summarize
 from simserve.sched import POLICIES, SchedulerLimits
 from simserve.sched.request import Status
@@ -116,14 +118,22 @@ class Result:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
-        (out / "scenario.yaml").write_text(
-            yaml.safe_dump(self.scenario.to_dict(), sort_keys=False))
+        (out / "scenario.yaml").write_text(scenario_yaml(self.scenario, out))
         self.requests.to_csv(out / "requests.csv", index=False, float_format="%.9g")
         self.steps.to_csv(out / "steps.csv", index=False, float_format="%.9g")
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
         if tokens and self.has_token_times:
             self.tokens().to_csv(out / "tokens.csv", index=False, float_format="%.9g")
         return out
+
+
+def scenario_yaml(s: Scenario, out: Path) -> str:
+    """The resolved scenario as written to ``out``: its file paths relative to ``out`` (so it
+    reruns from there), and the ``--set`` overrides that made it named in a header comment."""
+    header = "".join(f"# --set {o}\n" for o in s.overrides)
+    if header:
+        header = "# resolved with these overrides (already applied below):\n" + header
+    return header + yaml.safe_dump(rebase_paths(s.to_dict(), s.base_dir, out), sort_keys=False)
 
 
 def build_latency(s: Scenario) -> LatencyModel:
@@ -194,7 +204,8 @@ def _group_replicas(s: Scenario, g: GroupConfig, first: int,
 
     def kv() -> BlockManager:
         if s.engine.enable_prefix_caching and g.role != "decode":   # decode replicas get KV
-            return PrefixBlockManager(blocks, s.engine.block_size)  # by transfer, not cache
+            return PrefixBlockManager(blocks, s.engine.block_size,  # by transfer, not cache
+                                      source_block_size=s.workload.hash_block_tokens)
         return BlockManager(blocks, s.engine.block_size, host)
 
     def factory():   # also a failed replica's fresh start
@@ -244,11 +255,14 @@ def _no_cyclic_gc():
 
 def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
          record_tokens: bool) -> Result:
+    if latency is None:        # a model passed in is the caller's to vouch for
+        deployment.check(s)
     specs = build_workload(s.workload, s.seed, s.base_dir)
     replicas = build_replicas(s, latency)
     for replica in replicas:
         replica.scheduler.record_tokens = record_tokens
-    rec = simulate(specs, replicas, fast_forward=fast_forward, **engine_options(s, replicas))
+    rec = simulate(specs, replicas, fast_forward=fast_forward,
+                   max_concurrency=s.workload.max_concurrency, **engine_options(s, replicas))
     result = collect(s, rec, replicas)
     latency_models = {id(r.latency): r.latency for r in replicas}.values()
     result.latency_label = replicas[0].latency.label
@@ -278,6 +292,19 @@ def comparison_table(results: dict[str, Result]) -> pd.DataFrame:
     rows = {label: {col: r.summary.get(key) for col, key in COMPARISON_METRICS.items()}
             for label, r in results.items()}
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def coinciding(results: dict[str, Result]) -> list[list[str]]:
+    """Groups of labels whose runs scheduled every step identically (the same steps table and
+    the same request times): policies that coincide at these knobs, whose curves hide each
+    other in a figure."""
+    groups: dict[tuple, list[str]] = {}
+    for label, r in results.items():
+        key = (int(pd.util.hash_pandas_object(r.steps.drop(columns="step"), index=False).sum()),
+               int(pd.util.hash_pandas_object(r.requests[["first_token_s", "finish_s"]],
+                                              index=False).sum()))
+        groups.setdefault(key, []).append(label)
+    return [g for g in groups.values() if len(g) > 1]
 
 
 def frontend_delays(replicas: list[Replica]) -> dict[int, float]:
@@ -343,7 +370,8 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
         groups = [{**log.step_arrays(), **log.group_columns()} for log in logs]
         return grouped_levels(groups, t0, t1)
 
-    summary = summarize(requests, None, None, s.slo, itl=itl_sample(rec, replicas),
+    summary = summarize(requests, None, None, s.slo, percentiles=s.metric_percentiles,
+                        itl=itl_sample(rec, replicas),
                         class_slos=class_slos(s) if any(r.spec.klass for r in reqs) else None,
                         prefix_caching=s.engine.enable_prefix_caching, levels=levels)
     summary.update(cluster_summary(rec, replicas, requests))

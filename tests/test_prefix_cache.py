@@ -16,7 +16,9 @@ from simserve.workload import build_workload
 from simserve.workload.spec import RequestSpec
 from tests.helpers import step, tokens
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+# shipped with the repository (scenarios/traces/make_samples.py): multi-turn sessions over shared
+# system prompts, in Mooncake's format
+TRACE = Path(__file__).resolve().parents[1] / "scenarios" / "traces" / "mooncake_prefix_sample.jsonl"
 
 
 def pool(num_blocks: int = 8) -> PrefixBlockManager:
@@ -164,16 +166,17 @@ def test_prefix_caching_is_only_for_policies_that_model_it():
 # -- Mooncake replay -------------------------------------------------------------------------------
 
 BLOCK = 16
-N = 400
-START_S = 900   # late in the trace, where prompts share the most (the window's own count: 58 %)
+N = 410         # the whole sample
+START_S = 0
 
 
 def mooncake(num_gpu_blocks: int, budget: int) -> simserve.Scenario:
     return parse_scenario({
-        "model": "tiny-llama-45m", "hardware": "H100-SXM",
+        "model": {"card": "tiny-llama-45m", "max_position_embeddings": 16384},
+        "hardware": "H100-SXM",
         "engine": {"block_size": BLOCK, "num_gpu_blocks": num_gpu_blocks,
                    "max_num_batched_tokens": budget, "max_num_seqs": 1024,
-                   "max_model_len": 1_000_000, "enable_prefix_caching": True},
+                   "max_model_len": 16384, "enable_prefix_caching": True},
         "scheduler": {"policy": "vllm_v1"},
         "latency": {"model": "constant", "step_ms": 1},
         "workload": {"trace": str(TRACE), "format": "mooncake", "start_s": START_S,
@@ -209,16 +212,15 @@ def infinite_cache_hit_rate(specs) -> float:
     return hits / total
 
 
-@pytest.mark.skipif(not TRACE.is_file(), reason="needs ../shared/traces")
 def test_mooncake_hit_rate_matches_an_infinite_cache_and_drops_when_tight():
-    specs = build_workload(mooncake(1, 1).workload, 0, Path("."))
+    specs = build_workload(mooncake(2, 1).workload, 0, Path("."))
     expected = infinite_cache_hit_rate(specs)
     longest = max(r.num_prompt_tokens + r.num_output_tokens for r in specs)
     assert 0.3 < expected < 0.9
     # unbounded: room for every request at once (nothing is ever evicted), whole prompts in
     # one step, admitted in arrival order: exactly the count above
     room = sum(-(-(r.num_prompt_tokens + r.num_output_tokens) // BLOCK) for r in specs)
-    big = simserve.run(mooncake(num_gpu_blocks=room, budget=longest)).summary
+    big = simserve.run(mooncake(num_gpu_blocks=room + 1, budget=longest)).summary  # + null block
     assert big["completed"] == N
     assert big["prefix_cache_hit_rate"] == pytest.approx(expected, abs=0.01)
     assert big["prefix_cache_query_tokens"] == sum(r.num_prompt_tokens for r in specs)

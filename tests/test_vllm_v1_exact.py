@@ -95,3 +95,18 @@ def test_priority_victims_tie_by_running_order_not_by_id():
     p = step(s)                                          # decodes need a 3rd block each
     assert p.num_preempted >= 1 and reqs[0].num_preemptions == 1
     assert reqs[2].num_preemptions == 0
+
+
+def test_one_block_is_too_few_where_vllm_keeps_one_back():
+    import pytest
+    from simserve.errors import ConfigError
+    raw = {"model": "tiny-llama-45m", "hardware": "H100-SXM",
+           "engine": {"num_gpu_blocks": 1, "max_model_len": 16, "block_size": 16},
+           "scheduler": {"policy": "vllm_v1"},
+           "workload": {"arrival": "burst", "num_requests": 1,
+                        "prompt": {"dist": "fixed", "value": 4},
+                        "output": {"dist": "fixed", "value": 3}}}
+    with pytest.raises(ConfigError, match=r"engine\.num_gpu_blocks: must be >= 2 with policy "
+                                          r"'vllm_v1'"):
+        parse_scenario(raw)
+    parse_scenario({**raw, "scheduler": {"policy": "vllm_v0"}})   # no null block there
