@@ -80,6 +80,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,7 +129,6 @@ class Mode:
     repeats: int = 3
     quiet_limit: float = 99.0            # load average to wait for (the GPU machine: none)
     profile_args: tuple[str, ...] = ()
-    notes: tuple[str, ...] = field(default=())
 
 
 def gpu_mode() -> Mode:
@@ -153,7 +153,7 @@ def gpu_mode() -> Mode:
                         mixed_prompts=(32, 128, 512, 2048), mixed_stream=(512, 128),
                         repeats=3, load_requests=200, load_prompt=(64, 2048),
                         load_output=(32, 256)),
-        trace_divisor=(1, 1), run_limit=100.0, drain_s=30.0,
+        trace_divisor=(1, 1), run_limit=100.0, drain_s=30.0, health_timeout=420.0,
         profile_args=("--device", "cuda", "--grid", "quick", "--max-num-batched-tokens", "8192",
                       "--max-model-len", "8192", "--max-num-seqs", "256"))
 
@@ -267,7 +267,8 @@ def start_server(mode: Mode, state: State, knobs: dict, label: str) -> dict:
                     health_timeout=mode.health_timeout, keep=True)
     with srv:
         text = srv.log_text()
-        info = {"label": label, "pid": srv.pid, "port": mode.port, "knobs": knobs,
+        info = {"label": label, "pid": srv.pid, "boot_id": boot_id(), "port": mode.port,
+                "knobs": knobs,
                 "kv_tokens": srv.kv_tokens(), "start_s": round(srv.start_s, 1),
                 "cmd": srv.cmd, "resolved": resolved_knobs(text)}
     got = info["resolved"]["max_num_batched_tokens"]
@@ -291,9 +292,18 @@ def ensure_server(mode: Mode, state: State, knobs: dict, label: str) -> dict:
     return start_server(mode, state, knobs, label)
 
 
+def boot_id() -> str:
+    """This machine's boot: a PID recorded on another machine (state carried to a fresh one)
+    must never be signalled."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
 def stop_server(mode: Mode, state: State) -> None:
     info = state.read("server.json")
-    if info:
+    if info and info.get("boot_id") == boot_id():
         pidfile = state.path(f"server-{info['label']}.pid")
         if not pidfile.exists() and info.get("pid"):
             pidfile.write_text(f"{info['pid']}\n")
@@ -466,7 +476,9 @@ def stage_stop(mode: Mode, state: State, args) -> None:
 def stage_profile(mode: Mode, state: State, args) -> None:
     """The profiler's quick grid with vLLM's own attention kernels and with FlexAttention."""
     env = {**os.environ, **mode.env}
-    backends = ["vllm_fa", "flex"] if mode.name == "gpu" else ["vllm_fa", "reference"]
+    # rehearsal: vllm_fa only (it must refuse, clearly, without CUDA); a CPU quick grid of the
+    # tiny model takes minutes, which the rehearsal does not need to spend
+    backends = ["vllm_fa", "flex"] if mode.name == "gpu" else ["vllm_fa"]
     for backend in backends:
         out = state.path(f"profile-{backend}.json")
         if out.exists():
@@ -475,12 +487,18 @@ def stage_profile(mode: Mode, state: State, args) -> None:
                "--attention", backend, "--out", str(out),
                "--note", f"benchmarks/fidelity_gpu.py profile stage ({mode.name})"]
         t0 = time.time()
-        r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-        state.path(f"profile-{backend}.log").write_text(r.stdout + r.stderr)
-        print(f"profile {backend}: exit {r.returncode} after {time.time() - t0:.0f} s",
-              file=sys.stderr)
-        if r.returncode:
-            print("".join((r.stdout + r.stderr).splitlines(True)[-8:]), file=sys.stderr)
+        try:
+            r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
+                               timeout=args.profile_limit)
+            text, code = r.stdout + r.stderr, r.returncode
+        except subprocess.TimeoutExpired as e:
+            text = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(
+                errors="replace")
+            code = f"timeout after {args.profile_limit:.0f} s"
+        state.path(f"profile-{backend}.log").write_text(text)
+        print(f"profile {backend}: exit {code} after {time.time() - t0:.0f} s", file=sys.stderr)
+        if code:
+            print("".join(text.splitlines(True)[-8:]), file=sys.stderr)
 
 
 # --------------------------------------------------------------------------------------------
@@ -525,6 +543,32 @@ def _binned(df: pd.DataFrame, by: str, models: dict) -> pd.DataFrame:
     return out
 
 
+GRIDS = {"linear": ("tokens",), "embedding": ("tokens",), "lm_head": ("seqs",),
+         "attn_prefill": ("chunk", "ctx"), "attn_decode": ("batch", "ctx")}
+
+
+def grid_ratios(base: dict, new: dict) -> pd.DataFrame:
+    """Per profile part, ``new / base`` seconds over the grid points both measured: median,
+    min, max and how many points."""
+    rows = []
+    for part, axes in GRIDS.items():
+        if part not in base or part not in new:
+            continue
+        def points(p):
+            secs = p[part]["seconds"]
+            if len(axes) == 1:
+                return dict(zip(p[part][axes[0]], secs))
+            return {(a, b): secs[i][j] for i, a in enumerate(p[part][axes[0]])
+                    for j, b in enumerate(p[part][axes[1]]) if secs[i][j] is not None}
+        pb, pn = points(base), points(new)
+        common = [k for k in pb if k in pn and pb[k] and pn[k]]
+        if common:
+            r = np.array([pn[k] / pb[k] for k in common])
+            rows.append({"part": part, "points": len(common), "median": np.median(r),
+                         "min": r.min(), "max": r.max()})
+    return pd.DataFrame(rows).set_index("part") if rows else pd.DataFrame()
+
+
 def streams_of(run_dir: Path) -> list[dict]:
     req = pd.read_csv(run_dir / "requests.csv")
     chunks = pd.read_csv(run_dir / "chunks.csv")
@@ -544,6 +588,11 @@ def stage_report(mode: Mode, state: State, args) -> None:
     card = load_model(mode.card)
     models = {"(a) profile": ProfileLatency.from_file(mode.profile, card),
               "(b) calibrated": ProfileLatency.from_file(cal_path, card)}
+    remeasured = {}
+    for f in sorted(state.root.glob("profile-*.json")):    # the profile stage's, if it ran
+        backend = f.stem[len("profile-"):]
+        remeasured[backend] = json.loads(f.read_text())
+        models[f"profile {backend}"] = ProfileLatency.from_file(f, card)
     cap = state.read("capacity.json")
     lines = [f"# simserve against vLLM ({mode.name}): {mode.card}, {mode.hardware}", "",
              f"date {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; report run on "
@@ -583,8 +632,14 @@ def stage_report(mode: Mode, state: State, args) -> None:
         lines += [text, ""]
     if not rows:
         raise SystemExit(f"error: {state.root}: no real runs (real-*.json) to report")
-    for backend_json in sorted(state.root.glob("profile-*.json")):
-        lines.append(f"re-measured profile: {backend_json.name}")
+    shipped = json.loads(mode.profile.read_text())
+    for backend, prof in remeasured.items():
+        att = prof.get("attention", {})
+        text = (f"re-measured profile, attention {backend} ({att.get('note', '')}; self-check "
+                f"{att.get('self_check_rel_err')}), seconds over the shipped profile's at "
+                f"common grid points:\n\n" + grid_ratios(shipped, prof).round(3).to_string())
+        print(text + "\n")
+        lines += [text, ""]
     out.mkdir(parents=True, exist_ok=True)
     (out / "fidelity.md").write_text("\n".join(lines) + "\n")
     pd.DataFrame(rows).to_csv(out / "fidelity.csv", index=False, float_format="%.6g")
@@ -613,6 +668,8 @@ def main(argv: list[str] | None = None) -> int:
                                     "shipped H100 profile too)")
     ap.add_argument("--only", type=lambda s: s.split(","), help="workloads of this call")
     ap.add_argument("--repeats", type=int, help="real runs per workload (default 3)")
+    ap.add_argument("--profile-limit", type=float, default=270.0,
+                    help="seconds each profiler run of the profile stage may take")
     args = ap.parse_args(argv)
     stages = args.stages.split(",")
     bad = [s for s in stages if s not in STAGES]

@@ -19,6 +19,14 @@ script, on the CPU side, with the ordinary pip client:
    at most ``--piece-mib`` (default: 60 MiB, less if the working tree is large) and writes
    ``STAGE/manifest.json`` (the tar's and each piece's SHA-256, the pruned files, versions).
 4. ``plan``: prints the exact sequence of device ``run`` calls (carry lists and commands).
+5. ``imports --python PY --site DIR``: imports the serving path's modules
+   (:data:`IMPORT_CHECK_MODULES`) from the staged wheels installed in DIR, with an interpreter
+   that holds only the image's packages, and names every missing module. Rehearsed here with a
+   Python 3.11 venv holding the local torch CPU wheel and the image's packages that vLLM names
+   (pydantic, which pip pulled in beside them, uninstalled again), and DIR made by ``pip install
+   --no-deps --target DIR`` of the staged names and versions for cp311 plus the pruned vLLM wheel
+   (abi3). Its first run found llguidance and xgrammar missing; now none is. Without CUDA,
+   modules that load CUDA extensions stop there, so what they import after that is unchecked.
 
 On the device, the same script's ``receive PIECE`` moves one carried piece out of the working
 tree into ``/tmp/vllm-stage`` (checking its SHA-256), and ``install`` joins the pieces, checks

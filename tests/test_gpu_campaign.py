@@ -213,3 +213,18 @@ def test_bad_stage_is_one_clear_error(capsys):
     assert e.value.code == 2
     assert "nonsense" in capsys.readouterr().err
     assert not Path("/nonexistent-out").exists()
+
+
+def test_grid_ratios_over_common_points_only():
+    base = {"linear": {"tokens": [1, 8, 32], "seconds": [1.0, 2.0, 4.0]},
+            "attn_decode": {"batch": [1, 4], "ctx": [16, 64],
+                            "seconds": [[1.0, 2.0], [3.0, None]]}}
+    new = {"linear": {"tokens": [8, 32, 128], "seconds": [1.0, 8.0, 9.0]},
+           "attn_decode": {"batch": [1, 4], "ctx": [16, 64],
+                           "seconds": [[2.0, 2.0], [1.5, 5.0]]}}
+    t = gpu.grid_ratios(base, new)
+    # linear: tokens 8 (0.5) and 32 (2.0); decode: three points both measured (2, 1, 0.5)
+    assert t.loc["linear", "points"] == 2 and t.loc["linear", "median"] == pytest.approx(1.25)
+    assert t.loc["attn_decode", "points"] == 3
+    assert (t.loc["attn_decode", "min"], t.loc["attn_decode", "max"]) == (0.5, 2.0)
+    assert "attn_prefill" not in t.index
