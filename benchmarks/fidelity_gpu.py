@@ -46,20 +46,26 @@ G1          ``--stages serve,capacity,calibrate``: write the config, start vLLM 
             weights, torch.compile, CUDA-graph capture: 2-3 min cold), capacity
             burst (~30 s), probe calibration (~2-3 min)
 G2          ``--stages workloads``: light, moderate, saturating, trace x 3          6-8 min
-            (each run bounded by ``--run-limit`` seconds)
+            (each run bounded by its send span plus a drain; requests scaled
+            down alike if the plan exceeds 480 s)
 G3          ``--stages heldout,stop``: restart with the held-out knobs (1-2 min,    4-6 min
             compile cache warm), moderate and saturating x 3, stop the server
-G4          ``--stages profile`` (if >= 7 minutes are left): the profiler's        5-7 min
-            quick grid of the card with ``--attention vllm_fa`` (vLLM's own
-            FlashAttention with block tables) and ``--attention flex``
+G4          ``--stages profile --profile-backends vllm_fa --profile-grid full        5-7 min
+            --profile-limit 480`` (if >= 7 minutes are left): the shipped
+            profiles' grid with ``--attention vllm_fa`` (vLLM's own FlashAttention
+            with block tables), set against the shipped (FlexAttention) profile
+            point by point and on the real steps; the current profiler's Flex
+            re-measure (``--profile-backends flex``) is the next call's, if any
 ==========  =====================================================================  ========
 
 Then, here: ``--stages report --resume DIR`` with DIR holding the ``state-*.tgz`` files the
 calls brought back. The state lives in ``--state`` (default /tmp/fidelity-gpu/state on the
 device, kept while the machine is warm). If the machine went back between calls, the next call
-carries the earlier ``state-*.tgz`` files (copied into an ignored folder, e.g.
-``.gpu-stage/state``) and passes ``--resume .gpu-stage/state``: finished stages are not run
-again, and a server that is not answering is started again (compile included).
+carries the earlier ``state-*.tgz`` files and ``compile-cache.tgz`` (vLLM's torch.compile
+artifacts, written by ``serve`` when they pack under 15 MiB) in an ignored folder, e.g.
+``.gpu-stage/state``, and passes ``--resume .gpu-stage/state``: finished stages are not run
+again, and a server that is not answering is started again (its compile cache restored; the
+CUDA graphs are captured again).
 
 ``--rehearse`` runs the same stages against vLLM's CPU build here (/tmp/vllm-venv, the tiny
 model's card, 32-token blocks, short workloads, the tiny model's CPU profile as the "shipped
@@ -258,11 +264,34 @@ def resolved_knobs(log: str) -> dict:
             or last(r"\(v([\d.]+\w*)\)")}
 
 
+def cache_root(state: State) -> Path:
+    """vLLM's cache (``VLLM_CACHE_ROOT``: torch.compile artifacts) beside the state."""
+    return state.root.parent / "vllm-cache"
+
+
+def pack_compile_cache(state: State, out: Path, limit: int = 15 << 20) -> Path | None:
+    """vLLM's compile cache into ``out/compile-cache.tgz`` (a fresh machine that gets it back
+    skips the compile, not the CUDA-graph capture), if it packs under ``limit`` bytes."""
+    root = cache_root(state)
+    if not root.exists():
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / "compile-cache.tgz"
+    with tarfile.open(target, "w:gz") as tar:
+        tar.add(root, arcname="vllm-cache")
+    if target.stat().st_size > limit:
+        print(f"compile cache packs to {target.stat().st_size >> 20} MiB > {limit >> 20} MiB: "
+              f"not kept", file=sys.stderr)
+        target.unlink()
+        return None
+    return target
+
+
 def start_server(mode: Mode, state: State, knobs: dict, label: str) -> dict:
     """Start vLLM (its own session: it outlives this call on the device) and record it."""
     model_dir = write_model_dir(mode.card, state.root / "model")
     log = state.path(f"server-{label}.log")
-    env = {**os.environ, **mode.env}
+    env = {**os.environ, **mode.env, "VLLM_CACHE_ROOT": str(cache_root(state))}
     srv = fc.Server(server_cmd(mode, model_dir, knobs), env, mode.port, log,
                     health_timeout=mode.health_timeout, keep=True)
     with srv:
@@ -383,6 +412,7 @@ def scenario_of(mode: Mode, state: State, name: str, workload: dict, knobs: dict
 
 def stage_serve(mode: Mode, state: State, args) -> None:
     ensure_server(mode, state, mode.knobs, "default")
+    pack_compile_cache(state, Path(args.out))
 
 
 def stage_capacity(mode: Mode, state: State, args) -> None:
@@ -478,12 +508,16 @@ def stage_profile(mode: Mode, state: State, args) -> None:
     env = {**os.environ, **mode.env}
     # rehearsal: vllm_fa only (it must refuse, clearly, without CUDA); a CPU quick grid of the
     # tiny model takes minutes, which the rehearsal does not need to spend
-    backends = ["vllm_fa", "flex"] if mode.name == "gpu" else ["vllm_fa"]
+    backends = args.profile_backends or (["vllm_fa", "flex"] if mode.name == "gpu"
+                                         else ["vllm_fa"])
+    grid_args = [a for a in mode.profile_args]
+    if args.profile_grid:
+        grid_args[grid_args.index("--grid") + 1] = args.profile_grid
     for backend in backends:
         out = state.path(f"profile-{backend}.json")
         if out.exists():
             continue
-        cmd = [mode.python, "-m", "profiler", "--model", mode.card, *mode.profile_args,
+        cmd = [mode.python, "-m", "profiler", "--model", mode.card, *grid_args,
                "--attention", backend, "--out", str(out),
                "--note", f"benchmarks/fidelity_gpu.py profile stage ({mode.name})"]
         t0 = time.time()
@@ -670,6 +704,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, help="real runs per workload (default 3)")
     ap.add_argument("--profile-limit", type=float, default=270.0,
                     help="seconds each profiler run of the profile stage may take")
+    ap.add_argument("--profile-backends", type=lambda s: s.split(","),
+                    help="attention backends the profile stage measures (default: vllm_fa,flex "
+                         "on the GPU)")
+    ap.add_argument("--profile-grid", choices=("quick", "full"),
+                    help="the profile stage's grid (default quick; full: the shipped "
+                         "profiles' grid, about 5 minutes for Llama-3.1-8B on an H100)")
     args = ap.parse_args(argv)
     stages = args.stages.split(",")
     bad = [s for s in stages if s not in STAGES]
@@ -693,6 +733,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.resume.is_dir():
             ap.error(f"--resume: {args.resume} is not a folder")
         print(f"resumed from {state.resume(args.resume)}", file=sys.stderr)
+        cache = args.resume / "compile-cache.tgz"
+        if cache.exists() and not cache_root(state).exists():
+            with tarfile.open(cache) as tar:
+                tar.extractall(cache_root(state).parent, filter="data")
+            print(f"vLLM compile cache restored into {cache_root(state)}", file=sys.stderr)
     out = Path(args.out)
     fc.raise_client_priority()
     for stage in stages:

@@ -541,15 +541,7 @@ def cmd_install(device_stage: Path, site: Path, python: str = "python3",
         p.unlink(missing_ok=True)          # the machine's disk, not the carry: tidy only
     print(f"installed {len(wheels)} wheels into {site}")
     if import_check:
-        env = {**os.environ, "PYTHONPATH": f"{site}:{ROOT}"}
-        code = ("import torch, vllm, simpy; print('vllm', vllm.__version__, 'torch', "
-                "torch.__version__, 'cuda', torch.cuda.is_available()); "
-                "import vllm.entrypoints.openai.api_server; "
-                "from vllm.vllm_flash_attn.flash_attn_interface import is_fa_version_supported;"
-                " print('FA3 supported:', is_fa_version_supported(3))")
-        r = subprocess.run([python, "-c", code], env=env)
-        if r.returncode:
-            raise SystemExit(f"error: vLLM does not import from {site} (exit {r.returncode})")
+        check_device_imports(python, site)
 
 
 # The modules a dense Llama/Qwen2 server process imports (API server, engine core, GPU worker,
@@ -577,13 +569,13 @@ print(json.dumps({"missing": missing, "other": other}))
 """
 
 
-def cmd_imports(python: str, site: Path) -> dict:
+def cmd_imports(python: str, site: Path, extra: tuple[str, ...] = ()) -> dict:
     """Import :data:`IMPORT_CHECK_MODULES` with ``python`` and ``site`` first on its path, and
     report the top-level modules that are missing (``ModuleNotFoundError``), by the module that
     needed them. Rehearsal: a Python holding only the image's packages (no CUDA) and the staged
     wheels installed into ``site``."""
     env = {**os.environ, "PYTHONPATH": str(site), "VLLM_LOGGING_LEVEL": "ERROR"}
-    r = subprocess.run([python, "-c", _IMPORT_PROBE, *IMPORT_CHECK_MODULES], env=env,
+    r = subprocess.run([python, "-c", _IMPORT_PROBE, *IMPORT_CHECK_MODULES, *extra], env=env,
                        capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(f"error: the import probe failed:\n{r.stderr[-2000:]}")
@@ -598,10 +590,41 @@ def cmd_imports(python: str, site: Path) -> dict:
     return report
 
 
+def check_device_imports(python: str, site: Path) -> None:
+    """On the device, after installing: every serving-path module imports (all missing
+    packages named at once, so one call tells everything), vLLM's CUDA kernels load, FA3 is
+    supported."""
+    report = cmd_imports(python, site, extra=("vllm.platforms.cuda", "vllm._C_stable_libtorch"))
+    env = {**os.environ, "PYTHONPATH": f"{site}:{ROOT}"}
+    code = ("import torch, vllm, simpy; print('vllm', vllm.__version__, 'torch', "
+            "torch.__version__, 'cuda', torch.cuda.is_available()); "
+            "from vllm.vllm_flash_attn.flash_attn_interface import is_fa_version_supported;"
+            " print('FA3 supported:', is_fa_version_supported(3))")
+    r = subprocess.run([python, "-c", code], env=env)
+    if r.returncode or report["missing"] or report["other"]:
+        raise SystemExit(f"error: vLLM is installed in {site} but does not import cleanly (see "
+                         f"above); a missing small package: download its wheel here, carry it "
+                         f"in .gpu-stage/extra/ and run `gpu_stage_vllm.py install-extra "
+                         f".gpu-stage/extra`")
+
+
+def cmd_install_extra(folder: Path, site: Path, python: str) -> None:
+    """Install the wheels of ``folder`` (carried later, for a package found missing) into
+    ``site``."""
+    wheels = sorted(str(w) for w in folder.glob("*.whl"))
+    if not wheels:
+        raise SystemExit(f"error: {folder}: no wheels (carry the folder with the call)")
+    r = subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                        "--no-compile", "--no-cache-dir", "--target", str(site), *wheels])
+    if r.returncode:
+        raise SystemExit(f"error: pip install --target {site} failed (exit {r.returncode})")
+    print(f"installed {len(wheels)} extra wheels into {site}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("steps", nargs="+", help="download check pack plan | receive-manifest PATH "
-                    "| receive PIECE | install | imports")
+                    "| receive PIECE | install | install-extra DIR | imports")
     ap.add_argument("--stage", type=Path, default=STAGE)
     ap.add_argument("--piece-mib", type=float, default=60.0)
     ap.add_argument("--device-stage", type=Path, default=DEVICE_STAGE)
@@ -628,6 +651,10 @@ def main(argv: list[str] | None = None) -> int:
             (cmd_receive if step == "receive" else cmd_receive_manifest)(path, args.device_stage)
         elif step == "imports":
             cmd_imports(args.python, args.site)
+        elif step == "install-extra":
+            if not steps:
+                ap.error("install-extra needs a folder")
+            cmd_install_extra(Path(steps.pop(0)), args.site, args.python)
         elif step == "install":
             cmd_install(args.device_stage, args.site, args.python, not args.no_import_check)
         else:

@@ -228,3 +228,15 @@ def test_grid_ratios_over_common_points_only():
     assert t.loc["attn_decode", "points"] == 3
     assert (t.loc["attn_decode", "min"], t.loc["attn_decode", "max"]) == (0.5, 2.0)
     assert "attn_prefill" not in t.index
+
+
+def test_compile_cache_travels_back_and_is_restored(tmp_path, capsys):
+    state = gpu.State(tmp_path / "m1" / "state")
+    cache = gpu.cache_root(state) / "torch_compile_cache" / "abc"
+    cache.mkdir(parents=True)
+    (cache / "artifact.bin").write_bytes(b"\1" * 1000)
+    out = tmp_path / "OUT"
+    assert gpu.pack_compile_cache(state, out) == out / "compile-cache.tgz"
+    assert gpu.pack_compile_cache(state, out, limit=10) is None      # too big: not kept
+    assert not (out / "compile-cache.tgz").exists()
+    assert "not kept" in capsys.readouterr().err

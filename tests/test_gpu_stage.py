@@ -73,7 +73,7 @@ def make_wheel(path: Path, name: str, version: str, files: dict[str, bytes],
                requires: list[str] = ()) -> Path:
     """A minimal valid wheel (METADATA, WHEEL, RECORD with hashes)."""
     dist = f"{name}-{version}.dist-info"
-    meta = "\n".join([f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
+    meta = "\n".join(["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
                       *(f"Requires-Dist: {r}" for r in requires), "", "A description.",
                       "Requires-Dist: not-a-field (in the body)"]) + "\n"
     entries = {**files, f"{dist}/METADATA": meta.encode(),
@@ -182,3 +182,16 @@ def test_every_staged_or_left_out_name_is_outside_the_image():
         assert stage.norm(name) == name and name not in stage.IMAGE_PACKAGES, name
     assert not set(staged) & set(left_out)
     assert all(reason.strip() for reason in left_out.values())
+
+
+def test_install_extra_adds_carried_wheels_and_refuses_an_empty_folder(tmp_path):
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    with pytest.raises(SystemExit, match="no wheels"):
+        stage.cmd_install_extra(extra, tmp_path / "site", sys.executable)
+    make_wheel(extra, "latepkg", "0.1", {"latepkg/__init__.py": b"X = 7\n"})
+    stage.cmd_install_extra(extra, tmp_path / "site", sys.executable)
+    out = subprocess.run([sys.executable, "-c", "import latepkg; print(latepkg.X)"],
+                         capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert out.stdout.strip() == "7"
