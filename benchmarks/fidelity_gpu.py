@@ -734,7 +734,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--resume: {args.resume} is not a folder")
         print(f"resumed from {state.resume(args.resume)}", file=sys.stderr)
         cache = args.resume / "compile-cache.tgz"
-        if cache.exists() and not cache_root(state).exists():
+        serving = {"serve", "capacity", "calibrate", "workloads", "heldout"} & set(stages)
+        if serving and cache.exists() and not cache_root(state).exists():
             with tarfile.open(cache) as tar:
                 tar.extractall(cache_root(state).parent, filter="data")
             print(f"vLLM compile cache restored into {cache_root(state)}", file=sys.stderr)

@@ -5,9 +5,10 @@
 #   S1-S3  the staging calls: receive the carried pieces one by one, join, check, pip install
 #          --target (with a Python 3.12, as on the device; the CUDA wheel is not imported here)
 #   G1     serve,capacity,calibrate      (vLLM's CPU build, the tiny model's card)
-#   G2     workloads, on a "fresh machine": a new state folder resumed from G1's $OUT files
+#   G2     workloads, on a "fresh machine": a state in another folder, resumed from G1's $OUT
+#          files (state and compile cache); the server G1 left running still answers
 #   G3     heldout,stop
-#   G4     profile                        (vllm_fa must refuse without CUDA; reference runs)
+#   G4     profile                        (vllm_fa must refuse, clearly, without CUDA)
 #   R      report, here, from every call's $OUT files
 #
 #   benchmarks/rehearse_gpu_campaign.sh WORKDIR [PYTHON312]
@@ -47,14 +48,14 @@ fi
 
 G=("$py" "$root/benchmarks/fidelity_gpu.py" --rehearse)
 echo "== G1: serve,capacity,calibrate =="
-"${G[@]}" --state "$work/state1" --out "$work/out-g1" --stages serve,capacity,calibrate
-echo "== G2: workloads, resumed on a fresh state from G1's files (the server still answers) =="
-"${G[@]}" --state "$work/state2" --resume "$work/out-g1" --out "$work/out-g2" --stages workloads
+"${G[@]}" --state "$work/m1/state" --out "$work/out-g1" --stages serve,capacity,calibrate
+echo "== G2: workloads, on a fresh state resumed from G1's files (the server still answers) =="
+"${G[@]}" --state "$work/m2/state" --resume "$work/out-g1" --out "$work/out-g2" --stages workloads
 echo "== G3: heldout,stop =="
-"${G[@]}" --state "$work/state2" --out "$work/out-g3" --stages heldout,stop
+"${G[@]}" --state "$work/m2/state" --out "$work/out-g3" --stages heldout,stop
 echo "== G4: profile =="
-"${G[@]}" --state "$work/state2" --out "$work/out-g4" --stages profile --profile-limit 120
+"${G[@]}" --state "$work/m2/state" --out "$work/out-g4" --stages profile --profile-limit 120
 echo "== R: report from every call's files =="
 mkdir -p "$work/back"
-cp "$work"/out-g*/state-*.tgz "$work/back/"
-"${G[@]}" --state "$work/state-report" --resume "$work/back" --out "$work/report" --stages report
+cp "$work"/out-g*/*.tgz "$work/back/"
+"${G[@]}" --state "$work/here/state" --resume "$work/back" --out "$work/report" --stages report
