@@ -12,7 +12,7 @@ Read in vLLM 0.24.0, ``vllm/v1/attention/backends/flash_attn.py``:
   default ``FULL_AND_PIECEWISE``) ``max_num_splits`` is
   ``attention_config.flash_attn_max_num_splits_for_cuda_graph`` (32) for steps of at most
   ``max_cudagraph_capture_size`` tokens (``min(2 * max_num_seqs, 512, max_num_batched_tokens)``)
-  and 0 (the kernel's own heuristic) above.
+  and 0 (the kernel's own heuristic) above; without FA3 (FA2 takes no split count) always 0.
 * ``FlashAttentionImpl.forward`` makes one ``flash_attn_varlen_func(q, k_cache, v_cache,
   out=..., cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, softmax_scale, causal=True,
   block_table, scheduler_metadata, fa_version, num_splits)`` call per layer; the KV cache of a
@@ -102,7 +102,9 @@ class VllmFlashAttention:
         self.device = device
 
     def prepare(self, meta: StepMeta, num_cache_blocks: int) -> None:
-        a = fa_args(meta, self.cudagraph_size)
+        # vLLM bounds the splits only with FA3's ahead-of-time scheduler (FA2 takes none)
+        a = fa_args(meta, self.cudagraph_size,
+                    MAX_SPLITS_FOR_CUDA_GRAPH if self.version == 3 else 0)
         sched = None
         if self.version == 3:           # FA3's ahead-of-time tile scheduler, as vLLM builds it
             sched = self._fai.get_scheduler_metadata(
@@ -115,7 +117,7 @@ class VllmFlashAttention:
 
     def __call__(self, q: torch.Tensor, cache: PagedKVCache, meta: StepMeta) -> torch.Tensor:
         a, sched = meta.backend_state["vllm_fa"]
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)    # contiguous, as vLLM's
         self._fai.flash_attn_varlen_func(
             q=q, k=cache.k, v=cache.v, out=out, cu_seqlens_q=a.cu_seqlens_q,
             max_seqlen_q=a.max_seqlen_q, seqused_k=a.seqused_k, max_seqlen_k=a.max_seqlen_k,

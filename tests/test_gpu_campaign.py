@@ -78,6 +78,7 @@ def test_fa_args_match_the_step_and_vllms_split_rule():
     assert a.cu_seqlens_q.dtype == a.seqused_k.dtype == a.block_table.dtype == torch.int32
     assert a.num_splits == MAX_SPLITS_FOR_CUDA_GRAPH            # 32 tokens <= 512
     assert fa_args(meta, cudagraph_size=31).num_splits == 0     # above: the kernel's heuristic
+    assert fa_args(meta, 512, max_splits=0).num_splits == 0     # FA2: no split count
     # vLLM 0.24's default capture size: min(2 * max_num_seqs, 512, max_num_batched_tokens)
     assert max_cudagraph_size(1024, 8192) == 512
     assert max_cudagraph_size(128, 2048) == 256
