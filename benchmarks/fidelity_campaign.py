@@ -107,6 +107,10 @@ class Server:
         def wait(timeout):
             deadline = time.time() + timeout
             while time.time() < deadline:
+                try:   # our own child (started by this process): reap it, or it lingers a zombie
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
                 try:
                     os.killpg(pid, 0)
                 except ProcessLookupError:

@@ -241,3 +241,18 @@ def test_compile_cache_travels_back_and_is_restored(tmp_path, capsys):
     assert gpu.pack_compile_cache(state, out, limit=10) is None      # too big: not kept
     assert not (out / "compile-cache.tgz").exists()
     assert "not kept" in capsys.readouterr().err
+
+
+def test_a_kept_server_is_stopped_by_its_pidfile_and_reaped(tmp_path):
+    import subprocess
+    import time
+    fc = sys.modules["fidelity_campaign"]
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                            start_new_session=True)
+    pidfile = tmp_path / "server.pid"
+    pidfile.write_text(f"{proc.pid}\n")
+    t0 = time.time()
+    fc.Server.stop_pidfile(pidfile)
+    assert time.time() - t0 < 10           # SIGTERM answered; no 30 s wait on a zombie
+    assert not pidfile.exists()
+    fc.Server.stop_pidfile(pidfile)         # nothing recorded: nothing signalled
