@@ -45,10 +45,10 @@ def build_parser(prog: str = "python -m profiler") -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=256,
                    help="rows sampled in the activation-peak step")
     p.add_argument("--attention", default="auto",
-                   choices=("auto", "reference", "flex", "triton", "flashinfer"),
+                   choices=("auto", "reference", "flex", "triton", "flashinfer", "vllm_fa"),
                    help="paged attention backend (auto: flashinfer, else flex, on CUDA; "
                         "reference on CPU; triton: flex prefill and our split-KV paged "
-                        "decode kernel)")
+                        "decode kernel; vllm_fa: vLLM's own FlashAttention, CUDA only)")
     p.add_argument("--no-compile", action="store_true",
                    help="no torch.compile: FlexAttention eager, and on CUDA the layers' "
                         "norms, RoPE and MLP as eager torch ops (compiled by default there, "

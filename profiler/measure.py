@@ -345,7 +345,7 @@ class Options:
     block_size: int = 16
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
-    attention: str = "auto"              # auto | reference | flex | flashinfer
+    attention: str = "auto"              # auto | reference | flex | triton | flashinfer | vllm_fa
     compile: bool = True                 # torch.compile: flex; on CUDA the layer pieces too
     cuda_graphs: bool = True             # CUDA: time steps as CUDA graph replays
     gpu_memory_utilization: float = 0.9
@@ -659,6 +659,10 @@ def _attention_note(name: str, compiled: bool, fallback: str | None, device: tor
         return ("decodes: simserve's split-KV paged decode kernel (Triton, profiler/"
                 "triton_decode.py); prefill chunks: FlexAttention"
                 + (", torch.compile per shape family" if compiled else " eager"))
+    if name == "vllm_fa":
+        return ("vLLM's own FlashAttention (vllm.vllm_flash_attn, FA3 on Hopper): one "
+                "flash_attn_varlen_func call per layer with block tables and FA3's "
+                "ahead-of-time scheduler metadata, as vLLM's FlashAttentionImpl makes it")
     return "FlashInfer paged prefill/decode wrappers"
 
 
