@@ -206,10 +206,7 @@ def groups_of(s) -> list[GroupConfig]:
 def kv_bytes_per_token_per_rank(s) -> int:
     """K and V of one token on one tensor-parallel rank (every rank moves its own heads' share
     over its own link, in parallel)."""
-    from simserve.kv.capacity import kv_heads_per_rank
-    m = s.model
-    return 2 * m.num_layers * kv_heads_per_rank(m, s.engine.tensor_parallel_size) \
-        * m.head_dim * m.dtype_bytes
+    return s.model.kv_bytes_per_token_per_rank(s.engine.tensor_parallel_size)
 
 
 def transfer_seconds(cfg: TransferConfig, num_tokens: int, src, dst) -> float:

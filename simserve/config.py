@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from simserve import deployment, safeyaml
-from simserve.cards import HardwareSpec, ModelCard, load_hardware, load_model
+from simserve.cards import (KV_CACHE_DTYPES, QUANTIZATIONS, HardwareSpec, ModelCard,
+                            load_hardware, load_model, serving_card)
 from simserve.cluster import ClusterConfig
 from simserve.errors import ConfigError, DataError
 from simserve.fields import Fields
@@ -53,6 +54,12 @@ class EngineConfig:
     # vLLM v1 (>= 0.2x; on by default): admit a waiting request only when KV blocks for its whole
     # sequence so far are free, not just for its first chunk (vllm_v1, priority, vllm_native)
     scheduler_reserve_full_isl: bool = True
+    # #18: precision and expert parallelism, vLLM 0.32's names (docs/models.md)
+    quantization: str | None = None             # None: the checkpoint's own (the card's)
+    kv_cache_dtype: str = "auto"                # auto: the model dtype; fp8 halves KV bytes
+    enable_expert_parallel: bool = False        # experts split over the TP ranks, not sharded
+    # simserve's own: mean / max routed load over EP ranks (1 = uniform; SGLang's definition)
+    expert_balancedness: float = 1.0
 
     @classmethod
     def from_fields(cls, f: Fields) -> EngineConfig:
@@ -71,9 +78,17 @@ class EngineConfig:
             tensor_parallel_size=f.int("tensor_parallel_size", 1, min=1, max=MAX_COUNT),
             enable_prefix_caching=f.bool("enable_prefix_caching", False),
             scheduler_reserve_full_isl=f.bool("scheduler_reserve_full_isl", True),
+            quantization=f.str("quantization", None, choices=QUANTIZATIONS),
+            kv_cache_dtype=f.str("kv_cache_dtype", "auto", choices=tuple(KV_CACHE_DTYPES)),
+            enable_expert_parallel=f.bool("enable_expert_parallel", False),
+            expert_balancedness=f.float("expert_balancedness", 1.0, positive=True, max=1.0),
         )
         f.done()
         return cfg
+
+
+_ENGINE_OPTIONAL = {"quantization": None, "kv_cache_dtype": "auto",
+                    "enable_expert_parallel": False, "expert_balancedness": 1.0}
 
 
 @dataclass(frozen=True)
@@ -156,6 +171,9 @@ class Scenario:
     def to_dict(self) -> dict[str, Any]:
         """The resolved scenario as plain data (written next to the results)."""
         engine = dataclasses.asdict(self.engine)
+        for key, default in _ENGINE_OPTIONAL.items():    # written only when set
+            if engine[key] == default:
+                del engine[key]
         engine.update(max_model_len=self.max_model_len,
                       max_num_batched_tokens=self.max_num_batched_tokens,
                       enable_chunked_prefill=self.chunked_prefill)
@@ -189,6 +207,7 @@ def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario")
     model = load_model(f.any("model"), "model")
     hardware = load_hardware(f.any("hardware"), "hardware")
     engine = EngineConfig.from_fields(f.section("engine"))
+    model = serving_card(model, engine.quantization, engine.kv_cache_dtype)
     sched = f.section("scheduler")
     policy = sched.str("policy", "vllm_v1", choices=tuple(POLICIES))
     params_type = POLICIES[policy].params_type
@@ -277,6 +296,9 @@ def _check_consistency(s: Scenario) -> None:
         raise ConfigError("engine.tensor_parallel_size",
                           f"{s.engine.tensor_parallel_size} does not divide the model's "
                           f"{s.model.num_heads} attention heads / {s.model.num_kv_heads} KV heads")
+    from simserve.kv.capacity import check_expert_parallel
+    if s.engine.enable_expert_parallel:
+        check_expert_parallel(s.model, max(2, expert_parallel_size(s)))
 
 
 def load_yaml(path: str | Path) -> Any:
@@ -416,7 +438,14 @@ def num_kv_blocks(s: Scenario) -> int:
         s.model, s.hardware, block_size=s.engine.block_size,
         gpu_memory_utilization=s.engine.gpu_memory_utilization,
         tensor_parallel_size=s.engine.tensor_parallel_size,
-        max_num_batched_tokens=s.max_num_batched_tokens)
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        expert_parallel_size=expert_parallel_size(s))
+
+
+def expert_parallel_size(s: Scenario) -> int:
+    """vLLM 0.32: with ``enable_expert_parallel`` the experts are split over all TP (× DP)
+    ranks of a replica; without it, 1 (experts TP-sharded)."""
+    return s.engine.tensor_parallel_size if s.engine.enable_expert_parallel else 1
 
 
 def num_host_blocks(s: Scenario) -> int:

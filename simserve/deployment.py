@@ -66,7 +66,7 @@ def check_memory(s) -> None:
     cache sized from memory has no more blocks than a replica can count."""
     m, hw, e = s.model, s.hardware, s.engine
     tp = e.tensor_parallel_size
-    weights = m.weight_bytes / tp
+    weights = m.weight_bytes_per_rank(tp, tp if e.enable_expert_parallel else 1)
     if e.num_gpu_blocks is not None:
         # a KV cache set directly skips vLLM's memory arithmetic, not physics: the weights and
         # the blocks must fit in the device's memory (gpu_memory_utilization aside)

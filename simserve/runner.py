@@ -165,6 +165,10 @@ def build_latency(s: Scenario) -> LatencyModel:
         kwargs["flops_efficiency"] = lat.flops_efficiency
     if lat.bandwidth_efficiency is not None:
         kwargs["bandwidth_efficiency"] = lat.bandwidth_efficiency
+    if s.model.is_moe:
+        from simserve.config import expert_parallel_size
+        kwargs.update(enable_expert_parallel=expert_parallel_size(s) > 1,
+                      expert_balancedness=s.engine.expert_balancedness)
     return RooflineModel(s.model, s.hardware, tensor_parallel_size=s.engine.tensor_parallel_size,
                          block_size=s.engine.block_size, **kwargs)
 

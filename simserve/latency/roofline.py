@@ -12,7 +12,9 @@ Also two hand-computable models for tests and quick what-ifs: :class:`ConstantLa
 from __future__ import annotations
 
 from simserve.cards import HardwareSpec, ModelCard
-from simserve.kv.capacity import check_tensor_parallel, kv_block_bytes, kv_heads_per_rank
+from simserve.errors import ConfigError
+from simserve.kv.capacity import (check_expert_parallel, check_tensor_parallel, kv_block_bytes,
+                                  kv_heads_per_rank)
 from simserve.sched.plan import StepPlan
 
 # Labelled assumptions, not measurements (docs/latency.md says why these values).
@@ -25,55 +27,112 @@ DEFAULT_ALLREDUCE_LATENCY_S = 10e-6
 PARTS = ("linear", "attention_prefill", "attention_decode", "lm_head", "allreduce", "swap")
 
 
+ALL2ALL_BACKENDS = ("allgather_reducescatter", "deepep_low_latency", "deepep_high_throughput")
+DEFAULT_ALL2ALL_LATENCY_S = 10e-6
+
+
 class RooflineModel:
-    """Prices a :class:`StepPlan` from model shapes and a hardware spec (per TP rank)."""
+    """Prices a :class:`StepPlan` from model shapes and a hardware spec (per TP rank).
+
+    Mixture-of-experts cards add, per MoE layer, the router, the shared expert and the routed
+    experts as grouped GEMMs over the experts a step actually touches (:meth:`moe_terms`);
+    MLA cards price the absorbed decode over the latent cache. Parallelism follows vLLM 0.32:
+    ``tensor_parallel_size`` shards attention (and, without ``enable_expert_parallel``, every
+    expert); with ``enable_expert_parallel`` each of the ``tp × dp`` ranks holds whole experts.
+    With ``data_parallel_size`` > 1 the plan is one DP rank's batch, and the MoE layers see the
+    tokens of every DP rank, priced as if each carried the same batch (vLLM steps DP ranks in
+    lockstep; the busiest rank's batch is not known to one rank's plan).
+    """
 
     def __init__(self, model: ModelCard, hw: HardwareSpec, *, tensor_parallel_size: int = 1,
                  block_size: int = 16, step_overhead_s: float | None = None,
                  flops_efficiency: float = DEFAULT_FLOPS_EFFICIENCY,
                  bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY,
-                 allreduce_latency_s: float = DEFAULT_ALLREDUCE_LATENCY_S):
-        tp = tensor_parallel_size
+                 allreduce_latency_s: float = DEFAULT_ALLREDUCE_LATENCY_S,
+                 data_parallel_size: int = 1, enable_expert_parallel: bool = False,
+                 all2all_backend: str = "allgather_reducescatter",
+                 expert_balancedness: float = 1.0,
+                 all2all_latency_s: float = DEFAULT_ALL2ALL_LATENCY_S):
+        tp, dp = tensor_parallel_size, data_parallel_size
         check_tensor_parallel(model, tp)
         if not (0 < flops_efficiency <= 1 and 0 < bandwidth_efficiency <= 1):
             raise ValueError("flops_efficiency and bandwidth_efficiency must be in (0, 1]")
-        self.model, self.hw, self.tp = model, hw, tp
+        if not 0 < expert_balancedness <= 1:
+            raise ValueError("expert_balancedness must be in (0, 1]")
+        if all2all_backend not in ALL2ALL_BACKENDS:
+            raise ValueError(f"all2all_backend must be one of {ALL2ALL_BACKENDS}")
+        ep = tp * dp if enable_expert_parallel else 1
+        check_expert_parallel(model, ep)
+        self.model, self.hw, self.tp, self.dp, self.ep = model, hw, tp, dp, ep
         self.label = f"roofline ({hw.name} spec)"
         self.step_overhead_s = (DEFAULT_STEP_OVERHEAD_S[hw.kind] if step_overhead_s is None
                                 else step_overhead_s)
         flops = hw.peak_flops * flops_efficiency      # achieved FLOP/s
         bw = hw.mem_bandwidth * bandwidth_efficiency  # achieved B/s
+        # GEMMs of quantized linears: FP8 (W8A8) on FP8 tensor cores where the device has them
+        lin_flops = (hw.fp8_flops if model.fp8_compute else hw.peak_flops) * flops_efficiency
         d, h, L = model.dtype_bytes, model.hidden_size, model.num_layers
+        w = model.linear_bytes                               # bytes per linear weight
+        kvb = model.kv_bytes                                 # bytes per KV element
         q = model.q_dim // tp                               # query width on this rank
         kv = kv_heads_per_rank(model, tp) * model.head_dim  # K (or V) width on this rank
         i = model.intermediate_size // tp
+        H = model.num_heads // tp                            # query heads on this rank
 
         # Linear ops of one layer: (weight params, activation elements read + written per token)
-        linear_ops = [
-            (h * (q + 2 * kv), h + q + 2 * kv),  # QKV projection
-            (q * h, q + h),                      # O projection
+        if model.is_mla:
+            r, lq, lkv = model.qk_rope_head_dim, model.q_lora_rank, model.kv_lora_rank
+            qk, v = model.head_dim, model.v_head_dim
+            attn_ops = [
+                *([(h * lq, h + lq), (lq * H * qk, lq + H * qk)] if lq
+                  else [(h * H * qk, h + H * qk)]),            # q_a, q_b (or q) projections
+                (h * (lkv + r), h + lkv + r),                   # kv_a (replicated)
+                (lkv * H * (model.qk_nope_head_dim + v),        # kv_b = W_UK, W_UV: absorbed
+                 2 * H * lkv + H * (model.qk_nope_head_dim + v)),  # into q and the output
+                (H * v * h, H * v + h),                         # O projection
+            ]
+        else:
+            attn_ops = [
+                (h * (q + 2 * kv), h + q + 2 * kv),  # QKV projection
+                (q * h, q + h),                      # O projection
+            ]
+        mlp_ops = [
             (h * 2 * i, h + 2 * i),              # gate and up, fused
             (i * h, 2 * i + h),                  # SiLU·mul fused into down's input, then down
         ]
         # per op: (seconds per token of FLOPs, seconds of weight bytes, seconds per token of
         # activation bytes)
-        self._linear = [(2 * w / flops, w * d / bw, a * d / bw) for w, a in linear_ops]
+        self._linear = [(2 * p / lin_flops, p * w / bw, a * d / bw)
+                        for p, a in attn_ops + mlp_ops]
         self._layers = L
         self._linear_at: dict[int, float] = {}   # linear time by tokens in the step (memo)
         self._decode_terms: dict[int, tuple] = {}   # decode_stretch's terms by batch size
 
-        # Attention, all layers together. FLOPs per (query token · attended token):
+        # Attention, all layers together. GQA FLOPs per (query token · attended token):
         # QKᵀ and PV each 2 · head_dim per query head.
         self._attn_flop_s = L * 4 * (model.num_heads // tp) * model.head_dim / flops
-        self._kv_tok_s = L * 2 * kv * d / bw                  # K+V of one token, all layers
+        self._kv_tok_s = L * 2 * kv * kvb / bw                  # K+V of one token, all layers
         # q-side per new token: read Q, write the output, write its own K and V
-        self._q_tok_s = L * (2 * q + 2 * kv) * d / bw
+        self._q_tok_s = L * (2 * q * d + 2 * kv * kvb) / bw
+        self._dec_flop_s = self._attn_flop_s      # decode path (MLA: absorbed MQA)
+        self._ctx_flop_s = 0.0                    # prefill, per context token (MLA: up-proj.)
+        if model.is_mla:
+            lat, nope, v = model.kv_latent_dim, model.qk_nope_head_dim, model.v_head_dim
+            # prefill ("compute friendly", mla_attention.py): MHA with QK width nope + rope,
+            # V width v, after up-projecting every context token's latent through kv_b
+            self._attn_flop_s = L * 2 * H * (model.head_dim + v) / flops
+            self._ctx_flop_s = L * 2 * lkv * H * (nope + v) / flops
+            # decode ("data-movement friendly"): MQA over the latent, QK width lkv + rope,
+            # V width lkv; reads the latent row once for all heads (not divided by TP)
+            self._dec_flop_s = L * 2 * H * (lat + lkv) / flops
+            self._kv_tok_s = L * lat * kvb / bw
+            self._q_tok_s = L * ((H * lat + H * lkv) * d + lat * kvb) / bw
 
         # LM head (vocab split across ranks) and sampling over fp32 logits
-        v = model.vocab_size // tp
-        self._lm_flop_s = 2 * h * v / flops
-        self._lm_weight_s = h * v * d / bw
-        self._lm_row_s = (h * d + v * (d + 4)) / bw
+        vv = model.vocab_size // tp
+        self._lm_flop_s = 2 * h * vv / flops
+        self._lm_weight_s = h * vv * d / bw
+        self._lm_row_s = (h * d + vv * (d + 4)) / bw
 
         # Two all-reduces per layer (after attention's O and after the MLP's down): ring cost
         # 2 (TP − 1) / TP · bytes / link, plus a fixed latency per collective.
@@ -83,6 +142,80 @@ class RooflineModel:
         else:
             self._ar_tok_s = self._ar_fixed_s = 0.0
         self._swap_block_s = kv_block_bytes(model, block_size, tp) / hw.host_link_bandwidth
+        self._moe = None
+        if model.is_moe:
+            self._moe = self._moe_setup(model, hw, flops, lin_flops, bw, expert_balancedness,
+                                        all2all_backend, all2all_latency_s)
+            self.label = self.label[:-1] + f", MoE {_parallel_label(tp, dp, ep)})"
+
+    def _moe_setup(self, m: ModelCard, hw: HardwareSpec, flops: float, lin_flops: float,
+                   bw: float, balancedness: float, backend: str, latency_s: float) -> dict:
+        """Constants of :meth:`moe_terms` (per MoE layer, this rank)."""
+        h, d, E, k = m.hidden_size, m.dtype_bytes, m.num_experts, m.experts_per_token
+        tp_e = 1 if self.ep > 1 else self.tp          # an expert's shards: TP without EP
+        ie = m.expert_intermediate / tp_e
+        si = m.shared_expert_intermediate / self.tp
+        link = hw.interconnect_bandwidth
+        if self.ep > hw.devices_per_node:
+            if hw.scaleout_bandwidth is None:
+                raise ConfigError("hardware.scaleout_bandwidth",
+                                  f"expert parallelism over {self.ep} devices spans nodes of "
+                                  f"{hw.devices_per_node}; {hw.name} gives no scale-out rate")
+            link = hw.scaleout_bandwidth
+        return dict(
+            E=E, k=k, local=E / self.ep, bal=balancedness if self.ep > 1 else 1.0,
+            # grouped GEMMs: FLOP seconds per routed token, weight seconds per expert touched,
+            # activation seconds per routed token (gate/up then down, as the dense MLP)
+            exp_flop_s=2 * 3 * h * ie / lin_flops,
+            exp_weight_s=3 * h * ie * m.expert_bytes / bw,
+            exp_act_s=(h + 2 * ie + 2 * ie + h) * d / bw,
+            # router: a 16-bit GEMM h × E replicated on every rank, over the rank's own tokens
+            router=(2 * h * E / flops, m.router_params * d / bw, (h + E) * d / bw),
+            shared=((2 * 3 * h * si / lin_flops, 3 * h * si * m.linear_bytes / bw,
+                     (h + 4 * si + h) * d / bw) if si else None),
+            backend=backend, link=link, latency=latency_s,
+        )
+
+    def moe_terms(self, n: int) -> dict[str, float]:
+        """Seconds of one MoE layer on this rank for a step of ``n`` tokens (this DP rank's):
+
+        * ``router``: the gate GEMM over the rank's tokens;
+        * ``shared``: the shared expert, a dense gated MLP (TP-sharded);
+        * ``experts``: grouped GEMMs. The MoE sees ``N = n · DP`` tokens (every DP rank's,
+          symmetric load), ``N · top-k`` routed rows, ``a`` of them on the busiest rank: ``N·k
+          / EP / balancedness`` (balancedness = mean / max load, 1 = uniform; capped at every
+          token picking all the rank's experts). Weight bytes are those of the experts the
+          step touches: ``(E / EP) · (1 − (1 − k/E)^N)`` expected under uniform routing
+          (balls in bins: few tokens touch few experts, a large step all of them). Time
+          ``max(a · FLOPs, touched · weight bytes + a · activation bytes)``;
+        * ``all2all``: DP + EP only: ``allgather_reducescatter`` moves every other rank's
+          tokens in and the partial outputs back, ``2 · (DP−1)/DP · N · hidden · 2 B``;
+          DeepEP sends each routed copy once, FP8 dispatch (``hidden + hidden/128 · 4`` B) and
+          bf16 combine (``hidden · 2`` B) per row of the rank's ``n · k``, on NVLink within a
+          node and ``scaleout_bandwidth`` beyond; plus a fixed latency per collective.
+        """
+        c = self._moe
+        if c is None or not n:
+            return dict.fromkeys(("router", "shared", "experts", "all2all"), 0.0)
+        big_n = n * self.dp
+        a = min(big_n * c["k"] / self.ep / c["bal"], big_n * min(c["k"], c["local"]))
+        touched = c["local"] * (1.0 - (1.0 - c["k"] / c["E"]) ** big_n)
+        experts = max(a * c["exp_flop_s"], touched * c["exp_weight_s"] + a * c["exp_act_s"])
+        fl, ws, act = c["router"]
+        router = max(n * fl, ws + n * act)
+        shared = 0.0
+        if c["shared"]:
+            fl, ws, act = c["shared"]
+            shared = max(n * fl, ws + n * act)
+        all2all = 0.0
+        if self.dp > 1:
+            h = self.model.hidden_size
+            if c["backend"] == "allgather_reducescatter":
+                moved = 2 * (self.dp - 1) / self.dp * big_n * h * 2
+            else:
+                moved = n * c["k"] * ((h + h / 128 * 4) + h * 2)
+            all2all = moved / c["link"] + 2 * c["latency"]
+        return {"router": router, "shared": shared, "experts": experts, "all2all": all2all}
 
     def step_time(self, plan: StepPlan) -> float:
         if plan.is_empty:
@@ -99,7 +232,7 @@ class RooflineModel:
                 or plan.num_sampled != b or plan.extra_s):
             return self.decode_stretch_sum(b, sum(plan.decode_ctx))
         base = sum(plan.decode_ctx) + b    # Σ (c + i) + b = base + b·i: exact integers
-        flop_s, kv_s, overhead, extra = (self._attn_flop_s, self._kv_tok_s,
+        flop_s, kv_s, overhead, extra = (self._dec_flop_s, self._kv_tok_s,
                                          self.step_overhead_s, plan.extra_s)
         linear, prefill, _, lm_head, comm, swap = self._parts(plan)
         before = linear + prefill          # sum(parts) adds left to right: 0 + linear + ...
@@ -125,11 +258,11 @@ class RooflineModel:
             comm = b * self._ar_tok_s + self._ar_fixed_s if b else 0.0
             # memory-bound at every context and nothing to add but the LM head: the short
             # formula below gives the same values
-            fast = bool(self._kv_tok_s >= self._attn_flop_s and b and not comm)
+            fast = bool(self._kv_tok_s >= self._dec_flop_s and b and not comm)
             terms = self._decode_terms[b] = (linear + 0.0, lm_head, comm, b * self._q_tok_s,
                                              fast)
         before, lm_head, comm, q_part, fast = terms
-        flop_s, kv_s, overhead = self._attn_flop_s, self._kv_tok_s, self.step_overhead_s
+        flop_s, kv_s, overhead = self._dec_flop_s, self._kv_tok_s, self.step_overhead_s
 
         if fast:
             # the usual decode step, in fewer operations but the same values: a·kv_s + q_part
@@ -165,10 +298,18 @@ class RooflineModel:
         linear = self._linear_at.get(n)
         if linear is None:
             linear = 0.0
-            if n:
+            if n and self._moe is None:
                 for flop_s, weight_s, act_s in self._linear:
                     linear += max(n * flop_s, weight_s + n * act_s)
                 linear *= self._layers
+            elif n:
+                # attention linears in every layer, the dense MLP in the dense layers, the
+                # MoE block (with its all-to-all, which occupies the step) in the others
+                ops = [max(n * f, ws + n * a) for f, ws, a in self._linear]
+                m = self.model
+                moe = sum(self.moe_terms(n).values())
+                linear = (m.num_layers * sum(ops[:-2]) + m.dense_layers * sum(ops[-2:])
+                          + m.moe_layers * moe)
             self._linear_at[n] = linear
         return linear
 
@@ -185,14 +326,16 @@ class RooflineModel:
             for q, c in zip(plan.prefill_lens, plan.prefill_ctx):
                 pairs += q * (c + (q + 1) / 2)
                 kv_toks += c + q
-            prefill = max(pairs * self._attn_flop_s,
-                          kv_toks * self._kv_tok_s + prefill_tokens * self._q_tok_s)
+            flops = pairs * self._attn_flop_s
+            if self._ctx_flop_s:          # MLA: every context token's latent up-projected
+                flops += kv_toks * self._ctx_flop_s
+            prefill = max(flops, kv_toks * self._kv_tok_s + prefill_tokens * self._q_tok_s)
 
         # decode: each sequence's new token attends ctx + 1 tokens, reading their K and V
         decode = 0.0
         if plan.decode_ctx:
             attended = sum(plan.decode_ctx) + len(plan.decode_ctx)
-            decode = max(attended * self._attn_flop_s,
+            decode = max(attended * self._dec_flop_s,
                           attended * self._kv_tok_s + len(plan.decode_ctx) * self._q_tok_s)
 
         r = plan.num_sampled
@@ -227,3 +370,11 @@ class LinearLatency:
             return 0.0
         return (self.base_s + self.per_token_s * plan.num_batched_tokens
                 + self.per_seq_s * plan.num_seqs) + plan.extra_s
+
+
+def _parallel_label(tp: int, dp: int, ep: int) -> str:
+    parts = [f"TP {tp}"] if tp > 1 else []
+    if dp > 1:
+        parts.append(f"DP {dp}")
+    parts.append(f"EP {ep}" if ep > 1 else "experts TP-sharded" if tp > 1 else "1 device")
+    return " ".join(parts)
