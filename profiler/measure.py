@@ -24,6 +24,7 @@ from profiler import attention as attn
 from profiler.layers import (DTYPES, DecoderLayer, Model, PagedKVCache, Sections, Shapes,
                              StepMeta, blocks_needed, build_step, make_top_p, rms_norm,
                              sample_greedy)
+from profiler.moe import MoEShapes, measure_moe
 from profiler.schema import KIND, SCHEMA_VERSION
 
 MIN_REPEATS = 3
@@ -542,8 +543,13 @@ def count_points(grid: Grid, opts: Options) -> int:
             + 2 * len(grid.lm_seqs) + 1 + grid.heldout)
 
 
-def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, Any]:
-    """Measure everything the schema asks for; returns the profile (not yet written)."""
+def run_profile(shapes: Shapes, opts: Options, stream: Any = None,
+                moe: MoEShapes | None = None) -> dict[str, Any]:
+    """Measure everything the schema asks for; returns the profile (not yet written).
+
+    With ``moe`` (a card with experts in every layer) the layers run without a dense MLP, so
+    ``linear`` is the attention side of a layer, and one MoE block is timed on the token axis
+    (the ``moe`` section, profiler/moe.py)."""
     device = torch.device(opts.device)
     dtype = DTYPES[opts.dtype]
     grid = opts.grid_spec
@@ -553,7 +559,10 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
     torch.manual_seed(opts.seed)
     gen = torch.Generator().manual_seed(opts.seed)
 
-    weights_bytes = _weights_bytes(shapes, dtype)
+    run_shapes = replace(shapes, intermediate_size=0) if moe is not None else shapes
+    weights_bytes = _weights_bytes(run_shapes, dtype)
+    if moe is not None:
+        weights_bytes += shapes.num_layers * moe.params * torch.tensor([], dtype=dtype).element_size()
     budget = (torch.cuda.mem_get_info(device)[0] if device.type == "cuda"
               else _host_available_bytes())
     distinct = budget is None or weights_bytes <= 0.5 * budget
@@ -582,11 +591,12 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
         raise attn.BackendError(f"attention backend {backend_name!r}: {backend.fallback}; "
                                 "refusing to profile eager FlexAttention on CUDA (use "
                                 "--attention reference, or install flashinfer)")
-    model = Model(shapes, dtype, device, seed=opts.seed, distinct_layers=distinct,
+    model = Model(run_shapes, dtype, device, seed=opts.seed, distinct_layers=distinct,
                   max_positions=max(grid.prefill_ctx) + max(grid.prefill_chunk)
                   + max(grid.decode_ctx) + opts.max_num_batched_tokens + 2,
                   compile_layers=opts.compile and device.type == "cuda")
-    progress = Progress(count_points(grid, opts), stream)
+    moe_tokens = token_axis(grid.tokens, opts.max_num_batched_tokens)
+    progress = Progress(count_points(grid, opts) + (len(moe_tokens) if moe else 0), stream)
     ctx = _Ctx(shapes, opts, grid, device, dtype,
                Timer(device, grid.warmup, grid.repeats, grid.point_budget_s,
                      clock=CLOCKS.get(opts.timer_name, time.perf_counter),
@@ -599,6 +609,12 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
     attn_prefill = _measure_prefill(ctx)
     attn_decode = _measure_decode(ctx)
     lm_head = _measure_lm_head(ctx)
+    moe_grid = None
+    if moe is not None:
+        # one block's experts resident and reused at every point (a step's routing decides
+        # which of them it reads); per layer, like every series
+        moe_grid = measure_moe(moe, moe_tokens, ctx.timer, dtype=dtype, device=device,
+                               seed=opts.seed, progress=progress)
     memory = _measure_memory(ctx, weights_bytes)
     progress.step("memory")
     heldout = _measure_heldout(ctx)
@@ -618,7 +634,8 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
             "note": _provenance_note(load_before, _load_average(), opts.note, malloc_note),
             "execution": _execution_note(ctx, model),
         },
-        "model": shapes.as_dict(dtype_bytes=torch.tensor([], dtype=dtype).element_size()),
+        "model": {**shapes.as_dict(dtype_bytes=torch.tensor([], dtype=dtype).element_size()),
+                  **(_moe_fields(moe) if moe is not None else {})},
         "settings": {
             "block_size": opts.block_size, "max_num_batched_tokens": opts.max_num_batched_tokens,
             "warmup": grid.warmup, "repeats": grid.repeats,
@@ -637,7 +654,14 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None) -> dict[str, 
         "attn_decode": attn_decode, "lm_head": lm_head,
         "memory": {**memory, "note": "; ".join([memory["note"], *notes]).strip("; ")},
         "heldout": heldout,
+        **({"moe": moe_grid} if moe_grid is not None else {}),
     }
+
+
+def _moe_fields(moe: MoEShapes) -> dict[str, int]:
+    return {"num_experts": moe.num_experts, "experts_per_token": moe.experts_per_token,
+            "expert_intermediate": moe.expert_intermediate,
+            "shared_expert_intermediate": moe.shared_expert_intermediate}
 
 
 def _execution_note(c: _Ctx, model: Model) -> str:

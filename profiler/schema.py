@@ -384,7 +384,8 @@ _MODEL = _record({
     "num_kv_heads": _pos_int, "head_dim": _pos_int, "intermediate_size": _pos_int,
     "vocab_size": _pos_int, "dtype_bytes": _pos_int, "qkv_bias": _bool,
     "tie_word_embeddings": _bool,
-})
+}, optional={k: _nonneg_int for k in ("num_experts", "experts_per_token",
+                                      "expert_intermediate", "shared_expert_intermediate")})
 _SETTINGS = _record({
     "block_size": _pos_int, "max_num_batched_tokens": _pos_int, "warmup": _nonneg_int,
     "repeats": _pos_int, "timer": _choice("perf_counter", "thread_time", "cuda_event",
@@ -409,6 +410,14 @@ _HELDOUT = _list(_record({
 }))
 _LM_HEAD = _grid_1d("seqs", extra=("top_p_seconds",))
 
+
+def _moe(v: Any, where: str) -> Mapping:
+    """An MoE card's profile (#18): one MoE block per layer vs tokens, with the distinct
+    experts each point's routing touched; the ``linear`` series then excludes the MLP."""
+    _grid_1d("tokens")(v, where)
+    _record({"experts_hit": _list(_nonneg_int, len(v["tokens"])), "note": _str})(v, where)
+    return v
+
 _SECTIONS: dict[str, Callable[[Any, str], Any]] = {
     "kind": _choice(KIND),
     "provenance": _PROVENANCE,
@@ -423,6 +432,8 @@ _SECTIONS: dict[str, Callable[[Any, str], Any]] = {
     "memory": _MEMORY,
     "heldout": _HELDOUT,
 }
+# sections added within version 1: checked when present
+_OPTIONAL_SECTIONS: dict[str, Callable[[Any, str], Any]] = {"moe": _moe}
 
 
 def validate(obj: Any, path: str | Path = "<profile>") -> Profile:
@@ -441,7 +452,7 @@ def validate(obj: Any, path: str | Path = "<profile>") -> Profile:
                                              f"reads ({SCHEMA_VERSION}); upgrade simserve")
         if version < 1:
             raise _Invalid("schema_version", f"must be >= 1, got {version}")
-        _record(_SECTIONS)(obj, "")
+        _record(_SECTIONS, _OPTIONAL_SECTIONS)(obj, "")
     except _Invalid as e:
         raise ProfileError(str(path), str(e)) from None
     return obj  # type: ignore[return-value]
@@ -476,6 +487,10 @@ MODEL_KEYS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_di
               "intermediate_size", "vocab_size", "qkv_bias", "tie_word_embeddings")
 
 
+MOE_KEYS = ("num_experts", "experts_per_token", "expert_intermediate",
+            "shared_expert_intermediate")
+
+
 def model_mismatch(profile: Mapping[str, Any], model: Any) -> list[str]:
     """Shape fields where ``model`` (a ModelCard or a mapping with the same names) differs from
     the shapes the profile was measured with, as ``"field: profile X, model Y"``; empty if none.
@@ -484,5 +499,11 @@ def model_mismatch(profile: Mapping[str, Any], model: Any) -> list[str]:
         return model.get(key) if isinstance(model, Mapping) else getattr(model, key, None)
 
     shapes = profile["model"]
-    return [f"{k}: profile {shapes[k]}, model {get(k)}" for k in MODEL_KEYS
-            if get(k) is not None and shapes[k] != get(k)]
+    diffs = [f"{k}: profile {shapes[k]}, model {get(k)}" for k in MODEL_KEYS
+             if get(k) is not None and shapes[k] != get(k)]
+    # an MoE card needs a profile of its MoE block (and a dense card one without)
+    for k in MOE_KEYS:
+        have, want = shapes.get(k, 0), get(k) or 0
+        if have != want:
+            diffs.append(f"{k}: profile {have}, model {want}")
+    return diffs

@@ -152,7 +152,8 @@ def build_latency(s: Scenario) -> LatencyModel:
                                         host_link_bandwidth=s.hardware.host_link_bandwidth,
                                         tensor_parallel_size=tp, allreduce_s=RooflineModel(
                                             s.model, s.hardware, tensor_parallel_size=tp,
-                                        ).allreduce_s if tp > 1 else None)
+                                        ).allreduce_s if tp > 1 else None,
+                                        **_moe_profile_options(s))
     if lat.model == "constant":
         return ConstantLatency(lat.step_ms / 1000.0)
     if lat.model == "linear":
@@ -171,6 +172,13 @@ def build_latency(s: Scenario) -> LatencyModel:
                       expert_balancedness=s.engine.expert_balancedness)
     return RooflineModel(s.model, s.hardware, tensor_parallel_size=s.engine.tensor_parallel_size,
                          block_size=s.engine.block_size, **kwargs)
+
+
+def _moe_profile_options(s: Scenario) -> dict:
+    if not s.model.is_moe:
+        return {}
+    return {"enable_expert_parallel": s.engine.enable_expert_parallel,
+            "expert_balancedness": s.engine.expert_balancedness}
 
 
 def build_replicas(s: Scenario, latency: LatencyModel | None = None) -> list[Replica]:

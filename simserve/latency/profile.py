@@ -1,6 +1,6 @@
 """Step latency composed from a measured kernel profile (written by ``python -m profiler``).
 
-    step = overhead + embedding(T) + L · ( linear(T)
+    step = overhead + embedding(T) + L · ( linear(T) [+ moe(T), an MoE card]
                                           + Σ_chunks attn_prefill(chunk, ctx)
                                           + (1/B) Σ_decodes attn_decode(B, ctx) )
            + lm_head(num_sampled) + swap
@@ -141,7 +141,8 @@ class ProfileLatency:
 
     def __init__(self, profile: dict[str, Any], *, source: str = "<profile>",
                  step_overhead_s: float = 0.0, host_link_bandwidth: float | None = None,
-                 tensor_parallel_size: int = 1, allreduce_s=None):
+                 tensor_parallel_size: int = 1, allreduce_s=None,
+                 enable_expert_parallel: bool = False, expert_balancedness: float = 1.0):
         self.profile = profile
         prov = profile["provenance"]
         threads = "" if prov["device"] == "cuda" else f", {prov['threads']} threads"
@@ -182,6 +183,15 @@ class ProfileLatency:
         measured = int(profile.get("settings", {}).get("tensor_parallel_size", 1))
         self.tp, self.tp_scale = tensor_parallel_size, measured / tensor_parallel_size
         self.allreduce_s = allreduce_s if tensor_parallel_size > 1 else None
+        # an MoE card's profile (#18): one MoE block per layer vs the step's tokens, measured
+        # with near-uniform routing on one device. Over TP or EP ranks each rank does 1/TP of
+        # the routed rows (experts sharded, or whole experts split), scaled like the linears;
+        # with EP the busiest rank carries 1 / balancedness of the mean (an estimate)
+        self.moe = None
+        if "moe" in profile:
+            self.moe = Grid1D(profile["moe"]["tokens"], profile["moe"]["seconds"])
+            self.moe_scale = self.tp_scale / (expert_balancedness if enable_expert_parallel
+                                              else 1.0)
         if self.tp_scale != 1.0:
             self.label = (self.label[:-1] + f", TP {tensor_parallel_size} scaled from "
                           f"TP {measured} + roofline all-reduce)")
@@ -248,6 +258,8 @@ class ProfileLatency:
         if n:
             parts["embedding"] = self._get("embedding", self.embedding, n)
             parts["linear"] = self.layers * self._get("linear", self.linear, n)
+            if self.moe is not None:
+                parts["moe"] = self.layers * self._get("moe", self.moe, n) * self.moe_scale
             prefill = 0.0
             for q, c in zip(plan.prefill_lens, plan.prefill_ctx):
                 prefill += self._get("attn_prefill", self.prefill, q, c)
@@ -260,8 +272,9 @@ class ProfileLatency:
             parts["lm_head"] = self._get("lm_head", self.lm_head, plan.num_sampled)
             parts["output_tokens"] = self.per_output_token_s * plan.num_sampled
         if self._scaled:
-            for name in ("embedding", "linear", "lm_head"):
-                parts[name] *= self.scale
+            for name in ("embedding", "linear", "lm_head", "moe"):
+                if name in parts:
+                    parts[name] *= self.scale
             parts["attn_prefill"] *= self.prefill_attention_scale
             parts["attn_decode"] *= self.decode_attention_scale
         parts["swap"] = (plan.swap_in_blocks + plan.swap_out_blocks) * self._swap_block_s
