@@ -227,6 +227,8 @@ class RooflineModel:
         i): a function ``(i, n) -> list`` of the ``step_time`` of steps i .. i + n - 1.
         Mirrors ``_parts`` operation for operation, so each value is
         bit-identical to ``step_time`` of that step (fast-forward relies on it)."""
+        if plan.decode_q:        # a verify step: its queries change from step to step
+            return lambda i, n: [self.step_time(plan)] if (i, n) == (0, 1) else _no_stretch()
         b = len(plan.decode_ctx)
         if not (plan.prefill_lens or plan.swap_in_blocks or plan.swap_out_blocks
                 or plan.num_sampled != b or plan.extra_s):
@@ -314,6 +316,8 @@ class RooflineModel:
         return linear
 
     def _parts(self, plan: StepPlan) -> tuple[float, float, float, float, float, float]:
+        if plan.decode_q:
+            return self._verify_parts(plan)
         prefill_tokens = sum(plan.prefill_lens)
         n = prefill_tokens + len(plan.decode_ctx)      # plan.num_batched_tokens
         linear = self._linear_s(n)
@@ -343,6 +347,32 @@ class RooflineModel:
         comm = n * self._ar_tok_s + self._ar_fixed_s if n else 0.0
         swap = (plan.swap_out_blocks + plan.swap_in_blocks) * self._swap_block_s
         return linear, prefill, decode, lm_head, comm, swap
+
+
+    def _verify_parts(self, plan: StepPlan) -> tuple[float, float, float, float, float, float]:
+        """``_parts`` of a step with speculative verifies: a decode sequence of context c
+        feeding q tokens (1 + drafts) is a q-token causal chunk after c cached tokens, on the
+        decode kernel (vLLM routes short queries there; MLA: the absorbed path):
+        ``q · (c + (q + 1) / 2)`` attended pairs, its K/V (latent) read once; the LM head
+        scores every verified position (q rows per sequence)."""
+        plain = plan._replace(decode_q=(), decode_ctx=())
+        linear, prefill, _, _, _, swap = self._parts(plain)
+        n = plan.num_batched_tokens
+        linear = self._linear_s(n)
+        pairs = kv_toks = 0.0
+        for q, c in zip(plan.decode_q, plan.decode_ctx):
+            pairs += q * (c + (q + 1) / 2)
+            kv_toks += c + q
+        decode = max(pairs * self._dec_flop_s,
+                     kv_toks * self._kv_tok_s + plan.num_decode_tokens * self._q_tok_s)
+        r = plan.num_sampled + plan.num_decode_tokens - len(plan.decode_ctx)
+        lm_head = max(r * self._lm_flop_s, self._lm_weight_s + r * self._lm_row_s) if r else 0.0
+        comm = n * self._ar_tok_s + self._ar_fixed_s if n else 0.0
+        return linear, prefill, decode, lm_head, comm, swap
+
+
+def _no_stretch():
+    raise ValueError("a speculative verify step is priced one step at a time")
 
 
 class ConstantLatency:

@@ -16,11 +16,13 @@ class StepPlan(NamedTuple):
 
     A request's tokens are "prefill" when they are (part of) a catch-up of its KV cache: the prompt,
     or the prompt plus already generated tokens after a recompute preemption. They are "decode"
-    when the request feeds back exactly its last sampled token (``num_computed + 1 == num_tokens``).
+    when the request feeds back exactly its last sampled token (``num_computed + 1 == num_tokens``),
+    with speculative decoding followed by the drafts it verifies (``decode_q``).
 
     Invariants (checked by the property tests):
       * ``len(prefill_lens) == len(prefill_ctx)``; every prefill length >= 1
-      * ``num_batched_tokens = sum(prefill_lens) + len(decode_ctx) <= max_num_batched_tokens``
+      * ``num_batched_tokens = sum(prefill_lens) + sum(decode_q) (or len(decode_ctx)) <=
+        max_num_batched_tokens``
         (static batching is the one policy allowed to exceed it, with its whole-prompt prefill)
       * ``num_seqs = len(prefill_lens) + len(decode_ctx) <= max_num_seqs``
     """
@@ -43,6 +45,9 @@ class StepPlan(NamedTuple):
     # seconds the step costs beyond its tokens (a policy's own scheduling overhead, e.g. the
     # LMDeploy-style reschedule cost); every latency model adds it to the step's time
     extra_s: float = 0.0
+    # speculative decoding (#18): query tokens of each decode sequence, in decode_ctx order
+    # (1 + the drafts it verifies); empty when every decode feeds one token (no speculation)
+    decode_q: tuple[int, ...] = ()
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -53,8 +58,13 @@ class StepPlan(NamedTuple):
         return len(self.decode_ctx)
 
     @property
+    def num_decode_tokens(self) -> int:
+        """Tokens the decode sequences feed: one each, or 1 + drafts when verifying."""
+        return sum(self.decode_q) if self.decode_q else len(self.decode_ctx)
+
+    @property
     def num_batched_tokens(self) -> int:
-        return self.num_prefill_tokens + len(self.decode_ctx)
+        return self.num_prefill_tokens + self.num_decode_tokens
 
     @property
     def num_seqs(self) -> int:
