@@ -1,0 +1,76 @@
+"""KV offload to a host tier (issue #18): capacity, write-through, loads, conservation."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from simserve.kv.offload import OffloadingBlockManager, host_blocks
+
+
+def test_host_blocks_from_vllm_size():
+    # 1 GiB over TP 2, blocks of 24,576 B per rank: 2^30 / 2 / 24,576 = 21,845.3
+    assert host_blocks(1.0, 2, 24_576) == 21_845
+
+
+def _admit(m, rid, prompt, ids):
+    m.register(rid, prompt, ids)
+    cached = m.cached_tokens(rid, prompt)
+    assert m.can_hold(rid, prompt, cached)
+    assert m.allocate_cached(rid, prompt, cached) is not None if cached else \
+        m.allocate(rid, prompt) is not None
+    return cached
+
+
+def test_evicted_prefix_is_served_from_the_host_tier():
+    # 4 device blocks of 4 tokens, 8 host blocks; source blocks of 4 tokens (one id each)
+    m = OffloadingBlockManager(4, 4, 8, source_block_size=4)
+    assert _admit(m, 1, 13, [1, 2, 3, 4]) == 0        # 13 tokens: 4 blocks, 3 full ones cached
+    assert m.num_stored == 3 and m.num_host_used == 3  # written through to the host
+    m.free(1)
+    assert _admit(m, 2, 13, [9, 8, 7, 6]) == 0         # other content evicts all of request 1's
+    m.free(2)
+    m.register(3, 13, [1, 2, 3, 4])
+    # device holds request 2's blocks now; the host still holds 1's three: 12 tokens cached
+    assert m.cached_tokens(3, 13) == 12
+    assert _admit(m, 3, 13, [1, 2, 3, 4]) == 12
+    assert m.take_loaded() == 3 and m.take_loaded() == 0 and m.num_loaded == 3
+    # the loaded blocks are device-cached again: a fourth request hits them on the device
+    m.free(3)
+    m.register(4, 13, [1, 2, 3, 4])
+    assert _admit(m, 4, 13, [1, 2, 3, 4]) == 12 and m.take_loaded() == 0
+
+
+def test_host_tier_is_bounded_and_lru():
+    m = OffloadingBlockManager(8, 4, 2, source_block_size=4)
+    _admit(m, 1, 13, [1, 2, 3])            # 3 full blocks stored, capacity 2: oldest evicted
+    assert m.num_host_used == 2 and m.num_host_evicted == 1 and m.num_stored == 3
+
+
+def test_blocks_are_conserved_under_random_traffic():
+    rng = random.Random(5)
+    m = OffloadingBlockManager(40, 4, 25, source_block_size=4)
+    live = {}
+    for rid in range(400):
+        if live and (rng.random() < 0.5 or len(live) > 6):
+            victim = rng.choice(sorted(live))
+            m.free(victim)
+            del live[victim]
+        prompt = rng.randint(2, 30)
+        ids = [rng.randint(0, 5) for _ in range(8)]
+        m.register(rid, prompt, ids)
+        cached = m.cached_tokens(rid, prompt)
+        if not m.can_hold(rid, prompt, cached):
+            continue
+        got = (m.allocate_cached(rid, prompt, cached) if cached
+               else m.allocate(rid, prompt))
+        assert got is not None
+        live[rid] = prompt
+        m.take_loaded()
+        # device: free + held (distinct blocks) = total; host within capacity
+        held = {b for t in m._tables.values() for b in t}
+        assert m.num_free + len(held) == 40
+        assert 0 <= m.num_host_used <= 25
+        assert all(m.held(r) * 4 >= p for r, p in live.items())
+    assert m.num_loaded > 0 and m.num_host_evicted > 0
