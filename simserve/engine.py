@@ -59,7 +59,6 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
-from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -72,6 +71,7 @@ from simserve.routing import least_outstanding, round_robin  # noqa: F401  (re-e
 from simserve.sched.core import Scheduler
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
+from simserve.sched.stretch import Stretch
 from simserve.workload.spec import RequestSpec
 
 # Longest stretch priced at once: bounds the work wasted when an arrival cuts a stretch short.
@@ -125,7 +125,7 @@ class _Flight:
 
     starts: list[float]
     ends: list[float]
-    stretch: bool
+    stretch: Stretch | None
 
 
 class _ReplicaLog:
@@ -226,22 +226,23 @@ class Recorder:
             len(plan.decode_ctx), len(sched.running), sched.num_waiting, sched.blocks.num_blocks,
             plan.num_preempted, plan.swap_out_blocks, plan.swap_in_blocks))
 
-    def stretch(self, replica: Replica, starts: list[float], durations: list[float],
-                segments: list[tuple[int, int]], kv_used: list[int], plan: StepPlan) -> None:
-        """k steps starting with ``plan``, one group per segment ``(first step, requests)``
-        (``Scheduler.stretch_segments``): the steps of a segment differ only in their times
-        and KV blocks used; every running request is in it. The first segment has ``plan``'s
-        counts (a mixed first step is a segment of its own); the others decode."""
+    def stretch(self, replica: Replica, stretch: Stretch) -> None:
+        """A priced stretch's steps, one group per segment begun (``Stretch.segments``): the
+        steps of a segment differ only in their times and KV blocks used; every running
+        request is in it. The first segment has the stretch plan's counts (a mixed first step
+        is a segment of its own); the others decode."""
         log = self.log(replica)
         s = log.steps
-        s["start_s"].fromlist(starts)          # (fromlist: twice as fast as extend)
-        s["duration_s"].fromlist(durations)
-        s["kv_blocks_used"].fromlist(kv_used)
-        k = len(starts)
+        s["start_s"].fromlist(stretch.starts)          # (fromlist: twice as fast as extend)
+        s["duration_s"].fromlist(stretch.durations)
+        s["kv_blocks_used"].fromlist(stretch.blocks_used())
+        k = stretch.num_steps
+        plan = stretch.first_plan
+        segments = stretch.begun
         index, sched = replica.index, replica.scheduler
         waiting, num_blocks = sched.num_waiting, sched.blocks.num_blocks
         rows: list[int] = []
-        for j, (i0, m) in enumerate(segments):
+        for j, (i0, m, _) in enumerate(segments):
             if i0 >= k:
                 break
             i1 = min(segments[j + 1][0], k) if j + 1 < len(segments) else k
@@ -521,7 +522,7 @@ class _Cluster:
         back to the steps starting before ``t``, and wake the replica then if it is idle."""
         heappush(r.inbox, (t, payload[1].id if kind == _UNPIN else payload[0].id, kind, payload))
         f = r.flight
-        if f is not None and f.stretch and f.starts[-1] >= t:
+        if f is not None and f.stretch is not None and f.starts[-1] >= t:
             keep = bisect_left(f.starts, t)         # >= 1: step 0 started at or before now
             self.rec.log(r).trim(keep)
             del f.starts[keep:], f.ends[keep:]
@@ -590,7 +591,7 @@ class _Cluster:
             keep = bisect_right(f.ends, t)
             self.rec.log(r).trim(keep)
             if keep:
-                finished = r.scheduler.complete_decode_stretch(f.ends[:keep])
+                finished = f.stretch.apply(f.ends[:keep])
                 r.num_outstanding -= len(finished)
                 if finished:
                     self.done_steps(r, finished, f.ends[keep - 1])
@@ -784,38 +785,38 @@ def _replica_loop(env, c: _Cluster, r: Replica):
             cut = inbox[0][0]
         # past a finish only when nothing can look at the replica before the stretch is
         # applied (pull mode: it is applied at once)
-        k = sched.decode_stretch_limit(plan, MAX_STRETCH, pull) if fast else 1
-        durations = None
-        if k > 1:
-            starts, durations, segments, t = _price_stretch(sched, latency, plan, k, start,
-                                                            cut, cut_end)
-            k = len(starts)
-        stretch = k > 1
-        if stretch:
-            ends = starts[1:]
-            ends.append(t)
-            rec.stretch(r, starts, durations, segments, sched.stretch_blocks_used(k), plan)
-            now = t
+        stretch = Stretch.plan(sched, plan, MAX_STRETCH, pull) if fast else None
+        if stretch is not None:
+            stretch.price(latency, start, cut, cut_end)
+            if stretch.num_steps == 1:   # cut back to its first step, priced already
+                duration = stretch.durations[0]
+                stretch = None
         else:
-            # (a stretch cut back to its first step: that step is priced already)
-            duration = durations[0] if durations else latency.step_time(plan)
+            duration = latency.step_time(plan)
+        if stretch is not None:
+            starts = stretch.starts
+            ends = starts[1:]
+            ends.append(stretch.end)
+            rec.stretch(r, stretch)
+            now = stretch.end
+        else:
             rec.step(r, start, duration, plan)
             now = start + duration
         if not pull and (not run_ahead or now >= cut):
             if tracked:
-                r.flight = _Flight(starts, ends, True) if stretch else \
-                    _Flight([start], [now], False)
+                r.flight = _Flight(starts, ends, stretch) if stretch is not None else \
+                    _Flight([start], [now], None)
                 if not (yield from _hold(env, r, now)):
                     now = env.now      # failed in flight (the cluster did the rest)
                     sched = r.scheduler
                     continue
-                if stretch:            # possibly cut back while in flight
+                if stretch is not None:   # possibly cut back while in flight
                     ends = r.flight.ends
                     now = ends[-1]
                 r.flight = None
             else:
                 yield env.at(now)
-        finished = sched.complete_decode_stretch(ends) if stretch else sched.complete(plan, now)
+        finished = stretch.apply(ends) if stretch is not None else sched.complete(plan, now)
         if finished:
             r.num_outstanding -= len(finished)
             c.done_steps(r, finished, now)
@@ -832,76 +833,6 @@ def _hold(env, r: Replica, end: float):
             if not r.up:
                 return False
             end = r.flight.ends[-1]
-
-
-def _price_stretch(sched: Scheduler, latency: LatencyModel, plan: StepPlan, k: int,
-                   start: float, cut: float, cut_end: float):
-    """Price the decode stretch of up to ``k`` steps starting with ``plan`` at ``start``.
-
-    Step i starts at s_i = (...((s_0 + d_0) + d_1) ...), summed in order exactly as stepping
-    would (a cumulative sum, which adds left to right); a step after the first is kept only if
-    it starts before ``cut`` and ends before ``cut_end`` (>= ``cut``). Each segment is priced
-    from its own plan, and only as far as the cut needs: a segment's first step, then as many
-    as would reach the cut at the last price (step times grow along a segment; if they do not,
-    the loop prices on). Returns (starts, durations, segments, end): the kept steps, the
-    ``(first step, requests)`` of each segment begun, and the last kept step's end.
-    """
-    segs = sched.stretch_segments(k)
-    by_sum = None if plan.extra_s else getattr(latency, "decode_stretch_sum", None)
-    acc = [start]            # acc[m]: start of step m; acc[-1]: end of the last step priced
-    durations: list[float] = []
-    segments: list[tuple[int, int]] = []
-    for j, (i0, m, total) in enumerate(segs):
-        i1 = segs[j + 1][0] if j + 1 < len(segs) else k
-        segments.append((i0, m))
-        if i1 == 1:                      # step 0 alone (a mixed first step, usually)
-            d = latency.step_time(plan)
-            durations.append(d)
-            acc.append(acc[-1] + d)
-        else:
-            if i0 == 0:
-                prices = stretch_prices(latency, plan)
-            elif by_sum is not None:     # a decode segment: m requests, their contexts' sum
-                prices = by_sum(m, total)
-            else:
-                prices = stretch_prices(latency, sched.segment_plan(plan, i0))
-            i, n = i0, (1 if cut < INF else i1 - i0)
-            while True:
-                chunk = prices(i - i0, n)
-                durations += chunk
-                acc += accumulate(chunk, initial=acc.pop())
-                i += n
-                if i == i1 or acc[-1] >= cut:
-                    break
-                d = chunk[-1]
-                n = min(i1 - i, int((cut - acc[-1]) / d) + 1) if d > 0 else i1 - i
-        if acc[-1] >= cut:
-            break
-    n = len(durations)
-    keep = bisect_left(acc, cut, 0, n) if cut < INF else n             # first start >= cut
-    if cut_end < INF:
-        keep = min(keep, bisect_left(acc, cut_end, 1, n + 1) - 1)      # first end >= it
-    keep = max(keep, 1)                                                # step 0 always runs
-    if keep < n:
-        del acc[keep + 1:], durations[keep:]
-    end = acc.pop()
-    return acc, durations, segments, end
-
-
-def stretch_prices(latency: LatencyModel, plan: StepPlan):
-    """``(i, n) -> list`` of the seconds of steps i .. i + n - 1 of a decode stretch starting
-    with ``plan`` (step i: every context grown by i). Uses the model's own ``decode_stretch``
-    when it has one (its values must be bit-identical to ``step_time`` step by step);
-    otherwise prices each step's plan."""
-    fast = getattr(latency, "decode_stretch", None)
-    if fast is not None:
-        return fast(plan)
-
-    def prices(i: int, n: int) -> list[float]:
-        return [latency.step_time(plan._replace(decode_ctx=tuple(c + m for c in plan.decode_ctx)))
-                for m in range(i, i + n)]
-
-    return prices
 
 
 def _mark_first_scheduled(sched: Scheduler, plan: StepPlan, start: float) -> None:

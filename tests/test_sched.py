@@ -267,7 +267,7 @@ def test_stretches_start_with_mixed_steps_and_match_stepping(policy, monkeypatch
     run equals stepping, step for step and in every metric (ITL included)."""
     import simserve
     from simserve.config import parse_scenario
-    from simserve.sched.core import Scheduler
+    from simserve.sched.stretch import Stretch
     raw = {"model": "Llama-2-7B", "hardware": "A100-80GB", "seed": 3,
            "engine": {"max_num_seqs": 16, "max_num_batched_tokens": 4096, "block_size": 16,
                       "max_model_len": 4096},
@@ -276,15 +276,15 @@ def test_stretches_start_with_mixed_steps_and_match_stepping(policy, monkeypatch
                         "prompt": {"dist": "uniform", "low": 20, "high": 1500},
                         "output": {"dist": "uniform", "low": 1, "high": 300}}}
     starts = []
-    limit = Scheduler.decode_stretch_limit
+    plan_stretch = Stretch.plan
 
-    def spy(self, plan, max_steps, past_finish=False):
-        k = limit(self, plan, max_steps, past_finish)
-        if k > 1 and plan.prefill_lens:
-            starts.append(len(self.running) - len(plan.request_ids))   # requests that wait
-        return k
+    def spy(sched, plan, max_steps, past_finish=False):
+        stretch = plan_stretch(sched, plan, max_steps, past_finish)
+        if stretch is not None and plan.prefill_lens:
+            starts.append(len(sched.running) - len(plan.request_ids))   # requests that wait
+        return stretch
 
-    monkeypatch.setattr(Scheduler, "decode_stretch_limit", spy)
+    monkeypatch.setattr(Stretch, "plan", staticmethod(spy))
     fast = simserve.run(parse_scenario(raw))
     slow = simserve.run(parse_scenario(raw), fast_forward=False)
     assert fast.summary == slow.summary

@@ -1,0 +1,377 @@
+"""Fast-forward: a decode stretch planned, priced and applied at once.
+
+A *decode stretch* starts with a plan that decodes every running request by one token, with no
+prefill, preemption, swap or admission. Step i of the stretch (i = 0 is that plan) feeds
+member j's token at position c_j + i, so it needs blocks for c_j + i + 1 tokens::
+
+    block_size 4, c_j = 6:  [x x x x][x x . .]   step 0 writes slot 7, step 1 slot 8,
+                                                 step 2 needs a third block, ...
+
+Until someone finishes, arrives, or the blocks run out, every step repeats the decision (for a
+policy whose admission is monotone: ``Scheduler.fast_forward``), so the engine can price and
+apply k steps at once. A stretch may also start with a step that completes the last prefill
+chunks of some requests while the others decode, or wait (vLLM v0's prefill-only steps): when
+nothing is left waiting, the next step decodes them all. A member's c is then chosen so that
+step i >= 1 still feeds position c + i: a newcomer with prompt p has c = p - 1 (as if it had
+decoded at step 0); a request that waits in step 0 has c one less than its context, and takes
+the stretch's steps from step 1 (its ``offset`` 1). With ``past_finish`` (nothing can look at
+the replica before the stretch is applied) it runs on past finishes: members drop out as they
+finish, and each run of one membership, a :class:`Segment`, is priced from the plan
+``schedule()`` would have made at its first step.
+
+The semantic code (the scheduler, the latency models) reads as if it stepped one iteration at a
+time; this module is the optimisation, with one object per stretch:
+
+    stretch = Stretch.plan(sched, plan, max_steps, past_finish)   # None: just one step
+    stretch.price(latency, start, cut, cut_end)                   # its steps' times
+    finished = stretch.apply(ends)                                # counters, blocks, finishes
+
+The property tests hold fast-forwarded runs to stepped ones, step for step.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable
+from itertools import accumulate
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from simserve.sched.core import _extend_runs
+from simserve.sched.plan import StepPlan
+
+if TYPE_CHECKING:
+    from simserve.sched.core import Scheduler
+    from simserve.sched.request import Request
+
+INF = float("inf")
+Prices = Callable[[int, int], list[float]]
+
+
+class Member(NamedTuple):
+    """One request of a stretch, as it was when the stretch was planned."""
+
+    request: Request
+    ctx: int       # step i feeds its token at position ctx + i
+    held: int      # KV blocks it holds at step 0
+    end: int       # it takes steps offset .. end - 1 (its last token at step end - 1)
+    offset: int    # 1 if it waits in step 0 (still decoding), else 0
+
+
+class Segment(NamedTuple):
+    """A run of steps of one membership and shape."""
+
+    first: int          # the stretch step it starts at
+    num_requests: int   # requests decoding in it
+    ctx_sum: int        # the sum of their contexts at its first step
+
+
+# Member(...) and Segment(...) without a Python-level call: one is built per running request at
+# every stretch planned, and the engine plans one at about every arrival
+_new = tuple.__new__
+
+
+def _end(m: Member) -> int:
+    return m[3]
+
+
+class Stretch:
+    """Steps 0 .. k - 1 of a decode stretch on one scheduler, starting with ``plan``.
+
+    Built by :meth:`plan` (which bounds k); :meth:`price` sets the steps' start times and
+    durations (``starts``, ``durations``, ``end``: the last step's end) and may shorten it
+    (``num_steps``); :meth:`apply` advances the scheduler past the steps that ran.
+    """
+
+    __slots__ = ("sched", "first_plan", "members", "num_steps", "past_finish", "mixed", "starts",
+                 "durations", "begun", "end")
+
+    def __init__(self, sched: Scheduler, plan: StepPlan, members: list[Member], num_steps: int,
+                 past_finish: bool, mixed: bool):
+        self.sched = sched
+        self.first_plan = plan
+        self.members = members
+        self.num_steps = num_steps
+        self.past_finish = past_finish   # members drop out as they finish
+        self.mixed = mixed               # step 0 completes some prefills
+        self.starts: list[float] = []
+        self.durations: list[float] = []
+        self.begun: list[Segment] = []   # the segments priced (some may lie past a cut)
+        self.end = 0.0
+
+    # -- planning --------------------------------------------------------------------------
+    @classmethod
+    def plan(cls, sched: Scheduler, plan: StepPlan, max_steps: int,
+             past_finish: bool = False) -> Stretch | None:
+        """The decode stretch that starts with ``plan`` (just made by ``sched.schedule()``),
+        of at most ``max_steps`` steps; None when it would be one step.
+
+        ``plan`` must have every request in it sample a token and, but for a mixed first
+        step, decode every running request. A mixed first step (with ``past_finish``, for a
+        policy that goes on past finishes, with nothing waiting or swapped) completes the
+        last prefill chunks of some requests while the others decode or, still decoding, wait;
+        it is a segment of its own. Bounded by the KV blocks (the stretch stops before the step
+        whose allocations would not fit) and by the earliest finish (its last step ends the
+        stretch) unless ``past_finish`` and the policy allows it with nothing waiting or
+        swapped: then requests drop out as they finish, and it runs until the last one is done.
+        """
+        running = sched.running
+        everyone = len(plan.request_ids) == len(running)
+        if (not sched.monotone_admission or plan.num_preempted
+                or plan.swap_in_blocks or plan.swap_out_blocks
+                or plan.num_sampled != len(plan.request_ids) or max_steps <= 1
+                or sched.blocks.caches_prefixes):   # blocks with identities: allocate() each
+            return None
+        # if some prefill (their last chunk), the stretch may start with this mixed step when
+        # what follows is sure to decode every running request (nothing waits to be admitted
+        # or swapped in, and the token budget holds them all) and, as for segments, nothing
+        # can look at the stretch before it is applied (``past_finish``)
+        mixed = bool(plan.prefill_lens)
+        if not mixed and not everyone:
+            return None
+        batch = sched._batch
+        if mixed and (not past_finish or not sched.continues_past_finish or sched.waiting
+                      or sched.swapped or batch is None or batch.plan is not plan
+                      or len(running) > sched.limits.max_num_batched_tokens):
+            return None
+        assert batch is not None
+        held = sched.blocks.blocks_held
+        # the members: each takes steps offset .. end - 1, and step i feeds its token at
+        # position ctx + i: ctx is the tokens computed before step 0 less one, plus the tokens
+        # the plan gives it (1 for a decode, 0 if it waits)
+        if everyone:
+            members = [_new(Member, (r, r.num_computed_tokens, held[r.id],
+                                     r.num_output_tokens - r.num_generated, 0))
+                       for r in running]
+            for r, n in batch.prefills if mixed else ():   # their last chunk: ctx moves on
+                j = running.index(r)
+                members[j] = members[j]._replace(ctx=r.num_computed_tokens + n - 1)
+        else:
+            more = {r.id: n - 1 for r, n in batch.prefills}
+            members = []
+            scheduled = batch.scheduled
+            for r in running:
+                c, left = r.num_computed_tokens, r.num_output_tokens - r.num_generated
+                if r.id in scheduled:
+                    members.append(_new(Member, (r, c + more.get(r.id, 0), held[r.id], left,
+                                                 0)))
+                elif r.num_generated and c + 1 == r.num_prompt_tokens + r.num_generated:
+                    members.append(_new(Member, (r, c - 1, held[r.id], left + 1, 1)))  # waits
+                else:
+                    return None   # a prefill left undone: the next step is no decode step
+        past = (past_finish and sched.continues_past_finish
+                and not sched.waiting and not sched.swapped)
+        k = min(max_steps, (max if past else min)(members, key=_end).end)
+        if k <= 1:
+            return None
+        k = _fit_blocks(members, k, sched.blocks.block_size, sched.blocks.num_free)
+        if k <= 1:
+            return None
+        return cls(sched, plan, members, k, past, mixed)
+
+    def segments(self) -> list[Segment]:
+        """The runs of one membership and shape among steps 0 .. num_steps - 1: one unless
+        the stretch starts with a mixed step, which is a segment of its own, or requests drop
+        out as they finish. Step i of a decode segment starting at i0 decodes its requests
+        with every context grown by i - i0 (:meth:`segment_plan` gives its plan; the sum is
+        what a latency model with ``decode_stretch_sum`` needs)."""
+        k = self.num_steps
+        total = 0
+        drops: dict[int, list[int]] = {}      # step -> [members, sum of ctx] gone by then
+        past = self.past_finish
+        for _, c, _, e, _ in self.members:
+            total += c
+            if past and e < k:
+                d = drops.get(e)
+                if d is None:
+                    drops[e] = [1, c]
+                else:
+                    d[0] += 1
+                    d[1] += c
+        if self.mixed and 1 not in drops:
+            drops[1] = [0, 0]
+        m = len(self.members)
+        segments = [_new(Segment, (0, m, total))]
+        for i0 in sorted(drops):
+            gone, ctx = drops[i0]
+            m -= gone
+            total -= ctx
+            segments.append(_new(Segment, (i0, m, total + m * i0)))
+        return segments
+
+    def segment_plan(self, i0: int) -> StepPlan:
+        """The plan of step ``i0``: exactly what ``schedule()`` would make then (the requests
+        left, in running order, each decoding; step 0 is the stretch's own plan)."""
+        if i0 == 0:
+            return self.first_plan
+        left = [m for m in self.members if m.end > i0]
+        n = len(left)
+        return StepPlan(tuple([m.request.id for m in left]), (1,) * n, (), (),   # (positional)
+                        tuple([m.ctx + i0 for m in left]), n, 0, 0, 0, self.first_plan.extra_s)
+
+    # -- pricing ---------------------------------------------------------------------------
+    def price(self, latency: Any, start: float, cut: float = INF, cut_end: float = INF) -> None:
+        """Price the stretch's steps from ``start``: ``starts``, ``durations``, ``end``, and
+        keep only the steps after the first that start before ``cut`` and end before
+        ``cut_end`` (>= ``cut``): the next outside events (``num_steps`` shrinks to match).
+
+        Step i starts at s_i = (...((s_0 + d_0) + d_1) ...), summed in order exactly as
+        stepping would (a cumulative sum adds left to right). Each segment is priced from its
+        own plan, and only as far as the cut needs: a segment's first step, then as many as
+        would reach the cut at the last price (step times grow along a segment; if they do
+        not, the loop prices on).
+        """
+        k, plan = self.num_steps, self.first_plan
+        segs = self.segments()
+        by_sum = None if plan.extra_s else getattr(latency, "decode_stretch_sum", None)
+        acc = [start]            # acc[m]: start of step m; acc[-1]: end of the last priced
+        durations: list[float] = []
+        begun: list[Segment] = []
+        for j, seg in enumerate(segs):
+            i0 = seg.first
+            i1 = segs[j + 1].first if j + 1 < len(segs) else k
+            begun.append(seg)
+            if i1 == 1:                      # step 0 alone (a mixed first step, usually)
+                d = latency.step_time(plan)
+                durations.append(d)
+                acc.append(acc[-1] + d)
+            else:
+                if i0 == 0:
+                    prices = stretch_prices(latency, plan)
+                elif by_sum is not None:     # a decode segment: its requests, their ctx sum
+                    prices = by_sum(seg.num_requests, seg.ctx_sum)
+                else:
+                    prices = stretch_prices(latency, self.segment_plan(i0))
+                i, n = i0, (1 if cut < INF else i1 - i0)
+                while True:
+                    chunk = prices(i - i0, n)
+                    durations += chunk
+                    acc += accumulate(chunk, initial=acc.pop())
+                    i += n
+                    if i == i1 or acc[-1] >= cut:
+                        break
+                    d = chunk[-1]
+                    n = min(i1 - i, int((cut - acc[-1]) / d) + 1) if d > 0 else i1 - i
+            if acc[-1] >= cut:
+                break
+        n = len(durations)
+        keep = bisect_left(acc, cut, 0, n) if cut < INF else n            # first start >= cut
+        if cut_end < INF:
+            keep = min(keep, bisect_left(acc, cut_end, 1, n + 1) - 1)     # first end >= it
+        keep = max(keep, 1)                                               # step 0 always runs
+        if keep < n:
+            del acc[keep + 1:], durations[keep:]
+        self.end = acc.pop()
+        self.starts, self.durations, self.begun = acc, durations, begun
+        self.num_steps = len(acc)
+
+    # -- applying --------------------------------------------------------------------------
+    def blocks_used(self) -> list[int]:
+        """KV blocks in use after scheduling each of its steps (for the recorder)."""
+        k = self.num_steps
+        blocks = self.sched.blocks
+        bs = blocks.block_size
+        extra = [0] * k
+        for _, c, h, e, _ in self.members:
+            # step i holds ceil((c + i + 1) / bs) blocks: it first needs block h + 1 at step
+            # h * bs - c (>= 1, since step 0 fits in h blocks), then every bs steps; a member
+            # that finishes at step e - 1 frees all it holds before step e
+            last = e if e < k else k
+            first = h * bs - c
+            grown = 0
+            if first < last:
+                for i in range(first, last, bs):
+                    extra[i] += 1
+                grown = (last - 1 - first) // bs + 1
+            if e < k:
+                extra[e] -= h + grown
+        return list(accumulate(extra, initial=blocks.num_used))[1:]
+
+    def apply(self, ends: list[float]) -> list[Request]:
+        """Apply its first ``len(ends)`` steps, which ended at ``ends``; the requests that
+        finished.
+
+        A member takes steps o .. min(k, end) - 1. Inter-token gaps: inside the stretch every
+        member has one per step gap between its steps; entering it, a member that decoded in
+        the step just before adds that step gap, others add their own gap since their last
+        token.
+        """
+        sched = self.sched
+        k = len(ends)
+        a = sched._next_step(ends)
+        finished = []
+        grown = []
+        adjacent = late = 0
+        extra = sched.itl_extra
+        diff = sched.itl_diff
+        for req, c, _, e, o in self.members:
+            end = e if e < k else k
+            c += end
+            req.num_computed_tokens = c
+            req.num_generated += end - o
+            grown.append((req.id, c))
+            if req.first_token_s is None:
+                req.first_token_s = ends[o]
+            elif req.last_step == a - 1 and not o:
+                adjacent += 1
+            else:
+                extra.append(ends[o] - req.last_token_s)
+            req.last_step, req.last_token_s = a + end - 1, ends[end - 1]
+            if req.token_runs is not None:
+                _extend_runs(req.token_runs, a + o, end - o)
+            diff[a + end - 1] -= 1      # its gaps a + o .. a + end - 2 (the start: below)
+            late += o
+            if e <= k:
+                finished.append(req)
+        diff[a] += len(self.members) - late
+        if late:
+            diff[a + 1] += late
+        if adjacent:
+            diff[a - 1] += adjacent
+            diff[a] -= adjacent
+        added = sched.blocks.allocate_all(grown)   # fits: plan() checked the total
+        assert added is not None
+        sched._finish_at(finished)
+        return finished
+
+
+def _fit_blocks(members: list[Member], k: int, bs: int, free: int) -> int:
+    """The most steps, at most ``k``, whose new blocks fit in ``free`` (>= 1)."""
+    if len(members) * (k // bs + 1) <= free:   # k steps add at most k // bs + 1 blocks each
+        return k
+
+    def new_blocks(steps: int) -> int:
+        """Blocks to add so that each member fits the steps it takes of ``steps`` (blocks
+        freed by members that finish are not counted back: a conservative bound)."""
+        total = 0
+        for _, c, h, e, _ in members:
+            need = -(-(c + min(steps, e)) // bs) - h
+            if need > 0:
+                total += need
+        return total
+
+    if new_blocks(k) <= free:
+        return k
+    lo, hi = 1, k          # new_blocks(lo) <= free (= 0 for lo = 1), new_blocks(hi) > free
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if new_blocks(mid) <= free:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def stretch_prices(latency: Any, plan: StepPlan) -> Prices:
+    """``(i, n) -> list`` of the seconds of steps i .. i + n - 1 of a decode stretch starting
+    with ``plan`` (step i: every context grown by i). Uses the model's own ``decode_stretch``
+    when it has one (its values must be bit-identical to ``step_time`` step by step);
+    otherwise prices each step's plan."""
+    fast = getattr(latency, "decode_stretch", None)
+    if fast is not None:
+        return fast(plan)   # type: ignore[no-any-return]
+
+    def prices(i: int, n: int) -> list[float]:
+        return [latency.step_time(plan._replace(decode_ctx=tuple(c + m for c in plan.decode_ctx)))
+                for m in range(i, i + n)]
+
+    return prices
