@@ -7,7 +7,7 @@ on an A100-80GB, roofline, Poisson 3 req/s, Azure-conversation lengths) under
 working tree (or a revision, ``--head``) and once for a git revision exported to a temporary
 directory (``--base``), and
 prints the instruction counts of the run itself (the whole process minus the same process
-stopping before ``simserve.run``: imports, scenario, workload file read are left out).
+stopping before it, both after a 20-request run that imports every module a run needs).
 
     python benchmarks/sim_instructions.py --base main --requests 5000
     python benchmarks/sim_instructions.py --base 12fb67d --head HEAD --policies vllm_v1 --stepwise
@@ -35,13 +35,16 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from sim_speed import SCENARIO  # noqa: E402  (the same scenario as the speed benchmark)
 
 CHILD = textwrap.dedent("""
-    import json, sys
+    import copy, json, sys
     import simserve
     from simserve.config import parse_scenario
     raw, fast_forward, run = json.loads(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "1"
+    # a run of 20 requests first: every module a run imports is imported (and compiled) and
+    # the trace read, in both processes, so the difference is the big run alone
+    small = copy.deepcopy(raw)
+    small["workload"]["num_requests"] = 20
+    simserve.run(parse_scenario(small), fast_forward=fast_forward)
     s = parse_scenario(raw)
-    from simserve.workload import build_workload
-    build_workload(s.workload, s.seed, s.base_dir)      # warm the file cache and imports
     if run:
         r = simserve.run(s, fast_forward=fast_forward)
         print(r.num_steps, r.summary["mean_ttft_ms"])

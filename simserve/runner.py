@@ -11,10 +11,10 @@ import gc
 import json
 import math
 from contextlib import contextmanager
-from itertools import chain
-from operator import attrgetter
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,12 +22,16 @@ import yaml
 
 from simserve.config import Scenario, load_scenario, load_variants, num_host_blocks, \
     num_kv_blocks
-from simserve.cluster import GroupConfig, cluster_summary, engine_options, groups_of
-from simserve.engine import STEP_COLUMNS, Recorder, Replica, simulate
+from simserve.cluster import GroupConfig, groups_of, kv_bytes_per_token_per_rank
+from simserve.cluster.faults import FaultSchedule
+from simserve.cluster.routing import make_router
+from simserve.engine import Replica, simulate
 from simserve.errors import ConfigError, SimserveError
 from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
 from simserve.latency.base import LatencyModel
+from simserve.metrics.cluster import cluster_summary
+from simserve.metrics.recorder import Recorder
 from simserve.metrics.slo import SloConfig
 from simserve.metrics.summary import WeightedSample, format_summary, grouped_levels, summarize
 from simserve.sched import POLICIES, SchedulerLimits
@@ -200,6 +204,27 @@ def _group_replicas(s: Scenario, g: GroupConfig, first: int,
 
     return [Replica(first + i, factory(), latency, s.max_model_len, group=g.name, role=g.role,
                     factory=factory) for i in range(g.replicas)]
+
+
+def engine_options(s, replicas) -> dict[str, Any]:
+    """The keyword arguments of ``engine.simulate`` for the scenario's cluster: routers (one
+    per pool, each with its own seeded stream), the KV transfer pricing, the fault schedule."""
+    c = s.cluster
+    out: dict[str, Any] = {"router": make_router(c.router, s.seed, pool=0)}
+    if c.disaggregated:
+        scenario = {}
+        for g, first in zip(groups_of(s), np.cumsum([0] + [g.replicas for g in groups_of(s)])):
+            for i in range(g.replicas):
+                scenario[int(first) + i] = g.scenario
+        per_rank = {i: kv_bytes_per_token_per_rank(sc) for i, sc in scenario.items()}
+        link = c.kv_transfer
+        out["decode_router"] = make_router(c.router, s.seed, pool=1)
+        out["transfer_s"] = lambda tokens, src, dst: link.seconds(
+            tokens * max(per_rank[src.index], per_rank[dst.index]))
+    if c.faults is not None and c.faults.enabled:
+        out.update(faults=FaultSchedule(c.faults, len(replicas), s.seed),
+                   on_failure=c.faults.on_failure, max_retries=c.faults.max_retries)
+    return out
 
 
 def class_slos(s: Scenario) -> dict[str, SloConfig]:
