@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from simserve.engine.clock import Clock, EmptySchedule
-from simserve.engine.loops import replica_loop
+from simserve.engine.loops import loop_for
 from simserve.engine.replica import Replica, Router
 from simserve.engine.runtime import Runtime, arrival_process
 from simserve.metrics.recorder import Recorder
@@ -30,8 +30,9 @@ def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: 
     rec = Recorder()
     c = Runtime(env, rec, specs, replicas, router, fast_forward, decode_router, transfer_s,
                  faults, on_failure, max_retries)
+    loop = loop_for(c)
     for r in replicas:
-        r.proc = env.process(replica_loop(env, c, r))
+        r.proc = env.process(loop(env, c, r))
     if not c.pull:
         env.process(arrival_process(env, c))
     if faults is not None:

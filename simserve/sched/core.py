@@ -155,6 +155,11 @@ class Scheduler:
         return [*self.running, *self.waiting, *self.swapped]
 
     @property
+    def newly_scheduled(self) -> list[Request]:
+        """Requests the last plan schedules for the first time (each with a prefill chunk)."""
+        return self._batch.first_scheduled if self._batch is not None else []
+
+    @property
     def num_waiting(self) -> int:
         return len(self.waiting) + len(self.swapped)
 
