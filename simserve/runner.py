@@ -33,7 +33,8 @@ from simserve.latency.base import LatencyModel
 from simserve.metrics.cluster import cluster_summary
 from simserve.metrics.recorder import Recorder
 from simserve.metrics.slo import SloConfig
-from simserve.metrics.summary import WeightedSample, format_summary, grouped_levels, summarize
+from simserve.metrics.summary import format_summary, grouped_levels, summarize
+from simserve.metrics.tokens import itl_sample
 from simserve.sched import POLICIES, SchedulerLimits
 from simserve.sched.request import Status
 from simserve.workload import build_workload
@@ -56,7 +57,7 @@ class Result:
     latency_label: str = ""
     warnings: list[str] = field(default_factory=list)
     _recorder: Recorder | None = field(default=None, repr=False)
-    _runs: list | None = field(default=None, repr=False)   # (runs, step ends, delay) per row
+    _tracks: list | None = field(default=None, repr=False)   # (TokenTrack, delay) per row
     _token_times: list | None = field(default=None, repr=False)
 
     @property
@@ -76,23 +77,22 @@ class Result:
 
     @property
     def has_token_times(self) -> bool:
-        return self._runs is not None
+        return self._tracks is not None
 
     @property
     def token_times(self) -> list[np.ndarray]:
         """Every output token's time, one array per row of ``requests`` (empty if rejected).
         Recorded only when asked for: ``run(..., record_tokens=True)``."""
-        if self._runs is None:
+        if self._tracks is None:
             raise SimserveError("token times were not recorded; run with record_tokens=True "
                                 "(CLI: --tokens)")
         if self._token_times is None:
             out = []
-            for runs, ends, delay in self._runs:
-                if not runs:
+            for track, delay in self._tracks:
+                if track is None:
                     out.append(np.empty(0))
                     continue
-                e = np.frombuffer(ends, dtype=np.float64)
-                times = np.concatenate([e[a:b] for a, b in runs])
+                times = np.array(track.times(), dtype=np.float64)
                 out.append(times + delay if delay else times)
             self._token_times = out
         return self._token_times
@@ -366,48 +366,17 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
         groups = [{**log.step_arrays(), **log.group_columns()} for log in logs]
         return grouped_levels(groups, t0, t1)
 
-    summary = summarize(requests, None, None, s.slo, itl=itl_sample(rec, replicas),
+    summary = summarize(requests, None, None, s.slo, itl=itl_sample(rec),
                         class_slos=class_slos(s) if any(r.spec.klass for r in reqs) else None,
                         prefix_caching=s.engine.enable_prefix_caching, levels=levels)
     summary.update(cluster_summary(rec, replicas, requests))
     if any(delays.values()):
         summary["frontend_delay_ms"] = 1000.0 * max(delays.values())
-    runs = None
+    tracks = None
     if all(r.scheduler.record_tokens for r in replicas):
-        runs = [(r.token_runs, r.step_ends, delays.get(r.replica, 0.0)) if ok else ([], None, 0.0)
-                for r, ok in zip(reqs, finished)]
-    return Result(s, requests, None, summary, _recorder=rec, _runs=runs)
-
-
-CHUNK = 1 << 20   # steps processed at a time after a run: bounds the memory of long runs
-
-
-def itl_sample(rec: Recorder, replicas: list[Replica]) -> WeightedSample:
-    """Every inter-token gap, as the schedulers gathered them: gap g of a replica (between its
-    steps g and g + 1) with its multiplicity, plus the gaps that spanned skipped steps.
-    Streamed in chunks of steps, regenerated for each pass (see WeightedSample)."""
-    sources = []
-    for replica in replicas:
-        sched, log = replica.scheduler, rec.replicas.get(replica.index)
-        n = sched.num_steps if log is not None else 0
-        sources.append((np.frombuffer(sched.itl_diff, dtype=np.int32),
-                        np.frombuffer(log.steps["start_s"], dtype=np.float64) if n else None,
-                        np.frombuffer(log.steps["duration_s"], dtype=np.float64) if n else None,
-                        n, np.frombuffer(sched.itl_extra, dtype=np.float64)))
-
-    def chunks():
-        for diff, start, duration, n, extra in sources:
-            carry = 0
-            for a in range(0, max(n - 1, 0), CHUNK):   # gaps a .. b-1 need step ends a .. b
-                b = min(a + CHUNK, n - 1)
-                w = np.cumsum(diff[a:b], dtype=np.int64) + carry
-                carry = int(w[-1])
-                ends = start[a:b + 1] + duration[a:b + 1]
-                keep = w > 0
-                yield np.diff(ends)[keep], w[keep]
-            yield extra, np.ones(len(extra), dtype=np.int64)
-
-    return WeightedSample(chunks=chunks)
+        tracks = [(r.tokens, delays.get(r.replica, 0.0)) if ok else (None, 0.0)
+                  for r, ok in zip(reqs, finished)]
+    return Result(s, requests, None, summary, _recorder=rec, _tracks=tracks)
 
 
 def steps_frame(rec: Recorder) -> pd.DataFrame:

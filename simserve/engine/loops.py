@@ -87,7 +87,7 @@ def solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
         # one replica: the router has no choice to make, so only a step's start is cut
         stretch, end = _take(c, r, sched, plan, now, arrivals.next_time, INF, MAX_STRETCH,
                              past_finish=True)
-        now = _finish(c, r, sched, plan, stretch, _ends(stretch), end)
+        now = c.finish_steps(r, sched, plan, stretch, _ends(stretch), end)
 
 
 def run_ahead_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
@@ -114,7 +114,7 @@ def run_ahead_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
                 now, sched = env.now, r.scheduler   # failed in flight (the runtime did the rest)
                 continue
             end = held
-        now = _finish(c, r, sched, plan, stretch, ends, end)
+        now = c.finish_steps(r, sched, plan, stretch, ends, end)
 
 
 def stepping_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
@@ -142,7 +142,7 @@ def stepping_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
         if held is None:
             now, sched = env.now, r.scheduler
             continue
-        now = _finish(c, r, sched, plan, stretch, ends, held)
+        now = c.finish_steps(r, sched, plan, stretch, ends, held)
 
 
 # -- the pieces the loops share -------------------------------------------------------------
@@ -202,16 +202,6 @@ def _ends(stretch: Stretch | None) -> list[float]:
     ends = stretch.starts[1:]
     ends.append(stretch.end)
     return ends
-
-
-def _finish(c: Runtime, r: Replica, sched: Scheduler, plan: StepPlan, stretch: Stretch | None,
-            ends: list[float], now: float) -> float:
-    """Apply the step (or the stretch's steps that ran, ending at ``ends``) at ``now``."""
-    finished = stretch.apply(ends) if stretch is not None else sched.complete(plan, now)
-    if finished:
-        r.num_outstanding -= len(finished)
-        c.done_steps(r, finished, now)
-    return now
 
 
 def _sleep(env: Clock, c: Runtime, r: Replica, now: float) -> Generator[Any, Any, float | None]:

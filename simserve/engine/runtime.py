@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from heapq import heapify, heappop, heappush
@@ -35,6 +34,9 @@ from simserve.engine.clock import LATE, URGENT, Clock
 from simserve.engine.replica import Replica, Router, rejection_reason
 from simserve.kv.blocks import BlockManager
 from simserve.metrics.recorder import Recorder
+from simserve.metrics.tokens import moved
+from simserve.sched.plan import StepPlan
+from simserve.sched.stretch import Stretch
 from simserve.sched.core import Scheduler
 from simserve.sched.request import Request, Status
 from simserve.workload.spec import RequestSpec
@@ -95,7 +97,6 @@ class Runtime:
         self.fault_times: list[float] = []   # pending failure and restart times (a heap)
         self.real: dict[int, Request] = {}   # request id -> the request its proxy prefills
         self.assigned: dict[int, Replica | None] = {}   # decode replica, until the KV lands
-        self.prior: dict[int, list[float]] = {}   # token times delivered before its replica
         self.backlog: list[Request] = []     # no live replica in its pool: held at the router
         self.decode_backlog: list[tuple] = []    # prefilled, no live decode replica
 
@@ -112,6 +113,22 @@ class Runtime:
         self.pending -= n
         if self.pending == 0:
             self.finished = True
+
+    def finish_steps(self, r: Replica, sched: Scheduler, plan: StepPlan,
+                     stretch: Stretch | None, ends: list[float], now: float) -> float:
+        """Apply a replica's step that ended at ``now`` (or the steps of ``stretch`` that ran,
+        ending at ``ends``): its scheduler's counters, the token log, the requests it
+        finished; returns ``now``."""
+        if stretch is not None:
+            finished = stretch.apply(ends)
+            self.rec.token_log(r).stretch(stretch, ends)
+        else:
+            finished = sched.complete(plan, now)
+            self.rec.token_log(r).step(now, sched.sampled)
+        r.num_outstanding -= len(finished)
+        if finished:
+            self.done_steps(r, finished, now)
+        return now
 
     def done_steps(self, r: Replica, finished: list[Request], now: float) -> None:
         """Requests that a replica's step just finished."""
@@ -251,24 +268,9 @@ class Runtime:
         r.scheduler.add(req)
 
     def _deliver(self, r: Replica, req: Request, t: float) -> None:
-        """A token produced elsewhere reaches the client at ``t`` (its time and the gap since
-        the request's previous token are recorded by replica ``r``'s scheduler)."""
-        if req.first_token_s is None:
-            req.first_token_s = t
-        else:
-            r.scheduler.itl_extra.append(t - req.last_token_s)
-        req.last_token_s, req.last_step = t, -2
-        self.prior.setdefault(req.id, []).append(t)
-
-    def join_token_times(self) -> None:
-        """Token times of requests served by several replicas: one array each."""
-        if not any(r.scheduler.record_tokens for r in self.replicas):
-            return
-        for req in self.rec.requests:
-            before = self.prior.get(req.id)
-            if before and req.status is Status.FINISHED:
-                times = before + (req.token_times if req.token_runs else [])
-                req.step_ends, req.token_runs = array("d", times), [[0, len(times)]]
+        """A token produced elsewhere reaches the client at ``t`` (recorded by replica ``r``'s
+        token log, with the gap since the request's previous token)."""
+        self.rec.token_log(r).delivered(req, t)
 
     # -- failures --------------------------------------------------------------------------
     def add_fault(self, t: float, r: Replica, restart_s: float) -> None:
@@ -290,11 +292,11 @@ class Runtime:
         if f is not None:            # steps that ended by t stand; the one in flight is lost
             keep = bisect_right(f.ends, t)
             self.rec.log(r).trim(keep)
-            if keep:
-                finished = f.stretch.apply(f.ends[:keep])
-                r.num_outstanding -= len(finished)
-                if finished:
-                    self.done_steps(r, finished, f.ends[keep - 1])
+            if keep:             # (only a stretch: a plain step's end is its flight's end)
+                assert f.stretch is not None
+                ends = f.ends[:keep]
+                self.finish_steps(r, r.scheduler, f.stretch.first_plan, f.stretch, ends,
+                                  ends[-1])
             r.proc.interrupt()
         else:
             wake(r)
@@ -332,11 +334,8 @@ class Runtime:
         lost = [e for e in self.decode_backlog if e[1] is r]
         self.decode_backlog = [e for e in self.decode_backlog if e[1] is not r]
         victims.extend(e[0] for e in lost)
-        for req in victims:
+        for req in victims:          # (tokens it streamed from here stay streamed)
             self._unassign(req)
-            if req.token_runs:       # tokens it streamed from here stay streamed
-                self.prior.setdefault(req.id, []).extend(req.token_times)
-                req.token_runs = []
         if r.role == "decode":
             live = [d for d in self.decode if d.up and d is not r]
             for rid in sorted(i for i, d in self.assigned.items() if d is r):
@@ -355,7 +354,7 @@ class Runtime:
             return
         self.rec.retries[req.id] = n + 1
         req.num_computed_tokens = 0
-        req.last_step = -2
+        moved(req)
         self.dispatch(req)
 
     def restart(self, r: Replica, t: float) -> None:
@@ -393,10 +392,9 @@ def _pin(blocks: BlockManager, pin: int, proxy: Request, tokens: int) -> None:
 
 
 def _fresh(old: Scheduler, factory: Callable[[], Scheduler]) -> Scheduler:
-    """A restarted replica's scheduler: empty queues and KV cache, the same step accounting."""
+    """A restarted replica's scheduler: empty queues and KV cache (its token log goes on)."""
     new = factory()
-    new.num_steps, new.itl_diff, new.itl_extra = old.num_steps, old.itl_diff, old.itl_extra
-    new.record_tokens, new.step_ends = old.record_tokens, old.step_ends
+    new.record_tokens = old.record_tokens
     return new
 
 

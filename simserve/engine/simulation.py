@@ -48,5 +48,4 @@ def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: 
         if req.status not in (Status.FINISHED, Status.REJECTED, Status.FAILED):
             req.status = Status.REJECTED
             req.reject_reason = "unschedulable"
-    c.join_token_times()
     return rec

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from simserve.metrics.tokens import TokenLog
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request
 from simserve.sched.stretch import Stretch
@@ -101,6 +102,7 @@ class Recorder:
 
     requests: list[Request] = field(default_factory=list)
     replicas: dict[int, StepLog] = field(default_factory=dict)
+    tokens: dict[int, TokenLog] = field(default_factory=dict)     # output tokens per replica
     retries: dict[int, int] = field(default_factory=dict)        # request id -> times retried
     transfer_s: list[float] = field(default_factory=list)         # one per KV handoff
     failures: list[tuple[int, float]] = field(default_factory=list)   # (replica, time)
@@ -109,6 +111,13 @@ class Recorder:
         log = self.replicas.get(replica.index)
         if log is None:
             log = self.replicas[replica.index] = StepLog()
+        return log
+
+    def token_log(self, replica: Replica) -> TokenLog:
+        """The replica's token log (every token's time kept if its scheduler asks for it)."""
+        log = self.tokens.get(replica.index)
+        if log is None:
+            log = self.tokens[replica.index] = TokenLog(replica.scheduler.record_tokens)
         return log
 
     @property

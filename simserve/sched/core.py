@@ -16,7 +16,6 @@ ordering and clipping rules, each in a short module.
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from dataclasses import dataclass
 from typing import ClassVar
@@ -128,22 +127,17 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
-        self.num_steps = 0                 # steps completed so far (the next step's index)
-        # Inter-token latency, gathered as tokens are sampled (never per token): gap g, between
-        # steps g and g + 1, occurs itl_weight[g] times, kept as a difference array (entry g
-        # adds to every gap from g on); gaps spanning skipped steps are listed in itl_extra.
-        self.itl_diff = array("i", [0])
-        self.itl_extra = array("d")
-        # Every token's time, only when asked for (tokens.csv, Result.token_times)
+        # what the last completed step did, for the metrics layer's token log: the requests
+        # that sampled a token in it, in plan order
+        self.sampled: list[Request] = []
+        # asks the engine to keep every output token's time (tokens.csv, Result.token_times);
+        # read when the run starts
         self.record_tokens = False
-        self.step_ends = array("d")
         self._batch: Batch | None = None
 
     # -- queue state -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
         req.status = Status.WAITING
-        if self.record_tokens:
-            req.step_ends, req.token_runs = self.step_ends, []
         self.waiting.append(req)
 
     @property
@@ -349,46 +343,29 @@ class Scheduler:
 
     # -- after the step --------------------------------------------------------------------
     def complete(self, plan: StepPlan, t_end: float) -> list[Request]:
-        """Advance counters for ``plan``, sample tokens at ``t_end``; return finished requests."""
+        """Advance counters for ``plan``, sample tokens at ``t_end``; return finished requests
+        (``sampled`` lists every request that sampled a token)."""
         finished: list[Request] = []
-        index = self._next_step([t_end])
         batch = self._batch
         if batch is not None and batch.plan is plan:
             entries = batch.entries
         else:   # a plan built outside new_batch(): look its requests up
             by_id = {r.id: r for r in self.running}
             entries = [(by_id[rid], n) for rid, n in zip(plan.request_ids, plan.num_new_tokens)]
-        diff = self.itl_diff
+        self.sampled = sampled = []
         for req, n in entries:
             req.num_computed_tokens += n
             if req.num_computed_tokens == req.num_prompt_tokens + req.num_generated:
                 req.num_generated += 1
-                if req.first_token_s is None:
-                    req.first_token_s = t_end
-                elif req.last_step == index - 1:         # decoded in the previous step too
-                    diff[index - 1] += 1
-                    diff[index] -= 1
-                else:                                    # skipped some steps
-                    self.itl_extra.append(t_end - req.last_token_s)
-                req.last_step, req.last_token_s = index, t_end
-                if req.token_runs is not None:
-                    _extend_runs(req.token_runs, index, 1)
+                sampled.append(req)
                 if req.num_generated == req.num_output_tokens:
                     finished.append(req)
-        self._finish_at(finished)
+        self.retire(finished, t_end)
         return finished
 
-    def _next_step(self, ends: list[float]) -> int:
-        """Account for ``len(ends)`` completed steps; the index of the first."""
-        first = self.num_steps
-        self.num_steps += len(ends)
-        self.itl_diff.frombytes(bytes(len(ends) * self.itl_diff.itemsize))   # zeros
-        if self.record_tokens:
-            self.step_ends.extend(ends)
-        return first
-
-    def _finish_at(self, finished: list[Request]) -> None:
-        """Retire finished requests, each at the time of its last token."""
+    def retire(self, finished: list[Request], t: float | None) -> None:
+        """Free finished requests, each done at its last token's time ``t`` (None: the caller
+        set ``finish_s``)."""
         if len(finished) == 1:
             self.running.remove(finished[0])
         elif finished:
@@ -397,11 +374,5 @@ class Scheduler:
         for req in finished:
             self.blocks.free(req.id)
             req.status = Status.FINISHED
-            req.finish_s = req.last_token_s
-
-def _extend_runs(runs: list[list[int]], first: int, k: int) -> None:
-    """Add steps [first, first + k) to a request's token runs, merging adjacent runs."""
-    if runs and runs[-1][1] == first:
-        runs[-1][1] = first + k
-    else:
-        runs.append([first, first + k])
+            if t is not None:
+                req.finish_s = t

@@ -37,7 +37,6 @@ from itertools import accumulate
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from simserve.sched.core import _extend_runs
 from simserve.sched.plan import StepPlan
 
 if TYPE_CHECKING:
@@ -287,50 +286,25 @@ class Stretch:
         return list(accumulate(extra, initial=blocks.num_used))[1:]
 
     def apply(self, ends: list[float]) -> list[Request]:
-        """Apply its first ``len(ends)`` steps, which ended at ``ends``; the requests that
-        finished.
-
-        A member takes steps o .. min(k, end) - 1. Inter-token gaps: inside the stretch every
-        member has one per step gap between its steps; entering it, a member that decoded in
-        the step just before adds that step gap, others add their own gap since their last
-        token.
-        """
-        sched = self.sched
+        """Apply its first ``len(ends)`` steps, which ended at ``ends`` (a member takes steps
+        offset .. min(k, end) - 1); the requests that finished. Their tokens are the metrics
+        layer's to record (``TokenLog.stretch``)."""
         k = len(ends)
-        a = sched._next_step(ends)
         finished = []
         grown = []
-        adjacent = late = 0
-        extra = sched.itl_extra
-        diff = sched.itl_diff
         for req, c, _, e, o in self.members:
             end = e if e < k else k
             c += end
             req.num_computed_tokens = c
             req.num_generated += end - o
             grown.append((req.id, c))
-            if req.first_token_s is None:
-                req.first_token_s = ends[o]
-            elif req.last_step == a - 1 and not o:
-                adjacent += 1
-            else:
-                extra.append(ends[o] - req.last_token_s)
-            req.last_step, req.last_token_s = a + end - 1, ends[end - 1]
-            if req.token_runs is not None:
-                _extend_runs(req.token_runs, a + o, end - o)
-            diff[a + end - 1] -= 1      # its gaps a + o .. a + end - 2 (the start: below)
-            late += o
             if e <= k:
+                req.finish_s = ends[e - 1]
                 finished.append(req)
-        diff[a] += len(self.members) - late
-        if late:
-            diff[a + 1] += late
-        if adjacent:
-            diff[a - 1] += adjacent
-            diff[a] -= adjacent
+        sched = self.sched
         added = sched.blocks.allocate_all(grown)   # fits: plan() checked the total
         assert added is not None
-        sched._finish_at(finished)
+        sched.retire(finished, None)
         return finished
 
 
