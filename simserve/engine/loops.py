@@ -59,6 +59,7 @@ Loop = Generator[Any, Any, None]
 # Longest stretch priced at once: bounds the work wasted when an arrival cuts a stretch short.
 MAX_STRETCH = 256
 INF = math.inf
+_NO_ENDS: list[float] = []   # (a plain step's; never changed)
 
 
 def loop_for(c: Runtime) -> Callable[[Clock, Runtime, Replica], Loop]:
@@ -85,9 +86,9 @@ def solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
             yield env.at(now)    # idle until the next arrival
             continue
         # one replica: the router has no choice to make, so only a step's start is cut
-        stretch, end = _take(c, r, sched, plan, now, arrivals.next_time, INF, MAX_STRETCH,
-                             past_finish=True)
-        now = c.finish_steps(r, sched, plan, stretch, _ends(stretch), end)
+        stretch, ends, end = _take(c, r, sched, plan, now, arrivals.next_time, INF,
+                                   MAX_STRETCH, past_finish=True)
+        now = c.finish_steps(r, sched, plan, stretch, ends, end)
 
 
 def run_ahead_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
@@ -106,8 +107,7 @@ def run_ahead_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
             now, sched = woken, r.scheduler   # (a new scheduler after a restart)
             continue
         cut, cut_end = cuts()
-        stretch, end = _take(c, r, sched, plan, now, cut, cut_end, MAX_STRETCH)
-        ends = _ends(stretch)
+        stretch, ends, end = _take(c, r, sched, plan, now, cut, cut_end, MAX_STRETCH)
         if end >= cut:
             held = yield from _hold(env, c, r, stretch, now, end, ends)
             if held is None:
@@ -136,8 +136,7 @@ def stepping_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
             now, sched = woken, r.scheduler
             continue
         cut, cut_end = cuts()
-        stretch, end = _take(c, r, sched, plan, now, cut, cut_end, max_steps)
-        ends = _ends(stretch)
+        stretch, ends, end = _take(c, r, sched, plan, now, cut, cut_end, max_steps)
         held = yield from _hold(env, c, r, stretch, now, end, ends)
         if held is None:
             now, sched = env.now, r.scheduler
@@ -176,9 +175,10 @@ def _outside_events(c: Runtime, r: Replica) -> Callable[[], tuple[float, float]]
 
 def _take(c: Runtime, r: Replica, sched: Scheduler, plan: StepPlan, start: float, cut: float,
           cut_end: float, max_steps: int, past_finish: bool = False
-          ) -> tuple[Stretch | None, float]:
+          ) -> tuple[Stretch | None, list[float], float]:
     """Price and record the step that starts with ``plan`` at ``start``, fast-forwarded into a
-    stretch as far as the outside events allow; the stretch (None for one step) and its end."""
+    stretch as far as the outside events allow: the stretch (None for one step), the end of
+    each of its steps (empty for one step), and its end."""
     if plan.prefill_lens:        # requests scheduled for the first time (always a prefill)
         for req in sched.newly_scheduled:
             req.first_scheduled_s = start
@@ -187,21 +187,14 @@ def _take(c: Runtime, r: Replica, sched: Scheduler, plan: StepPlan, start: float
         stretch.price(r.latency, start, cut, cut_end)
         if stretch.num_steps > 1:
             c.rec.stretch(r, stretch)
-            return stretch, stretch.end
+            ends = stretch.starts[1:]
+            ends.append(stretch.end)
+            return stretch, ends, stretch.end
         duration = stretch.durations[0]   # cut back to its first step, priced already
     else:
         duration = r.latency.step_time(plan)
     c.rec.step(r, start, duration, plan)
-    return None, start + duration
-
-
-def _ends(stretch: Stretch | None) -> list[float]:
-    """The end of each step of a stretch (empty for a plain step)."""
-    if stretch is None:
-        return []
-    ends = stretch.starts[1:]
-    ends.append(stretch.end)
-    return ends
+    return None, _NO_ENDS, start + duration
 
 
 def _sleep(env: Clock, c: Runtime, r: Replica, now: float) -> Generator[Any, Any, float | None]:

@@ -8,6 +8,7 @@ from typing import Any
 
 from simserve.kv.blocks import BlockManager
 from simserve.latency.base import LatencyModel
+from simserve.metrics.tokens import TokenLog
 from simserve.sched.core import Scheduler
 from simserve.sched.request import Request
 from simserve.sched.stretch import Stretch
@@ -36,6 +37,7 @@ class Replica:
     flight: Flight | None = field(default=None, repr=False)
     inbox: list[tuple[float, int, int, tuple[Any, ...]]] = field(default_factory=list,
                                                                  repr=False)
+    tokens: TokenLog | None = field(default=None, repr=False)   # its token log, while running
 
     @property
     def blocks(self) -> BlockManager:

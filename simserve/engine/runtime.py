@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from heapq import heapify, heappop, heappush
 from typing import Any
 
@@ -52,10 +52,14 @@ class Arrivals:
         self.specs = specs
         self.next = 0
         self.done = False
+        self.next_time = specs[0].arrival_s if specs else INF   # (read at every step)
 
-    @property
-    def next_time(self) -> float:
-        return self.specs[self.next].arrival_s if self.next < len(self.specs) else INF
+    def advance(self) -> RequestSpec:
+        """The next arrival's spec; the cursor moves past it."""
+        spec = self.specs[self.next]
+        self.next += 1
+        self.next_time = self.specs[self.next].arrival_s if self.next < len(self.specs) else INF
+        return spec
 
 
 class Runtime:
@@ -69,6 +73,8 @@ class Runtime:
         self.env, self.rec = env, rec
         self.arrivals = Arrivals(specs)
         self.replicas = list(replicas)
+        for r in self.replicas:
+            r.tokens = rec.token_log(r)
         self.entry = [r for r in replicas if r.role != "decode"]
         self.decode = [r for r in replicas if r.role == "decode"]
         self.disaggregated = bool(self.decode)
@@ -119,12 +125,14 @@ class Runtime:
         """Apply a replica's step that ended at ``now`` (or the steps of ``stretch`` that ran,
         ending at ``ends``): its scheduler's counters, the token log, the requests it
         finished; returns ``now``."""
+        tokens = r.tokens
+        assert tokens is not None
         if stretch is not None:
             finished = stretch.apply(ends)
-            self.rec.token_log(r).stretch(stretch, ends)
+            tokens.stretch(stretch, ends)
         else:
             finished = sched.complete(plan, now)
-            self.rec.token_log(r).step(now, sched.sampled)
+            tokens.step(now, sched.sampled)
         r.num_outstanding -= len(finished)
         if finished:
             self.done_steps(r, finished, now)
@@ -270,7 +278,7 @@ class Runtime:
     def _deliver(self, r: Replica, req: Request, t: float) -> None:
         """A token produced elsewhere reaches the client at ``t`` (recorded by replica ``r``'s
         token log, with the gap since the request's previous token)."""
-        self.rec.token_log(r).delivered(req, t)
+        self.rec.token_log(r).delivered(req, t)   # (r.tokens: the same log)
 
     # -- failures --------------------------------------------------------------------------
     def add_fault(self, t: float, r: Replica, restart_s: float) -> None:
@@ -403,19 +411,16 @@ def wake(replica: Replica) -> None:
         replica.wakeup.succeed()
 
 
-def arrival_process(env, c: Runtime):
+def arrival_process(env: Clock, c: Runtime) -> Generator[Any, Any, None]:
     arrivals = c.arrivals
-    specs = arrivals.specs
-    while arrivals.next < len(specs):
-        spec = specs[arrivals.next]
-        if spec.arrival_s > env.now:
-            yield env.at(spec.arrival_s, URGENT)
-        _arrive(c, spec)
+    while arrivals.next_time < INF:
+        if arrivals.next_time > env.now:
+            yield env.at(arrivals.next_time, URGENT)
+        _arrive(c, arrivals.advance())
     arrivals.done = True
 
 
 def _arrive(c: Runtime, spec: RequestSpec) -> None:
-    c.arrivals.next += 1
     req = Request(spec)
     c.rec.requests.append(req)
     c.dispatch(req)
@@ -423,7 +428,7 @@ def _arrive(c: Runtime, spec: RequestSpec) -> None:
 
 def pull_arrivals(c: Runtime, now: float) -> None:
     """Every arrival due by ``now`` (``Runtime.pull``: the solo loop)."""
-    arrivals, specs = c.arrivals, c.arrivals.specs
-    while arrivals.next < len(specs) and specs[arrivals.next].arrival_s <= now:
-        _arrive(c, specs[arrivals.next])
-    arrivals.done = arrivals.next == len(specs)
+    arrivals = c.arrivals
+    while arrivals.next_time <= now:
+        _arrive(c, arrivals.advance())
+    arrivals.done = arrivals.next_time == INF

@@ -87,6 +87,19 @@ class BlockManager:
         held.update(grow)
         return added
 
+    def grow_to(self, requests: list[tuple[int, int]]) -> int | None:
+        """Bulk growth in blocks: each ``(request id, blocks)`` to hold that many (no fewer than
+        now); all or nothing. The blocks added, or None (nothing changed) if they do not fit."""
+        held = self._held
+        added = 0
+        for rid, n in requests:
+            added += n - held.get(rid, 0)
+        if added > self.num_free:
+            return None
+        self.num_free -= added
+        held.update(requests)
+        return added
+
     def grow_decodes(self, request_ids: Sequence[int], num_tokens: Sequence[int]) -> bool:
         """Room for one more token each: request ``request_ids[j]`` holds ``num_tokens[j]``
         tokens and is about to write the next. All or nothing: False, and nothing changed, if

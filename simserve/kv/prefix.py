@@ -150,6 +150,9 @@ class PrefixBlockManager(BlockManager):
             self.allocate(rid, n)
         return need
 
+    def grow_to(self, requests: list[tuple[int, int]]) -> int | None:
+        return self.allocate_all((rid, n * self.block_size) for rid, n in requests)
+
     def grow_decodes(self, request_ids: Sequence[int], num_tokens: Sequence[int]) -> bool:
         return self.allocate_all(
             (rid, n + 1) for rid, n in zip(request_ids, num_tokens)) is not None

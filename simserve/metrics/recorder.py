@@ -126,7 +126,7 @@ class Recorder:
                    for log in self.replicas.values())
 
     def step(self, replica: Replica, start: float, duration: float, plan: StepPlan) -> None:
-        log = self.log(replica)
+        log = self.replicas.get(replica.index) or self.log(replica)
         s = log.steps
         s["start_s"].append(start)
         s["duration_s"].append(duration)
@@ -142,7 +142,7 @@ class Recorder:
         steps of a segment differ only in their times and KV blocks used; every running
         request is in it. The first segment has the stretch plan's counts (a mixed first step
         is a segment of its own); the others decode."""
-        log = self.log(replica)
+        log = self.replicas.get(replica.index) or self.log(replica)
         s = log.steps
         s["start_s"].fromlist(stretch.starts)          # (fromlist: twice as fast as extend)
         s["duration_s"].fromlist(stretch.durations)
@@ -160,8 +160,8 @@ class Recorder:
             if i0 == 0:
                 rows += _group_row(i1, index, plan.num_prefill_tokens, len(plan.prefill_lens),
                                    len(plan.decode_ctx), m, waiting, num_blocks, 0, 0, 0)
-            else:
-                rows += _group_row(i1 - i0, index, 0, 0, m, m, waiting, num_blocks, 0, 0, 0)
+            else:   # _group_row(i1 - i0, index, 0, 0, m, m, waiting, num_blocks, 0, 0, 0), inline
+                rows += (i1 - i0, index, 0, 0, m, m, m, waiting, num_blocks, 0, 0, 0)
         log.group_records.fromlist(rows)
 
     def columns(self) -> dict[str, np.ndarray]:
@@ -178,7 +178,8 @@ class Recorder:
 def _group_row(num_steps: int, replica: int, prefill_tokens: int, prefill_seqs: int,
                decode_seqs: int, running: int, waiting: int, num_blocks: int, preempted: int,
                swap_out: int, swap_in: int) -> list[int]:
-    """One group's record, in GROUP_FIELDS order (the one place that knows it)."""
+    """One group's record, in GROUP_FIELDS order (written out once more, for speed, in
+    Recorder.stretch's decode segments)."""
     return [num_steps, replica, prefill_tokens, prefill_seqs, decode_seqs,
             prefill_tokens + decode_seqs, running, waiting, num_blocks, preempted, swap_out,
             swap_in]

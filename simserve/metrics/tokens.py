@@ -79,19 +79,14 @@ class TokenLog:
         self.record = record               # keep every token's time
         self.step_ends = array("d")        # (record) each step's end
 
-    def _steps(self, ends: list[float]) -> int:
-        """Account for ``len(ends)`` completed steps; the index of the first."""
-        first = self.num_steps
-        self.num_steps += len(ends)
-        self.itl_diff.frombytes(bytes(len(ends) * self.itl_diff.itemsize))   # zeros
-        if self.record:
-            self.step_ends.extend(ends)
-        return first
-
     def step(self, t_end: float, sampled: list[Request]) -> None:
         """A step ended at ``t_end``; ``sampled`` sampled a token in it (in plan order)."""
-        index = self._steps([t_end])
+        index = self.num_steps
+        self.num_steps = index + 1
         diff, record = self.itl_diff, self.record
+        diff.append(0)
+        if record:
+            self.step_ends.append(t_end)
         for req in sampled:
             tr = req.tokens
             if tr is None:                              # its first token
@@ -110,36 +105,46 @@ class TokenLog:
     def stretch(self, stretch: Stretch, ends: list[float]) -> None:
         """The first ``len(ends)`` steps of a fast-forwarded stretch, ending at ``ends``.
 
-        A member takes steps o .. min(k, end) - 1. Inside the stretch every member has one gap
+        Member j takes steps offset[j] .. min(k, stop[j]) - 1. Inside the stretch every member has one gap
         per step between its steps; entering it, a member that decoded in the step just before
         adds that step gap, others add their own gap since their last token.
         """
         k = len(ends)
-        a = self._steps(ends)
-        adjacent = late = 0
-        extra, diff, record = self.itl_extra, self.itl_diff, self.record
+        a = self.num_steps
+        self.num_steps = a + k
+        self.itl_diff.frombytes(bytes(k * 4))     # k zeros ("i": 4 bytes)
+        if self.record:
+            self.step_ends.extend(ends)
+        extra, diff = self.itl_extra, self.itl_diff
         members = stretch.members
+        last, t_last = a + k - 1, ends[-1]       # where members that run to the end stop
+        adjacent = stays = late = 0
         for req, _, _, e, o in members:
-            end = e if e < k else k
             tr = req.tokens
             if tr is None:
                 req.first_token_s = ends[o]
-                tr = req.tokens = TokenTrack(0, 0.0, record)
-            elif tr.last_step == a - 1 and not o:
+                tr = req.tokens = TokenTrack(0, 0.0, self.record)
+            elif not o and tr.last_step == a - 1:
                 adjacent += 1
             else:
                 extra.append(ends[o] - tr.last_s)
-            tr.last_step, tr.last_s = a + end - 1, ends[end - 1]
-            if record:
-                self._extend(tr, a + o, end - o)
-            diff[a + end - 1] -= 1      # its gaps a + o .. a + end - 2 (the start: below)
+            if e < k:                            # its last token at step e - 1
+                tr.last_step, tr.last_s = a + e - 1, ends[e - 1]
+                diff[a + e - 1] -= 1             # its gaps a + o .. a + e - 2 (the start: below)
+            else:
+                tr.last_step, tr.last_s = last, t_last
+                stays += 1
             late += o
+        diff[last] -= stays
         diff[a] += len(members) - late
         if late:
             diff[a + 1] += late
         if adjacent:
             diff[a - 1] += adjacent
             diff[a] -= adjacent
+        if self.record:
+            for req, _, _, e, o in members:
+                self._extend(req.tokens, a + o, (e if e < k else k) - o)
 
     def delivered(self, req: Request, t: float) -> None:
         """A token produced on another replica (a disaggregated prefill's) reaches the client

@@ -134,6 +134,8 @@ class Scheduler:
         # read when the run starts
         self.record_tokens = False
         self._batch: Batch | None = None
+        # requests the last plan schedules for the first time (each with a prefill chunk)
+        self.newly_scheduled: list[Request] = []
 
     # -- queue state -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -147,11 +149,6 @@ class Scheduler:
     def held_requests(self) -> list[Request]:
         """Every request this scheduler holds, in any queue (what a failure loses)."""
         return [*self.running, *self.waiting, *self.swapped]
-
-    @property
-    def newly_scheduled(self) -> list[Request]:
-        """Requests the last plan schedules for the first time (each with a prefill chunk)."""
-        return self._batch.first_scheduled if self._batch is not None else []
 
     @property
     def num_waiting(self) -> int:
@@ -174,8 +171,9 @@ class Scheduler:
 
     def new_batch(self) -> Batch:
         """An empty batch for this step; ``complete`` reads its entries back."""
-        self._batch = Batch(self.limits)
-        return self._batch
+        self._batch = batch = Batch(self.limits)
+        self.newly_scheduled = batch.first_scheduled
+        return batch
 
     def grow_or_preempt(self, batch: Batch, req: Request, n: int) -> bool:
         """Like ``grow``, but evicts the newest running request until the blocks fit.

@@ -16,7 +16,7 @@ step i >= 1 still feeds position c + i: a newcomer with prompt p has c = p - 1 (
 decoded at step 0); a request that waits in step 0 has c one less than its context, and takes
 the stretch's steps from step 1 (its ``offset`` 1). With ``past_finish`` (nothing can look at
 the replica before the stretch is applied) it runs on past finishes: members drop out as they
-finish, and each run of one membership, a :class:`Segment`, is priced from the plan
+finish, and each run of one membership, a *segment*, is priced from the plan
 ``schedule()`` would have made at its first step.
 
 The semantic code (the scheduler, the latency models) reads as if it stepped one iteration at a
@@ -35,7 +35,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from itertools import accumulate
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from simserve.sched.plan import StepPlan
 
@@ -47,42 +47,37 @@ INF = float("inf")
 Prices = Callable[[int, int], list[float]]
 
 
-class Member(NamedTuple):
-    """One request of a stretch, as it was when the stretch was planned."""
+# A run of steps of one membership and shape: (the stretch step it starts at, the requests
+# decoding in it, the sum of their contexts at its first step). A plain tuple: the loops over
+# segments unpack it, which Python does fastest for an exact tuple.
+Segment = tuple[int, int, int]
 
-    request: Request
-    ctx: int       # step i feeds its token at position ctx + i
-    held: int      # KV blocks it holds at step 0
-    end: int       # it takes steps offset .. end - 1 (its last token at step end - 1)
-    offset: int    # 1 if it waits in step 0 (still decoding), else 0
-
-
-class Segment(NamedTuple):
-    """A run of steps of one membership and shape."""
-
-    first: int          # the stretch step it starts at
-    num_requests: int   # requests decoding in it
-    ctx_sum: int        # the sum of their contexts at its first step
-
-
-# Member(...) and Segment(...) without a Python-level call: one is built per running request at
-# every stretch planned, and the engine plans one at about every arrival
-_new = tuple.__new__
+# One request of a stretch, as it was when the stretch was planned:
+#   (request, ctx, held, stop, offset)
+#   ctx      step i feeds its token at position ctx + i
+#   held     the KV blocks it holds at step 0
+#   stop     it takes steps offset .. stop - 1 (its last token at step stop - 1)
+#   offset   1 if it waits in step 0 (still decoding), else 0
+# A plain tuple, unpacked by name in every loop over the members (Python unpacks an exact
+# tuple fastest; a stretch is planned at about every arrival).
+Member = tuple["Request", int, int, int, int]
+_stop = itemgetter(3)   # a Member's stop
 
 
-_end = itemgetter(3)   # Member.end, read by max()/min() at C speed
 
 
 class Stretch:
-    """Steps 0 .. k - 1 of a decode stretch on one scheduler, starting with ``plan``.
+    """Steps 0 .. k - 1 of a decode stretch on one scheduler, starting with ``first_plan``.
+
+    Its ``members`` are the running requests, in running order, each a :data:`Member`.
 
     Built by :meth:`plan` (which bounds k); :meth:`price` sets the steps' start times and
     durations (``starts``, ``durations``, ``end``: the last step's end) and may shorten it
     (``num_steps``); :meth:`apply` advances the scheduler past the steps that ran.
     """
 
-    __slots__ = ("sched", "first_plan", "members", "num_steps", "past_finish", "mixed", "starts",
-                 "durations", "begun", "end")
+    __slots__ = ("sched", "first_plan", "members", "num_steps", "past_finish", "mixed",
+                 "starts", "durations", "begun", "end")
 
     def __init__(self, sched: Scheduler, plan: StepPlan, members: list[Member], num_steps: int,
                  past_finish: bool, mixed: bool):
@@ -92,10 +87,12 @@ class Stretch:
         self.num_steps = num_steps
         self.past_finish = past_finish   # members drop out as they finish
         self.mixed = mixed               # step 0 completes some prefills
-        self.starts: list[float] = []
-        self.durations: list[float] = []
-        self.begun: list[Segment] = []   # the segments priced (some may lie past a cut)
-        self.end = 0.0
+        # set by price(): the steps' starts and durations, the last one's end, and the
+        # segments priced (some may lie past a cut)
+        self.starts: list[float]
+        self.durations: list[float]
+        self.begun: list[Segment]
+        self.end: float
 
     # -- planning --------------------------------------------------------------------------
     @classmethod
@@ -133,38 +130,33 @@ class Stretch:
                       or len(running) > sched.limits.max_num_batched_tokens):
             return None
         assert batch is not None
-        held = sched.blocks.blocks_held
-        # the members: each takes steps offset .. end - 1, and step i feeds its token at
-        # position ctx + i: ctx is the tokens computed before step 0 less one, plus the tokens
-        # the plan gives it (1 for a decode, 0 if it waits)
-        if everyone:
-            members = [_new(Member, (r, r.num_computed_tokens, held[r.id],
-                                     r.num_output_tokens - r.num_generated, 0))
-                       for r in running]
-            for r, n in batch.prefills if mixed else ():   # their last chunk: ctx moves on
-                j = running.index(r)
-                members[j] = members[j]._replace(ctx=r.num_computed_tokens + n - 1)
-        else:
-            more = {r.id: n - 1 for r, n in batch.prefills}
-            members = []
+        blocks_held = sched.blocks.blocks_held
+        # ctx is the tokens computed before step 0 less one, plus the tokens the plan gives
+        # the member (1 for a decode, 0 if it waits)
+        # every running request is a member: (request, ctx, held, stop, offset)
+        members = [(r, r.num_computed_tokens, blocks_held[r.id],
+                    r.num_output_tokens - r.num_generated, 0) for r in running]
+        if not everyone:                 # those not scheduled wait in step 0, still decoding
             scheduled = batch.scheduled
-            for r in running:
-                c, left = r.num_computed_tokens, r.num_output_tokens - r.num_generated
-                if r.id in scheduled:
-                    members.append(_new(Member, (r, c + more.get(r.id, 0), held[r.id], left,
-                                                 0)))
-                elif r.num_generated and c + 1 == r.num_prompt_tokens + r.num_generated:
-                    members.append(_new(Member, (r, c - 1, held[r.id], left + 1, 1)))  # waits
-                else:
-                    return None   # a prefill left undone: the next step is no decode step
+            for j, (r, c, h, e, _) in enumerate(members):
+                if r.id not in scheduled:
+                    if not r.num_generated or c + 1 != r.num_prompt_tokens + r.num_generated:
+                        return None      # a prefill left undone: the next step decodes not
+                    members[j] = (r, c - 1, h, e + 1, 1)
+        for r, n in batch.prefills if mixed else ():   # their last chunk: ctx moves on
+            j = running.index(r)
+            _, c, h, e, o = members[j]
+            members[j] = (r, c + n - 1, h, e, o)
         past = (past_finish and sched.continues_past_finish
                 and not sched.waiting and not sched.swapped)
-        k = min(max_steps, (max if past else min)(members, key=_end).end)
+        k = min(max_steps, (max if past else min)(members, key=_stop)[3])
         if k <= 1:
             return None
-        k = _fit_blocks(members, k, sched.blocks.block_size, sched.blocks.num_free)
-        if k <= 1:
-            return None
+        bs, free = sched.blocks.block_size, sched.blocks.num_free
+        if len(members) * (k // bs + 1) > free:   # k steps add at most k // bs + 1 blocks each
+            k = _fit_blocks(members, k, bs, free)
+            if k <= 1:
+                return None
         return cls(sched, plan, members, k, past, mixed)
 
     def segments(self) -> list[Segment]:
@@ -189,12 +181,12 @@ class Stretch:
         if self.mixed and 1 not in drops:
             drops[1] = [0, 0]
         m = len(self.members)
-        segments = [_new(Segment, (0, m, total))]
+        segments = [(0, m, total)]
         for i0 in sorted(drops):
             gone, ctx = drops[i0]
             m -= gone
             total -= ctx
-            segments.append(_new(Segment, (i0, m, total + m * i0)))
+            segments.append((i0, m, total + m * i0))
         return segments
 
     def segment_plan(self, i0: int) -> StepPlan:
@@ -202,10 +194,11 @@ class Stretch:
         left, in running order, each decoding; step 0 is the stretch's own plan)."""
         if i0 == 0:
             return self.first_plan
-        left = [m for m in self.members if m.end > i0]
+        left = [m for m in self.members if _stop(m) > i0]
         n = len(left)
-        return StepPlan(tuple([m.request.id for m in left]), (1,) * n, (), (),   # (positional)
-                        tuple([m.ctx + i0 for m in left]), n, 0, 0, 0, self.first_plan.extra_s)
+        return StepPlan(tuple([r.id for r, _, _, _, _ in left]), (1,) * n, (), (),   # (positional)
+                        tuple([c + i0 for _, c, _, _, _ in left]), n, 0, 0, 0,
+                        self.first_plan.extra_s)
 
     # -- pricing ---------------------------------------------------------------------------
     def price(self, latency: Any, start: float, cut: float = INF, cut_end: float = INF) -> None:
@@ -226,8 +219,8 @@ class Stretch:
         durations: list[float] = []
         begun: list[Segment] = []
         for j, seg in enumerate(segs):
-            i0 = seg.first
-            i1 = segs[j + 1].first if j + 1 < len(segs) else k
+            i0, m, total = seg
+            i1 = segs[j + 1][0] if j + 1 < len(segs) else k
             begun.append(seg)
             if i1 == 1:                      # step 0 alone (a mixed first step, usually)
                 d = latency.step_time(plan)
@@ -237,7 +230,7 @@ class Stretch:
                 if i0 == 0:
                     prices = stretch_prices(latency, plan)
                 elif by_sum is not None:     # a decode segment: its requests, their ctx sum
-                    prices = by_sum(seg.num_requests, seg.ctx_sum)
+                    prices = by_sum(m, total)
                 else:
                     prices = stretch_prices(latency, self.segment_plan(i0))
                 i, n = i0, (1 if cut < INF else i1 - i0)
@@ -283,35 +276,44 @@ class Stretch:
                 grown = (last - 1 - first) // bs + 1
             if e < k:
                 extra[e] -= h + grown
-        return list(accumulate(extra, initial=blocks.num_used))[1:]
+        used = accumulate(extra, initial=blocks.num_used)
+        next(used)                  # (the blocks before step 0)
+        return list(used)
 
     def apply(self, ends: list[float]) -> list[Request]:
         """Apply its first ``len(ends)`` steps, which ended at ``ends`` (a member takes steps
-        offset .. min(k, end) - 1); the requests that finished. Their tokens are the metrics
+        offset .. min(k, stop) - 1); the requests that finished. Their tokens are the metrics
         layer's to record (``TokenLog.stretch``)."""
         k = len(ends)
         finished = []
-        grown = []
-        for req, c, _, e, o in self.members:
-            end = e if e < k else k
-            c += end
-            req.num_computed_tokens = c
-            req.num_generated += end - o
-            grown.append((req.id, c))
-            if e <= k:
+        grown = []                    # (request id, blocks it holds after the steps)
+        bs = self.sched.blocks.block_size
+        for req, c, h, e, o in self.members:
+            if e < k:
+                c += e
+                req.num_generated += e - o
                 req.finish_s = ends[e - 1]
                 finished.append(req)
+            else:
+                c += k
+                req.num_generated += k - o
+                if e == k:
+                    req.finish_s = ends[k - 1]
+                    finished.append(req)
+            req.num_computed_tokens = c
+            need = -(-c // bs)
+            if need > h:
+                grown.append((req.id, need))
         sched = self.sched
-        added = sched.blocks.allocate_all(grown)   # fits: plan() checked the total
+        added = sched.blocks.grow_to(grown)   # fits: plan() checked the total
         assert added is not None
-        sched.retire(finished, None)
+        if finished:
+            sched.retire(finished, None)
         return finished
 
 
 def _fit_blocks(members: list[Member], k: int, bs: int, free: int) -> int:
     """The most steps, at most ``k``, whose new blocks fit in ``free`` (>= 1)."""
-    if len(members) * (k // bs + 1) <= free:   # k steps add at most k // bs + 1 blocks each
-        return k
 
     def new_blocks(steps: int) -> int:
         """Blocks to add so that each member fits the steps it takes of ``steps`` (blocks
