@@ -180,10 +180,11 @@ def _cmd_capacity(args) -> int:
 
 
 def _cmd_validate(args) -> int:
-    from simserve.config import load_scenario, num_kv_blocks
+    from simserve.config import load_scenario
 
     s = load_scenario(args.scenario, args.overrides)
-    blocks = num_kv_blocks(s)
+    s.replica.check_kv()
+    blocks = s.replica.num_gpu_blocks
     print(f"{args.scenario}: ok — {s.model.name} on {s.hardware.name}, policy {s.policy}, "
           f"{blocks} KV blocks of {s.engine.block_size} tokens "
           f"({blocks * s.engine.block_size} tokens) per replica")

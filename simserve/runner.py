@@ -14,28 +14,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 import yaml
 
-from simserve.config import Scenario, load_scenario, load_variants, num_host_blocks, \
-    num_kv_blocks
-from simserve.cluster import GroupConfig, groups_of, kv_bytes_per_token_per_rank
-from simserve.cluster.faults import FaultSchedule
-from simserve.cluster.routing import make_router
+from simserve.config import Scenario, load_scenario, load_variants
 from simserve.engine import Replica, simulate
-from simserve.errors import ConfigError, SimserveError
-from simserve.kv.blocks import BlockManager
-from simserve.kv.prefix import PrefixBlockManager
+from simserve.engine.build import build_replicas, engine_options
+from simserve.errors import SimserveError
 from simserve.latency.base import LatencyModel
 from simserve.metrics.cluster import cluster_summary
 from simserve.metrics.recorder import Recorder
 from simserve.metrics.slo import SloConfig
 from simserve.metrics.summary import format_summary, grouped_levels, summarize
 from simserve.metrics.tokens import itl_sample
-from simserve.sched import POLICIES, SchedulerLimits
 from simserve.sched.request import Status
 from simserve.workload import build_workload
 
@@ -128,103 +121,6 @@ class Result:
         if tokens and self.has_token_times:
             self.tokens().to_csv(out / "tokens.csv", index=False, float_format="%.9g")
         return out
-
-
-def build_latency(s: Scenario) -> LatencyModel:
-    from simserve.latency.roofline import ConstantLatency, LinearLatency, RooflineModel
-    lat = s.latency
-    if lat.model == "profile":
-        from simserve.latency.profile import ProfileLatency, list_profiles, resolve_profile_path
-        path = resolve_profile_path(lat.path, s.base_dir)
-        if path is None:
-            raise ConfigError("latency.path", f"profile file not found: {s.base_dir / lat.path}"
-                                              f", nor a shipped profile of that name (shipped: "
-                                              f"{', '.join(list_profiles()) or 'none'})")
-        tp = s.engine.tensor_parallel_size
-        return ProfileLatency.from_file(path, s.model,
-                                        step_overhead_s=(lat.step_overhead_ms or 0.0) / 1000.0,
-                                        host_link_bandwidth=s.hardware.host_link_bandwidth,
-                                        tensor_parallel_size=tp, allreduce_s=RooflineModel(
-                                            s.model, s.hardware, tensor_parallel_size=tp,
-                                        ).allreduce_s if tp > 1 else None)
-    if lat.model == "constant":
-        return ConstantLatency(lat.step_ms / 1000.0)
-    if lat.model == "linear":
-        return LinearLatency(lat.base_ms / 1000.0, lat.per_token_ms / 1000.0,
-                             lat.per_seq_ms / 1000.0)
-    kwargs = {}
-    if lat.step_overhead_ms is not None:
-        kwargs["step_overhead_s"] = lat.step_overhead_ms / 1000.0
-    if lat.flops_efficiency is not None:
-        kwargs["flops_efficiency"] = lat.flops_efficiency
-    if lat.bandwidth_efficiency is not None:
-        kwargs["bandwidth_efficiency"] = lat.bandwidth_efficiency
-    return RooflineModel(s.model, s.hardware, tensor_parallel_size=s.engine.tensor_parallel_size,
-                         block_size=s.engine.block_size, **kwargs)
-
-
-def build_replicas(s: Scenario, latency: LatencyModel | None = None) -> list[Replica]:
-    """Every replica of the scenario's cluster, group after group (``cluster.groups_of``)."""
-    replicas: list[Replica] = []
-    for i, g in enumerate(groups_of(s)):
-        try:
-            replicas += _group_replicas(g.scenario, g, len(replicas), latency)
-        except ConfigError as e:
-            if not s.cluster.groups:
-                raise
-            raise ConfigError(f"cluster.groups[{i}].{e.field}", e.message) from None
-    return replicas
-
-
-def _group_replicas(s: Scenario, g: GroupConfig, first: int,
-                    latency: LatencyModel | None) -> list[Replica]:
-    limits = SchedulerLimits(
-        max_num_seqs=s.engine.max_num_seqs,
-        max_num_batched_tokens=s.max_num_batched_tokens,
-        enable_chunked_prefill=s.chunked_prefill,
-        long_prefill_token_threshold=s.engine.long_prefill_token_threshold,
-        preemption_mode=s.engine.preemption_mode,
-    )
-    blocks = num_kv_blocks(s)
-    if blocks < 1:
-        raise ConfigError("engine.gpu_memory_utilization",
-                          "no memory is left for the KV cache after the weights; raise it, "
-                          "use more tensor parallelism, or set engine.num_gpu_blocks")
-    host = num_host_blocks(s)
-    latency = latency or build_latency(s)
-    policy = POLICIES[s.policy]
-
-    def kv() -> BlockManager:
-        if s.engine.enable_prefix_caching and g.role != "decode":   # decode replicas get KV
-            return PrefixBlockManager(blocks, s.engine.block_size)  # by transfer, not cache
-        return BlockManager(blocks, s.engine.block_size, host)
-
-    def factory():   # also a failed replica's fresh start
-        return policy(limits, kv(), s.policy_params, s.seed)
-
-    return [Replica(first + i, factory(), latency, s.max_model_len, group=g.name, role=g.role,
-                    factory=factory) for i in range(g.replicas)]
-
-
-def engine_options(s, replicas) -> dict[str, Any]:
-    """The keyword arguments of ``engine.simulate`` for the scenario's cluster: routers (one
-    per pool, each with its own seeded stream), the KV transfer pricing, the fault schedule."""
-    c = s.cluster
-    out: dict[str, Any] = {"router": make_router(c.router, s.seed, pool=0)}
-    if c.disaggregated:
-        scenario = {}
-        for g, first in zip(groups_of(s), np.cumsum([0] + [g.replicas for g in groups_of(s)])):
-            for i in range(g.replicas):
-                scenario[int(first) + i] = g.scenario
-        per_rank = {i: kv_bytes_per_token_per_rank(sc) for i, sc in scenario.items()}
-        link = c.kv_transfer
-        out["decode_router"] = make_router(c.router, s.seed, pool=1)
-        out["transfer_s"] = lambda tokens, src, dst: link.seconds(
-            tokens * max(per_rank[src.index], per_rank[dst.index]))
-    if c.faults is not None and c.faults.enabled:
-        out.update(faults=FaultSchedule(c.faults, len(replicas), s.seed),
-                   on_failure=c.faults.on_failure, max_retries=c.faults.max_retries)
-    return out
 
 
 def class_slos(s: Scenario) -> dict[str, SloConfig]:

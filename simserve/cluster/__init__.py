@@ -3,7 +3,6 @@
 routers, and fault injection."""
 
 from simserve.cluster.config import (LINKS, ROLES, ClusterConfig, GroupConfig, TransferConfig,
-                                     groups_of, kv_bytes_per_token_per_rank, transfer_seconds)
+                                     groups_of)
 
-__all__ = ["LINKS", "ROLES", "ClusterConfig", "GroupConfig", "TransferConfig", "groups_of",
-           "kv_bytes_per_token_per_rank", "transfer_seconds"]
+__all__ = ["LINKS", "ROLES", "ClusterConfig", "GroupConfig", "TransferConfig", "groups_of"]

@@ -192,22 +192,3 @@ def groups_of(s) -> list[GroupConfig]:
     if s.cluster.groups:
         return list(s.cluster.groups)
     return [GroupConfig("", s.cluster.replicas, "mixed", {}, s)]
-
-
-# -- KV transfer --------------------------------------------------------------------------------
-
-def kv_bytes_per_token_per_rank(s) -> int:
-    """K and V of one token on one tensor-parallel rank (every rank moves its own heads' share
-    over its own link, in parallel)."""
-    from simserve.kv.capacity import kv_heads_per_rank
-    m = s.model
-    return 2 * m.num_layers * kv_heads_per_rank(m, s.engine.tensor_parallel_size) \
-        * m.head_dim * m.dtype_bytes
-
-
-def transfer_seconds(cfg: TransferConfig, num_tokens: int, src, dst) -> float:
-    """Seconds to move the KV of ``num_tokens`` tokens from a prefill to a decode replica
-    (their group scenarios): the larger per-rank share (the side with fewer ranks) crosses
-    one link, ``bytes / bandwidth + latency``."""
-    per_token = max(kv_bytes_per_token_per_rank(src), kv_bytes_per_token_per_rank(dst))
-    return cfg.seconds(num_tokens * per_token)
