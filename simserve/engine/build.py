@@ -34,6 +34,8 @@ def build_latency(s: Scenario) -> LatencyModel:
         return ProfileLatency.from_file(path, s.model,
                                         step_overhead_s=(lat.step_overhead_ms or 0.0) / 1000.0,
                                         host_link_bandwidth=s.hardware.host_link_bandwidth,
+                                        # a swapped block is the scenario's, not the profile's
+                                        swap_block_bytes=s.replica.kv_block_bytes,
                                         tensor_parallel_size=tp, allreduce_s=RooflineModel(
                                             s.model, s.hardware, tensor_parallel_size=tp,
                                         ).allreduce_s if tp > 1 else None)
