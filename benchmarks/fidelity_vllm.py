@@ -33,11 +33,9 @@ import argparse
 import dataclasses
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -47,12 +45,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from simserve.calibrate import (ProbePlan, calibrate, format_calibration,  # noqa: E402
-                                kv_tokens_from_log, rescaled, run_calibrated, speed_check,
-                                write_calibrated)
-from simserve.fidelity import HEADLINE, error_table  # noqa: E402
-from simserve.config import parse_scenario  # noqa: E402
+                                rescaled, write_calibrated)
 from simserve.replay import replay  # noqa: E402
-from simserve.runner import run  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import fidelity_campaign as fc  # noqa: E402
+from fidelity_campaign import (loadavg, measure, raise_client_priority, report,  # noqa: E402
+                               simulate, wait_for_quiet)
 
 SHARED = Path("/work/shared")
 VENV = Path("/tmp/vllm-venv")
@@ -61,7 +60,6 @@ DEFAULT_PROFILE = ROOT / "simserve/data/profiles/tiny-llama-45m_cpu-epyc-2core_b
 PORT = 8011
 KNOBS = {"max_num_seqs": 32, "max_num_batched_tokens": 512}
 HELD_OUT_KNOBS = {"max_num_seqs": 8, "max_num_batched_tokens": 256}
-TARGETS = {"TPOT": 0.05, "E2EL": 0.05, "output": 0.05, "TTFT": 0.10}
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,58 +89,17 @@ def ensure_vllm() -> None:
                        check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
-class Server:
-    """vLLM's OpenAI server on 127.0.0.1, in its own process group; stopped by its PID."""
-
-    def __init__(self, knobs: dict, log_path: Path):
-        self.knobs, self.log_path = knobs, log_path
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> Server:
-        cmd = [str(VENV / "bin/python"), "-m", "vllm.entrypoints.openai.api_server",
-               "--model", str(MODEL_DIR), "--host", "127.0.0.1", "--port", str(PORT),
-               "--dtype", "bfloat16", "--max-model-len", "2048",
-               "--max-num-seqs", str(self.knobs["max_num_seqs"]),
-               "--max-num-batched-tokens", str(self.knobs["max_num_batched_tokens"]),
-               "--block-size", "32", "--enable-chunked-prefill", "--no-enable-prefix-caching",
-               "--seed", "0", "--disable-uvicorn-access-log"]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2"}
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True, preexec_fn=_default_priority)
-        print(f"started vLLM (pid {self.proc.pid}) with {self.knobs}", file=sys.stderr)
-        deadline = time.time() + 400
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited ({self.proc.returncode}); see {self.log_path}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            time.sleep(2)
-        self.stop()
-        raise RuntimeError("vLLM did not become healthy in 400 s")
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def kv_tokens(self) -> int | None:
-        return kv_tokens_from_log(self.log_path.read_text(errors="replace"))
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        pid = self.proc.pid
-        os.killpg(pid, signal.SIGTERM)            # our own group: the server and its workers
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(pid, signal.SIGKILL)
-            self.proc.wait(10)
-        print(f"stopped vLLM (pid {pid})", file=sys.stderr)
+def vllm_server(knobs: dict, log_path: Path) -> fc.Server:
+    """vLLM-cpu's OpenAI server on 127.0.0.1:8011 serving the tiny model with ``knobs``."""
+    cmd = [str(VENV / "bin/python"), "-m", "vllm.entrypoints.openai.api_server",
+           "--model", str(MODEL_DIR), "--host", "127.0.0.1", "--port", str(PORT),
+           "--dtype", "bfloat16", "--max-model-len", "2048",
+           "--max-num-seqs", str(knobs["max_num_seqs"]),
+           "--max-num-batched-tokens", str(knobs["max_num_batched_tokens"]),
+           "--block-size", "32", "--enable-chunked-prefill", "--no-enable-prefix-caching",
+           "--seed", "0", "--disable-uvicorn-access-log"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "2"}
+    return fc.Server(cmd, env, PORT, log_path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,13 +108,7 @@ class Server:
 
 def scenario(name: str, workload: dict, knobs: dict, latency: dict, kv_blocks: int | None,
              base_dir: Path):
-    engine = {**knobs, "block_size": 32, "max_model_len": 2048, "enable_chunked_prefill": True}
-    if kv_blocks:
-        engine["num_gpu_blocks"] = kv_blocks
-    raw = {"name": name, "seed": 0, "model": "tiny-llama-45m", "hardware": "cpu-epyc-2core",
-           "engine": engine, "scheduler": {"policy": "vllm_v1"}, "latency": latency,
-           "workload": workload}
-    return parse_scenario(raw, base_dir=base_dir, name=name)
+    return fc.scenario(name, workload, knobs, latency, kv_blocks, base_dir)
 
 
 def azure_tiny_trace(out: Path, n: int = 150) -> Path:
@@ -191,110 +142,6 @@ def workloads(out: Path, quick: bool) -> dict[str, dict]:
 
 # --------------------------------------------------------------------------------------------
 # Measuring and simulating
-
-
-def loadavg() -> float:
-    return round(os.getloadavg()[0], 2)
-
-
-def wait_for_quiet(limit: float = 3.0, max_wait_s: float = 30.0) -> float:
-    """Wait (bounded) for the 1-minute load average to drop below ``limit``; return it."""
-    deadline = time.time() + max_wait_s
-    while loadavg() >= limit and time.time() < deadline:
-        time.sleep(5)
-    return loadavg()
-
-
-def _default_priority() -> None:
-    """In the server's process: back to the default priority (the client runs above it)."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, 0)
-    except OSError:
-        pass
-
-
-def raise_client_priority() -> int:
-    """The measuring client (this process: a few % of one core) runs at nice -10 where it may,
-    so a busy shared machine delays its sends and chunk reads less; the server keeps the
-    default priority. Returns the niceness in force."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, -10)
-    except OSError:
-        pass
-    return os.getpriority(os.PRIO_PROCESS, 0)
-
-
-def measure(name: str, sc, endpoint: str, repeats: int, out: Path,
-            calibrated: dict | None = None) -> list[dict]:
-    """Replay ``sc`` ``repeats`` times; with ``calibrated``, a speed check (seconds of decode
-    batches) right before each run reads how much slower than at calibration the server
-    runs then."""
-    summaries = []
-    for k in range(repeats):
-        before = wait_for_quiet()
-        speed = speed_check(sc, endpoint, calibrated)["factor"] if calibrated else None
-        res = replay(sc, endpoint, timeout=120, time_limit=600, warmup=2)
-        res.save(out / "real" / name / f"run{k}")
-        sm = res.summary
-        print(f"  {name} run {k}: {sm['completed']}/{sm['num_requests']} finished, "
-              f"TTFT p50 {sm['median_ttft_ms']:.1f} ms, TPOT p50 {sm['median_tpot_ms']:.2f} ms, "
-              f"{sm['output_throughput']:.0f} tok/s (load {before} -> {loadavg()}; send lag "
-              f"p99 {sm['send_lag_p99_ms']:.0f} ms"
-              + (f"; speed check {speed:.3f}" if speed else "") + ")", file=sys.stderr)
-        summaries.append({**sm, "load_before": before, "speed_factor": speed})
-    return summaries
-
-
-def simulate(name: str, sc, out: Path, calibrated: bool, folder: str | None = None) -> dict:
-    res = run_calibrated(sc) if calibrated else run(sc)
-    res.save(out / (folder or ("sim_calibrated" if calibrated else "sim_profile")) / name)
-    return res.summary
-
-
-def _on_target(metric: str, row) -> bool | None:
-    limit = next((v for k, v in TARGETS.items() if metric.startswith(k)), None)
-    if limit is None:
-        return None
-    return bool(abs(row["rel. error"]) <= limit or (metric.startswith("TTFT") and row["in spread"]))
-
-
-def report(name: str, reals: list[dict], sim_a: dict, sim_b: dict,
-           sim_c: dict | None = None) -> tuple[str, list[dict]]:
-    ta, tb = error_table(reals, sim_a, HEADLINE), error_table(reals, sim_b, HEADLINE)
-    tc = error_table(reals, sim_c, HEADLINE) if sim_c is not None else None
-    lag = [r.get("send_lag_p99_ms") or 0.0 for r in reals]
-    speeds = [r["speed_factor"] for r in reals if r.get("speed_factor")]
-    lines = [f"### {name}  (load average {min(r['load_before'] for r in reals):.1f}-"
-             f"{max(r['load_before'] for r in reals):.1f}; {len(reals)} real runs; client send "
-             f"lag p99 {min(lag):.0f}-{max(lag):.0f} ms"
-             + (f"; speed checks {', '.join(f'{s:.3f}' for s in speeds)}" if speeds else "")
-             + ")", "",
-             "| metric | real (median) | real min-max | sim (a) profile | err (a) "
-             "| sim (b) calibrated | err (b) | (b) on target |"
-             + (" sim (c) speed-checked | err (c) | (c) on target |" if tc is not None else ""),
-             "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if tc is not None else "")]
-    rows = []
-    yes = {None: "—", True: "yes", False: "no"}
-    for metric in ta.index:
-        a, b = ta.loc[metric], tb.loc[metric]
-        ok = _on_target(metric, b)
-        line = (f"| {metric} | {a['real']:.4g} | {a['real min']:.4g}-{a['real max']:.4g} "
-                f"| {a['sim']:.4g} | {100 * a['rel. error']:+.1f} % | {b['sim']:.4g} "
-                f"| {100 * b['rel. error']:+.1f} % | {yes[ok]} |")
-        row = {"workload": name, "metric": metric, "real": a["real"],
-               "real_min": a["real min"], "real_max": a["real max"],
-               "sim_profile": a["sim"], "err_profile": a["rel. error"],
-               "sim_calibrated": b["sim"], "err_calibrated": b["rel. error"],
-               "in_spread_calibrated": bool(b["in spread"]), "on_target": ok}
-        if tc is not None:
-            c = tc.loc[metric]
-            ok_c = _on_target(metric, c)
-            line += f" {c['sim']:.4g} | {100 * c['rel. error']:+.1f} % | {yes[ok_c]} |"
-            row.update({"sim_speed_checked": c["sim"], "err_speed_checked": c["rel. error"],
-                        "on_target_speed_checked": ok_c})
-        lines.append(line)
-        rows.append(row)
-    return "\n".join(lines), rows
 
 
 def main() -> int:
@@ -334,11 +181,11 @@ def main() -> int:
     wls = workloads(out, args.quick)
     base_latency = {"model": "profile", "path": str(profile)}
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                     "machine": f"{os.cpu_count()} cores, {_cpu_name()}",
+                     "machine": f"{os.cpu_count()} cores, {fc.cpu_name()}",
                      "client_niceness": niceness}
     sections, rows = [], []
 
-    def campaign(knobs: dict, names: list[str], label: str, server: Server | None,
+    def campaign(knobs: dict, names: list[str], label: str, server: fc.Server | None,
                  cal_path: Path | None) -> Path:
         kv = args.kv_tokens or (server.kv_tokens() if server else None)
         blocks = kv // 32 if kv else None
@@ -401,19 +248,19 @@ def main() -> int:
         cal = campaign(KNOBS, list(wls), "", None,
                        Path(args.calibrated) if args.calibrated else None)
     else:
-        with Server(KNOBS, out / "server.log") as srv:
+        with vllm_server(KNOBS, out / "server.log") as srv:
             results["kv_tokens"] = srv.kv_tokens()
             cal = campaign(KNOBS, list(wls), "", srv,
                            Path(args.calibrated) if args.calibrated else None)
         if not args.no_held_out:
-            with Server(HELD_OUT_KNOBS, out / "server_heldout.log") as srv:
+            with vllm_server(HELD_OUT_KNOBS, out / "server_heldout.log") as srv:
                 campaign(HELD_OUT_KNOBS, ["moderate", "saturating"], "heldout-", srv, cal)
     pd.DataFrame(rows).to_csv(out / "fidelity.csv", index=False, float_format="%.6g")
     header = (f"Fidelity run {results['date']} on {results['machine']}; calibrated profile "
               f"{cal}")
     (out / "fidelity.md").write_text(header + "\n\n" + "\n\n".join(sections) + "\n")
     (out / "fidelity.json").write_text(json.dumps({**results, "rows": rows}, indent=1,
-                                                  default=_plain) + "\n")
+                                                  default=fc.plain) + "\n")
     ok = [r["on_target"] for r in rows if r["on_target"] is not None]
     ok_c = [r["on_target_speed_checked"] for r in rows
             if r.get("on_target_speed_checked") is not None]
@@ -421,26 +268,6 @@ def main() -> int:
           + (f", {sum(ok_c)}/{len(ok_c)} with (c)" if ok_c else "")
           + f"; tables in {out}/fidelity.md")
     return 0
-
-
-def _plain(v):
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (np.floating,)):
-        return float(v)
-    if isinstance(v, np.bool_):
-        return bool(v)
-    return str(v)
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

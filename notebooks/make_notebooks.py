@@ -1,15 +1,20 @@
-"""Write the notebooks of this folder from the cells below (committed without outputs).
+"""Write the notebooks of this folder from the cells below, executed, with their outputs.
 
     .venv/bin/python notebooks/make_notebooks.py
 
-Edit the cells here, not the .ipynb files, and run this again. tests/test_notebooks.py executes
-both notebooks, so an API change that breaks them fails the test suite.
+Edit the cells here, not the .ipynb files, and run this again: it executes each notebook
+(nbclient, the python3 kernel) and saves it with its outputs, so they read on a code host without
+running anything. Every number comes from a seeded simulation, so running it again gives the
+same outputs. tests/test_notebooks.py executes both notebooks again and checks that the saved
+outputs are what the code gives today.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
+import nbclient
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
@@ -27,23 +32,29 @@ Everything here uses simserve's Python API; every result is a pandas DataFrame. 
 kept small (300 requests) so the whole notebook runs in seconds. Step times come from a roofline
 *estimate* of the H100, so read the numbers as relative, not as a measurement.
 
-Run it from this folder (`notebooks/`): the scenario paths below are relative to it."""),
+Run it from this folder (`notebooks/`): the scenario paths below are relative to it.
+`styled(df)` shows a DataFrame with readable numbers (11,150 rather than 1.115e+04); the data
+itself keeps full precision."""),
     new_code_cell("""\
 %matplotlib inline
 import simserve
-from simserve.runner import comparison_table
+from simserve.fmt import styled
+from simserve.runner import coinciding, comparison_table
 from simserve.report import (RunData, latency_cdfs, latency_vs_load, load_curves, policy_bars,
                              throughput_vs_load, timeline)"""),
     new_markdown_cell("""\
 ## One load, five policies
 
 `scenarios/compare_policies.yaml` is the quickstart scenario with a `compare:` section listing
-the policies. `simserve.compare` runs one variant per policy and returns `{label: Result}`.
-`overrides` change any scenario field, as `--set` does on the command line."""),
+the policies, each at its own system's or paper's knobs: vLLM's 8192-token budget, and
+Sarathi-Serve's 512 tokens for `sarathi` (at the same budget it would schedule exactly as
+`vllm_v1` does: docs/policies.md, "When policies coincide"). `simserve.compare` runs one variant
+per entry and returns `{label: Result}`. `overrides` change any scenario field, as `--set` does
+on the command line."""),
     new_code_cell("""\
 results = simserve.compare("../scenarios/compare_policies.yaml",
                            overrides=["workload.num_requests=300"])
-comparison_table(results)"""),
+styled(comparison_table(results))"""),
     new_markdown_cell("""\
 Each row is one policy. *Goodput* counts only requests that met every SLO (here TTFT ≤ 500 ms and
 TPOT ≤ 50 ms); *SLO attainment* is the fraction of all requests that did. `static` batching waits
@@ -62,24 +73,38 @@ second split into prefill and decode, KV-cache blocks in use, and preemptions. E
     new_code_cell("""\
 timeline(runs[3])   # vllm_v1"""),
     new_code_cell("""\
-results["vllm_v1"].steps.head()"""),
+styled(results["vllm_v1"].steps.head())"""),
+    new_markdown_cell("""\
+Were any two policies' schedules identical — every step the same? `coinciding` answers: none
+above; but `sarathi` at vLLM's 8192-token budget schedules exactly as `vllm_v1` does:"""),
+    new_code_cell("""\
+at_8192 = {policy: simserve.run("../scenarios/quickstart.yaml",
+                                overrides=["workload.num_requests=300",
+                                           f"scheduler.policy={policy}"])
+           for policy in ("vllm_v1", "sarathi")}
+coinciding(results), coinciding(at_8192)"""),
     new_markdown_cell("""\
 ## Across loads: where does each policy break?
 
-One load point hides the interesting part. `simserve.sweep` runs a grid of variants — here three
-policies × four request rates — in parallel processes, and returns one row per point with every
-summary metric. `fixed` sets fields for every point."""),
+One load point hides the interesting part. `simserve.sweep` runs a grid of variants — here four
+request rates × three policies, each policy at its own token budget (`zip` advances its lists
+together) — in parallel processes, and returns one row per point with every summary metric.
+`fixed` sets fields for every point."""),
     new_code_cell("""\
 table = simserve.sweep("../scenarios/quickstart.yaml",
-                       grid={"scheduler.policy": ["vllm_v0", "vllm_v1", "sarathi"],
-                             "workload.rate": [6, 10, 14, 18]},
+                       grid={"workload.rate": [6, 10, 14, 18]},
+                       zip={"scheduler.policy": ["vllm_v0", "vllm_v1", "sarathi"],
+                            "engine.max_num_batched_tokens": [8192, 8192, 512]},
                        fixed={"workload.num_requests": 300})
-table[["scheduler.policy", "workload.rate", "request_throughput", "request_goodput",
-       "slo_attainment", "p99_ttft_ms", "p99_tpot_ms"]]"""),
+styled(table[["scheduler.policy", "engine.max_num_batched_tokens", "workload.rate",
+              "request_throughput", "request_goodput", "slo_attainment", "p99_ttft_ms",
+              "p99_tpot_ms"]])"""),
     new_markdown_cell("""\
 `load_curves` groups the table into one curve per policy. The top panel shows served throughput
 (solid) and goodput (dashed) against offered load; the bottom panel shows SLO attainment against
-the 90% target. The *knee* is the highest load at which every lower load meets the target."""),
+the 90% target. The *knee* is the highest load at which every lower load meets the target.
+Sarathi-Serve's small budget buys the lowest TPOT at the price of TTFT, which is what its
+attainment curve shows."""),
     new_code_cell("""\
 curves = load_curves(table, "workload.rate", ["scheduler.policy"])
 throughput_vs_load(curves, target=0.9)"""),
@@ -117,6 +142,7 @@ Run it from this folder (`notebooks/`)."""),
 %matplotlib inline
 import pandas as pd
 import simserve
+from simserve.fmt import styled
 from simserve.report import CapacityData, capacity_attainment"""),
     new_markdown_cell("""\
 ## The scenario and its SLO
@@ -142,24 +168,33 @@ print(cap.table())"""),
 `cap.probes` holds one row per simulated run: the search phase, the rate, the replica count,
 the seed, and the metrics that decided it."""),
     new_code_cell("""\
-cap.probes[["phase", "rate", "replicas", "seed", "slo_attainment", "request_goodput",
-            "p99_ttft_ms", "p99_tpot_ms"]]"""),
+styled(cap.probes[["phase", "rate", "replicas", "seed", "slo_attainment", "request_goodput",
+                   "p99_ttft_ms", "p99_tpot_ms"]])"""),
     new_code_cell("""\
 capacity_attainment(CapacityData.from_result(cap))"""),
     new_markdown_cell("""\
 ## What moves the answer
 
-Capacity depends on the SLO as much as on the hardware. The same search with three TTFT limits
-shows how much rate a looser first-token target buys. (One seed each, to keep it quick.)"""),
+Capacity depends on the SLO as much as on the hardware, and only on the limit that binds. The
+same search over three TTFT limits under two TPOT limits (one seed each, to keep it quick):"""),
     new_code_cell("""\
 rows = []
-for ttft_ms in (250, 500, 1000):
-    s = simserve.load_scenario("../scenarios/quickstart.yaml",
-                               overrides=["workload.num_requests=300", f"slo.ttft_ms={ttft_ms}"])
-    c = simserve.capacity(s, seeds=1, tolerance=0.1)
-    rows.append({"TTFT SLO (ms)": ttft_ms, "max rate (req/s)": c.max_rate,
-                 "per GPU (req/s)": c.per_gpu_rate, "runs": len(c.probes)})
-pd.DataFrame(rows)"""),
+for tpot_ms in (50, 100):
+    for ttft_ms in (250, 500, 1000):
+        s = simserve.load_scenario("../scenarios/quickstart.yaml",
+                                   overrides=["workload.num_requests=300",
+                                              f"slo.ttft_ms={ttft_ms}", f"slo.tpot_ms={tpot_ms}"])
+        c = simserve.capacity(s, seeds=1, tolerance=0.05)
+        rows.append({"TPOT SLO (ms)": tpot_ms, "TTFT SLO (ms)": ttft_ms,
+                     "max rate (req/s)": c.max_rate})
+styled(pd.DataFrame(rows).pivot(index="TTFT SLO (ms)", columns="TPOT SLO (ms)",
+                                values="max rate (req/s)"))"""),
+    new_markdown_cell("""\
+Read it by column. Under TPOT ≤ 50 ms, loosening TTFT from 250 to 500 ms buys rate, but 500 to
+1000 ms buys none: past that point TPOT is the limit that fails first (the probe table above
+shows p99 TPOT far past 50 ms at 16.8 req/s while p99 TTFT is still under 500 ms). Under
+TPOT ≤ 100 ms the looser TTFT limits pay off all the way. Planning against one SLO at a time
+would miss this."""),
     new_markdown_cell("""\
 Tensor parallelism is the other lever: two GPUs per replica run each step faster, but the per-GPU
 rate is what the bill follows. `per_gpu_rate` divides by replicas × `tensor_parallel_size`."""),
@@ -172,7 +207,7 @@ for tp in (1, 2):
     c = simserve.capacity(s, seeds=1, tolerance=0.1)
     rows.append({"tensor parallel": tp, "GPUs": c.gpus, "max rate (req/s)": c.max_rate,
                  "per GPU (req/s)": c.per_gpu_rate})
-pd.DataFrame(rows)"""),
+styled(pd.DataFrame(rows))"""),
     new_markdown_cell("""\
 ## Caveats
 
@@ -186,7 +221,8 @@ pd.DataFrame(rows)"""),
 ]
 
 
-def write(cells: list, name: str, folder: Path = HERE) -> Path:
+def build(cells: list, name: str):
+    """The notebook of ``cells``, without outputs."""
     for i, cell in enumerate(cells):
         cell.id = f"{Path(name).stem}-{i:02d}"     # stable ids: regenerating gives no diff
     nb = new_notebook(cells=cells, metadata={
@@ -194,6 +230,22 @@ def write(cells: list, name: str, folder: Path = HERE) -> Path:
         "language_info": {"name": "python"},
     })
     nbformat.validate(nb)
+    return nb
+
+
+def execute(nb, folder: Path = HERE):
+    """Run every cell in ``folder`` (the notebooks' paths are relative to it), in place."""
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300,
+                                     record_timing=False,   # no wall-clock times in the file
+                                     resources={"metadata": {"path": str(folder)}})
+    client.execute()
+    nb.metadata.pop("widgets", None)
+    nb.metadata["language_info"] = {"name": "python"}   # not the kernel's exact version
+    return nb
+
+
+def write(cells: list, name: str, folder: Path = HERE) -> Path:
+    nb = execute(build(copy.deepcopy(cells), name))
     path = folder / name
     nbformat.write(nb, path)
     return path

@@ -19,6 +19,8 @@ metadata once per step and shares it across layers.
   (:mod:`profiler.triton_decode`).
 * ``flashinfer``: FlashInfer's paged prefill/decode wrappers on CUDA, when importable. The page
   table conversion (:func:`flashinfer_page_table`) is plain torch and tested on CPU.
+* ``vllm_fa``: vLLM's own FlashAttention (FA3 on Hopper) called as vLLM's engine calls it
+  (:mod:`profiler.vllm_attention`), on CUDA with a vLLM CUDA build importable.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch.nn.functional as F
 
 from profiler.layers import PagedKVCache, StepMeta, gather_slots
 
-BACKENDS = ("reference", "flex", "triton", "flashinfer")
+BACKENDS = ("reference", "flex", "triton", "flashinfer", "vllm_fa")
 
 
 class BackendError(Exception):
@@ -513,6 +515,10 @@ def make_backend(name: str, device: Any, shapes: Any, dtype: torch.dtype,
     if name == "flashinfer":
         return FlashInferAttention(device, shapes.num_heads, shapes.num_kv_heads,
                                    shapes.head_dim, dtype)
+    if name == "vllm_fa":
+        from profiler.vllm_attention import VllmFlashAttention
+        return VllmFlashAttention(device, shapes.num_heads, shapes.num_kv_heads,
+                                  shapes.head_dim, dtype)
     raise BackendError(f"unknown attention backend {name!r}; expected one of "
                        f"{', '.join(BACKENDS)}")
 

@@ -28,7 +28,9 @@ def build_parser(prog: str = "python -m profiler") -> argparse.ArgumentParser:
     p.add_argument("--device", required=True, choices=("cuda", "cpu"))
     p.add_argument("--out", required=True, type=Path, help="profile file to write")
     p.add_argument("--grid", default="quick", choices=("quick", "full"),
-                   help="quick: coarse grids, < 1 min for a tiny model on CPU; full: minutes")
+                   help="quick: coarse grids (the tiny model on one CPU thread: about 10 min of "
+                        "CPU time, more wall time on a busy machine); full: fine grids, "
+                        "several times longer")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: 1 on CPU, as vLLM's CPU worker; "
                         "torch's default on CUDA)")
@@ -43,10 +45,10 @@ def build_parser(prog: str = "python -m profiler") -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=256,
                    help="rows sampled in the activation-peak step")
     p.add_argument("--attention", default="auto",
-                   choices=("auto", "reference", "flex", "triton", "flashinfer"),
+                   choices=("auto", "reference", "flex", "triton", "flashinfer", "vllm_fa"),
                    help="paged attention backend (auto: flashinfer, else flex, on CUDA; "
                         "reference on CPU; triton: flex prefill and our split-KV paged "
-                        "decode kernel)")
+                        "decode kernel; vllm_fa: vLLM's own FlashAttention, CUDA only)")
     p.add_argument("--no-compile", action="store_true",
                    help="no torch.compile: FlexAttention eager, and on CUDA the layers' "
                         "norms, RoPE and MLP as eager torch ops (compiled by default there, "
@@ -70,13 +72,12 @@ def load_card(spec: str):
     from simserve.cards import load_model
     path = Path(spec)
     if spec.endswith((".yaml", ".yml")) or path.is_file():
-        import yaml
+        from simserve.errors import DataError
+        from simserve.safeyaml import load
         try:
-            raw = yaml.safe_load(path.read_text())
-        except OSError as e:
-            raise UsageError(f"--model {spec}: cannot read: {e.strerror or e}") from None
-        except yaml.YAMLError as e:
-            raise UsageError(f"--model {spec}: not valid YAML: {e}") from None
+            raw = load(path)           # encoding, nesting, aliases, duplicate keys: one line
+        except DataError as e:
+            raise UsageError(f"--model {e}") from None
         return load_model(raw, path=str(path))
     return load_model(spec, path="--model")
 

@@ -308,7 +308,9 @@ class Grid:
 
 
 GRIDS = {
-    # tiny model on one CPU thread: ~105 s end to end in warm rounds (2-core EPYC VM)
+    # tiny model on one CPU thread: 621 s of CPU, 12.4 min wall at load ~3 (2-core EPYC VM,
+    # 2026-11-23; benchmarks/RESULTS.md). Its cost is per step (the reference attention's
+    # copies, warm rounds), not per point: 61 points instead of 89 still took 472 s of CPU.
     "quick": Grid(tokens=(1, 8, 32, 128, 512, 2048), prefill_chunk=(16, 128, 512, 2048),
                   prefill_ctx=(0, 512, 2048), decode_batch=(1, 8, 64), decode_ctx=(16, 256, 2048),
                   lm_seqs=(1, 8, 64, 256), heldout=4, heldout_max_decodes=48,
@@ -343,7 +345,7 @@ class Options:
     block_size: int = 16
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
-    attention: str = "auto"              # auto | reference | flex | flashinfer
+    attention: str = "auto"              # auto | reference | flex | triton | flashinfer | vllm_fa
     compile: bool = True                 # torch.compile: flex; on CUDA the layer pieces too
     cuda_graphs: bool = True             # CUDA: time steps as CUDA graph replays
     gpu_memory_utilization: float = 0.9
@@ -657,6 +659,10 @@ def _attention_note(name: str, compiled: bool, fallback: str | None, device: tor
         return ("decodes: simserve's split-KV paged decode kernel (Triton, profiler/"
                 "triton_decode.py); prefill chunks: FlexAttention"
                 + (", torch.compile per shape family" if compiled else " eager"))
+    if name == "vllm_fa":
+        return ("vLLM's own FlashAttention (vllm.vllm_flash_attn, FA3 on Hopper): one "
+                "flash_attn_varlen_func call per layer with block tables and FA3's "
+                "ahead-of-time scheduler metadata, as vLLM's FlashAttentionImpl makes it")
     return "FlashInfer paged prefill/decode wrappers"
 
 

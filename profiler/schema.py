@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, TypedDict
 
 from simserve.errors import DataError
+from simserve.safeyaml import decode_text
 
 SCHEMA_VERSION = 1
 KIND = "simserve-profile"
@@ -449,14 +450,18 @@ def validate(obj: Any, path: str | Path = "<profile>") -> Profile:
 def load_profile(path: str | Path) -> Profile:
     """Read and validate a profile file."""
     try:
-        text = Path(path).read_text()
+        data = Path(path).read_bytes()
     except OSError as e:
         raise ProfileError(str(path), f"cannot read: {e.strerror or e}") from None
     try:
-        obj = json.loads(text)
+        obj = json.loads(decode_text(data, path))
+    except DataError as e:            # not UTF-8 text
+        raise ProfileError(str(path), e.message, e.line) from None
     except json.JSONDecodeError as e:
         raise ProfileError(str(path), f"not JSON (line {e.lineno}, column {e.colno}: {e.msg})"
                            ) from None
+    except RecursionError:
+        raise ProfileError(str(path), "not a profile: JSON nested too deeply") from None
     return validate(obj, path)
 
 

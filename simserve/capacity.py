@@ -34,6 +34,7 @@ import pandas as pd
 
 from simserve.config import Scenario, load_scenario
 from simserve.errors import ConfigError, SimserveError
+from simserve.limits import MAX_REPLICAS, MAX_SECONDS
 
 PROBE_METRICS = (
     "slo_attainment", "num_requests", "num_good", "completed", "num_rejected", "request_throughput",
@@ -43,6 +44,8 @@ PROBE_METRICS = (
     "latency_model",
 )
 MAX_STEPS = 30          # doublings/halvings before the bracket search gives up
+MIN_TOLERANCE = 1e-3    # bisection to a narrower bracket would outlast float precision
+MAX_SEEDS = 100         # runs per probe
 
 
 @dataclass
@@ -195,9 +198,9 @@ def _prepare(s: Scenario, notes: list[str]) -> tuple[Scenario, float]:
                                                "rate: give workload.rate (a starting rate)")
         return s, w.trace.rate
     a = w.arrival
-    if a.rate is None:
-        raise ConfigError("workload.arrival", "capacity planning needs an arrival rate; "
-                                              "arrival: burst has none")
+    if a.rate is None or a.rate == math.inf:
+        raise ConfigError("workload.arrival", "capacity planning needs a finite arrival rate; "
+                                              "arrival: burst and rate: inf have none")
     if a.num_requests is None:
         # a fixed duration would send more requests at higher rates; fix the count instead
         n = max(1, round(a.rate * a.duration_s))
@@ -213,12 +216,16 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
              max_replicas: int = 256, log: Log | None = None) -> CapacityResult:
     """Find the highest rate meeting the SLO attainment target (and, given ``target_rate``,
     the fewest replicas that serve it). ``log`` gets one line per probe."""
-    if not 0 < tolerance < 1:
-        raise ConfigError("tolerance", f"must be in (0, 1), got {tolerance:g}")
-    if seeds < 1:
-        raise ConfigError("seeds", f"must be >= 1, got {seeds}")
-    if target_rate is not None and not target_rate > 0:
-        raise ConfigError("target_rate", f"must be > 0, got {target_rate:g}")
+    # a bracket narrower than 1e-3 needs bisection steps past float precision (never ends)
+    if not MIN_TOLERANCE <= tolerance < 1:
+        raise ConfigError("tolerance", f"must be in [{MIN_TOLERANCE:g}, 1), got {tolerance:g}")
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise ConfigError("seeds", f"must be >= 1 and <= {MAX_SEEDS}, got {seeds}")
+    if target_rate is not None and not 0 < target_rate < math.inf:
+        raise ConfigError("target_rate", f"must be > 0 and finite, got {target_rate:g}")
+    if not 1 <= max_replicas <= MAX_REPLICAS:
+        raise ConfigError("max_replicas", f"must be >= 1 and <= {MAX_REPLICAS}, got "
+                                          f"{max_replicas}")
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     notes: list[str] = []
     s, start = _prepare(s, notes)
@@ -275,6 +282,9 @@ def _bracket(prober: _Prober, rate: float, replicas: int, workload) -> tuple[flo
             f"capacity: SLO attainment still meets the target at {rate:.3g} req/s, where the "
             f"{n} requests arrive almost at once; raise workload.num_requests or tighten the SLO")
     for _ in range(MAX_STEPS):
+        n = _num_requests(workload)
+        if isinstance(n, int) and (n - 1) / (rate / 2) > MAX_SECONDS:
+            break                     # slower still would not fit a run's clock
         if prober.passes(rate / 2, replicas, "bracket", all_seeds=False):
             return rate / 2, rate
         rate /= 2

@@ -27,6 +27,7 @@ import yaml
 
 from simserve.errors import ConfigError, DataError
 from simserve.fields import Fields, join
+from simserve.limits import BANDWIDTH_RANGE, FLOPS_RANGE, MAX_COUNT, MAX_TOKENS, MEM_BYTES_RANGE
 
 DATA_DIR = Path(__file__).parent / "data"
 
@@ -119,20 +120,21 @@ class ModelCard:
 
 def _parse_model(raw: Any, path: str) -> ModelCard:
     f = Fields(raw, path)
-    hidden = f.int("hidden", min=1)
-    heads = f.int("heads", min=1)
-    head_dim = f.int("head_dim", default=None, min=1)
+    hidden = f.int("hidden", min=1, max=MAX_COUNT)
+    heads = f.int("heads", min=1, max=MAX_COUNT)
+    head_dim = f.int("head_dim", default=None, min=1, max=MAX_COUNT)
     if head_dim is None:
         if hidden % heads:
             raise ConfigError(f.where("head_dim"),
                               f"hidden ({hidden}) is not a multiple of heads ({heads}); "
                               "give head_dim explicitly")
         head_dim = hidden // heads
-    kw = dict(name=f.str("name"), num_layers=f.int("layers", min=1), hidden_size=hidden,
-              num_heads=heads, num_kv_heads=f.int("kv_heads", default=heads, min=1),
-              head_dim=head_dim, intermediate_size=f.int("intermediate", min=1),
-              vocab_size=f.int("vocab", min=1),
-              max_position_embeddings=f.int("max_position_embeddings", min=1),
+    kw = dict(name=f.str("name"), num_layers=f.int("layers", min=1, max=MAX_COUNT),
+              hidden_size=hidden, num_heads=heads,
+              num_kv_heads=f.int("kv_heads", default=heads, min=1, max=MAX_COUNT),
+              head_dim=head_dim, intermediate_size=f.int("intermediate", min=1, max=MAX_COUNT),
+              vocab_size=f.int("vocab", min=1, max=MAX_COUNT),
+              max_position_embeddings=f.int("max_position_embeddings", min=1, max=MAX_TOKENS),
               dtype_bytes=f.int("dtype_bytes", default=2, min=1, max=8),
               qkv_bias=f.bool("qkv_bias", default=False),
               tie_word_embeddings=f.bool("tie_word_embeddings", default=False),
@@ -186,13 +188,15 @@ class HardwareSpec:
 
 def _parse_hardware(raw: Any, path: str) -> HardwareSpec:
     f = Fields(_numbers_from_strings(raw), path)
+    # plausibility bounds (simserve/limits.py): past them a step's price is inf or 0
+    flops, bw, mem = FLOPS_RANGE, BANDWIDTH_RANGE, MEM_BYTES_RANGE
     spec = HardwareSpec(
         name=f.str("name"), kind=f.str("kind", choices=HARDWARE_KINDS),
-        peak_flops=f.float("peak_flops", positive=True),
-        mem_bandwidth=f.float("mem_bandwidth", positive=True),
-        mem_bytes=int(f.float("mem_bytes", positive=True)),
-        interconnect_bandwidth=f.float("interconnect_bandwidth", positive=True),
-        host_link_bandwidth=f.float("host_link_bandwidth", positive=True),
+        peak_flops=f.float("peak_flops", min=flops[0], max=flops[1]),
+        mem_bandwidth=f.float("mem_bandwidth", min=bw[0], max=bw[1]),
+        mem_bytes=int(f.float("mem_bytes", min=mem[0], max=mem[1])),
+        interconnect_bandwidth=f.float("interconnect_bandwidth", min=bw[0], max=bw[1]),
+        host_link_bandwidth=f.float("host_link_bandwidth", min=bw[0], max=bw[1]),
         source=f.str("source", default=""))
     f.done()
     return spec

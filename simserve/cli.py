@@ -8,16 +8,25 @@ write files loses nothing that was on screen.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
-from simserve.errors import SimserveError
+from simserve.errors import ConfigError, SimserveError
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line, ``error: ...``, exit 2 (as every other input error)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {' '.join(message.split())} "
+                     f"(see {self.prog} --help)\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="simserve", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="simserve", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     run = sub.add_parser("run", help="simulate a scenario and write its results")
     run.add_argument("scenario", help="scenario YAML file")
@@ -27,11 +36,17 @@ def _parser() -> argparse.ArgumentParser:
                      help="override a scenario field, e.g. --set engine.max_num_seqs=64 "
                           "(repeatable)")
     run.add_argument("--quiet", action="store_true", help="do not print the summary table")
+    run.add_argument("--verbose", action="store_true",
+                     help="with a compare: section, also print every variant's summary table "
+                          "(by default only the comparison table)")
     run.add_argument("--stepwise", action="store_true",
                      help="simulate one iteration per event instead of fast-forwarding decode "
                           "stretches (same results, slower; for checking)")
     run.add_argument("--tokens", action="store_true",
                      help="also write tokens.csv: the time of every output token")
+    run.add_argument("--metric-percentiles", metavar="P,P,...",
+                     help="latency percentiles to report, e.g. 25,50,99 (as vllm bench serve; "
+                          "same as --set metric_percentiles=[25,50,99])")
     _report_flags(run)
 
     rep = sub.add_parser("report", help="figures and report.html from output directories")
@@ -101,34 +116,61 @@ def _report(args, out: Path) -> None:
 
 def _cmd_run(args) -> int:
     from simserve.config import load_variants
-    from simserve.runner import comparison_table, run
+    from simserve.deployment import check
+    from simserve.fmt import format_table
+    from simserve.paths import default_out, folder_name, replaced_note
+    from simserve.runner import comparison_table, coinciding, run, scenario_yaml
 
+    if args.metric_percentiles:
+        args.overrides.append(f"metric_percentiles=[{args.metric_percentiles}]")
     variants = load_variants(args.scenario, args.overrides)
+    for label, scenario in variants:      # every variant can exist before any of them runs
+        try:
+            check(scenario)
+        except ConfigError as e:
+            if len(variants) == 1:
+                raise
+            raise ConfigError(e.field, f"{e.message} (in compare variant {label!r})") from None
     first = variants[0][1]
-    root = Path(args.out) if args.out else (
+    root = Path(args.out) if args.out else default_out(
         first.base_dir / first.output_dir if first.output_dir else
-        Path("runs") / Path(args.scenario).stem)
-    results = {}
+        Path("runs") / Path(args.scenario).stem, args.overrides)
+    several = len(variants) > 1
+    results, failed = {}, []
     for label, scenario in variants:
         t0 = time.perf_counter()
-        result = run(scenario, record_tokens=args.tokens, fast_forward=not args.stepwise)
+        try:
+            result = run(scenario, record_tokens=args.tokens, fast_forward=not args.stepwise)
+        except SimserveError as e:          # the variants already run keep their results
+            if not several:
+                raise
+            print(f"error: {label}: {e}", file=sys.stderr)
+            failed.append(label)
+            continue
         wall = time.perf_counter() - t0
         results[label] = result
-        if not args.quiet:
+        if not args.quiet and (args.verbose or not several):
             print(result.table())
         for warning in result.warnings:
-            print(f"warning: {warning}", file=sys.stderr)
-        out = root if len(variants) == 1 else root / label
+            print(f"warning: {label + ': ' if several else ''}{warning}", file=sys.stderr)
+        out = root / folder_name(label) if several else root
+        note = replaced_note(out, scenario_yaml(result.scenario, out))
+        if note:
+            print(f"note: {note}", file=sys.stderr)
         path = result.save(out, tokens=args.tokens)
-        print(f"simulated {result.summary['num_requests']} requests, {len(result.steps)} steps "
-              f"in {wall:.2f} s [latency: {result.latency_label}]; results in {path}/")
-    if len(variants) > 1:
+        print(f"simulated {result.summary['num_requests']:,} requests, {result.num_steps:,} "
+              f"steps in {wall:.2f} s [latency: {result.latency_label}]; results in {path}/")
+    if several and results:
         table = comparison_table(results)
         print()
-        print(table.to_string())
+        print(format_table(table))
+        for group in coinciding(results):
+            print(f"note: {' = '.join(group)}: identical schedules (every step the same) at "
+                  "these knobs; docs/policies.md says when these policies coincide")
         table.to_csv(root / "comparison.csv", float_format="%.6g")
-    _report(args, root)
-    return 0
+    if results:
+        _report(args, root)
+    return 2 if failed else 0
 
 
 def _cmd_report(args) -> int:
@@ -142,24 +184,32 @@ SWEEP_SHOWN = ("error", "request_throughput", "request_goodput", "slo_attainment
 
 
 def _cmd_sweep(args) -> int:
+    from simserve.fmt import format_table
     from simserve.sweep import load_sweep, save_sweep, sweep
 
-    spec = load_sweep(args.grid, args.overrides)
     if args.workers is not None and args.workers < 1:
-        raise SimserveError(f"--workers: must be >= 1, got {args.workers}")
+        raise ConfigError("--workers", f"must be >= 1, got {args.workers}")
+    spec = load_sweep(args.grid, args.overrides)
     t0 = time.perf_counter()
     table = sweep(spec, executor=args.executor, workers=args.workers, address=args.address,
                   progress=True)
     wall = time.perf_counter() - t0
+    failed = table[table["error"].notna()]
     if not args.quiet:
         shown = ["point", *spec.fields, *(c for c in SWEEP_SHOWN if c in table)]
-        print(table[shown].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+        view = table[shown].copy()
+        view["error"] = ["failed" if e else "ok" for e in table["error"].notna()]
+        print(format_table(view, index=False))
     out = Path(args.out) if args.out else Path("runs") / Path(args.grid).stem
     save_sweep(table, spec, out)
-    failed = int(table["error"].notna().sum())
-    print(f"{len(table)} points ({failed} failed) in {wall:.1f} s; table in {out}/sweep.csv")
-    _report(args, out)
-    return 0
+    print(f"{len(table)} points ({len(failed)} failed) in {wall:.1f} s; table in "
+          f"{out}/sweep.csv")
+    if len(failed) < len(table):
+        _report(args, out)
+    for _, row in failed.iterrows():      # the points that ran are saved above
+        where = ", ".join(f"{k}={row[k]}" for k in spec.fields)
+        print(f"error: sweep point {row['point']} ({where}): {row['error']}", file=sys.stderr)
+    return 2 if len(failed) else 0
 
 
 def _cmd_capacity(args) -> int:
@@ -167,9 +217,14 @@ def _cmd_capacity(args) -> int:
 
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     t0 = time.perf_counter()
-    result = capacity(args.scenario, target_rate=args.target_rate, tolerance=args.tolerance,
-                      seeds=args.seeds, overrides=args.overrides,
-                      max_replicas=args.max_replicas, log=log)
+    try:
+        result = capacity(args.scenario, target_rate=args.target_rate,
+                          tolerance=args.tolerance, seeds=args.seeds, overrides=args.overrides,
+                          max_replicas=args.max_replicas, log=log)
+    except ConfigError as e:      # the API's argument names as the options the user typed
+        if e.field in ("tolerance", "seeds", "max_replicas", "target_rate"):
+            raise ConfigError("--" + e.field.replace("_", "-"), e.message) from None
+        raise
     print(result.table())
     print(f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
     out = Path(args.out) if args.out else Path("runs") / f"{Path(args.scenario).stem}-capacity"
@@ -180,14 +235,44 @@ def _cmd_capacity(args) -> int:
 
 
 def _cmd_validate(args) -> int:
-    from simserve.config import load_scenario
+    """Check any file the CLI accepts (a scenario, a compare file, a sweep file) as the command
+    that runs it would, including whether each deployment can exist (simserve/deployment.py)."""
+    from simserve.config import file_kind, load_variants
+    from simserve.deployment import check
+    from simserve.workload import build_workload
 
-    s = load_scenario(args.scenario, args.overrides)
-    s.replica.check_kv()
-    blocks = s.replica.num_gpu_blocks
-    print(f"{args.scenario}: ok — {s.model.name} on {s.hardware.name}, policy {s.policy}, "
-          f"{blocks} KV blocks of {s.engine.block_size} tokens "
-          f"({blocks * s.engine.block_size} tokens) per replica")
+    kind = file_kind(args.scenario)
+    if kind == "sweep":
+        from simserve.sweep import load_sweep
+        spec = load_sweep(args.scenario, args.overrides)
+        variants = [(f"sweep point {i}: " + ", ".join(f"{k}={v}" for k, v in point.items()), s)
+                    for i, (point, s) in enumerate(zip(spec.points(), spec.scenarios()))]
+        what = f"sweep of {len(variants)} points over {', '.join(spec.fields)}"
+    else:
+        variants = load_variants(args.scenario, args.overrides)
+        what = (f"{len(variants)} variants: {', '.join(label for label, _ in variants)}"
+                if kind == "compare" else "")
+    requests: dict[str, int] = {}       # workloads (traces, lengths files) read once each
+    for label, s in variants:
+        try:
+            check(s)
+            key = repr((s.workload, s.seed, s.base_dir.resolve()))
+            if key not in requests:
+                requests[key] = len(build_workload(s.workload, s.seed, s.base_dir))
+        except ConfigError as e:
+            if kind == "scenario":
+                raise
+            where = label if kind == "sweep" else f"compare variant {label!r}"
+            raise ConfigError(e.field, f"{e.message} (in {where})") from None
+    print(f"{args.scenario}: ok" + (f" — {what}" if what else ""))
+    for label, s in variants:
+        s.replica.check_kv()
+        blocks = s.replica.num_gpu_blocks
+        n = requests[repr((s.workload, s.seed, s.base_dir.resolve()))]
+        head = "" if kind == "scenario" else f"{label}: "
+        print(f"  {head}{s.model.name} on {s.hardware.name}, policy {s.policy}, {blocks:,} KV "
+              f"blocks of {s.engine.block_size} tokens ({blocks * s.engine.block_size:,} "
+              f"tokens) per replica; {n:,} requests")
     return 0
 
 
@@ -219,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`simserve run x.yaml | head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from simserve import deployment, safeyaml
 from simserve.cards import HardwareSpec, ModelCard, load_hardware, load_model
 from simserve.cluster import ClusterConfig
 from simserve.errors import ConfigError, DataError
 from simserve.fields import Fields
+from simserve.paths import folder_name
+from simserve.limits import MAX_COUNT, MAX_INT64, MAX_TOKENS, SWAP_SPACE_GB_MAX
 from simserve.metrics.slo import SloConfig
 from simserve.cluster.spec import ReplicaSpec, resolve
 from simserve.sched import describe, policy_names
@@ -26,6 +27,7 @@ from simserve.sched.params import params_to_dict, read_params
 from simserve.workload.config import WorkloadConfig
 
 PREEMPTION_MODES = ("recompute", "swap")
+DEFAULT_PERCENTILES = (50, 90, 99)
 LATENCY_MODELS = ("roofline", "profile", "constant", "linear")
 _LATENCY_FIELDS = {"roofline": ("step_overhead_ms", "flops_efficiency", "bandwidth_efficiency"),
                    "profile": ("path", "step_overhead_ms"), "constant": ("step_ms",),
@@ -48,22 +50,27 @@ class EngineConfig:
     max_model_len: int | None = None            # None: the model card's max_position_embeddings
     tensor_parallel_size: int = 1
     enable_prefix_caching: bool = False         # vLLM's flag (its default is on; here off)
+    # vLLM v1 (>= 0.2x; on by default): admit a waiting request only when KV blocks for its whole
+    # sequence so far are free, not just for its first chunk (vllm_v1, priority, vllm_native)
+    scheduler_reserve_full_isl: bool = True
 
     @classmethod
     def from_fields(cls, f: Fields) -> EngineConfig:
         cfg = cls(
-            max_num_seqs=f.int("max_num_seqs", 256, min=1),
-            max_num_batched_tokens=f.int("max_num_batched_tokens", None, min=1),
-            block_size=f.int("block_size", 16, min=1),
+            max_num_seqs=f.int("max_num_seqs", 256, min=1, max=MAX_COUNT),
+            max_num_batched_tokens=f.int("max_num_batched_tokens", None, min=1, max=MAX_TOKENS),
+            block_size=f.int("block_size", 16, min=1, max=MAX_TOKENS),
             gpu_memory_utilization=f.float("gpu_memory_utilization", 0.9, positive=True, max=1.0),
-            num_gpu_blocks=f.int("num_gpu_blocks", None, min=1),
+            num_gpu_blocks=f.int("num_gpu_blocks", None, min=1, max=MAX_COUNT),
             enable_chunked_prefill=f.bool("enable_chunked_prefill", None),
-            long_prefill_token_threshold=f.int("long_prefill_token_threshold", 0, min=0),
+            long_prefill_token_threshold=f.int("long_prefill_token_threshold", 0, min=0,
+                                               max=MAX_TOKENS),
             preemption_mode=f.str("preemption_mode", "recompute", choices=PREEMPTION_MODES),
-            swap_space_gb=f.float("swap_space_gb", 4.0, min=0.0),
-            max_model_len=f.int("max_model_len", None, min=1),
-            tensor_parallel_size=f.int("tensor_parallel_size", 1, min=1),
+            swap_space_gb=f.float("swap_space_gb", 4.0, min=0.0, max=SWAP_SPACE_GB_MAX),
+            max_model_len=f.int("max_model_len", None, min=1, max=MAX_TOKENS),
+            tensor_parallel_size=f.int("tensor_parallel_size", 1, min=1, max=MAX_COUNT),
             enable_prefix_caching=f.bool("enable_prefix_caching", False),
+            scheduler_reserve_full_isl=f.bool("scheduler_reserve_full_isl", True),
         )
         f.done()
         return cfg
@@ -120,6 +127,9 @@ class Scenario:
     output_dir: str | None = None
     base_dir: Path = field(default=Path("."), compare=False)
     policy_params: Any = None                   # the policy's knobs (sched.params), if any
+    overrides: tuple[str, ...] = field(default=(), compare=False)   # --set FIELD=VALUE applied
+    # the latency percentiles reported (vllm bench serve --metric-percentiles)
+    metric_percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
     # the mapping this scenario was validated from (a sweep varies its fields); None for one
     # changed with replace()
     source: dict[str, Any] | None = field(default=None, compare=False, repr=False)
@@ -129,6 +139,7 @@ class Scenario:
     def __post_init__(self) -> None:
         _check_consistency(self)
         object.__setattr__(self, "replica", resolve(self))
+        deployment.check_context(self)
         _check_budget(self)
 
     # -- resolved engine values (what vLLM would compute at start-up) ------------------------
@@ -173,6 +184,8 @@ class Scenario:
         }
         if self.output_dir is not None:
             out["output_dir"] = self.output_dir
+        if self.metric_percentiles != DEFAULT_PERCENTILES:
+            out["metric_percentiles"] = list(self.metric_percentiles)
         return out
 
 
@@ -180,7 +193,7 @@ def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario")
     """Validate a scenario mapping (already parsed from YAML) into a frozen Scenario."""
     f = Fields(raw, "")
     scenario_name = f.str("name", name)
-    seed = f.int("seed", 0, min=0)
+    seed = f.int("seed", 0, min=0, max=MAX_INT64)
     model = load_model(f.any("model"), "model")
     hardware = load_hardware(f.any("hardware"), "hardware")
     engine = EngineConfig.from_fields(f.section("engine"))
@@ -196,14 +209,54 @@ def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario")
         f.section("cluster"), raw, lambda merged, group: parse_scenario(
             {**merged, "name": f"{scenario_name}/{group}"}, base_dir, name))
     output_dir = f.str("output_dir", None)
+    percentiles = _percentiles(f)
     f.done()
     return Scenario(scenario_name, model, hardware, engine, policy, workload, slo, latency,
-                    cluster, seed, output_dir, base_dir, policy_params, copy.deepcopy(raw))
+                    cluster, seed, output_dir, base_dir, policy_params,
+                    metric_percentiles=percentiles, source=copy.deepcopy(raw))
+
+
+def _check_engine_policy(s: Scenario) -> None:
+    """A policy that runs an installed engine's scheduler: the engine must be importable, and
+    the scenario must ask only for what that scheduler does."""
+    from simserve.sched.vllm_native import check_available
+    check_available()
+    if s.engine.preemption_mode == "swap":
+        raise ConfigError("engine.preemption_mode", "vllm_native: vLLM v1 preempts by recompute "
+                                                    "only; remove preemption_mode: swap")
+    if s.cluster.disaggregated:
+        raise ConfigError("cluster.groups", "vllm_native: disaggregated prefill/decode replicas "
+                                            "are not supported; use vllm_v1")
+
+
+def _percentiles(f: Fields) -> tuple[float, ...]:
+    """``metric_percentiles: [25, 50, 99]`` (vLLM's --metric-percentiles), each in (0, 100]."""
+    raw = f.any("metric_percentiles", None)
+    if raw is None:
+        return DEFAULT_PERCENTILES
+    if not isinstance(raw, list) or not 1 <= len(raw) <= 20:
+        raise ConfigError(f.where("metric_percentiles"), "expected a list of 1 to 20 "
+                                                          "percentiles, e.g. [25, 50, 99]")
+    values = []
+    for i, p in enumerate(raw):
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 100:
+            raise ConfigError(f"{f.where('metric_percentiles')}[{i}]",
+                              f"expected a number in (0, 100], got {p!r}")
+        values.append(int(p) if float(p).is_integer() else float(p))
+    if len(set(values)) != len(values):
+        raise ConfigError(f.where("metric_percentiles"), f"percentiles repeat: {raw}")
+    return tuple(sorted(values))
 
 
 def _check_consistency(s: Scenario) -> None:
     """What must hold before the scenario's replica can be resolved."""
     cls = describe(s.policy)
+    if cls.engine:
+        _check_engine_policy(s)
+    if s.engine.num_gpu_blocks is not None and s.engine.num_gpu_blocks <= cls.reserved_blocks:
+        raise ConfigError("engine.num_gpu_blocks",
+                          f"must be >= {cls.reserved_blocks + 1} with policy {s.policy!r}: "
+                          f"vLLM's block pool keeps {cls.reserved_blocks} back (its null block)")
     if s.engine.enable_prefix_caching:
         if not cls.prefix_caching:
             names = [n for n in policy_names() if describe(n).prefix_caching]
@@ -237,22 +290,9 @@ def _check_budget(s: Scenario) -> None:
 
 
 def load_yaml(path: str | Path) -> Any:
-    """Read a YAML file; syntax errors become one message with file and line."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise DataError(path, "file not found") from None
-    except OSError as e:
-        raise DataError(path, f"cannot read file ({e.strerror})") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        line = mark.line + 1 if mark is not None else None
-        raise DataError(path, f"invalid YAML: {e.problem}", line) from None
-    except yaml.YAMLError as e:
-        raise DataError(path, f"invalid YAML: {e}") from None
+    """Read a YAML file; every problem (encoding, syntax, nesting, aliases, duplicate keys)
+    becomes one message with file and line (simserve/safeyaml.py)."""
+    return safeyaml.load(path)
 
 
 def set_field(raw: dict, key: str, value: Any) -> None:
@@ -280,11 +320,7 @@ def apply_overrides(raw: Any, overrides: list[str]) -> Any:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError("--set", f"expected FIELD=VALUE, got {item!r}")
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            value = text
-        set_field(raw, key, value)
+        set_field(raw, key, safeyaml.parse_value(text, f"--set {key.strip()}"))
     return raw
 
 
@@ -297,6 +333,16 @@ def _load_raw(path: Path) -> dict:
     return raw
 
 
+def file_kind(path: str | Path) -> str:
+    """``"sweep"`` (base:/scenario: with grid:/zip:), ``"compare"`` (a compare: section) or
+    ``"scenario"``; DataError if the file is not a YAML mapping."""
+    path = Path(path)
+    raw = _load_raw(path)
+    if "grid" in raw or "zip" in raw or ("base" in raw and "model" not in raw):
+        return "sweep"
+    return "compare" if "compare" in raw else "scenario"
+
+
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     """Load one scenario. A file with a ``compare:`` section needs :func:`load_variants`."""
     path = Path(path)
@@ -305,7 +351,8 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         raise ConfigError("compare", f"{path} defines several variants; run it with "
                                      "`simserve run` or load it with load_variants()")
     raw = apply_overrides(raw, overrides or [])
-    return parse_scenario(raw, base_dir=path.parent, name=path.stem)
+    s = parse_scenario(raw, base_dir=path.parent, name=path.stem)
+    return s.replace(overrides=tuple(overrides or ()), source=s.source)
 
 
 def load_variants(path: str | Path, overrides: list[str] | None = None) -> list[tuple[str, Scenario]]:
@@ -324,8 +371,10 @@ def load_variants(path: str | Path, overrides: list[str] | None = None) -> list[
     raw = _load_raw(path)
     compare = raw.pop("compare", None)
     raw = apply_overrides(raw, overrides or [])
+    applied = tuple(overrides or ())
     if compare is None:
         s = parse_scenario(raw, base_dir=path.parent, name=path.stem)
+        s = s.replace(overrides=applied, source=s.source)
         return [(s.name, s)]
     variants = []
     base = raw.get("name", path.stem)
@@ -337,10 +386,15 @@ def load_variants(path: str | Path, overrides: list[str] | None = None) -> list[
             s = parse_scenario(variant, base_dir=path.parent, name=path.stem)
         except ConfigError as e:
             raise ConfigError(e.field, f"{e.message} (in compare variant {label!r})") from None
-        variants.append((label, s.replace(name=f"{base}-{label}", source=variant)))
+        variants.append((label, s.replace(name=f"{base}-{label}", overrides=applied,
+                                          source=variant)))
     labels = [label for label, _ in variants]
     if len(set(labels)) != len(labels):
         raise ConfigError("compare", f"variant labels must be unique, got {labels}")
+    folders = [folder_name(label) for label in labels]   # each variant's folder under --out
+    if len(set(folders)) != len(folders):
+        raise ConfigError("compare", f"variant labels must differ in more than punctuation "
+                                     f"(they name folders: {folders})")
     return variants
 
 

@@ -84,7 +84,8 @@ def format_table(table: pd.DataFrame, spread: bool) -> str:
         shown = shown.drop(columns=["real min", "real max", "in spread"])
     else:
         shown["in spread"] = ["yes" if v else "no" for v in table["in spread"]]
-    return shown.to_string(float_format=lambda x: f"{x:.4g}")
+    from simserve.fmt import human       # 11,150 rather than 1.115e+04
+    return shown.astype(object).map(human).to_string()
 
 
 def workload_mismatch(real: Mapping, sim: Mapping) -> list[str]:

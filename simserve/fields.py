@@ -6,7 +6,8 @@ Each config section is parsed with one :class:`Fields` reader::
     max_num_seqs = f.int("max_num_seqs", default=256, min=1)
     f.done()          # raises ConfigError for any key nobody asked for
 
-Booleans are not accepted where numbers are expected (YAML's ``yes`` is not 1).
+Booleans are not accepted where numbers are expected (YAML's ``yes`` is not 1). Integers are
+64-bit unless a field says less (``simserve/limits.py``): every count ends in an int64 column.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from simserve.errors import ConfigError
+
+INT64 = 2**63 - 1
 
 _MISSING = object()
 
@@ -62,6 +65,8 @@ class Fields:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (
                 isinstance(value, float) and not value.is_integer()):
             raise ConfigError(self.where(name), f"expected an integer, got {value!r}")
+        if not -INT64 <= value <= INT64:      # a float such as 1e308 is whole too
+            raise ConfigError(self.where(name), f"{value:g} is out of range; at most {INT64:,}")
         value = int(value)
         _check_range(self.where(name), value, min, max)
         return value
@@ -113,6 +118,13 @@ class Fields:
 
 def _check_range(where: str, value: float, lo: float | None, hi: float | None) -> None:
     if lo is not None and value < lo:
-        raise ConfigError(where, f"must be >= {lo:g}, got {value:g}")
+        raise ConfigError(where, f"must be >= {_num(lo)}, got {_num(value)}")
     if hi is not None and value > hi:
-        raise ConfigError(where, f"must be <= {hi:g}, got {value:g}")
+        raise ConfigError(where, f"must be <= {_num(hi)}, got {_num(value)}")
+
+
+def _num(x: float) -> str:
+    """A bound or value as written: integers in full (2,147,483,647), floats compactly."""
+    if isinstance(x, int) and abs(x) >= 10**6:
+        return f"{x:,}"
+    return f"{x:g}"

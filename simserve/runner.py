@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from simserve import deployment
 from simserve.config import Scenario, load_scenario, load_variants
 from simserve.engine import Replica, simulate
 from simserve.engine.build import build_replicas, engine_options
@@ -29,6 +30,7 @@ from simserve.metrics.recorder import Recorder
 from simserve.metrics.slo import SloConfig
 from simserve.metrics.summary import format_summary, grouped_levels, summarize
 from simserve.metrics.tokens import itl_sample
+from simserve.paths import rebase_paths
 from simserve.sched.request import Status
 from simserve.workload import build_workload
 
@@ -113,14 +115,22 @@ class Result:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
-        (out / "scenario.yaml").write_text(
-            yaml.safe_dump(self.scenario.to_dict(), sort_keys=False))
+        (out / "scenario.yaml").write_text(scenario_yaml(self.scenario, out))
         self.requests.to_csv(out / "requests.csv", index=False, float_format="%.9g")
         self.steps.to_csv(out / "steps.csv", index=False, float_format="%.9g")
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
         if tokens and self.has_token_times:
             self.tokens().to_csv(out / "tokens.csv", index=False, float_format="%.9g")
         return out
+
+
+def scenario_yaml(s: Scenario, out: Path) -> str:
+    """The resolved scenario as written to ``out``: its file paths relative to ``out`` (so it
+    reruns from there), and the ``--set`` overrides that made it named in a header comment."""
+    header = "".join(f"# --set {o}\n" for o in s.overrides)
+    if header:
+        header = "# resolved with these overrides (already applied below):\n" + header
+    return header + yaml.safe_dump(rebase_paths(s.to_dict(), s.base_dir, out), sort_keys=False)
 
 
 def class_slos(s: Scenario) -> dict[str, SloConfig]:
@@ -163,11 +173,14 @@ def _no_cyclic_gc():
 
 def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
          record_tokens: bool) -> Result:
+    if latency is None:        # a model passed in is the caller's to vouch for
+        deployment.check(s)
     specs = build_workload(s.workload, s.seed, s.base_dir)
     replicas = build_replicas(s, latency)
     for replica in replicas:
         replica.scheduler.record_tokens = record_tokens
-    rec = simulate(specs, replicas, fast_forward=fast_forward, **engine_options(s, replicas))
+    rec = simulate(specs, replicas, fast_forward=fast_forward,
+                   max_concurrency=s.workload.max_concurrency, **engine_options(s, replicas))
     result = collect(s, rec, replicas)
     latency_models = {id(r.latency): r.latency for r in replicas}.values()
     result.latency_label = replicas[0].latency.label
@@ -197,6 +210,19 @@ def comparison_table(results: dict[str, Result]) -> pd.DataFrame:
     rows = {label: {col: r.summary.get(key) for col, key in COMPARISON_METRICS.items()}
             for label, r in results.items()}
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def coinciding(results: dict[str, Result]) -> list[list[str]]:
+    """Groups of labels whose runs scheduled every step identically (the same steps table and
+    the same request times): policies that coincide at these knobs, whose curves hide each
+    other in a figure."""
+    groups: dict[tuple, list[str]] = {}
+    for label, r in results.items():
+        key = (int(pd.util.hash_pandas_object(r.steps.drop(columns="step"), index=False).sum()),
+               int(pd.util.hash_pandas_object(r.requests[["first_token_s", "finish_s"]],
+                                              index=False).sum()))
+        groups.setdefault(key, []).append(label)
+    return [g for g in groups.values() if len(g) > 1]
 
 
 def frontend_delays(replicas: list[Replica]) -> dict[int, float]:
@@ -262,7 +288,8 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
         groups = [{**log.step_arrays(), **log.group_columns()} for log in logs]
         return grouped_levels(groups, t0, t1)
 
-    summary = summarize(requests, None, None, s.slo, itl=itl_sample(rec),
+    summary = summarize(requests, None, None, s.slo, percentiles=s.metric_percentiles,
+                        itl=itl_sample(rec),
                         class_slos=class_slos(s) if any(r.spec.klass for r in reqs) else None,
                         prefix_caching=s.engine.enable_prefix_caching, levels=levels)
     summary.update(cluster_summary(rec, replicas, requests))

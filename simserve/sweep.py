@@ -40,6 +40,7 @@ import yaml
 from simserve.config import Scenario, apply_overrides, load_yaml, parse_scenario, set_field
 from simserve.errors import ConfigError, SimserveError
 from simserve.fields import Fields
+from simserve.paths import rebase_paths, rebase_value
 
 EXECUTORS = ("local", "ray")
 # Columns every sweep table has besides the point's own fields and the summary metrics.
@@ -164,8 +165,8 @@ def make_spec(base: dict | Scenario | str | Path, grid: dict | None = None,
     for key, value in (fixed or {}).items():
         set_field(base, key, value)
     apply_overrides(base, list(overrides or []))
+    _check_axes(grid or {}, zip_ or {})
     grid, zip_ = dict(grid or {}), dict(zip_ or {})
-    _check_axes(grid, zip_)
     return SweepSpec(name or base.get("name", "sweep"), base, Path(base_dir or "."), grid, zip_)
 
 
@@ -176,6 +177,8 @@ def _run_point(scenario: Scenario) -> tuple[dict | None, str | None]:
     from simserve.runner import run
     try:
         summary = run(scenario).summary
+    except SimserveError as e:        # bad input: its message names the field already
+        return None, str(e)
     except Exception as e:  # noqa: BLE001 - recorded in the table, never fatal to the sweep
         return None, f"{type(e).__name__}: {e}"
     summary = dict(summary)
@@ -350,7 +353,13 @@ def save_sweep(table: pd.DataFrame, spec: SweepSpec, out: str | Path) -> Path:
     table.to_csv(out / "sweep.csv", index=False, float_format="%.9g")
     if importlib.util.find_spec("pyarrow") is not None:   # optional, never a dependency
         table.to_parquet(out / "sweep.parquet", index=False)
-    (out / "sweep.yaml").write_text(yaml.safe_dump(spec.to_dict(), sort_keys=False))
+    # paths relative to `out`, so `simserve sweep OUT/sweep.yaml` reruns the same points
+    d = spec.to_dict()
+    d["scenario"] = rebase_paths(d["scenario"], spec.base_dir, out)
+    for axes in ("grid", "zip"):
+        d[axes] = {k: [rebase_value(k, v, spec.base_dir, out) for v in values]
+                   for k, values in d[axes].items()}
+    (out / "sweep.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
     return out
 
 

@@ -117,7 +117,8 @@ def test_duration_workloads_get_a_fixed_request_count():
 @pytest.mark.parametrize("changes, message", [
     ({"slo": {}}, "slo: capacity planning needs an SLO"),
     ({"workload": {"arrival": "burst", "num_requests": 5, "prompt": {"dist": "fixed", "value": 8},
-                   "output": {"dist": "fixed", "value": 4}}}, "arrival: burst has none"),
+                   "output": {"dist": "fixed", "value": 4}}},
+     "arrival: burst and rate: inf have none"),
 ])
 def test_scenarios_that_cannot_be_searched(changes, message):
     raw = {**yaml.safe_load(yaml.safe_dump(CONSTANT)), **changes}
@@ -172,7 +173,7 @@ def test_cli_capacity_prints_answer_and_writes_results(tmp_path, capsys):
 
 @pytest.mark.parametrize("raw, args, message", [
     ({**CONSTANT, "slo": {}}, [], "error: slo: capacity planning needs an SLO"),
-    (CONSTANT, ["--tolerance", "2"], "error: tolerance: must be in (0, 1), got 2"),
+    (CONSTANT, ["--tolerance", "2"], "error: --tolerance: must be in [0.001, 1), got 2"),
     (CONSTANT, ["--set", "workload.rat=3"], "error: workload.rat: unknown field"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, raw, args, message):

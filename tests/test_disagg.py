@@ -101,12 +101,13 @@ def test_slower_link_delays_the_first_token_only(tmp_path):
 
 
 def test_decode_admission_waits_for_kv_blocks(tmp_path):
-    # decode replica has 2 blocks (32 tokens); A and B both have 17-token prompts and 3 outputs
-    # (20 tokens, 2 blocks each): B lands while A holds both blocks and waits for A to finish.
+    # decode replica has 2 usable blocks (32 tokens; num_gpu_blocks 3 less vLLM's null block);
+    # A and B both have 17-token prompts and 3 outputs (20 tokens, 2 blocks each): B lands
+    # while A holds both blocks and waits for A to finish.
     path = tmp_path / "t.csv"
     path.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,17,3\n0.0,17,3\n")
     s = parse_scenario(disagg_raw({"trace": str(path), "format": "csv"},
-                                  decode={"engine": {"num_gpu_blocks": 2}}))
+                                  decode={"engine": {"num_gpu_blocks": 3}}))
     r = simserve.run(s, record_tokens=True)
     # both prompts in one prefill step (0-10 ms); both land at ~10 ms; A decodes 10-20, 20-30;
     # B is admitted only at 30 ms: tokens at 40, 50

@@ -8,7 +8,7 @@ import pytest
 from simserve.config import parse_scenario
 from simserve.errors import ConfigError
 from simserve.kv.blocks import BlockManager
-from simserve.sched import POLICIES, Request, Scheduler, SchedulerLimits, Status
+from simserve.sched import ENGINE_POLICIES, POLICIES, Request, Scheduler, SchedulerLimits, Status
 from simserve.sched.fastserve import FastServeParams
 from simserve.sched.lmdeploy import LmdeployParams
 from simserve.sched.s3 import S3Params
@@ -350,8 +350,8 @@ def test_policy_knobs_are_validated_and_written_back():
         parse_scenario(scenario("lmdeploy", schedule_interval=0))
 
 
-@pytest.mark.parametrize("policy", sorted(set(POLICIES) - {"static", "orca", "vllm_v0",
-                                                           "vllm_v1", "sarathi"}))
+@pytest.mark.parametrize("policy", sorted(set(POLICIES) - set(ENGINE_POLICIES) - {
+    "static", "orca", "vllm_v0", "vllm_v1", "sarathi"}))
 def test_new_policies_run_end_to_end(policy):
     import simserve
     r = simserve.run(parse_scenario(scenario(policy)))

@@ -16,7 +16,9 @@ from simserve.workload import build_workload
 from simserve.workload.spec import RequestSpec
 from tests.helpers import step, tokens
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+# shipped with the repository (scenarios/traces/make_samples.py): multi-turn sessions over shared
+# system prompts, in Mooncake's format
+TRACE = Path(__file__).resolve().parents[1] / "scenarios" / "traces" / "mooncake_prefix_sample.jsonl"
 
 
 def pool(num_blocks: int = 8) -> PrefixBlockManager:
@@ -53,16 +55,53 @@ def test_shared_blocks_are_counted_once_and_freed_tail_first_into_an_lru_pool():
     assert bm.held(1) == 4                    # 3 shared + 1 new
     bm.free(1)                                # the shared blocks are still held by request 0
     assert bm.num_free == 2
-    bm.free(0)                                # all 6 free, 4 of them still cached
+    bm.free(0)                                # all 6 free, 5 of them still cached
     assert bm.num_free == 6
-    # pool, head first: the never-used block, request 1's own (uncached: request 0 cached that
-    # content first), then request 0's blocks in reverse order 3, 2, 1, 0 — tails are evicted
-    # first. Taking 4 blocks evicts request 0's blocks 3 and 2; blocks 0 and 1 still hit
+    # Request 1's own 4th block holds the same content as request 0's block 3 and is cached
+    # too (vLLM does not de-duplicate). Pool, head first: the never-used block, request 1's
+    # 4th block, then request 0's blocks in reverse order 3, 2, 1, 0 — tails are evicted first.
+    # Taking 4 blocks evicts both copies of block 3's content and request 0's block 2; blocks
+    # 0 and 1 still hit.
     bm.register(2, 16, None)
     bm.allocate(2, 16)
-    assert bm.num_evicted == 2
+    assert bm.num_evicted == 3
     bm.register(3, 16, (1, 2))
     assert bm.cached_tokens(3, 16) == 8
+
+
+def test_duplicate_content_is_cached_and_the_oldest_copy_is_hit():
+    # (vLLM's BlockHashToBlockMap keeps every block of one content; a hit takes the oldest.)
+    # A (ids 1, 2) is admitted with a 4-token chunk; B, with the same prompt, hits A's one
+    # full block and computes its block 1 itself; A then computes its own block 1: two copies.
+    bm = pool(num_blocks=8)
+    bm.register(0, 16, (1, 2))
+    bm.allocate(0, 4)                                   # A: block 0 full, cached
+    bm.register(1, 16, (1, 2))
+    assert bm.cached_tokens(1, 16) == 4
+    bm.allocate_cached(1, 8, 4)                         # B: A's block 0 + its own block 1
+    bm.allocate(0, 8)                                   # A: its own block 1, the same content
+    b1, a1 = bm._tables[1][1], bm._tables[0][1]
+    assert b1 != a1 and bm._key[b1] == bm._key[a1] is not None   # both cached
+    bm.free(1)                                          # B's copy goes to the pool (cached)
+    bm.register(2, 16, (1, 2))
+    assert bm.cached_tokens(2, 16) == 8                 # both blocks still hit
+    bm.allocate_cached(2, 9, 8)
+    assert bm._tables[2][:2] == [bm._tables[0][0], b1]  # the oldest copy: B's, from the pool
+    assert bm.num_free == 8 - 2 - 1 - 1                 # A's 2, C's 3rd, and B's copy taken
+
+
+def test_freed_blocks_without_cached_content_are_reused_first():
+    # vLLM's BlockPool.free_blocks: cached blocks go to the free queue's tail (LRU), blocks
+    # with nothing cached to its head, so they are taken before any cached content is evicted
+    bm = pool(num_blocks=6)
+    bm.register(0, 6, None)
+    bm.allocate(0, 6)                        # blocks 0, 1: block 0 full (cached), 1 partial
+    assert [bm._key[b] is not None for b in bm._tables[0]] == [True, False]
+    bm.free(0)
+    assert list(bm._pool)[0] == 1 and list(bm._pool)[-1] == 0
+    bm.register(1, 4, None)
+    bm.allocate(1, 4)                        # takes block 1: nothing evicted
+    assert bm._tables[1] == [1] and bm.num_evicted == 0
 
 
 def make_v1(num_blocks: int = 100, budget: int = 100):
@@ -127,16 +166,17 @@ def test_prefix_caching_is_only_for_policies_that_model_it():
 # -- Mooncake replay -------------------------------------------------------------------------------
 
 BLOCK = 16
-N = 400
-START_S = 900   # late in the trace, where prompts share the most (the window's own count: 58 %)
+N = 410         # the whole sample
+START_S = 0
 
 
 def mooncake(num_gpu_blocks: int, budget: int) -> simserve.Scenario:
     return parse_scenario({
-        "model": "tiny-llama-45m", "hardware": "H100-SXM",
+        "model": {"card": "tiny-llama-45m", "max_position_embeddings": 16384},
+        "hardware": "H100-SXM",
         "engine": {"block_size": BLOCK, "num_gpu_blocks": num_gpu_blocks,
                    "max_num_batched_tokens": budget, "max_num_seqs": 1024,
-                   "max_model_len": 1_000_000, "enable_prefix_caching": True},
+                   "max_model_len": 16384, "enable_prefix_caching": True},
         "scheduler": {"policy": "vllm_v1"},
         "latency": {"model": "constant", "step_ms": 1},
         "workload": {"trace": str(TRACE), "format": "mooncake", "start_s": START_S,
@@ -172,16 +212,15 @@ def infinite_cache_hit_rate(specs) -> float:
     return hits / total
 
 
-@pytest.mark.skipif(not TRACE.is_file(), reason="needs ../shared/traces")
 def test_mooncake_hit_rate_matches_an_infinite_cache_and_drops_when_tight():
-    specs = build_workload(mooncake(1, 1).workload, 0, Path("."))
+    specs = build_workload(mooncake(2, 1).workload, 0, Path("."))
     expected = infinite_cache_hit_rate(specs)
     longest = max(r.num_prompt_tokens + r.num_output_tokens for r in specs)
     assert 0.3 < expected < 0.9
     # unbounded: room for every request at once (nothing is ever evicted), whole prompts in
     # one step, admitted in arrival order: exactly the count above
     room = sum(-(-(r.num_prompt_tokens + r.num_output_tokens) // BLOCK) for r in specs)
-    big = simserve.run(mooncake(num_gpu_blocks=room, budget=longest)).summary
+    big = simserve.run(mooncake(num_gpu_blocks=room + 1, budget=longest)).summary  # + null block
     assert big["completed"] == N
     assert big["prefix_cache_hit_rate"] == pytest.approx(expected, abs=0.01)
     assert big["prefix_cache_query_tokens"] == sum(r.num_prompt_tokens for r in specs)

@@ -552,7 +552,12 @@ def test_cli_unknown_model_exits_2(tmp_path, capsys):
     rc = main(["--model", str(tmp_path / "absent.yaml"), "--device", "cpu",
                "--out", str(tmp_path / "p.json")])
     err = capsys.readouterr().err
-    assert rc == 2 and "cannot read" in err
+    assert rc == 2 and "absent.yaml: file not found" in err
+    bad = tmp_path / "card.yaml"
+    bad.write_bytes(b"name: caf\xe9\n")            # not UTF-8: one line, never a traceback
+    rc = main(["--model", str(bad), "--device", "cpu", "--out", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "card.yaml:1: is not UTF-8" in err and len(err.strip().splitlines()) == 1
 
 
 def test_cli_rejects_bad_numbers(tmp_path, capsys):

@@ -13,7 +13,8 @@ from simserve.engine import Replica, round_robin, simulate
 from simserve.latency.roofline import RooflineModel
 from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
-from simserve.sched import POLICIES, PREFIX_CACHING_POLICIES, SchedulerLimits, Status
+from simserve.sched import ENGINE_POLICIES, POLICIES, PREFIX_CACHING_POLICIES, SchedulerLimits, \
+    Status
 from simserve.workload.spec import RequestSpec
 
 
@@ -50,7 +51,7 @@ def draw_params(draw, cls, max_model_len):
 
 @st.composite
 def scenarios(draw):
-    policy = draw(st.sampled_from(sorted(POLICIES)))
+    policy = draw(st.sampled_from(sorted(set(POLICIES) - set(ENGINE_POLICIES))))
     block_size = draw(st.sampled_from([1, 4, 16]))
     max_model_len = draw(st.integers(16, 256))
     chunked = POLICIES[policy].chunked

@@ -66,15 +66,25 @@ class FakeServer:
         self._loop.run_until_complete(self._main())
 
     async def _main(self) -> None:
+        # aiohttp wants coroutine handlers (bare functions are deprecated) and the shutdown
+        # timeout on the runner, not the site
+        async def health(request: web.Request) -> web.Response:
+            return web.Response(text="")
+
+        async def models(request: web.Request) -> web.Response:
+            return web.json_response({"data": [{"id": "fake-model"}]})
+
+        async def version(request: web.Request) -> web.Response:
+            return web.json_response({"version": "fake-1.0"})
+
         app = web.Application()
-        app.router.add_get("/health", lambda r: web.Response(text=""))
-        app.router.add_get("/v1/models",
-                           lambda r: web.json_response({"data": [{"id": "fake-model"}]}))
-        app.router.add_get("/version", lambda r: web.json_response({"version": "fake-1.0"}))
+        app.router.add_get("/health", health)
+        app.router.add_get("/v1/models", models)
+        app.router.add_get("/version", version)
         app.router.add_post("/v1/completions", self._handler)
-        runner = web.AppRunner(app, handler_cancellation=True)
+        runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
         await runner.setup()
-        await web.SockSite(runner, self._sock, shutdown_timeout=0.5).start()
+        await web.SockSite(runner, self._sock).start()
         self._stop = asyncio.Event()
         self._ready.set()
         await self._stop.wait()

@@ -70,6 +70,27 @@ def test_compare_run_from_the_cli_reports_every_variant(tmp_path, capsys):
     assert len(list((out / "figures").glob("*.svg"))) == 5
     page = (out / "report.html").read_text()
     assert page.index("vllm_v0") < page.index("sarathi") < page.index("static")  # file order
+    assert "Overrides: --set workload.num_requests=30." in page   # what made these runs
+
+
+def test_set_overrides_are_named_and_never_clobber_the_plain_run(tmp_path, capsys,
+                                                                  monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(TINY), "--no-report", "--quiet"]) == 0
+    assert main(["run", str(TINY), "--no-report", "--quiet",
+                 "--set", "workload.rate=40"]) == 0
+    plain, other = tmp_path / "runs" / "tiny", tmp_path / "runs" / "tiny+workload.rate=40"
+    assert "rate: 20" in (plain / "scenario.yaml").read_text()          # untouched
+    text = (other / "scenario.yaml").read_text()
+    assert text.startswith("# resolved with these overrides") and "# --set workload.rate=40\n" \
+        in text and "rate: 40" in text
+    capsys.readouterr()
+    # the same folder given twice for different scenarios: replaced, and said so
+    assert main(["run", str(TINY), "--no-report", "--quiet", "--out", str(plain),
+                 "--set", "seed=3"]) == 0
+    err = capsys.readouterr().err
+    assert f"note: replacing the results of a different scenario in {plain}/ (seed: 7 → 3)" \
+        in err
 
 
 def test_sweep_and_capacity_reports(tmp_path):
@@ -133,11 +154,34 @@ def test_cli_report_and_opt_out(tmp_path, capsys):
 
 def test_one_fixed_colour_per_policy():
     assert policy_color("vllm_v1") == POLICY_COLORS["vllm_v1"]
-    assert policy_color("some_new_policy") == policy_color("some_new_policy")  # stable hash
     styles = series_styles([("a", "sarathi"), ("b", "sarathi"), ("c", "vllm_v0")])
     assert styles["a"]["color"] == styles["b"]["color"] == POLICY_COLORS["sarathi"]
     assert styles["a"]["linestyle"] != styles["b"]["linestyle"]
     assert styles["a"]["hatch"] != styles["b"]["hatch"]
+
+
+def test_every_policy_has_its_own_colour_and_new_names_take_spares_in_order():
+    from simserve.report.style import SLO_COLOR
+    from simserve.sched import POLICIES
+    every = series_styles([(name, name) for name in POLICIES])
+    colours = [st["color"] for st in every.values()]
+    assert len(set(colours)) == len(POLICIES) and SLO_COLOR not in colours
+    # names we do not ship: distinct spares, in order of appearance, none a policy's colour
+    new = series_styles([("x", "plugin_a"), ("y", "plugin_b"), ("z", "plugin_a")])
+    assert new["x"]["color"] == new["z"]["color"] != new["y"]["color"]
+    assert not {new["x"]["color"], new["y"]["color"]} & set(POLICY_COLORS.values())
+
+
+def test_coinciding_series_are_drawn_apart_and_named():
+    from simserve.report.style import legend_label, mark_coinciding
+    styles = mark_coinciding(series_styles([("v1", "vllm_v1"), ("sarathi", "sarathi"),
+                                            ("v0", "vllm_v0")]),
+                             {"v1": 1, "sarathi": 1, "v0": 2})
+    assert styles["sarathi"]["same_as"] == "v1" and styles["v0"]["same_as"] is None
+    assert styles["sarathi"]["linestyle"] != styles["v1"]["linestyle"]
+    assert styles["sarathi"]["marker"] != styles["v1"]["marker"]
+    assert styles["sarathi"]["markerfacecolor"] == "none"
+    assert legend_label("sarathi", styles["sarathi"]) == "sarathi (= v1)"
 
 
 def test_binned_levels_are_exact_time_averages():

@@ -24,6 +24,7 @@ from simserve.errors import ConfigError
 from simserve.cluster.faults import FaultConfig
 from simserve.fields import Fields, join
 from simserve.cluster.routing import ROUTERS
+from simserve.limits import BANDWIDTH_RANGE, MAX_REPLICAS, MAX_SECONDS
 
 ROLES = ("mixed", "prefill", "decode")
 GROUP_SECTIONS = ("hardware", "engine", "scheduler", "latency")
@@ -50,8 +51,9 @@ class TransferConfig:
     @classmethod
     def from_fields(cls, f: Fields) -> TransferConfig:
         cfg = cls(link=f.str("link", DEFAULT_LINK, choices=tuple(LINKS)),
-                  bandwidth=f.float("bandwidth", None, positive=True),
-                  latency_us=f.float("latency_us", None, min=0.0))
+                  bandwidth=f.float("bandwidth", None, min=BANDWIDTH_RANGE[0],
+                                    max=BANDWIDTH_RANGE[1]),
+                  latency_us=f.float("latency_us", None, min=0.0, max=MAX_SECONDS * 1e6))
         f.done()
         return cfg
 
@@ -116,8 +118,11 @@ class ClusterConfig:
             f.any("replicas", None)
             groups = _parse_groups(f, top or {}, parse_group)
             replicas = sum(g.replicas for g in groups)
+            if replicas > MAX_REPLICAS:
+                raise ConfigError(f.where("groups"), f"{replicas} replicas in all, more than "
+                                                     f"the {MAX_REPLICAS} a cluster can have")
         else:
-            replicas = f.int("replicas", 1, min=1)
+            replicas = f.int("replicas", 1, min=1, max=MAX_REPLICAS)
         transfer = TransferConfig.from_fields(f.section("kv_transfer")) \
             if f.has("kv_transfer") else None
         faults = FaultConfig.from_fields(f.section("faults"), replicas) \
@@ -159,7 +164,7 @@ def _parse_groups(f: Fields, top: Mapping, parse_group) -> tuple[GroupConfig, ..
         if name in names:
             raise ConfigError(join(path, "name"), f"duplicate group name {name!r}")
         names.add(name)
-        replicas = g.int("replicas", 1, min=1)
+        replicas = g.int("replicas", 1, min=1, max=MAX_REPLICAS)
         role = g.str("role", "mixed", choices=ROLES)
         overrides = {k: copy.deepcopy(g.any(k)) for k in GROUP_SECTIONS if g.has(k)}
         g.done()

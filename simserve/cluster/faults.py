@@ -19,6 +19,7 @@ import numpy as np
 
 from simserve.errors import ConfigError
 from simserve.fields import Fields, join
+from simserve.limits import MAX_FAILURES, MAX_RETRIES, MAX_SECONDS, MIN_MTBF_S
 
 ON_FAILURE = ("retry", "fail")
 DEFAULT_RESTART_S = 60.0
@@ -50,14 +51,16 @@ class FaultConfig:
         for i, item in enumerate(raw):
             e = Fields(item, join(f.where("events"), i))
             ev = FaultEvent(replica=e.int("replica", min=0, max=num_replicas - 1),
-                            at_s=e.float("at_s", min=0.0),
-                            restart_s=e.float("restart_s", None, positive=True))
+                            at_s=e.float("at_s", min=0.0, max=MAX_SECONDS),
+                            restart_s=e.float("restart_s", None, positive=True,
+                                              max=MAX_SECONDS))
             e.done()
             events.append(ev)
         cfg = cls(on_failure=f.str("on_failure", "retry", choices=ON_FAILURE),
-                  max_retries=f.int("max_retries", 3, min=0),
-                  restart_s=f.float("restart_s", DEFAULT_RESTART_S, positive=True),
-                  mtbf_s=f.float("mtbf_s", None, positive=True),
+                  max_retries=f.int("max_retries", 3, min=0, max=MAX_RETRIES),
+                  restart_s=f.float("restart_s", DEFAULT_RESTART_S, positive=True,
+                                    max=MAX_SECONDS),
+                  mtbf_s=f.float("mtbf_s", None, min=MIN_MTBF_S, max=MAX_SECONDS),
                   events=tuple(sorted(events, key=lambda e: (e.at_s, e.replica))))
         f.done()
         return cfg
@@ -86,6 +89,7 @@ class FaultSchedule:
                 np.random.SeedSequence(seed, spawn_key=(FAULT_SEED_CHILD, i)))
                 for i in range(num_replicas)]
         self.num_replicas = num_replicas
+        self.num_drawn = 0
 
     def initial(self) -> list[tuple[float, int, float]]:
         """``(time, replica, restart seconds)`` of the failures known at the start."""
@@ -100,5 +104,12 @@ class FaultSchedule:
         """The replica's next random failure after it came up at ``up_at`` (None without MTBF)."""
         if self._rngs is None:
             return None
+        self.num_drawn += 1
+        if self.num_drawn > MAX_FAILURES:
+            # each failure re-routes what the replica held: a tiny MTBF over a long run would
+            # never end, so the run stops here with the field to change
+            raise ConfigError("cluster.faults.mtbf_s",
+                              f"{self.cfg.mtbf_s:g} s gives more than {MAX_FAILURES:,} replica "
+                              "failures in this run; raise it (or shorten the workload)")
         gap = float(self._rngs[replica].exponential(self.cfg.mtbf_s))
         return (up_at + gap, replica, self.cfg.restart_s)

@@ -35,6 +35,7 @@ class ReplicaSpec:
     max_model_len: int
     block_size: int
     num_gpu_blocks: int            # device KV blocks; 0 when none fit (``kv_error`` says why)
+    reserved_blocks: int           # of those, kept out of use by the policy (vLLM's null block)
     num_host_blocks: int           # host swap space, in blocks (0 without swap preemption)
     kv_block_bytes: int            # one block's K and V on one tensor-parallel rank
     prefix_caching: bool
@@ -45,6 +46,11 @@ class ReplicaSpec:
     def kv_bytes_per_token(self) -> int:
         """K and V of one token on one rank (what a KV transfer moves per token and rank)."""
         return self.kv_block_bytes // self.block_size
+
+    @property
+    def usable_blocks(self) -> int:
+        """The device blocks the policy's block manager gets."""
+        return self.num_gpu_blocks - self.reserved_blocks
 
     def check_kv(self) -> None:
         """Raise the KV-capacity error, if this replica has no room for a KV block."""
@@ -66,7 +72,9 @@ def resolve(s: Scenario) -> ReplicaSpec:
     limits = SchedulerLimits(max_num_seqs=e.max_num_seqs, max_num_batched_tokens=budget,
                              enable_chunked_prefill=chunked,
                              long_prefill_token_threshold=e.long_prefill_token_threshold,
-                             preemption_mode=e.preemption_mode)
+                             preemption_mode=e.preemption_mode,
+                             max_model_len=max_model_len,
+                             reserve_full_sequence=e.scheduler_reserve_full_isl)
     tp = e.tensor_parallel_size
     block_bytes = kv_block_bytes(s.model, e.block_size, tp)
     blocks, error = e.num_gpu_blocks, ""
@@ -79,5 +87,9 @@ def resolve(s: Scenario) -> ReplicaSpec:
             blocks, error = 0, err.message
     host = math.floor(e.swap_space_gb * 2**30 / block_bytes) if e.preemption_mode == "swap" \
         else 0
+    if not error and blocks <= facts.reserved_blocks:
+        error = ("no memory is left for the KV cache after the weights; raise it, use more "
+                 "tensor parallelism, or set engine.num_gpu_blocks")
     return ReplicaSpec(s.policy, s.policy_params, limits, max_model_len, e.block_size, blocks,
-                       host, block_bytes, e.enable_prefix_caching, tp, error)
+                       facts.reserved_blocks, host, block_bytes, e.enable_prefix_caching, tp,
+                       error)

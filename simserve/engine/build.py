@@ -77,8 +77,9 @@ def _group_replicas(s: Scenario, g: GroupConfig, first: int,
 
     def kv() -> BlockManager:
         if spec.prefix_caching and g.role != "decode":   # decode replicas get KV by transfer,
-            return PrefixBlockManager(spec.num_gpu_blocks, spec.block_size)   # not from cache
-        return BlockManager(spec.num_gpu_blocks, spec.block_size, spec.num_host_blocks)
+            return PrefixBlockManager(spec.usable_blocks, spec.block_size,    # not from cache
+                                      source_block_size=s.workload.hash_block_tokens)
+        return BlockManager(spec.usable_blocks, spec.block_size, spec.num_host_blocks)
 
     def factory() -> Scheduler:   # also a failed replica's fresh start
         return policy(spec.limits, kv(), spec.params, s.seed)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Generator, Sequence
 from heapq import heapify, heappop, heappush
 from typing import Any
 
+from simserve.clients import ClientGate
 from simserve.engine.clock import LATE, URGENT, Clock
 from simserve.engine.replica import Replica, Router, rejection_reason
 from simserve.kv.blocks import BlockManager
@@ -105,6 +106,7 @@ class Runtime:
         self.assigned: dict[int, Replica | None] = {}   # decode replica, until the KV lands
         self.backlog: list[Request] = []     # no live replica in its pool: held at the router
         self.decode_backlog: list[tuple] = []    # prefilled, no live decode replica
+        self.gate: ClientGate | None = None   # the benchmark client's concurrency limit
 
     # -- the pieces the replica loop asks for ------------------------------------------------
     def arrival_rules(self, r: Replica) -> tuple[bool, bool]:
@@ -117,6 +119,8 @@ class Runtime:
 
     def resolve(self, n: int) -> None:
         self.pending -= n
+        if self.gate is not None:
+            self.gate.release(n)
         if self.pending == 0:
             self.finished = True
 
@@ -145,6 +149,8 @@ class Runtime:
                 self.handoff(r, proxy, now)
             return
         self.pending -= len(finished)
+        if self.gate is not None:
+            self.gate.release(len(finished))
         if self.pending == 0:
             self.finished = True
 
@@ -413,10 +419,16 @@ def wake(replica: Replica) -> None:
 
 def arrival_process(env: Clock, c: Runtime) -> Generator[Any, Any, None]:
     arrivals = c.arrivals
+    gate = c.gate
     while arrivals.next_time < INF:
         if arrivals.next_time > env.now:
             yield env.at(arrivals.next_time, URGENT)
-        _arrive(c, arrivals.advance())
+        if gate is None:
+            _arrive(c, arrivals.advance())
+            continue
+        while not gate.admits():                 # the client's --max-concurrency
+            yield gate.wait(env)
+        _arrive(c, gate.send(arrivals.advance(), env.now))
     arrivals.done = True
 
 

@@ -53,6 +53,11 @@ class BlockManager:
         """True if the request could grow to ``num_tokens`` leaving ``reserve`` blocks free."""
         return self.num_new_blocks(request_id, num_tokens) + reserve <= self.num_free
 
+    def can_hold(self, request_id: int, num_tokens: int, cached_tokens: int = 0) -> bool:
+        """True if the request could hold ``num_tokens`` tokens now (its first
+        ``cached_tokens`` being prefix-cache hits, which only a prefix cache has)."""
+        return self.num_new_blocks(request_id, num_tokens) <= self.num_free
+
     # -- commands --------------------------------------------------------------------------
     def allocate(self, request_id: int, num_tokens: int) -> int | None:
         """Grow the request's blocks to hold ``num_tokens``; the number added, or None if full.

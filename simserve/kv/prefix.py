@@ -10,9 +10,12 @@ tree, SGLang's ``RadixCache``):
   token); a new request takes the longest run of cached blocks from its start, but never its
   last prompt token, which must be recomputed to sample (vLLM: ``max_cache_hit_length =
   num_tokens - 1``);
+* a block whose content is already cached elsewhere is cached too (vLLM does not de-duplicate:
+  block tables are append-only); a hit takes the oldest copy still cached;
 * freed blocks keep their key and go to the tail of an LRU free pool (an ``OrderedDict``), a
-  request's blocks in reverse order so its tail is evicted first; a new block is taken from the
-  head and loses its key then. A hit on a block in the pool takes it back out.
+  request's blocks in reverse order so its tail is evicted first; freed blocks with no cached
+  content go to the pool's head instead (reused first); a new block is taken from the head and
+  loses its key then. A hit on a block in the pool takes it back out.
 
 Requests carry no token ids, so content is derived. With Mooncake ``hash_ids`` (one id per
 ``source_block_size`` = 512 prompt tokens; equal ids = identical content), engine block ``b`` of
@@ -54,7 +57,10 @@ class PrefixBlockManager(BlockManager):
         self._ref = [0] * num_blocks                    # requests holding each block
         self._key: list[int | None] = [None] * num_blocks
         self._pool: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self._cached: dict[int, int] = {}               # key -> block id
+        # key -> the blocks holding that content, oldest first: vLLM does not de-duplicate
+        # (block tables are append-only), so two requests computing the same content each keep
+        # a copy, and a hit takes the oldest copy still cached (BlockHashToBlockMap)
+        self._cached: dict[int, list[int]] = {}
         self._tables: dict[int, list[int]] = {}         # request id -> its block ids, in order
         self._num_keyed: dict[int, int] = {}            # request id -> leading blocks registered
         self._content: dict[int, tuple[int, Sequence[int] | None]] = {}
@@ -107,6 +113,17 @@ class PrefixBlockManager(BlockManager):
             n += 1
         return n * self.block_size
 
+    def can_hold(self, request_id: int, num_tokens: int, cached_tokens: int = 0) -> bool:
+        """As the base class; a new request's ``cached_tokens`` share cached blocks, but a hit
+        on a block in the free pool takes that block out of it, so it counts against the free
+        blocks as a new one would (vLLM's ``get_num_blocks_to_allocate``: evictable hits)."""
+        if request_id in self._tables or not cached_tokens:
+            return self.num_new_blocks(request_id, num_tokens) <= self.num_free
+        keys = self._keys_upto(request_id, cached_tokens // self.block_size)
+        hits = [self._cached[keys[b]][0] for b in range(cached_tokens // self.block_size)]
+        from_pool = sum(1 for bid in hits if self._ref[bid] == 0)
+        return max(0, self.blocks_for(num_tokens) - len(hits)) + from_pool <= self.num_free
+
     # -- commands --------------------------------------------------------------------------
     def allocate(self, request_id: int, num_tokens: int) -> int | None:
         table = self._tables.setdefault(request_id, [])
@@ -126,7 +143,7 @@ class PrefixBlockManager(BlockManager):
         are cache hits: they share the cached blocks; the rest are new. All or nothing."""
         assert request_id not in self._tables and cached_tokens % self.block_size == 0
         keys = self._keys_upto(request_id, cached_tokens // self.block_size)
-        hits = [self._cached[keys[b]] for b in range(cached_tokens // self.block_size)]
+        hits = [self._cached[keys[b]][0] for b in range(cached_tokens // self.block_size)]
         from_pool = sum(1 for bid in hits if self._ref[bid] == 0)
         need = self.blocks_for(num_tokens) - len(hits)
         if from_pool + max(0, need) > self.num_free:
@@ -158,14 +175,22 @@ class PrefixBlockManager(BlockManager):
             (rid, n + 1) for rid, n in zip(request_ids, num_tokens)) is not None
 
     def free(self, request_id: int) -> int:
-        """Release the request's blocks into the pool, tail first (evicted first)."""
+        """Release the request's blocks into the pool, tail first (evicted first): cached ones
+        at the pool's tail, the others (no content worth keeping) at its head, to be reused
+        first (vLLM's ``BlockPool.free_blocks``)."""
         table = self._tables.pop(request_id, None) or []
         self._held.pop(request_id, None)
+        pool, ref, key = self._pool, self._ref, self._key
+        uncached = []
         for bid in reversed(table):
-            self._ref[bid] -= 1
-            if self._ref[bid] == 0:
-                self._pool[bid] = None
+            ref[bid] -= 1
+            if ref[bid] == 0:
+                pool[bid] = None
+                if key[bid] is None:
+                    uncached.append(bid)
                 self.num_free += 1
+        for bid in reversed(uncached):     # uncached[0] ends up at the very head
+            pool.move_to_end(bid, last=False)
         self._num_keyed.pop(request_id, None)
         self._keys.pop(request_id, None)
         self._content.pop(request_id, None)
@@ -184,7 +209,9 @@ class PrefixBlockManager(BlockManager):
         self.num_free -= 1
         key = self._key[bid]
         if key is not None:
-            if self._cached.get(key) == bid:
+            copies = self._cached[key]
+            copies.remove(bid)
+            if not copies:
                 del self._cached[key]
             self._key[bid] = None
             self.num_evicted += 1
@@ -199,8 +226,11 @@ class PrefixBlockManager(BlockManager):
             return
         keys, cached, block_key = self._keys_upto(request_id, full), self._cached, self._key
         for b in range(start, full):
-            key = keys[b]
-            if key not in cached:         # a duplicate of cached content stays unkeyed
-                cached[key] = table[b]
-                block_key[table[b]] = key
+            key, bid = keys[b], table[b]
+            copies = cached.get(key)
+            if copies is None:
+                cached[key] = [bid]
+            elif bid not in copies:    # a copy of cached content: cached too (see _cached)
+                copies.append(bid)
+            block_key[bid] = key
         self._num_keyed[request_id] = full

@@ -229,6 +229,16 @@ def runs_section(runs: list[RunData]) -> Section:
     sec.blocks.append(H.paragraph(
         f"SLO: {_slo_words(slo)}, attainment target {slo.get('attainment', 0.9):.0%}."
         if slo else "No SLO given."))
+    overridden = {r.label: r.overrides for r in runs if r.overrides}
+    if overridden:             # what made these runs differ from their scenario files
+        shared = set.intersection(*(set(o) for o in overridden.values()))
+        if len(overridden) == len(runs) and all(set(o) == shared for o in overridden.values()):
+            sec.blocks.append(H.paragraph("Overrides: " + " ".join(
+                f"--set {o}" for o in overridden[runs[0].label]) + "."))
+        else:
+            for label, o in overridden.items():
+                sec.blocks.append(H.paragraph(f"Overrides of {label}: "
+                                              + " ".join(f"--set {x}" for x in o) + "."))
     rows = {r.label: {"policy": r.policy, **{HEADLINE[k]: r.summary.get(k) for k in HEADLINE}}
             for r in runs}
     table = pd.DataFrame.from_dict(rows, orient="index")

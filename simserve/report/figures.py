@@ -18,7 +18,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from simserve.report.load import CapacityData, RunData
-from simserve.report.style import RC, SLO_COLOR, TARGET_COLOR, series_styles
+from simserve.fmt import human
+from simserve.report.style import (RC, SLO_COLOR, TARGET_COLOR, legend_label, mark_coinciding,
+                                   series_styles)
 
 LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2EL"))
 
@@ -43,8 +45,15 @@ def _legend(fig: Figure, handles: list) -> None:
 
 def _series_handles(styles: dict[str, dict], marker: bool = True) -> list:
     return [Line2D([], [], color=st["color"], linestyle=st["linestyle"] if not marker else "-",
-                   marker=st["marker"] if marker else None, label=label)
+                   marker=st["marker"] if marker else None,
+                   markerfacecolor=st.get("markerfacecolor") or st["color"],
+                   label=legend_label(label, st))
             for label, st in styles.items()]
+
+
+def _key(df: pd.DataFrame) -> int:
+    """A hash of a table's values: equal for series that would be drawn on top of each other."""
+    return int(pd.util.hash_pandas_object(df.reset_index(), index=False).sum())
 
 
 # --- load curves (sweeps and capacity probes over the request rate) ----------------------------
@@ -97,7 +106,8 @@ def load_curves(table: pd.DataFrame, x: str, series: Sequence[str] = (),
 
 
 def _curve_styles(curves: Sequence[Curve]) -> dict[str, dict]:
-    return series_styles([(c.label, c.policy) for c in curves])
+    styles = series_styles([(c.label, c.policy) for c in curves])
+    return mark_coinciding(styles, {c.label: _key(c.points) for c in curves})
 
 
 @_styled
@@ -117,11 +127,13 @@ def throughput_vs_load(curves: Sequence[Curve], *, x_label: str = "offered load 
         top.plot([0, xmax], [0, xmax], color="#999999", linestyle=":", linewidth=1)
     for c in curves:
         st, p = styles[c.label], c.points
+        hollow = st["markerfacecolor"]       # a curve on top of another: hollow, larger
         top.plot(p.index, p["request_throughput"], color=st["color"], marker=st["marker"],
-                 linestyle="-")
+                 linestyle="-", markerfacecolor=hollow, markersize=st["markersize"])
         if has_slo and "request_goodput" in p:
             top.plot(p.index, p["request_goodput"], color=st["color"], marker=st["marker"],
-                     linestyle="--", markerfacecolor="white")
+                     linestyle="--", markerfacecolor=hollow or "white",
+                     markersize=st["markersize"])
     top.set_ylabel("requests/s")
     top.set_xlim(left=0)
     top.set_ylim(bottom=0)
@@ -138,7 +150,8 @@ def throughput_vs_load(curves: Sequence[Curve], *, x_label: str = "offered load 
             if "attainment_min" not in p:
                 continue
             bottom.plot(p.index, 100 * p["slo_attainment"], color=st["color"],
-                        marker=st["marker"], linestyle="-")
+                        marker=st["marker"], linestyle="-", markerfacecolor=st["markerfacecolor"],
+                        markersize=st["markersize"])
             if (p["attainment_max"] > p["attainment_min"]).any():   # spread over seeds
                 bottom.fill_between(p.index, 100 * p["attainment_min"],
                                     100 * p["attainment_max"], color=st["color"], alpha=0.15)
@@ -181,7 +194,8 @@ def latency_vs_load(curves: Sequence[Curve], *, x_label: str = "offered load (re
                 col = f"{pct}_{key}_ms"
                 if col in p:
                     ax.plot(p.index, p[col], color=st["color"], marker=st["marker"],
-                            linestyle=ls, markerfacecolor=fill, markersize=5)
+                            linestyle=ls, markerfacecolor=st["markerfacecolor"] or fill,
+                            markersize=st["markersize"] - 1)
         if slo.get(f"{key}_ms"):
             ax.axhline(slo[f"{key}_ms"], color=SLO_COLOR, linestyle=":", linewidth=1.5)
         ax.set_yscale("log")
@@ -201,7 +215,10 @@ def latency_vs_load(curves: Sequence[Curve], *, x_label: str = "offered load (re
 # --- runs: latency distributions, headline bars, timelines --------------------------------------
 
 def _run_styles(runs: Sequence[RunData]) -> dict[str, dict]:
-    return series_styles([(r.label, r.policy) for r in runs])
+    styles = series_styles([(r.label, r.policy) for r in runs])
+    columns = [c for c in ("ttft_s", "tpot_s", "e2el_s") if all(c in r.requests for r in runs)]
+    return mark_coinciding(styles, {r.label: _key(r.requests[columns]) for r in runs}
+                           if columns else {})
 
 
 @_styled
@@ -229,7 +246,8 @@ def latency_cdfs(runs: Sequence[RunData], title: str = "") -> Figure:
     handles = []
     for r in runs:
         rejected = r.summary.get("num_rejected") or 0
-        label = r.label + (f" ({rejected} rejected)" if rejected else "")
+        label = legend_label(r.label, styles[r.label]) + (f" ({rejected} rejected)"
+                                                          if rejected else "")
         handles.append(Line2D([], [], color=styles[r.label]["color"],
                               linestyle=styles[r.label]["linestyle"], label=label))
     if any(slo.get(f"{k}_ms") for k, _ in LATENCIES):
@@ -256,21 +274,33 @@ def policy_bars(runs: Sequence[RunData], title: str = "") -> Figure:
     styles = _run_styles(runs)
     labels = [r.label for r in runs]
     x = np.arange(len(runs))
+    many = len(runs) > 4            # labels above the bars turn upright so they cannot overlap
     for ax, (key, name, unit, scale) in zip(axes.flat, BARS):
         values = [r.summary.get(key) for r in runs]
         heights = [scale * v if v is not None else 0.0 for v in values]
+        positive = [h for h in heights if h > 0]
+        # one run dwarfing the rest (static batching's TTFT): a log axis keeps the others legible
+        # (not with zeros, which a log axis cannot show)
+        log = (unit != "%" and len(positive) == len(heights) > 1
+               and max(positive) / min(positive) > 30)
         bars = ax.bar(x, heights, color=[styles[lb]["color"] for lb in labels],
                       hatch=None, edgecolor="white")
         for bar, lb in zip(bars, labels):
             bar.set_hatch(styles[lb]["hatch"])
         for xi, h, v in zip(x, heights, values):
-            ax.annotate("n/a" if v is None else f"{h:.3g}", (xi, h), ha="center",
-                        va="bottom", xytext=(0, 2), textcoords="offset points", fontsize=8)
+            ax.annotate("n/a" if v is None else human(v if scale == 1 else h), (xi, h),
+                        ha="center",
+                        va="bottom", xytext=(0, 2), textcoords="offset points",
+                        fontsize=7 if many else 8, rotation=90 if many else 0)
         ax.set_title(name)
-        ax.set_ylabel(unit)
+        ax.set_ylabel(f"{unit}, log scale" if log else unit)
         ax.set_xticks(x, labels, rotation=30 if len(runs) > 3 else 0,
                       ha="right" if len(runs) > 3 else "center")
-        ax.set_ylim(0, max(heights + [0.0]) * 1.15 or 1.0)
+        if log:
+            ax.set_yscale("log")
+            ax.set_ylim(min(positive) / 2, max(positive) * (12 if many else 4))
+        else:
+            ax.set_ylim(0, max(heights + [0.0]) * (1.35 if many else 1.15) or 1.0)
         ax.grid(axis="x", visible=False)
     fig.suptitle(title or "Policy comparison")
     return fig

@@ -10,6 +10,8 @@ import html
 
 import pandas as pd
 
+from simserve.fmt import MISSING, human
+
 CSS = """
 body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 2em auto;
        max-width: 1250px; padding: 0 1em; color: #222; line-height: 1.45; }
@@ -41,9 +43,10 @@ def paragraph(s: str, cls: str | None = None) -> str:
     return f"<p{attr}>{text(s)}</p>"
 
 
-def table(df: pd.DataFrame, index: bool = True, digits: int = 4) -> str:
-    shown = df.map(lambda v: f"{v:.{digits}g}" if isinstance(v, float) else v)
-    return f'<div class="scroll">{shown.to_html(index=index, na_rep="", border=0)}</div>'
+def table(df: pd.DataFrame, index: bool = True) -> str:
+    """A table with numbers as people read them (simserve.fmt: 11,150 not 1.115e+04)."""
+    shown = df.astype(object).map(human)
+    return f'<div class="scroll">{shown.to_html(index=index, na_rep=MISSING, border=0)}</div>'
 
 
 def figure(png: bytes, caption: str, alt: str) -> str:

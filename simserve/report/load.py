@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from simserve.errors import DataError
+from simserve.safeyaml import read_text
 
 
 @dataclass
@@ -31,6 +32,7 @@ class RunData:
     summary: dict
     scenario: dict
     path: Path | None = None
+    overrides: tuple[str, ...] = ()        # the --set overrides that made the run
 
     @property
     def slo(self) -> dict:
@@ -40,14 +42,19 @@ class RunData:
     def from_result(cls, label: str, result) -> RunData:
         """From a :class:`simserve.runner.Result` (no files needed)."""
         return cls(label, result.scenario.policy, result.requests, result.steps,
-                   result.summary, result.scenario.to_dict())
+                   result.summary, result.scenario.to_dict(),
+                   overrides=tuple(result.scenario.overrides))
 
     @classmethod
     def from_dir(cls, path: Path, label: str | None = None) -> RunData:
         scenario = _read_yaml(path / "scenario.yaml")
+        # runner.scenario_yaml names the overrides in comment lines "# --set FIELD=VALUE"
+        overrides = tuple(line[len("# --set "):].strip()
+                          for line in read_text(path / "scenario.yaml").splitlines()
+                          if line.startswith("# --set "))
         return cls(label or path.name, scenario.get("scheduler", {}).get("policy", "?"),
                    _read_csv(path / "requests.csv"), _read_csv(path / "steps.csv"),
-                   _read_json(path / "summary.json"), scenario, path)
+                   _read_json(path / "summary.json"), scenario, path, overrides)
 
 
 @dataclass
@@ -137,17 +144,22 @@ def _read_csv(path: Path) -> pd.DataFrame:
         return pd.read_csv(path)
     except FileNotFoundError:
         raise DataError(path, "file not found") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise DataError(path, f"not a readable CSV table ({e})") from None
+    except UnicodeDecodeError:
+        raise DataError(path, "not a readable CSV table (not UTF-8 text)") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise DataError(path, f"not a readable CSV table ({' '.join(str(e).split())})") from None
 
 
 def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(path, "file not found") from None
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise DataError(path, f"invalid JSON: {e.msg}", e.lineno) from None
+    except RecursionError:
+        raise DataError(path, "invalid JSON: nested too deeply") from None
+    if not isinstance(data, dict):
+        raise DataError(path, "expected a JSON object")
+    return data
 
 
 def _read_yaml(path: Path) -> dict:

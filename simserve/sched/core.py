@@ -34,6 +34,11 @@ class SchedulerLimits:
     enable_chunked_prefill: bool
     long_prefill_token_threshold: int = 0   # 0 = no per-request cap on a prefill chunk
     preemption_mode: str = "recompute"       # recompute | swap
+    max_model_len: int = 0                   # 0 = not given (only vllm_native needs it)
+    # vLLM v1's scheduler_reserve_full_isl: admit a waiting request only if KV blocks for its
+    # whole sequence so far (prompt, plus output before a preemption) are free, not just for
+    # its first chunk (read by the vLLM v1 policies)
+    reserve_full_sequence: bool = False
 
 
 class Batch:
@@ -117,6 +122,9 @@ class Scheduler:
     continues_past_finish: ClassVar[bool] = False
     # the policy's knobs (a frozen dataclass read by sched.params.read_params), if it has any
     params_type: ClassVar[type | None] = None
+    # KV blocks the engine keeps out of use (vLLM v1's block pool holds block 0 back as its
+    # "null block"): the policy's block manager gets num_gpu_blocks minus these
+    reserved_blocks: ClassVar[int] = 0
 
     def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params=None, seed: int = 0):
         self.limits = limits
@@ -202,7 +210,9 @@ class Scheduler:
         if self._decode_all_at_once(batch):
             return True
         bs = self.blocks.block_size
-        held = self.blocks.blocks_held
+        # with named blocks every decode goes through allocate(): a block its token fills
+        # becomes cached now, as in vLLM (allocate_slots caches the blocks a step fills)
+        held = {} if self.blocks.caches_prefixes else self.blocks.blocks_held
         entries, scheduled, decode_ctx = batch.entries, batch.scheduled, batch.decode_ctx
         i = 0
         running = self.running
@@ -277,15 +287,21 @@ class Scheduler:
         req.status = Status.WAITING
         self.waiting.appendleft(req)
 
-    def admit(self, batch: Batch, req: Request, n: int, reserve_tokens: int | None = None) -> bool:
+    def admit(self, batch: Batch, req: Request, n: int, reserve_tokens: int | None = None,
+              gate_tokens: int | None = None) -> bool:
         """Waiting head → running with ``n`` new tokens, if its blocks fit (no eviction).
 
         With prefix caching the request first takes its cached prefix: it starts with
         ``num_computed_tokens`` = the cached tokens, and ``n`` is cut to what is left.
+        ``reserve_tokens`` allocates blocks for that many tokens at once (full-length
+        reservation); ``gate_tokens`` only checks that blocks for that many could be held now
+        (vLLM v1's ``scheduler_reserve_full_isl``) and allocates for ``n``.
         """
         if self.blocks.caches_prefixes:
-            return self._admit_cached(batch, req, n, reserve_tokens)
+            return self._admit_cached(batch, req, n, reserve_tokens, gate_tokens)
         need = reserve_tokens if reserve_tokens is not None else req.num_computed_tokens + n
+        if gate_tokens is not None and not self.blocks.can_hold(req.id, gate_tokens):
+            return False
         if self.blocks.allocate(req.id, need) is None:
             return False
         self.waiting.popleft()
@@ -294,13 +310,23 @@ class Scheduler:
         batch.add(req, n)
         return True
 
-    def _admit_cached(self, batch: Batch, req: Request, n: int,
-                      reserve_tokens: int | None) -> bool:
+    def cached_prefix(self, req: Request) -> int:
+        """Tokens at the start of a waiting request already in the prefix cache (0 without
+        prefix caching): what admitting it now would start it with."""
         blocks = self.blocks
+        if not blocks.caches_prefixes:
+            return 0
         blocks.register(req.id, req.num_prompt_tokens, req.spec.hash_ids)
-        cached = blocks.cached_tokens(req.id, req.num_tokens)
+        return blocks.cached_tokens(req.id, req.num_tokens)
+
+    def _admit_cached(self, batch: Batch, req: Request, n: int, reserve_tokens: int | None,
+                      gate_tokens: int | None) -> bool:
+        blocks = self.blocks
+        cached = self.cached_prefix(req)
         n = min(n, req.num_tokens - cached)
         need = max(reserve_tokens or 0, cached + n)
+        if gate_tokens is not None and not blocks.can_hold(req.id, gate_tokens, cached):
+            return False
         if (blocks.allocate_cached(req.id, need, cached) if cached
                 else blocks.allocate(req.id, need)) is None:
             return False
@@ -320,8 +346,8 @@ class Scheduler:
             need = self.blocks.swapped_blocks(req.id)
             if need > self.blocks.num_free or len(self.running) >= self.limits.max_num_seqs:
                 return
-            n = self.clip(req, req.num_remaining, batch)
-            if n < req.num_remaining and not self.chunks_prefill:
+            n = self.joining_tokens(req, req.num_remaining, batch)
+            if n is None:
                 return
             moved = self.blocks.swap_in(req.id)
             assert moved is not None
@@ -331,6 +357,13 @@ class Scheduler:
             self.running.append(req)
             if n and self.blocks.allocate(req.id, req.num_computed_tokens + n) is not None:
                 batch.add(req, n)
+
+    def joining_tokens(self, req: Request, n: int, batch: Batch) -> int | None:
+        """Tokens a request joining the batch (admitted, or swapped back in) gets of the ``n``
+        it needs: clipped to the threshold and the budget; None if that would cut its prefill
+        and the policy does not chunk (it waits)."""
+        clipped = self.clip(req, n, batch)
+        return None if clipped < n and not self.chunks_prefill else clipped
 
     def clip(self, req: Request, n: int, batch: Batch) -> int:
         """Cap a request's new tokens by the long-prefill threshold and the budget left."""

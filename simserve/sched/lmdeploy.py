@@ -33,9 +33,9 @@ from simserve.sched.plan import StepPlan
 @dataclass(frozen=True)
 class LmdeployParams:
     schedule_interval: int = knob(16, min=1)          # LMDeploy's prefill_interval
-    queue_ratio_trigger: float = knob(4.0, min=0.0)   # 0 disables the trigger
+    queue_ratio_trigger: float = knob(4.0, min=0.0, max=1e6)   # 0 disables the trigger
     low_batch_ratio: float = knob(0.5, min=0.0, max=1.0)
-    reschedule_overhead_ms: float = knob(0.0, min=0.0)
+    reschedule_overhead_ms: float = knob(0.0, min=0.0, max=1e9)   # limits.MAX_STEP_S
 
 
 class Lmdeploy(Scheduler):

@@ -7,7 +7,8 @@ then waiting ones, chunked prefill under one budget; see ``vllm_v1``), with two 
 * waiting requests are served in order of ``(priority, arrival time)`` — a lower value is served
   first, ties by arrival — and a preempted request goes back into that order, not to the front;
 * when a running request's blocks do not fit, the victim is the running request with the
-  largest ``(priority, arrival time)``, even one already scheduled in this step (its tokens are
+  largest ``(priority, arrival time)`` (the first in running order among equals), even one
+  already scheduled in this step (its tokens are
   handed back to the budget); if that is the request itself, the walk over running requests stops.
 
 Priorities come from ``workload.classes`` (or a trace's ``priority`` column). A waiting request
@@ -28,6 +29,11 @@ from simserve.sched.vllm_v1 import VllmV1
 def rank(req: Request) -> tuple[int, float, int]:
     """vLLM's request order: priority, then arrival, then id."""
     return req.spec.priority, req.spec.arrival_s, req.id
+
+
+def victim_rank(req: Request) -> tuple[int, float]:
+    """vLLM's preemption order: the running request with the largest of these goes first."""
+    return req.spec.priority, req.spec.arrival_s
 
 
 class Priority(VllmV1):
@@ -69,7 +75,9 @@ class Priority(VllmV1):
 
     def _grow_or_preempt_lowest(self, batch: Batch, req: Request, n: int) -> bool:
         while self.blocks.allocate(req.id, req.num_computed_tokens + n) is None:
-            victim = max(self.running, key=rank)
+            # vLLM: max over (priority, arrival); on a tie, max() keeps the first in running
+            # order (arrival bursts tie often), not the largest id
+            victim = max(self.running, key=victim_rank)
             if victim.id in batch.scheduled:
                 self._unschedule(batch, victim)
             self.preempt(batch, victim)

@@ -47,7 +47,7 @@ ON_MISPREDICTION = ("preempt", "extend")
 @dataclass(frozen=True)
 class S3Params:
     error_dist: str = knob("exact", choices=ERROR_DISTS)
-    error_sigma: float = knob(0.5, min=0.0)
+    error_sigma: float = knob(0.5, min=0.0, max=10.0)      # e^±30 beyond that
     bucket_tokens: int = knob(0, min=0)
     misprediction: str = knob("preempt", choices=ON_MISPREDICTION)
 

@@ -35,7 +35,7 @@ from simserve.sched.plan import StepPlan
 class TgiParams:
     """TGI launcher flags of the same names (defaults as TGI's where it has one)."""
 
-    waiting_served_ratio: float = knob(0.3, min=0.0)
+    waiting_served_ratio: float = knob(0.3, min=0.0, max=1e6)
     max_waiting_tokens: int = knob(20, min=1)
     # None: the engine's max_num_batched_tokens (the step budget)
     max_batch_prefill_tokens: int | None = knob(None, min=1)

@@ -1,25 +1,41 @@
 """vLLM v1: running requests first, then waiting ones, all under one token budget.
 
-Learned from vllm/v1/core/sched/scheduler.py (``Scheduler.schedule``): there are no phases;
-each running request asks for ``num_tokens - num_computed_tokens`` new tokens, clipped by
-``long_prefill_token_threshold`` and the budget left, so prefills are chunked and mixed with
-decodes. When KV blocks run out the newest running request is preempted (recompute). Waiting
-requests are admitted only if nothing was preempted this step, while ``len(running) <
-max_num_seqs``; without chunked prefill a prompt that does not fit the remaining budget waits.
+Learned from vllm/v1/core/sched/scheduler.py (``Scheduler.schedule``) and
+vllm/v1/core/kv_cache_manager.py (``allocate_slots``), vLLM 0.32, and held to them step for step
+by benchmarks/vllm_oracle.py. There are no phases; each running request asks for ``num_tokens -
+num_computed_tokens`` new tokens, clipped by ``long_prefill_token_threshold`` and the budget
+left, so prefills are chunked and mixed with decodes. When KV blocks run out the newest running
+request is preempted (recompute). Waiting requests are admitted only if nothing was preempted
+this step, while ``len(running) < max_num_seqs``, each asking for its tokens past its cached
+prefix, cut to the threshold and the budget (without chunked prefill a request that does not fit
+the budget left waits). The details that decide who runs under KV pressure:
+
+* ``scheduler_reserve_full_isl`` (vLLM's default): a waiting request is admitted only if blocks
+  for its whole sequence so far (prompt, plus its output before a preemption) are free now,
+  though it allocates only for its first chunk; otherwise admission stops for this step;
+* the block pool keeps one block back (the "null block"): ``reserved_blocks``;
+* the threshold caps a chunk whether or not chunked prefill is on, and is lifted when only one
+  request is running or waiting ("nobody to starve").
 """
 
 from __future__ import annotations
 
 from simserve.sched.core import Batch, Scheduler  # noqa: F401
 from simserve.sched.plan import StepPlan
+from simserve.sched.request import Request
 
 
 class VllmV1(Scheduler):
     name = "vllm_v1"
     monotone_admission = True   # see Scheduler.monotone_admission
     continues_past_finish = True
+    reserved_blocks = 1         # vLLM's block pool holds block 0 back as its null block
+    _threshold = 0              # this step's long_prefill_token_threshold (see schedule)
 
     def schedule(self) -> StepPlan:
+        # vLLM lifts the per-request chunk cap when there is nobody else to starve
+        eligible = len(self.running) + len(self.waiting) + len(self.swapped)
+        self._threshold = self.limits.long_prefill_token_threshold if eligible > 1 else 0
         batch = self.new_batch()
         self._schedule_running(batch)
         if batch.num_preempted == 0:
@@ -27,16 +43,36 @@ class VllmV1(Scheduler):
             self._admit_waiting(batch)
         return batch.freeze()
 
+    def clip(self, req: Request, n: int, batch: Batch) -> int:
+        threshold = self._threshold
+        if 0 < threshold < n:
+            n = threshold
+        return max(0, min(n, batch.token_budget))
+
     def _schedule_running(self, batch: Batch) -> None:
         # each running request asks for num_remaining tokens, clipped (decodes ask for 1);
         # on block shortage the newest is preempted; if a request preempts itself, everything
         # after it is gone too and the loop ends (Scheduler.decode_all)
         self.decode_all(batch)
 
+    def joining_tokens(self, req: Request, n: int, batch: Batch) -> int | None:
+        # vLLM's order: the threshold first (chunked prefill or not), then the no-chunking
+        # check against the budget left, then the budget
+        threshold = self._threshold
+        if 0 < threshold < n:
+            n = threshold
+        if n > batch.token_budget and not self.chunks_prefill:
+            return None
+        return min(n, batch.token_budget)
+
     def _admit_waiting(self, batch: Batch) -> None:
+        gate = self.limits.reserve_full_sequence
         while self.waiting and not batch.full and len(self.running) < self.limits.max_num_seqs:
             req = self.waiting[0]
-            wanted = self.clip(req, req.num_remaining, batch) if self.chunks_prefill \
-                else req.num_remaining
-            if wanted > batch.token_budget or not self.admit(batch, req, wanted):
+            # what is left after the cache hit (looked up only for a request with nothing
+            # computed: one landing from a prefill replica brings its KV with it)
+            n = self.joining_tokens(
+                req, req.num_tokens - (req.num_computed_tokens or self.cached_prefix(req)), batch)
+            if n is None or not self.admit(batch, req, n,
+                                           gate_tokens=req.num_tokens if gate else None):
                 break

@@ -38,11 +38,13 @@ or field (mooncake), and may give a ``priority`` column/field, which wins over t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
 from simserve.errors import ConfigError
 from simserve.fields import Fields
+from simserve.limits import MAX_REQUESTS, MAX_SECONDS, MAX_TOKENS, MAX_ZIPF_SUPPORT
 
 ARRIVALS = ("poisson", "gamma", "constant", "burst")
 TRACE_FORMATS = ("azure", "mooncake", "burstgpt", "csv")
@@ -88,16 +90,17 @@ class LengthDist:
         dist = f.str("dist", choices=tuple(DIST_PARAMS))
         kw: dict[str, Any] = {}
         if dist == "fixed":
-            kw["value"] = f.int("value", min=1)
+            kw["value"] = f.int("value", min=1, max=MAX_TOKENS)
         elif dist == "uniform":
-            kw["low"] = f.int("low", min=1)
-            kw["high"] = f.int("high", min=kw["low"])
+            kw["low"] = f.int("low", min=1, max=MAX_TOKENS)
+            kw["high"] = f.int("high", min=kw["low"], max=MAX_TOKENS)
         elif dist == "normal":
-            kw["mean"] = f.float("mean", positive=True)
-            kw["std"] = f.float("std", min=0)
+            kw["mean"] = f.float("mean", positive=True, max=MAX_TOKENS)
+            kw["std"] = f.float("std", min=0, max=MAX_TOKENS)
         elif dist == "lognormal":
-            kw["mean"] = f.float("mean", positive=True)
-            kw["sigma"] = f.float("sigma", min=0)
+            kw["mean"] = f.float("mean", positive=True, max=MAX_TOKENS)
+            # exp(N(mu, sigma)) with sigma past 20 spans e^±60 (10^26) around the median
+            kw["sigma"] = f.float("sigma", min=0, max=20.0)
         elif dist == "zipf":
             a = f.float("a")
             if a <= 1:
@@ -106,8 +109,9 @@ class LengthDist:
         else:  # empirical
             kw["path"] = f.str("path")
             kw["column"] = f.str("column")
-        lo = f.int("min", 1, min=1)
-        hi = f.int("max", None, min=lo)
+        lo = f.int("min", 1, min=1, max=MAX_TOKENS)
+        # zipf tabulates its support 1..max, so its max is bounded by memory, not by int32
+        hi = f.int("max", None, min=lo, max=MAX_ZIPF_SUPPORT if dist == "zipf" else MAX_TOKENS)
         if dist == "zipf" and hi is None:
             raise ConfigError(f.where("max"), "is required for dist: zipf (top of its support)")
         f.done()
@@ -123,23 +127,46 @@ class LengthDist:
         return out
 
 
+LENGTH_FORMATS = ("csv", "sharegpt")
+
+
 @dataclass(frozen=True)
 class JointLengths:
-    """(prompt, output) pairs drawn together from one CSV row, keeping their correlation."""
+    """(prompt, output) pairs drawn together, keeping their correlation: from one CSV row
+    (``format: csv``, drawn with replacement), or from a ShareGPT JSON file (``format:
+    sharegpt``, sampled as ``vllm bench serve --dataset-name sharegpt`` does, token counts
+    estimated: simserve/workload/datasets.py)."""
 
     path: str
-    prompt_column: str
-    output_column: str
+    prompt_column: str | None = None        # csv
+    output_column: str | None = None        # csv
+    format: str = "csv"
+    output_len: int | None = None           # sharegpt: every output this long (vLLM's
+                                            # --sharegpt-output-len); None: the completion's
+    chars_per_token: float = 4.0            # sharegpt: characters per estimated token
 
     @staticmethod
     def from_fields(f: Fields) -> "JointLengths":
-        out = JointLengths(f.str("path"), f.str("prompt_column"), f.str("output_column"))
+        fmt = f.str("format", "csv", choices=LENGTH_FORMATS)
+        if fmt == "csv":
+            out = JointLengths(f.str("path"), f.str("prompt_column"), f.str("output_column"))
+        else:
+            out = JointLengths(f.str("path"), format=fmt,
+                               output_len=f.int("output_len", None, min=1, max=MAX_TOKENS),
+                               chars_per_token=f.float("chars_per_token", 4.0, min=0.5,
+                                                       max=100.0))
         f.done()
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "prompt_column": self.prompt_column,
-                "output_column": self.output_column}
+        if self.format == "csv":
+            return {"path": self.path, "prompt_column": self.prompt_column,
+                    "output_column": self.output_column}
+        out: dict[str, Any] = {"format": self.format, "path": self.path,
+                               "chars_per_token": self.chars_per_token}
+        if self.output_len is not None:
+            out["output_len"] = self.output_len
+        return out
 
 
 @dataclass(frozen=True)
@@ -152,7 +179,7 @@ class ArrivalConfig:
     """
 
     process: str = "poisson"
-    rate: float | None = None           # requests/s; None for burst
+    rate: float | None = None           # requests/s (inf: all at t = 0); None for burst
     burstiness: float = 1.0             # gamma only
     num_requests: int | None = None     # exactly one of num_requests and duration_s
     duration_s: float | None = None     # keep arrivals with t < duration_s
@@ -205,7 +232,7 @@ class RequestClass:
         if f.has("weight") and not synthetic:
             raise ConfigError(f.where("weight"), "only applies to synthetic workloads (a "
                                                  "trace names each request's class)")
-        weight = f.float("weight", 1.0, positive=True)
+        weight = f.float("weight", 1.0, positive=True, max=1e9)
         slo = f.section("slo")
         limits = {k: slo.float(k, None, positive=True) for k in _SLO_LIMITS}
         slo.done()
@@ -249,10 +276,23 @@ class WorkloadConfig:
     lengths: JointLengths | None = None
     trace: TraceConfig | None = None
     classes: tuple[RequestClass, ...] = ()
+    # synthetic: every prompt starts with the same prefix_len tokens, then its drawn length
+    # (vllm bench serve --random-prefix-len); prefix caching sees them as shared
+    prefix_len: int = 0
+    # at most this many requests in flight; one due while all are taken is sent when one ends
+    # (vllm bench serve --max-concurrency; simserve/clients.py)
+    max_concurrency: int | None = None
 
     @property
     def type(self) -> str:
         return "trace" if self.trace is not None else "synthetic"
+
+    @property
+    def hash_block_tokens(self) -> int:
+        """Prompt tokens per ``hash_ids`` entry of this workload's requests: 512 for Mooncake
+        traces; for a shared synthetic prefix, a block size that divides it (so the prefix
+        ends on a block boundary and every engine block inside it is shared exactly)."""
+        return math.gcd(self.prefix_len, 512) if self.prefix_len else 512
 
     @staticmethod
     def from_fields(f: Fields) -> "WorkloadConfig":
@@ -261,12 +301,17 @@ class WorkloadConfig:
                      choices=("synthetic", "trace"))
         cfg = _parse_trace(f) if kind == "trace" else _parse_synthetic(f)
         classes = _parse_classes(f, synthetic=kind == "synthetic")
+        limit = f.int("max_concurrency", None, min=1, max=MAX_REQUESTS)
         f.done()
+        if limit is not None:
+            cfg = replace(cfg, max_concurrency=limit)
         return replace(cfg, classes=classes) if classes else cfg
 
     def to_dict(self) -> dict[str, Any]:
         """A plain, YAML-serialisable mapping that :meth:`from_fields` parses back to ``self``."""
         out = self._source_dict()
+        if self.max_concurrency is not None:
+            out["max_concurrency"] = self.max_concurrency
         if self.classes:
             out["classes"] = [c.to_dict(self.trace is None) for c in self.classes]
         return out
@@ -294,6 +339,8 @@ class WorkloadConfig:
             out["num_requests"] = a.num_requests
         if a.duration_s is not None:
             out["duration"] = a.duration_s
+        if self.prefix_len:
+            out["prefix_len"] = self.prefix_len
         if self.lengths is not None:
             out["lengths"] = self.lengths.to_dict()
         else:
@@ -310,31 +357,62 @@ def _parse_synthetic(f: Fields) -> WorkloadConfig:
             raise ConfigError(f.where("rate"), "does not apply to arrival: burst "
                               "(all requests arrive at t = 0)")
         rate = None
+    elif _is_inf(f.any("rate", None)):
+        # vllm bench serve --request-rate inf: every request is sent at once (t = 0)
+        rate = math.inf
+        if f.has("duration"):
+            raise ConfigError(f.where("rate"), "inf sends every request at once; give "
+                                               "num_requests, not duration")
     else:
         rate = f.float("rate", positive=True)
     if f.has("burstiness") and process != "gamma":
         raise ConfigError(f.where("burstiness"), f"only applies to arrival: gamma, "
                           f"not {process}")
-    burstiness = f.float("burstiness", 1.0, positive=True)
+    # gamma gaps of shape below 1e-3 are almost all 0 with a rare astronomically long one
+    burstiness = f.float("burstiness", 1.0, min=1e-3, max=1e6)
     if f.has("num_requests") and f.has("duration"):
         raise ConfigError(f.where("duration"), "give either num_requests or duration, not both")
-    num_requests = f.int("num_requests", None, min=1)
-    duration = f.float("duration", None, positive=True)
+    num_requests = f.int("num_requests", None, min=1, max=MAX_REQUESTS)
+    duration = f.float("duration", None, positive=True, max=MAX_SECONDS)
     if num_requests is None and (duration is None or process == "burst"):
         need = "is required for arrival: burst" if duration is not None else \
             "is required (or give duration in seconds)"
         raise ConfigError(f.where("num_requests"), need)
+    if rate is not None:
+        _check_span(f, rate, num_requests, duration)
     arrival = ArrivalConfig(process, rate, burstiness, num_requests, duration)
+    prefix_len = f.int("prefix_len", 0, min=0, max=MAX_TOKENS)
 
     if f.has("lengths"):
         for name in ("prompt", "output"):
             if f.any(name, None) is not None:
                 raise ConfigError(f.where(name), "give either lengths (joint pairs) or "
                                   "prompt and output, not both")
-        return WorkloadConfig(arrival=arrival, lengths=JointLengths.from_fields(f.section("lengths")))
-    return WorkloadConfig(arrival=arrival,
+        return WorkloadConfig(arrival=arrival, prefix_len=prefix_len,
+                              lengths=JointLengths.from_fields(f.section("lengths")))
+    return WorkloadConfig(arrival=arrival, prefix_len=prefix_len,
                           prompt=LengthDist.from_fields(f.section("prompt")),
                           output=LengthDist.from_fields(f.section("output")))
+
+
+def _is_inf(value: Any) -> bool:
+    """``rate: inf`` as vLLM spells it (``--request-rate inf``), or YAML's ``.inf``."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("inf", "infinity", "+inf")
+    return isinstance(value, float) and value == math.inf
+
+
+def _check_span(f: Fields, rate: float, num_requests: int | None,
+                duration: float | None) -> None:
+    """What the rate implies must fit a run: the requests of a duration, the time of a count."""
+    if duration is not None and rate * duration > MAX_REQUESTS:
+        raise ConfigError(f.where("rate"), f"{rate:g} req/s for {duration:g} s is about "
+                                           f"{rate * duration:.3g} requests, more than the "
+                                           f"{MAX_REQUESTS:,} a run can hold")
+    if num_requests is not None and (num_requests - 1) / rate > MAX_SECONDS:
+        raise ConfigError(f.where("rate"), f"{num_requests} requests at {rate:g} req/s span "
+                                           f"about {(num_requests - 1) / rate:.3g} s, more than "
+                                           f"the {MAX_SECONDS:g} s a run can represent")
 
 
 def _parse_trace(f: Fields) -> WorkloadConfig:
@@ -352,7 +430,7 @@ def _parse_trace(f: Fields) -> WorkloadConfig:
         raise ConfigError(f.where("model"), f"only applies to format: burstgpt, not {fmt}")
     return WorkloadConfig(trace=TraceConfig(
         path=path, format=fmt, time_scale=time_scale, rate=rate, start_s=start, end_s=end,
-        num_requests=f.int("num_requests", None, min=1),
-        max_prompt_tokens=f.int("max_prompt_tokens", None, min=1),
-        max_output_tokens=f.int("max_output_tokens", None, min=1),
+        num_requests=f.int("num_requests", None, min=1, max=MAX_REQUESTS),
+        max_prompt_tokens=f.int("max_prompt_tokens", None, min=1, max=MAX_TOKENS),
+        max_output_tokens=f.int("max_output_tokens", None, min=1, max=MAX_TOKENS),
         model=f.str("model", None)))

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from simserve.errors import ConfigError
+from simserve.limits import MAX_SECONDS
+from simserve.workload.datasets import read_sharegpt, sample_in_order
 from simserve.workload.config import ArrivalConfig, LengthDist, WorkloadConfig
 from simserve.workload.spec import RequestSpec
 from simserve.workload.traces import read_length_columns, resolve_path
@@ -24,7 +27,16 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[RequestSpec
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4))
     arrival = arrival_times(cfg.arrival, arrival_rng)
     n = len(arrival)
-    if cfg.lengths is not None:
+    if n and not arrival[-1] <= MAX_SECONDS:   # a heavy gamma tail can still overshoot
+        raise ConfigError("workload.rate", f"the arrivals drawn span {arrival[-1]:.3g} s, more "
+                                           f"than the {MAX_SECONDS:g} s a run can represent")
+    if cfg.lengths is not None and cfg.lengths.format == "sharegpt":
+        j = cfg.lengths
+        prompts, outputs = read_sharegpt(resolve_path(j.path, base_dir, "workload.lengths.path"),
+                                         j.chars_per_token, j.output_len)
+        rows = sample_in_order(len(prompts), n, prompt_rng)
+        prompt, output = prompts[rows], outputs[rows]
+    elif cfg.lengths is not None:
         # One row index per request keeps each (prompt, output) pair together; it uses the
         # prompt stream, and the output stream is left unused.
         prompts, outputs = read_length_columns(
@@ -36,12 +48,18 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[RequestSpec
         assert cfg.prompt is not None and cfg.output is not None
         prompt = sample_lengths(cfg.prompt, n, prompt_rng, base_dir, "workload.prompt")
         output = sample_lengths(cfg.output, n, output_rng, base_dir, "workload.output")
+    # a shared prefix (vLLM's --random-prefix-len): the same leading tokens for everyone, named
+    # by one tuple of ids (cfg.hash_block_tokens tokens each) that every request shares
+    shared = None
+    if cfg.prefix_len:
+        prompt = prompt + cfg.prefix_len
+        shared = tuple(range(cfg.prefix_len // cfg.hash_block_tokens))
     if not cfg.classes:
-        return [RequestSpec(i, a, p, o) for i, (a, p, o) in enumerate(
+        return [RequestSpec(i, a, p, o, shared) for i, (a, p, o) in enumerate(
             zip(arrival.tolist(), prompt.tolist(), output.tolist()))]
     weights = np.array([c.weight for c in cfg.classes])
     drawn = class_rng.choice(len(cfg.classes), size=n, p=weights / weights.sum())
-    return [RequestSpec(i, a, p, o, None, cfg.classes[k].priority, cfg.classes[k].name)
+    return [RequestSpec(i, a, p, o, shared, cfg.classes[k].priority, cfg.classes[k].name)
             for i, (a, p, o, k) in enumerate(
                 zip(arrival.tolist(), prompt.tolist(), output.tolist(), drawn.tolist()))]
 
@@ -51,7 +69,7 @@ def arrival_times(cfg: ArrivalConfig, rng: np.random.Generator) -> np.ndarray:
 
     With ``duration_s`` the times are those of the process that fall in ``[0, duration_s)``.
     """
-    if cfg.process == "burst":
+    if cfg.process == "burst" or cfg.rate == math.inf:   # rate: inf is vLLM's burst
         assert cfg.num_requests is not None
         return np.zeros(cfg.num_requests)
     assert cfg.rate is not None

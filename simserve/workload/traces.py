@@ -21,8 +21,13 @@ import numpy as np
 import pandas as pd
 
 from simserve.errors import ConfigError, DataError
+from simserve.limits import MAX_REQUESTS, MAX_SECONDS, MAX_TOKENS
 from simserve.workload.config import TraceConfig
 from simserve.workload.spec import RequestSpec
+
+
+# int64 bounds as floats (2**63 itself is a float, and would wrap to -2**63 in a cast)
+INT64_AS_FLOAT = float(np.nextafter(2.0**63, 0))
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,11 @@ def load_trace(cfg: TraceConfig, base_dir: Path) -> Trace:
         raise DataError(path, f"no requests in the window start_s={cfg.start_s}, "
                               f"end_s={cfg.end_s}; the trace spans 0 to {t[-1]:.3f} s")
 
+    if len(idx) > MAX_REQUESTS:
+        raise ConfigError("workload.num_requests", f"the trace keeps {len(idx):,} requests, "
+                                                   f"more than the {MAX_REQUESTS:,} a run can "
+                                                   "hold; take a window (start_s, end_s) or cap "
+                                                   "num_requests")
     arrival = rows.arrival_s[idx] - rows.arrival_s[idx[0]]
     if cfg.rate is not None:
         # Mean rate is (n - 1) / last_arrival: n requests span n - 1 gaps. Dividing by the
@@ -83,7 +93,12 @@ def load_trace(cfg: TraceConfig, base_dir: Path) -> Trace:
                               "arrive at the same time")
         arrival = arrival / arrival[-1] * ((len(idx) - 1) / cfg.rate)
     else:
-        arrival = arrival * cfg.time_scale
+        with np.errstate(over="ignore"):      # an overflow to inf is refused just below
+            arrival = arrival * cfg.time_scale
+    if not arrival[-1] <= MAX_SECONDS:
+        field = "workload.rate" if cfg.rate is not None else "workload.time_scale"
+        raise ConfigError(field, f"the kept requests would span {arrival[-1]:.3g} s, more than "
+                                 f"the {MAX_SECONDS:g} s a run can represent")
     prompt = rows.prompt[idx]
     output = rows.output[idx]
     if cfg.max_prompt_tokens is not None:
@@ -103,7 +118,8 @@ def read_length_columns(path: Path, columns: Sequence[str]) -> list[np.ndarray]:
     df = _read_csv(path, columns)
     if len(df) == 0:
         raise DataError(path, "the lengths file has no rows")
-    return [_numeric(df[c], c, path, minimum=1, integer=True) for c in columns]
+    return [_numeric(df[c], c, path, minimum=1, integer=True, maximum=MAX_TOKENS)
+            for c in columns]
 
 
 # --- CSV helpers -----------------------------------------------------------------------------
@@ -148,12 +164,13 @@ def _int_after(text: str, marker: str) -> int | None:
 
 
 def _numeric(raw: pd.Series, col: str, path: Path, *, minimum: float, integer: bool,
-             lines: np.ndarray | None = None) -> np.ndarray:
-    """``raw`` as numbers >= ``minimum`` (whole numbers if ``integer``), else DataError at the
-    first bad row. ``lines`` maps rows to file lines (JSONL); CSV lines are found by scanning."""
+             maximum: float, lines: np.ndarray | None = None) -> np.ndarray:
+    """``raw`` as numbers in [``minimum``, ``maximum``] (whole numbers if ``integer``), else
+    DataError at the first bad row. ``lines`` maps rows to file lines (JSONL); CSV lines are
+    found by scanning."""
     values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
     with np.errstate(invalid="ignore"):
-        bad = ~np.isfinite(values) | (values < minimum)
+        bad = ~np.isfinite(values) | (values < minimum) | (values > maximum)
         if integer:
             bad |= values != np.floor(values)
     if not bad.any():
@@ -168,6 +185,9 @@ def _numeric(raw: pd.Series, col: str, path: Path, *, minimum: float, integer: b
         why = f"column {col!r} is not a finite number: {original!r}"
     elif v < minimum:
         why = f"column {col!r} must be >= {minimum:g}, got {v:g}"
+    elif v > maximum:
+        bound = f"{int(maximum):,}" if float(maximum).is_integer() else f"{maximum:g}"
+        why = f"column {col!r} must be <= {bound}, got {v:g}"
     else:
         why = f"column {col!r} must be a whole number, got {v:g}"
     line = int(lines[i]) if lines is not None else _csv_line(path, i)
@@ -179,9 +199,9 @@ def _numeric(raw: pd.Series, col: str, path: Path, *, minimum: float, integer: b
 def _read_azure(path: Path, cfg: TraceConfig) -> _Rows:
     df = _read_csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"))
     # "2023-11-16 18:15:46.6805900": whole seconds via pandas, the fraction (7 digits, finer
-    # than microseconds) as its own float so no precision is lost.
+    # than microseconds; any number of digits is read) as its own float so no precision is lost.
     parts = df["TIMESTAMP"].astype(str).str.extract(
-        r"^\s*(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(\.\d{1,9})?\s*$")
+        r"^\s*(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(\.\d+)?\s*$")
     whole = pd.to_datetime(parts[0], format="ISO8601", errors="coerce")
     bad = whole.isna().to_numpy() | df["TIMESTAMP"].isna().to_numpy()
     if bad.any():
@@ -190,10 +210,34 @@ def _read_azure(path: Path, cfg: TraceConfig) -> _Rows:
                               f"YYYY-MM-DD HH:MM:SS[.fraction]", _csv_line(path, i))
     seconds = (whole - whole.min()).dt.total_seconds().to_numpy()
     fraction = pd.to_numeric(parts[1], errors="coerce").fillna(0.0).to_numpy()
-    return _Rows(seconds + fraction,
-                 _numeric(df["ContextTokens"], "ContextTokens", path, minimum=1, integer=True),
-                 _numeric(df["GeneratedTokens"], "GeneratedTokens", path, minimum=1,
-                          integer=True))
+    late = seconds > MAX_SECONDS
+    if late.any():
+        i = int(np.argmax(late))
+        raise DataError(path, f"TIMESTAMP {df['TIMESTAMP'].iloc[i]!r} is {seconds[i]:.3g} s "
+                              f"after the first; a run spans at most {MAX_SECONDS:g} s",
+                        _csv_line(path, i))
+    return _Rows(seconds + fraction, *_token_columns(df, path, "ContextTokens",
+                                                     "GeneratedTokens"))
+
+
+def _token_columns(df: pd.DataFrame, path: Path, prompt: str, output: str,
+                   output_min: int = 1) -> list[np.ndarray]:
+    return [_numeric(df[prompt], prompt, path, minimum=1, integer=True, maximum=MAX_TOKENS),
+            _numeric(df[output], output, path, minimum=output_min, integer=True,
+                     maximum=MAX_TOKENS)]
+
+
+def _seconds(raw: pd.Series, col: str, path: Path, scale: float = 1.0,
+             lines: np.ndarray | None = None) -> np.ndarray:
+    """A time column (in units of ``1 / scale`` seconds) within a run's span."""
+    return _numeric(raw, col, path, minimum=0, integer=False, maximum=MAX_SECONDS * scale,
+                    lines=lines)
+
+
+def _priorities(raw: pd.Series, path: Path, lines: np.ndarray | None = None) -> np.ndarray:
+    """Whole numbers that fit int64 (1e30 must not wrap around to -2**63)."""
+    return _numeric(raw, "priority", path, minimum=-INT64_AS_FLOAT, integer=True,
+                    maximum=INT64_AS_FLOAT, lines=lines)
 
 
 def _read_plain_csv(path: Path, cfg: TraceConfig) -> _Rows:
@@ -203,11 +247,10 @@ def _read_plain_csv(path: Path, cfg: TraceConfig) -> _Rows:
         header = []   # _read_csv reports it
     optional = [c for c in ("priority", "class") if c in header]
     df = _read_csv(path, ("arrival_s", "prompt_tokens", "output_tokens", *optional))
-    return _Rows(_numeric(df["arrival_s"], "arrival_s", path, minimum=0, integer=False),
-                 _numeric(df["prompt_tokens"], "prompt_tokens", path, minimum=1, integer=True),
-                 _numeric(df["output_tokens"], "output_tokens", path, minimum=1, integer=True),
-                 priority=(_numeric(df["priority"], "priority", path, minimum=-np.inf,
-                                    integer=True) if "priority" in optional else None),
+    return _Rows(_seconds(df["arrival_s"], "arrival_s", path),
+                 *_token_columns(df, path, "prompt_tokens", "output_tokens"),
+                 priority=(_priorities(df["priority"], path) if "priority" in optional
+                           else None),
                  klass=(df["class"].fillna("").astype(str).tolist() if "class" in optional
                         else None))
 
@@ -215,10 +258,9 @@ def _read_plain_csv(path: Path, cfg: TraceConfig) -> _Rows:
 def _read_burstgpt(path: Path, cfg: TraceConfig) -> _Rows:
     cols = ["Timestamp", "Request tokens", "Response tokens"] + (["Model"] if cfg.model else [])
     df = _read_csv(path, cols)
-    t = _numeric(df["Timestamp"], "Timestamp", path, minimum=0, integer=False)
-    prompt = _numeric(df["Request tokens"], "Request tokens", path, minimum=1, integer=True)
+    t = _seconds(df["Timestamp"], "Timestamp", path)
     # Response tokens == 0 marks a failed request in BurstGPT: allowed here, dropped below.
-    output = _numeric(df["Response tokens"], "Response tokens", path, minimum=0, integer=True)
+    prompt, output = _token_columns(df, path, "Request tokens", "Response tokens", output_min=0)
     keep = np.ones(len(df), dtype=bool)
     if cfg.model:
         keep = (df["Model"] == cfg.model).to_numpy()
@@ -248,21 +290,31 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
                     obj = json.loads(text)
                 except json.JSONDecodeError:
                     raise DataError(path, "the line is not valid JSON", lineno) from None
+                except RecursionError:
+                    raise DataError(path, "the line's JSON is nested too deeply", lineno) from None
                 if not isinstance(obj, dict):
                     raise DataError(path, "expected one JSON object per line", lineno)
                 for k in keys:
                     if k not in obj:
                         raise DataError(path, f"missing required field {k!r}; fields found: "
                                               f"{', '.join(obj)}", lineno)
-                    cols[k].append(obj[k])
+                    v = obj[k]
+                    if isinstance(v, bool) or not isinstance(v, (int, float, str, type(None))):
+                        # true is not 1 (as in scenario files); a list is not a length
+                        raise DataError(path, f"field {k!r} is not a number: {v!r}", lineno)
+                    if isinstance(v, int) and not -2**63 <= v < 2**63:   # JSON ints are unbounded
+                        raise DataError(path, f"field {k!r} is out of range: "
+                                              f"{str(v)[:20]}... ({len(str(v))} digits)", lineno)
+                    cols[k].append(v)
                 h = obj.get("hash_ids")
                 if h is not None and (not isinstance(h, list) or any(
                         type(x) is not int for x in h)):
                     raise DataError(path, "hash_ids must be a list of integers", lineno)
                 hashes.append(tuple(h) if h is not None else None)
                 q, c = obj.get("priority", 0), obj.get("class", "")
-                if type(q) is not int:
-                    raise DataError(path, f"priority must be an integer, got {q!r}", lineno)
+                if type(q) is not int or not -2**63 <= q < 2**63:
+                    raise DataError(path, f"priority must be an integer within int64, got "
+                                          f"{q!r}", lineno)
                 if not isinstance(c, str):
                     raise DataError(path, f"class must be a string, got {c!r}", lineno)
                 saw_priority = saw_priority or "priority" in obj
@@ -273,12 +325,15 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
         raise DataError(path, "the file is not UTF-8 text") from None
     at = np.asarray(lines)
 
-    def column(k: str, minimum: float, integer: bool) -> np.ndarray:
-        return _numeric(pd.Series(cols[k], dtype=object), k, path, minimum=minimum,
-                        integer=integer, lines=at)
+    def column(k: str) -> pd.Series:
+        return pd.Series(cols[k], dtype=object)
 
-    return _Rows(column("timestamp", 0, False) / 1000.0,  # milliseconds -> seconds
-                 column("input_length", 1, True), column("output_length", 1, True),
+    def tokens(k: str) -> np.ndarray:
+        return _numeric(column(k), k, path, minimum=1, integer=True, maximum=MAX_TOKENS,
+                        lines=at)
+
+    return _Rows(_seconds(column("timestamp"), "timestamp", path, 1000.0, at) / 1000.0,  # ms
+                 tokens("input_length"), tokens("output_length"),
                  hash_ids=hashes if any(h is not None for h in hashes) else None,
                  priority=np.asarray(priority, dtype=np.int64) if saw_priority else None,
                  klass=klass if any(klass) else None)

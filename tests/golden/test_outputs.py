@@ -235,8 +235,26 @@ def run_case(name: str, out: Path) -> dict[str, str]:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         rc = main(argv)
     assert rc == 0, f"{name}: simserve {' '.join(argv)} exited {rc}: {err.getvalue()}"
-    return {str(p.relative_to(result)): hashlib.sha256(p.read_bytes()).hexdigest()
+    return {str(p.relative_to(result)): hashlib.sha256(_portable(p, result)).hexdigest()
             for p in sorted(result.rglob("*")) if p.is_file() and p.suffix in HASHED}
+
+
+def _portable(path: Path, result: Path) -> bytes:
+    """A file's bytes, with scenario.yaml's trace path (written relative to the output
+    folder, so it differs with where the run wrote) made relative to the repository, or
+    reduced to its name when the trace lies outside it."""
+    data = path.read_bytes()
+    if path.name != "scenario.yaml":
+        return data
+    lines = data.decode().splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        key, _, value = line.partition("trace: ")
+        if _ and not key.strip():
+            where = (result / value.strip()).resolve()
+            shown = (where.relative_to(ROOT) if where.is_relative_to(ROOT)
+                     else Path(where.name))
+            lines[i] = f"{key}trace: {shown.as_posix()}\n"
+    return "".join(lines).encode()
 
 
 def _expected() -> dict[str, dict[str, str]]:

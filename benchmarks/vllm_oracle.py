@@ -1,0 +1,288 @@
+"""The vLLM oracle: simserve's ``vllm_v1`` and ``priority`` held to vLLM's own scheduler, step
+for step.
+
+Each case runs twice through simserve's event loop, one iteration per event (``--stepwise``),
+under the same latency model: once with the re-implemented policy, once with ``vllm_native``
+(vLLM v1's real ``Scheduler`` and ``KVCacheManager``, driven with a fake forward pass). While
+the decisions agree the two runs see the same clock, so every step can be compared: the
+requests scheduled and their token counts, the requests preempted, the prefix-cache hit of each
+request admitted, the requests finished, and the free KV blocks after the step. The first
+difference is printed with a few steps of context; after it the runs no longer share a clock,
+so a case's score is the share of its steps before the first difference (100 % = identical).
+
+Cases: ``--cases`` random scenarios (knobs, lengths, arrival bursts, KV so small that
+preemption is frequent, shared prefixes with prefix caching, priorities; ``--requests`` each)
+and, with ``--shipped``, every shipped scenario whose policy is ``vllm_v1`` or ``priority``.
+
+Needs vLLM importable beside simserve (``make oracle`` builds that environment):
+
+    python benchmarks/vllm_oracle.py --cases 200 --requests 300 --shipped
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from simserve.engine.build import build_replicas, engine_options  # noqa: E402
+from simserve.config import load_variants, parse_scenario  # noqa: E402
+from simserve.engine import simulate  # noqa: E402
+from simserve.runner import collect  # noqa: E402
+from simserve.workload import build_workload  # noqa: E402
+from simserve.workload.spec import RequestSpec  # noqa: E402
+
+ORACLE = "vllm_native"
+CHECKED = ("vllm_v1", "priority")
+
+
+class Step(NamedTuple):
+    """One iteration's decisions, as both sides record them."""
+
+    replica: int
+    scheduled: tuple[tuple[int, int], ...]     # (request id, new tokens), in schedule order
+    preempted: tuple[int, ...]
+    admitted: tuple[tuple[int, int], ...]      # (request id, tokens already computed: cache hit)
+    finished: tuple[int, ...]
+    free_blocks: int                           # after the step
+
+
+def traced(sched, log: list[Step], replica: int = 0) -> None:
+    """Record every non-empty step the engine runs on ``sched`` into ``log``."""
+    schedule, complete = sched.schedule, sched.complete
+    pending: list = []
+
+    def traced_schedule():
+        before = {r.id for r in sched.running}
+        plan = schedule()
+        if plan.is_empty:
+            return plan
+        after = [r for r in sched.running]
+        pending[:] = [
+            replica,
+            tuple(zip(plan.request_ids, plan.num_new_tokens)),
+            tuple(sorted(before - {r.id for r in after})),
+            tuple(sorted((r.id, r.num_computed_tokens) for r in after if r.id not in before)),
+        ]
+        return plan
+
+    def traced_complete(plan, t_end):
+        finished = complete(plan, t_end)
+        log.append(Step(*pending, tuple(sorted(r.id for r in finished)), sched.blocks.num_free))
+        return finished
+
+    sched.schedule, sched.complete = traced_schedule, traced_complete
+
+
+def run_policy(s, specs: list[RequestSpec], policy: str, params=None):
+    """One stepwise run of ``specs`` on scenario ``s`` under ``policy``: (steps, result)."""
+    s = s.replace(policy=policy, policy_params=params)
+    replicas = build_replicas(s)
+    log: list[Step] = []     # every replica's steps, in the order they complete
+    for r in replicas:
+        traced(r.scheduler, log, r.index)
+    rec = simulate(specs, replicas, fast_forward=False, **engine_options(s, replicas))
+    return log, collect(s, rec, replicas)
+
+
+def native_params(policy: str):
+    from simserve.sched.vllm_native import VllmNativeParams
+    return VllmNativeParams(scheduling_policy="priority" if policy == "priority" else "fcfs")
+
+
+@dataclasses.dataclass
+class Outcome:
+    name: str
+    policy: str
+    steps: int
+    same: int                   # steps before the first difference
+    first_diff: str
+    ours: dict
+    theirs: dict
+    seconds: tuple[float, float]
+
+    @property
+    def identical(self) -> bool:
+        return not self.first_diff
+
+
+def describe(i: int, ours: list[Step], theirs: list[Step], context: int = 2) -> str:
+    lines = [f"first difference at step {i}:"]
+    for j in range(max(0, i - context), min(i + 1, max(len(ours), len(theirs)))):
+        mark = ">>" if j == i else "  "
+        for who, log in (("simserve", ours), ("vllm    ", theirs)):
+            lines.append(f"  {mark} step {j} {who}: {_fmt(log[j]) if j < len(log) else '(none)'}")
+    return "\n".join(lines)
+
+
+def _fmt(step: Step) -> str:
+    sched = ", ".join(f"{r}:{n}" for r, n in step.scheduled[:12])
+    more = f" … (+{len(step.scheduled) - 12})" if len(step.scheduled) > 12 else ""
+    return (f"replica {step.replica} [{sched}{more}] preempted={list(step.preempted)} "
+            f"admitted={list(step.admitted)} finished={list(step.finished)} "
+            f"free={step.free_blocks}")
+
+
+def metrics(result) -> dict:
+    s = result.summary
+    return {"completed": s["completed"], "preemptions": int(result.requests["num_preemptions"].sum()),
+            "mean_ttft_ms": s["mean_ttft_ms"], "mean_tpot_ms": s["mean_tpot_ms"],
+            "duration_s": s["duration_s"]}
+
+
+def check(name: str, s, specs: list[RequestSpec]) -> Outcome:
+    policy = s.policy
+    t0 = time.perf_counter()
+    ours, ours_result = run_policy(s, specs, policy, s.policy_params)
+    t1 = time.perf_counter()
+    theirs, theirs_result = run_policy(s, specs, ORACLE, native_params(policy))
+    t2 = time.perf_counter()
+    same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b),
+                min(len(ours), len(theirs)))
+    diff = "" if same == len(ours) == len(theirs) else describe(same, ours, theirs)
+    return Outcome(name, policy, max(len(ours), len(theirs)), same, diff, metrics(ours_result),
+                   metrics(theirs_result), (t1 - t0, t2 - t1))
+
+
+# -- cases --------------------------------------------------------------------------------------
+
+def random_case(seed: int, num_requests: int):
+    """A scenario and its requests, drawn so that KV memory binds often."""
+    rng = np.random.default_rng(seed)
+    policy = str(rng.choice(CHECKED, p=[0.7, 0.3]))
+    block_size = int(rng.choice([8, 16, 32]))
+    max_model_len = int(rng.choice([1024, 2048]))
+    chunked = bool(rng.random() < 0.75)
+    prefix = bool(rng.random() < 0.35)
+    budget = int(rng.choice([64, 128, 256, 512, 1024, 2048])) if chunked else \
+        int(rng.choice([max_model_len, 2 * max_model_len]))
+    long_threshold = int(rng.choice([0, 0, 0, 32, 128, 512]))
+    max_num_seqs = int(rng.choice([4, 8, 16, 32, 64, 128]))
+    # lengths: short chat-like, long prompts, or long outputs
+    shape = rng.choice(["chat", "long_prompt", "long_output"])
+    if shape == "chat":
+        prompts = rng.integers(1, 400, num_requests)
+        outputs = rng.integers(1, 200, num_requests)
+    elif shape == "long_prompt":
+        prompts = rng.integers(200, max_model_len // 2, num_requests)
+        outputs = rng.integers(1, 64, num_requests)
+    else:
+        prompts = rng.integers(1, 128, num_requests)
+        outputs = rng.integers(64, max_model_len // 2, num_requests)
+    longest = int(max(prompts + outputs))
+    need = -(-longest // block_size)
+    # from "one long request barely fits" to a few times that: preemption is common
+    num_blocks = int(need + 1 + rng.integers(0, 4 * need))
+    # arrivals: one burst, Poisson, or bursts of several at one instant
+    kind = rng.choice(["burst", "poisson", "bursts"])
+    if kind == "burst":
+        arrivals = np.zeros(num_requests)
+    elif kind == "poisson":
+        arrivals = np.cumsum(rng.exponential(1 / float(rng.choice([5, 20, 80])), num_requests))
+    else:
+        groups = rng.integers(0, num_requests // 8 + 1, num_requests)
+        arrivals = np.sort(groups * float(rng.choice([0.05, 0.5, 2.0])))
+    specs = []
+    pool = rng.integers(0, 6, 8) if prefix else None   # a few shared "system prompts"
+    for i in range(num_requests):
+        ids = None
+        if prefix:
+            n_ids = -(-int(prompts[i]) // 512)
+            ids = tuple(int(x) for x in pool[: rng.integers(0, n_ids + 1)]) + \
+                tuple(int(x) for x in 100 + rng.integers(0, 3, n_ids))
+            ids = ids[:n_ids]
+        priority = int(rng.integers(0, 4)) if policy == "priority" else 0
+        specs.append(RequestSpec(i, float(arrivals[i]), int(prompts[i]), int(outputs[i]),
+                                 ids, priority))
+    raw = {
+        "name": f"random-{seed}", "seed": seed, "model": "tiny-llama-45m",
+        "hardware": "cpu-epyc-2core",
+        "engine": {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": budget,
+                   "block_size": block_size, "num_gpu_blocks": num_blocks,
+                   "enable_chunked_prefill": chunked,
+                   "long_prefill_token_threshold": long_threshold,
+                   "max_model_len": max_model_len, "enable_prefix_caching": prefix},
+        "scheduler": {"policy": policy},
+        "latency": {"model": "linear", "base_ms": 4.0, "per_token_ms": 0.05, "per_seq_ms": 0.2},
+        # (the requests are drawn above; this section only has to parse)
+        "workload": {"num_requests": num_requests, "rate": 1.0,
+                     "prompt": {"dist": "fixed", "value": 1},
+                     "output": {"dist": "fixed", "value": 1}},
+    }
+    return parse_scenario(raw), specs
+
+
+def shipped_cases():
+    """Every shipped scenario (and compare-file variant) whose policy is a checked one."""
+    for path in sorted((ROOT / "scenarios").glob("*.yaml")):
+        try:
+            variants = load_variants(path)
+        except Exception as e:   # noqa: BLE001  (a file of another kind: sweep grids)
+            print(f"  (skipping {path.name}: {e})")
+            continue
+        for label, s in variants:
+            if s.policy not in CHECKED or s.cluster.disaggregated:
+                continue
+            specs = build_workload(s.workload, s.seed, s.base_dir)
+            yield f"{path.stem}:{label}", s, specs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=200, help="random scenarios (default 200)")
+    ap.add_argument("--requests", type=int, default=300, help="requests per random scenario")
+    ap.add_argument("--seed", type=int, default=0, help="first random scenario's seed")
+    ap.add_argument("--shipped", action="store_true", help="also the shipped scenarios")
+    ap.add_argument("--show", type=int, default=3, help="differences printed in full")
+    args = ap.parse_args(argv)
+
+    from simserve.sched.vllm_native import vllm_version
+    version = vllm_version()
+    if version is None:
+        print("error: vLLM is not installed here (make oracle builds an environment with it)",
+              file=sys.stderr)
+        return 2
+    print(f"vLLM oracle: simserve {', '.join(CHECKED)} against vLLM {version}'s own scheduler "
+          f"(offline, fake forward pass), one step per event")
+    cases = [(f"random-{args.seed + i}", *random_case(args.seed + i, args.requests))
+             for i in range(args.cases)]
+    if args.shipped:
+        cases += list(shipped_cases())
+    outcomes: list[Outcome] = []
+    shown = 0
+    print(f"{'case':28s} {'policy':9s} {'steps':>6s} {'same':>7s}  preemptions ours/vLLM  "
+          f"TTFT mean ms ours/vLLM  s ours/vLLM")
+    for name, s, specs in cases:
+        o = check(name, s, specs)
+        outcomes.append(o)
+        share = 100.0 * o.same / o.steps if o.steps else 100.0
+        print(f"{name:28s} {o.policy:9s} {o.steps:6d} {share:6.2f}%  "
+              f"{o.ours['preemptions']:6d} / {o.theirs['preemptions']:<6d}  "
+              f"{o.ours['mean_ttft_ms']:10.1f} / {o.theirs['mean_ttft_ms']:<10.1f} "
+              f"{o.seconds[0]:5.1f}/{o.seconds[1]:5.1f}", flush=True)
+        if o.first_diff and shown < args.show:
+            print(o.first_diff)
+            shown += 1
+    identical = sum(o.identical for o in outcomes)
+    steps = sum(o.steps for o in outcomes)
+    same = sum(o.same for o in outcomes)
+    print(f"\n{identical} of {len(outcomes)} cases identical step for step; "
+          f"{same} of {steps} steps ({100.0 * same / max(steps, 1):.2f} %) before any case's "
+          f"first difference; vLLM {version}")
+    ours_s = sum(o.seconds[0] for o in outcomes)
+    theirs_s = sum(o.seconds[1] for o in outcomes)
+    print(f"time: simserve policies {ours_s:.1f} s, vllm_native {theirs_s:.1f} s "
+          f"({theirs_s / max(ours_s, 1e-9):.1f}x)")
+    return 0 if identical == len(outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

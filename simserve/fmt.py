@@ -1,0 +1,60 @@
+"""Numbers as people read them: ``11,150`` not ``1.115e+04``, ``14.6`` not ``14.612113``.
+
+One rule for every table we print or render (CLI tables, the report's tables, notebooks): about
+three significant digits, thousands separators, no exponent for anything a run produces, and a
+dash for a missing value (never ``None`` or ``nan``). The data behind a table keeps full
+precision (CSV files, DataFrames); only the display is rounded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+import pandas as pd
+
+MISSING = "–"
+
+
+def human(x: Any) -> str:
+    """One value for display (see the module docstring)."""
+    if x is None or isinstance(x, str):
+        return MISSING if x is None or x == "" else x
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    if math.isnan(v):
+        return MISSING
+    if math.isinf(v):
+        return "∞" if v > 0 else "-∞"
+    if float(v).is_integer() and (isinstance(x, int) or abs(v) >= 100 or
+                                  getattr(x, "dtype", None) is not None and x.dtype.kind in "iu"):
+        return f"{int(v):,}"
+    a = abs(v)
+    if a >= 100:
+        return f"{v:,.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    if a >= 1e-3:
+        return f"{v:.3g}"
+    return "0" if a == 0 else f"{v:.2g}"
+
+
+def format_table(df: pd.DataFrame, index: bool = True) -> str:
+    """A DataFrame as aligned text with :func:`human` numbers (for the console)."""
+    shown = df.astype(object).map(human)
+    return shown.to_string(index=index)
+
+
+def styled(df: pd.DataFrame):
+    """The DataFrame with :func:`human` numbers when displayed in Jupyter (a pandas Styler;
+    the data is unchanged). Its HTML id comes from the data, so a notebook's saved output does
+    not change from one run to the next."""
+    digest = hashlib.sha1(pd.util.hash_pandas_object(df.astype(str)).values.tobytes())
+    return df.style.format(human).set_uuid(digest.hexdigest()[:10])

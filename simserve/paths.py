@@ -1,0 +1,137 @@
+"""File paths a scenario names, and the folders a run writes.
+
+Two promises rest on this module:
+
+* **A written scenario.yaml reruns from where it lies.** A scenario's relative paths (a trace,
+  a lengths file, a profile, ``output_dir``) are relative to the scenario file's folder. The
+  resolved copy written beside the results lies in another folder, so :func:`rebase_paths`
+  rewrites each path relative to that folder (a path that names no file, such as a shipped
+  profile's name, is left as written).
+* **Nothing is written outside the output folder.** A compare variant's label becomes a folder
+  name under ``--out``; :func:`folder_name` keeps it one plain folder (no ``/``, ``..``, NUL or
+  other control characters), whatever the label says.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Dotted fields of a scenario mapping that hold file paths, and whether the file must exist to
+# be a path (a profile may be a shipped profile's name instead).
+PATH_FIELDS: dict[str, bool] = {
+    "workload.trace": True,
+    "workload.lengths.path": True,
+    "workload.prompt.path": True,
+    "workload.output.path": True,
+    "latency.path": True,
+    "output_dir": False,
+}
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+=@,-]+")
+
+
+def folder_name(label: str) -> str:
+    """``label`` as one visible folder name: runs of other characters become ``_``, leading
+    dots are dropped (no ``..``, no hidden folder); never empty."""
+    name = re.sub(r"^[._]+", "", _UNSAFE.sub("_", label)).rstrip("_")
+    return name[:200] or "_"
+
+
+def rebase_paths(raw: dict, base_dir: Path, out_dir: Path) -> dict:
+    """A copy of the scenario mapping ``raw`` (paths relative to ``base_dir``) with its paths
+    made relative to ``out_dir`` (absolute paths stay as they are). Cluster groups' latency
+    sections are rebased too."""
+    out = copy.deepcopy(raw)
+    for dotted, must_exist in PATH_FIELDS.items():
+        _rebase_field(out, dotted.split("."), base_dir, out_dir, must_exist)
+    groups = (out.get("cluster") or {}).get("groups") if isinstance(out.get("cluster"), dict) \
+        else None
+    for group in groups if isinstance(groups, list) else []:
+        if isinstance(group, dict):
+            _rebase_field(group, ["latency", "path"], base_dir, out_dir, True)
+    return out
+
+
+def rebase_value(field: str, value: Any, base_dir: Path, out_dir: Path) -> Any:
+    """One ``FIELD: value`` (a sweep axis) rebased if ``field`` holds a path."""
+    if field in PATH_FIELDS and isinstance(value, str):
+        return rebase(value, base_dir, out_dir, PATH_FIELDS[field])
+    return value
+
+
+def _rebase_field(node: Any, parts: list[str], base_dir: Path, out_dir: Path,
+                  must_exist: bool) -> None:
+    for part in parts[:-1]:
+        if not isinstance(node, dict):
+            return
+        node = node.get(part)
+    if isinstance(node, dict) and isinstance(node.get(parts[-1]), str):
+        node[parts[-1]] = rebase(node[parts[-1]], base_dir, out_dir, must_exist)
+
+
+def rebase(path: str, base_dir: Path, out_dir: Path, must_exist: bool = True) -> str:
+    """``path`` (relative to ``base_dir``) written relative to ``out_dir``."""
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return path
+    src = Path(base_dir) / p
+    if must_exist and not src.exists():
+        return path
+    try:
+        return Path(os.path.relpath(src.resolve(), Path(out_dir).resolve())).as_posix()
+    except ValueError:          # another drive (Windows): no relative path exists
+        return str(src.resolve())
+
+
+def default_out(base: Path, overrides: list[str] | tuple[str, ...] | None) -> Path:
+    """The default output folder: ``base``, or beside it one named after the ``--set``
+    overrides (``runs/quickstart+workload.rate=20``), so a run with overrides never lands in
+    the folder of the run without them."""
+    if not overrides:
+        return Path(base)
+    slug = folder_name("+".join(o.replace(" ", "") for o in overrides))
+    if len(slug) > 80:           # long override lists: a prefix and a stable digest
+        slug = slug[:60] + "-" + hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
+    return Path(base).with_name(f"{Path(base).name}+{slug}")
+
+
+def replaced_note(out: Path, new_scenario: str) -> str | None:
+    """A sentence when ``out`` holds the results of a different scenario than ``new_scenario``
+    (the scenario.yaml about to be written), naming up to three fields that differ; else None."""
+    old_path = Path(out) / "scenario.yaml"
+    if not old_path.is_file():
+        return None
+    try:
+        old = yaml.safe_load(old_path.read_text(encoding="utf-8"))
+        new = yaml.safe_load(new_scenario)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return f"replacing the files in {out}/ (its scenario.yaml is not one simserve wrote)"
+    if old == new:
+        return None
+    a, b = _flat(old), _flat(new)
+    changed = [f"{k}: {_short(a.get(k, '(unset)'))} → {_short(b.get(k, '(unset)'))}"
+               for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    more = f", and {len(changed) - 3} more" if len(changed) > 3 else ""
+    return (f"replacing the results of a different scenario in {out}/ "
+            f"({'; '.join(changed[:3])}{more})")
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 30 else text[:27] + "..."
+
+
+def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: node}
