@@ -278,7 +278,8 @@ def test_done_scenario_block_counts():
                     quantization="fp8_per_block", kv_cache_dtype="fp8")
     s = parse_scenario(raw)
     bf16 = parse_scenario(_scenario(tensor_parallel_size=2, enable_expert_parallel=True))
-    from simserve.config import num_kv_blocks
+    def num_kv_blocks(sc):
+        return sc.replica.num_gpu_blocks
     # FP8 weights free ~14 GB per rank and FP8 KV halves a block: far more than 2× the blocks
     assert num_kv_blocks(s) > 2 * num_kv_blocks(bf16)
     assert s.to_dict()["engine"]["kv_cache_dtype"] == "fp8"
