@@ -25,6 +25,7 @@ from simserve.metrics.slo import SloConfig
 from simserve.cluster.spec import ReplicaSpec, resolve
 from simserve.sched import describe, policy_names
 from simserve.sched.params import params_to_dict, read_params
+from simserve.sched.spec import SpeculativeConfig
 from simserve.workload.config import WorkloadConfig
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -60,6 +61,8 @@ class EngineConfig:
     enable_expert_parallel: bool = False        # experts split over the TP ranks, not sharded
     # simserve's own: mean / max routed load over EP ranks (1 = uniform; SGLang's definition)
     expert_balancedness: float = 1.0
+    # vLLM's speculative_config (sched/spec.py), None: no speculation
+    speculative_config: SpeculativeConfig | None = None
 
     @classmethod
     def from_fields(cls, f: Fields) -> EngineConfig:
@@ -82,13 +85,16 @@ class EngineConfig:
             kv_cache_dtype=f.str("kv_cache_dtype", "auto", choices=tuple(KV_CACHE_DTYPES)),
             enable_expert_parallel=f.bool("enable_expert_parallel", False),
             expert_balancedness=f.float("expert_balancedness", 1.0, positive=True, max=1.0),
+            speculative_config=SpeculativeConfig.from_fields(f.section("speculative_config"))
+            if f.has("speculative_config") else f.any("speculative_config", None),
         )
         f.done()
         return cfg
 
 
 _ENGINE_OPTIONAL = {"quantization": None, "kv_cache_dtype": "auto",
-                    "enable_expert_parallel": False, "expert_balancedness": 1.0}
+                    "enable_expert_parallel": False, "expert_balancedness": 1.0,
+                    "speculative_config": None}
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,8 @@ class Scenario:
         for key, default in _ENGINE_OPTIONAL.items():    # written only when set
             if engine[key] == default:
                 del engine[key]
+        if self.engine.speculative_config is not None:
+            engine["speculative_config"] = self.engine.speculative_config.to_dict()
         engine.update(max_model_len=self.max_model_len,
                       max_num_batched_tokens=self.max_num_batched_tokens,
                       enable_chunked_prefill=self.chunked_prefill)
@@ -297,6 +305,16 @@ def _check_consistency(s: Scenario) -> None:
         raise ConfigError("engine.tensor_parallel_size",
                           f"{s.engine.tensor_parallel_size} does not divide the model's "
                           f"{s.model.num_heads} attention heads / {s.model.num_kv_heads} KV heads")
+    if s.engine.speculative_config is not None:
+        from simserve.sched import POLICIES
+        if not POLICIES[s.policy].speculates:
+            able = [n for n, c in POLICIES.items() if c.speculates]
+            raise ConfigError("engine.speculative_config",
+                              f"policy {s.policy!r} does not model speculative decoding; use "
+                              f"one of: {', '.join(able)}")
+        if s.engine.preemption_mode == "swap":
+            raise ConfigError("engine.speculative_config", "speculative decoding preempts by "
+                                                           "recompute only (as vLLM v1)")
     from simserve.kv.capacity import check_expert_parallel
     if s.engine.enable_expert_parallel:
         check_expert_parallel(s.model, max(2, expert_parallel_size(s)))

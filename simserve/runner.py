@@ -28,7 +28,8 @@ from simserve.latency.base import LatencyModel
 from simserve.metrics.cluster import cluster_summary
 from simserve.metrics.recorder import Recorder
 from simserve.metrics.slo import SloConfig
-from simserve.metrics.summary import format_summary, grouped_levels, summarize
+from simserve.metrics.summary import (format_summary, grouped_levels, spec_decode_summary,
+                                      summarize)
 from simserve.metrics.tokens import itl_sample
 from simserve.paths import rebase_paths
 from simserve.sched.request import Status
@@ -293,6 +294,8 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
                         class_slos=class_slos(s) if any(r.spec.klass for r in reqs) else None,
                         prefix_caching=s.engine.enable_prefix_caching, levels=levels)
     summary.update(cluster_summary(rec, replicas, requests))
+    if s.engine.speculative_config is not None:
+        summary["spec_decode"] = spec_decode_summary(reqs, s.engine.speculative_config.k)
     if any(delays.values()):
         summary["frontend_delay_ms"] = 1000.0 * max(delays.values())
     tracks = None

@@ -75,9 +75,20 @@ def resolve(s: Scenario) -> ReplicaSpec:
                              long_prefill_token_threshold=e.long_prefill_token_threshold,
                              preemption_mode=e.preemption_mode,
                              max_model_len=max_model_len,
-                             reserve_full_sequence=e.scheduler_reserve_full_isl)
+                             reserve_full_sequence=e.scheduler_reserve_full_isl,
+                             speculative_config=e.speculative_config)
     tp = e.tensor_parallel_size
     block_bytes = kv_block_bytes(s.model, e.block_size, tp)
+    # an EAGLE / MTP / draft-model drafter keeps its own layers' KV in the same blocks and
+    # its weights on every rank (latency/spec.py says which card prices it)
+    drafter = None
+    if e.speculative_config is not None:
+        from simserve.latency.spec import drafter_card
+        drafter = drafter_card(s.model, e.speculative_config)
+    extra_weights = 0.0
+    if drafter is not None:
+        block_bytes += kv_block_bytes(drafter, e.block_size, tp)
+        extra_weights = drafter.weight_bytes_per_rank(tp)
     blocks, error = e.num_gpu_blocks, ""
     if blocks is None:
         try:
@@ -85,7 +96,8 @@ def resolve(s: Scenario) -> ReplicaSpec:
                                         gpu_memory_utilization=e.gpu_memory_utilization,
                                         tensor_parallel_size=tp, max_num_batched_tokens=budget,
                                         expert_parallel_size=tp if e.enable_expert_parallel
-                                        else 1)
+                                        else 1, block_bytes=block_bytes,
+                                        extra_weight_bytes=extra_weights)
         except ConfigError as err:
             blocks, error = 0, err.message
     host = math.floor(e.swap_space_gb * 2**30 / block_bytes) if e.preemption_mode == "swap" \

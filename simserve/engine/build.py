@@ -21,6 +21,22 @@ if TYPE_CHECKING:
 
 
 def build_latency(s: Scenario) -> LatencyModel:
+    """The scenario's step-latency model, plus the drafter's cost with speculative decoding
+    (latency/spec.py)."""
+    base = _base_latency(s)
+    spec = s.engine.speculative_config
+    if spec is None:
+        return base
+    from simserve.latency.spec import SpeculativeLatency
+    lat = s.latency
+    kwargs = {k: getattr(lat, k) for k in ("flops_efficiency", "bandwidth_efficiency")
+              if lat.model == "roofline" and getattr(lat, k) is not None}
+    return SpeculativeLatency(base, spec, s.model, s.hardware,
+                              tensor_parallel_size=s.engine.tensor_parallel_size,
+                              block_size=s.engine.block_size, **kwargs)
+
+
+def _base_latency(s: Scenario) -> LatencyModel:
     from simserve.latency.roofline import ConstantLatency, LinearLatency, RooflineModel
     lat = s.latency
     if lat.model == "profile":

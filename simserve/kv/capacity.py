@@ -91,18 +91,23 @@ def activation_reserve_bytes(model: ModelCard, *, max_num_batched_tokens: int,
 def kv_capacity_blocks(model: ModelCard, hw: HardwareSpec, *, block_size: int,
                        gpu_memory_utilization: float, tensor_parallel_size: int = 1,
                        max_num_batched_tokens: int, max_num_seqs: int = 256,
-                       expert_parallel_size: int = 1) -> int:
+                       expert_parallel_size: int = 1, block_bytes: int | None = None,
+                       extra_weight_bytes: float = 0.0) -> int:
     """KV blocks per rank (every rank holds the same blocks' share of heads). With expert
     parallelism the routed experts are split over ``expert_parallel_size`` ranks instead of
-    being TP-sharded (:meth:`ModelCard.weight_bytes_per_rank`).
+    being TP-sharded (:meth:`ModelCard.weight_bytes_per_rank`). ``block_bytes`` and
+    ``extra_weight_bytes`` (a speculative drafter's KV in the same blocks, and its weights)
+    replace the block's bytes and add to the weights.
 
     Raises ConfigError on ``engine.gpu_memory_utilization`` when weights and activations leave
     no room for a single block.
     """
     tp = tensor_parallel_size
-    block = kv_block_bytes(model, block_size, tp)
+    block = block_bytes or kv_block_bytes(model, block_size, tp)
     budget = hw.mem_bytes * gpu_memory_utilization
     weights = model.weight_bytes_per_rank(tp, expert_parallel_size)
+    if extra_weight_bytes:
+        weights += extra_weight_bytes
     reserve = activation_reserve_bytes(model, max_num_batched_tokens=max_num_batched_tokens,
                                        max_num_seqs=max_num_seqs, tensor_parallel_size=tp)
     free = budget - weights - reserve

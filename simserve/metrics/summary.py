@@ -146,6 +146,24 @@ def _by_class(requests: pd.DataFrame, class_slos: Mapping[str, SloConfig], slo: 
     return out
 
 
+def spec_decode_summary(requests, k: int) -> dict:
+    """Speculative decoding's counts over every request (``vllm bench serve``'s definitions,
+    ``benchmarks/serve.py``): acceptance rate = accepted / draft tokens, acceptance length =
+    1 + accepted / drafts (a draft: one verify step with drafts), per position i the share of
+    drafts whose first i+1 tokens were all accepted."""
+    drafts = sum(r.num_drafts for r in requests)
+    draft_tokens = sum(r.num_draft_tokens for r in requests)
+    accepted = sum(r.num_accepted_tokens for r in requests)
+    per = [0] * k
+    for r in requests:
+        if r.accepted_per_position is not None:
+            per = [a + b for a, b in zip(per, r.accepted_per_position)]
+    return {"num_drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
+            "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
+            "acceptance_length": 1 + accepted / drafts if drafts else 1.0,
+            "per_position_acceptance_rate": [a / drafts if drafts else 0.0 for a in per]}
+
+
 def _prefix_cache(done: pd.DataFrame) -> dict:
     """Prompt tokens of finished requests found in the prefix cache at first admission."""
     hits = int(done["num_cached_tokens"].sum())
@@ -343,6 +361,17 @@ def format_summary(summary: dict, title: str = "Serving Benchmark Result") -> st
     row("Mean batched tokens per step:", summary["mean_batched_tokens"])
     if "prefix_cache_hit_rate" in summary:
         row("Prefix cache hit rate (%):", _pct(summary["prefix_cache_hit_rate"]))
+    if "spec_decode" in summary:
+        sd = summary["spec_decode"]
+        section("Speculative Decoding")
+        row("Acceptance rate (%):", _pct(sd["acceptance_rate"]))
+        row("Acceptance length:", sd["acceptance_length"])
+        row("Drafts:", sd["num_drafts"])
+        row("Draft tokens:", sd["draft_tokens"])
+        row("Accepted tokens:", sd["accepted_tokens"])
+        lines.append("Per-position acceptance (%):")
+        for i, rate in enumerate(sd["per_position_acceptance_rate"]):
+            row(f"  Position {i}:", _pct(rate))
     if has_slo:
         section("SLO")
         row("Good requests:", summary["num_good"])
