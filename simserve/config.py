@@ -63,6 +63,9 @@ class EngineConfig:
     expert_balancedness: float = 1.0
     # vLLM's speculative_config (sched/spec.py), None: no speculation
     speculative_config: SpeculativeConfig | None = None
+    # vLLM's KV offloading to host memory (kv/offload.py): GiB over all TP ranks, None: off
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str = "native"
 
     @classmethod
     def from_fields(cls, f: Fields) -> EngineConfig:
@@ -87,6 +90,10 @@ class EngineConfig:
             expert_balancedness=f.float("expert_balancedness", 1.0, positive=True, max=1.0),
             speculative_config=SpeculativeConfig.from_fields(f.section("speculative_config"))
             if f.has("speculative_config") else f.any("speculative_config", None),
+            kv_offloading_size=f.float("kv_offloading_size", None, positive=True,
+                                       max=SWAP_SPACE_GB_MAX),
+            kv_offloading_backend=f.str("kv_offloading_backend", "native",
+                                        choices=("native", "lmcache")),
         )
         f.done()
         return cfg
@@ -94,7 +101,8 @@ class EngineConfig:
 
 _ENGINE_OPTIONAL = {"quantization": None, "kv_cache_dtype": "auto",
                     "enable_expert_parallel": False, "expert_balancedness": 1.0,
-                    "speculative_config": None}
+                    "speculative_config": None, "kv_offloading_size": None,
+                    "kv_offloading_backend": "native"}
 
 
 @dataclass(frozen=True)
@@ -315,6 +323,15 @@ def _check_consistency(s: Scenario) -> None:
         if s.engine.preemption_mode == "swap":
             raise ConfigError("engine.speculative_config", "speculative decoding preempts by "
                                                            "recompute only (as vLLM v1)")
+    if s.engine.kv_offloading_size is not None:
+        if s.engine.kv_offloading_backend != "native":
+            raise ConfigError("engine.kv_offloading_backend",
+                              "lmcache is not modelled (its capacity comes from the LMCache "
+                              "server); use native")
+        if not s.engine.enable_prefix_caching:
+            raise ConfigError("engine.kv_offloading_size",
+                              "KV offloading serves prefix hits from host memory: it needs "
+                              "engine.enable_prefix_caching (as vLLM's connector)")
     from simserve.kv.capacity import check_expert_parallel
     if s.engine.enable_expert_parallel:
         check_expert_parallel(s.model, max(2, expert_parallel_size(s)))

@@ -296,6 +296,14 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     summary.update(cluster_summary(rec, replicas, requests))
     if s.engine.speculative_config is not None:
         summary["spec_decode"] = spec_decode_summary(reqs, s.engine.speculative_config.k)
+    if s.engine.kv_offloading_size is not None:
+        tiers = [r.scheduler.blocks for r in replicas
+                 if hasattr(r.scheduler.blocks, "num_offload_blocks")]
+        summary["kv_offload"] = {
+            "host_blocks_per_replica": s.replica.num_offload_blocks,
+            "loaded_blocks": sum(b.num_loaded for b in tiers),
+            "stored_blocks": sum(b.num_stored for b in tiers),
+            "host_evicted_blocks": sum(b.num_host_evicted for b in tiers)}
     if any(delays.values()):
         summary["frontend_delay_ms"] = 1000.0 * max(delays.values())
     tracks = None

@@ -74,3 +74,62 @@ def test_blocks_are_conserved_under_random_traffic():
         assert 0 <= m.num_host_used <= 25
         assert all(m.held(r) * 4 >= p for r, p in live.items())
     assert m.num_loaded > 0 and m.num_host_evicted > 0
+
+
+def test_host_hits_are_loaded_in_the_admitting_step_and_priced_on_the_host_link():
+    from simserve.cards import load_hardware, load_model
+    from simserve.latency.roofline import RooflineModel
+    from simserve.sched import POLICIES, SchedulerLimits
+    from simserve.workload.spec import RequestSpec
+    from simserve.sched.request import Request
+    limits = SchedulerLimits(max_num_seqs=4, max_num_batched_tokens=64,
+                             enable_chunked_prefill=True)
+    m = OffloadingBlockManager(5, 4, 16, source_block_size=4)
+    s = POLICIES["vllm_v1"](limits, m)
+
+    def serve(rid, ids, out=1):
+        req = Request(RequestSpec(rid, 0.0, 13, out, tuple(ids)))
+        s.add(req)
+        plans = []
+        while s.has_work:
+            plans.append(s.schedule())
+            s.complete(plans[-1], 0.0)
+        return req, plans
+
+    serve(1, [1, 2, 3, 4])                   # stores its 3 full blocks on the host
+    serve(2, [5, 6, 7, 8])
+    # request 2's 4 blocks came from the pool's head: the never-used block, request 1's
+    # partial block, then its cached blocks tail first (vLLM's order): its first block
+    # survives on the device, the next two are only on the host
+    req, plans = serve(3, [1, 2, 3, 4])
+    # 12 of 13 prompt tokens cached: 1 block on the device, 2 loaded, 1 token computed
+    assert req.num_cached_tokens == 12 and plans[0].swap_in_blocks == 2 == m.num_loaded
+    assert plans[0].prefill_lens == (1,) and plans[0].prefill_ctx == (12,)
+    tiny = load_model("tiny-llama-45m")
+    roof = RooflineModel(tiny, load_hardware("H100-SXM"), block_size=4)
+    # 2 blocks × 4 tokens × 8,192 B/token over 64 GB/s
+    assert roof.breakdown(plans[0])["swap"] == pytest.approx(2 * 4 * 8192 / 64e9)
+
+
+def test_offload_needs_prefix_caching_and_native_backend():
+    from simserve.config import parse_scenario
+    from simserve.errors import ConfigError
+    raw = {"model": "tiny-llama-45m", "hardware": "H100-SXM",
+           "engine": {"num_gpu_blocks": 64, "max_model_len": 512, "kv_offloading_size": 1.0},
+           "workload": {"num_requests": 2, "rate": 1, "prompt": {"dist": "fixed", "value": 8},
+                        "output": {"dist": "fixed", "value": 4}}}
+    with pytest.raises(ConfigError, match="enable_prefix_caching") as e:
+        parse_scenario(raw)
+    assert e.value.field == "engine.kv_offloading_size"
+    raw["engine"]["enable_prefix_caching"] = True
+    raw["engine"]["kv_offloading_backend"] = "lmcache"
+    with pytest.raises(ConfigError, match="not modelled"):
+        parse_scenario(raw)
+    raw["engine"]["kv_offloading_backend"] = "native"
+    s = parse_scenario(raw)
+    # 1 GiB over 1 rank, 16 tokens × 8,192 B per block
+    assert s.replica.num_offload_blocks == 2**30 // (16 * 8192)
+    raw["engine"]["kv_offloading_size"] = -1
+    with pytest.raises(ConfigError) as e:
+        parse_scenario(raw)
+    assert e.value.field == "engine.kv_offloading_size"

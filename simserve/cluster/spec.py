@@ -42,6 +42,7 @@ class ReplicaSpec:
     prefix_caching: bool
     tensor_parallel_size: int
     kv_error: str = ""             # why no KV block fits the device memory, if none does
+    num_offload_blocks: int = 0    # host-memory KV tier (kv_offloading_size), in blocks per rank
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -105,6 +106,10 @@ def resolve(s: Scenario) -> ReplicaSpec:
     if not error and blocks <= facts.reserved_blocks:
         error = ("no memory is left for the KV cache after the weights; raise it, use more "
                  "tensor parallelism, or set engine.num_gpu_blocks")
+    offload = 0
+    if e.kv_offloading_size is not None:
+        from simserve.kv.offload import host_blocks
+        offload = host_blocks(e.kv_offloading_size, tp, block_bytes)
     return ReplicaSpec(s.policy, s.policy_params, limits, max_model_len, e.block_size, blocks,
                        facts.reserved_blocks, host, block_bytes, e.enable_prefix_caching, tp,
-                       error)
+                       error, offload)

@@ -102,6 +102,11 @@ def _group_replicas(s: Scenario, g: GroupConfig, first: int,
     policy = POLICIES[spec.policy]
 
     def kv() -> BlockManager:
+        if spec.num_offload_blocks and g.role != "decode":   # a host tier behind the cache
+            from simserve.kv.offload import OffloadingBlockManager
+            return OffloadingBlockManager(spec.usable_blocks, spec.block_size,
+                                          spec.num_offload_blocks,
+                                          source_block_size=s.workload.hash_block_tokens)
         if spec.prefix_caching and g.role != "decode":   # decode replicas get KV by transfer,
             return PrefixBlockManager(spec.usable_blocks, spec.block_size,    # not from cache
                                       source_block_size=s.workload.hash_block_tokens)

@@ -361,6 +361,10 @@ def format_summary(summary: dict, title: str = "Serving Benchmark Result") -> st
     row("Mean batched tokens per step:", summary["mean_batched_tokens"])
     if "prefix_cache_hit_rate" in summary:
         row("Prefix cache hit rate (%):", _pct(summary["prefix_cache_hit_rate"]))
+    if "kv_offload" in summary:
+        ko = summary["kv_offload"]
+        row("KV offload: blocks loaded from host:", ko["loaded_blocks"])
+        row("KV offload: blocks stored to host:", ko["stored_blocks"])
     if "spec_decode" in summary:
         sd = summary["spec_decode"]
         section("Speculative Decoding")

@@ -402,6 +402,8 @@ class Scheduler:
         if req.num_preemptions == 0:
             req.num_cached_tokens = cached
         req.num_computed_tokens = cached
+        # prefix blocks loaded from a host tier (KV offload): moved in this step
+        batch.swap_in_blocks += blocks.take_loaded()
         self.waiting.popleft()
         req.status = Status.RUNNING
         self.running.append(req)
