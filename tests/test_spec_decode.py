@@ -361,3 +361,20 @@ def _draft_ms(raw) -> float:
     lat = build_latency(s)
     plan = StepPlan((0,), (8,), (8,), (0,), (), 1)
     return lat.draft_s(plan) * 1e3
+
+
+def test_drafter_weights_and_kv_in_the_capacity():
+    from simserve.config import load_scenario
+    from simserve.latency.spec import drafter_weight_bytes
+    s = load_scenario("scenarios/moe_qwen3_ep_fp8.yaml")
+    head = drafter_card(s.model, s.engine.speculative_config)
+    # one dense layer of Qwen3-30B-A3B's shapes: attention 18,874,368 + q/k norms 256 + MLP
+    # 3 · 2048 · 6144 = 37,748,736 + norms 4,096 = 56,627,456 (+ final norm 2,048), 16-bit,
+    # half per rank; the embedding and LM head are the target's
+    assert drafter_weight_bytes(head, s.engine.speculative_config, 2) == 56_629_504 * 2 / 2
+    # a block holds the target's KV (16 · 24,576 B per rank, FP8) and the head's (16 · 512)
+    assert s.replica.kv_block_bytes == 16 * 24_576 + 16 * 512
+    without = load_scenario("scenarios/moe_qwen3_ep_fp8.yaml",
+                            ["engine.speculative_config=null"])
+    assert without.replica.kv_block_bytes == 16 * 24_576
+    assert s.replica.num_gpu_blocks < without.replica.num_gpu_blocks

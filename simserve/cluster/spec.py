@@ -84,12 +84,12 @@ def resolve(s: Scenario) -> ReplicaSpec:
     # its weights on every rank (latency/spec.py says which card prices it)
     drafter = None
     if e.speculative_config is not None:
-        from simserve.latency.spec import drafter_card
+        from simserve.latency.spec import drafter_card, drafter_weight_bytes
         drafter = drafter_card(s.model, e.speculative_config)
     extra_weights = 0.0
     if drafter is not None:
         block_bytes += kv_block_bytes(drafter, e.block_size, tp)
-        extra_weights = drafter.weight_bytes_per_rank(tp)
+        extra_weights = drafter_weight_bytes(drafter, e.speculative_config, tp)
     blocks, error = e.num_gpu_blocks, ""
     if blocks is None:
         try:

@@ -41,6 +41,17 @@ def drafter_card(target: ModelCard, cfg: SpeculativeConfig, path: str = "engine.
                    quantization=None)
 
 
+def drafter_weight_bytes(drafter: ModelCard, cfg: SpeculativeConfig, tp: int) -> float:
+    """The drafter's weights on one rank. EAGLE heads and MTP modules share the target's
+    embedding and LM head (DeepSeek-V3's MTP: "excluding the shared 0.9B Embedding and 0.9B
+    output Head"), so only their layer counts; a draft model brings its own."""
+    total = drafter.weight_bytes_per_rank(tp)
+    if cfg.method == "draft_model":
+        return total
+    shared = drafter.embedding_params * (1 if drafter.tie_word_embeddings else 2)
+    return total - shared * drafter.dtype_bytes / tp
+
+
 class SpeculativeLatency:
     """A latency model plus the drafter's cost of each step."""
 
