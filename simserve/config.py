@@ -26,6 +26,8 @@ from simserve.cluster.spec import ReplicaSpec, resolve
 from simserve.sched import describe, policy_names
 from simserve.sched.params import params_to_dict, read_params
 from simserve.sched.spec import SpeculativeConfig
+
+ALL2ALL_BACKENDS = ("allgather_reducescatter", "deepep_low_latency", "deepep_high_throughput")
 from simserve.workload.config import WorkloadConfig
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -59,6 +61,10 @@ class EngineConfig:
     quantization: str | None = None             # None: the checkpoint's own (the card's)
     kv_cache_dtype: str = "auto"                # auto: the model dtype; fp8 halves KV bytes
     enable_expert_parallel: bool = False        # experts split over the TP ranks, not sharded
+    # vLLM's DP + EP: attention data parallel over DP ranks (each its own scheduler and KV),
+    # experts split over TP × DP ranks, tokens moved by all2all_backend
+    data_parallel_size: int = 1
+    all2all_backend: str = "allgather_reducescatter"
     # simserve's own: mean / max routed load over EP ranks (1 = uniform; SGLang's definition)
     expert_balancedness: float = 1.0
     # vLLM's speculative_config (sched/spec.py), None: no speculation
@@ -87,6 +93,9 @@ class EngineConfig:
             quantization=f.str("quantization", None, choices=QUANTIZATIONS),
             kv_cache_dtype=f.str("kv_cache_dtype", "auto", choices=tuple(KV_CACHE_DTYPES)),
             enable_expert_parallel=f.bool("enable_expert_parallel", False),
+            data_parallel_size=f.int("data_parallel_size", 1, min=1, max=MAX_COUNT),
+            all2all_backend=f.str("all2all_backend", "allgather_reducescatter",
+                                  choices=ALL2ALL_BACKENDS),
             expert_balancedness=f.float("expert_balancedness", 1.0, positive=True, max=1.0),
             speculative_config=SpeculativeConfig.from_fields(f.section("speculative_config"))
             if f.has("speculative_config") else f.any("speculative_config", None),
@@ -101,6 +110,7 @@ class EngineConfig:
 
 _ENGINE_OPTIONAL = {"quantization": None, "kv_cache_dtype": "auto",
                     "enable_expert_parallel": False, "expert_balancedness": 1.0,
+                    "data_parallel_size": 1, "all2all_backend": "allgather_reducescatter",
                     "speculative_config": None, "kv_offloading_size": None,
                     "kv_offloading_backend": "native"}
 
@@ -333,6 +343,16 @@ def _check_consistency(s: Scenario) -> None:
                               "KV offloading serves prefix hits from host memory: it needs "
                               "engine.enable_prefix_caching (as vLLM's connector)")
     from simserve.kv.capacity import check_expert_parallel
+    if s.engine.data_parallel_size > 1:
+        if not s.engine.enable_expert_parallel:
+            raise ConfigError("engine.data_parallel_size",
+                              "simserve models data parallelism as vLLM's DP + EP (attention "
+                              "per DP rank, experts split): set enable_expert_parallel; for "
+                              "independent copies use cluster.replicas")
+        if s.latency.model == "profile":
+            raise ConfigError("engine.data_parallel_size",
+                              "a measured profile does not price DP + EP's all-to-all; use "
+                              "latency.model: roofline")
     if s.engine.enable_expert_parallel:
         check_expert_parallel(s.model, max(2, expert_parallel_size(s)))
 
@@ -479,4 +499,5 @@ def _variant_fields(compare: Any) -> list[tuple[str, dict[str, Any]]]:
 def expert_parallel_size(s: Scenario) -> int:
     """vLLM 0.32: with ``enable_expert_parallel`` the experts are split over all TP (× DP)
     ranks of a replica; without it, 1 (experts TP-sharded)."""
-    return s.engine.tensor_parallel_size if s.engine.enable_expert_parallel else 1
+    e = s.engine
+    return e.tensor_parallel_size * e.data_parallel_size if e.enable_expert_parallel else 1

@@ -306,3 +306,30 @@ def test_fast_forward_equals_stepping_on_the_moe_roofline(case):
     assert _by_replica(fast) == _by_replica(slow)
     for a, b in zip(fast.requests, slow.requests):
         assert a.finish_s == b.finish_s and a.token_times == b.token_times
+
+
+def test_dp_ep_runs_as_ranks_with_their_own_kv():
+    from simserve.engine.build import build_latency, build_replicas
+    raw = _scenario(data_parallel_size=2, enable_expert_parallel=True)
+    s = parse_scenario(raw)
+    reps = build_replicas(s)
+    assert len(reps) == 2 and reps[0].scheduler.blocks is not reps[1].scheduler.blocks
+    lat = build_latency(s)
+    assert "DP 2 EP 2" in lat.label and lat.moe_terms(8)["all2all"] > 0
+    # per rank: attention, embedding, head whole (TP 1), half the experts
+    card = s.model
+    experts = card.routed_expert_params * 2
+    assert card.weight_bytes_per_rank(1, 2) == card.weight_bytes - experts / 2
+    tp_ep = parse_scenario(_scenario(tensor_parallel_size=2, enable_expert_parallel=True))
+    assert s.replica.num_gpu_blocks < tp_ep.replica.num_gpu_blocks   # KV heads not split
+
+
+@pytest.mark.parametrize("engine, words", [
+    ({"data_parallel_size": 2}, "enable_expert_parallel"),
+    ({"data_parallel_size": 2, "enable_expert_parallel": True,
+      "all2all_backend": "pplx_magic"}, "unknown value"),
+])
+def test_bad_dp_knobs(engine, words):
+    with pytest.raises(ConfigError, match=words) as e:
+        parse_scenario(_scenario(**engine))
+    assert e.value.field.startswith("engine.")

@@ -96,8 +96,9 @@ def resolve(s: Scenario) -> ReplicaSpec:
             blocks = kv_capacity_blocks(s.model, s.hardware, block_size=e.block_size,
                                         gpu_memory_utilization=e.gpu_memory_utilization,
                                         tensor_parallel_size=tp, max_num_batched_tokens=budget,
-                                        expert_parallel_size=tp if e.enable_expert_parallel
-                                        else 1, block_bytes=block_bytes,
+                                        expert_parallel_size=tp * e.data_parallel_size
+                                        if e.enable_expert_parallel else 1,
+                                        block_bytes=block_bytes,
                                         extra_weight_bytes=extra_weights)
         except ConfigError as err:
             blocks, error = 0, err.message

@@ -77,8 +77,12 @@ def _moe_options(s: Scenario) -> dict[str, Any]:
     """Expert parallelism and routing skew, for a card with experts (#18)."""
     if not s.model.is_moe:
         return {}
-    return {"enable_expert_parallel": s.engine.enable_expert_parallel,
-            "expert_balancedness": s.engine.expert_balancedness}
+    out = {"enable_expert_parallel": s.engine.enable_expert_parallel,
+           "expert_balancedness": s.engine.expert_balancedness}
+    if s.engine.data_parallel_size > 1:     # DP + EP (roofline only: config refuses profiles)
+        out.update(data_parallel_size=s.engine.data_parallel_size,
+                   all2all_backend=s.engine.all2all_backend)
+    return out
 
 
 def build_replicas(s: Scenario, latency: LatencyModel | None = None) -> list[Replica]:
@@ -115,8 +119,10 @@ def _group_replicas(s: Scenario, g: GroupConfig, first: int,
     def factory() -> Scheduler:   # also a failed replica's fresh start
         return policy(spec.limits, kv(), spec.params, s.seed)
 
+    # vLLM's DP + EP: each DP rank is an engine of its own (scheduler, KV), behind the router
+    ranks = g.replicas * s.engine.data_parallel_size
     return [Replica(first + i, factory(), latency, spec.max_model_len, group=g.name,
-                    role=g.role, factory=factory) for i in range(g.replicas)]
+                    role=g.role, factory=factory) for i in range(ranks)]
 
 
 def engine_options(s: Scenario, replicas: list[Replica]) -> dict[str, Any]:
@@ -127,8 +133,8 @@ def engine_options(s: Scenario, replicas: list[Replica]) -> dict[str, Any]:
     if c.disaggregated:
         # K and V of one token on one rank, per replica: every rank moves its own heads'
         # share over its own link, so the side with fewer ranks sets the time
-        per_rank = [g.scenario.replica.kv_bytes_per_token
-                    for g in groups_of(s) for _ in range(g.replicas)]
+        per_rank = [g.scenario.replica.kv_bytes_per_token for g in groups_of(s)
+                    for _ in range(g.replicas * g.scenario.engine.data_parallel_size)]
         link = c.kv_transfer
         out["decode_router"] = make_router(c.router, s.seed, pool=1)
         out["transfer_s"] = lambda tokens, src, dst: link.seconds(
