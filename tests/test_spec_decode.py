@@ -378,3 +378,37 @@ def test_drafter_weights_and_kv_in_the_capacity():
                             ["engine.speculative_config=null"])
     assert without.replica.kv_block_bytes == 16 * 24_576
     assert s.replica.num_gpu_blocks < without.replica.num_gpu_blocks
+
+
+def test_draft_model_card_is_resolved_and_round_trips():
+    from simserve.config import parse_scenario
+    raw = {"model": "Llama-3.1-8B", "hardware": "H100-SXM",
+           "engine": {"max_model_len": 4096, "speculative_config": {
+               "method": "draft_model", "num_speculative_tokens": 4,
+               "synthetic_acceptance_length": 3.0, "model": "tiny-llama-45m"}},
+           "workload": {"num_requests": 2, "rate": 1, "prompt": {"dist": "fixed", "value": 8},
+                        "output": {"dist": "fixed", "value": 4}}}
+    s = parse_scenario(raw)
+    assert s.engine.speculative_config.model.name == "tiny-llama-45m"
+    hash(s.engine.speculative_config)
+    again = parse_scenario({**raw, "engine": s.to_dict()["engine"]})
+    assert again.engine.speculative_config == s.engine.speculative_config
+    # the draft model keeps its own embedding and LM head: all its weights count
+    bad = {**raw, "engine": {**raw["engine"], "speculative_config": {
+        **raw["engine"]["speculative_config"], "model": "nope"}}}
+    with pytest.raises(ConfigError) as e:
+        parse_scenario(bad)
+    assert e.value.field == "engine.speculative_config.model"
+
+
+def test_profile_prices_a_verify_as_a_chunk_and_scores_every_position():
+    from simserve.latency.profile import ProfileLatency
+    from tests.test_profile_latency import synthetic_profile
+    m = ProfileLatency(synthetic_profile())
+    verify = StepPlan((1, 2), (4, 1), (), (), (100, 60), 2, decode_q=(4, 1))
+    as_chunk = StepPlan((1, 2), (4, 1), (4,), (100,), (60,), 2)
+    v, c = m.breakdown(verify), m.breakdown(as_chunk)
+    assert v["attn_prefill"] == c["attn_prefill"] and v["attn_decode"] == c["attn_decode"]
+    assert v["linear"] == c["linear"]
+    five = StepPlan((1,), (5,), (5,), (0,), (), 5)   # 4 + 1 scored rows
+    assert v["lm_head"] == m.breakdown(five)["lm_head"]

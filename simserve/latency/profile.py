@@ -267,13 +267,23 @@ class ProfileLatency:
             prefill = 0.0
             for q, c in zip(plan.prefill_lens, plan.prefill_ctx):
                 prefill += self._get("attn_prefill", self.prefill, q, c)
+            decode_ctx = plan.decode_ctx
+            if plan.decode_q:
+                # speculative verifies (q > 1 tokens after c cached): priced as chunks on the
+                # measured prefill kernel; single-token decodes as decodes
+                for q, c in zip(plan.decode_q, plan.decode_ctx):
+                    if q > 1:
+                        prefill += self._get("attn_prefill", self.prefill, q, c)
+                decode_ctx = tuple(c for q, c in zip(plan.decode_q, decode_ctx) if q == 1)
             parts["attn_prefill"] = self.layers * prefill
-            if plan.decode_ctx:
-                ctx = sorted(plan.decode_ctx)
+            if decode_ctx:
+                ctx = sorted(decode_ctx)
                 parts["attn_decode"] = self.layers * self._get(
                     "attn_decode", self.decode, ctx, [0, *accumulate(ctx)])
         if plan.num_sampled:
-            parts["lm_head"] = self._get("lm_head", self.lm_head, plan.num_sampled)
+            # a verify scores every one of its q positions
+            rows = plan.num_sampled + plan.num_decode_tokens - len(plan.decode_ctx)
+            parts["lm_head"] = self._get("lm_head", self.lm_head, rows)
             parts["output_tokens"] = self.per_output_token_s * plan.num_sampled
         if self._scaled:
             for name in ("embedding", "linear", "lm_head", "moe"):

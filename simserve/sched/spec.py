@@ -44,7 +44,7 @@ class SpeculativeConfig:
     acceptance_rates: tuple[float, ...]          # unconditional p_1 .. p_k, resolved
     synthetic_acceptance_rates: tuple[float, ...] | None = None
     synthetic_acceptance_length: float | None = None
-    model: object = None                         # draft_model: card spec (name or mapping)
+    model: object = None                         # draft_model: its ModelCard
     prompt_lookup_min: int | None = None         # ngram: recorded, no effect on cost
     prompt_lookup_max: int | None = None
 
@@ -101,6 +101,9 @@ class SpeculativeConfig:
             full = int(drafts)
             resolved = tuple(([1.0] * full + [drafts - full] + [0.0] * k)[:k])
         model = f.any("model", None)
+        if model is not None:
+            from simserve.cards import load_model
+            model = load_model(model, f.where("model"))
         if method == "draft_model" and model is None:
             raise ConfigError(f.where("model"), "method draft_model needs the draft model's "
                                                 "card (a shipped name or a mapping)")
@@ -123,7 +126,9 @@ class SpeculativeConfig:
             out["synthetic_acceptance_rates"] = list(self.synthetic_acceptance_rates)
         else:
             out["synthetic_acceptance_length"] = self.synthetic_acceptance_length
-        for key in ("model", "prompt_lookup_min", "prompt_lookup_max"):
+        if self.model is not None:
+            out["model"] = self.model.to_dict()
+        for key in ("prompt_lookup_min", "prompt_lookup_max"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
