@@ -68,10 +68,15 @@ class CapacityResult:
     aggregate: str = "min"
     slo: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    data_parallel_size: int = 1     # DP + EP (#18): ranks of a replica, each TP GPUs
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tensor_parallel_size * self.data_parallel_size
 
     @property
     def gpus(self) -> int:
-        return self.replicas * self.tensor_parallel_size
+        return self.replicas * self.gpus_per_replica
 
     @property
     def per_gpu_rate(self) -> float:
@@ -103,11 +108,13 @@ class CapacityResult:
             f"attainment at max rate over seeds: min {self.spread['min']:.3f}, "
             f"mean {self.spread['mean']:.3f}, max {self.spread['max']:.3f}",
             f"per GPU: {self.per_gpu_rate:.3g} req/s ({self.replicas} replica(s) × TP "
-            f"{self.tensor_parallel_size} = {self.gpus} GPU(s))",
+            f"{self.tensor_parallel_size}"
+            + (f" × DP {self.data_parallel_size}" if self.data_parallel_size > 1 else "")
+            + f" = {self.gpus} GPU(s))",
         ]
         if self.target_rate is not None:
             need = (f"{self.replicas_needed} replica(s) = "
-                    f"{self.replicas_needed * self.tensor_parallel_size} GPU(s)"
+                    f"{self.replicas_needed * self.gpus_per_replica} GPU(s)"
                     if self.replicas_needed is not None else "not found (see notes)")
             lines.append(f"replicas for {self.target_rate:g} req/s: {need}")
         lines += [f"note: {n}" for n in self.notes]
@@ -122,6 +129,8 @@ class CapacityResult:
             "gpus": self.gpus, "tolerance": self.tolerance, "seeds": self.seeds,
             "aggregate": self.aggregate, "spread": self.spread, "target_rate": self.target_rate,
             "replicas_needed": self.replicas_needed, "notes": self.notes,
+            **({"data_parallel_size": self.data_parallel_size}
+               if self.data_parallel_size > 1 else {}),
         }
 
     def save(self, out: str | Path) -> Path:
@@ -267,7 +276,8 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
         probes=pd.DataFrame(prober.rows, columns=["phase", "rate", "replicas", "seed",
                                                   *PROBE_METRICS, "slo_met"]),
         target_rate=target_rate, replicas_needed=needed,
-        slo={k: v for k, v in s.slo.to_dict().items() if k != "attainment"}, notes=notes)
+        slo={k: v for k, v in s.slo.to_dict().items() if k != "attainment"}, notes=notes,
+        data_parallel_size=s.engine.data_parallel_size)
 
 
 def _bracket(prober: _Prober, rate: float, replicas: int, workload) -> tuple[float, float]:
