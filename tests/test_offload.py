@@ -133,3 +133,74 @@ def test_offload_needs_prefix_caching_and_native_backend():
     with pytest.raises(ConfigError) as e:
         parse_scenario(raw)
     assert e.value.field == "engine.kv_offloading_size"
+
+
+# ---------------------------------------------------------------- through the scheduler
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def offload_cases(draw):
+    from simserve.workload.spec import RequestSpec
+    block_size = draw(st.sampled_from([4, 8, 16]))
+    num_blocks = draw(st.integers(20, 80))
+    host = draw(st.integers(0, 200))
+    n = draw(st.integers(1, 30))
+    specs, t = [], 0.0
+    for i in range(n):
+        t += draw(st.floats(0, 0.02))
+        prompt = draw(st.integers(1, 150))
+        ids = tuple(draw(st.lists(st.integers(0, 2), min_size=-(-prompt // 8),
+                                  max_size=-(-prompt // 8))))
+        specs.append(RequestSpec(i, t, prompt, draw(st.integers(1, 30)), ids))
+    return block_size, num_blocks, host, specs, draw(st.sampled_from(["vllm_v1", "sarathi"]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(offload_cases())
+def test_offload_runs_keep_blocks_and_tokens(case):
+    from simserve.engine import Replica, round_robin, simulate
+    from simserve.sched import POLICIES, SchedulerLimits
+    block_size, num_blocks, host, specs, policy = case
+    limits = SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=128,
+                             enable_chunked_prefill=True, max_model_len=256)
+
+    def run(fast_forward):
+        m = OffloadingBlockManager(num_blocks, block_size, host, source_block_size=8)
+        sched = POLICIES[policy](limits, m, None, 0)
+        sched.record_tokens = True
+        original = sched.schedule
+
+        def checked():
+            plan = original()
+            assert 0 <= m.num_used <= num_blocks and 0 <= m.num_host_used <= host
+            assert plan.swap_in_blocks <= num_blocks
+            for rid, n in zip(plan.request_ids, plan.num_new_tokens):
+                req = next(q for q in sched.running if q.id == rid)
+                assert m.held(rid) * block_size >= req.num_computed_tokens + n
+            return plan
+
+        sched.schedule = checked
+        rec = simulate(specs, [Replica(0, sched, _Toy(), 256)], round_robin(),
+                       fast_forward=fast_forward)
+        return rec, m
+
+    fast, m = run(True)
+    slow, _ = run(False)
+    assert [(r.id, r.status, r.token_times) for r in fast.requests] == \
+        [(r.id, r.status, r.token_times) for r in slow.requests]
+    for r in fast.requests:
+        assert r.status.value in ("finished", "rejected")
+        if r.status.value == "finished":
+            assert len(r.token_times) == r.num_output_tokens
+    assert m.num_used == 0                       # every block back in the pool
+    assert m.num_loaded <= m.num_stored or host == 0
+
+
+class _Toy:
+    label = "toy"
+
+    def step_time(self, plan) -> float:
+        return 1e-3 + 2e-5 * plan.num_batched_tokens + 1e-4 * plan.swap_in_blocks

@@ -91,11 +91,10 @@ class OffloadingBlockManager(PrefixBlockManager):
             got = self.allocate(request_id, num_tokens)
         if got is None:
             return None
-        # the loaded blocks hold their content now: cache them (as a computed block would be)
+        # the loaded blocks hold their content now: cache them (as a computed block would be;
+        # allocate() already did for every block num_tokens fills), which also refreshes
+        # their host entries as most recently used
         self._register_full(request_id, self._tables[request_id], cached_tokens)
-        keys = self._keys_upto(request_id, cached_tokens // self.block_size)
-        for b in range(gpu, gpu + loaded):
-            self._host.move_to_end(keys[b])          # a hit: most recently used
         self.num_loaded += loaded
         self._loading += loaded
         return got
