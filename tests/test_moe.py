@@ -333,3 +333,17 @@ def test_bad_dp_knobs(engine, words):
     with pytest.raises(ConfigError, match=words) as e:
         parse_scenario(_scenario(**engine))
     assert e.value.field.startswith("engine.")
+
+
+def test_int4_and_mxfp4_are_weight_only():
+    card = load_model("Qwen3-30B-A3B")
+    awq = serving_card(card, "awq")
+    # INT4 with an fp16 scale per group of 128: 0.5 + 2/128 bytes per parameter, 16-bit GEMMs
+    assert awq.expert_bytes == awq.linear_bytes == 0.515625 and not awq.fp8_compute
+    oss = serving_card(load_model("gpt-oss-120b"), "mxfp4")
+    assert oss.expert_bytes == 17 / 32 and oss.linear_bytes == 2 and not oss.fp8_compute
+    with pytest.raises(ConfigError, match="no MXFP4"):
+        serving_card(card, "mxfp4")
+    # without FP8 tensor cores (A100) FP8 GEMMs run at the 16-bit peak (vLLM: W8A16 Marlin)
+    a100 = load_hardware("A100-80GB")
+    assert a100.peak_flops_fp8 is None and a100.fp8_flops == a100.peak_flops
