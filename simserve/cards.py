@@ -177,13 +177,15 @@ class HardwareSpec:
     interconnect_bandwidth: float  # B/s per direction between devices (TP all-reduce)
     host_link_bandwidth: float     # B/s per direction to host memory (KV swap)
     source: str = ""
+    efficiency: str = ""           # the roofline's efficiency curve set (latency/efficiency.py)
 
     def to_dict(self) -> dict[str, Any]:
         """The inline form accepted by :func:`load_hardware` (round-trips)."""
         return {"name": self.name, "kind": self.kind, "peak_flops": self.peak_flops,
                 "mem_bandwidth": self.mem_bandwidth, "mem_bytes": self.mem_bytes,
                 "interconnect_bandwidth": self.interconnect_bandwidth,
-                "host_link_bandwidth": self.host_link_bandwidth, "source": self.source}
+                "host_link_bandwidth": self.host_link_bandwidth, "source": self.source,
+                **({"efficiency": self.efficiency} if self.efficiency else {})}
 
 
 def _parse_hardware(raw: Any, path: str) -> HardwareSpec:
@@ -197,9 +199,15 @@ def _parse_hardware(raw: Any, path: str) -> HardwareSpec:
         mem_bytes=int(f.float("mem_bytes", min=mem[0], max=mem[1])),
         interconnect_bandwidth=f.float("interconnect_bandwidth", min=bw[0], max=bw[1]),
         host_link_bandwidth=f.float("host_link_bandwidth", min=bw[0], max=bw[1]),
-        source=f.str("source", default=""))
+        source=f.str("source", default=""),
+        efficiency=f.str("efficiency", default="", choices=("", *efficiency_curve_sets())))
     f.done()
     return spec
+
+
+def efficiency_curve_sets() -> list[str]:
+    """Names of the shipped roofline efficiency curve sets (``data/efficiency/*.json``)."""
+    return sorted(p.stem for p in (DATA_DIR / "efficiency").glob("*.json"))
 
 
 def list_hardware() -> list[str]:
@@ -220,7 +228,7 @@ def _numbers_from_strings(raw: Any) -> Any:
         return raw
     out = dict(raw)
     for key, value in raw.items():
-        if isinstance(value, str) and key not in ("name", "kind", "source"):
+        if isinstance(value, str) and key not in ("name", "kind", "source", "efficiency"):
             try:
                 out[key] = float(value)
             except ValueError:

@@ -136,6 +136,21 @@ def scenario_yaml(s: Scenario, out: Path) -> str:
     return header + yaml.safe_dump(rebase_paths(s.to_dict(), s.base_dir, out), sort_keys=False)
 
 
+def roofline_uses_curves(s: Scenario) -> bool:
+    """Whether the scenario's roofline prices operations with efficiency curves: asked for
+    (``latency.efficiency: curves``), or by default when the hardware names a curve set and no
+    constant efficiency is given."""
+    lat = s.latency
+    if lat.efficiency == "curves" and not s.hardware.efficiency:
+        raise ConfigError("latency.efficiency", f"hardware {s.hardware.name!r} names no "
+                                                "efficiency curves (hardware.efficiency); "
+                                                "use efficiency: constant")
+    if lat.efficiency is not None:
+        return lat.efficiency == "curves"
+    return bool(s.hardware.efficiency) and lat.flops_efficiency is None \
+        and lat.bandwidth_efficiency is None
+
+
 def build_latency(s: Scenario) -> LatencyModel:
     from simserve.latency.roofline import ConstantLatency, LinearLatency, RooflineModel
     lat = s.latency
@@ -159,6 +174,9 @@ def build_latency(s: Scenario) -> LatencyModel:
         return LinearLatency(lat.base_ms / 1000.0, lat.per_token_ms / 1000.0,
                              lat.per_seq_ms / 1000.0)
     kwargs = {}
+    if roofline_uses_curves(s):
+        from simserve.latency.efficiency import load_curves
+        kwargs["curves"] = load_curves(s.hardware.efficiency)
     if lat.step_overhead_ms is not None:
         kwargs["step_overhead_s"] = lat.step_overhead_ms / 1000.0
     if lat.flops_efficiency is not None:

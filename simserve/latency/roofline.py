@@ -1,9 +1,14 @@
 """Step latency from a hardware spec: a roofline per operation, for hardware never measured.
 
-Each operation costs ``max(FLOPs / (peak · flops_efficiency), bytes / (bandwidth ·
-bandwidth_efficiency))`` on one tensor-parallel rank; the step is the sum of the operations of
-every layer, the LM head, the tensor-parallel all-reduces, KV swap transfers and a fixed
-per-step overhead. Formulas, notation and the reasons for the defaults: docs/latency.md.
+Each operation's roofline is ``max(FLOPs / peak, bytes / bandwidth)`` on one tensor-parallel
+rank. With efficiency curves (the default where the hardware names a curve set,
+``latency/efficiency.py``) each operation costs its roofline divided by the efficiency its
+class reaches at its size (measured: small GEMMs, short attention and launch-bound pointwise
+ops fall far below the roofline); with constant efficiencies every operation costs
+``max(FLOPs / (peak · flops_efficiency), bytes / (bandwidth · bandwidth_efficiency))``. The
+step is the sum of the operations of every layer, the LM head, the tensor-parallel
+all-reduces, KV swap transfers and a fixed per-step overhead. Either way an estimate.
+Formulas, notation and the reasons for the defaults: docs/latency.md.
 
 Also two hand-computable models for tests and quick what-ifs: :class:`ConstantLatency` and
 :class:`LinearLatency`.
@@ -12,6 +17,7 @@ Also two hand-computable models for tests and quick what-ifs: :class:`ConstantLa
 from __future__ import annotations
 
 from simserve.cards import HardwareSpec, ModelCard
+from simserve.latency.efficiency import EfficiencyCurves
 from simserve.kv.capacity import check_tensor_parallel, kv_block_bytes, kv_heads_per_rank
 from simserve.sched.plan import StepPlan
 
@@ -23,6 +29,8 @@ DEFAULT_ALLREDUCE_LATENCY_S = 10e-6
 
 # names of the terms of RooflineModel.breakdown, in the order _parts returns them
 PARTS = ("linear", "attention_prefill", "attention_decode", "lm_head", "allreduce", "swap")
+# with efficiency curves, one more: norms, RoPE, residual adds and the KV write
+CURVE_PARTS = PARTS + ("pointwise",)
 
 
 class RooflineModel:
@@ -32,15 +40,25 @@ class RooflineModel:
                  block_size: int = 16, step_overhead_s: float | None = None,
                  flops_efficiency: float = DEFAULT_FLOPS_EFFICIENCY,
                  bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY,
-                 allreduce_latency_s: float = DEFAULT_ALLREDUCE_LATENCY_S):
+                 allreduce_latency_s: float | None = None,
+                 curves: EfficiencyCurves | None = None):
+        """``curves``: price each operation at its class's measured efficiency by size (the
+        constant ``flops_efficiency`` / ``bandwidth_efficiency`` are then unused and must be
+        left at their defaults); None: constant efficiencies for every operation."""
         tp = tensor_parallel_size
         check_tensor_parallel(model, tp)
         if not (0 < flops_efficiency <= 1 and 0 < bandwidth_efficiency <= 1):
             raise ValueError("flops_efficiency and bandwidth_efficiency must be in (0, 1]")
-        self.model, self.hw, self.tp = model, hw, tp
-        self.label = f"roofline ({hw.name} spec)"
+        self.model, self.hw, self.tp, self.curves = model, hw, tp, curves
+        self.label = (f"roofline ({hw.name} spec)" if curves is None else
+                      f"roofline ({hw.name} spec, {curves.name} efficiency curves; estimate)")
         self.step_overhead_s = (DEFAULT_STEP_OVERHEAD_S[hw.kind] if step_overhead_s is None
                                 else step_overhead_s)
+        if allreduce_latency_s is None:
+            allreduce_latency_s = (DEFAULT_ALLREDUCE_LATENCY_S if curves is None
+                                   else curves.allreduce_latency_s)
+        if curves is not None:             # rates at 100 %: each op divided by its own η
+            flops_efficiency = bandwidth_efficiency = 1.0
         flops = hw.peak_flops * flops_efficiency      # achieved FLOP/s
         bw = hw.mem_bandwidth * bandwidth_efficiency  # achieved B/s
         d, h, L = model.dtype_bytes, model.hidden_size, model.num_layers
@@ -83,10 +101,18 @@ class RooflineModel:
         else:
             self._ar_tok_s = self._ar_fixed_s = 0.0
         self._swap_block_s = kv_block_bytes(model, block_size, tp) / hw.host_link_bandwidth
+        self._kv_heads = kv_heads_per_rank(model, tp)
+        # Pointwise ops of one layer (curves only; the constant model folds them into the
+        # overhead): bytes per token = two RMSNorms (read, write h), two residual adds (read
+        # 2h, write h), RoPE (read, write Q and K), KV write (read K, V; write them to the cache)
+        self._pw_tok_s = L * (10 * h + 2 * (q + kv) + 4 * kv) * d / bw
+        self._pw_fixed_s = 0.0 if curves is None else L * curves.pointwise_layer_s
 
     def step_time(self, plan: StepPlan) -> float:
         if plan.is_empty:
             return 0.0
+        if self.curves is not None:
+            return sum(self._curve_parts(plan)) + self.step_overhead_s + plan.extra_s
         return sum(self._parts(plan)) + self.step_overhead_s + plan.extra_s
 
     def decode_stretch(self, plan: StepPlan):
@@ -94,6 +120,8 @@ class RooflineModel:
         i): a function ``(i, n) -> list`` of the ``step_time`` of steps i .. i + n - 1.
         Mirrors ``_parts`` operation for operation, so each value is
         bit-identical to ``step_time`` of that step (fast-forward relies on it)."""
+        if self.curves is not None:
+            return self._curve_stretch(plan)
         b = len(plan.decode_ctx)
         if not (plan.prefill_lens or plan.swap_in_blocks or plan.swap_out_blocks
                 or plan.num_sampled != b or plan.extra_s):
@@ -116,6 +144,8 @@ class RooflineModel:
         """``decode_stretch`` of a plain decode step of ``b`` requests whose contexts sum to
         ``total_ctx`` (a roofline decode step depends on nothing else), without building the
         plan: what the engine prices a stretch's later segments with."""
+        if self.curves is not None:
+            return self._curve_stretch_sum(b, total_ctx)
         base = total_ctx + b               # Σ (c + i) + b = base + b·i: exact integers
         terms = self._decode_terms.get(b)
         if terms is None:                  # the terms that depend on b alone (memoised)
@@ -155,9 +185,11 @@ class RooflineModel:
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         """Seconds per component (they sum to :meth:`step_time`)."""
+        names = PARTS if self.curves is None else CURVE_PARTS
         if plan.is_empty:
-            return dict.fromkeys(PARTS + ("overhead",), 0.0)
-        return {**dict(zip(PARTS, self._parts(plan))), "overhead": self.step_overhead_s}
+            return dict.fromkeys(names + ("overhead",), 0.0)
+        parts = self._parts(plan) if self.curves is None else self._curve_parts(plan)
+        return {**dict(zip(names, parts)), "overhead": self.step_overhead_s}
 
     def _linear_s(self, n: int) -> float:
         """The GEMMs of a step of ``n`` tokens, all layers (memoised: the same few token
@@ -200,6 +232,88 @@ class RooflineModel:
         comm = n * self._ar_tok_s + self._ar_fixed_s if n else 0.0
         swap = (plan.swap_out_blocks + plan.swap_in_blocks) * self._swap_block_s
         return linear, prefill, decode, lm_head, comm, swap
+
+
+    # ----------------------------------------------------------------------------------------
+    # With efficiency curves: every term is its roofline at 100 % divided by its class's η.
+    # Decode-only terms depend on (batch, Σ contexts) alone, which is what lets a stretch be
+    # priced without building plans; step_time and the stretches share these helpers, so the
+    # values are bit-identical (fast-forward relies on it).
+
+    def _curve_linear_s(self, n: int) -> float:
+        """GEMMs of a step of ``n`` tokens, all layers (memoised)."""
+        linear = self._linear_at.get(n)
+        if linear is None:
+            linear = 0.0
+            if n:
+                eta = self.curves.gemm(n)
+                for flop_s, weight_s, act_s in self._linear:
+                    linear += max(n * flop_s, weight_s + n * act_s) / eta
+                linear *= self._layers
+            self._linear_at[n] = linear
+        return linear
+
+    def _curve_pointwise_s(self, n: int) -> float:
+        return self._pw_fixed_s + n * self._pw_tok_s / self.curves.pointwise_eta if n else 0.0
+
+    def _curve_lm_s(self, r: int) -> float:
+        if not r:
+            return 0.0
+        return (max(r * self._lm_flop_s, self._lm_weight_s + r * self._lm_row_s)
+                / self.curves.lm_head(r))
+
+    def _curve_decode_s(self, b: int, attended: int) -> float:
+        """Decode attention of ``b`` sequences attending ``attended`` tokens in all, priced at
+        the efficiency of ``b`` × KV heads (sequence, head) pairs at the mean context."""
+        if not b:
+            return 0.0
+        roof = max(attended * self._attn_flop_s, attended * self._kv_tok_s + b * self._q_tok_s)
+        return roof / self.curves.attn_decode(b * self._kv_heads, attended / b - 1)
+
+    def _curve_parts(self, plan: StepPlan) -> tuple[float, ...]:
+        n = sum(plan.prefill_lens) + len(plan.decode_ctx)
+        prefill = 0.0
+        eta = self.curves.attn_prefill
+        for q, c in zip(plan.prefill_lens, plan.prefill_ctx):
+            # one chunk: causal pairs q · (c + (q + 1) / 2); K, V of c + q tokens read
+            roof = max(q * (c + (q + 1) / 2) * self._attn_flop_s,
+                       (c + q) * self._kv_tok_s + q * self._q_tok_s)
+            prefill += roof / eta(q, c)
+        b = len(plan.decode_ctx)
+        decode = self._curve_decode_s(b, sum(plan.decode_ctx) + b)
+        comm = n * self._ar_tok_s + self._ar_fixed_s if n else 0.0
+        swap = (plan.swap_out_blocks + plan.swap_in_blocks) * self._swap_block_s
+        return (self._curve_linear_s(n), prefill, decode, self._curve_lm_s(plan.num_sampled),
+                comm, swap, self._curve_pointwise_s(n))
+
+    def _curve_stretch(self, plan: StepPlan):
+        b = len(plan.decode_ctx)
+        linear, prefill, _, lm_head, comm, swap, pw = self._curve_parts(plan)
+        before, overhead, extra = linear + prefill, self.step_overhead_s, plan.extra_s
+        base = sum(plan.decode_ctx) + b    # Σ (c + i + 1) = base + b·i: exact integers
+        dec = self._curve_decode_s
+
+        def prices(i: int, n: int) -> list[float]:
+            return [((((((before + dec(b, base + b * k)) + lm_head) + comm) + swap) + pw)
+                     + overhead) + extra for k in range(i, i + n)]
+
+        return prices
+
+    def _curve_stretch_sum(self, b: int, total_ctx: int):
+        # a plain decode step: n = b tokens, b rows sampled, no prefill, swap or extra cost
+        linear = self._curve_linear_s(b)
+        lm_head = self._curve_lm_s(b)
+        comm = b * self._ar_tok_s + self._ar_fixed_s if b else 0.0
+        pw = self._curve_pointwise_s(b)
+        before, overhead = linear + 0.0, self.step_overhead_s
+        base = total_ctx + b
+        dec = self._curve_decode_s
+
+        def prices(i: int, n: int) -> list[float]:
+            return [((((((before + dec(b, base + b * k)) + lm_head) + comm) + 0.0) + pw)
+                     + overhead) + 0.0 for k in range(i, i + n)]
+
+        return prices
 
 
 class ConstantLatency:
