@@ -143,10 +143,13 @@ def derive_h100(names: tuple[str, ...], vidur: Path | None) -> dict:
         L = prof["model"]["num_layers"]
         lin, ops, emb = prof["linear"], prof["linear"]["ops"], prof["embedding"]
         toks = lin["tokens"]
-        gemm_t = envelope([ops["qkv_proj"][k] + ops["o_proj"][k] + ops["mlp"][k]
+        # the ops are timed one by one and add up to more than the layer's own replay time
+        # (``linear.seconds``); each is scaled by the layer's time over their sum
+        share = [lin["seconds"][k] / sum(ops[o][k] for o in ops) for k in range(len(toks))]
+        gemm_t = envelope([share[k] * (ops["qkv_proj"][k] + ops["o_proj"][k] + ops["mlp"][k])
                            for k in range(len(toks))])
         gemm = [_eta(roof.gemm(n), t) for n, t in zip(toks, gemm_t)]
-        pw = [sum(ops[o][k] for o in ("input_norm", "rope", "kv_write", "post_norm"))
+        pw = [share[k] * sum(ops[o][k] for o in ("input_norm", "rope", "kv_write", "post_norm"))
               + emb["seconds"][k] / L for k in range(len(toks))]
         pre, dec, lm = prof["attn_prefill"], prof["attn_decode"], prof["lm_head"]
         per.append({
