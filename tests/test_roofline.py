@@ -257,7 +257,7 @@ def test_shipped_curves_are_reproduced_from_their_sources():
 
 def test_scenario_efficiency_field():
     from simserve.config import parse_scenario
-    from simserve.runner import build_latency
+    from simserve.engine.build import build_latency
     base = {"model": "Llama-3.1-8B", "hardware": "H100-SXM",
             "workload": {"num_requests": 1, "rate": 1.0, "prompt": {"dist": "fixed", "value": 10},
                          "output": {"dist": "fixed", "value": 10}}}

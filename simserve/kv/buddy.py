@@ -96,6 +96,23 @@ class BuddyBlockManager(BlockManager):
         self.num_free -= size
         return size
 
+    # bulk verbs of BlockManager: a reserved chunk never grows, so each either fits already or
+    # fails (a request without a chunk gets one through allocate)
+    def allocate_all(self, requests) -> int | None:
+        requests = list(requests)
+        if all(self.blocks_for(n) <= self._held.get(r, 0) for r, n in requests):
+            return 0
+        if len(requests) == 1:
+            return self.allocate(*requests[0])
+        return None
+
+    def grow_to(self, requests: list[tuple[int, int]]) -> int | None:
+        return 0 if all(n <= self._held.get(r, 0) for r, n in requests) else None
+
+    def grow_decodes(self, request_ids, num_tokens) -> bool:
+        return all(self.blocks_for(c + 1) <= self._held.get(r, 0)
+                   for r, c in zip(request_ids, num_tokens))
+
     def free(self, request_id: int) -> int:
         if request_id not in self._chunk:
             return 0
