@@ -30,6 +30,8 @@ from simserve.fields import Fields, join
 from simserve.limits import BANDWIDTH_RANGE, FLOPS_RANGE, MAX_COUNT, MAX_TOKENS, MEM_BYTES_RANGE
 
 DATA_DIR = Path(__file__).parent / "data"
+MLP_KINDS = ("gated", "plain")
+NORM_KINDS = ("rms", "layer")
 
 
 # --------------------------------------------------------------------------------------------
@@ -38,7 +40,10 @@ DATA_DIR = Path(__file__).parent / "data"
 
 @dataclass(frozen=True, slots=True)
 class ModelCard:
-    """Shapes of a Llama-style decoder (RMSNorm, rotary, GQA attention, gated SiLU MLP).
+    """Shapes of a decoder-only transformer: Llama-style by default (RMSNorm, rotary, GQA
+    attention, gated SiLU MLP); OPT/Falcon-style with ``mlp: plain`` (fc1 → activation → fc2),
+    ``norm: layer`` (LayerNorm with a bias), ``linear_bias`` (every linear layer has a bias)
+    and ``learned_positions`` (rows of a learned position table: OPT's 2048 + 2).
 
     Checks raise :class:`ConfigError` whose field is the YAML key (``kv_heads``);
     :func:`load_model` prefixes it with the scenario path.
@@ -57,6 +62,10 @@ class ModelCard:
     qkv_bias: bool = False
     tie_word_embeddings: bool = False
     source: str = ""
+    mlp: str = "gated"             # gated: gate, up (h -> I) and down; plain: fc1, fc2
+    norm: str = "rms"              # rms: one weight vector; layer: weight and bias
+    linear_bias: bool = False      # every linear layer (q, k, v, o, MLP) has a bias
+    learned_positions: int = 0     # rows of a learned position table (0: rotary)
 
     def __post_init__(self) -> None:
         for key, value in (("layers", self.num_layers), ("hidden", self.hidden_size),
@@ -66,6 +75,12 @@ class ModelCard:
                            ("max_position_embeddings", self.max_position_embeddings)):
             if value < 1:
                 raise ConfigError(key, f"must be >= 1, got {value}")
+        if self.mlp not in MLP_KINDS:
+            raise ConfigError("mlp", f"unknown value {self.mlp!r}; expected one of: "
+                                     f"{', '.join(MLP_KINDS)}")
+        if self.norm not in NORM_KINDS:
+            raise ConfigError("norm", f"unknown value {self.norm!r}; expected one of: "
+                                      f"{', '.join(NORM_KINDS)}")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError("kv_heads", f"heads ({self.num_heads}) must be a multiple of "
                                           f"kv_heads ({self.num_kv_heads})")
@@ -84,13 +99,26 @@ class ModelCard:
         return 2 * self.num_layers * self.kv_dim * self.dtype_bytes
 
     @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of h × I in the MLP: 3 gated (gate, up, down), 2 plain (fc1, fc2)."""
+        return 3 if self.mlp == "gated" else 2
+
+    @property
+    def norm_params(self) -> int:
+        return self.hidden_size * (2 if self.norm == "layer" else 1)
+
+    @property
     def layer_params(self) -> int:
-        """One decoder layer: q/k/v/o projections (+ qkv bias), gate/up/down, two RMSNorms."""
-        h = self.hidden_size
+        """One decoder layer: q/k/v/o projections (+ biases), the MLP (+ biases), two norms."""
+        h, i = self.hidden_size, self.intermediate_size
         attn = h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
-        if self.qkv_bias:
+        if self.qkv_bias or self.linear_bias:
             attn += self.q_dim + 2 * self.kv_dim
-        return attn + 3 * h * self.intermediate_size + 2 * h
+        mlp = self.mlp_matrices * h * i
+        if self.linear_bias:
+            attn += h                                         # o
+            mlp += (self.mlp_matrices - 1) * i + h            # up(, gate) and down
+        return attn + mlp + 2 * self.norm_params
 
     @property
     def embedding_params(self) -> int:
@@ -98,10 +126,10 @@ class ModelCard:
 
     @property
     def num_params(self) -> int:
-        """Embedding + layers + final norm + LM head (unless tied to the embedding)."""
+        """Embedding (+ learned positions) + layers + final norm + LM head (unless tied)."""
         lm_head = 0 if self.tie_word_embeddings else self.embedding_params
-        return (self.embedding_params + self.num_layers * self.layer_params
-                + self.hidden_size + lm_head)
+        return (self.embedding_params + self.learned_positions * self.hidden_size
+                + self.num_layers * self.layer_params + self.norm_params + lm_head)
 
     @property
     def weight_bytes(self) -> int:
@@ -115,7 +143,13 @@ class ModelCard:
                 "vocab": self.vocab_size,
                 "max_position_embeddings": self.max_position_embeddings,
                 "dtype_bytes": self.dtype_bytes, "qkv_bias": self.qkv_bias,
-                "tie_word_embeddings": self.tie_word_embeddings, "source": self.source}
+                "tie_word_embeddings": self.tie_word_embeddings, "source": self.source,
+                # the non-Llama architecture fields only where set (older outputs unchanged)
+                **{k: v for k, v, default in (("mlp", self.mlp, "gated"),
+                                              ("norm", self.norm, "rms"),
+                                              ("linear_bias", self.linear_bias, False),
+                                              ("learned_positions", self.learned_positions, 0))
+                   if v != default}}
 
 
 def _parse_model(raw: Any, path: str) -> ModelCard:
@@ -138,7 +172,11 @@ def _parse_model(raw: Any, path: str) -> ModelCard:
               dtype_bytes=f.int("dtype_bytes", default=2, min=1, max=8),
               qkv_bias=f.bool("qkv_bias", default=False),
               tie_word_embeddings=f.bool("tie_word_embeddings", default=False),
-              source=f.str("source", default=""))
+              source=f.str("source", default=""),
+              mlp=f.str("mlp", default="gated", choices=MLP_KINDS),
+              norm=f.str("norm", default="rms", choices=NORM_KINDS),
+              linear_bias=f.bool("linear_bias", default=False),
+              learned_positions=f.int("learned_positions", default=0, min=0, max=MAX_TOKENS))
     f.done()
     try:
         return ModelCard(**kw)

@@ -83,3 +83,117 @@ def test_buddy_reservation_larger_than_any_region_takes_the_empty_pool():
     assert bm.free(1) == 2 and bm.largest_free() == 8
     assert bm.can_allocate(2, 10) and bm.allocate(2, 10) == 12 and bm.num_free == 0
     assert bm.free(2) == 12 and bm.largest_free() == 8 and bm.num_free == 12
+
+
+# ---------------------------------------------------------------- inputs of the papers
+
+def test_exponential_lengths_capped_and_truncated():
+    import numpy as np
+    from pathlib import Path
+    from simserve.fields import Fields
+    from simserve.workload.config import LengthDist
+    from simserve.workload.synthetic import sample_lengths
+    rng = np.random.default_rng(0)
+    capped = LengthDist.from_fields(Fields({"dist": "exponential", "mean": 128, "max": 32}, "o"))
+    x = sample_lengths(capped, 20000, rng, Path("."), "o")
+    # P(X > 32) = e^-0.25 = 0.7788: that mass sits at the cap
+    assert x.max() == 32 and abs((x == 32).mean() - np.exp(-0.25)) < 0.015
+    trunc = LengthDist.from_fields(Fields({"dist": "truncated_exponential", "mean": 128,
+                                           "max": 32}, "o"))
+    y = sample_lengths(trunc, 20000, rng, Path("."), "o")
+    # E[X | X <= c] = m - c·e^(-c/m) / (1 - e^(-c/m)) = 128 - 32·0.7788/0.2212 = 15.33
+    assert y.max() <= 32 and abs(y.mean() - 15.33) < 0.3
+    free = LengthDist.from_fields(Fields({"dist": "exponential", "mean": 128}, "o"))
+    assert abs(sample_lengths(free, 20000, rng, Path("."), "o").mean() - 128) < 3
+
+
+def test_truncated_exponential_needs_a_cap():
+    from simserve.errors import ConfigError
+    from simserve.fields import Fields
+    from simserve.workload.config import LengthDist
+    with pytest.raises(ConfigError, match=r"o\.max"):
+        LengthDist.from_fields(Fields({"dist": "truncated_exponential", "mean": 128}, "o"))
+
+
+@pytest.mark.parametrize("name, params_b, kv_bytes", [
+    # digest papers-17 §6, [D] from the config.json shapes
+    ("OPT-13B", 12.85, 819_200), ("OPT-66B", 65.72, 2_359_296), ("OPT-175B", 174.60, 4_718_592),
+    ("Mistral-7B-v0.2", 7.24, 131_072), ("Yi-34B", 34.39, 245_760),
+    ("Falcon-180B", 178.56, 163_840)])
+def test_paper_model_cards(name, params_b, kv_bytes):
+    from simserve.cards import load_model
+    card = load_model(name)
+    assert round(card.num_params / 1e9, 2) == params_b
+    assert card.kv_bytes_per_token == kv_bytes
+
+
+def test_opt_layer_by_hand():
+    from simserve.cards import load_model
+    c = load_model("OPT-13B")
+    h, i = 5120, 20480
+    # q, k, v, o with biases; fc1, fc2 with biases; two LayerNorms (weight + bias)
+    assert c.layer_params == 4 * h * h + 4 * h + 2 * h * i + i + h + 2 * 2 * h
+    # embedding 50272·h + positions 2050·h + 40 layers + final LayerNorm; head tied
+    assert c.num_params == 50272 * h + 2050 * h + 40 * c.layer_params + 2 * h
+
+
+def test_plain_mlp_roofline_reads_two_matrices():
+    import dataclasses
+    from simserve.cards import load_hardware, load_model
+    from simserve.latency import RooflineModel
+    opt = load_model("OPT-13B")
+    gated = dataclasses.replace(opt, mlp="gated")
+    hw = load_hardware("A100-40GB")
+    plain_w = sum(w for _, w, _ in RooflineModel(opt, hw)._linear)
+    gated_w = sum(w for _, w, _ in RooflineModel(gated, hw)._linear)
+    # one h × I matrix fewer, read at 0.8 · 1.555 TB/s
+    assert gated_w - plain_w == pytest.approx(5120 * 20480 * 2 / (0.8 * 1.555e12))
+
+
+# ---------------------------------------------------------------- the papers' criteria
+
+def _summary(slo):
+    import pandas as pd
+    from simserve.metrics.summary import summarize
+    # two requests: A arrives 0, first scheduled 0.5, tokens at 1, 2, 4 (gaps 1, 2);
+    # B arrives 1, scheduled 1.0, tokens at 2, 2.5 (gap 0.5)
+    req = pd.DataFrame({
+        "status": ["finished", "finished"], "arrival_s": [0.0, 1.0],
+        "first_scheduled_s": [0.5, 1.0], "first_token_s": [1.0, 2.0], "finish_s": [4.0, 2.5],
+        "num_prompt_tokens": [10, 10], "num_output_tokens": [3, 2], "num_preemptions": [0, 0],
+        "reject_reason": ["", ""], "replica": [0, 0]})
+    steps = pd.DataFrame({k: [] for k in ("replica", "start_s", "duration_s", "kv_blocks_used",
+                                          "kv_blocks_total", "num_running", "num_waiting",
+                                          "num_batched_tokens")})
+    import numpy as np
+    return summarize(req, [np.array([1.0, 2.0, 4.0]), np.array([2.0, 2.5])], steps, slo)
+
+
+def test_run_level_criteria_by_hand():
+    from simserve.metrics.slo import SloConfig
+    s = _summary(SloConfig(tbt_ms=1900, tbt_percentile=50, scheduling_delay_ms=300,
+                           normalized_latency_ms=1000))
+    # normalized: A 4 s / 3 = 1333.3 ms, B 1.5 s / 2 = 750 ms: mean 1041.7 ms
+    assert s["mean_normalized_latency_ms"] == pytest.approx(1041.6667, rel=1e-6)
+    # scheduling delay: A 0.5 s, B 0 s: median 250 ms
+    assert s["median_scheduling_delay_ms"] == pytest.approx(250)
+    # pooled gaps 1, 2, 0.5 s: median 1000 ms
+    assert s["slo_tbt_ms"] == pytest.approx(1000)
+    assert s["slo_scheduling_delay_ms"] == pytest.approx(250)
+    assert s["slo_normalized_latency_ms"] == pytest.approx(1041.6667, rel=1e-6)
+    assert s["slo_attainment"] == 1.0        # no per-request limit: every finished one counts
+    assert s["slo_met"] is False             # 1041.7 > 1000
+    ok = _summary(SloConfig(tbt_ms=2100, scheduling_delay_ms=300, normalized_latency_ms=1100))
+    # P99 of gaps (0.5, 1, 2): 2 - 0.02·(2 - 1) = 1.98 s
+    assert ok["slo_tbt_ms"] == pytest.approx(1980) and ok["slo_met"] is True
+
+
+def test_run_level_criteria_parse_and_validate():
+    from simserve.errors import ConfigError
+    from simserve.fields import Fields
+    from simserve.metrics.slo import SloConfig
+    slo = SloConfig.from_fields(Fields({"tbt_ms": 100, "scheduling_delay_ms": 2000}, "slo"))
+    assert slo.tbt_percentile == 99 and slo.scheduling_delay_percentile == 50
+    assert slo.to_dict()["tbt_ms"] == 100 and not slo.is_empty and not slo.has_request_limits
+    with pytest.raises(ConfigError, match=r"slo\.tbt_percentile"):
+        SloConfig.from_fields(Fields({"tbt_ms": 100, "tbt_percentile": 120}, "slo"))

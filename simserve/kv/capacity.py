@@ -53,14 +53,14 @@ def activation_reserve_bytes(model: ModelCard, *, max_num_batched_tokens: int,
 
         residual + normed hidden states   2 · T · hidden · dtype
         + the larger of
-          MLP gate/up output + activation 3 · T · intermediate / TP · dtype
+          MLP gate/up (fc1) output + act  (3 | 2) · T · intermediate / TP · dtype
           logits (bf16 and fp32 copies)   S · vocab · (dtype + 4)
 
     An estimate, not a measurement: the profiler replaces it with the measured peak.
     """
     t, tp, d = max_num_batched_tokens, tensor_parallel_size, model.dtype_bytes
     rows = min(t, max_num_seqs)
-    mlp = 3 * t * model.intermediate_size // tp * d
+    mlp = model.mlp_matrices * t * model.intermediate_size // tp * d   # gate/up or fc1 out + act
     logits = rows * model.vocab_size * (d + 4)
     return 2 * t * model.hidden_size * d + max(mlp, logits)
 

@@ -70,9 +70,13 @@ class RooflineModel:
         linear_ops = [
             (h * (q + 2 * kv), h + q + 2 * kv),  # QKV projection
             (q * h, q + h),                      # O projection
-            (h * 2 * i, h + 2 * i),              # gate and up, fused
-            (i * h, 2 * i + h),                  # SiLU·mul fused into down's input, then down
         ]
+        if model.mlp == "gated":
+            linear_ops += [(h * 2 * i, h + 2 * i),   # gate and up, fused
+                           (i * h, 2 * i + h)]       # SiLU·mul fused into down's input, down
+        else:
+            linear_ops += [(h * i, h + i),           # fc1
+                           (i * h, 2 * i + h)]       # activation fused into fc2's input, fc2
         # per op: (seconds per token of FLOPs, seconds of weight bytes, seconds per token of
         # activation bytes)
         self._linear = [(2 * w / flops, w * d / bw, a * d / bw) for w, a in linear_ops]
