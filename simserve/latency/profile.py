@@ -213,6 +213,9 @@ class ProfileLatency:
         recomputed from the contexts sorted once (no per-step sort or tuple), by the same
         operations as :meth:`breakdown`, so each value is bit-identical to ``step_time`` of that
         step, and the extrapolation counts come out as if each step had been priced."""
+        if plan.padding:                   # static batching's padded steps: step by step
+            return lambda i, n: [self.step_time(plan._replace(
+                decode_ctx=tuple(c + k for c in plan.decode_ctx))) for k in range(i, i + n)]
         before = Counter(self.extrapolated)
         base = self.breakdown(plan)
         again = self.extrapolated - before           # this plan's lookups outside the grid
@@ -245,6 +248,9 @@ class ProfileLatency:
                                "attn_prefill", "attn_decode", "lm_head", "swap"), 0.0)
         if plan.is_empty:
             return parts
+        if plan.padding:                   # padded rows: decodes the device computes too
+            plan = plan._replace(decode_ctx=plan.padded_ctx, padding=0,
+                                 num_sampled=plan.num_sampled + plan.padding)
         parts["overhead"] = self.step_overhead_s
         if self.admission_s and plan.prefill_ctx:
             parts["admission"] = self.admission_s * plan.prefill_ctx.count(0)

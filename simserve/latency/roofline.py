@@ -124,6 +124,8 @@ class RooflineModel:
         i): a function ``(i, n) -> list`` of the ``step_time`` of steps i .. i + n - 1.
         Mirrors ``_parts`` operation for operation, so each value is
         bit-identical to ``step_time`` of that step (fast-forward relies on it)."""
+        if plan.padding:                   # static batching's padded steps: step by step
+            return self._stepwise(plan)
         if self.curves is not None:
             return self._curve_stretch(plan)
         b = len(plan.decode_ctx)
@@ -142,6 +144,13 @@ class RooflineModel:
             return [(((((before + max(a * flop_s, a * kv_s + q_part)) + lm_head) + comm)
                       + swap) + overhead) + extra for a in attended]
 
+        return prices
+
+    def _stepwise(self, plan: StepPlan):
+        def prices(i: int, n: int) -> list[float]:
+            return [self.step_time(plan._replace(decode_ctx=tuple(c + k for c in
+                                                                  plan.decode_ctx)))
+                    for k in range(i, i + n)]
         return prices
 
     def decode_stretch_sum(self, b: int, total_ctx: int):
@@ -209,6 +218,9 @@ class RooflineModel:
         return linear
 
     def _parts(self, plan: StepPlan) -> tuple[float, float, float, float, float, float]:
+        if plan.padding:                   # padded rows: decodes the device computes too
+            plan = plan._replace(decode_ctx=plan.padded_ctx, padding=0,
+                                 num_sampled=plan.num_sampled + plan.padding)
         prefill_tokens = sum(plan.prefill_lens)
         n = prefill_tokens + len(plan.decode_ctx)      # plan.num_batched_tokens
         linear = self._linear_s(n)
@@ -275,6 +287,9 @@ class RooflineModel:
         return roof / self.curves.attn_decode(b * self._kv_heads, attended / b - 1)
 
     def _curve_parts(self, plan: StepPlan) -> tuple[float, ...]:
+        if plan.padding:                   # padded rows: decodes the device computes too
+            plan = plan._replace(decode_ctx=plan.padded_ctx, padding=0,
+                                 num_sampled=plan.num_sampled + plan.padding)
         n = sum(plan.prefill_lens) + len(plan.decode_ctx)
         prefill = 0.0
         eta = self.curves.attn_prefill
@@ -343,5 +358,5 @@ class LinearLatency:
     def step_time(self, plan: StepPlan) -> float:
         if plan.is_empty:
             return 0.0
-        return (self.base_s + self.per_token_s * plan.num_batched_tokens
-                + self.per_seq_s * plan.num_seqs) + plan.extra_s
+        return (self.base_s + self.per_token_s * (plan.num_batched_tokens + plan.padding)
+                + self.per_seq_s * (plan.num_seqs + plan.padding)) + plan.extra_s

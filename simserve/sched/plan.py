@@ -43,6 +43,10 @@ class StepPlan(NamedTuple):
     # seconds the step costs beyond its tokens (a policy's own scheduling overhead, e.g. the
     # LMDeploy-style reschedule cost); every latency model adds it to the step's time
     extra_s: float = 0.0
+    # rows a padded batch computes beyond the real ones (static batching: finished members keep
+    # their row until the batch ends), each a decode at the step's longest decode context;
+    # priced by the latency models, never counted as work (num_batched_tokens excludes them)
+    padding: int = 0
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -59,6 +63,14 @@ class StepPlan(NamedTuple):
     @property
     def num_seqs(self) -> int:
         return len(self.prefill_lens) + len(self.decode_ctx)
+
+    @property
+    def padded_ctx(self) -> tuple[int, ...]:
+        """The decode contexts the device computes: the real ones, then ``padding`` rows at
+        the longest of them."""
+        if not self.padding or not self.decode_ctx:
+            return self.decode_ctx
+        return self.decode_ctx + (max(self.decode_ctx),) * self.padding
 
     @property
     def is_empty(self) -> bool:
