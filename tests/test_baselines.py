@@ -197,3 +197,63 @@ def test_run_level_criteria_parse_and_validate():
     assert slo.to_dict()["tbt_ms"] == 100 and not slo.is_empty and not slo.has_request_limits
     with pytest.raises(ConfigError, match=r"slo\.tbt_percentile"):
         SloConfig.from_fields(Fields({"tbt_ms": 100, "tbt_percentile": 120}, "slo"))
+
+
+# ---------------------------------------------------------------- FastServe's overlapped swaps
+
+def test_overlapped_swaps_cost_only_what_outlasts_the_step():
+    from simserve.cards import load_hardware, load_model
+    from simserve.latency import RooflineModel
+    from simserve.sched.plan import StepPlan
+    roof = RooflineModel(load_model("Llama-3.1-8B"), load_hardware("H100-SXM"))
+    blk = roof._swap_block_s          # 16 tokens x 128 KiB / 64 GB/s = 32.8 µs
+    base = StepPlan((1,), (1,), (), (), (500,), 1)
+    t0 = roof.step_time(base)
+    # 10 blocks on the critical path add 10 transfers
+    assert roof.step_time(base._replace(swap_in_blocks=10)) == pytest.approx(t0 + 10 * blk)
+    # the same 10 moved alongside: hidden under a ~7.6 ms step
+    side = base._replace(swap_out_blocks=4, swap_in_blocks=6, overlapped_swap_blocks=10)
+    assert roof.step_time(side) == t0
+    # 1000 blocks alongside (32.8 ms) outlast the step: the step lasts as long as the link
+    big = base._replace(swap_out_blocks=1000, overlapped_swap_blocks=1000)
+    assert roof.step_time(big) == pytest.approx(1000 * blk)
+    assert sum(roof.breakdown(big).values()) == pytest.approx(roof.step_time(big))
+    assert roof.decode_stretch(big)(0, 2) == [
+        roof.step_time(big._replace(decode_ctx=(500 + i,))) for i in range(2)]
+
+
+def test_fastserve_keeps_a_reserve_and_prefetches_alongside():
+    from simserve.sched import SchedulerLimits
+    from simserve.sched.fastserve import FastServe, FastServeParams
+    from simserve.kv.blocks import BlockManager
+    from simserve.sched.request import Status
+    from tests.helpers import tokens
+    limits = SchedulerLimits(max_num_seqs=2, max_num_batched_tokens=100,
+                             enable_chunked_prefill=False, preemption_mode="swap")
+    # 10 device blocks of 4 tokens, 20 on the host; keep 3 free
+    s = FastServe(limits, BlockManager(10, 4, 20),
+                  FastServeParams(skip_join_tokens=4, reserve_blocks=3))
+    a, b = make_request(0, 12, 8), make_request(1, 12, 8)   # 12 > 4·2: skip-join level 2
+    s.add(a), s.add(b)
+    p = step(s)                       # A, B prefill: 3 blocks each, 4 free >= 3: nothing moved
+    assert tokens(p) == {0: 12, 1: 12} and p.overlapped_swap_blocks == 0
+    c = make_request(2, 4, 8)         # 4 tokens: level 0, ahead of A and B
+    s.add(c)
+    p = step(s)
+    # C prefills (1 block), A decodes (13 tokens: a 4th block): 2 free < 3, so B (paused,
+    # lowest ranked, 3 blocks) is swapped out alongside the step: 5 free
+    assert tokens(p) == {2: 4, 0: 1}
+    assert p.swap_out_blocks == p.overlapped_swap_blocks == 3 and p.num_preempted == 1
+    assert b.status is Status.SWAPPED and s.blocks.num_free == 5
+    # with a reserve of 1: C decodes (a 2nd block: 4 free), A decodes (within its 4 blocks);
+    # 4 free >= 1, nothing to swap out, so B (3 blocks, 3 + 1 <= 4) is swapped back in
+    # alongside a step it does not run in
+    import dataclasses
+    s.params = dataclasses.replace(s.params, reserve_blocks=1)
+    p = step(s)
+    assert tokens(p) == {2: 1, 0: 1} and b.status is Status.RUNNING and b in s.paused
+    assert p.swap_in_blocks == p.overlapped_swap_blocks == 3 and p.swap_out_blocks == 0
+    while 1 not in tokens(p):         # when B runs, its KV is already resident
+        assert b.status is Status.RUNNING
+        p = step(s)
+    assert p.swap_in_blocks == 0

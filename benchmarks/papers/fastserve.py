@@ -26,10 +26,8 @@ def main() -> None:
                   f"{ratio / 6.1:.2f}-{ratio / 2.1:.2f}")]))
     print()
     print("FastServe / vLLM: " + verdict(
-        ratio, 2.1, 6.1, "simserve's fastserve charges every swap-in to the step that needs it "
-        "(the host link on the critical path) and counts its quanta in iterations; FastServe "
-        "swaps proactively on separate streams overlapped with compute and uses time quanta "
-        "(10 ms, x2) from a prefill-time model (issue #17 part 2, not built yet)", TOLERANCE))
+        ratio, 2.1, 6.1, "simserve's fastserve counts its quanta and starvation in iterations; "
+        "FastServe uses time quanta (10 ms, x2) from a prefill-time model", TOLERANCE))
 
 
 if __name__ == "__main__":

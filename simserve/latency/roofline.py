@@ -115,16 +115,23 @@ class RooflineModel:
     def step_time(self, plan: StepPlan) -> float:
         if plan.is_empty:
             return 0.0
-        if self.curves is not None:
-            return sum(self._curve_parts(plan)) + self.step_overhead_s + plan.extra_s
-        return sum(self._parts(plan)) + self.step_overhead_s + plan.extra_s
+        parts = self._parts(plan) if self.curves is None else self._curve_parts(plan)
+        t = sum(parts) + self.step_overhead_s
+        if plan.overlapped_swap_blocks:
+            t += self._hidden_swap(plan, t)
+        return t + plan.extra_s
+
+    def _hidden_swap(self, plan: StepPlan, step_s: float) -> float:
+        """What overlapped swaps add to a step of ``step_s`` seconds: their transfer time on
+        the host link beyond the step's own (they run on a separate stream alongside)."""
+        return max(0.0, plan.overlapped_swap_blocks * self._swap_block_s - step_s)
 
     def decode_stretch(self, plan: StepPlan):
         """Prices of a decode stretch starting with ``plan`` (step i: every context grown by
         i): a function ``(i, n) -> list`` of the ``step_time`` of steps i .. i + n - 1.
         Mirrors ``_parts`` operation for operation, so each value is
         bit-identical to ``step_time`` of that step (fast-forward relies on it)."""
-        if plan.padding:                   # static batching's padded steps: step by step
+        if plan.padding or plan.overlapped_swap_blocks:    # rare shapes: step by step
             return self._stepwise(plan)
         if self.curves is not None:
             return self._curve_stretch(plan)
@@ -202,7 +209,10 @@ class RooflineModel:
         if plan.is_empty:
             return dict.fromkeys(names + ("overhead",), 0.0)
         parts = self._parts(plan) if self.curves is None else self._curve_parts(plan)
-        return {**dict(zip(names, parts)), "overhead": self.step_overhead_s}
+        out = {**dict(zip(names, parts)), "overhead": self.step_overhead_s}
+        if plan.overlapped_swap_blocks:
+            out["swap"] += self._hidden_swap(plan, sum(parts) + self.step_overhead_s)
+        return out
 
     def _linear_s(self, n: int) -> float:
         """The GEMMs of a step of ``n`` tokens, all layers (memoised: the same few token
@@ -246,7 +256,9 @@ class RooflineModel:
         r = plan.num_sampled
         lm_head = max(r * self._lm_flop_s, self._lm_weight_s + r * self._lm_row_s) if r else 0.0
         comm = n * self._ar_tok_s + self._ar_fixed_s if n else 0.0
-        swap = (plan.swap_out_blocks + plan.swap_in_blocks) * self._swap_block_s
+        # on the critical path: every swapped block but those moved alongside the compute
+        swap = (plan.swap_out_blocks + plan.swap_in_blocks - plan.overlapped_swap_blocks) \
+            * self._swap_block_s
         return linear, prefill, decode, lm_head, comm, swap
 
 
@@ -301,7 +313,8 @@ class RooflineModel:
         b = len(plan.decode_ctx)
         decode = self._curve_decode_s(b, sum(plan.decode_ctx) + b)
         comm = n * self._ar_tok_s + self._ar_fixed_s if n else 0.0
-        swap = (plan.swap_out_blocks + plan.swap_in_blocks) * self._swap_block_s
+        swap = (plan.swap_out_blocks + plan.swap_in_blocks - plan.overlapped_swap_blocks) \
+            * self._swap_block_s
         return (self._curve_linear_s(n), prefill, decode, self._curve_lm_s(plan.num_sampled),
                 comm, swap, self._curve_pointwise_s(n))
 

@@ -47,6 +47,9 @@ class StepPlan(NamedTuple):
     # their row until the batch ends), each a decode at the step's longest decode context;
     # priced by the latency models, never counted as work (num_batched_tokens excludes them)
     padding: int = 0
+    # of the swapped blocks above, those moved on a separate stream while this step computes
+    # (FastServe's proactive swaps): they cost only what they outlast the step by
+    overlapped_swap_blocks: int = 0
 
     @property
     def num_prefill_tokens(self) -> int:
