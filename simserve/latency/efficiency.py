@@ -66,9 +66,13 @@ class Curve1D:
     eta: tuple[float, ...]
 
     def __call__(self, size: float) -> float:
+        return self.at_log2(math.log2(max(size, 1.0)))
+
+    def at_log2(self, x: float) -> float:
+        """η at a point already on the axis's log2 scale."""
         if len(self.xs) == 1:
             return self.eta[0]
-        i, w = _locate(self.xs, math.log2(max(size, 1.0)))
+        i, w = _locate(self.xs, x)
         return self.eta[i] + w * (self.eta[i + 1] - self.eta[i])
 
 
@@ -89,6 +93,16 @@ class Curve2D:
         top = v[i][j] + wc * (v[i][j1] - v[i][j])
         bottom = v[i1][j] + wc * (v[i1][j1] - v[i1][j])
         return top + wr * (bottom - top)
+
+
+    def row(self, size: float) -> Curve1D:
+        """η by context at one ``size``: the grid's rows interpolated once (what a decode
+        stretch, one batch size at a growing context, looks up step after step). Its x axis
+        is ``log2(1 + ctx)``: call ``row(size).at_log2(log2(1 + ctx))``."""
+        i, wr = _locate(self.rows, math.log2(max(size, 1.0)))
+        i1 = min(i + 1, len(self.rows) - 1)
+        v = self.eta
+        return Curve1D(self.cols, tuple(a + wr * (b - a) for a, b in zip(v[i], v[i1])))
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ Also two hand-computable models for tests and quick what-ifs: :class:`ConstantLa
 
 from __future__ import annotations
 
+import math
+
 from simserve.cards import HardwareSpec, ModelCard
 from simserve.latency.efficiency import EfficiencyCurves
 from simserve.kv.capacity import check_tensor_parallel, kv_block_bytes, kv_heads_per_rank
@@ -106,6 +108,7 @@ class RooflineModel:
             self._ar_tok_s = self._ar_fixed_s = 0.0
         self._swap_block_s = kv_block_bytes(model, block_size, tp) / hw.host_link_bandwidth
         self._kv_heads = kv_heads_per_rank(model, tp)
+        self._decode_rows: dict = {}       # decode η by context, per batch size (curves)
         # Pointwise ops of one layer (curves only; the constant model folds them into the
         # overhead): bytes per token = two RMSNorms (read, write h), two residual adds (read
         # 2h, write h), RoPE (read, write Q and K), KV write (read K, V; write them to the cache)
@@ -295,8 +298,12 @@ class RooflineModel:
         the efficiency of ``b`` × KV heads (sequence, head) pairs at the mean context."""
         if not b:
             return 0.0
+        row = self._decode_rows.get(b)
+        if row is None:                    # η by context at this batch (memo: stretches)
+            row = self._decode_rows[b] = self.curves.attn_decode.row(b * self._kv_heads)
         roof = max(attended * self._attn_flop_s, attended * self._kv_tok_s + b * self._q_tok_s)
-        return roof / self.curves.attn_decode(b * self._kv_heads, attended / b - 1)
+        # mean context c = attended / b - 1, on the axis as log2(1 + c) = log2(attended / b)
+        return roof / row.at_log2(math.log2(attended / b))
 
     def _curve_parts(self, plan: StepPlan) -> tuple[float, ...]:
         if plan.padding:                   # padded rows: decodes the device computes too
