@@ -30,6 +30,8 @@ from simserve.fields import Fields, join
 from simserve.limits import BANDWIDTH_RANGE, FLOPS_RANGE, MAX_COUNT, MAX_TOKENS, MEM_BYTES_RANGE
 
 DATA_DIR = Path(__file__).parent / "data"
+MLP_KINDS = ("gated", "plain")
+NORM_KINDS = ("rms", "layer")
 
 
 # --------------------------------------------------------------------------------------------
@@ -56,9 +58,13 @@ KV_CACHE_DTYPES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m
 
 @dataclass(frozen=True, slots=True)
 class ModelCard:
-    """Shapes of a decoder: Llama-style (RMSNorm, rotary, GQA attention, gated SiLU MLP), or a
-    mixture of experts (routed gated-SiLU experts, optional shared expert and dense layers
-    first), with GQA or DeepSeek's MLA attention.
+    """Shapes of a decoder-only transformer: Llama-style by default (RMSNorm, rotary, GQA
+    attention, gated SiLU MLP); OPT/Falcon-style with ``mlp: plain`` (fc1 → activation → fc2),
+    ``norm: layer`` (LayerNorm with a bias), ``linear_bias`` (every attention and dense-MLP
+    linear has a bias) and ``learned_positions`` (rows of a learned position table: OPT's
+    2048 + 2); or a mixture of experts (routed gated-SiLU experts, optional shared expert and
+    dense layers first), with GQA or DeepSeek's MLA attention. ``mlp`` and ``linear_bias``
+    describe the dense MLP; routed and shared experts are gated, with ``expert_bias``.
 
     The card describes the checkpoint as released (``weight_dtype``, ``expert_weight_dtype``);
     ``quantization`` and ``kv_cache_dtype`` are the engine's knobs (vLLM's names), attached by
@@ -81,6 +87,10 @@ class ModelCard:
     qkv_bias: bool = False
     tie_word_embeddings: bool = False
     source: str = ""
+    mlp: str = "gated"             # gated: gate, up (h -> I) and down; plain: fc1, fc2
+    norm: str = "rms"              # rms: one weight vector; layer: weight and bias
+    linear_bias: bool = False      # every linear layer (q, k, v, o, MLP) has a bias
+    learned_positions: int = 0     # rows of a learned position table (0: rotary)
     # mixture of experts (0 experts: a dense model)
     num_experts: int = 0
     experts_per_token: int = 0
@@ -114,11 +124,23 @@ class ModelCard:
                            ("max_position_embeddings", self.max_position_embeddings)):
             if value < 1:
                 raise ConfigError(key, f"must be >= 1, got {value}")
+        if self.mlp not in MLP_KINDS:
+            raise ConfigError("mlp", f"unknown value {self.mlp!r}; expected one of: "
+                                     f"{', '.join(MLP_KINDS)}")
+        if self.norm not in NORM_KINDS:
+            raise ConfigError("norm", f"unknown value {self.norm!r}; expected one of: "
+                                      f"{', '.join(NORM_KINDS)}")
+        if self.mlp == "plain" and self.num_experts and not self.first_dense_layers:
+            raise ConfigError("mlp", "every layer is MoE here (routed experts are gated); "
+                                     "plain names a dense MLP (fc1, fc2)")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError("kv_heads", f"heads ({self.num_heads}) must be a multiple of "
                                           f"kv_heads ({self.num_kv_heads})")
         self._check_moe()
         self._check_mla()
+        if self.linear_bias and self.is_mla:
+            raise ConfigError("linear_bias", "names q/k/v/o biases of GQA attention; MLA's "
+                                             "projections have none here")
         for key, dtype in (("weight_dtype", self.weight_dtype),
                            ("expert_weight_dtype", self.expert_weight_dtype)):
             if dtype is not None and dtype not in WEIGHT_DTYPES:
@@ -282,9 +304,9 @@ class ModelCard:
     def attention_small_params(self) -> int:
         """Biases, norms and sinks of one attention block (kept at 16 bits)."""
         n = 0
-        if self.qkv_bias:
+        if self.qkv_bias or self.linear_bias:
             n += self.q_dim + 2 * self.kv_dim
-        if self.o_bias:
+        if self.o_bias or self.linear_bias:
             n += self.hidden_size
         if self.qk_norm:
             n += 2 * self.head_dim
@@ -305,11 +327,23 @@ class ModelCard:
         return self.hidden_size * self.num_experts + (self.num_experts if self.router_bias else 0)
 
     @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of h × I in the MLP: 3 gated (gate, up, down), 2 plain (fc1, fc2)."""
+        return 3 if self.mlp == "gated" else 2
+
+    @property
+    def norm_params(self) -> int:
+        return self.hidden_size * (2 if self.norm == "layer" else 1)
+
+    @property
     def layer_params(self) -> int:
-        """One dense decoder layer: attention (+ biases), gate/up/down, two RMSNorms."""
-        h = self.hidden_size
-        return (self.attention_params + self.attention_small_params
-                + 3 * h * self.intermediate_size + 2 * h)
+        """One dense decoder layer: attention (+ biases, norms, sinks), the MLP (gated or
+        plain, + biases), two norms (RMS or LayerNorm)."""
+        h, i = self.hidden_size, self.intermediate_size
+        mlp = self.mlp_matrices * h * i
+        if self.linear_bias:
+            mlp += (self.mlp_matrices - 1) * i + h            # up(, gate) and down
+        return self.attention_params + self.attention_small_params + mlp + 2 * self.norm_params
 
     @property
     def moe_layer_params(self) -> int:
@@ -317,7 +351,7 @@ class ModelCard:
         h = self.hidden_size
         return (self.attention_params + self.attention_small_params + self.router_params
                 + self.num_experts * self.expert_params
-                + 3 * h * self.shared_expert_intermediate + 2 * h)
+                + 3 * h * self.shared_expert_intermediate + 2 * self.norm_params)
 
     @property
     def embedding_params(self) -> int:
@@ -325,10 +359,11 @@ class ModelCard:
 
     @property
     def num_params(self) -> int:
-        """Embedding + layers + final norm + LM head (unless tied to the embedding)."""
+        """Embedding (+ learned positions) + layers + final norm + LM head (unless tied)."""
         lm_head = 0 if self.tie_word_embeddings else self.embedding_params
-        return (self.embedding_params + self.dense_layers * self.layer_params
-                + self.moe_layers * self.moe_layer_params + self.hidden_size + lm_head)
+        return (self.embedding_params + self.learned_positions * self.hidden_size
+                + self.dense_layers * self.layer_params + self.moe_layers * self.moe_layer_params
+                + self.norm_params + lm_head)
 
     @property
     def active_params(self) -> int:
@@ -349,7 +384,7 @@ class ModelCard:
         head, router, norms, biases) at ``dtype_bytes``."""
         h = self.hidden_size
         linear = (self.num_layers * self.attention_params
-                  + self.dense_layers * 3 * h * self.intermediate_size
+                  + self.dense_layers * self.mlp_matrices * h * self.intermediate_size
                   + self.moe_layers * 3 * h * self.shared_expert_intermediate)
         experts = self.routed_expert_params
         rest = self.num_params - linear - experts
@@ -381,8 +416,12 @@ class ModelCard:
         return out
 
 
+# the optional string keys whose values are a fixed set (checked again in __post_init__)
+_KEY_CHOICES = {"mlp": MLP_KINDS, "norm": NORM_KINDS}
 # YAML key, ModelCard attribute, default: the keys to_dict writes only when set
 _OPTIONAL_KEYS = (
+    ("mlp", "mlp", "gated"), ("norm", "norm", "rms"), ("linear_bias", "linear_bias", False),
+    ("learned_positions", "learned_positions", 0),
     ("experts", "num_experts", 0), ("experts_per_token", "experts_per_token", 0),
     ("expert_intermediate", "expert_intermediate", 0),
     ("shared_expert_intermediate", "shared_expert_intermediate", 0),
@@ -459,9 +498,9 @@ def _parse_model(raw: Any, path: str) -> ModelCard:
             kw[attr] = f.bool(key, default=default)
         elif isinstance(default, int):
             kw[attr] = f.int(key, default=default, min=0 if key != "experts" else None,
-                             max=MAX_COUNT)
+                             max=MAX_TOKENS if key == "learned_positions" else MAX_COUNT)
         else:
-            kw[attr] = f.str(key, default=default)
+            kw[attr] = f.str(key, default=default, choices=_KEY_CHOICES.get(key))
     f.done()
     try:
         return ModelCard(**kw)
@@ -507,6 +546,7 @@ class HardwareSpec:
     # all-to-all that spans nodes runs at the scale-out rate
     scaleout_bandwidth: float | None = None
     devices_per_node: int = 8
+    efficiency: str = ""           # the roofline's efficiency curve set (latency/efficiency.py)
 
     @property
     def fp8_flops(self) -> float:
@@ -525,6 +565,8 @@ class HardwareSpec:
             out["scaleout_bandwidth"] = self.scaleout_bandwidth
         if self.devices_per_node != 8:
             out["devices_per_node"] = self.devices_per_node
+        if self.efficiency:
+            out["efficiency"] = self.efficiency
         return out
 
 
@@ -542,9 +584,15 @@ def _parse_hardware(raw: Any, path: str) -> HardwareSpec:
         source=f.str("source", default=""),
         peak_flops_fp8=f.float("peak_flops_fp8", None, min=flops[0], max=flops[1]),
         scaleout_bandwidth=f.float("scaleout_bandwidth", None, min=bw[0], max=bw[1]),
-        devices_per_node=f.int("devices_per_node", 8, min=1, max=MAX_COUNT))
+        devices_per_node=f.int("devices_per_node", 8, min=1, max=MAX_COUNT),
+        efficiency=f.str("efficiency", default="", choices=("", *efficiency_curve_sets())))
     f.done()
     return spec
+
+
+def efficiency_curve_sets() -> list[str]:
+    """Names of the shipped roofline efficiency curve sets (``data/efficiency/*.json``)."""
+    return sorted(p.stem for p in (DATA_DIR / "efficiency").glob("*.json"))
 
 
 def list_hardware() -> list[str]:
@@ -566,7 +614,7 @@ def _numbers_from_strings(raw: Any) -> Any:
     out = dict(raw)
     for key, value in raw.items():
         if isinstance(value, str) and key not in ("name", "kind", "source",
-                                                   "devices_per_node"):
+                                                   "devices_per_node", "efficiency"):
             try:
                 out[key] = float(value)
             except ValueError:

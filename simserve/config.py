@@ -33,7 +33,9 @@ from simserve.workload.config import WorkloadConfig
 PREEMPTION_MODES = ("recompute", "swap")
 DEFAULT_PERCENTILES = (50, 90, 99)
 LATENCY_MODELS = ("roofline", "profile", "constant", "linear")
-_LATENCY_FIELDS = {"roofline": ("step_overhead_ms", "flops_efficiency", "bandwidth_efficiency"),
+ROOFLINE_EFFICIENCY = ("curves", "constant")
+_LATENCY_FIELDS = {"roofline": ("step_overhead_ms", "efficiency", "flops_efficiency",
+                                "bandwidth_efficiency"),
                    "profile": ("path", "step_overhead_ms"), "constant": ("step_ms",),
                    "linear": ("base_ms", "per_token_ms", "per_seq_ms")}
 
@@ -124,6 +126,8 @@ class LatencyConfig:
     step_overhead_ms: float | None = None       # roofline/profile: per-step CPU/scheduling cost
     flops_efficiency: float | None = None       # roofline: achieved fraction of peak FLOP/s
     bandwidth_efficiency: float | None = None   # roofline: achieved fraction of peak bandwidth
+    efficiency: str | None = None               # roofline: "curves" | "constant" (None: curves
+                                                # if the hardware has a set and no constant given)
     step_ms: float | None = None                # constant
     base_ms: float = 0.0                        # linear: base + per token + per sequence
     per_token_ms: float = 0.0
@@ -135,9 +139,15 @@ class LatencyConfig:
         if model == "roofline":
             cfg = cls(model,
                       step_overhead_ms=f.float("step_overhead_ms", None, min=0.0),
+                      efficiency=f.str("efficiency", None, choices=ROOFLINE_EFFICIENCY),
                       flops_efficiency=f.float("flops_efficiency", None, positive=True, max=1.0),
                       bandwidth_efficiency=f.float("bandwidth_efficiency", None, positive=True,
                                                    max=1.0))
+            if cfg.efficiency == "curves":
+                for key in ("flops_efficiency", "bandwidth_efficiency"):
+                    if getattr(cfg, key) is not None:
+                        raise ConfigError(f.where(key), "a constant efficiency applies only "
+                                                        "with efficiency: constant")
         elif model == "profile":
             cfg = cls(model, path=f.str("path"),
                       step_overhead_ms=f.float("step_overhead_ms", 0.0, min=0.0))

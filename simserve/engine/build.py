@@ -20,6 +20,21 @@ if TYPE_CHECKING:
     from simserve.config import Scenario
 
 
+def roofline_uses_curves(s: Scenario) -> bool:
+    """Whether the scenario's roofline prices operations with efficiency curves: asked for
+    (``latency.efficiency: curves``), or by default when the hardware names a curve set and no
+    constant efficiency is given."""
+    lat = s.latency
+    if lat.efficiency == "curves" and not s.hardware.efficiency:
+        raise ConfigError("latency.efficiency", f"hardware {s.hardware.name!r} names no "
+                                                "efficiency curves (hardware.efficiency); "
+                                                "use efficiency: constant")
+    if lat.efficiency is not None:
+        return lat.efficiency == "curves"
+    return bool(s.hardware.efficiency) and lat.flops_efficiency is None \
+        and lat.bandwidth_efficiency is None
+
+
 def build_latency(s: Scenario) -> LatencyModel:
     """The scenario's step-latency model, plus the drafter's cost with speculative decoding
     (latency/spec.py)."""
@@ -31,6 +46,11 @@ def build_latency(s: Scenario) -> LatencyModel:
     lat = s.latency
     kwargs = {k: getattr(lat, k) for k in ("flops_efficiency", "bandwidth_efficiency")
               if lat.model == "roofline" and getattr(lat, k) is not None}
+    if roofline_uses_curves(s):
+        # the drafter is priced as the target's roofline would be: by the curves where the
+        # hardware names them and no constant efficiency is given
+        from simserve.latency.efficiency import load_curves
+        kwargs["curves"] = load_curves(s.hardware.efficiency)
     return SpeculativeLatency(base, spec, s.model, s.hardware,
                               tensor_parallel_size=s.engine.tensor_parallel_size,
                               block_size=s.engine.block_size, **kwargs)
@@ -62,6 +82,9 @@ def _base_latency(s: Scenario) -> LatencyModel:
         return LinearLatency(lat.base_ms / 1000.0, lat.per_token_ms / 1000.0,
                              lat.per_seq_ms / 1000.0)
     kwargs = {}
+    if roofline_uses_curves(s):
+        from simserve.latency.efficiency import load_curves
+        kwargs["curves"] = load_curves(s.hardware.efficiency)
     if lat.step_overhead_ms is not None:
         kwargs["step_overhead_s"] = lat.step_overhead_ms / 1000.0
     if lat.flops_efficiency is not None:

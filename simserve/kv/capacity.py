@@ -71,7 +71,7 @@ def activation_reserve_bytes(model: ModelCard, *, max_num_batched_tokens: int,
 
         residual + normed hidden states   2 · T · hidden · dtype
         + the larger of
-          MLP gate/up output + activation 3 · T · intermediate / TP · dtype
+          MLP gate/up (fc1) output + act  (3 | 2) · T · intermediate / TP · dtype
           (MoE without dense layers: 3 · T · top-k · expert_intermediate / TP · dtype)
           logits (bf16 and fp32 copies)   S · vocab · (dtype + 4)
 
@@ -79,7 +79,7 @@ def activation_reserve_bytes(model: ModelCard, *, max_num_batched_tokens: int,
     """
     t, tp, d = max_num_batched_tokens, tensor_parallel_size, model.dtype_bytes
     rows = min(t, max_num_seqs)
-    mlp = 3 * t * model.intermediate_size // tp * d
+    mlp = model.mlp_matrices * t * model.intermediate_size // tp * d   # gate/up or fc1 out + act
     if model.is_moe and not model.first_dense_layers:
         # every layer routes: each token's top-k expert activations (gate/up out + SiLU);
         # an estimate of the same kind, not a measured fused-MoE workspace

@@ -223,6 +223,9 @@ class ProfileLatency:
         recomputed from the contexts sorted once (no per-step sort or tuple), by the same
         operations as :meth:`breakdown`, so each value is bit-identical to ``step_time`` of that
         step, and the extrapolation counts come out as if each step had been priced."""
+        if plan.padding or plan.overlapped_swap_blocks:    # rare shapes: step by step
+            return lambda i, n: [self.step_time(plan._replace(
+                decode_ctx=tuple(c + k for c in plan.decode_ctx))) for k in range(i, i + n)]
         before = Counter(self.extrapolated)
         base = self.breakdown(plan)
         again = self.extrapolated - before           # this plan's lookups outside the grid
@@ -255,6 +258,7 @@ class ProfileLatency:
                                "attn_prefill", "attn_decode", "lm_head", "swap"), 0.0)
         if plan.is_empty:
             return parts
+        plan = plan.as_computed()          # padded rows: decodes the device computes too
         parts["overhead"] = self.step_overhead_s
         if self.admission_s and plan.prefill_ctx:
             parts["admission"] = self.admission_s * plan.prefill_ctx.count(0)
@@ -291,12 +295,17 @@ class ProfileLatency:
                     parts[name] *= self.scale
             parts["attn_prefill"] *= self.prefill_attention_scale
             parts["attn_decode"] *= self.decode_attention_scale
-        parts["swap"] = (plan.swap_in_blocks + plan.swap_out_blocks) * self._swap_block_s
+        # on the critical path: every swapped block but those moved alongside the compute
+        parts["swap"] = (plan.swap_in_blocks + plan.swap_out_blocks
+                         - plan.overlapped_swap_blocks) * self._swap_block_s
         if self.tp_scale != 1.0:
             for name in ("linear", "attn_prefill", "attn_decode", "lm_head"):
                 parts[name] *= self.tp_scale
         if self.allreduce_s is not None:
             parts["allreduce"] = self.allreduce_s(n)
+        if plan.overlapped_swap_blocks:    # a side stream: only what outlasts the step counts
+            side = plan.overlapped_swap_blocks * self._swap_block_s
+            parts["swap"] += max(0.0, side - sum(parts.values()))
         return parts
 
     def _get(self, name: str, grid, *args: float) -> float:

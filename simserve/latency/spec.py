@@ -75,7 +75,8 @@ class SpeculativeLatency:
         if self.drafter is None or plan.is_empty or not plan.num_sampled:
             return 0.0
         first = self.drafter.step_time(plan._replace(extra_s=0.0, swap_in_blocks=0,
-                                                     swap_out_blocks=0))
+                                                     swap_out_blocks=0,
+                                                     overlapped_swap_blocks=0))
         if self.cfg.k == 1:
             return first
         # one token per sampled request: decodes at their context after this step's tokens,

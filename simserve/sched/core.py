@@ -53,8 +53,8 @@ class Batch:
 
     __slots__ = ("token_budget", "seq_budget", "entries", "ids", "new_tokens", "scheduled",
                  "prefills", "first_scheduled", "plan", "num_preempted", "swap_out_blocks",
-                 "swap_in_blocks", "prefill_lens", "prefill_ctx", "decode_ctx", "num_sampled",
-                 "decode_q")
+                 "swap_in_blocks", "overlapped_swap_blocks", "prefill_lens", "prefill_ctx",
+                 "decode_ctx", "num_sampled", "decode_q")
 
     def __init__(self, limits: SchedulerLimits):
         self.token_budget = limits.max_num_batched_tokens
@@ -69,6 +69,7 @@ class Batch:
         self.num_preempted = 0
         self.swap_out_blocks = 0
         self.swap_in_blocks = 0
+        self.overlapped_swap_blocks = 0     # of those, moved alongside the step's compute
         self.prefill_lens: list[int] = []
         self.prefill_ctx: list[int] = []
         self.decode_ctx: list[int] = []
@@ -110,7 +111,8 @@ class Batch:
             tuple(self.ids), tuple(self.new_tokens), tuple(self.prefill_lens),
             tuple(self.prefill_ctx), tuple(self.decode_ctx), self.num_sampled,
             self.swap_out_blocks, self.swap_in_blocks, self.num_preempted, 0.0,
-            tuple(self.decode_q) if self.decode_q is not None else ())
+            tuple(self.decode_q) if self.decode_q is not None else (),
+            overlapped_swap_blocks=self.overlapped_swap_blocks)
         return self.plan
 
 

@@ -48,6 +48,13 @@ class StepPlan(NamedTuple):
     # speculative decoding (#18): query tokens of each decode sequence, in decode_ctx order
     # (1 + the drafts it verifies); empty when every decode feeds one token (no speculation)
     decode_q: tuple[int, ...] = ()
+    # rows a padded batch computes beyond the real ones (static batching: finished members keep
+    # their row until the batch ends), each a decode at the step's longest decode context;
+    # priced by the latency models, never counted as work (num_batched_tokens excludes them)
+    padding: int = 0
+    # of the swapped blocks above, those moved on a separate stream while this step computes
+    # (FastServe's proactive swaps): they cost only what they outlast the step by
+    overlapped_swap_blocks: int = 0
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -69,6 +76,25 @@ class StepPlan(NamedTuple):
     @property
     def num_seqs(self) -> int:
         return len(self.prefill_lens) + len(self.decode_ctx)
+
+    @property
+    def padded_ctx(self) -> tuple[int, ...]:
+        """The decode contexts the device computes: the real ones, then ``padding`` rows at
+        the longest of them."""
+        if not self.padding or not self.decode_ctx:
+            return self.decode_ctx
+        return self.decode_ctx + (max(self.decode_ctx),) * self.padding
+
+    def as_computed(self) -> StepPlan:
+        """The plan the device computes: ``padding`` rows made real decodes at the longest
+        context (each feeding one token and scoring one row); the plan itself when unpadded.
+        What every latency model prices."""
+        if not self.padding:
+            return self
+        return self._replace(decode_ctx=self.padded_ctx, padding=0,
+                             num_sampled=self.num_sampled + self.padding,
+                             decode_q=self.decode_q + (1,) * self.padding if self.decode_q
+                             else ())
 
     @property
     def is_empty(self) -> bool:
