@@ -412,3 +412,22 @@ def test_profile_prices_a_verify_as_a_chunk_and_scores_every_position():
     assert v["linear"] == c["linear"]
     five = StepPlan((1,), (5,), (5,), (0,), (), 5)   # 4 + 1 scored rows
     assert v["lm_head"] == m.breakdown(five)["lm_head"]
+
+
+def test_measured_acceptance_distribution_becomes_rates():
+    # P(a = 0..3) = 0.2, 0.3, 0.1, 0.4 → p_i = P(a > i) = 0.8, 0.5, 0.4; mean length 2.7
+    c = spec(method="eagle3", num_speculative_tokens=3,
+             acceptance_distribution=[0.2, 0.3, 0.1, 0.4])
+    assert c.acceptance_rates == pytest.approx((0.8, 0.5, 0.4))
+    assert c.mean_acceptance_length == pytest.approx(2.7)
+    acc = Acceptance(c, 2)
+    draws = [acc.accepted(r, p, 3) for r in range(200) for p in range(100)]
+    for j, want in enumerate((0.2, 0.3, 0.1, 0.4)):
+        assert draws.count(j) / len(draws) == pytest.approx(want, abs=0.012)
+    assert spec(**c.to_dict()) == c
+    for bad, field in (([0.5, 0.6], "acceptance_distribution"),             # length != k + 1
+                       ([0.5, 0.2, 0.2, 0.2], "acceptance_distribution"),   # sums to 1.1
+                       ([1.2, -0.2, 0, 0], "acceptance_distribution[0]")):
+        with pytest.raises(ConfigError) as e:
+            spec(method="eagle3", num_speculative_tokens=3, acceptance_distribution=bad)
+        assert e.value.field == f"{WHERE}.{field}"

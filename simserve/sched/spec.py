@@ -44,6 +44,8 @@ class SpeculativeConfig:
     acceptance_rates: tuple[float, ...]          # unconditional p_1 .. p_k, resolved
     synthetic_acceptance_rates: tuple[float, ...] | None = None
     synthetic_acceptance_length: float | None = None
+    # simserve's own: a measured distribution of drafts accepted per verify, P(a = 0 .. k)
+    acceptance_distribution: tuple[float, ...] | None = None
     model: object = None                         # draft_model: its ModelCard
     prompt_lookup_min: int | None = None         # ngram: recorded, no effect on cost
     prompt_lookup_max: int | None = None
@@ -77,13 +79,17 @@ class SpeculativeConfig:
         k = f.int("num_speculative_tokens", min=1, max=64)
         rates = f.any("synthetic_acceptance_rates", None)
         length = f.float("synthetic_acceptance_length", None)
+        dist = f.any("acceptance_distribution", None)
         where_r, where_l = f.where("synthetic_acceptance_rates"), f.where(
             "synthetic_acceptance_length")
-        if (rates is None) == (length is None):
+        if sum(x is not None for x in (rates, length, dist)) != 1:
             raise ConfigError(f.path, "give exactly one of synthetic_acceptance_rates or "
                                       "synthetic_acceptance_length (vLLM's synthetic rejection "
-                                      "sampling; simserve samples no draft model)")
-        if rates is not None:
+                                      "sampling; simserve samples no draft model), or "
+                                      "acceptance_distribution (simserve's own)")
+        if dist is not None:
+            resolved = _rates_from_distribution(dist, k, f.where("acceptance_distribution"))
+        elif rates is not None:
             if not isinstance(rates, list) or len(rates) != k:
                 raise ConfigError(where_r, f"must be a list of num_speculative_tokens = {k} "
                                            f"rates, got {rates!r}")
@@ -94,7 +100,7 @@ class SpeculativeConfig:
                 raise ConfigError(where_r, f"must be non-increasing (unconditional rates: "
                                            f"position i needs every earlier one), got {rates}")
             resolved = tuple(float(r) for r in rates)
-        else:
+        if length is not None:
             if not 1.0 <= length <= k + 1:
                 raise ConfigError(where_l, f"must be in [1, {k + 1}], got {length:g}")
             drafts = length - 1
@@ -118,12 +124,15 @@ class SpeculativeConfig:
         f.done()
         return cls(method, k, resolved,
                    tuple(float(r) for r in rates) if rates is not None else None,
-                   length, model, lo, hi)
+                   length, tuple(float(x) for x in dist) if dist is not None else None,
+                   model, lo, hi)
 
     def to_dict(self) -> dict:
         out = {"method": self.method, "num_speculative_tokens": self.k}
         if self.synthetic_acceptance_rates is not None:
             out["synthetic_acceptance_rates"] = list(self.synthetic_acceptance_rates)
+        elif self.acceptance_distribution is not None:
+            out["acceptance_distribution"] = list(self.acceptance_distribution)
         else:
             out["synthetic_acceptance_length"] = self.synthetic_acceptance_length
         if self.model is not None:
@@ -132,6 +141,22 @@ class SpeculativeConfig:
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
+
+
+def _rates_from_distribution(dist, k: int, where: str) -> tuple[float, ...]:
+    """Unconditional per-position rates from a measured distribution of drafts accepted per
+    verify step with all k drafts, ``P(a = 0), …, P(a = k)``: ``p_i = P(a > i)`` (the same
+    draws, so vLLM's synthetic sampler with these rates reproduces the distribution)."""
+    if not isinstance(dist, list) or len(dist) != k + 1:
+        raise ConfigError(where, f"must be a list of num_speculative_tokens + 1 = {k + 1} "
+                                 f"probabilities P(0 accepted) .. P({k} accepted), got {dist!r}")
+    for i, x in enumerate(dist):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1:
+            raise ConfigError(f"{where}[{i}]", f"must be in [0, 1], got {x!r}")
+    total = float(sum(dist))
+    if abs(total - 1.0) > 1e-6:
+        raise ConfigError(where, f"probabilities must sum to 1, got {total:g}")
+    return tuple(min(1.0, max(0.0, float(sum(dist[i + 1:])))) for i in range(k))
 
 
 def _mix(x: int) -> int:
