@@ -396,7 +396,8 @@ class RooflineModel:
         return linear
 
     def _parts(self, plan: StepPlan) -> tuple[float, float, float, float, float, float]:
-        plan = plan.as_computed()          # padded rows: decodes the device computes too
+        if plan.padding:                   # padded rows: decodes the device computes too
+            plan = plan.as_computed()
         if plan.decode_q:
             return self._verify_parts(plan)
         prefill_tokens = sum(plan.prefill_lens)
@@ -500,7 +501,8 @@ class RooflineModel:
         return roof / self._decode_eta(b, attended)
 
     def _curve_parts(self, plan: StepPlan) -> tuple[float, ...]:
-        plan = plan.as_computed()          # padded rows: decodes the device computes too
+        if plan.padding:                   # padded rows: decodes the device computes too
+            plan = plan.as_computed()
         n = plan.num_batched_tokens
         prefill = 0.0
         eta = self.curves.attn_prefill
