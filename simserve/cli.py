@@ -117,7 +117,6 @@ def _report(args, out: Path) -> None:
 def _cmd_run(args) -> int:
     from simserve.config import load_variants
     from simserve.deployment import check
-    from simserve.fmt import format_table
     from simserve.paths import default_out, folder_name, replaced_note
     from simserve.runner import comparison_table, coinciding, run, scenario_yaml
 
@@ -161,6 +160,7 @@ def _cmd_run(args) -> int:
         print(f"simulated {result.summary['num_requests']:,} requests, {result.num_steps:,} "
               f"steps in {wall:.2f} s [latency: {result.latency_label}]; results in {path}/")
     if several and results:
+        from simserve.fmt import format_table   # (pandas: only a compare needs it here)
         table = comparison_table(results)
         print()
         print(format_table(table))

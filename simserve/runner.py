@@ -14,9 +14,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import yaml
 
 from simserve import deployment
@@ -25,14 +25,18 @@ from simserve.engine import Replica, simulate
 from simserve.engine.build import build_replicas, engine_options
 from simserve.errors import SimserveError
 from simserve.latency.base import LatencyModel
-from simserve.metrics.cluster import cluster_summary
 from simserve.metrics.recorder import Recorder
 from simserve.metrics.slo import SloConfig
-from simserve.metrics.summary import format_summary, grouped_levels, summarize
 from simserve.metrics.tokens import itl_sample
 from simserve.paths import rebase_paths
 from simserve.sched.request import Status
 from simserve.workload import build_workload
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas and the summary (which imports it) are imported where the tables are built, after the
+# simulation: `simserve run` starts simulating without paying for them.
 
 REQUEST_COLUMNS = (
     "request_id", "replica", "arrival_s", "num_prompt_tokens", "num_output_tokens", "status",
@@ -94,11 +98,13 @@ class Result:
 
     def table(self) -> str:
         """The printed summary (``vllm bench serve`` layout)."""
+        from simserve.metrics.summary import format_summary
         title = f"simserve: {self.scenario.name} ({self.scenario.policy})"
         return format_summary(self.summary, title=title)
 
     def tokens(self) -> pd.DataFrame:
         """Every output token: ``request_id``, ``token_index`` (0-based), ``time_s``."""
+        import pandas as pd
         ids = self.requests["request_id"].to_numpy()
         counts = [len(t) for t in self.token_times]
         return pd.DataFrame({
@@ -207,6 +213,7 @@ COMPARISON_METRICS = {
 
 def comparison_table(results: dict[str, Result]) -> pd.DataFrame:
     """One row per variant, the headline metrics as columns."""
+    import pandas as pd
     rows = {label: {col: r.summary.get(key) for col, key in COMPARISON_METRICS.items()}
             for label, r in results.items()}
     return pd.DataFrame.from_dict(rows, orient="index")
@@ -216,6 +223,7 @@ def coinciding(results: dict[str, Result]) -> list[list[str]]:
     """Groups of labels whose runs scheduled every step identically (the same steps table and
     the same request times): policies that coincide at these knobs, whose curves hide each
     other in a figure."""
+    import pandas as pd
     groups: dict[tuple, list[str]] = {}
     for label, r in results.items():
         key = (int(pd.util.hash_pandas_object(r.steps.drop(columns="step"), index=False).sum()),
@@ -233,6 +241,10 @@ def frontend_delays(replicas: list[Replica]) -> dict[int, float]:
 
 
 def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
+    import pandas as pd
+
+    from simserve.metrics.cluster import cluster_summary
+    from simserve.metrics.summary import grouped_levels, summarize
     reqs = sorted(rec.requests, key=lambda r: r.id)
     n = len(reqs)
 
@@ -304,6 +316,7 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
 
 def steps_frame(rec: Recorder) -> pd.DataFrame:
     """The per-step table, ordered by start time then replica, numbered from 0."""
+    import pandas as pd
     cols = rec.columns()
     start, replica = cols["start_s"], cols["replica"]
     in_order = bool(np.all((start[1:] > start[:-1]) | (

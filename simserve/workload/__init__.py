@@ -13,7 +13,6 @@ from pathlib import Path
 from simserve.workload.config import RequestClass, WorkloadConfig
 from simserve.workload.spec import RequestSpec
 from simserve.workload.synthetic import generate
-from simserve.workload.traces import load_trace
 
 __all__ = ["RequestClass", "RequestSpec", "WorkloadConfig", "build_workload"]
 
@@ -28,6 +27,7 @@ def build_workload(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[Reque
     """
     if cfg.trace is None:
         return generate(cfg, seed, Path(base_dir))
+    from simserve.workload.traces import load_trace   # (pandas: paid only by trace runs)
     trace = load_trace(cfg.trace, Path(base_dir))
     if trace.num_skipped:
         log.info("%s: skipped %d failed requests (zero output tokens)", cfg.trace.path,

@@ -17,7 +17,6 @@ from simserve.limits import MAX_SECONDS
 from simserve.workload.datasets import read_sharegpt, sample_in_order
 from simserve.workload.config import ArrivalConfig, LengthDist, WorkloadConfig
 from simserve.workload.spec import RequestSpec
-from simserve.workload.traces import read_length_columns, resolve_path
 
 
 def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[RequestSpec]:
@@ -30,6 +29,8 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[RequestSpec
     if n and not arrival[-1] <= MAX_SECONDS:   # a heavy gamma tail can still overshoot
         raise ConfigError("workload.rate", f"the arrivals drawn span {arrival[-1]:.3g} s, more "
                                            f"than the {MAX_SECONDS:g} s a run can represent")
+    if cfg.lengths is not None:   # (traces.py imports pandas: only a run that reads files pays)
+        from simserve.workload.traces import read_length_columns, resolve_path
     if cfg.lengths is not None and cfg.lengths.format == "sharegpt":
         j = cfg.lengths
         prompts, outputs = read_sharegpt(resolve_path(j.path, base_dir, "workload.lengths.path"),
@@ -120,6 +121,7 @@ def sample_lengths(d: LengthDist, n: int, rng: np.random.Generator, base_dir: Pa
         cdf /= cdf[-1]
         x = np.searchsorted(cdf, rng.random(n), side="right") + 1
     elif d.dist == "empirical":
+        from simserve.workload.traces import read_length_columns, resolve_path
         (values,) = read_length_columns(resolve_path(d.path, base_dir, f"{field}.path"),
                                         (d.column,))
         x = values[rng.integers(0, len(values), size=n)]
