@@ -44,6 +44,15 @@ def _parser() -> argparse.ArgumentParser:
                           "stretches (same results, slower; for checking)")
     run.add_argument("--tokens", action="store_true",
                      help="also write tokens.csv: the time of every output token")
+    steps = run.add_mutually_exclusive_group()
+    steps.add_argument("--steps", dest="steps", action="store_true", default=None,
+                       help="write steps.csv, one row per engine iteration, however many (by "
+                            "default only for runs of at most 100,000 steps)")
+    steps.add_argument("--no-steps", dest="steps", action="store_false",
+                       help="do not write steps.csv")
+    run.add_argument("--format", dest="fmt", choices=("csv", "parquet"), default="csv",
+                     help="table format of requests, steps and tokens (parquet needs pyarrow: "
+                          "pip install 'simserve[parquet]')")
     run.add_argument("--metric-percentiles", metavar="P,P,...",
                      help="latency percentiles to report, e.g. 25,50,99 (as vllm bench serve; "
                           "same as --set metric_percentiles=[25,50,99])")
@@ -130,6 +139,9 @@ def _cmd_run(args) -> int:
             if len(variants) == 1:
                 raise
             raise ConfigError(e.field, f"{e.message} (in compare variant {label!r})") from None
+    if args.fmt == "parquet":     # before anything runs, not after the simulation
+        from simserve.runner import need_pyarrow
+        need_pyarrow()
     first = variants[0][1]
     root = Path(args.out) if args.out else default_out(
         first.base_dir / first.output_dir if first.output_dir else
@@ -156,7 +168,7 @@ def _cmd_run(args) -> int:
         note = replaced_note(out, scenario_yaml(result.scenario, out))
         if note:
             print(f"note: {note}", file=sys.stderr)
-        path = result.save(out, tokens=args.tokens)
+        path = result.save(out, tokens=args.tokens, steps=args.steps, fmt=args.fmt)
         print(f"simulated {result.summary['num_requests']:,} requests, {result.num_steps:,} "
               f"steps in {wall:.2f} s [latency: {result.latency_label}]; results in {path}/")
     if several and results:

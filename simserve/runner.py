@@ -113,21 +113,58 @@ class Result:
             "time_s": np.concatenate(self.token_times) if counts else [],
         })
 
-    def save(self, out_dir: str | Path, *, tokens: bool = False) -> Path:
-        """Write scenario.yaml, requests.csv, steps.csv, summary.json (and tokens.csv when
-        asked); the same scenario and seed give byte-identical files."""
+    def save(self, out_dir: str | Path, *, tokens: bool = False, steps: bool | None = None,
+             fmt: str = "csv") -> Path:
+        """Write scenario.yaml, requests, steps, summary.json (and tokens when asked); the same
+        scenario and seed give byte-identical files.
+
+        ``steps``: every engine iteration as a row (True), none (False), or, by default (None),
+        only when the run has at most ``STEPS_ROWS`` of them: a long run's per-step table is
+        millions of rows nobody asked for (its time-weighted levels are in the summary either
+        way, and ``Result.steps`` still builds it in memory). ``fmt``: ``csv``, or ``parquet``
+        (columnar, typed; needs pyarrow: ``pip install 'simserve[parquet]'``)."""
+        if fmt not in OUTPUT_FORMATS:
+            raise SimserveError(f"output format {fmt!r}: choose one of {', '.join(OUTPUT_FORMATS)}")
+        if fmt == "parquet":
+            need_pyarrow()
         out = Path(out_dir)
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
         (out / "scenario.yaml").write_text(scenario_yaml(self.scenario, out))
-        self.requests.to_csv(out / "requests.csv", index=False, float_format="%.9g")
-        self.steps.to_csv(out / "steps.csv", index=False, float_format="%.9g")
+        # a table of the other format, or a steps table this run does not write, left by an
+        # earlier run in this directory would be read back as this run's (simserve report)
+        for name in ("requests", "steps", "tokens"):
+            for ext in OUTPUT_FORMATS:
+                (out / f"{name}.{ext}").unlink(missing_ok=True)
+        _write_table(self.requests, out / "requests", fmt)
+        if steps or (steps is None and self.num_steps <= STEPS_ROWS):
+            _write_table(self.steps, out / "steps", fmt)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
         if tokens and self.has_token_times:
-            self.tokens().to_csv(out / "tokens.csv", index=False, float_format="%.9g")
+            _write_table(self.tokens(), out / "tokens", fmt)
         return out
+
+
+# Result.save writes the per-step table by default only up to this many rows (about 6 MB of
+# CSV; a run of a few thousand requests): past it, only when asked (`simserve run --steps`).
+STEPS_ROWS = 100_000
+OUTPUT_FORMATS = ("csv", "parquet")
+
+
+def need_pyarrow() -> None:
+    import importlib.util
+    if importlib.util.find_spec("pyarrow") is None:
+        raise SimserveError("output format parquet needs pyarrow, which is not installed "
+                            "(pip install 'simserve[parquet]')")
+
+
+def _write_table(df: pd.DataFrame, stem: Path, fmt: str) -> None:
+    if fmt == "csv":
+        df.to_csv(stem.with_suffix(".csv"), index=False, float_format="%.9g")
+    else:
+        df.to_parquet(stem.with_suffix(".parquet"), index=False, engine="pyarrow")
 
 
 def scenario_yaml(s: Scenario, out: Path) -> str:
