@@ -12,7 +12,6 @@ import json
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -223,7 +222,8 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
     for replica in replicas:
         replica.scheduler.record_tokens = record_tokens
     rec = simulate(specs, replicas, fast_forward=fast_forward,
-                   max_concurrency=s.workload.max_concurrency, **engine_options(s, replicas))
+                   max_concurrency=s.workload.max_concurrency, compact_requests=True,
+                   **engine_options(s, replicas))
     result = collect(s, rec, replicas)
     latency_models = {id(r.latency): r.latency for r in replicas}.values()
     result.latency_label = replicas[0].latency.label
@@ -282,21 +282,15 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
 
     from simserve.metrics.cluster import cluster_summary
     from simserve.metrics.summary import grouped_levels, summarize
-    reqs = sorted(rec.requests, key=lambda r: r.id)
-    n = len(reqs)
-
-    def column(values, dtype=np.float64) -> np.ndarray:   # no intermediate Python list
-        return np.fromiter(values, dtype=dtype, count=n)
-
-    def attr(name: str, dtype=np.int64) -> np.ndarray:   # an attribute, read at C speed
-        return column(map(attrgetter(name), reqs), dtype)
-
-    finished = column((r.status is Status.FINISHED for r in reqs), bool)
+    rec.compact()                   # every request is resolved by now: all into columns
+    cols, row_tracks = rec.resolved.table()
+    n = len(cols["request_id"])
+    status = cols["status"]
+    finished = status == Status.FINISHED.value
     nan = math.nan
-    first = column(r.first_token_s if r.status is Status.FINISHED else nan for r in reqs)
-    finish = column(r.finish_s if r.status is Status.FINISHED else nan for r in reqs)
-    arrival = attr("spec.arrival_s", np.float64)
-    replica_of = attr("replica")
+    first, finish = cols["first_token_s"], cols["finish_s"]
+    arrival = cols["arrival_s"]
+    replica_of = cols["replica"]
     delays = frontend_delays(replicas)
     if any(delays.values()):
         # a front-end delay h (calibrated, docs/fidelity.md): the request reaches the engine
@@ -309,27 +303,14 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
         shift = np.array([delays.get(int(i), 0.0) for i in range(int(replica_of.max()) + 1)]
                          if n else [0.0])[replica_of]
         first, finish = first + shift, finish + shift
-    out = attr("num_output_tokens")
+    out = cols["num_output_tokens"]
     ttft, e2el = first - arrival, finish - arrival
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(finished & (out > 1), (e2el - ttft) / (out - 1), nan)
     requests = pd.DataFrame({
-        "request_id": attr("id"),
-        "replica": replica_of,
-        "arrival_s": arrival,
-        "num_prompt_tokens": attr("num_prompt_tokens"),
-        "num_output_tokens": out,
-        "status": [r.status.value for r in reqs],
-        "reject_reason": [r.reject_reason for r in reqs],
-        "first_scheduled_s": column(nan if r.first_scheduled_s is None else r.first_scheduled_s
-                                    for r in reqs),
-        "first_token_s": first,
-        "finish_s": finish,
-        "num_preemptions": attr("num_preemptions"),
+        **{c: cols[c] for c in REQUEST_COLUMNS if c in cols},
+        "first_token_s": first, "finish_s": finish,
         "ttft_s": ttft, "e2el_s": e2el, "tpot_s": tpot,
-        "priority": attr("spec.priority"),
-        "class": [r.spec.klass for r in reqs],
-        "num_cached_tokens": attr("num_cached_tokens"),
     }, columns=list(REQUEST_COLUMNS))
     logs = [rec.replicas[i] for i in sorted(rec.replicas)]
 
@@ -339,15 +320,15 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
 
     summary = summarize(requests, None, None, s.slo, percentiles=s.metric_percentiles,
                         itl=itl_sample(rec),
-                        class_slos=class_slos(s) if any(r.spec.klass for r in reqs) else None,
+                        class_slos=class_slos(s) if any(cols["class"]) else None,
                         prefix_caching=s.engine.enable_prefix_caching, levels=levels)
     summary.update(cluster_summary(rec, replicas, requests))
     if any(delays.values()):
         summary["frontend_delay_ms"] = 1000.0 * max(delays.values())
     tracks = None
-    if all(r.scheduler.record_tokens for r in replicas):
-        tracks = [(r.tokens, delays.get(r.replica, 0.0)) if ok else (None, 0.0)
-                  for r, ok in zip(reqs, finished)]
+    if row_tracks is not None:
+        tracks = [(t, delays.get(int(i), 0.0)) if t is not None else (None, 0.0)
+                  for t, i in zip(row_tracks, replica_of)]
     return Result(s, requests, None, summary, _recorder=rec, _tracks=tracks)
 
 

@@ -352,7 +352,7 @@ def save_sweep(table: pd.DataFrame, spec: SweepSpec, out: str | Path) -> Path:
         raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
     table.to_csv(out / "sweep.csv", index=False, float_format="%.9g")
     if importlib.util.find_spec("pyarrow") is not None:   # optional, never a dependency
-        table.to_parquet(out / "sweep.parquet", index=False)
+        _nested_as_json(table).to_parquet(out / "sweep.parquet", index=False)
     # paths relative to `out`, so `simserve sweep OUT/sweep.yaml` reruns the same points
     d = spec.to_dict()
     d["scenario"] = rebase_paths(d["scenario"], spec.base_dir, out)
@@ -361,6 +361,17 @@ def save_sweep(table: pd.DataFrame, spec: SweepSpec, out: str | Path) -> Path:
                    for k, values in d[axes].items()}
     (out / "sweep.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
     return out
+
+
+def _nested_as_json(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with mappings and lists (``failed_by_reason``, per-class figures) as JSON
+    text: Parquet cannot store an empty mapping, and a column's mappings differ in keys."""
+    nested = [c for c in table.columns if table[c].dtype == object
+              and any(isinstance(v, (dict, list)) for v in table[c])]
+    if not nested:
+        return table
+    return table.assign(**{c: [json.dumps(v, sort_keys=True) if isinstance(v, (dict, list))
+                               else v for v in table[c]] for c in nested})
 
 
 class _CallableModule(types.ModuleType):

@@ -3,6 +3,7 @@ alternative to CSV, and a start-up that imports neither pandas nor the report be
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,45 @@ def test_startup_imports_no_pandas_asyncio_or_matplotlib():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, check=True)
     assert proc.stdout.strip() == ""
+
+
+def test_sweep_parquet_keeps_nested_figures_as_json(tmp_path):
+    """sweep.parquet (written beside sweep.csv when pyarrow is installed) holds the summary's
+    mappings (failed_by_reason: {} on a clean run, which Parquet cannot store) as JSON text."""
+    pytest.importorskip("pyarrow")
+    import json
+
+    from simserve.sweep import load_sweep, save_sweep
+    (tmp_path / "g.yaml").write_text(f"base: {DATA / 'tiny.yaml'}\ngrid: {{seed: [1, 2]}}\n")
+    spec = load_sweep(tmp_path / "g.yaml")
+    table = simserve.sweep(spec)
+    assert any(isinstance(v, dict) for v in table["failed_by_reason"])
+    out = save_sweep(table, spec, tmp_path / "out")
+    back = pd.read_parquet(out / "sweep.parquet")
+    assert len(back) == 2
+    assert [json.loads(v) for v in back["failed_by_reason"]] == list(table["failed_by_reason"])
+    assert back["request_throughput"].tolist() == table["request_throughput"].tolist()
+
+
+@pytest.mark.parametrize("record_tokens", [False, True])
+def test_resolved_requests_as_columns_give_the_same_results(monkeypatch, record_tokens):
+    """Moving resolved requests into columns during the run (every few arrivals here) changes
+    nothing a run reports, and keeps only the requests in flight as objects."""
+    from simserve.metrics import recorder
+    whole = simserve.run(DATA / "tiny.yaml", record_tokens=record_tokens)
+    assert len(whole._recorder.resolved.chunks) == 1      # a few hundred requests: one, at the end
+    monkeypatch.setattr(recorder, "COMPACT_MIN", 4)
+    live: list[int] = []
+    real = recorder.Recorder.compact
+
+    def compact(self):
+        real(self)
+        live.append(len(self.requests))
+    monkeypatch.setattr(recorder.Recorder, "compact", compact)
+    often = simserve.run(DATA / "tiny.yaml", record_tokens=record_tokens)
+    assert len(often._recorder.resolved.chunks) > 5
+    assert max(live[:-1]) < len(whole.requests) / 4 and live[-1] == 0
+    pd.testing.assert_frame_equal(whole.requests, often.requests)
+    assert json.dumps(whole.summary, sort_keys=True) == json.dumps(often.summary, sort_keys=True)
+    if record_tokens:
+        assert all(np.array_equal(a, b) for a, b in zip(whole.token_times, often.token_times))

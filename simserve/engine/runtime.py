@@ -434,7 +434,7 @@ def arrival_process(env: Clock, c: Runtime) -> Generator[Any, Any, None]:
 
 def _arrive(c: Runtime, spec: RequestSpec) -> None:
     req = Request(spec)
-    c.rec.requests.append(req)
+    c.rec.add_request(req)
     c.dispatch(req)
 
 
