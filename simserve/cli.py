@@ -151,7 +151,10 @@ def _cmd_run(args) -> int:
     for label, scenario in variants:
         t0 = time.perf_counter()
         try:
-            result = run(scenario, record_tokens=args.tokens, fast_forward=not args.stepwise)
+            result = run(scenario, record_tokens=args.tokens, fast_forward=not args.stepwise,
+                         progress=False if args.quiet else
+                         (f"{label} ({len(results) + len(failed) + 1}/{len(variants)})"
+                          if several else True))
         except SimserveError as e:          # the variants already run keep their results
             if not several:
                 raise
@@ -232,7 +235,7 @@ def _cmd_capacity(args) -> int:
     try:
         result = capacity(args.scenario, target_rate=args.target_rate,
                           tolerance=args.tolerance, seeds=args.seeds, overrides=args.overrides,
-                          max_replicas=args.max_replicas, log=log)
+                          max_replicas=args.max_replicas, log=log, progress=not args.quiet)
     except ConfigError as e:      # the API's argument names as the options the user typed
         if e.field in ("tolerance", "seeds", "max_replicas", "target_rate"):
             raise ConfigError("--" + e.field.replace("_", "-"), e.message) from None

@@ -187,16 +187,19 @@ def class_slos(s: Scenario) -> dict[str, SloConfig]:
 
 def run(scenario: Scenario | str | Path, *, latency: LatencyModel | None = None,
         overrides: list[str] | None = None, fast_forward: bool = True,
-        record_tokens: bool = False) -> Result:
+        record_tokens: bool = False, progress: bool | str = False) -> Result:
     """Simulate a scenario (a Scenario, or a path to its YAML) and summarise it.
 
     ``fast_forward=False`` steps one iteration per event; the results are the same (the
     equivalence tests check it), only slower. ``record_tokens=True`` keeps every output
     token's time (``Result.token_times``, ``tokens.csv``); the summary never needs them.
+    ``progress`` shows a bar with an ETA on stderr (or in Jupyter) for a run that takes more
+    than a second, counting requests resolved; a string is its label (default the scenario's
+    name).
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     with _no_cyclic_gc():
-        return _run(s, latency, fast_forward, record_tokens)
+        return _run(s, latency, fast_forward, record_tokens, progress)
 
 
 @contextmanager
@@ -214,16 +217,27 @@ def _no_cyclic_gc():
 
 
 def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
-         record_tokens: bool) -> Result:
+         record_tokens: bool, progress: bool | str = False) -> Result:
     if latency is None:        # a model passed in is the caller's to vouch for
         deployment.check(s)
     specs = build_workload(s.workload, s.seed, s.base_dir)
     replicas = build_replicas(s, latency)
     for replica in replicas:
         replica.scheduler.record_tokens = record_tokens
-    rec = simulate(specs, replicas, fast_forward=fast_forward,
-                   max_concurrency=s.workload.max_concurrency, compact_requests=True,
-                   **engine_options(s, replicas))
+    on_progress = bar = None
+    if progress:
+        from simserve.progress import bar as make_bar
+        bar = make_bar(len(specs), progress if isinstance(progress, str) else s.name, "req")
+
+        def on_progress(done: int) -> None:
+            bar.update(done - bar.n)
+    try:
+        rec = simulate(specs, replicas, fast_forward=fast_forward,
+                       max_concurrency=s.workload.max_concurrency, compact_requests=True,
+                       progress=on_progress, **engine_options(s, replicas))
+    finally:
+        if bar is not None:
+            bar.close()
     result = collect(s, rec, replicas)
     latency_models = {id(r.latency): r.latency for r in replicas}.values()
     result.latency_label = replicas[0].latency.label

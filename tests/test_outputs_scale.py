@@ -157,3 +157,22 @@ def test_resolved_requests_as_columns_give_the_same_results(monkeypatch, record_
     assert json.dumps(whole.summary, sort_keys=True) == json.dumps(often.summary, sort_keys=True)
     if record_tokens:
         assert all(np.array_equal(a, b) for a, b in zip(whole.token_times, often.token_times))
+
+
+def test_progress_bar_of_a_run_and_its_log_interval(monkeypatch, capsys):
+    import io
+
+    from simserve import progress
+    monkeypatch.setattr(progress, "DELAY_S", 0)
+    r = simserve.run(DATA / "tiny.yaml", progress=True)
+    err = capsys.readouterr().err
+    n = len(r.requests)
+    assert "tiny" in err and f"{n}/{n}" in err and "req" in err
+    assert capsys.readouterr().out == ""
+    # not a terminal (a log file): at most one line per LOG_INTERVAL_S
+    bar = progress.bar(10, "x", "req", stream=io.StringIO())
+    assert bar.mininterval == progress.LOG_INTERVAL_S
+    bar.close()
+    quiet = simserve.run(DATA / "tiny.yaml")       # no bar unless asked
+    assert capsys.readouterr().err == ""
+    assert quiet.summary == r.summary

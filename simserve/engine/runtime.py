@@ -100,6 +100,9 @@ class Runtime:
         self.fault_end_rule = observes or (self.disaggregated and self.decode_observes)
         self.entry_observes = observes
         self.pending = len(specs)     # requests not yet finished, rejected or failed
+        # called with the number of requests resolved so far, each time some are (a progress
+        # bar: simulate(progress=...)); None costs nothing
+        self.progress: Callable[[int], None] | None = None
         self.finished = not specs
         self.fault_times: list[float] = []   # pending failure and restart times (a heap)
         self.real: dict[int, Request] = {}   # request id -> the request its proxy prefills
@@ -123,6 +126,8 @@ class Runtime:
             self.gate.release(n)
         if self.pending == 0:
             self.finished = True
+        if self.progress is not None:
+            self.progress(len(self.arrivals.specs) - self.pending)
 
     def finish_steps(self, r: Replica, sched: Scheduler, plan: StepPlan,
                      stretch: Stretch | None, ends: list[float], now: float) -> float:
@@ -148,11 +153,7 @@ class Runtime:
             for proxy in finished:
                 self.handoff(r, proxy, now)
             return
-        self.pending -= len(finished)
-        if self.gate is not None:
-            self.gate.release(len(finished))
-        if self.pending == 0:
-            self.finished = True
+        self.resolve(len(finished))
 
     # -- arrivals and routing --------------------------------------------------------------
     def live(self, pool: list[Replica]) -> list[Replica]:
