@@ -53,13 +53,16 @@ class Arrivals:
         self.specs = specs
         self.next = 0
         self.done = False
-        self.next_time = specs[0].arrival_s if specs else INF   # (read at every step)
+        # the arrival times as a column where the workload has one (SpecColumns): the next
+        # time is read without making that request's spec
+        self.times = getattr(specs, "arrival_s", None) or [s.arrival_s for s in specs]
+        self.next_time = self.times[0] if specs else INF   # (read at every step)
 
     def advance(self) -> RequestSpec:
         """The next arrival's spec; the cursor moves past it."""
         spec = self.specs[self.next]
         self.next += 1
-        self.next_time = self.specs[self.next].arrival_s if self.next < len(self.specs) else INF
+        self.next_time = self.times[self.next] if self.next < len(self.times) else INF
         return spec
 
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,8 +20,10 @@ __all__ = ["RequestClass", "RequestSpec", "WorkloadConfig", "build_workload"]
 log = logging.getLogger(__name__)
 
 
-def build_workload(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[RequestSpec]:
-    """The requests of ``cfg``, sorted by arrival then id, with ids 0..n-1 in that order.
+def build_workload(cfg: WorkloadConfig, seed: int, base_dir: Path) -> Sequence[RequestSpec]:
+    """The requests of ``cfg``, sorted by arrival then id, with ids 0..n-1 in that order (a
+    synthetic workload as columns, ``SpecColumns``: a sequence that makes each spec on
+    reading; a trace as a list).
 
     ``seed`` drives synthetic workloads (a trace replay ignores it); relative file paths in
     ``cfg`` are resolved against ``base_dir``, the scenario file's directory.

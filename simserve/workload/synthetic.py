@@ -8,6 +8,7 @@ distribution never reshuffles the others.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +17,10 @@ from simserve.errors import ConfigError
 from simserve.limits import MAX_SECONDS
 from simserve.workload.datasets import read_sharegpt, sample_in_order
 from simserve.workload.config import ArrivalConfig, LengthDist, WorkloadConfig
-from simserve.workload.spec import RequestSpec
+from simserve.workload.spec import RequestSpec, SpecColumns
 
 
-def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[RequestSpec]:
+def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> Sequence[RequestSpec]:
     """Requests of a synthetic ``cfg``, ids 0..n-1 in arrival order."""
     assert cfg.arrival is not None, "generate() needs a synthetic workload"
     arrival_rng, prompt_rng, output_rng, class_rng = (
@@ -55,14 +56,13 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[RequestSpec
     if cfg.prefix_len:
         prompt = prompt + cfg.prefix_len
         shared = tuple(range(cfg.prefix_len // cfg.hash_block_tokens))
+    # as columns: each RequestSpec is made when the engine reads it (memory: workload/spec.py)
     if not cfg.classes:
-        return [RequestSpec(i, a, p, o, shared) for i, (a, p, o) in enumerate(
-            zip(arrival.tolist(), prompt.tolist(), output.tolist()))]
+        return SpecColumns(arrival, prompt, output, shared)
     weights = np.array([c.weight for c in cfg.classes])
     drawn = class_rng.choice(len(cfg.classes), size=n, p=weights / weights.sum())
-    return [RequestSpec(i, a, p, o, shared, cfg.classes[k].priority, cfg.classes[k].name)
-            for i, (a, p, o, k) in enumerate(
-                zip(arrival.tolist(), prompt.tolist(), output.tolist(), drawn.tolist()))]
+    return SpecColumns(arrival, prompt, output, shared, drawn,
+                       [(c.priority, c.name) for c in cfg.classes])
 
 
 def arrival_times(cfg: ArrivalConfig, rng: np.random.Generator) -> np.ndarray:
