@@ -63,8 +63,6 @@ WORKLOADS = {
 }
 DEFAULT_POLICIES = {"bench": ["vllm_v1"], "vidur": ["vllm_v0", "vllm_v1", "sarathi"]}
 DEFAULT_SIZES = {"bench": [10000, 100000], "vidur": [10000, 50000]}
-# (kept for benchmarks/sim_instructions.py, which counts instructions on the Vidur workload)
-SCENARIO = WORKLOADS["vidur"]
 
 PHASES = textwrap.dedent("""
     import json, resource, sys, time
