@@ -245,8 +245,10 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
     if s.workload.trace is not None and seeds > 1:
         notes.append("a trace replays the same requests whatever the seed: one seed used")
         seed_list = seed_list[:1]
-    from simserve.progress import bar
-    probes = bar(None, "capacity", "probe", disable=not progress)
+    probes = None
+    if progress:
+        from simserve.progress import bar
+        probes = bar(None, "capacity", "probe")
     prober = _Prober(s, seed_list, log or (lambda line: None), probes)
     replicas = s.cluster.replicas
 
@@ -274,7 +276,8 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
             notes.append(f"{max_replicas} replicas do not serve {target_rate:g} req/s within "
                          f"the SLO (raise max_replicas, or the SLO cannot be met at any size)")
 
-    probes.close()
+    if probes is not None:
+        probes.close()
     return CapacityResult(
         scenario=s.name, policy=s.policy, target_attainment=s.slo.attainment, max_rate=lo,
         first_failing_rate=hi, tolerance=tolerance, seeds=prober.seeds, replicas=replicas,

@@ -1,6 +1,7 @@
 """Progress bars with an ETA (tqdm) for long runs, sweeps, compare files and capacity searches.
 
-``tqdm.auto`` draws a widget in Jupyter and a text bar elsewhere; on a terminal the bar is
+``tqdm.auto`` draws a widget in Jupyter (where ipywidgets is installed) and a text bar
+elsewhere; on a terminal the bar is
 redrawn in place a few times a second, and in a log that is not a terminal (CI, ``nohup``,
 ``2> log``) a line is written at most every ``LOG_INTERVAL_S`` seconds, so a long run leaves a
 readable trail instead of thousands of carriage returns. A bar shows only once its work has
@@ -10,6 +11,7 @@ never to stdout (which carries the results). tqdm is imported on first use, not 
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from typing import Any, TextIO
 
@@ -21,7 +23,10 @@ def bar(total: int | None, desc: str, unit: str, *, stream: TextIO | None = None
         disable: bool = False) -> Any:
     """A tqdm bar (``update(n)``, ``close()``, usable as a context manager); ``total=None``
     counts without an ETA."""
-    from tqdm.auto import tqdm
+    if importlib.util.find_spec("ipywidgets") is not None:
+        from tqdm.auto import tqdm   # a widget in Jupyter, text elsewhere
+    else:    # (tqdm.auto warns in Jupyter without ipywidgets: plain text there too)
+        from tqdm import tqdm
     stream = stream or sys.stderr
     tty = getattr(stream, "isatty", lambda: False)()
     return tqdm(total=total, desc=desc, unit=unit, file=stream, disable=disable,
