@@ -80,7 +80,8 @@ def test_parquet_tables_equal_the_csv_ones(tmp_path):
                 assert np.allclose(a[col], b[col], rtol=1e-8, atol=0, equal_nan=True), col
             else:
                 # (an all-empty text column reads back from CSV as NaN floats)
-                assert (a[col].fillna("").astype(str) == b[col].fillna("").astype(str)).all(), col
+                assert (a[col].astype(object).fillna("").astype(str)
+                        == b[col].astype(object).fillna("").astype(str)).all(), col
     # typed columns: integer counts stay integers
     assert pd.read_parquet(pq / "requests.parquet")["num_output_tokens"].dtype.kind == "i"
     # the same run written again is the same bytes
