@@ -180,10 +180,12 @@ class WallClockSimulation:
                replica: int | None = None) -> TokenStream:
         if self.error is not None:
             raise RuntimeError("the simulation stopped on an error") from self.error
-        if self._t0 is None:
+        if self._t0 is None:                 # the first request arrives at exactly 0
             self._t0 = self._loop.time()
-        self._run_until(self.now())          # everything due before the arrival has happened
-        t = self.env.now
+            t = 0.0
+        else:                                # (a late timer leaves the clock behind, not ahead)
+            t = max(self.now(), self.env.now)
+        self._run_until(t, before=True)      # everything due before the arrival has happened
         rid = next(self._ids)
         stream = TokenStream(rid, num_prompt_tokens, num_output_tokens, t)
         self._streams[rid] = stream
@@ -220,12 +222,17 @@ class WallClockSimulation:
         self._requests.clear()
 
     # -- the wall-clock pump ---------------------------------------------------------------
-    def _run_until(self, t: float) -> None:
-        """Process every simulated event due by ``t``."""
+    def _run_until(self, t: float, before: bool = False) -> None:
+        """Process every simulated event due by ``t`` (``before``: due before ``t``, so that an
+        arrival at ``t`` comes first among the events at ``t``, as in the engine)."""
         env = self.env
         try:
-            while env.peek() <= t:
-                env.step()
+            if before:
+                while env.peek() < t:
+                    env.step()
+            else:
+                while env.peek() <= t:
+                    env.step()
         except BaseException as e:           # a bug: stop serving rather than serve nonsense
             self.error = e
             self.close()

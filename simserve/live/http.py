@@ -193,6 +193,9 @@ class Frontend:
                                       bool(options.get("include_usage")))
         while await stream.take():
             pass
+        if stream.taken < stream.num_output_tokens:
+            return error_response(RequestError("The server is shutting down.", None, 503,
+                                               "ServiceUnavailableError"))
         return web.json_response(fmt.whole(stream, finish))
 
     def _lengths(self, body: dict[str, Any], chat: bool) -> tuple[int, int, str]:
@@ -243,6 +246,10 @@ class Frontend:
             while n := await stream.take():
                 last = stream.taken == stream.num_output_tokens
                 await resp.write(fmt.token_chunk(stream.taken - n, n, finish if last else None))
+            if stream.taken < stream.num_output_tokens:   # cut short (the server stops): a
+                if request.transport is not None:        # dropped connection, never a stream
+                    request.transport.close()            # that looks complete
+                return resp
             if include_usage:
                 await resp.write(fmt.usage_chunk(stream))
             await resp.write(b"data: [DONE]\n\n")
@@ -295,7 +302,7 @@ class _Format:
         ids = self.ids(first, n)
         text = json.dumps("".join(f" w{i}" for i in ids))
         fin = "null" if finish is None else f'"{finish}"'
-        tail = f',"token_ids":{json.dumps(ids)}' if self.token_ids else ""
+        tail = f',"token_ids":{json.dumps(ids, separators=(",", ":"))}' if self.token_ids else ""
         if self.chat:
             choice = (f'{{"index":0,"delta":{{"content":{text}}},"logprobs":null,'
                       f'"finish_reason":{fin}{tail}}}')
@@ -313,7 +320,8 @@ class _Format:
         return {"prompt_tokens": p, "total_tokens": p + c, "completion_tokens": c}
 
     def usage_chunk(self, stream: TokenStream) -> bytes:
-        return f'data: {self.head}],"usage":{json.dumps(self._usage(stream))}}}\n\n'.encode()
+        usage = json.dumps(self._usage(stream), separators=(",", ":"))
+        return f'data: {self.head}],"usage":{usage}}}\n\n'.encode()
 
     def whole(self, stream: TokenStream, finish: str) -> dict[str, Any]:
         ids = self.ids(0, stream.taken)
