@@ -172,6 +172,11 @@ class WallClockSimulation:
         self.served: list[Served] | None = [] if record else None
         self._run_until(0.0)                 # start the replica processes (idle at 0)
 
+    @property
+    def clock_origin(self) -> float | None:
+        """``loop.time()`` (time.monotonic) at simulated 0: the first request's arrival."""
+        return self._t0
+
     # -- LiveSimulation --------------------------------------------------------------------
     def now(self) -> float:
         return 0.0 if self._t0 is None else self._loop.time() - self._t0

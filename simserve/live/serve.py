@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import signal
 import sys
 from pathlib import Path
@@ -95,13 +96,14 @@ async def serve(scenario: Scenario, host: str, port: int, *, port_per_replica: b
         for runner in runners:
             await runner.cleanup()
     if record is not None and sim.served is not None:
-        write_record(sim.served, record)
+        write_record(sim.served, record, sim.clock_origin)
     return next(sim._ids)
 
 
-def write_record(served, out: Path) -> None:
-    """``served.csv`` (every request as the simulation served it) and ``trace.csv`` (their
-    arrivals as a plain CSV trace: ``simserve run`` of it reproduces the schedule)."""
+def write_record(served, out: Path, clock_origin: float | None = None) -> None:
+    """``served.csv`` (every request as the simulation served it), ``trace.csv`` (their
+    arrivals as a plain CSV trace: ``simserve run`` of it reproduces the schedule) and
+    ``record.json`` (the monotonic clock's reading at simulated 0)."""
     import dataclasses
 
     import pandas as pd
@@ -119,6 +121,9 @@ def write_record(served, out: Path) -> None:
                           "prompt_tokens": [r.num_prompt_tokens for r in rows],
                           "output_tokens": [r.num_output_tokens for r in rows]})
     trace.to_csv(out / "trace.csv", index=False, float_format="%.17g")
+    meta = {"num_requests": len(rows), "clock_origin_s": clock_origin,
+            "clock": "time.monotonic (CLOCK_MONOTONIC) at the first request's arrival"}
+    (out / "record.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
 
 
 # --------------------------------------------------------------------------------------------
