@@ -61,7 +61,7 @@ COLD = textwrap.dedent("""
     t0 = time.perf_counter()
     import simserve
     from simserve.config import load_scenario
-    from simserve.runner import build_latency
+    from simserve.engine.build import build_latency
     s = load_scenario(sys.argv[1])
     build_latency(s)
     print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)

@@ -33,10 +33,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simserve.cluster import engine_options  # noqa: E402
+from simserve.engine.build import build_replicas, engine_options  # noqa: E402
 from simserve.config import load_variants, parse_scenario  # noqa: E402
 from simserve.engine import simulate  # noqa: E402
-from simserve.runner import build_replicas, collect  # noqa: E402
+from simserve.runner import collect  # noqa: E402
 from simserve.workload import build_workload  # noqa: E402
 from simserve.workload.spec import RequestSpec  # noqa: E402
 

@@ -237,7 +237,7 @@ def _cmd_capacity(args) -> int:
 def _cmd_validate(args) -> int:
     """Check any file the CLI accepts (a scenario, a compare file, a sweep file) as the command
     that runs it would, including whether each deployment can exist (simserve/deployment.py)."""
-    from simserve.config import file_kind, load_variants, num_kv_blocks
+    from simserve.config import file_kind, load_variants
     from simserve.deployment import check
     from simserve.workload import build_workload
 
@@ -266,7 +266,8 @@ def _cmd_validate(args) -> int:
             raise ConfigError(e.field, f"{e.message} (in {where})") from None
     print(f"{args.scenario}: ok" + (f" — {what}" if what else ""))
     for label, s in variants:
-        blocks = num_kv_blocks(s)
+        s.replica.check_kv()
+        blocks = s.replica.num_gpu_blocks
         n = requests[repr((s.workload, s.seed, s.base_dir.resolve()))]
         head = "" if kind == "scenario" else f"{label}: "
         print(f"  {head}{s.model.name} on {s.hardware.name}, policy {s.policy}, {blocks:,} KV "

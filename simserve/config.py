@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,8 @@ from simserve.fields import Fields
 from simserve.paths import folder_name
 from simserve.limits import MAX_COUNT, MAX_INT64, MAX_TOKENS, SWAP_SPACE_GB_MAX
 from simserve.metrics.slo import SloConfig
-from simserve.sched import ENGINE_POLICIES, POLICIES, PREFIX_CACHING_POLICIES
+from simserve.cluster.spec import ReplicaSpec, resolve
+from simserve.sched import describe, policy_names
 from simserve.sched.params import params_to_dict, read_params
 from simserve.workload.config import WorkloadConfig
 
@@ -130,27 +130,35 @@ class Scenario:
     overrides: tuple[str, ...] = field(default=(), compare=False)   # --set FIELD=VALUE applied
     # the latency percentiles reported (vllm bench serve --metric-percentiles)
     metric_percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    # the mapping this scenario was validated from (a sweep varies its fields); None for one
+    # changed with replace()
+    source: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    # the replica it describes, resolved once when it is built (cluster/spec.py)
+    replica: ReplicaSpec = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_consistency(self)
+        object.__setattr__(self, "replica", resolve(self))
+        deployment.check_context(self)
+        _check_budget(self)
 
     # -- resolved engine values (what vLLM would compute at start-up) ------------------------
     @property
     def max_model_len(self) -> int:
-        return self.engine.max_model_len or self.model.max_position_embeddings
+        return self.replica.max_model_len
 
     @property
     def chunked_prefill(self) -> bool:
-        fixed = POLICIES[self.policy].chunked
-        if fixed is not None:
-            return fixed
-        return True if self.engine.enable_chunked_prefill is None else self.engine.enable_chunked_prefill
+        return self.replica.limits.enable_chunked_prefill
 
     @property
     def max_num_batched_tokens(self) -> int:
-        if self.engine.max_num_batched_tokens is not None:
-            return self.engine.max_num_batched_tokens
-        # vLLM's defaults: a fixed chunk budget with chunked prefill, else room for any prompt
-        return 8192 if self.chunked_prefill else max(self.max_model_len, 2048)
+        return self.replica.limits.max_num_batched_tokens
 
     def replace(self, **changes: Any) -> Scenario:
+        """A changed copy, validated and resolved again (without a ``source`` mapping unless
+        one is given: it no longer says what the scenario is)."""
+        changes.setdefault("source", None)
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -190,8 +198,8 @@ def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario")
     hardware = load_hardware(f.any("hardware"), "hardware")
     engine = EngineConfig.from_fields(f.section("engine"))
     sched = f.section("scheduler")
-    policy = sched.str("policy", "vllm_v1", choices=tuple(POLICIES))
-    params_type = POLICIES[policy].params_type
+    policy = sched.str("policy", "vllm_v1", choices=policy_names())
+    params_type = describe(policy).params_type
     policy_params = read_params(params_type, sched) if params_type is not None else None
     sched.done()
     workload = WorkloadConfig.from_fields(Fields(f.any("workload"), "workload"))
@@ -203,11 +211,9 @@ def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario")
     output_dir = f.str("output_dir", None)
     percentiles = _percentiles(f)
     f.done()
-    scenario = Scenario(scenario_name, model, hardware, engine, policy, workload, slo, latency,
-                        cluster, seed, output_dir, base_dir, policy_params,
-                        metric_percentiles=percentiles)
-    _check_consistency(scenario)
-    return scenario
+    return Scenario(scenario_name, model, hardware, engine, policy, workload, slo, latency,
+                    cluster, seed, output_dir, base_dir, policy_params,
+                    metric_percentiles=percentiles, source=copy.deepcopy(raw))
 
 
 def _check_engine_policy(s: Scenario) -> None:
@@ -243,19 +249,20 @@ def _percentiles(f: Fields) -> tuple[float, ...]:
 
 
 def _check_consistency(s: Scenario) -> None:
-    cls = POLICIES[s.policy]
-    deployment.check_context(s)
-    if s.policy in ENGINE_POLICIES:
+    """What must hold before the scenario's replica can be resolved."""
+    cls = describe(s.policy)
+    if cls.engine:
         _check_engine_policy(s)
     if s.engine.num_gpu_blocks is not None and s.engine.num_gpu_blocks <= cls.reserved_blocks:
         raise ConfigError("engine.num_gpu_blocks",
                           f"must be >= {cls.reserved_blocks + 1} with policy {s.policy!r}: "
                           f"vLLM's block pool keeps {cls.reserved_blocks} back (its null block)")
     if s.engine.enable_prefix_caching:
-        if s.policy not in PREFIX_CACHING_POLICIES:
+        if not cls.prefix_caching:
+            names = [n for n in policy_names() if describe(n).prefix_caching]
             raise ConfigError("engine.enable_prefix_caching",
                               f"policy {s.policy!r} does not model prefix caching; use one of: "
-                              f"{', '.join(PREFIX_CACHING_POLICIES)}")
+                              f"{', '.join(names)}")
         if s.engine.preemption_mode == "swap":
             raise ConfigError("engine.enable_prefix_caching",
                               "prefix caching preempts by recompute only (as vLLM v1); "
@@ -265,18 +272,21 @@ def _check_consistency(s: Scenario) -> None:
         raise ConfigError("engine.enable_chunked_prefill",
                           f"policy {s.policy!r} {verb} prefills; remove the field or pick a "
                           f"policy that {'does not' if cls.chunked else 'does'}")
-    if not s.chunked_prefill and s.max_num_batched_tokens < s.max_model_len:
-        # vLLM refuses this too: without chunking a prompt longer than the budget never runs
-        raise ConfigError("engine.max_num_batched_tokens",
-                          f"{s.max_num_batched_tokens} is smaller than max_model_len "
-                          f"{s.max_model_len}; without chunked prefill it must be at least "
-                          f"max_model_len (or set engine.max_model_len lower)")
     if s.model.num_heads % s.engine.tensor_parallel_size or \
             s.model.num_kv_heads % s.engine.tensor_parallel_size and \
             s.engine.tensor_parallel_size % s.model.num_kv_heads:
         raise ConfigError("engine.tensor_parallel_size",
                           f"{s.engine.tensor_parallel_size} does not divide the model's "
                           f"{s.model.num_heads} attention heads / {s.model.num_kv_heads} KV heads")
+
+
+def _check_budget(s: Scenario) -> None:
+    if not s.chunked_prefill and s.max_num_batched_tokens < s.max_model_len:
+        # vLLM refuses this too: without chunking a prompt longer than the budget never runs
+        raise ConfigError("engine.max_num_batched_tokens",
+                          f"{s.max_num_batched_tokens} is smaller than max_model_len "
+                          f"{s.max_model_len}; without chunked prefill it must be at least "
+                          f"max_model_len (or set engine.max_model_len lower)")
 
 
 def load_yaml(path: str | Path) -> Any:
@@ -341,8 +351,8 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
         raise ConfigError("compare", f"{path} defines several variants; run it with "
                                      "`simserve run` or load it with load_variants()")
     raw = apply_overrides(raw, overrides or [])
-    return parse_scenario(raw, base_dir=path.parent, name=path.stem).replace(
-        overrides=tuple(overrides or ()))
+    s = parse_scenario(raw, base_dir=path.parent, name=path.stem)
+    return s.replace(overrides=tuple(overrides or ()), source=s.source)
 
 
 def load_variants(path: str | Path, overrides: list[str] | None = None) -> list[tuple[str, Scenario]]:
@@ -363,7 +373,8 @@ def load_variants(path: str | Path, overrides: list[str] | None = None) -> list[
     raw = apply_overrides(raw, overrides or [])
     applied = tuple(overrides or ())
     if compare is None:
-        s = parse_scenario(raw, base_dir=path.parent, name=path.stem).replace(overrides=applied)
+        s = parse_scenario(raw, base_dir=path.parent, name=path.stem)
+        s = s.replace(overrides=applied, source=s.source)
         return [(s.name, s)]
     variants = []
     base = raw.get("name", path.stem)
@@ -375,7 +386,8 @@ def load_variants(path: str | Path, overrides: list[str] | None = None) -> list[
             s = parse_scenario(variant, base_dir=path.parent, name=path.stem)
         except ConfigError as e:
             raise ConfigError(e.field, f"{e.message} (in compare variant {label!r})") from None
-        variants.append((label, s.replace(name=f"{base}-{label}", overrides=applied)))
+        variants.append((label, s.replace(name=f"{base}-{label}", overrides=applied,
+                                          source=variant)))
     labels = [label for label, _ in variants]
     if len(set(labels)) != len(labels):
         raise ConfigError("compare", f"variant labels must be unique, got {labels}")
@@ -405,24 +417,3 @@ def _variant_fields(compare: Any) -> list[tuple[str, dict[str, Any]]]:
         return out
     raise ConfigError("compare", "expected {FIELD: [values]} or a list of {FIELD: VALUE} "
                                  "mappings")
-
-
-def num_kv_blocks(s: Scenario) -> int:
-    """Device KV blocks per replica: the override, or vLLM's memory arithmetic."""
-    if s.engine.num_gpu_blocks is not None:
-        return s.engine.num_gpu_blocks
-    from simserve.kv.capacity import kv_capacity_blocks
-    return kv_capacity_blocks(
-        s.model, s.hardware, block_size=s.engine.block_size,
-        gpu_memory_utilization=s.engine.gpu_memory_utilization,
-        tensor_parallel_size=s.engine.tensor_parallel_size,
-        max_num_batched_tokens=s.max_num_batched_tokens)
-
-
-def num_host_blocks(s: Scenario) -> int:
-    """Host (CPU) swap blocks per replica from ``swap_space_gb``, split like the device cache."""
-    if s.engine.preemption_mode != "swap":
-        return 0
-    from simserve.kv.capacity import kv_block_bytes
-    block = kv_block_bytes(s.model, s.engine.block_size, s.engine.tensor_parallel_size)
-    return math.floor(s.engine.swap_space_gb * 2**30 / block)

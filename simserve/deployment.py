@@ -83,8 +83,8 @@ def check_memory(s) -> None:
                               f"with the weights ({weights / GB:.3g} GB) that is more than "
                               f"the {hw.mem_bytes / GB:.3g} GB of {hw.name}")
     else:
-        from simserve.config import num_kv_blocks
-        blocks = num_kv_blocks(s)
+        s.replica.check_kv()
+        blocks = s.replica.num_gpu_blocks
         if blocks > limits.MAX_COUNT:
             raise ConfigError("engine.num_gpu_blocks",
                               f"the device's memory holds {blocks:,} KV blocks, more than the "
@@ -94,11 +94,11 @@ def check_memory(s) -> None:
 
 def check_cluster(s) -> None:
     """A prefix cache keeps one entry per block: bound the blocks of every replica together."""
-    from simserve.config import num_kv_blocks
     total = 0
     for g in _groups(s):
         if g.scenario.engine.enable_prefix_caching:
-            total += g.replicas * num_kv_blocks(g.scenario)
+            g.scenario.replica.check_kv()
+            total += g.replicas * g.scenario.replica.num_gpu_blocks
     if total > limits.MAX_PREFIX_CACHE_BLOCKS:
         raise ConfigError("engine.enable_prefix_caching",
                           f"the prefix caches of all replicas would hold {total:,} blocks, "
@@ -111,7 +111,7 @@ def check_step_times(s) -> None:
     """Price the largest prefill step and the longest decode step with the scenario's latency
     model: both must be finite and at most ``limits.MAX_STEP_S``; otherwise requests would
     "finish" at time inf (a peak_flops of 1e-300, a per-token cost of 1e300 ms)."""
-    from simserve.runner import build_latency
+    from simserve.engine.build import build_latency
     from simserve.sched.plan import StepPlan
     model = build_latency(s)
     tokens = min(s.max_num_batched_tokens, s.max_model_len)

@@ -275,7 +275,7 @@ class ReplayResult:
         import pandas as pd
         import yaml
 
-        from simserve.engine import STEP_COLUMNS
+        from simserve.metrics.recorder import STEP_COLUMNS
         out = Path(out_dir)
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -440,7 +440,7 @@ def _summary(s: Scenario, requests: pd.DataFrame, chunks: pd.DataFrame) -> dict:
     import numpy as np
     import pandas as pd
 
-    from simserve.engine import STEP_COLUMNS
+    from simserve.metrics.recorder import STEP_COLUMNS
     from simserve.metrics.summary import WeightedSample, summarize
     from simserve.runner import class_slos
     gaps = [np.diff(g.to_numpy(float)) for _, g in chunks.groupby("request_id")["time_s"]]

@@ -11,28 +11,26 @@ import gc
 import json
 import math
 from contextlib import contextmanager
-from itertools import chain
-from operator import attrgetter
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import yaml
 
-from simserve.config import Scenario, load_scenario, load_variants, num_host_blocks, \
-    num_kv_blocks
 from simserve import deployment
-from simserve.cluster import GroupConfig, cluster_summary, engine_options, groups_of
-from simserve.engine import STEP_COLUMNS, Recorder, Replica, simulate
-from simserve.errors import ConfigError, SimserveError
-from simserve.kv.blocks import BlockManager
-from simserve.kv.prefix import PrefixBlockManager
+from simserve.config import Scenario, load_scenario, load_variants
+from simserve.engine import Replica, simulate
+from simserve.engine.build import build_replicas, engine_options
+from simserve.errors import SimserveError
 from simserve.latency.base import LatencyModel
+from simserve.metrics.cluster import cluster_summary
+from simserve.metrics.recorder import Recorder
 from simserve.metrics.slo import SloConfig
+from simserve.metrics.summary import format_summary, grouped_levels, summarize
+from simserve.metrics.tokens import itl_sample
 from simserve.paths import rebase_paths
-from simserve.metrics.summary import WeightedSample, format_summary, grouped_levels, summarize
-from simserve.sched import POLICIES, SchedulerLimits
 from simserve.sched.request import Status
 from simserve.workload import build_workload
 
@@ -54,7 +52,7 @@ class Result:
     latency_label: str = ""
     warnings: list[str] = field(default_factory=list)
     _recorder: Recorder | None = field(default=None, repr=False)
-    _runs: list | None = field(default=None, repr=False)   # (runs, step ends, delay) per row
+    _tracks: list | None = field(default=None, repr=False)   # (TokenTrack, delay) per row
     _token_times: list | None = field(default=None, repr=False)
 
     @property
@@ -74,23 +72,22 @@ class Result:
 
     @property
     def has_token_times(self) -> bool:
-        return self._runs is not None
+        return self._tracks is not None
 
     @property
     def token_times(self) -> list[np.ndarray]:
         """Every output token's time, one array per row of ``requests`` (empty if rejected).
         Recorded only when asked for: ``run(..., record_tokens=True)``."""
-        if self._runs is None:
+        if self._tracks is None:
             raise SimserveError("token times were not recorded; run with record_tokens=True "
                                 "(CLI: --tokens)")
         if self._token_times is None:
             out = []
-            for runs, ends, delay in self._runs:
-                if not runs:
+            for track, delay in self._tracks:
+                if track is None:
                     out.append(np.empty(0))
                     continue
-                e = np.frombuffer(ends, dtype=np.float64)
-                times = np.concatenate([e[a:b] for a, b in runs])
+                times = np.array(track.times(), dtype=np.float64)
                 out.append(times + delay if delay else times)
             self._token_times = out
         return self._token_times
@@ -134,85 +131,6 @@ def scenario_yaml(s: Scenario, out: Path) -> str:
     if header:
         header = "# resolved with these overrides (already applied below):\n" + header
     return header + yaml.safe_dump(rebase_paths(s.to_dict(), s.base_dir, out), sort_keys=False)
-
-
-def build_latency(s: Scenario) -> LatencyModel:
-    from simserve.latency.roofline import ConstantLatency, LinearLatency, RooflineModel
-    lat = s.latency
-    if lat.model == "profile":
-        from simserve.latency.profile import ProfileLatency, list_profiles, resolve_profile_path
-        path = resolve_profile_path(lat.path, s.base_dir)
-        if path is None:
-            raise ConfigError("latency.path", f"profile file not found: {s.base_dir / lat.path}"
-                                              f", nor a shipped profile of that name (shipped: "
-                                              f"{', '.join(list_profiles()) or 'none'})")
-        tp = s.engine.tensor_parallel_size
-        return ProfileLatency.from_file(path, s.model,
-                                        step_overhead_s=(lat.step_overhead_ms or 0.0) / 1000.0,
-                                        host_link_bandwidth=s.hardware.host_link_bandwidth,
-                                        tensor_parallel_size=tp, allreduce_s=RooflineModel(
-                                            s.model, s.hardware, tensor_parallel_size=tp,
-                                        ).allreduce_s if tp > 1 else None)
-    if lat.model == "constant":
-        return ConstantLatency(lat.step_ms / 1000.0)
-    if lat.model == "linear":
-        return LinearLatency(lat.base_ms / 1000.0, lat.per_token_ms / 1000.0,
-                             lat.per_seq_ms / 1000.0)
-    kwargs = {}
-    if lat.step_overhead_ms is not None:
-        kwargs["step_overhead_s"] = lat.step_overhead_ms / 1000.0
-    if lat.flops_efficiency is not None:
-        kwargs["flops_efficiency"] = lat.flops_efficiency
-    if lat.bandwidth_efficiency is not None:
-        kwargs["bandwidth_efficiency"] = lat.bandwidth_efficiency
-    return RooflineModel(s.model, s.hardware, tensor_parallel_size=s.engine.tensor_parallel_size,
-                         block_size=s.engine.block_size, **kwargs)
-
-
-def build_replicas(s: Scenario, latency: LatencyModel | None = None) -> list[Replica]:
-    """Every replica of the scenario's cluster, group after group (``cluster.groups_of``)."""
-    replicas: list[Replica] = []
-    for i, g in enumerate(groups_of(s)):
-        try:
-            replicas += _group_replicas(g.scenario, g, len(replicas), latency)
-        except ConfigError as e:
-            if not s.cluster.groups:
-                raise
-            raise ConfigError(f"cluster.groups[{i}].{e.field}", e.message) from None
-    return replicas
-
-
-def _group_replicas(s: Scenario, g: GroupConfig, first: int,
-                    latency: LatencyModel | None) -> list[Replica]:
-    limits = SchedulerLimits(
-        max_num_seqs=s.engine.max_num_seqs,
-        max_num_batched_tokens=s.max_num_batched_tokens,
-        enable_chunked_prefill=s.chunked_prefill,
-        long_prefill_token_threshold=s.engine.long_prefill_token_threshold,
-        preemption_mode=s.engine.preemption_mode,
-        max_model_len=s.max_model_len,
-        reserve_full_sequence=s.engine.scheduler_reserve_full_isl,
-    )
-    policy = POLICIES[s.policy]
-    blocks = num_kv_blocks(s) - policy.reserved_blocks
-    if blocks < 1:
-        raise ConfigError("engine.gpu_memory_utilization",
-                          "no memory is left for the KV cache after the weights; raise it, "
-                          "use more tensor parallelism, or set engine.num_gpu_blocks")
-    host = num_host_blocks(s)
-    latency = latency or build_latency(s)
-
-    def kv() -> BlockManager:
-        if s.engine.enable_prefix_caching and g.role != "decode":   # decode replicas get KV
-            return PrefixBlockManager(blocks, s.engine.block_size,  # by transfer, not cache
-                                      source_block_size=s.workload.hash_block_tokens)
-        return BlockManager(blocks, s.engine.block_size, host)
-
-    def factory():   # also a failed replica's fresh start
-        return policy(limits, kv(), s.policy_params, s.seed)
-
-    return [Replica(first + i, factory(), latency, s.max_model_len, group=g.name, role=g.role,
-                    factory=factory) for i in range(g.replicas)]
 
 
 def class_slos(s: Scenario) -> dict[str, SloConfig]:
@@ -371,48 +289,17 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
         return grouped_levels(groups, t0, t1)
 
     summary = summarize(requests, None, None, s.slo, percentiles=s.metric_percentiles,
-                        itl=itl_sample(rec, replicas),
+                        itl=itl_sample(rec),
                         class_slos=class_slos(s) if any(r.spec.klass for r in reqs) else None,
                         prefix_caching=s.engine.enable_prefix_caching, levels=levels)
     summary.update(cluster_summary(rec, replicas, requests))
     if any(delays.values()):
         summary["frontend_delay_ms"] = 1000.0 * max(delays.values())
-    runs = None
+    tracks = None
     if all(r.scheduler.record_tokens for r in replicas):
-        runs = [(r.token_runs, r.step_ends, delays.get(r.replica, 0.0)) if ok else ([], None, 0.0)
-                for r, ok in zip(reqs, finished)]
-    return Result(s, requests, None, summary, _recorder=rec, _runs=runs)
-
-
-CHUNK = 1 << 20   # steps processed at a time after a run: bounds the memory of long runs
-
-
-def itl_sample(rec: Recorder, replicas: list[Replica]) -> WeightedSample:
-    """Every inter-token gap, as the schedulers gathered them: gap g of a replica (between its
-    steps g and g + 1) with its multiplicity, plus the gaps that spanned skipped steps.
-    Streamed in chunks of steps, regenerated for each pass (see WeightedSample)."""
-    sources = []
-    for replica in replicas:
-        sched, log = replica.scheduler, rec.replicas.get(replica.index)
-        n = sched.num_steps if log is not None else 0
-        sources.append((np.frombuffer(sched.itl_diff, dtype=np.int32),
-                        np.frombuffer(log.steps["start_s"], dtype=np.float64) if n else None,
-                        np.frombuffer(log.steps["duration_s"], dtype=np.float64) if n else None,
-                        n, np.frombuffer(sched.itl_extra, dtype=np.float64)))
-
-    def chunks():
-        for diff, start, duration, n, extra in sources:
-            carry = 0
-            for a in range(0, max(n - 1, 0), CHUNK):   # gaps a .. b-1 need step ends a .. b
-                b = min(a + CHUNK, n - 1)
-                w = np.cumsum(diff[a:b], dtype=np.int64) + carry
-                carry = int(w[-1])
-                ends = start[a:b + 1] + duration[a:b + 1]
-                keep = w > 0
-                yield np.diff(ends)[keep], w[keep]
-            yield extra, np.ones(len(extra), dtype=np.int64)
-
-    return WeightedSample(chunks=chunks)
+        tracks = [(r.tokens, delays.get(r.replica, 0.0)) if ok else (None, 0.0)
+                  for r, ok in zip(reqs, finished)]
+    return Result(s, requests, None, summary, _recorder=rec, _tracks=tracks)
 
 
 def steps_frame(rec: Recorder) -> pd.DataFrame:

@@ -142,9 +142,13 @@ def make_spec(base: dict | Scenario | str | Path, grid: dict | None = None,
               fixed: dict | None = None, overrides: Sequence[str] | None = None) -> SweepSpec:
     """A SweepSpec from a base (scenario mapping, Scenario or scenario file) and axes."""
     if isinstance(base, Scenario):
+        if base.source is None:
+            raise ConfigError("scenario", f"{base.name}: a scenario changed with replace() "
+                                          "cannot be swept; sweep the file or mapping it came "
+                                          "from, with the change as fixed= (or set: in a file)")
         name = name or base.name
         base_dir = base_dir or base.base_dir
-        base = _raw(base)
+        base = base.source
     elif isinstance(base, (str, Path)):
         path = Path(base)
         base_dir = base_dir or path.parent
@@ -164,16 +168,6 @@ def make_spec(base: dict | Scenario | str | Path, grid: dict | None = None,
     _check_axes(grid or {}, zip_ or {})
     grid, zip_ = dict(grid or {}), dict(zip_ or {})
     return SweepSpec(name or base.get("name", "sweep"), base, Path(base_dir or "."), grid, zip_)
-
-
-def _raw(s: Scenario) -> dict:
-    """A Scenario as a mapping that re-validates to it, leaving derived engine values unset
-    (so a grid over scheduler.policy re-derives chunking and the token budget per policy)."""
-    raw = s.to_dict()
-    for key in ("max_num_batched_tokens", "enable_chunked_prefill", "max_model_len"):
-        if getattr(s.engine, key) is None:
-            raw["engine"].pop(key, None)
-    return raw
 
 
 # --- running ----------------------------------------------------------------------------------

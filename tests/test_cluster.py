@@ -17,14 +17,15 @@ from simserve.cards import load_hardware, load_model
 from simserve.config import parse_scenario
 from simserve.engine import Replica, simulate
 from simserve.errors import ConfigError
-from simserve.faults import FaultSchedule
+from simserve.cluster.faults import FaultSchedule
 from simserve.kv.blocks import BlockManager
 from simserve.kv.capacity import kv_block_bytes, kv_capacity_blocks
 from simserve.kv.prefix import PrefixBlockManager
 from simserve.latency.roofline import RooflineModel
-from simserve.routing import (jsq_tokens, least_kv, least_outstanding, make_router,
+from simserve.cluster.routing import (jsq_tokens, least_kv, least_outstanding, make_router,
                               prefix_aware)
-from simserve.runner import compare, itl_sample
+from simserve.metrics.tokens import itl_sample
+from simserve.runner import compare
 from simserve.sched import POLICIES, SchedulerLimits, Status
 from simserve.sched.plan import StepPlan
 from simserve.workload.spec import RequestSpec
@@ -112,7 +113,7 @@ def pooled_itl(rec):
 
 
 def online_itl(rec, replicas):
-    sample = itl_sample(rec, replicas)
+    sample = itl_sample(rec)
     v = np.concatenate([np.repeat(v, w) for v, w in sample._chunks() if len(v)] or [[]])
     return np.sort(v)
 

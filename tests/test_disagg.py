@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import simserve
 from simserve.runner import compare
 from simserve.cards import load_model
-from simserve.cluster import LINKS, TransferConfig, kv_bytes_per_token_per_rank
+from simserve.cluster import LINKS, TransferConfig
 from simserve.config import parse_scenario
 from simserve.sched import Status
 from tests.test_cluster import (ROUTER_NAMES, assert_same_runs, check_accounting, online_itl,
@@ -85,8 +85,8 @@ def test_transfer_time_presets_and_tensor_parallel_shares():
              "output": {"dist": "fixed", "value": 2}}
     one = parse_scenario(disagg_raw(burst))
     two = parse_scenario(disagg_raw(burst, tp=2))
-    assert kv_bytes_per_token_per_rank(one) == BYTES_PER_TOKEN
-    assert kv_bytes_per_token_per_rank(two) == BYTES_PER_TOKEN // 2
+    assert one.replica.kv_bytes_per_token == BYTES_PER_TOKEN
+    assert two.replica.kv_bytes_per_token == BYTES_PER_TOKEN // 2
 
 
 def test_slower_link_delays_the_first_token_only(tmp_path):

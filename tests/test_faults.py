@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import simserve
 from simserve.config import parse_scenario
-from simserve.faults import FaultConfig, FaultEvent, FaultSchedule
+from simserve.cluster.faults import FaultConfig, FaultEvent, FaultSchedule
 from simserve.sched import Status
 from tests.test_cluster import (ROUTER_NAMES, assert_same_runs, check_accounting, online_itl,
                                 pooled_itl, run_cluster)

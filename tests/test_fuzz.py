@@ -767,8 +767,8 @@ def test_compare_labels_never_leave_the_output_folder(tmp_path, capsys):
 def test_a_failing_variant_keeps_the_others(tmp_path, capsys, monkeypatch):
     # The second variant fails while it runs (more replica failures than a run allows): the
     # first keeps its results and the comparison table, and the exit code says it failed.
-    import simserve.faults
-    monkeypatch.setattr(simserve.faults, "MAX_FAILURES", 50)
+    import simserve.cluster.faults
+    monkeypatch.setattr(simserve.cluster.faults, "MAX_FAILURES", 50)
     path = tmp_path / "s.yaml"
     path.write_text(TINY_TEXT + "compare:\n  - {label: fine, seed: 1}\n"
                                 "  - {label: flaky, cluster: {replicas: 2, faults: "

@@ -108,6 +108,29 @@ def test_swap_priced_by_host_link():
     assert with_swap - base == pytest.approx(3 * p["memory"]["block_bytes"] / 1e9)
 
 
+@pytest.mark.parametrize("block_size, tp", [(16, 1), (32, 1), (32, 2), (8, 4)])
+def test_swap_priced_from_the_scenarios_blocks_not_the_profiles(block_size, tp):
+    """A swapped block holds the scenario's block_size tokens of K and V on one rank, whatever
+    block size the profile was measured with (16 tokens for the H100 profile): with 32-token
+    blocks a swap moves twice the bytes of a profile block."""
+    from simserve.kv.capacity import kv_block_bytes
+    from simserve.engine.build import build_latency
+    s = parse_scenario({
+        "model": "Llama-3.1-8B", "hardware": "H100-SXM",
+        "engine": {"block_size": block_size, "tensor_parallel_size": tp,
+                   "preemption_mode": "swap", "num_gpu_blocks": 1000, "max_model_len": 4096},
+        "latency": {"model": "profile", "path": "Llama-3.1-8B_H100-SXM_bf16"},
+        "workload": {"arrival": "poisson", "rate": 1, "num_requests": 1,
+                     "prompt": {"dist": "fixed", "value": 10},
+                     "output": {"dist": "fixed", "value": 10}}})
+    m = build_latency(s)
+    block = kv_block_bytes(s.model, block_size, tp)   # 2 x 32 layers x 8 KV heads / tp x 128 x 2 B
+    assert block == block_size * 2 * 32 * (8 // tp) * 128 * 2
+    assert m.profile["settings"]["block_size"] == 16
+    p = plan(decode=[100], sampled=1, swap_out=3)
+    assert m.breakdown(p)["swap"] == pytest.approx(3 * block / s.hardware.host_link_bandwidth)
+
+
 def scenario(tmp_path, profile_path, model="tiny-llama-45m"):
     return parse_scenario({
         "model": model, "hardware": "cpu-epyc-2core",

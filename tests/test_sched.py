@@ -231,6 +231,24 @@ def test_block_manager_query_command_pairs():
     assert bm.free(1) == 2 and bm.num_free == 3
 
 
+@pytest.mark.parametrize("prefix", [False, True])
+def test_block_manager_bulk_growth_is_all_or_nothing(prefix):
+    from simserve.kv.blocks import BlockManager
+    from simserve.kv.prefix import PrefixBlockManager
+    bm = (PrefixBlockManager if prefix else BlockManager)(num_blocks=6, block_size=4)
+    assert bm.allocate(1, 4) == 1 and bm.allocate(2, 6) == 2 and bm.num_free == 3
+    # 1 holds 4 tokens in 1 full block: its 5th needs a block; 2 holds 6 in 2: the 7th fits
+    assert bm.grow_decodes([1, 2], [4, 6]) and bm.held(1) == 2 and bm.held(2) == 2
+    assert bm.num_free == 2 and dict(bm.blocks_held) == {1: 2, 2: 2}
+    # 1 to 13 tokens (+2 blocks) and 2 to 12 (+1): 3 > 2 free, so nothing changes
+    assert bm.allocate_all([(1, 13), (2, 12)]) is None
+    assert bm.held(1) == 2 and bm.held(2) == 2 and bm.num_free == 2
+    assert bm.allocate_all([(1, 12), (2, 8)]) == 1 and bm.held(1) == 3 and bm.num_free == 1
+    assert not bm.grow_decodes([1, 2], [12, 8]) and bm.num_free == 1   # needs 2, 1 free
+    with pytest.raises(TypeError):
+        bm.blocks_held[1] = 5                               # a read-only view
+
+
 def test_result_counts_steps_without_building_the_table():
     import simserve
     from simserve.config import load_scenario
@@ -249,7 +267,7 @@ def test_stretches_start_with_mixed_steps_and_match_stepping(policy, monkeypatch
     run equals stepping, step for step and in every metric (ITL included)."""
     import simserve
     from simserve.config import parse_scenario
-    from simserve.sched.core import Scheduler
+    from simserve.sched.stretch import Stretch
     raw = {"model": "Llama-2-7B", "hardware": "A100-80GB", "seed": 3,
            "engine": {"max_num_seqs": 16, "max_num_batched_tokens": 4096, "block_size": 16,
                       "max_model_len": 4096},
@@ -258,15 +276,15 @@ def test_stretches_start_with_mixed_steps_and_match_stepping(policy, monkeypatch
                         "prompt": {"dist": "uniform", "low": 20, "high": 1500},
                         "output": {"dist": "uniform", "low": 1, "high": 300}}}
     starts = []
-    limit = Scheduler.decode_stretch_limit
+    plan_stretch = Stretch.plan
 
-    def spy(self, plan, max_steps, past_finish=False):
-        k = limit(self, plan, max_steps, past_finish)
-        if k > 1 and plan.prefill_lens:
-            starts.append(len(self.running) - len(plan.request_ids))   # requests that wait
-        return k
+    def spy(sched, plan, max_steps, past_finish=False):
+        stretch = plan_stretch(sched, plan, max_steps, past_finish)
+        if stretch is not None and plan.prefill_lens:
+            starts.append(len(sched.running) - len(plan.request_ids))   # requests that wait
+        return stretch
 
-    monkeypatch.setattr(Scheduler, "decode_stretch_limit", spy)
+    monkeypatch.setattr(Stretch, "plan", staticmethod(spy))
     fast = simserve.run(parse_scenario(raw))
     slow = simserve.run(parse_scenario(raw), fast_forward=False)
     assert fast.summary == slow.summary

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from simserve.config import parse_scenario
 from simserve.kv.blocks import BlockManager
-from simserve.runner import build_replicas
+from simserve.engine.build import build_replicas
 from simserve.sched import POLICIES, Request, SchedulerLimits, Status
 from simserve.workload.spec import RequestSpec
 from tests.helpers import make_request, step, tokens

@@ -11,6 +11,9 @@ block identities, is the subclass ``kv.prefix.PrefixBlockManager``; this path st
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
+from types import MappingProxyType
+
 
 class BlockManager:
     caches_prefixes = False   # True for kv.prefix.PrefixBlockManager (blocks with identities)
@@ -27,6 +30,9 @@ class BlockManager:
         self.num_host_free = num_host_blocks
         self._held: dict[int, int] = {}      # request id -> device blocks
         self._swapped: dict[int, int] = {}   # request id -> host blocks
+        # the same counts, read-only, for the scheduler's per-request loops (a method call
+        # per request would cost more than the lookup)
+        self.blocks_held: Mapping[int, int] = MappingProxyType(self._held)
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -67,6 +73,58 @@ class BlockManager:
         self.num_free -= need
         self._held[request_id] = held + need
         return need
+
+    def allocate_all(self, requests: Iterable[tuple[int, int]]) -> int | None:
+        """Bulk :meth:`allocate`: grow each ``(request id, num_tokens)``; all or nothing. The
+        number of blocks added, or None (nothing changed) if they do not all fit."""
+        bs, held = self.block_size, self._held
+        grow = []
+        added = 0
+        for rid, num_tokens in requests:
+            h = held.get(rid, 0)
+            need = -(-num_tokens // bs)
+            if need > h:
+                grow.append((rid, need))
+                added += need - h
+        if added > self.num_free:
+            return None
+        self.num_free -= added
+        held.update(grow)
+        return added
+
+    def grow_to(self, requests: list[tuple[int, int]]) -> int | None:
+        """Bulk growth in blocks: each ``(request id, blocks)`` to hold that many (no fewer than
+        now); all or nothing. The blocks added, or None (nothing changed) if they do not fit."""
+        held = self._held
+        added = 0
+        for rid, n in requests:
+            added += n - held.get(rid, 0)
+        if added > self.num_free:
+            return None
+        self.num_free -= added
+        held.update(requests)
+        return added
+
+    def grow_decodes(self, request_ids: Sequence[int], num_tokens: Sequence[int]) -> bool:
+        """Room for one more token each: request ``request_ids[j]`` holds ``num_tokens[j]``
+        tokens and is about to write the next. All or nothing: False, and nothing changed, if
+        the blocks they need do not all fit. (``allocate_all`` of ``num_tokens[j] + 1`` each,
+        in fewer operations: this runs for every decode step.)
+
+            block_size 4:  c = 8  [x x x x][x x x x]   token 9 needs a third block
+                           c = 6  [x x x x][x x . .]   token 7 fits
+        """
+        bs, held = self.block_size, self._held
+        # c tokens fill their blocks exactly when c is a multiple of bs and held = c / bs
+        grow = [(i, c // bs + 1) for i, c in zip(request_ids, num_tokens)
+                if not c % bs and held.get(i, 0) <= c // bs]
+        if grow:
+            added = sum(need - held.get(i, 0) for i, need in grow)
+            if added > self.num_free:
+                return False
+            self.num_free -= added
+            held.update(grow)
+        return True
 
     def free(self, request_id: int) -> int:
         """Release all device blocks of the request; returns how many."""

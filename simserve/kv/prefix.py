@@ -37,7 +37,7 @@ recompute.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from simserve.kv.blocks import BlockManager
 
@@ -134,7 +134,7 @@ class PrefixBlockManager(BlockManager):
             return None
         for _ in range(max(0, need)):
             table.append(self._take())
-        self._held[request_id] = len(table)   # the counting view the core's fast paths read
+        self._held[request_id] = len(table)   # the counting view (blocks_held)
         self._register_full(request_id, table, num_tokens)
         return max(0, need)
 
@@ -156,6 +156,23 @@ class PrefixBlockManager(BlockManager):
         self._tables[request_id] = hits
         self._num_keyed[request_id] = len(hits)
         return self.allocate(request_id, num_tokens)
+
+    def allocate_all(self, requests: Iterable[tuple[int, int]]) -> int | None:
+        """:meth:`allocate` each ``(request id, num_tokens)`` in order, all or nothing."""
+        requests = list(requests)
+        need = sum(self.num_new_blocks(rid, n) for rid, n in requests)
+        if need > self.num_free:
+            return None
+        for rid, n in requests:
+            self.allocate(rid, n)
+        return need
+
+    def grow_to(self, requests: list[tuple[int, int]]) -> int | None:
+        return self.allocate_all((rid, n * self.block_size) for rid, n in requests)
+
+    def grow_decodes(self, request_ids: Sequence[int], num_tokens: Sequence[int]) -> bool:
+        return self.allocate_all(
+            (rid, n + 1) for rid, n in zip(request_ids, num_tokens)) is not None
 
     def free(self, request_id: int) -> int:
         """Release the request's blocks into the pool, tail first (evicted first): cached ones

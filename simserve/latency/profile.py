@@ -141,7 +141,8 @@ class ProfileLatency:
 
     def __init__(self, profile: dict[str, Any], *, source: str = "<profile>",
                  step_overhead_s: float = 0.0, host_link_bandwidth: float | None = None,
-                 tensor_parallel_size: int = 1, allreduce_s=None):
+                 swap_block_bytes: int | None = None, tensor_parallel_size: int = 1,
+                 allreduce_s=None):
         self.profile = profile
         prov = profile["provenance"]
         threads = "" if prov["device"] == "cuda" else f", {prov['threads']} threads"
@@ -173,7 +174,10 @@ class ProfileLatency:
         pre, dec = profile["attn_prefill"], profile["attn_decode"]
         self.prefill = Grid2D(pre["chunk"], pre["ctx"], pre["seconds"])
         self.decode = DecodeGrid(dec["batch"], dec["ctx"], dec["seconds"])
-        block_bytes = profile["memory"]["block_bytes"]
+        # a swap moves the simulated replica's blocks (``swap_block_bytes``: block_size tokens
+        # of K and V on one rank); the profile's own blocks only when none is given
+        block_bytes = swap_block_bytes if swap_block_bytes is not None else \
+            profile["memory"]["block_bytes"]
         self._swap_block_s = block_bytes / host_link_bandwidth if host_link_bandwidth else 0.0
         self.extrapolated: Counter[str] = Counter()
         # Tensor parallelism the profile was not measured at: per-layer compute (linear ops,

@@ -16,11 +16,8 @@ ordering and clipping rules, each in a short module.
 
 from __future__ import annotations
 
-from array import array
 from collections import deque
 from dataclasses import dataclass
-from itertools import accumulate
-from operator import itemgetter
 from typing import ClassVar
 
 from simserve.kv.blocks import BlockManager
@@ -114,12 +111,12 @@ class Scheduler:
     # True if, once a step decodes every running request with no preemption, swap or admission,
     # the same decision repeats for as long as no request finishes or arrives and free KV blocks
     # only shrink: admission can only get harder. The engine then fast-forwards such stretches
-    # without calling schedule() (see decode_stretch_limit). Policies that count steps or use
+    # without calling schedule() (sched/stretch.py). Policies that count steps or use
     # timers must leave it False.
     monotone_admission: ClassVar[bool] = False
     # True if, moreover, with nothing waiting or swapped, a step right after some requests
     # finish decodes every request left (the same decision, minus the finished): a stretch may
-    # then run on past a finish (``decode_stretch_limit(..., past_finish=True)``); and a step
+    # then run on past a finish (``Stretch.plan(..., past_finish=True)``); and a step
     # after one in which every running request sampled decodes them all: a stretch may then
     # start with a mixed step that ends some prefills.
     continues_past_finish: ClassVar[bool] = False
@@ -138,25 +135,19 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
-        self.num_steps = 0                 # steps completed so far (the next step's index)
-        # Inter-token latency, gathered as tokens are sampled (never per token): gap g, between
-        # steps g and g + 1, occurs itl_weight[g] times, kept as a difference array (entry g
-        # adds to every gap from g on); gaps spanning skipped steps are listed in itl_extra.
-        self.itl_diff = array("i", [0])
-        self.itl_extra = array("d")
-        # Every token's time, only when asked for (tokens.csv, Result.token_times)
+        # what the last completed step did, for the metrics layer's token log: the requests
+        # that sampled a token in it, in plan order
+        self.sampled: list[Request] = []
+        # asks the engine to keep every output token's time (tokens.csv, Result.token_times);
+        # read when the run starts
         self.record_tokens = False
-        self.step_ends = array("d")
         self._batch: Batch | None = None
-        self._stretch: list[tuple[Request, int, int, int, int]] = []   # see decode_stretch_limit
-        self._past_finish = False
-        self._mixed = False     # the stretch starts with a mixed step (decode_stretch_limit)
+        # requests the last plan schedules for the first time (each with a prefill chunk)
+        self.newly_scheduled: list[Request] = []
 
     # -- queue state -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
         req.status = Status.WAITING
-        if self.record_tokens:
-            req.step_ends, req.token_runs = self.step_ends, []
         self.waiting.append(req)
 
     @property
@@ -188,8 +179,9 @@ class Scheduler:
 
     def new_batch(self) -> Batch:
         """An empty batch for this step; ``complete`` reads its entries back."""
-        self._batch = Batch(self.limits)
-        return self._batch
+        self._batch = batch = Batch(self.limits)
+        self.newly_scheduled = batch.first_scheduled
+        return batch
 
     def grow_or_preempt(self, batch: Batch, req: Request, n: int) -> bool:
         """Like ``grow``, but evicts the newest running request until the blocks fit.
@@ -220,7 +212,7 @@ class Scheduler:
         bs = self.blocks.block_size
         # with named blocks every decode goes through allocate(): a block its token fills
         # becomes cached now, as in vLLM (allocate_slots caches the blocks a step fills)
-        held = {} if self.blocks.caches_prefixes else self.blocks._held
+        held = {} if self.blocks.caches_prefixes else self.blocks.blocks_held
         entries, scheduled, decode_ctx = batch.entries, batch.scheduled, batch.decode_ctx
         i = 0
         running = self.running
@@ -264,18 +256,9 @@ class Scheduler:
         if ctx != [r.num_prompt_tokens + r.num_generated - 1 if r.num_generated else -1
                    for r in running]:
             return False
-        bs, held = blocks.block_size, blocks._held
         ids = [r.id for r in running]
-        # a running request's blocks hold its c computed tokens, so token c + 1 needs a new
-        # block only when c fills its blocks exactly: c a multiple of bs and held = c / bs
-        grow = [(i, c // bs + 1) for i, c in zip(ids, ctx)
-                if not c % bs and held.get(i, 0) <= c // bs]
-        if grow:
-            added = sum(need - held.get(i, 0) for i, need in grow)
-            if added > blocks.num_free:
-                return False
-            blocks.num_free -= added
-            held.update(grow)
+        if not blocks.grow_decodes(ids, ctx):   # (a running request's blocks hold its ctx)
+            return False
         ones = [1] * n
         batch.entries.extend(zip(running, ones))
         batch.ids.extend(ids)
@@ -391,46 +374,29 @@ class Scheduler:
 
     # -- after the step --------------------------------------------------------------------
     def complete(self, plan: StepPlan, t_end: float) -> list[Request]:
-        """Advance counters for ``plan``, sample tokens at ``t_end``; return finished requests."""
+        """Advance counters for ``plan``, sample tokens at ``t_end``; return finished requests
+        (``sampled`` lists every request that sampled a token)."""
         finished: list[Request] = []
-        index = self._next_step([t_end])
         batch = self._batch
         if batch is not None and batch.plan is plan:
             entries = batch.entries
         else:   # a plan built outside new_batch(): look its requests up
             by_id = {r.id: r for r in self.running}
             entries = [(by_id[rid], n) for rid, n in zip(plan.request_ids, plan.num_new_tokens)]
-        diff = self.itl_diff
+        self.sampled = sampled = []
         for req, n in entries:
             req.num_computed_tokens += n
             if req.num_computed_tokens == req.num_prompt_tokens + req.num_generated:
                 req.num_generated += 1
-                if req.first_token_s is None:
-                    req.first_token_s = t_end
-                elif req.last_step == index - 1:         # decoded in the previous step too
-                    diff[index - 1] += 1
-                    diff[index] -= 1
-                else:                                    # skipped some steps
-                    self.itl_extra.append(t_end - req.last_token_s)
-                req.last_step, req.last_token_s = index, t_end
-                if req.token_runs is not None:
-                    _extend_runs(req.token_runs, index, 1)
+                sampled.append(req)
                 if req.num_generated == req.num_output_tokens:
                     finished.append(req)
-        self._finish_at(finished)
+        self.retire(finished, t_end)
         return finished
 
-    def _next_step(self, ends: list[float]) -> int:
-        """Account for ``len(ends)`` completed steps; the index of the first."""
-        first = self.num_steps
-        self.num_steps += len(ends)
-        self.itl_diff.frombytes(bytes(len(ends) * self.itl_diff.itemsize))   # zeros
-        if self.record_tokens:
-            self.step_ends.extend(ends)
-        return first
-
-    def _finish_at(self, finished: list[Request]) -> None:
-        """Retire finished requests, each at the time of its last token."""
+    def retire(self, finished: list[Request], t: float | None) -> None:
+        """Free finished requests, each done at its last token's time ``t`` (None: the caller
+        set ``finish_s``)."""
         if len(finished) == 1:
             self.running.remove(finished[0])
         elif finished:
@@ -439,228 +405,5 @@ class Scheduler:
         for req in finished:
             self.blocks.free(req.id)
             req.status = Status.FINISHED
-            req.finish_s = req.last_token_s
-
-    # -- fast-forward ------------------------------------------------------------------------
-    #
-    # A "decode stretch": the plan just made decodes every running request by one token, with
-    # no prefill, preemption, swap or admission. Step i of the stretch (i = 0 is that plan)
-    # feeds request j's token at position c_j + i, so it needs blocks for c_j + i + 1 tokens:
-    #
-    #     block_size 4, c_j = 6:  [x x x x][x x . .]   step 0 writes slot 7, step 1 slot 8,
-    #                                                  step 2 needs a third block, ...
-    #
-    # Until someone finishes, arrives, or the blocks run out, every step repeats the decision
-    # (for a policy with monotone admission), so the engine can price and apply k steps at once.
-    # A stretch may also start with a step that completes the last prefill chunks of some
-    # requests while the others decode, or wait (vLLM v0's prefill-only steps): when nothing is
-    # left waiting, the next step decodes them all. A member's c is then chosen so that step
-    # i >= 1 still feeds position c + i: a newcomer with prompt p has c = p - 1 (as if it had
-    # decoded at step 0); a request that waits in step 0 has c one less than its context, and
-    # takes the stretch's steps from step 1 (its offset o = 1).
-
-    def decode_stretch_limit(self, plan: StepPlan, max_steps: int,
-                             past_finish: bool = False) -> int:
-        """How many steps, starting with ``plan``, are a decode stretch (1 = just this one).
-
-        ``plan`` must have every request in it sample a token and, but for a mixed first
-        step, decode every running request. A mixed first step (with ``past_finish``, for a
-        policy that ``continues_past_finish``, with nothing waiting or swapped) completes the
-        last prefill chunks of some requests while the others decode or, still decoding, wait;
-        it is a segment of its own. Bounded by ``max_steps``; by the KV blocks (the stretch
-        stops before the step whose allocations would not fit); and by the earliest finish (its
-        last step ends the stretch) unless ``past_finish`` and the policy
-        ``continues_past_finish`` with nothing waiting or swapped: then requests drop out of the
-        stretch as they finish, in *segments* (``stretch_segments``, ``segment_plan``), and it
-        runs until the last one is done.
-        """
-        running = self.running
-        everyone = len(plan.request_ids) == len(running)
-        if (not self.monotone_admission or plan.num_preempted
-                or plan.swap_in_blocks or plan.swap_out_blocks
-                or plan.num_sampled != len(plan.request_ids) or max_steps <= 1
-                or self.blocks.caches_prefixes):   # blocks with identities: allocate() each
-            return 1
-        # if some prefill (their last chunk), the stretch may start with this mixed step when
-        # what follows is sure to decode every running request (nothing waits to be admitted
-        # or swapped in, and the token budget holds them all) and, as for segments, nothing
-        # can look at the stretch before it is applied (``past_finish``)
-        self._mixed = mixed = bool(plan.prefill_lens)
-        if not mixed and not everyone:
-            return 1
-        if mixed and (not past_finish or not self.continues_past_finish or self.waiting
-                      or self.swapped or self._batch is None or self._batch.plan is not plan
-                      or len(running) > self.limits.max_num_batched_tokens):
-            return 1
-        held = self.blocks._held
-        # snapshot (request, c, blocks held, end step, offset o) once: the stretch verbs reuse
-        # it. The member takes steps o .. end - 1, and step i feeds its token at position
-        # c + i: c is the tokens computed before step 0 less one, plus the tokens the plan
-        # gives it (1 for a decode, 0 if it waits).
-        if everyone:
-            snap = [(r, r.num_computed_tokens, held[r.id],
-                     r.num_output_tokens - r.num_generated, 0) for r in running]
-            for r, n in self._batch.prefills if mixed else ():   # their last chunk: c moves on
-                j = running.index(r)
-                snap[j] = (r, r.num_computed_tokens + n - 1, *snap[j][2:])
-        else:
-            more = {r.id: n - 1 for r, n in self._batch.prefills}
-            snap = []
-            scheduled = self._batch.scheduled
-            for r in running:
-                c, left = r.num_computed_tokens, r.num_output_tokens - r.num_generated
-                if r.id in scheduled:
-                    snap.append((r, c + more.get(r.id, 0), held[r.id], left, 0))
-                elif r.num_generated and c + 1 == r.num_prompt_tokens + r.num_generated:
-                    snap.append((r, c - 1, held[r.id], left + 1, 1))   # waits, decoding
-                else:
-                    return 1   # a prefill left undone: the next step is no decode step
-        self._stretch = snap
-        self._past_finish = past = (past_finish and self.continues_past_finish
-                                    and not self.waiting and not self.swapped)
-        k = min(max_steps, (max if past else min)(snap, key=_end_step)[3])
-        if k <= 1:
-            return 1
-        bs, free = self.blocks.block_size, self.blocks.num_free
-        if len(snap) * (k // bs + 1) <= free:   # k steps add at most k // bs + 1 blocks each
-            return k
-
-        def new_blocks(steps: int) -> int:
-            """Blocks to add so that each member fits the steps it takes of ``steps`` (blocks
-            freed by members that finish are not counted back: a conservative bound)."""
-            total = 0
-            for _, c, h, e, _ in snap:
-                need = -(-(c + min(steps, e)) // bs) - h
-                if need > 0:
-                    total += need
-            return total
-
-        if new_blocks(k) <= free:
-            return k
-        lo, hi = 1, k          # new_blocks(lo) <= free (= 0 for lo = 1), new_blocks(hi) > free
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if new_blocks(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-    def stretch_segments(self, k: int) -> list[tuple[int, int, int]]:
-        """The runs of one membership and shape among the stretch's steps 0..k-1, as ``(first
-        step i0, requests in it, the sum of their contexts at step i0)``: one run unless the
-        stretch starts with a mixed step, which is a segment of its own, or requests drop out
-        as they finish. Step i of a decode segment starting at i0 decodes those requests with
-        every context grown by i - i0 (``segment_plan`` gives its plan; the sum is what a
-        latency model with ``decode_stretch_sum`` needs)."""
-        total = 0
-        drops: dict[int, list[int]] = {}      # step -> [members, Σ c] of those gone by then
-        past = self._past_finish
-        for _, c, _, e, _ in self._stretch:
-            total += c
-            if past and e < k:
-                d = drops.get(e)
-                if d is None:
-                    drops[e] = [1, c]
-                else:
-                    d[0] += 1
-                    d[1] += c
-        if self._mixed and 1 not in drops:
-            drops[1] = [0, 0]
-        m = len(self._stretch)
-        segments = [(0, m, total)]
-        for i0 in sorted(drops):
-            gone, ctx = drops[i0]
-            m -= gone
-            total -= ctx
-            segments.append((i0, m, total + m * i0))
-        return segments
-
-    def segment_plan(self, plan: StepPlan, i0: int) -> StepPlan:
-        """The plan of step ``i0`` of the stretch that starts with ``plan``: exactly what
-        ``schedule()`` would make then (the requests left, in running order, each decoding;
-        step 0 is ``plan`` itself)."""
-        if i0 == 0:
-            return plan
-        members = [x for x in self._stretch if x[3] > i0]     # x = (request, c, h, end, o)
-        m = len(members)
-        return StepPlan(tuple([x[0].id for x in members]), (1,) * m, (), (),    # (positional)
-                        tuple([x[1] + i0 for x in members]), m, 0, 0, 0, plan.extra_s)
-
-    def stretch_blocks_used(self, k: int) -> list[int]:
-        """KV blocks in use after scheduling each step 0..k-1 of a stretch (for the recorder)."""
-        bs = self.blocks.block_size
-        extra = [0] * k
-        for _, c, h, e, _ in self._stretch:
-            # step i holds ceil((c + i + 1) / bs) blocks: it first needs block h + 1 at step
-            # h * bs - c (>= 1, since step 0 fits in h blocks), then every bs steps; a member
-            # that finishes at step e - 1 frees all it holds before step e
-            last = e if e < k else k
-            first = h * bs - c
-            grown = 0
-            if first < last:
-                for i in range(first, last, bs):
-                    extra[i] += 1
-                grown = (last - 1 - first) // bs + 1
-            if e < k:
-                extra[e] -= h + grown
-        return list(accumulate(extra, initial=self.blocks.num_used))[1:]
-
-    def complete_decode_stretch(self, ends: list[float]) -> list[Request]:
-        """Apply a k-step decode stretch whose steps end at ``ends``; return finished requests.
-
-        A member takes steps o .. min(k, end) - 1. Inter-token gaps: inside the stretch every
-        member has one per step gap between its steps; entering it, a member that decoded in
-        the step just before adds that step gap, others add their own gap since their last
-        token.
-        """
-        k = len(ends)
-        a = self._next_step(ends)
-        finished = []
-        bs, held = self.blocks.block_size, self.blocks._held
-        added = adjacent = late = 0
-        extra = self.itl_extra
-        diff = self.itl_diff
-        for req, c, h, e, o in self._stretch:
-            end = e if e < k else k
-            c += end
-            req.num_computed_tokens = c
-            req.num_generated += end - o
-            need = -(-c // bs)          # fits: decode_stretch_limit checked the total
-            if need > h:
-                held[req.id] = need
-                added += need - h
-            if req.first_token_s is None:
-                req.first_token_s = ends[o]
-            elif req.last_step == a - 1 and not o:
-                adjacent += 1
-            else:
-                extra.append(ends[o] - req.last_token_s)
-            req.last_step, req.last_token_s = a + end - 1, ends[end - 1]
-            if req.token_runs is not None:
-                _extend_runs(req.token_runs, a + o, end - o)
-            diff[a + end - 1] -= 1      # its gaps a + o .. a + end - 2 (the start: below)
-            late += o
-            if e <= k:
-                finished.append(req)
-        diff[a] += len(self._stretch) - late
-        if late:
-            diff[a + 1] += late
-        if adjacent:
-            diff[a - 1] += adjacent
-            diff[a] -= adjacent
-        self.blocks.num_free -= added
-        self._stretch = []
-        self._finish_at(finished)
-        return finished
-
-
-_end_step = itemgetter(3)   # of a stretch snapshot entry (request, c, blocks held, end, offset)
-
-
-def _extend_runs(runs: list[list[int]], first: int, k: int) -> None:
-    """Add steps [first, first + k) to a request's token runs, merging adjacent runs."""
-    if runs and runs[-1][1] == first:
-        runs[-1][1] = first + k
-    else:
-        runs.append([first, first + k])
+            if t is not None:
+                req.finish_s = t

@@ -14,10 +14,13 @@ A recompute preemption just sets ``num_computed_tokens`` back to 0.
 from __future__ import annotations
 
 import enum
-from array import array
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from simserve.workload.spec import RequestSpec
+
+if TYPE_CHECKING:
+    from simserve.metrics.tokens import TokenTrack
 
 
 class Status(enum.Enum):
@@ -42,15 +45,10 @@ class Request:
     reject_reason: str = ""
     # prompt tokens found in the prefix cache when first admitted (vLLM's num_cached_tokens)
     num_cached_tokens: int = 0
-    # Output token times, kept compactly: the first token's time, and the step index and time of
-    # the latest one (the scheduler turns every gap into inter-token-latency statistics as it
-    # goes). Every token's time is kept only when the scheduler records tokens: then
-    # ``token_runs`` holds runs [first, stop) of step indices into ``step_ends``.
+    # when its first output token reached the client (set by the metrics layer's token log,
+    # which keeps the rest of its token times in ``tokens``: metrics/tokens.py)
     first_token_s: float | None = None
-    last_token_s: float = 0.0
-    last_step: int = -1
-    token_runs: list[list[int]] | None = None
-    step_ends: array | None = None
+    tokens: TokenTrack | None = None
     # copies of the spec's fields, read on every step (plain attributes are cheapest)
     id: int = field(init=False)
     num_prompt_tokens: int = field(init=False)
@@ -63,13 +61,12 @@ class Request:
 
     @property
     def token_times(self) -> list[float]:
-        """The time of every output token (needs a scheduler that records tokens)."""
-        if self.token_runs is None and self.num_generated == 0:
-            return []
-        if self.token_runs is None:
+        """The time of every output token (needs a run that records tokens)."""
+        if self.tokens is None:
+            if self.num_generated == 0:
+                return []
             raise ValueError("token times were not recorded (run with record_tokens=True)")
-        ends = self.step_ends
-        return [ends[i] for first, stop in self.token_runs for i in range(first, stop)]
+        return self.tokens.times()
 
     @property
     def num_tokens(self) -> int:

@@ -8,7 +8,7 @@ their KV cache; with ``on_failure: retry`` each is sent again to the live replic
 decides; held until one is up if none is), keeping the tokens it already streamed and
 recomputing prompt plus those tokens, as a recompute preemption would; after ``max_retries``
 failures, or with ``on_failure: fail``, it ends with status ``failed``. The engine applies
-these (simserve/engine.py); this module is plain data and random draws.
+these (simserve/engine/runtime.py); this module is plain data and random draws.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ has a ``role``: ``mixed`` (prefill and decode on the same replica, the default),
 al., OSDI'24), whose prefill replicas hand each request's KV cache to a decode replica over
 the ``kv_transfer`` link. What each part models, and what the client sees: docs/cluster.md.
 
-This module is SimPy-free; the engine (simserve/engine.py) runs what it describes.
+This package is SimPy-free; the engine (simserve/engine/) runs what it describes.
 """
 
 from __future__ import annotations
@@ -20,13 +20,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from simserve.errors import ConfigError
-from simserve.faults import FaultConfig
+from simserve.cluster.faults import FaultConfig
 from simserve.fields import Fields, join
+from simserve.cluster.routing import ROUTERS
 from simserve.limits import BANDWIDTH_RANGE, MAX_REPLICAS, MAX_SECONDS
-from simserve.routing import ROUTERS
 
 ROLES = ("mixed", "prefill", "decode")
 GROUP_SECTIONS = ("hardware", "engine", "scheduler", "latency")
@@ -199,113 +197,3 @@ def groups_of(s) -> list[GroupConfig]:
     if s.cluster.groups:
         return list(s.cluster.groups)
     return [GroupConfig("", s.cluster.replicas, "mixed", {}, s)]
-
-
-# -- KV transfer --------------------------------------------------------------------------------
-
-def kv_bytes_per_token_per_rank(s) -> int:
-    """K and V of one token on one tensor-parallel rank (every rank moves its own heads' share
-    over its own link, in parallel)."""
-    from simserve.kv.capacity import kv_heads_per_rank
-    m = s.model
-    return 2 * m.num_layers * kv_heads_per_rank(m, s.engine.tensor_parallel_size) \
-        * m.head_dim * m.dtype_bytes
-
-
-def transfer_seconds(cfg: TransferConfig, num_tokens: int, src, dst) -> float:
-    """Seconds to move the KV of ``num_tokens`` tokens from a prefill to a decode replica
-    (their group scenarios): the larger per-rank share (the side with fewer ranks) crosses
-    one link, ``bytes / bandwidth + latency``."""
-    per_token = max(kv_bytes_per_token_per_rank(src), kv_bytes_per_token_per_rank(dst))
-    return cfg.seconds(num_tokens * per_token)
-
-
-# -- per-replica figures --------------------------------------------------------------------------
-
-def replica_summary(requests, logs: dict, replicas, t0: float, t1: float) -> dict:
-    """Per-replica table and load-imbalance figures (docs/cluster.md, "Per-replica figures").
-
-    ``logs`` maps a replica index to its grouped step columns (what ``grouped_levels``
-    takes). Imbalance is max/mean and the coefficient of variation (population std / mean) of
-    completed requests and of busy time over the replicas that finish requests (mixed or
-    decode), and of busy time over the prefill pool when there is one.
-    """
-    from simserve.metrics.summary import grouped_levels
-    width = t1 - t0
-    status = requests["status"].to_numpy()
-    where = requests["replica"].to_numpy()
-    rows = []
-    for r in replicas:
-        g = logs.get(r.index)
-        busy, steps, running, kv = 0.0, 0, 0.0, 0.0
-        if g is not None and len(g["start_s"]):
-            start = g["start_s"]
-            busy = float((np.clip(start + g["duration_s"], t0, t1) - np.clip(start, t0, t1)).sum())
-            steps = len(start)
-            levels = grouped_levels([g], t0, t1)
-            running, kv = levels["mean_running"], levels["mean_kv_utilization"]
-        done = int(((status == "finished") & (where == r.index)).sum())
-        rows.append({"replica": r.index, "group": r.group, "role": r.role, "completed": done,
-                     "request_throughput": done / width if width > 0 else 0.0,
-                     "busy_s": busy, "busy_fraction": busy / width if width > 0 else 0.0,
-                     "num_steps": steps, "mean_running": running, "mean_kv_utilization": kv})
-    out: dict[str, Any] = {"per_replica": rows}
-    serving = [row for row in rows if row["role"] != "prefill"]
-    out.update(_imbalance("completed", [row["completed"] for row in serving]))
-    out.update(_imbalance("busy", [row["busy_s"] for row in serving]))
-    prefill = [row["busy_s"] for row in rows if row["role"] == "prefill"]
-    if prefill:
-        out.update({f"prefill_{k}": v for k, v in _imbalance("busy", prefill).items()})
-    return out
-
-
-def _imbalance(name: str, values: list[float]) -> dict:
-    x = np.asarray(values, dtype=float)
-    mean = float(x.mean()) if len(x) else 0.0
-    if mean <= 0:
-        return {f"load_imbalance_{name}": None, f"cv_{name}": None}
-    return {f"load_imbalance_{name}": float(x.max()) / mean, f"cv_{name}": float(x.std()) / mean}
-
-
-def engine_options(s, replicas) -> dict[str, Any]:
-    """The keyword arguments of ``engine.simulate`` for the scenario's cluster: routers (one
-    per pool, each with its own seeded stream), the KV transfer pricing, the fault schedule."""
-    from simserve.faults import FaultSchedule
-    from simserve.routing import make_router
-    c = s.cluster
-    out: dict[str, Any] = {"router": make_router(c.router, s.seed, pool=0)}
-    if c.disaggregated:
-        scenario = {}
-        for g, first in zip(groups_of(s), np.cumsum([0] + [g.replicas for g in groups_of(s)])):
-            for i in range(g.replicas):
-                scenario[int(first) + i] = g.scenario
-        per_rank = {i: kv_bytes_per_token_per_rank(sc) for i, sc in scenario.items()}
-        link = c.kv_transfer
-        out["decode_router"] = make_router(c.router, s.seed, pool=1)
-        out["transfer_s"] = lambda tokens, src, dst: link.seconds(
-            tokens * max(per_rank[src.index], per_rank[dst.index]))
-    if c.faults is not None and c.faults.enabled:
-        out.update(faults=FaultSchedule(c.faults, len(replicas), s.seed),
-                   on_failure=c.faults.on_failure, max_retries=c.faults.max_retries)
-    return out
-
-
-def cluster_summary(rec, replicas, requests) -> dict[str, Any]:
-    """Cluster figures for the summary: retries and replica failures always; KV transfers for
-    a disaggregated cluster; the per-replica table and load imbalance with several replicas."""
-    out: dict[str, Any] = {"num_retries": int(sum(rec.retries.values())),
-                           "num_retried_requests": len(rec.retries),
-                           "num_replica_failures": len(rec.failures)}
-    if rec.transfer_s:
-        x = np.asarray(rec.transfer_s)
-        out.update(num_kv_transfers=len(x), mean_kv_transfer_ms=float(x.mean()) * 1e3,
-                   max_kv_transfer_ms=float(x.max()) * 1e3)
-    if len(replicas) > 1:
-        done = requests[requests["status"] == "finished"]
-        t0 = float(requests["arrival_s"].min()) if len(requests) else 0.0
-        t1 = float(done["finish_s"].max()) if len(done) else t0
-        logs = {}
-        for i, log in rec.replicas.items():
-            logs[i] = {**log.step_arrays(), **log.group_columns()}
-        out.update(replica_summary(requests, logs, replicas, t0, t1))
-    return out

@@ -1,0 +1,108 @@
+"""From a validated scenario to the engine's objects: the latency model, the replicas (each
+built from its resolved ``ReplicaSpec``: cluster/spec.py), the routers, the KV transfer
+pricing and the fault schedule."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from simserve.cluster import GroupConfig, groups_of
+from simserve.cluster.faults import FaultSchedule
+from simserve.cluster.routing import make_router
+from simserve.engine.replica import Replica
+from simserve.errors import ConfigError
+from simserve.kv.blocks import BlockManager
+from simserve.kv.prefix import PrefixBlockManager
+from simserve.latency.base import LatencyModel
+from simserve.sched import POLICIES, Scheduler
+
+if TYPE_CHECKING:
+    from simserve.config import Scenario
+
+
+def build_latency(s: Scenario) -> LatencyModel:
+    from simserve.latency.roofline import ConstantLatency, LinearLatency, RooflineModel
+    lat = s.latency
+    if lat.model == "profile":
+        from simserve.latency.profile import ProfileLatency, list_profiles, resolve_profile_path
+        path = resolve_profile_path(lat.path, s.base_dir)
+        if path is None:
+            raise ConfigError("latency.path", f"profile file not found: {s.base_dir / lat.path}"
+                                              f", nor a shipped profile of that name (shipped: "
+                                              f"{', '.join(list_profiles()) or 'none'})")
+        tp = s.engine.tensor_parallel_size
+        return ProfileLatency.from_file(path, s.model,
+                                        step_overhead_s=(lat.step_overhead_ms or 0.0) / 1000.0,
+                                        host_link_bandwidth=s.hardware.host_link_bandwidth,
+                                        # a swapped block is the scenario's, not the profile's
+                                        swap_block_bytes=s.replica.kv_block_bytes,
+                                        tensor_parallel_size=tp, allreduce_s=RooflineModel(
+                                            s.model, s.hardware, tensor_parallel_size=tp,
+                                        ).allreduce_s if tp > 1 else None)
+    if lat.model == "constant":
+        return ConstantLatency(lat.step_ms / 1000.0)
+    if lat.model == "linear":
+        return LinearLatency(lat.base_ms / 1000.0, lat.per_token_ms / 1000.0,
+                             lat.per_seq_ms / 1000.0)
+    kwargs = {}
+    if lat.step_overhead_ms is not None:
+        kwargs["step_overhead_s"] = lat.step_overhead_ms / 1000.0
+    if lat.flops_efficiency is not None:
+        kwargs["flops_efficiency"] = lat.flops_efficiency
+    if lat.bandwidth_efficiency is not None:
+        kwargs["bandwidth_efficiency"] = lat.bandwidth_efficiency
+    return RooflineModel(s.model, s.hardware, tensor_parallel_size=s.engine.tensor_parallel_size,
+                         block_size=s.engine.block_size, **kwargs)
+
+
+def build_replicas(s: Scenario, latency: LatencyModel | None = None) -> list[Replica]:
+    """Every replica of the scenario's cluster, group after group (``cluster.groups_of``)."""
+    replicas: list[Replica] = []
+    for i, g in enumerate(groups_of(s)):
+        try:
+            replicas += _group_replicas(g.scenario, g, len(replicas), latency)
+        except ConfigError as e:
+            if not s.cluster.groups:
+                raise
+            raise ConfigError(f"cluster.groups[{i}].{e.field}", e.message) from None
+    return replicas
+
+
+def _group_replicas(s: Scenario, g: GroupConfig, first: int,
+                    latency: LatencyModel | None) -> list[Replica]:
+    spec = s.replica
+    spec.check_kv()
+    latency = latency or build_latency(s)
+    policy = POLICIES[spec.policy]
+
+    def kv() -> BlockManager:
+        if spec.prefix_caching and g.role != "decode":   # decode replicas get KV by transfer,
+            return PrefixBlockManager(spec.usable_blocks, spec.block_size,    # not from cache
+                                      source_block_size=s.workload.hash_block_tokens)
+        return BlockManager(spec.usable_blocks, spec.block_size, spec.num_host_blocks)
+
+    def factory() -> Scheduler:   # also a failed replica's fresh start
+        return policy(spec.limits, kv(), spec.params, s.seed)
+
+    return [Replica(first + i, factory(), latency, spec.max_model_len, group=g.name,
+                    role=g.role, factory=factory) for i in range(g.replicas)]
+
+
+def engine_options(s: Scenario, replicas: list[Replica]) -> dict[str, Any]:
+    """The keyword arguments of ``engine.simulate`` for the scenario's cluster: routers (one
+    per pool, each with its own seeded stream), the KV transfer pricing, the fault schedule."""
+    c = s.cluster
+    out: dict[str, Any] = {"router": make_router(c.router, s.seed, pool=0)}
+    if c.disaggregated:
+        # K and V of one token on one rank, per replica: every rank moves its own heads'
+        # share over its own link, so the side with fewer ranks sets the time
+        per_rank = [g.scenario.replica.kv_bytes_per_token
+                    for g in groups_of(s) for _ in range(g.replicas)]
+        link = c.kv_transfer
+        out["decode_router"] = make_router(c.router, s.seed, pool=1)
+        out["transfer_s"] = lambda tokens, src, dst: link.seconds(
+            tokens * max(per_rank[src.index], per_rank[dst.index]))
+    if c.faults is not None and c.faults.enabled:
+        out.update(faults=FaultSchedule(c.faults, len(replicas), s.seed),
+                   on_failure=c.faults.on_failure, max_retries=c.faults.max_retries)
+    return out

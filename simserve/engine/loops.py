@@ -1,0 +1,232 @@
+"""The replica loops: each replica is one SimPy process stepping its scheduler.
+
+A replica asks its scheduler for a StepPlan, prices it with the latency model, holds the clock
+for that long, then lets the scheduler apply it. An idle replica sleeps on an event that
+whoever gives it work triggers. Which loop runs a replica depends on what else can happen
+(``loop_for``): :func:`solo_loop` for one replica with nothing else going on,
+:func:`run_ahead_loop` for replicas that only arrivals and failures can disturb,
+:func:`stepping_loop` when a stretch in flight may be cut back (disaggregated prefill/decode)
+or when every step is its own event (``fast_forward=False``).
+
+Fast-forward (sched/stretch.py): when a plan is the start of a *decode stretch* (every running
+request decodes, nothing else happens, and the policy's admission is monotone), the replica
+prices all k steps of the stretch at once, holds the clock once, and applies them together.
+The result is the same schedule, step for step, as stepping one iteration per event
+(``fast_forward=False``); the equivalence tests hold the two to that. What keeps it exact is
+that a stretch never runs past an *outside event* — something that changes or looks at the
+replica from outside:
+
+* events known in advance — arrivals and fault injections/restarts — bound the stretch when it
+  is planned: a step after the first is kept only if it starts before the next such event, or,
+  when the router looks at per-step state (KV use, tokens left, cached prefixes), only if it
+  also *ends* before it, so that the state the router sees at that moment is exactly the state
+  stepping shows (the step in flight scheduled, everything before it applied);
+* events not known in advance — a KV cache landing on a decode replica, created when another
+  replica's prefill completes — go to the target's *inbox*; a stretch in flight there is cut
+  back to the steps that start before the landing (``simpy.Process.interrupt`` makes the
+  replica wait for the new end), and the replica takes the landing at its first step boundary
+  at or after it.
+
+Run-ahead (:func:`run_ahead_loop`): when no unannounced events can happen (no
+disaggregation), a step or stretch that ends before the next outside event is applied at once,
+without a SimPy event; the replica runs ahead of the SimPy clock but never past that event.
+
+Solo (:func:`solo_loop`, ``Runtime.pull``): one replica and no failures. Nothing but arrivals can happen
+between two of its step boundaries and the router has no choice to make, so the replica takes
+the arrivals due by each boundary itself (in order, as the URGENT arrival events would have)
+and yields to SimPy only to sleep while idle. Every stretch is then applied before anyone could
+look at it, so a stretch may also run on past finishes (``Scheduler.continues_past_finish``):
+requests drop out as they finish, and each run of one membership (a *segment*) is priced from
+the plan ``schedule()`` would have made at its first step; and it may start with a mixed step
+that finishes the newcomers' prefills while the others decode or wait (a segment of its own).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Generator
+from typing import Any
+
+from simserve.engine.clock import Clock, Interrupt
+from simserve.engine.replica import Flight, Replica
+from simserve.engine.runtime import Runtime, pull_arrivals
+from simserve.sched.core import Scheduler
+from simserve.sched.plan import StepPlan
+from simserve.sched.stretch import Stretch
+
+Loop = Generator[Any, Any, None]
+
+# Longest stretch priced at once: bounds the work wasted when an arrival cuts a stretch short.
+MAX_STRETCH = 256
+INF = math.inf
+_NO_ENDS: list[float] = []   # (a plain step's; never changed)
+
+
+def loop_for(c: Runtime) -> Callable[[Clock, Runtime, Replica], Loop]:
+    """The loop that runs each replica of ``c``."""
+    if c.pull:
+        return solo_loop
+    return run_ahead_loop if c.run_ahead else stepping_loop
+
+
+def solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
+    """One replica, nothing else going on: it takes its arrivals itself and never waits on the
+    SimPy clock but to sleep until the next arrival; its stretches run past finishes and may
+    start with a mixed step (the module docstring says why that is exact)."""
+    arrivals, sched = c.arrivals, r.scheduler
+    now = env.now
+    while True:
+        if arrivals.next_time <= now:
+            pull_arrivals(c, now)
+        plan = sched.schedule() if sched.has_work else None
+        if plan is None or plan.is_empty:
+            if c.finished or arrivals.next_time == INF:
+                return           # all done (or deadlocked: simulate() sees nothing left)
+            now = arrivals.next_time
+            yield env.at(now)    # idle until the next arrival
+            continue
+        # one replica: the router has no choice to make, so only a step's start is cut
+        stretch, ends, end = _take(c, r, sched, plan, now, arrivals.next_time, INF,
+                                   MAX_STRETCH, past_finish=True)
+        now = c.finish_steps(r, sched, plan, stretch, ends, end)
+
+
+def run_ahead_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
+    """Several replicas, or failures, and no KV transfers: a step or stretch that ends before
+    the next outside event (an arrival, a failure) is applied at once; one that reaches it
+    holds the clock until its end (a failure may then take the step in flight)."""
+    cuts = _outside_events(c, r)
+    sched = r.scheduler
+    now = env.now
+    while True:
+        plan = sched.schedule() if sched.has_work else None
+        if plan is None or plan.is_empty:
+            woken = yield from _sleep(env, c, r, now)
+            if woken is None:
+                return
+            now, sched = woken, r.scheduler   # (a new scheduler after a restart)
+            continue
+        cut, cut_end = cuts()
+        stretch, ends, end = _take(c, r, sched, plan, now, cut, cut_end, MAX_STRETCH)
+        if end >= cut:
+            held = yield from _hold(env, c, r, stretch, now, end, ends)
+            if held is None:
+                now, sched = env.now, r.scheduler   # failed in flight (the runtime did the rest)
+                continue
+            end = held
+        now = c.finish_steps(r, sched, plan, stretch, ends, end)
+
+
+def stepping_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
+    """Every step, or stretch, holds the clock: stepwise runs (one event per step), and
+    disaggregated clusters, where a KV cache landing (the inbox) cuts a stretch in flight back
+    to the steps that start before it."""
+    cuts = _outside_events(c, r)
+    max_steps = MAX_STRETCH if c.fast_forward else 1
+    inbox, sched = r.inbox, r.scheduler
+    now = env.now
+    while True:
+        if inbox and inbox[0][0] <= now:
+            c.drain(r, now)
+        plan = sched.schedule() if sched.has_work else None   # (a down replica has no work)
+        if plan is None or plan.is_empty:
+            woken = yield from _sleep(env, c, r, now)
+            if woken is None:
+                return
+            now, sched = woken, r.scheduler
+            continue
+        cut, cut_end = cuts()
+        stretch, ends, end = _take(c, r, sched, plan, now, cut, cut_end, max_steps)
+        held = yield from _hold(env, c, r, stretch, now, end, ends)
+        if held is None:
+            now, sched = env.now, r.scheduler
+            continue
+        now = c.finish_steps(r, sched, plan, stretch, ends, held)
+
+
+# -- the pieces the loops share -------------------------------------------------------------
+
+def _outside_events(c: Runtime, r: Replica) -> Callable[[], tuple[float, float]]:
+    """For a step of ``r`` starting now: steps after the first must start before ``cut`` and
+    end before ``cut_end`` (arrivals that add to the replica or that a router observing
+    per-step state routes; failures and restarts; things already in its inbox)."""
+    arrivals, faults, inbox = c.arrivals, c.fault_times, r.inbox
+    arrival_cut, arrival_end = c.arrival_rules(r)
+    fault_end = c.fault_end_rule
+
+    def cuts() -> tuple[float, float]:
+        cut = cut_end = INF
+        if arrival_cut:
+            cut = arrivals.next_time
+            if arrival_end:
+                cut_end = cut
+        if faults:
+            t = faults[0]
+            if t < cut:
+                cut = t
+            if fault_end and t < cut_end:
+                cut_end = t
+        if inbox and inbox[0][0] < cut:
+            cut = inbox[0][0]
+        return cut, cut_end
+
+    return cuts
+
+
+def _take(c: Runtime, r: Replica, sched: Scheduler, plan: StepPlan, start: float, cut: float,
+          cut_end: float, max_steps: int, past_finish: bool = False
+          ) -> tuple[Stretch | None, list[float], float]:
+    """Price and record the step that starts with ``plan`` at ``start``, fast-forwarded into a
+    stretch as far as the outside events allow: the stretch (None for one step), the end of
+    each of its steps (empty for one step), and its end."""
+    if plan.prefill_lens:        # requests scheduled for the first time (always a prefill)
+        for req in sched.newly_scheduled:
+            req.first_scheduled_s = start
+    stretch = Stretch.plan(sched, plan, max_steps, past_finish) if max_steps > 1 else None
+    if stretch is not None:
+        stretch.price(r.latency, start, cut, cut_end)
+        if stretch.num_steps > 1:
+            c.rec.stretch(r, stretch)
+            ends = stretch.starts[1:]
+            ends.append(stretch.end)
+            return stretch, ends, stretch.end
+        duration = stretch.durations[0]   # cut back to its first step, priced already
+    else:
+        duration = r.latency.step_time(plan)
+    c.rec.step(r, start, duration, plan)
+    return None, _NO_ENDS, start + duration
+
+
+def _sleep(env: Clock, c: Runtime, r: Replica, now: float) -> Generator[Any, Any, float | None]:
+    """Idle: catch the SimPy clock up, then sleep until someone gives the replica work; the
+    time woken, or None when the run is over."""
+    if env.now < now:
+        yield env.at(now)
+    if c.finished:
+        return None
+    r.wakeup = env.event()
+    yield r.wakeup
+    r.wakeup = None
+    return env.now
+
+
+def _hold(env: Clock, c: Runtime, r: Replica, stretch: Stretch | None, start: float,
+          end: float, ends: list[float]) -> Generator[Any, Any, float | None]:
+    """Hold the clock until the step or stretch ends; its end, which a KV landing may move
+    earlier (the stretch cut back: ``ends`` shrinks), or None if the replica failed in flight.
+    Without disaggregation or failures nothing can cut a flight short: a plain wait."""
+    if not c.tracked:
+        yield env.at(end)
+        return end
+    r.flight = Flight(stretch.starts, ends, stretch) if stretch is not None \
+        else Flight([start], [end], None)
+    while True:
+        try:
+            yield env.at(end)
+            break
+        except Interrupt:
+            if not r.up:
+                return None
+            end = r.flight.ends[-1]
+    r.flight = None
+    return ends[-1] if stretch is not None else end

@@ -1,0 +1,66 @@
+"""One replica as the engine runs it: its scheduler and latency model, and its run state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from simserve.kv.blocks import BlockManager
+from simserve.latency.base import LatencyModel
+from simserve.metrics.tokens import TokenLog
+from simserve.sched.core import Scheduler
+from simserve.sched.request import Request
+from simserve.sched.stretch import Stretch
+
+
+@dataclass(eq=False)
+class Replica:
+    """A scheduler (with its KV cache), the latency model that prices its steps, and what the
+    engine keeps about it while it runs. Routers read ``index``, ``num_outstanding`` and
+    ``scheduler`` (cluster/routing.py)."""
+
+    index: int
+    scheduler: Scheduler
+    latency: LatencyModel
+    max_model_len: int
+    wakeup: Any = None             # the SimPy event an idle replica sleeps on
+    num_outstanding: int = 0       # requests routed to it and not yet done
+    group: str = ""
+    role: str = "mixed"            # mixed | prefill | decode (docs/cluster.md)
+    # a fresh scheduler (with its own empty KV cache) for a restart after a failure
+    factory: Callable[[], Scheduler] | None = field(default=None, repr=False)
+    up: bool = True
+    # engine bookkeeping: the process, the step or stretch in flight (only tracked when
+    # something may cut it short), and the inbox of (time, request id, kind, payload)
+    proc: Any = field(default=None, repr=False)
+    flight: Flight | None = field(default=None, repr=False)
+    inbox: list[tuple[float, int, int, tuple[Any, ...]]] = field(default_factory=list,
+                                                                 repr=False)
+    tokens: TokenLog | None = field(default=None, repr=False)   # its token log, while running
+
+    @property
+    def blocks(self) -> BlockManager:
+        return self.scheduler.blocks
+
+
+@dataclass(slots=True)
+class Flight:
+    """The steps a replica is holding the clock for: their starts and ends (one plain step, or
+    a fast-forwarded stretch, which may be cut back while in flight)."""
+
+    starts: list[float]
+    ends: list[float]
+    stretch: Stretch | None
+
+
+Router = Callable[[Request, Sequence[Replica]], Replica]
+
+
+def rejection_reason(req: Request, replica: Replica) -> str:
+    """Why a request can never run on this replica, or "" if it can."""
+    if req.max_tokens > replica.max_model_len:
+        return "exceeds_max_model_len"
+    if replica.blocks.blocks_for(req.max_tokens) > replica.blocks.num_blocks:
+        return "exceeds_kv_capacity"
+    return ""

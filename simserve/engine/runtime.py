@@ -1,0 +1,446 @@
+"""The cluster at run time: arrivals, routing, KV hand-off between replicas, failures.
+
+What the replicas share (:class:`Runtime`): the pools and routers, the count of unresolved
+requests, requests in transit between replicas, the failure schedule. The replica loops
+(engine/loops.py) ask it for the next outside events and tell it what their steps finished.
+
+Clusters (docs/cluster.md): replicas have a ``role``. ``mixed`` replicas take requests from the
+router and serve them whole. In a disaggregated cluster the router picks a prefill and a decode
+replica on arrival (Splitwise's cluster-level scheduler); the prefill replica runs a *proxy* of
+the request (its prompt, one output token), then holds that KV (a *pin*) while it crosses the
+link, and the decode replica takes the request with the KV computed (``num_computed_tokens =
+num_tokens - 1``: it next feeds back the token the prefill sampled). The token reaches the
+client when the KV lands. Things that reach a replica at a time not known in advance (a landing,
+the release of a pin) go to its *inbox*; a stretch in flight there is cut back to the steps
+that start before the landing (``push``). Failures (cluster/faults.py): the steps that ended by
+the failure time stand, the one in flight is lost, and the requests the replica held are
+retried elsewhere or fail.
+
+Event priorities at one instant: arrivals (and inbox wake-ups) are URGENT, so a step starting
+at that time sees them; step completions are NORMAL; failures and restarts come last (LATE),
+so steps that ended by the failure time stand and the step in flight is lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Generator, Sequence
+from heapq import heapify, heappop, heappush
+from typing import Any
+
+from simserve.clients import ClientGate
+from simserve.engine.clock import LATE, URGENT, Clock
+from simserve.engine.replica import Replica, Router, rejection_reason
+from simserve.kv.blocks import BlockManager
+from simserve.metrics.recorder import Recorder
+from simserve.metrics.tokens import moved
+from simserve.sched.plan import StepPlan
+from simserve.sched.stretch import Stretch
+from simserve.sched.core import Scheduler
+from simserve.sched.request import Request, Status
+from simserve.workload.spec import RequestSpec
+
+INF = math.inf
+_LAND, _UNPIN = 0, 1     # inbox entries: a KV cache landing; a prefill replica's KV released
+
+
+class Arrivals:
+    """The workload's cursor: the next arrival time is what bounds a fast-forward stretch."""
+
+    def __init__(self, specs: Sequence[RequestSpec]):
+        self.specs = specs
+        self.next = 0
+        self.done = False
+        self.next_time = specs[0].arrival_s if specs else INF   # (read at every step)
+
+    def advance(self) -> RequestSpec:
+        """The next arrival's spec; the cursor moves past it."""
+        spec = self.specs[self.next]
+        self.next += 1
+        self.next_time = self.specs[self.next].arrival_s if self.next < len(self.specs) else INF
+        return spec
+
+
+class Runtime:
+    """What the replicas share: the pools, routers, the count of unresolved requests, requests
+    in transit between replicas, failures. All times are SimPy's."""
+
+    def __init__(self, env: Clock, rec: Recorder, specs: Sequence[RequestSpec],
+                 replicas: Sequence[Replica], router: Router, fast_forward: bool,
+                 decode_router: Router | None, transfer_s: Callable[..., float] | None,
+                 faults: Any, on_failure: str, max_retries: int):
+        self.env, self.rec = env, rec
+        self.arrivals = Arrivals(specs)
+        self.replicas = list(replicas)
+        for r in self.replicas:
+            r.tokens = rec.token_log(r)
+        self.entry = [r for r in replicas if r.role != "decode"]
+        self.decode = [r for r in replicas if r.role == "decode"]
+        self.disaggregated = bool(self.decode)
+        if self.disaggregated and (decode_router is None or transfer_s is None
+                                   or any(r.role != "prefill" for r in self.entry)):
+            raise ValueError("decode replicas need prefill replicas (no mixed ones), a "
+                             "decode_router and transfer_s")
+        self.router, self.decode_router, self.transfer_s = router, decode_router, transfer_s
+        self.fast_forward = fast_forward
+        self.run_ahead = fast_forward and not self.disaggregated
+        # One replica, nothing else going on: nothing can happen between two of its step
+        # boundaries but arrivals, and where an arrival goes is forced, so the replica takes
+        # the arrivals due by each boundary itself (as the URGENT arrival events would have, in
+        # the same order) and never waits on the SimPy clock but to sleep while idle.
+        self.pull = self.run_ahead and len(self.replicas) == 1 and faults is None
+        self.tracked = self.disaggregated or faults is not None   # flights may be cut short
+        self.faults, self.on_failure, self.max_retries = faults, on_failure, max_retries
+        if faults is not None and any(r.factory is None for r in replicas):
+            raise ValueError("fault injection needs each replica's scheduler factory")
+        observes = getattr(router, "observes_state", True)
+        self.decode_observes = getattr(decode_router, "observes_state", True)
+        self.fault_end_rule = observes or (self.disaggregated and self.decode_observes)
+        self.entry_observes = observes
+        self.pending = len(specs)     # requests not yet finished, rejected or failed
+        self.finished = not specs
+        self.fault_times: list[float] = []   # pending failure and restart times (a heap)
+        self.real: dict[int, Request] = {}   # request id -> the request its proxy prefills
+        self.assigned: dict[int, Replica | None] = {}   # decode replica, until the KV lands
+        self.backlog: list[Request] = []     # no live replica in its pool: held at the router
+        self.decode_backlog: list[tuple] = []    # prefilled, no live decode replica
+        self.gate: ClientGate | None = None   # the benchmark client's concurrency limit
+
+    # -- the pieces the replica loop asks for ------------------------------------------------
+    def arrival_rules(self, r: Replica) -> tuple[bool, bool]:
+        """Whether arrivals cut this replica's stretches (they add to it or observe it), and
+        whether at the end of a step rather than its start (the router observes it)."""
+        if r.role != "decode":
+            return True, self.entry_observes
+        observed = self.decode_observes
+        return observed, observed
+
+    def resolve(self, n: int) -> None:
+        self.pending -= n
+        if self.gate is not None:
+            self.gate.release(n)
+        if self.pending == 0:
+            self.finished = True
+
+    def finish_steps(self, r: Replica, sched: Scheduler, plan: StepPlan,
+                     stretch: Stretch | None, ends: list[float], now: float) -> float:
+        """Apply a replica's step that ended at ``now`` (or the steps of ``stretch`` that ran,
+        ending at ``ends``): its scheduler's counters, the token log, the requests it
+        finished; returns ``now``."""
+        tokens = r.tokens
+        assert tokens is not None
+        if stretch is not None:
+            finished = stretch.apply(ends)
+            tokens.stretch(stretch, ends)
+        else:
+            finished = sched.complete(plan, now)
+            tokens.step(now, sched.sampled)
+        r.num_outstanding -= len(finished)
+        if finished:
+            self.done_steps(r, finished, now)
+        return now
+
+    def done_steps(self, r: Replica, finished: list[Request], now: float) -> None:
+        """Requests that a replica's step just finished."""
+        if r.role == "prefill":
+            for proxy in finished:
+                self.handoff(r, proxy, now)
+            return
+        self.pending -= len(finished)
+        if self.gate is not None:
+            self.gate.release(len(finished))
+        if self.pending == 0:
+            self.finished = True
+
+    # -- arrivals and routing --------------------------------------------------------------
+    def live(self, pool: list[Replica]) -> list[Replica]:
+        return pool if self.faults is None else [r for r in pool if r.up]
+
+    def dispatch(self, req: Request) -> None:
+        """Route a request (new, or retried after a failure) to its first replica."""
+        pool = self.entry if self.faults is None else [r for r in self.entry if r.up]
+        if not pool:
+            self.backlog.append(req)
+            return
+        replica = self.router(req, pool)
+        req.replica = replica.index
+        if self.disaggregated:
+            self._dispatch_split(req, replica)
+            return
+        reason = rejection_reason(req, replica)
+        if reason:
+            self.reject(req, reason)
+            return
+        replica.num_outstanding += 1
+        replica.scheduler.add(req)
+        wake(replica)
+
+    def _dispatch_split(self, req: Request, prefill: Replica) -> None:
+        """Prefill replica and decode replica at once (Splitwise's cluster-level scheduler).
+        The prefill replica gets a proxy: the prompt plus any tokens already streamed (a retry
+        recomputes them), one output token."""
+        g, spec = req.num_generated, req.spec
+        proxy = Request(dataclasses.replace(
+            spec, num_prompt_tokens=spec.num_prompt_tokens + g, num_output_tokens=1,
+            hash_ids=spec.hash_ids if g == 0 else None))
+        live = self.live(self.decode)
+        target = self.decode_router(req, live) if live else None
+        reason = rejection_reason(proxy, prefill) or \
+            rejection_reason(req, target if target is not None else self.decode[0])
+        if reason:
+            self.reject(req, reason)
+            return
+        self.real[req.id] = req
+        self._assign(req, target)
+        prefill.num_outstanding += 1
+        prefill.scheduler.add(proxy)
+        wake(prefill)
+
+    def _assign(self, req: Request, target: Replica | None) -> None:
+        self.assigned[req.id] = target
+        if target is not None:
+            target.num_outstanding += 1
+
+    def _unassign(self, req: Request) -> None:
+        target = self.assigned.pop(req.id, None)
+        if target is not None:
+            target.num_outstanding -= 1
+
+    def reject(self, req: Request, reason: str) -> None:
+        req.status = Status.REJECTED
+        req.reject_reason = reason
+        self.resolve(1)
+
+    # -- disaggregated prefill/decode ------------------------------------------------------
+    def handoff(self, prefill: Replica, proxy: Request, now: float) -> None:
+        """A proxy's prefill is done (its token sampled at ``now``): send the KV on, or finish
+        the request here if that was its last token."""
+        req = self.real.pop(proxy.id)
+        req.num_preemptions += proxy.num_preemptions
+        if req.first_scheduled_s is None:
+            req.first_scheduled_s = proxy.first_scheduled_s
+        if req.id not in self.rec.retries:
+            req.num_cached_tokens = proxy.num_cached_tokens
+        if req.num_generated + 1 == req.num_output_tokens:   # nothing left to decode
+            req.num_generated += 1
+            self._deliver(prefill, req, now)
+            self._unassign(req)
+            req.status, req.finish_s = Status.FINISHED, now
+            self.resolve(1)
+            return
+        tokens = proxy.num_computed_tokens
+        pin = -1 - req.id            # the KV stays on the prefill replica until it has landed
+        _pin(prefill.blocks, pin, proxy, tokens)
+        target = self.assigned.get(req.id)
+        if target is None:           # every decode replica is down: wait for one
+            self.assigned.pop(req.id, None)
+            self.decode_backlog.append((req, prefill, tokens, pin))
+        else:
+            self._send(req, prefill, target, tokens, pin, now)
+
+    def _send(self, req, prefill, target, tokens, pin, now) -> None:
+        t = now + self.transfer_s(tokens, prefill, target)
+        if not t > now:
+            t = math.nextafter(now, INF)   # strictly later: same-instant order never matters
+        self.rec.transfer_s.append(t - now)
+        self.push(prefill, t, _UNPIN, (pin, req, target))
+        self.push(target, t, _LAND, (req, prefill, pin))
+
+    def push(self, r: Replica, t: float, kind: int, payload) -> None:
+        """Something reaches replica ``r`` at ``t`` (> now): queue it, cut a stretch in flight
+        back to the steps starting before ``t``, and wake the replica then if it is idle."""
+        heappush(r.inbox, (t, payload[1].id if kind == _UNPIN else payload[0].id, kind, payload))
+        f = r.flight
+        if f is not None and f.stretch is not None and f.starts[-1] >= t:
+            keep = bisect_left(f.starts, t)         # >= 1: step 0 started at or before now
+            self.rec.log(r).trim(keep)
+            del f.starts[keep:], f.ends[keep:]
+            r.proc.interrupt()
+        self.env.call_at(t, URGENT, lambda: wake(r))
+
+    def drain(self, r: Replica, now: float) -> None:
+        """Take what has reached the replica by ``now`` (at a step boundary), in time order."""
+        inbox = r.inbox
+        while inbox and inbox[0][0] <= now:
+            t, _, kind, payload = heappop(inbox)
+            if kind == _UNPIN:
+                r.blocks.free(payload[0])
+            else:
+                self._land(r, payload[0], t)
+
+    def _land(self, r: Replica, req: Request, t: float) -> None:
+        """The KV of every token but the one the prefill sampled is on ``r``: that token (in
+        transit until now: lost with the transfer if a failure stops it) reaches the client,
+        and the request decodes from it."""
+        req.num_generated += 1
+        self._deliver(r, req, t)
+        self.assigned.pop(req.id, None)
+        req.num_computed_tokens = req.num_tokens - 1
+        req.replica = r.index
+        r.scheduler.add(req)
+
+    def _deliver(self, r: Replica, req: Request, t: float) -> None:
+        """A token produced elsewhere reaches the client at ``t`` (recorded by replica ``r``'s
+        token log, with the gap since the request's previous token)."""
+        self.rec.token_log(r).delivered(req, t)   # (r.tokens: the same log)
+
+    # -- failures --------------------------------------------------------------------------
+    def add_fault(self, t: float, r: Replica, restart_s: float) -> None:
+        heappush(self.fault_times, t)
+        self.env.call_at(t, LATE, lambda: self.fail(r, t, restart_s))
+
+    def stalled(self) -> bool:
+        """Nothing is in flight, queued between replicas or held: no progress is possible
+        without a failure (a scheduler deadlock), so injecting more would loop forever."""
+        return self.arrivals.done and not self.backlog and not self.decode_backlog and all(
+            r.flight is None and not r.inbox for r in self.replicas)
+
+    def fail(self, r: Replica, t: float, restart_s: float) -> None:
+        heappop(self.fault_times)
+        if not r.up or self.finished or self.stalled():
+            return
+        self.rec.failures.append((r.index, t))
+        f, r.flight = r.flight, None
+        if f is not None:            # steps that ended by t stand; the one in flight is lost
+            keep = bisect_right(f.ends, t)
+            self.rec.log(r).trim(keep)
+            if keep:             # (only a stretch: a plain step's end is its flight's end)
+                assert f.stretch is not None
+                ends = f.ends[:keep]
+                self.finish_steps(r, r.scheduler, f.stretch.first_plan, f.stretch, ends,
+                                  ends[-1])
+            r.proc.interrupt()
+        else:
+            wake(r)
+        r.up = False
+        victims = self._evacuate(r)
+        old = r.scheduler
+        r.scheduler = _fresh(old, r.factory)
+        r.num_outstanding = 0
+        heappush(self.fault_times, t + restart_s)
+        self.env.call_at(t + restart_s, LATE, lambda: self.restart(r, t + restart_s))
+        for req in sorted(victims, key=lambda q: q.id):
+            self._retry_or_fail(req)
+
+    def _evacuate(self, r: Replica) -> list[Request]:
+        """Every request whose KV was on, or on its way to or from, the failed replica; the
+        requests that were only assigned to it (still prefilling elsewhere) get another."""
+        sched = r.scheduler
+        held = sched.held_requests()
+        victims = [self.real.pop(p.id) for p in held] if r.role == "prefill" else held
+        for t, _, kind, payload in r.inbox:
+            if kind == _UNPIN:       # the source of a transfer: lost if still in flight
+                _, req, target = payload
+                if t <= self.env.now:
+                    continue         # it has landed: only this replica's copy is gone
+                target.inbox[:] = [e for e in target.inbox if e[3][0] is not req]
+                heapify(target.inbox)
+            else:                    # a transfer on its way here: release the source's copy
+                req, source, pin = payload
+                source.inbox[:] = [e for e in source.inbox
+                                   if not (e[2] == _UNPIN and e[3][1] is req)]
+                heapify(source.inbox)
+                source.blocks.free(pin)
+            victims.append(req)
+        r.inbox.clear()
+        lost = [e for e in self.decode_backlog if e[1] is r]
+        self.decode_backlog = [e for e in self.decode_backlog if e[1] is not r]
+        victims.extend(e[0] for e in lost)
+        for req in victims:          # (tokens it streamed from here stay streamed)
+            self._unassign(req)
+        if r.role == "decode":
+            live = [d for d in self.decode if d.up and d is not r]
+            for rid in sorted(i for i, d in self.assigned.items() if d is r):
+                req = self.real[rid]
+                self.assigned[rid] = None
+                self._assign(req, self.decode_router(req, live) if live else None)
+        return victims
+
+    def _retry_or_fail(self, req: Request) -> None:
+        n = self.rec.retries.get(req.id, 0)
+        if self.on_failure == "fail" or n >= self.max_retries:
+            req.status = Status.FAILED
+            req.reject_reason = "replica_failure" if self.on_failure == "fail" \
+                else "retries_exhausted"
+            self.resolve(1)
+            return
+        self.rec.retries[req.id] = n + 1
+        req.num_computed_tokens = 0
+        moved(req)
+        self.dispatch(req)
+
+    def restart(self, r: Replica, t: float) -> None:
+        heappop(self.fault_times)
+        r.up = True
+        wake(r)
+        if not self.finished and not self.stalled():
+            nxt = self.faults.next_random(r.index, t)
+            if nxt is not None:
+                self.add_fault(nxt[0], r, nxt[2])
+        held, self.backlog = self.backlog, []
+        for req in held:
+            self.dispatch(req)
+        if r.role == "decode":
+            live = self.live(self.decode)
+            for rid in sorted(i for i, d in self.assigned.items() if d is None):
+                self._assign(self.real[rid], self.decode_router(self.real[rid], live))
+            waiting, self.decode_backlog = self.decode_backlog, []
+            for req, prefill, tokens, pin in waiting:
+                target = self.decode_router(req, self.live(self.decode))
+                self._assign(req, target)
+                self._send(req, prefill, target, tokens, pin, t)
+
+
+def _pin(blocks: BlockManager, pin: int, proxy: Request, tokens: int) -> None:
+    """Hold a finished proxy's KV (``tokens`` tokens) under the id ``pin``. Its blocks were
+    freed a moment ago, so they fit; with prefix caching the pin takes the same cached blocks
+    back (shared prefixes stay shared) rather than fresh ones."""
+    if blocks.caches_prefixes:
+        blocks.register(pin, proxy.num_prompt_tokens, proxy.spec.hash_ids)
+        cached = blocks.cached_tokens(pin, tokens + 1)
+        if cached and blocks.allocate_cached(pin, tokens, cached) is not None:
+            return
+    blocks.allocate(pin, tokens)
+
+
+def _fresh(old: Scheduler, factory: Callable[[], Scheduler]) -> Scheduler:
+    """A restarted replica's scheduler: empty queues and KV cache (its token log goes on)."""
+    new = factory()
+    new.record_tokens = old.record_tokens
+    return new
+
+
+def wake(replica: Replica) -> None:
+    if replica.wakeup is not None and not replica.wakeup.triggered:
+        replica.wakeup.succeed()
+
+
+def arrival_process(env: Clock, c: Runtime) -> Generator[Any, Any, None]:
+    arrivals = c.arrivals
+    gate = c.gate
+    while arrivals.next_time < INF:
+        if arrivals.next_time > env.now:
+            yield env.at(arrivals.next_time, URGENT)
+        if gate is None:
+            _arrive(c, arrivals.advance())
+            continue
+        while not gate.admits():                 # the client's --max-concurrency
+            yield gate.wait(env)
+        _arrive(c, gate.send(arrivals.advance(), env.now))
+    arrivals.done = True
+
+
+def _arrive(c: Runtime, spec: RequestSpec) -> None:
+    req = Request(spec)
+    c.rec.requests.append(req)
+    c.dispatch(req)
+
+
+def pull_arrivals(c: Runtime, now: float) -> None:
+    """Every arrival due by ``now`` (``Runtime.pull``: the solo loop)."""
+    arrivals = c.arrivals
+    while arrivals.next_time <= now:
+        _arrive(c, arrivals.advance())
+    arrivals.done = arrivals.next_time == INF

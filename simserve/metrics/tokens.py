@@ -1,0 +1,210 @@
+"""Output tokens as they are sampled: inter-token latency and, when asked, every token's time.
+
+The scheduler only says what happened (``Scheduler.sampled``: the requests that sampled a token
+in the step it just completed; a stretch's members and their steps); each replica's
+:class:`TokenLog` turns that into inter-token-latency statistics as it goes, never per token:
+gap g, between the replica's steps g and g + 1, occurs ``itl_diff``-many times, kept as a
+difference array (entry g adds to every gap from g on); a gap that spans skipped steps (a
+request that waited, was preempted, or came from another replica) is listed in ``itl_extra``.
+:func:`itl_sample` reads both back as one weighted sample (metrics.sample).
+
+Every token's time is kept only when asked for (``record``: tokens.csv, ``Result.token_times``):
+a request's :class:`TokenTrack` then holds runs ``[first, stop)`` of step indices into the
+replica's step end times, plus the times of tokens it received elsewhere (a disaggregated
+hand-off, a retry on another replica).
+
+    replica steps      0    1    2    3    4    5
+    request A tokens        x    x    x              runs [[1, 4]]; gaps at 1, 2: diff[1] += 1,
+                                                     diff[3] -= 1
+    request B tokens   x              x    x         gap 0 -> 3 in itl_extra; gap 3: diff
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from simserve.metrics.sample import WeightedSample
+
+if TYPE_CHECKING:
+    from simserve.metrics.recorder import Recorder
+    from simserve.sched.request import Request
+    from simserve.sched.stretch import Stretch
+
+CHUNK = 1 << 20   # steps read at a time after a run: bounds the memory of long runs
+
+
+class TokenTrack:
+    """One request's output tokens as recorded: the replica step and time of its latest, and
+    (with ``record``) every token's time (see the module docstring)."""
+
+    __slots__ = ("last_step", "last_s", "runs", "ends", "earlier")
+
+    def __init__(self, last_step: int, last_s: float, record: bool):
+        self.last_step = last_step      # -2: the next token's gap spans skipped steps
+        self.last_s = last_s
+        self.runs: list[list[int]] | None = [] if record else None
+        self.ends: array[float] | None = None     # the step ends ``runs`` index into
+        self.earlier: list[float] = []            # (record) tokens of earlier replicas
+
+    def flatten(self) -> None:
+        """Turn the runs into earlier times (the request leaves the replica they index)."""
+        if self.runs:
+            self.earlier = self.times()
+        self.runs, self.ends = [], None
+
+    def times(self) -> list[float]:
+        """The time of every output token (needs a run that records tokens)."""
+        if self.runs is None:
+            raise ValueError("token times were not recorded (run with record_tokens=True)")
+        ends = self.ends
+        if ends is None:
+            return list(self.earlier)
+        return self.earlier + [ends[i] for first, stop in self.runs for i in range(first, stop)]
+
+
+class TokenLog:
+    """One replica's output tokens (it outlives the replica's schedulers: a restart after a
+    failure goes on counting steps)."""
+
+    __slots__ = ("num_steps", "itl_diff", "itl_extra", "record", "step_ends")
+
+    def __init__(self, record: bool = False):
+        self.num_steps = 0                 # steps completed so far (the next step's index)
+        self.itl_diff = array("i", [0])
+        self.itl_extra = array("d")
+        self.record = record               # keep every token's time
+        self.step_ends = array("d")        # (record) each step's end
+
+    def step(self, t_end: float, sampled: list[Request]) -> None:
+        """A step ended at ``t_end``; ``sampled`` sampled a token in it (in plan order)."""
+        index = self.num_steps
+        self.num_steps = index + 1
+        diff, record = self.itl_diff, self.record
+        diff.append(0)
+        if record:
+            self.step_ends.append(t_end)
+        for req in sampled:
+            tr = req.tokens
+            if tr is None:                              # its first token
+                req.first_token_s = t_end
+                tr = req.tokens = TokenTrack(index, t_end, record)
+            else:
+                if tr.last_step == index - 1:           # decoded in the previous step too
+                    diff[index - 1] += 1
+                    diff[index] -= 1
+                else:                                   # skipped some steps
+                    self.itl_extra.append(t_end - tr.last_s)
+                tr.last_step, tr.last_s = index, t_end
+            if record:
+                self._extend(tr, index, 1)
+
+    def stretch(self, stretch: Stretch, ends: list[float]) -> None:
+        """The first ``len(ends)`` steps of a fast-forwarded stretch, ending at ``ends``.
+
+        Member j takes steps offset[j] .. min(k, stop[j]) - 1. Inside the stretch every member has one gap
+        per step between its steps; entering it, a member that decoded in the step just before
+        adds that step gap, others add their own gap since their last token.
+        """
+        k = len(ends)
+        a = self.num_steps
+        self.num_steps = a + k
+        self.itl_diff.frombytes(bytes(k * 4))     # k zeros ("i": 4 bytes)
+        if self.record:
+            self.step_ends.extend(ends)
+        extra, diff = self.itl_extra, self.itl_diff
+        members = stretch.members
+        last, t_last = a + k - 1, ends[-1]       # where members that run to the end stop
+        adjacent = stays = late = 0
+        for req, _, _, e, o in members:
+            tr = req.tokens
+            if tr is None:
+                req.first_token_s = ends[o]
+                tr = req.tokens = TokenTrack(0, 0.0, self.record)
+            elif not o and tr.last_step == a - 1:
+                adjacent += 1
+            else:
+                extra.append(ends[o] - tr.last_s)
+            if e < k:                            # its last token at step e - 1
+                tr.last_step, tr.last_s = a + e - 1, ends[e - 1]
+                diff[a + e - 1] -= 1             # its gaps a + o .. a + e - 2 (the start: below)
+            else:
+                tr.last_step, tr.last_s = last, t_last
+                stays += 1
+            late += o
+        diff[last] -= stays
+        diff[a] += len(members) - late
+        if late:
+            diff[a + 1] += late
+        if adjacent:
+            diff[a - 1] += adjacent
+            diff[a] -= adjacent
+        if self.record:
+            for req, _, _, e, o in members:
+                self._extend(req.tokens, a + o, (e if e < k else k) - o)
+
+    def delivered(self, req: Request, t: float) -> None:
+        """A token produced on another replica (a disaggregated prefill's) reaches the client
+        at ``t``; the gap since the request's previous token is this replica's."""
+        tr = req.tokens
+        if tr is None:
+            req.first_token_s = t
+            tr = req.tokens = TokenTrack(-2, t, self.record)
+        else:
+            self.itl_extra.append(t - tr.last_s)
+            tr.last_step, tr.last_s = -2, t
+        if tr.runs is not None:
+            tr.flatten()
+            tr.earlier.append(t)
+
+    def _extend(self, tr: TokenTrack, first: int, k: int) -> None:
+        """Add this replica's steps [first, first + k) to a request's runs, merging adjacent
+        runs; tokens recorded on another replica become its earlier times first."""
+        if tr.ends is not self.step_ends:
+            tr.flatten()
+            tr.ends = self.step_ends
+        runs = tr.runs
+        assert runs is not None
+        if runs and runs[-1][1] == first:
+            runs[-1][1] = first + k
+        else:
+            runs.append([first, first + k])
+
+
+def moved(req: Request) -> None:
+    """The request starts over elsewhere (a retry after a failure): its next token's gap
+    spans skipped steps."""
+    if req.tokens is not None:
+        req.tokens.last_step = -2
+
+
+def itl_sample(rec: Recorder) -> WeightedSample:
+    """Every inter-token gap of a run, as the replicas' token logs gathered them: gap g of a
+    replica (between its steps g and g + 1) with its multiplicity, plus the gaps that spanned
+    skipped steps. Streamed in chunks of steps, regenerated for each pass."""
+    sources = []
+    for index in sorted(rec.tokens):
+        log, steps = rec.tokens[index], rec.replicas.get(index)
+        n = log.num_steps if steps is not None else 0
+        start = np.frombuffer(steps.steps["start_s"], dtype=np.float64) if n else None
+        duration = np.frombuffer(steps.steps["duration_s"], dtype=np.float64) if n else None
+        sources.append((np.frombuffer(log.itl_diff, dtype=np.int32), start, duration, n,
+                        np.frombuffer(log.itl_extra, dtype=np.float64)))
+
+    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for diff, start, duration, n, extra in sources:
+            carry = 0
+            for a in range(0, max(n - 1, 0), CHUNK):   # gaps a .. b-1 need step ends a .. b
+                b = min(a + CHUNK, n - 1)
+                w = np.cumsum(diff[a:b], dtype=np.int64) + carry
+                carry = int(w[-1])
+                assert start is not None and duration is not None
+                ends = start[a:b + 1] + duration[a:b + 1]
+                keep = w > 0
+                yield np.diff(ends)[keep], w[keep]
+            yield extra, np.ones(len(extra), dtype=np.int64)
+
+    return WeightedSample(chunks=chunks)
