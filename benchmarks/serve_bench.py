@@ -247,7 +247,7 @@ def cmd_vllm(args) -> None:
     text = (ROOT / "scenarios" / "tiny_cpu_profile.yaml").read_text()
     path = work / "scenario.yaml"
     # the load vLLM's client will send: fixed lengths (range ratio 0), Poisson at the rate
-    head, _ = text.split("workload:")
+    head = text.split("\nworkload:")[0] + "\n"
     path.write_text(head + (
         f"workload:\n  arrival: poisson\n  rate: {args.rate}\n  num_requests: {args.num_prompts}"
         f"\n  prompt: {{dist: fixed, value: {args.input_len}}}\n  output: {{dist: fixed, value: "
