@@ -85,7 +85,8 @@ def replay(scenario: Path, url: str, out: Path) -> None:
 
 
 def trace_scenario(base: str, trace: Path, path: Path) -> Path:
-    path.write_text(base.split("workload:")[0] + f"workload: {{trace: {trace}, format: csv}}\n")
+    head = base.split("\nworkload:")[0]
+    path.write_text(f"{head}\nworkload: {{trace: {trace}, format: csv}}\n")
     return path
 
 
@@ -133,10 +134,10 @@ def pct(x, qs=(50, 90, 99, 100)) -> str:
 
 def side_by_side(rows: dict[str, dict], keys) -> str:
     names = list(rows)
-    out = [f"{'metric':24s}" + "".join(f"{n:>22s}" for n in names)]
+    out = [f"{'metric':20s}" + "".join(f"{n:>25s}" for n in names)]
     for k in keys:
-        out.append(f"{k:24s}" + "".join(
-            f"{rows[n].get(k, float('nan')):22.3f}" for n in names))
+        out.append(f"{k:20s}" + "".join(
+            f"{rows[n].get(k, float('nan')):25.3f}" for n in names))
     return "\n".join(out)
 
 
