@@ -130,6 +130,31 @@ def test_the_same_arrivals_give_the_same_schedule_as_simserve_run(tmp_path):
     np.testing.assert_allclose(served["finish_s"], offline["finish_s"], rtol=0, atol=1e-9)
 
 
+def test_disaggregated_cluster_live_equals_simserve_run(tmp_path):
+    """Prefill and decode replicas: a request's first token leaves when its KV lands on the
+    decode replica, and the whole schedule is still the engine's."""
+    from simserve.live.serve import write_record
+    from simserve.runner import run
+
+    text = SCENARIO.replace("scheduler:", "cluster:\n  groups:\n"
+                            "    - {name: p, role: prefill, replicas: 1}\n"
+                            "    - {name: d, role: decode, replicas: 2}\n"
+                            "  kv_transfer: {link: nvlink}\nscheduler:")
+    s = load_scenario(write_scenario(tmp_path, text))
+    plan = [(0.004 * (i % 3), 100 + 37 * i, 1 + 3 * i, None) for i in range(12)]
+    sim, streams, counts, stats = run_live(s, plan, record=True)
+    assert counts == [1 + 3 * i for i in range(12)]
+    assert sum(st.requests_finished for st in stats) == 12
+    write_record(sim.served, tmp_path / "rec")
+    replayed = load_scenario(write_scenario(tmp_path, text.split("workload:")[0] + (
+        f"workload: {{trace: {tmp_path / 'rec' / 'trace.csv'}, format: csv}}\n"), "t.yaml"))
+    offline = run(replayed).requests.sort_values("request_id")
+    served = pd.read_csv(tmp_path / "rec" / "served.csv")
+    np.testing.assert_allclose(served["first_token_s"], offline["first_token_s"], rtol=0,
+                               atol=1e-9)
+    np.testing.assert_allclose(served["finish_s"], offline["finish_s"], rtol=0, atol=1e-9)
+
+
 def test_a_scenario_with_failures_is_refused(tmp_path):
     from simserve.errors import ConfigError
     from simserve.live.driver import WallClockSimulation

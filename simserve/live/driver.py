@@ -41,6 +41,7 @@ from simserve.errors import ConfigError
 from simserve.live.api import ReplicaStats, TokenStream
 from simserve.metrics.recorder import Recorder
 from simserve.metrics.tokens import TokenLog
+from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request
 from simserve.workload.spec import RequestSpec
 
@@ -75,8 +76,10 @@ class _Counters:
 
 
 class _LiveTokenLog(TokenLog):
-    """A replica's token log that also hands each token to its request's stream (as the step
-    that sampled it ends, which is when the wall clock reaches it)."""
+    """A replica's token log that hands each token to its request's stream, as the step that
+    sampled it ends (which is when the wall clock reaches it). It keeps no inter-token
+    statistics (the client measures those), so a server's memory does not grow with its
+    steps."""
 
     __slots__ = ("sim", "replica")
 
@@ -85,13 +88,11 @@ class _LiveTokenLog(TokenLog):
         self.sim, self.replica = sim, replica
 
     def step(self, t_end: float, sampled: list[Request]) -> None:
-        super().step(t_end, sampled)
         emit = self.sim._emit
         for req in sampled:
             emit(req, t_end, self.replica)
 
     def delivered(self, req: Request, t: float) -> None:
-        super().delivered(req, t)
         self.sim._emit(req, t, self.replica)
 
 
@@ -109,14 +110,13 @@ class _LiveRecorder(Recorder):
             log = self.tokens[replica.index] = _LiveTokenLog(self._sim, replica.index)
         return log
 
-    def step(self, replica, start, duration, plan) -> None:
-        c = self._sim.counters[replica.index]
-        c.preemptions += plan.num_preempted
+    def step(self, replica: Replica, start: float, duration: float, plan: StepPlan) -> None:
+        self._sim.counters[replica.index].preemptions += plan.num_preempted
 
 
 class _LiveRuntime(Runtime):
-    """The cluster runtime that never finishes: requests come for as long as the server is up.
-    Requests pinned to a replica (one port per replica) bypass the router."""
+    """The cluster runtime that never finishes: requests come for as long as the server is up,
+    and it tells the simulation about the ones it refuses."""
 
     def __init__(self, sim: WallClockSimulation, *args: Any):
         super().__init__(*args)
@@ -162,7 +162,7 @@ class WallClockSimulation:
         for r in self.replicas:
             r.proc = self.env.process(stepping_loop(self.env, self.rt, r))
         self._outputs = _output_lengths(s)
-        self._ids = itertools.count()
+        self._num_submitted = 0
         self._streams: dict[int, TokenStream] = {}     # requests not yet done, by id
         self._requests: dict[int, Request] = {}
         self._loop = loop or asyncio.get_running_loop()
@@ -171,6 +171,10 @@ class WallClockSimulation:
         self.error: BaseException | None = None
         self.served: list[Served] | None = [] if record else None
         self._run_until(0.0)                 # start the replica processes (idle at 0)
+
+    @property
+    def num_submitted(self) -> int:
+        return self._num_submitted
 
     @property
     def clock_origin(self) -> float | None:
@@ -191,7 +195,8 @@ class WallClockSimulation:
         else:                                # (a late timer leaves the clock behind, not ahead)
             t = max(self.now(), self.env.now)
         self._run_until(t, before=True)      # everything due before the arrival has happened
-        rid = next(self._ids)
+        rid = self._num_submitted
+        self._num_submitted += 1
         stream = TokenStream(rid, num_prompt_tokens, num_output_tokens, t)
         self._streams[rid] = stream
         req = self._requests[rid] = Request(RequestSpec(rid, t, num_prompt_tokens,

@@ -97,7 +97,7 @@ async def serve(scenario: Scenario, host: str, port: int, *, port_per_replica: b
             await runner.cleanup()
     if record is not None and sim.served is not None:
         write_record(sim.served, record, sim.clock_origin)
-    return next(sim._ids)
+    return sim.num_submitted
 
 
 def write_record(served, out: Path, clock_origin: float | None = None) -> None:
