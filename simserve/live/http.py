@@ -299,10 +299,12 @@ class _Format:
                 for i in range(first, first + n)]
 
     def token_chunk(self, first: int, n: int, finish: str | None) -> bytes:
+        # formatted by hand (ids are ints, the text needs no escaping): this runs once per
+        # token and stream, and json.dumps was a tenth of the server's time per token
         ids = self.ids(first, n)
-        text = json.dumps("".join(f" w{i}" for i in ids))
+        text = '"' + "".join([f" w{i}" for i in ids]) + '"'
         fin = "null" if finish is None else f'"{finish}"'
-        tail = f',"token_ids":{json.dumps(ids, separators=(",", ":"))}' if self.token_ids else ""
+        tail = f',"token_ids":[{",".join(map(str, ids))}]' if self.token_ids else ""
         if self.chat:
             choice = (f'{{"index":0,"delta":{{"content":{text}}},"logprobs":null,'
                       f'"finish_reason":{fin}{tail}}}')
