@@ -23,6 +23,7 @@ class ScriptedSim:
 
     def __init__(self, gap: float = 0.002, draw: int = 5):
         self.gap, self.draw = gap, draw
+        self.error: BaseException | None = None
         self.submitted: list[tuple[int, int, int | None]] = []
 
     def submit(self, num_prompt_tokens, num_output_tokens, replica=None) -> TokenStream:
@@ -279,3 +280,17 @@ def test_text_prompt_estimates():
 def test_prometheus_text_escapes_the_model_name():
     text = prometheus_text('a"b', [ReplicaStats(0, 0, 0, 0.0, 0, 0, 0, 0)])
     assert 'model_name="a\\"b"' in text
+
+
+def test_a_simulation_that_stopped_on_an_error_is_unhealthy():
+    sim = ScriptedSim()
+    sim.error = AssertionError("a bug")
+
+    async def both(c):
+        health = await c.get("/health")
+        gen = await c.post("/v1/completions", json={"prompt": [4], "max_tokens": 1})
+        return health.status, gen.status, await gen.json()
+
+    health, status, body = call(sim, both)
+    assert (health, status) == (500, 500)
+    assert body["error"]["type"] == "InternalServerError" and not sim.submitted

@@ -100,6 +100,7 @@ class LiveSimulation(Protocol):
     model_name: str
     max_model_len: int
     vocab_size: int
+    error: BaseException | None    # set once the simulation has stopped on an error
 
     def submit(self, num_prompt_tokens: int, num_output_tokens: int,
                replica: int | None = None) -> TokenStream:

@@ -144,7 +144,8 @@ class Frontend:
 
     # -- small endpoints -------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        # 500 once the simulation has stopped on an error (as vLLM's when its engine is dead)
+        return web.Response(status=500 if self.sim.error is not None else 200)
 
     async def version(self, request: web.Request) -> web.Response:
         from importlib.metadata import PackageNotFoundError, version
@@ -180,6 +181,9 @@ class Frontend:
             prompt_len, output_len, finish = self._lengths(body, chat)
         except RequestError as e:
             return error_response(e)
+        if self.sim.error is not None:
+            return error_response(RequestError(f"the simulation stopped: {self.sim.error!r}",
+                                               None, 500, "InternalServerError"))
         stream = self.sim.submit(prompt_len, output_len, self.replica)
         if stream.done and stream.reject_reason:
             return error_response(RequestError(
