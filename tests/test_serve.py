@@ -190,6 +190,27 @@ def test_refuses_to_bind_what_it_should_not(tmp_path, args, field):
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+def test_bad_input_is_one_line(tmp_path):
+    path = write_scenario(tmp_path)
+    missing = cli("serve", str(tmp_path / "none.yaml"), cwd=tmp_path)
+    bad = cli("serve", str(path), "--set", "engine.max_num_seqs=0", cwd=tmp_path)
+    for out, starts in ((missing, f"error: {tmp_path / 'none.yaml'}: file not found"),
+                        (bad, "error: engine.max_num_seqs: must be >= 1")):
+        assert out.returncode == 2 and out.stderr.startswith(starts), out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_port_in_use_is_one_line(tmp_path):
+    path = write_scenario(tmp_path)
+    proc, [url] = start_server(path, tmp_path)
+    try:
+        out = cli("serve", str(path), "--port", url.rsplit(":", 1)[1], cwd=tmp_path)
+    finally:
+        stop_server(proc)
+    assert out.returncode == 2 and out.stderr.startswith("error: --port: cannot listen on")
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
 def start_server(path: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, list[str]]:
     proc = subprocess.Popen([sys.executable, "-m", "simserve.cli", "serve", str(path),
                              "--port", "0", *extra], cwd=tmp_path, stdout=subprocess.PIPE,
