@@ -90,6 +90,13 @@ def test_driver_streams_every_token_on_the_wall_clock(tmp_path):
     assert (st.num_running, st.num_waiting, st.kv_usage) == (0, 0, 0.0)
     assert st.generation_tokens == 37 and st.requests_finished == 3
     assert st.prompt_tokens == 900
+    # the histograms hold every request's simulated TTFT and E2EL and every gap between tokens
+    assert (st.ttft.count, st.e2el.count, st.itl.count) == (3, 3, 37 - 3)
+    ttft = sum(x.first_token_s - x.arrival_s for x in streams)
+    e2el = sum(x.last_token_s - x.arrival_s for x in streams)
+    assert st.ttft.total == pytest.approx(ttft, abs=1e-12)
+    assert st.e2el.total == pytest.approx(e2el, abs=1e-12)
+    assert st.itl.total == pytest.approx(e2el - ttft, abs=1e-12)   # the gaps add up
 
 
 def test_driver_rejects_what_can_never_run_and_pins_replicas(tmp_path):

@@ -9,7 +9,7 @@ import json
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from simserve.live.api import ReplicaStats, TokenStream
+from simserve.live.api import TTFT_BUCKETS, Histogram, ReplicaStats, TokenStream
 from simserve.live.http import Frontend, count_text_tokens, prometheus_text
 
 
@@ -294,3 +294,22 @@ def test_a_simulation_that_stopped_on_an_error_is_unhealthy():
     health, status, body = call(sim, both)
     assert (health, status) == (500, 500)
     assert body["error"]["type"] == "InternalServerError" and not sim.submitted
+
+
+def test_histograms_are_cumulative_with_vllm_names():
+    counts = [0] * (len(TTFT_BUCKETS) + 1)
+    counts[0], counts[3], counts[-1] = 2, 1, 1          # <= 1 ms twice, <= 20 ms, > 2560 s
+    stats = ReplicaStats(0, 0, 0, 0.0, 0, 0, 0, 0,
+                         ttft=Histogram(TTFT_BUCKETS, tuple(counts), 3000.5))
+    text = prometheus_text("m", [stats])
+    name = "vllm:time_to_first_token_seconds"
+    assert f"# TYPE {name} histogram" in text
+    assert f'{name}_bucket{{engine="0",model_name="m",le="0.001"}} 2.0' in text
+    assert f'{name}_bucket{{engine="0",model_name="m",le="0.01"}} 2.0' in text
+    assert f'{name}_bucket{{engine="0",model_name="m",le="0.02"}} 3.0' in text
+    assert f'{name}_bucket{{engine="0",model_name="m",le="2560.0"}} 3.0' in text
+    assert f'{name}_bucket{{engine="0",model_name="m",le="+Inf"}} 4.0' in text
+    assert f'{name}_count{{engine="0",model_name="m"}} 4.0' in text
+    assert f'{name}_sum{{engine="0",model_name="m"}} 3000.5' in text
+    assert 'vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 0.0' in text
+    assert "# TYPE vllm:e2e_request_latency_seconds histogram" in text

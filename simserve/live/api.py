@@ -75,6 +75,33 @@ class TokenStream:
         return n
 
 
+# vLLM's bucket bounds (vllm/v1/metrics/buckets.py), seconds
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+               60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Observations counted into buckets: ``counts[i]`` of them were <= ``bounds[i]`` and above
+    the bound before; ``counts[-1]`` above every bound (Prometheus' +Inf bucket, uncumulated)."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    total: float                   # the sum of the observations
+
+    @staticmethod
+    def empty(bounds: tuple[float, ...]) -> Histogram:
+        return Histogram(bounds, (0,) * (len(bounds) + 1), 0.0)
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
 @dataclass(frozen=True)
 class ReplicaStats:
     """One replica's state and counters, as vLLM's Prometheus metrics name them (/metrics)."""
@@ -87,6 +114,11 @@ class ReplicaStats:
     prompt_tokens: int             # vllm:prompt_tokens_total (prompts of finished requests)
     generation_tokens: int         # vllm:generation_tokens_total
     requests_finished: int         # vllm:request_success_total{finished_reason="length"}
+    # vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
+    # vllm:e2e_request_latency_seconds (simulated times: from the request's arrival)
+    ttft: Histogram = Histogram.empty(TTFT_BUCKETS)
+    itl: Histogram = Histogram.empty(ITL_BUCKETS)
+    e2el: Histogram = Histogram.empty(E2E_BUCKETS)
 
 
 class LiveSimulation(Protocol):

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -38,7 +39,8 @@ from simserve.engine.loops import stepping_loop
 from simserve.engine.replica import Replica
 from simserve.engine.runtime import Runtime
 from simserve.errors import ConfigError
-from simserve.live.api import ReplicaStats, TokenStream
+from simserve.live.api import (E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS, Histogram,
+                               ReplicaStats, TokenStream)
 from simserve.metrics.recorder import Recorder
 from simserve.metrics.tokens import TokenLog
 from simserve.sched.plan import StepPlan
@@ -66,13 +68,36 @@ class Served:
     reject_reason: str
 
 
-class _Counters:
-    """A replica's cumulative counters, as vLLM's Prometheus counters count them."""
+class _Buckets:
+    """A histogram being filled (``Histogram`` is its snapshot)."""
 
-    __slots__ = ("preemptions", "prompt_tokens", "generation_tokens", "finished")
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, x: float) -> None:
+        self.counts[bisect_left(self.bounds, x)] += 1    # (a value on a bound counts in it)
+        self.total += x
+
+    def snapshot(self) -> Histogram:
+        return Histogram(self.bounds, tuple(self.counts), self.total)
+
+
+class _Counters:
+    """A replica's cumulative counters and histograms, as vLLM's Prometheus metrics count
+    them."""
+
+    __slots__ = ("preemptions", "prompt_tokens", "generation_tokens", "finished", "ttft",
+                 "itl", "e2el")
 
     def __init__(self) -> None:
         self.preemptions = self.prompt_tokens = self.generation_tokens = self.finished = 0
+        self.ttft = _Buckets(TTFT_BUCKETS)
+        self.itl = _Buckets(ITL_BUCKETS)
+        self.e2el = _Buckets(E2E_BUCKETS)
 
 
 class _LiveTokenLog(TokenLog):
@@ -219,7 +244,8 @@ class WallClockSimulation:
             blocks = sched.blocks
             out.append(ReplicaStats(r.index, len(sched.running), sched.num_waiting,
                                     blocks.num_used / blocks.num_blocks, c.preemptions,
-                                    c.prompt_tokens, c.generation_tokens, c.finished))
+                                    c.prompt_tokens, c.generation_tokens, c.finished,
+                                    c.ttft.snapshot(), c.itl.snapshot(), c.e2el.snapshot()))
         return out
 
     def close(self) -> None:
@@ -273,10 +299,15 @@ class WallClockSimulation:
         c = self.counters[replica]
         if not stream.emitted:
             c.prompt_tokens += req.num_prompt_tokens
+            c.ttft.observe(t - stream.arrival_s)
+        else:
+            assert stream.last_token_s is not None
+            c.itl.observe(t - stream.last_token_s)
         stream.emit(1, t)
         c.generation_tokens += 1
         if req.num_generated >= req.num_output_tokens:
             c.finished += 1
+            c.e2el.observe(t - stream.arrival_s)
             self._end(req, "", replica)
 
     def _end(self, req: Request, reason: str, replica: int | None = None) -> None:

@@ -375,6 +375,23 @@ def prometheus_text(model: str, stats) -> str:
         lines += [f"# HELP {metric}_total {doc}", f"# TYPE {metric}_total counter"]
         lines += [f'{metric}_total{{engine="{s.index}",model_name="{name}"}} '
                   f'{float(value(s))!r}' for s in stats]
+    histograms = (("vllm:time_to_first_token_seconds",
+                   "Histogram of time to first token in seconds.", lambda s: s.ttft),
+                  ("vllm:inter_token_latency_seconds",
+                   "Histogram of inter-token latency in seconds.", lambda s: s.itl),
+                  ("vllm:e2e_request_latency_seconds",
+                   "Histogram of e2e request latency in seconds.", lambda s: s.e2el))
+    for metric, doc, value in histograms:
+        lines += [f"# HELP {metric} {doc}", f"# TYPE {metric} histogram"]
+        for s in stats:
+            h = value(s)
+            labels = f'engine="{s.index}",model_name="{name}"'
+            running = 0
+            for bound, n in zip((*map(repr, h.bounds), "+Inf"), h.counts):
+                running += n
+                lines.append(f'{metric}_bucket{{{labels},le="{bound}"}} {float(running)!r}')
+            lines += [f"{metric}_count{{{labels}}} {float(h.count)!r}",
+                      f"{metric}_sum{{{labels}}} {float(h.total)!r}"]
     metric = "vllm:request_success_total"
     lines += [f"# HELP {metric} Count of successfully processed requests.",
               f"# TYPE {metric} counter"]
