@@ -169,7 +169,7 @@ def cmd_agreement(args) -> None:
     from simserve.runner import run
     work = Path(args.out or tempfile.mkdtemp(prefix="serve_agreement_"))
     work.mkdir(parents=True, exist_ok=True)
-    base = AGREEMENT.format(rate=rate_for(args.streams), seconds=args.seconds)
+    base = AGREEMENT.format(rate=args.rate or rate_for(args.streams), seconds=args.seconds)
     path = work / "scenario.yaml"
     path.write_text(base)
     proc, url = start_server(path, work, "--record", "rec")
@@ -201,7 +201,7 @@ def cmd_agreement(args) -> None:
 def cmd_load(args) -> None:
     work = Path(args.out or tempfile.mkdtemp(prefix="serve_load_"))
     work.mkdir(parents=True, exist_ok=True)
-    base = AGREEMENT.format(rate=rate_for(args.streams), seconds=args.seconds)
+    base = AGREEMENT.format(rate=args.rate or rate_for(args.streams), seconds=args.seconds)
     path = work / "scenario.yaml"
     path.write_text(base.replace("serve_agreement", "serve_load"))
     proc, url = start_server(path, work, "--record", "rec")
@@ -302,10 +302,12 @@ def main() -> None:
     a = sub.add_parser("agreement")
     a.add_argument("--streams", type=int, default=100)
     a.add_argument("--seconds", type=float, default=60.0)
+    a.add_argument("--rate", type=float, help="arrival rate (default: from --streams)")
     a.add_argument("--out")
     lo = sub.add_parser("load")
     lo.add_argument("--streams", type=int, default=200)
     lo.add_argument("--seconds", type=float, default=300.0)
+    lo.add_argument("--rate", type=float, help="arrival rate (default: from --streams)")
     lo.add_argument("--out")
     v = sub.add_parser("vllm")
     v.add_argument("--vllm-python", default="/tmp/vllm-venv/bin/python")
