@@ -4,6 +4,7 @@ serve`` (docs/serve.md).
     python benchmarks/serve_bench.py agreement [--streams 100] [--seconds 60]
     python benchmarks/serve_bench.py vllm [--vllm-python /tmp/vllm-venv/bin/python]
     python benchmarks/serve_bench.py load [--streams 200] [--seconds 300]
+    python benchmarks/serve_bench.py leak [--requests 6000]
 
 ``agreement``: a scenario whose load keeps about ``--streams`` streams open is served and
 replayed; printed: each token's *delivery delay* (the client's receipt minus the simulated time
@@ -20,6 +21,9 @@ arrivals the server recorded.
 
 ``load``: ``--streams`` concurrent streams for ``--seconds``; the server's RSS sampled every 5 s
 and the delivery delay per minute (drift shows as a trend in either).
+
+``leak``: the Python memory (tracemalloc) the server holds after each third of ``--requests``
+streamed requests, served in one process: what RSS cannot tell apart from the allocator.
 
 Timings depend on the machine (ours: 2 shared cores); run on a quiet machine (``uptime``).
 """
@@ -296,6 +300,73 @@ def cmd_vllm(args) -> None:
     print(f"files in {work}/")
 
 
+LEAK = """\
+name: serve_leak
+model: Llama-3.1-8B
+hardware: H100-SXM
+engine: {max_num_seqs: 256, max_num_batched_tokens: 8192, max_model_len: 4096}
+scheduler: {policy: vllm_v1}
+latency: {model: constant, step_ms: 1}
+workload: {arrival: poisson, rate: 1, num_requests: 1, prompt: {dist: fixed, value: 10},
+           output: {dist: fixed, value: 10}}
+"""
+
+
+def cmd_leak(args) -> None:
+    """Python objects the server keeps: ``--requests`` streamed requests through the HTTP
+    front end and the simulation in one process (1 ms steps), traced memory after each third."""
+    import asyncio
+    import gc
+    import tracemalloc
+
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+
+    from simserve.config import load_scenario
+    from simserve.live.driver import WallClockSimulation
+    from simserve.live.http import Frontend
+    work = Path(tempfile.mkdtemp(prefix="serve_leak_"))
+    (work / "s.yaml").write_text(LEAK)
+    scenario = load_scenario(work / "s.yaml")
+
+    async def main() -> list[float]:
+        sim = WallClockSimulation(scenario)
+        server = TestServer(Frontend(sim).app())
+        await server.start_server()
+        url = str(server.make_url("/v1/completions"))
+        traced = []
+        connector = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            async def one(i: int) -> None:
+                body = {"prompt": [5] * (100 + i % 300), "max_tokens": 5 + i % 20,
+                        "ignore_eos": True, "stream": True,
+                        "stream_options": {"include_usage": True}}
+                async with session.post(url, json=body) as r:
+                    async for _ in r.content:
+                        pass
+
+            tasks: set = set()
+            third = args.requests // 3
+            for i in range(3 * third):
+                t = asyncio.create_task(one(i))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+                await asyncio.sleep(0.001)
+                if (i + 1) % third == 0:
+                    while tasks:
+                        await asyncio.sleep(0.01)
+                    gc.collect()
+                    traced.append(tracemalloc.get_traced_memory()[0] / 2**20)
+        await server.close()
+        return traced
+
+    tracemalloc.start()
+    traced = asyncio.run(main())
+    third = args.requests // 3
+    print("traced Python memory after " + ", ".join(
+        f"{third * (k + 1)} requests: {mib:.3f} MiB" for k, mib in enumerate(traced)))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -318,8 +389,11 @@ def main() -> None:
     v.add_argument("--input-len", type=int, default=256)
     v.add_argument("--output-len", type=int, default=64)
     v.add_argument("--out")
+    k = sub.add_parser("leak")
+    k.add_argument("--requests", type=int, default=6000)
     args = p.parse_args()
-    {"agreement": cmd_agreement, "load": cmd_load, "vllm": cmd_vllm}[args.cmd](args)
+    {"agreement": cmd_agreement, "load": cmd_load, "vllm": cmd_vllm,
+     "leak": cmd_leak}[args.cmd](args)
 
 
 if __name__ == "__main__":
