@@ -105,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
 
     # fidelity against a live server (docs/fidelity.md): each module adds its own subcommand
     from importlib import import_module
-    for name in ("replay", "fidelity", "calibrate", "profiling"):
+    for name in ("replay", "fidelity", "calibrate", "profiling", "live.serve"):
         import_module(f"simserve.{name}").register(sub)
     return p
 
