@@ -153,6 +153,7 @@ OUTPUT_FORMATS = ("csv", "parquet")
 
 
 def need_pyarrow() -> None:
+    """A SimserveError (exit 2) naming the extra to install when pyarrow is missing."""
     import importlib.util
     if importlib.util.find_spec("pyarrow") is None:
         raise SimserveError("output format parquet needs pyarrow, which is not installed "
