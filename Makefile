@@ -20,7 +20,7 @@ $(VENV)/.installed: $(VENV)/bin/python pyproject.toml
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/bin/python pyproject.toml
-	$(BIN)/python -m pip install -q -e '.[dev,ray,profile]'
+	$(BIN)/python -m pip install -q -e '.[dev,ray,profile,parquet]'
 	touch $@ $(VENV)/.installed
 
 # The vLLM oracle (benchmarks/vllm_oracle.py): simserve's vllm_v1 and priority against vLLM's

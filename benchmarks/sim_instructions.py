@@ -1,8 +1,9 @@
 """Instructions executed by a simulation, before and after a change: the reproducible speed
 measure on a noisy shared machine (wall times drift by several per cent within minutes).
 
-Runs ``simserve.run`` on the speed benchmark's workload (benchmarks/sim_speed.py: Llama-2-7B
-on an A100-80GB, roofline, Poisson 3 req/s, Azure-conversation lengths) under
+Runs ``simserve.run`` on one of the speed benchmark's workloads (benchmarks/sim_speed.py:
+Llama-2-7B on an A100-80GB, roofline, Poisson 3 req/s; ``--workload vidur``, the default:
+Azure-conversation lengths, or ``bench``: issue #21's normal lengths) under
 ``valgrind --tool=callgrind`` with a fixed hash seed and single-threaded BLAS, once for the
 working tree (or a revision, ``--head``) and once for a git revision exported to a temporary
 directory (``--base``), and
@@ -11,6 +12,7 @@ stopping before it, both after a 20-request run that imports every module a run 
 
     python benchmarks/sim_instructions.py --base main --requests 5000
     python benchmarks/sim_instructions.py --base 12fb67d --head HEAD --policies vllm_v1 --stepwise
+    python benchmarks/sim_instructions.py --workload bench --policies vllm_v1 --requests 2000
 
 Needs valgrind, and the Azure conv trace (``--trace``; default ../shared/traces beside the
 checkout, as sim_speed.py). Each callgrind run of 5,000 requests takes about a minute.
@@ -32,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from sim_speed import SCENARIO  # noqa: E402  (the same scenario as the speed benchmark)
+from sim_speed import WORKLOADS  # noqa: E402  (the speed benchmark's scenarios)
 
 CHILD = textwrap.dedent("""
     import copy, json, sys
@@ -82,13 +84,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="main", help="git revision to compare with")
     ap.add_argument("--head", help="git revision measured instead of the working tree")
+    ap.add_argument("--workload", choices=tuple(WORKLOADS), default="vidur",
+                    help="vidur (Azure-conv lengths; needs --trace) or bench (issue #21's "
+                         "normal lengths)")
     ap.add_argument("--requests", type=int, default=5000)
     ap.add_argument("--policies", nargs="+", default=["vllm_v0", "vllm_v1", "sarathi"])
     ap.add_argument("--stepwise", action="store_true", help="also measure stepping")
     ap.add_argument("--trace", type=Path,
                     default=ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv")
     args = ap.parse_args()
-    if not args.trace.exists():
+    if args.workload == "vidur" and not args.trace.exists():
         sys.exit(f"needs the Azure conv trace at {args.trace} (--trace)")
     modes = [True, False] if args.stepwise else [True]
     with tempfile.TemporaryDirectory() as d:
@@ -98,10 +103,11 @@ def main() -> None:
               f"(base {args.base}, head {args.head or 'the working tree'})")
         print(f"{'policy':9s} {'mode':12s} {'base M':>9s} {'head M':>9s} {'change':>8s}")
         for policy in args.policies:
-            raw = json.loads(json.dumps(SCENARIO))
+            raw = json.loads(json.dumps(WORKLOADS[args.workload]))
             raw["scheduler"]["policy"] = policy
             raw["workload"]["num_requests"] = args.requests
-            raw["workload"]["lengths"]["path"] = str(args.trace)
+            if "lengths" in raw["workload"]:
+                raw["workload"]["lengths"]["path"] = str(args.trace)
             for ff in modes:
                 counts, outs = [], []
                 for src in (base, head):

@@ -51,7 +51,6 @@ memory matches: ``num_gpu_blocks = N // block_size``.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as _dt
 import json
@@ -323,6 +322,7 @@ def fit(observations: list[Observation], fixed: dict[str, float] | None = None) 
 
 async def _probe_server(s: Scenario, endpoint: str, model: str | None, plan: ProbePlan,
                         timeout: float, warmup: int, log) -> tuple[dict, list[dict]]:
+    import asyncio   # (imported where used: `simserve run` never needs it)
     import aiohttp
 
     from simserve.replay import EndpointError, Outcome, _probe, _send, prompt_ids, request_body
@@ -589,6 +589,7 @@ def calibrate(scenario: Scenario | str | Path, endpoint: str, *, base_profile: s
     started = _dt.datetime.now(_dt.timezone.utc)
     load_before = _loadavg()
     t0 = time.perf_counter()
+    import asyncio   # (imported here: `simserve run` never needs it)
     info, records = asyncio.run(_probe_server(s, endpoint, model, plan, timeout, warmup, log))
     wall = time.perf_counter() - t0
     budget = s.max_num_batched_tokens
@@ -650,6 +651,7 @@ def speed_check(scenario: Scenario | str | Path, endpoint: str, calibrated: dict
     if not plan.concurrencies:
         raise ConfigError("engine", "no speed probe fits this scenario's max_num_seqs")
     model = ProfileLatency(calibrated, source="<calibrated profile>")
+    import asyncio
     _, records = asyncio.run(_probe_server(s, endpoint, None, plan, timeout, warmup, None))
     ratios = {}
     for r in records:

@@ -29,6 +29,7 @@ import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -142,8 +143,15 @@ Log = Callable[[str], None]
 class _Prober:
     """Runs (rate, replicas, seed) probes once each and keeps every row."""
 
-    def __init__(self, base: Scenario, seeds: list[int], log: Log):
-        self.base, self.seeds, self.log = base, seeds, log
+    def __init__(self, base: Scenario, seeds: list[int], log: Log, bar: Any = None):
+        self.base, self.seeds, self.bar = base, seeds, bar
+        if bar is not None:     # log lines printed around the bar, not through it
+            def log_beside_bar(line: str) -> None:
+                with bar.external_write_mode():
+                    log(line)
+            self.log = log_beside_bar
+        else:
+            self.log = log
         self.rows: list[dict] = []
         self.cache: dict[tuple, dict] = {}
 
@@ -157,6 +165,8 @@ class _Prober:
             row["slo_met"] = row["slo_attainment"] >= self.base.slo.attainment
             self.cache[key] = row
             self.rows.append(row)
+            if self.bar is not None:
+                self.bar.update(1)
             self.log(f"  {phase:8s} rate {rate:9.4g} req/s  replicas {replicas:3d}  seed {seed}: "
                      f"attainment {row['slo_attainment']:.3f} "
                      f"({'meets' if row['slo_met'] else 'misses'} target)")
@@ -213,9 +223,11 @@ def _prepare(s: Scenario, notes: list[str]) -> tuple[Scenario, float]:
 
 def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = None,
              tolerance: float = 0.05, seeds: int = 3, overrides: Sequence[str] | None = None,
-             max_replicas: int = 256, log: Log | None = None) -> CapacityResult:
+             max_replicas: int = 256, log: Log | None = None,
+             progress: bool = False) -> CapacityResult:
     """Find the highest rate meeting the SLO attainment target (and, given ``target_rate``,
-    the fewest replicas that serve it). ``log`` gets one line per probe."""
+    the fewest replicas that serve it). ``log`` gets one line per probe; ``progress`` shows
+    a bar counting probes on stderr (a bisection's length is not known ahead: no ETA)."""
     # a bracket narrower than 1e-3 needs bisection steps past float precision (never ends)
     if not MIN_TOLERANCE <= tolerance < 1:
         raise ConfigError("tolerance", f"must be in [{MIN_TOLERANCE:g}, 1), got {tolerance:g}")
@@ -233,7 +245,11 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
     if s.workload.trace is not None and seeds > 1:
         notes.append("a trace replays the same requests whatever the seed: one seed used")
         seed_list = seed_list[:1]
-    prober = _Prober(s, seed_list, log or (lambda line: None))
+    probes = None
+    if progress:
+        from simserve.progress import bar
+        probes = bar(None, "capacity", "probe")
+    prober = _Prober(s, seed_list, log or (lambda line: None), probes)
     replicas = s.cluster.replicas
 
     lo, hi = _bracket(prober, start, replicas, s.workload)
@@ -260,6 +276,8 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
             notes.append(f"{max_replicas} replicas do not serve {target_rate:g} req/s within "
                          f"the SLO (raise max_replicas, or the SLO cannot be met at any size)")
 
+    if probes is not None:
+        probes.close()
     return CapacityResult(
         scenario=s.name, policy=s.policy, target_attainment=s.slo.attainment, max_rate=lo,
         first_failing_rate=hi, tolerance=tolerance, seeds=prober.seeds, replicas=replicas,

@@ -44,6 +44,15 @@ def _parser() -> argparse.ArgumentParser:
                           "stretches (same results, slower; for checking)")
     run.add_argument("--tokens", action="store_true",
                      help="also write tokens.csv: the time of every output token")
+    steps = run.add_mutually_exclusive_group()
+    steps.add_argument("--steps", dest="steps", action="store_true", default=None,
+                       help="write steps.csv, one row per engine iteration, however many (by "
+                            "default only for runs of at most 100,000 steps)")
+    steps.add_argument("--no-steps", dest="steps", action="store_false",
+                       help="do not write steps.csv")
+    run.add_argument("--format", dest="fmt", choices=("csv", "parquet"), default="csv",
+                     help="table format of requests, steps and tokens (parquet needs pyarrow: "
+                          "pip install 'simserve[parquet]')")
     run.add_argument("--metric-percentiles", metavar="P,P,...",
                      help="latency percentiles to report, e.g. 25,50,99 (as vllm bench serve; "
                           "same as --set metric_percentiles=[25,50,99])")
@@ -117,7 +126,6 @@ def _report(args, out: Path) -> None:
 def _cmd_run(args) -> int:
     from simserve.config import load_variants
     from simserve.deployment import check
-    from simserve.fmt import format_table
     from simserve.paths import default_out, folder_name, replaced_note
     from simserve.runner import comparison_table, coinciding, run, scenario_yaml
 
@@ -131,6 +139,9 @@ def _cmd_run(args) -> int:
             if len(variants) == 1:
                 raise
             raise ConfigError(e.field, f"{e.message} (in compare variant {label!r})") from None
+    if args.fmt == "parquet":     # before anything runs, not after the simulation
+        from simserve.runner import need_pyarrow
+        need_pyarrow()
     first = variants[0][1]
     root = Path(args.out) if args.out else default_out(
         first.base_dir / first.output_dir if first.output_dir else
@@ -140,7 +151,10 @@ def _cmd_run(args) -> int:
     for label, scenario in variants:
         t0 = time.perf_counter()
         try:
-            result = run(scenario, record_tokens=args.tokens, fast_forward=not args.stepwise)
+            result = run(scenario, record_tokens=args.tokens, fast_forward=not args.stepwise,
+                         progress=False if args.quiet else
+                         (f"{label} ({len(results) + len(failed) + 1}/{len(variants)})"
+                          if several else True))
         except SimserveError as e:          # the variants already run keep their results
             if not several:
                 raise
@@ -157,10 +171,11 @@ def _cmd_run(args) -> int:
         note = replaced_note(out, scenario_yaml(result.scenario, out))
         if note:
             print(f"note: {note}", file=sys.stderr)
-        path = result.save(out, tokens=args.tokens)
+        path = result.save(out, tokens=args.tokens, steps=args.steps, fmt=args.fmt)
         print(f"simulated {result.summary['num_requests']:,} requests, {result.num_steps:,} "
               f"steps in {wall:.2f} s [latency: {result.latency_label}]; results in {path}/")
     if several and results:
+        from simserve.fmt import format_table   # (pandas: only a compare needs it here)
         table = comparison_table(results)
         print()
         print(format_table(table))
@@ -220,7 +235,7 @@ def _cmd_capacity(args) -> int:
     try:
         result = capacity(args.scenario, target_rate=args.target_rate,
                           tolerance=args.tolerance, seeds=args.seeds, overrides=args.overrides,
-                          max_replicas=args.max_replicas, log=log)
+                          max_replicas=args.max_replicas, log=log, progress=not args.quiet)
     except ConfigError as e:      # the API's argument names as the options the user typed
         if e.field in ("tolerance", "seeds", "max_replicas", "target_rate"):
             raise ConfigError("--" + e.field.replace("_", "-"), e.message) from None

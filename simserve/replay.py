@@ -37,7 +37,6 @@ before it starts. Only loopback hosts are accepted unless ``allow_remote``.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as _dt
 import ipaddress
 import json
@@ -103,6 +102,7 @@ def _is_loopback(host: str) -> bool:
 
 async def _probe(session, endpoint: str, timeout: float) -> dict[str, Any]:
     """Reachability (any HTTP answer counts), the served model and the engine version."""
+    import asyncio   # (imported where used: `simserve run` never needs it)
     import aiohttp
     info: dict[str, Any] = {"model": None, "engine_version": None}
     to = aiohttp.ClientTimeout(total=timeout)
@@ -128,6 +128,7 @@ async def _probe(session, endpoint: str, timeout: float) -> dict[str, Any]:
 
 
 def _describe(e: BaseException, timeout: float | None = None) -> str:
+    import asyncio
     if isinstance(e, asyncio.TimeoutError):
         return f"timeout after {timeout:g} s" if timeout else "timeout"
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -190,6 +191,7 @@ def _chunk_token_count(choice: dict[str, Any]) -> int:
 
 async def _send(session, url: str, body: dict[str, Any], out: Outcome, t0: float,
                 timeout: float) -> None:
+    import asyncio
     import aiohttp
     out.sent_s = time.perf_counter() - t0
     try:
@@ -313,11 +315,13 @@ def replay(scenario: Scenario | str | Path, endpoint: str, *, model: str | None 
     specs = build_workload(s.workload, s.seed, s.base_dir)
     if max_requests is not None:
         specs = specs[:max_requests]
+    import asyncio
     return asyncio.run(_replay(s, specs, endpoint, model, time_limit, timeout, warmup, log))
 
 
 async def _replay(s: Scenario, specs: list[RequestSpec], endpoint: str, model: str | None,
                   time_limit: float | None, timeout: float, warmup: int, log) -> ReplayResult:
+    import asyncio
     import aiohttp
 
     from simserve.workload import RequestSpec

@@ -26,7 +26,6 @@ import json
 import os
 import socket
 import sys
-import time
 import types
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -269,30 +268,6 @@ def _check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
         raise SimserveError(f"ray: no cluster answers at {address} ({e.strerror or e})") from None
 
 
-class Progress:
-    """A plain one-line progress bar on stderr (redrawn in place on a terminal)."""
-
-    def __init__(self, total: int, label: str = "sweep", stream=None):
-        self.total, self.label = total, label
-        self.stream = stream or sys.stderr
-        self.done = self.failed = 0
-        self.t0 = time.perf_counter()
-        self.tty = getattr(self.stream, "isatty", lambda: False)()
-
-    def __call__(self, index: int, failed: bool) -> None:
-        self.done += 1
-        self.failed += failed
-        if self.tty or self.done == self.total:
-            width = 30
-            filled = round(width * self.done / self.total)
-            bar = "#" * filled + "-" * (width - filled)
-            fails = f", {self.failed} failed" if self.failed else ""
-            end = "\n" if self.done == self.total else ""
-            self.stream.write(f"\r{self.label} [{bar}] {self.done}/{self.total} points{fails}, "
-                              f"{time.perf_counter() - self.t0:.1f} s{end}")
-            self.stream.flush()
-
-
 def sweep(base: SweepSpec | Scenario | dict | str | Path, grid: dict | None = None,
           zip: dict | None = None, *, fixed: dict | None = None,
           overrides: Sequence[str] | None = None, executor: str = "local",
@@ -312,8 +287,21 @@ def sweep(base: SweepSpec | Scenario | dict | str | Path, grid: dict | None = No
     else:
         spec = make_spec(base, grid, zip, fixed=fixed, overrides=overrides)
     scenarios = spec.scenarios()
-    bar = Progress(len(scenarios)) if progress else None
-    outcomes = run_scenarios(scenarios, executor, workers=workers, address=address, on_done=bar)
+    if not progress:
+        outcomes = run_scenarios(scenarios, executor, workers=workers, address=address)
+        return sweep_table(spec, scenarios, outcomes)
+    from simserve.progress import bar
+    with bar(len(scenarios), "sweep", "point") as points:
+        failures = 0
+
+        def done(index: int, failed: bool) -> None:
+            nonlocal failures
+            failures += failed
+            if failed:
+                points.set_postfix(failed=failures, refresh=False)
+            points.update(1)
+        outcomes = run_scenarios(scenarios, executor, workers=workers, address=address,
+                                 on_done=done)
     return sweep_table(spec, scenarios, outcomes)
 
 
@@ -352,7 +340,7 @@ def save_sweep(table: pd.DataFrame, spec: SweepSpec, out: str | Path) -> Path:
         raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
     table.to_csv(out / "sweep.csv", index=False, float_format="%.9g")
     if importlib.util.find_spec("pyarrow") is not None:   # optional, never a dependency
-        table.to_parquet(out / "sweep.parquet", index=False)
+        _nested_as_json(table).to_parquet(out / "sweep.parquet", index=False)
     # paths relative to `out`, so `simserve sweep OUT/sweep.yaml` reruns the same points
     d = spec.to_dict()
     d["scenario"] = rebase_paths(d["scenario"], spec.base_dir, out)
@@ -361,6 +349,17 @@ def save_sweep(table: pd.DataFrame, spec: SweepSpec, out: str | Path) -> Path:
                    for k, values in d[axes].items()}
     (out / "sweep.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
     return out
+
+
+def _nested_as_json(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with mappings and lists (``failed_by_reason``, per-class figures) as JSON
+    text: Parquet cannot store an empty mapping, and a column's mappings differ in keys."""
+    nested = [c for c in table.columns if table[c].dtype == object
+              and any(isinstance(v, (dict, list)) for v in table[c])]
+    if not nested:
+        return table
+    return table.assign(**{c: [json.dumps(v, sort_keys=True) if isinstance(v, (dict, list))
+                               else v for v in table[c]] for c in nested})
 
 
 class _CallableModule(types.ModuleType):

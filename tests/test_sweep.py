@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import pandas as pd
@@ -12,7 +11,7 @@ import yaml
 import simserve
 from simserve.cli import main
 from simserve.errors import ConfigError, SimserveError
-from simserve.sweep import Progress, expand, load_sweep, run_scenarios, sweep
+from simserve.sweep import expand, load_sweep, run_scenarios, sweep
 
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "tiny.yaml"
@@ -153,14 +152,16 @@ def test_unknown_executor_and_missing_ray(monkeypatch):
         run_scenarios([s], "ray")
 
 
-def test_progress_bar_ends_with_a_summary_line():
-    stream = io.StringIO()
-    bar = Progress(3, stream=stream)
-    for i, failed in enumerate((False, True, False)):
-        bar(i, failed)
-    assert stream.getvalue().startswith("\rsweep [")
-    assert "3/3 points, 1 failed" in stream.getvalue()
-    assert stream.getvalue().endswith("\n")
+def test_progress_bar_counts_points_and_failures(tmp_path, monkeypatch, capsys):
+    from simserve import progress
+    monkeypatch.setattr(progress, "DELAY_S", 0)       # shown at once (normally after 1 s)
+    # (the middle point cannot hold the weights: it fails, as in the test above)
+    table = sweep(TINY, grid={"engine.num_gpu_blocks": [64, None, 32]},
+                  fixed={"engine.gpu_memory_utilization": 0.0001, "workload.num_requests": 20},
+                  workers=1, progress=True)
+    assert table["error"].notna().sum() == 1
+    err = capsys.readouterr().err
+    assert "sweep" in err and "3/3" in err and "failed=1" in err
 
 
 def test_ray_executor_gives_the_same_table_as_local(tmp_path):
@@ -184,12 +185,14 @@ def test_ray_address_nobody_answers_at_is_a_clear_error():
 
 # --- command line ------------------------------------------------------------------------------
 
-def test_cli_sweep_writes_table_and_report(tmp_path, capsys):
+def test_cli_sweep_writes_table_and_report(tmp_path, capsys, monkeypatch):
+    from simserve import progress
+    monkeypatch.setattr(progress, "DELAY_S", 0)       # the bar shown however short the sweep
     path = write_grid(tmp_path, grid={"workload.rate": [5.0, 20.0]})
     code = main(["sweep", str(path), "--out", str(tmp_path / "out"), "--workers", "1"])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "2/2 points" in err
+    assert "2/2" in err and "sweep" in err
     assert "2 points (0 failed)" in out
     table = pd.read_csv(tmp_path / "out" / "sweep.csv")
     assert table["workload.rate"].tolist() == [5.0, 20.0]

@@ -53,13 +53,16 @@ class Arrivals:
         self.specs = specs
         self.next = 0
         self.done = False
-        self.next_time = specs[0].arrival_s if specs else INF   # (read at every step)
+        # the arrival times as a column where the workload has one (SpecColumns): the next
+        # time is read without making that request's spec
+        self.times = getattr(specs, "arrival_s", None) or [s.arrival_s for s in specs]
+        self.next_time = self.times[0] if specs else INF   # (read at every step)
 
     def advance(self) -> RequestSpec:
         """The next arrival's spec; the cursor moves past it."""
         spec = self.specs[self.next]
         self.next += 1
-        self.next_time = self.specs[self.next].arrival_s if self.next < len(self.specs) else INF
+        self.next_time = self.times[self.next] if self.next < len(self.times) else INF
         return spec
 
 
@@ -100,6 +103,9 @@ class Runtime:
         self.fault_end_rule = observes or (self.disaggregated and self.decode_observes)
         self.entry_observes = observes
         self.pending = len(specs)     # requests not yet finished, rejected or failed
+        # called with the number of requests resolved so far, each time some are (a progress
+        # bar: simulate(progress=...)); None costs nothing
+        self.progress: Callable[[int], None] | None = None
         self.finished = not specs
         self.fault_times: list[float] = []   # pending failure and restart times (a heap)
         self.real: dict[int, Request] = {}   # request id -> the request its proxy prefills
@@ -123,6 +129,8 @@ class Runtime:
             self.gate.release(n)
         if self.pending == 0:
             self.finished = True
+        if self.progress is not None:
+            self.progress(len(self.arrivals.specs) - self.pending)
 
     def finish_steps(self, r: Replica, sched: Scheduler, plan: StepPlan,
                      stretch: Stretch | None, ends: list[float], now: float) -> float:
@@ -148,11 +156,7 @@ class Runtime:
             for proxy in finished:
                 self.handoff(r, proxy, now)
             return
-        self.pending -= len(finished)
-        if self.gate is not None:
-            self.gate.release(len(finished))
-        if self.pending == 0:
-            self.finished = True
+        self.resolve(len(finished))
 
     # -- arrivals and routing --------------------------------------------------------------
     def live(self, pool: list[Replica]) -> list[Replica]:
@@ -434,7 +438,7 @@ def arrival_process(env: Clock, c: Runtime) -> Generator[Any, Any, None]:
 
 def _arrive(c: Runtime, spec: RequestSpec) -> None:
     req = Request(spec)
-    c.rec.requests.append(req)
+    c.rec.add_request(req)
     c.dispatch(req)
 
 

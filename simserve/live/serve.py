@@ -9,7 +9,6 @@ streams in flight are cut, and with ``--record DIR`` what was served is written 
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import json
 import signal
@@ -20,6 +19,8 @@ from typing import TYPE_CHECKING
 from simserve.errors import ConfigError, SimserveError
 
 if TYPE_CHECKING:
+    import asyncio
+
     from simserve.config import Scenario
 
 MAX_PORT = 65535
@@ -52,6 +53,8 @@ async def serve(scenario: Scenario, host: str, port: int, *, port_per_replica: b
     """Serve until ``stop`` is set (or SIGINT/SIGTERM); the number of requests submitted.
 
     ``ready(urls)`` is called once every port listens (``port`` 0 picks free ports)."""
+    import asyncio   # (imported where used: `simserve run` never needs it)
+
     from aiohttp import web
 
     from simserve.live.driver import WallClockSimulation
@@ -171,6 +174,7 @@ def _cmd_serve(args) -> int:
             print(f"serving {scenario.model.name} ({scenario.name}) on {url}", flush=True)
         print("stop with Ctrl-C or SIGTERM", file=sys.stderr, flush=True)
 
+    import asyncio
     n = asyncio.run(serve(scenario, args.host, args.port, port_per_replica=args.port_per_replica,
                           text_tokens=args.text_tokens, served_model_name=args.served_model_name,
                           record=record, ready=ready))
