@@ -29,7 +29,7 @@ METRICS = (("median_ttft_ms", "TTFT p50"), ("median_tpot_ms", "TPOT p50"),
 def sensitivity(campaign: Path, factors: list[float]) -> dict[str, dict[float, dict]]:
     """workload -> factor -> the simulated summary's metrics."""
     import simserve
-    from profiler.schema import dump, load_profile
+    from simserve.latency.schema import dump, load_profile
     from simserve.calibrate import rescaled
     from simserve.config import load_scenario
 

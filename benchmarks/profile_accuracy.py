@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                          "same rounds, to measure how far the machine drifted since profiling")
     args = ap.parse_args(argv)
 
-    from profiler.schema import load_profile
+    from simserve.latency.schema import load_profile
     from simserve.latency.profile import ProfileLatency
     profile = dict(load_profile(args.profile))
     budget = args.budget or min(profile["settings"]["max_num_batched_tokens"], 512)

@@ -100,7 +100,7 @@ def check_device(device: str) -> None:
 def run(args: argparse.Namespace, argv: list[str], prog: str = "python -m profiler") -> Path:
     from profiler.attention import BackendError
     from profiler.measure import Options, run_profile
-    from profiler.schema import dump
+    from simserve.latency.schema import dump
 
     for name in ("threads", "block_size", "max_num_batched_tokens", "max_num_seqs",
                  "max_model_len"):

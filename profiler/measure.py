@@ -24,7 +24,7 @@ from profiler import attention as attn
 from profiler.layers import (DTYPES, DecoderLayer, Model, PagedKVCache, Sections, Shapes,
                              StepMeta, blocks_needed, build_step, make_top_p, rms_norm,
                              sample_greedy)
-from profiler.schema import KIND, SCHEMA_VERSION
+from simserve.latency.schema import KIND, SCHEMA_VERSION
 
 MIN_REPEATS = 3
 WHOLE_STEP = "step"     # Timer.rounds: a step's whole time beside its parts

@@ -710,7 +710,7 @@ def _loadavg() -> list[float] | None:
 
 
 def write_calibrated(profile: dict, out: str | Path) -> Path:
-    from profiler.schema import validate
+    from simserve.latency.schema import validate
     out = Path(out)
     validate(profile, out)
     try:

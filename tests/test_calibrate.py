@@ -18,7 +18,7 @@ import pytest
 aiohttp = pytest.importorskip("aiohttp")
 from aiohttp import web  # noqa: E402
 
-from profiler.schema import dump  # noqa: E402
+from simserve.latency.schema import dump  # noqa: E402
 from simserve.calibrate import (PARAMS, SPEED_PLAN, Observation, ProbePlan,  # noqa: E402
                                 calibrate, decode_plan, fit, format_calibration,
                                 kv_tokens_from_log, load_steps, mixed_plan, mixed_step, rescaled,

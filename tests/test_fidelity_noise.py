@@ -62,7 +62,7 @@ def test_sensitivity_resimulates_a_campaign_at_other_speeds(tmp_path, capsys):
     import yaml
 
     import simserve
-    from profiler.schema import dump, load_profile
+    from simserve.latency.schema import dump, load_profile
     from simserve.latency.profile import PROFILES_DIR
     spec = importlib.util.spec_from_file_location(
         "fidelity_sensitivity", REPO / "benchmarks" / "fidelity_sensitivity.py")

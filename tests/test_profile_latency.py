@@ -8,7 +8,7 @@ import json
 import pytest
 
 import simserve
-from profiler.schema import ProfileError, dump
+from simserve.latency.schema import ProfileError, dump
 from simserve.cards import load_model
 from simserve.config import parse_scenario
 from simserve.latency.profile import ProfileLatency
@@ -264,7 +264,7 @@ REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
 def test_shipped_profile_validates_and_matches_its_card():
-    from profiler.schema import load_profile, model_mismatch
+    from simserve.latency.schema import load_profile, model_mismatch
     from simserve.latency.profile import PROFILES_DIR, list_profiles
     assert SHIPPED in list_profiles()
     p = load_profile(PROFILES_DIR / f"{SHIPPED}.json")
@@ -284,7 +284,7 @@ GPU_SHIPPED = ("Llama-3.1-8B_H100-SXM_bf16", "Qwen2.5-7B_H100-SXM_bf16")
 
 @pytest.mark.parametrize("name", GPU_SHIPPED)
 def test_shipped_gpu_profiles_are_measured_on_an_h100_with_graphs_and_match_their_cards(name):
-    from profiler.schema import load_profile, model_mismatch
+    from simserve.latency.schema import load_profile, model_mismatch
     from simserve.cards import load_model
     from simserve.latency.profile import PROFILES_DIR, ProfileLatency
     p = load_profile(PROFILES_DIR / f"{name}.json")

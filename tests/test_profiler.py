@@ -18,8 +18,8 @@ from profiler.cli import main
 from profiler.layers import (DecoderLayer, Model, PagedKVCache, Shapes, blocks_needed,
                              build_step, gather_slots, make_top_p, sample_greedy)
 from profiler.measure import Grid, Options, random_steps, run_profile, token_axis
-from profiler.schema import (SCHEMA_VERSION, ProfileError, dump, load_profile, model_mismatch,
-                             validate)
+from simserve.latency.schema import (SCHEMA_VERSION, ProfileError, dump, load_profile,
+                                     model_mismatch, validate)
 from simserve.errors import DataError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -522,7 +522,7 @@ def test_model_mismatch_names_the_fields(profile_file):
 
 
 def test_schema_module_does_not_import_torch():
-    code = ("import sys; import profiler.schema; "
+    code = ("import sys; import simserve.latency.schema; "
             "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr

@@ -193,7 +193,7 @@ class ProfileLatency:
     @classmethod
     def from_file(cls, path: str | Path, model: ModelCard | None = None, **kwargs) -> ProfileLatency:
         """Load and validate a profile file; with ``model``, refuse a profile of other shapes."""
-        from profiler.schema import load_profile, model_mismatch
+        from simserve.latency.schema import load_profile, model_mismatch
         profile = load_profile(path)
         if model is not None:
             diffs = model_mismatch(profile, model)
