@@ -88,9 +88,10 @@ def test_fa_args_match_the_step_and_vllms_split_rule():
 def test_vllm_fa_backend_is_one_clear_error_without_cuda():
     torch = pytest.importorskip("torch")
     from profiler import attention as attn
-    from profiler.measure import Shapes
-    toy = Shapes(name="toy", num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=1,
-                 head_dim=32, intermediate_size=256, vocab_size=1000)
+    from simserve.cards import ModelCard
+    toy = ModelCard(name="toy", num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=1,
+                    head_dim=32, intermediate_size=256, vocab_size=1000,
+                    max_position_embeddings=4096)
     assert "vllm_fa" in attn.BACKENDS
     with pytest.raises(attn.BackendError, match="CUDA only"):
         attn.make_backend("vllm_fa", "cpu", toy, torch.bfloat16)
@@ -111,9 +112,10 @@ def _cuda_and_vllm_fa() -> bool:
 def test_vllm_fa_matches_dense_attention():  # pragma: no cover - GPU machines only
     import torch
     from profiler import attention as attn
-    from profiler.measure import Shapes
-    shapes = Shapes(name="t", num_layers=1, hidden_size=1024, num_heads=8, num_kv_heads=2,
-                    head_dim=128, intermediate_size=256, vocab_size=1000)
+    from simserve.cards import ModelCard
+    shapes = ModelCard(name="t", num_layers=1, hidden_size=1024, num_heads=8, num_kv_heads=2,
+                       head_dim=128, intermediate_size=256, vocab_size=1000,
+                       max_position_embeddings=4096)
     backend = attn.make_backend("vllm_fa", "cuda", shapes, torch.bfloat16)
     for prefill, decode_ctx in (([(13, 37), (16, 0)], [3, 17, 40]), ([(300, 700)], [9, 2000])):
         err = attn.self_check(backend, prefill, decode_ctx, 16, 8, 2, 128, torch.bfloat16,

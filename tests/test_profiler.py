@@ -15,12 +15,13 @@ import torch
 
 from profiler import attention as attn
 from profiler.cli import main
-from profiler.layers import (DecoderLayer, Model, PagedKVCache, Shapes, blocks_needed,
+from profiler.layers import (DecoderLayer, Model, PagedKVCache, blocks_needed,
                              build_step, gather_slots, make_top_p, sample_greedy)
 from profiler.measure import Grid, Options, random_steps, run_profile, token_axis
+from simserve.cards import ModelCard
+from simserve.errors import DataError
 from simserve.latency.schema import (SCHEMA_VERSION, ProfileError, dump, load_profile,
                                      model_mismatch, validate)
-from simserve.errors import DataError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,8 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")
 
 # an even tinier model than tiny-llama-45m: GQA (4 query heads per KV head), qkv bias
-TOY = Shapes(name="toy", num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=1,
-             head_dim=32, intermediate_size=256, vocab_size=1000, qkv_bias=True)
+TOY = ModelCard(name="toy", num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=1,
+                head_dim=32, intermediate_size=256, vocab_size=1000,
+                max_position_embeddings=4096, qkv_bias=True)
 TOY_YAML = """\
 name: toy
 layers: 2

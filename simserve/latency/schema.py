@@ -56,6 +56,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Literal, TypedDict
 
+from simserve.cards import ModelCard
 from simserve.errors import DataError
 from simserve.safeyaml import decode_text
 
@@ -91,18 +92,32 @@ class Provenance(_ProvenanceAdded):
     grid: Literal["quick", "full"]
 
 
-class ModelShapes(TypedDict):
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    dtype_bytes: int               # of the dtype measured (provenance.dtype), not of the card
-    qkv_bias: bool
-    tie_word_embeddings: bool
+# The model section is declared once, by simserve.cards.ModelCard: its fields less
+# max_position_embeddings and source (see MODEL_FIELDS), with dtype_bytes that of the dtype
+# measured (provenance.dtype), not of the card.
+ModelShapes = dict[str, Any]
+
+# ModelCard fields a profile does not record: the context limit is the server's choice, not
+# the kernels' shape, and source is where the card was read from
+_NOT_RECORDED = ("max_position_embeddings", "source")
+MODEL_FIELDS: tuple[str, ...] = tuple(f for f in ModelCard.__dataclass_fields__
+                                      if f not in _NOT_RECORDED)
+# the fields that shape the kernels (name and the measured dtype are not compared to a card)
+MODEL_KEYS: tuple[str, ...] = tuple(f for f in MODEL_FIELDS if f not in ("name", "dtype_bytes"))
+
+
+def model_shapes(card: ModelCard, dtype_bytes: int) -> ModelShapes:
+    """The profile's ``model`` section for ``card`` measured in a dtype of ``dtype_bytes``."""
+    out = {f: getattr(card, f) for f in MODEL_FIELDS}
+    out["dtype_bytes"] = dtype_bytes
+    return out
+
+
+def model_card(shapes: Mapping[str, Any], max_position_embeddings: int) -> ModelCard:
+    """The card a profile's ``model`` section was measured with (the context limit is not
+    recorded, so the caller gives one)."""
+    return ModelCard(**{f: shapes[f] for f in MODEL_FIELDS},
+                     max_position_embeddings=max_position_embeddings)
 
 
 class _SettingsAdded(TypedDict, total=False):
@@ -379,12 +394,11 @@ _PROVENANCE = _record({
     "cuda_version": _optional(_str), "dtype": _choice("bf16", "fp16", "fp32"),
     "threads": _pos_int, "date": _str, "command": _str, "grid": _choice("quick", "full"),
 }, optional={"note": _str, "execution": _str})
-_MODEL = _record({
-    "name": _str, "num_layers": _pos_int, "hidden_size": _pos_int, "num_heads": _pos_int,
-    "num_kv_heads": _pos_int, "head_dim": _pos_int, "intermediate_size": _pos_int,
-    "vocab_size": _pos_int, "dtype_bytes": _pos_int, "qkv_bias": _bool,
-    "tie_word_embeddings": _bool,
-})
+# checks follow ModelCard's field types (annotations are strings under __future__.annotations)
+_FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {"str": _str, "int": _pos_int,
+                                                      "bool": _bool}
+_MODEL = _record({f: _FIELD_CHECKS[str(ModelCard.__dataclass_fields__[f].type)]
+                  for f in MODEL_FIELDS})
 _SETTINGS = _record({
     "block_size": _pos_int, "max_num_batched_tokens": _pos_int, "warmup": _nonneg_int,
     "repeats": _pos_int, "timer": _choice("perf_counter", "thread_time", "cuda_event",
@@ -470,10 +484,6 @@ def dump(profile: Mapping[str, Any], path: str | Path) -> None:
     validate(profile, path)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(profile, indent=1) + "\n")
-
-
-MODEL_KEYS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-              "intermediate_size", "vocab_size", "qkv_bias", "tie_word_embeddings")
 
 
 def model_mismatch(profile: Mapping[str, Any], model: Any) -> list[str]:
