@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from simserve.calibrate import load_steps  # noqa: E402
+from simserve.live.calibrate import load_steps  # noqa: E402
 
 
 def _read(path: Path, name: str) -> pd.DataFrame:
@@ -42,7 +42,7 @@ def _read(path: Path, name: str) -> pd.DataFrame:
 
 
 def steps_of(real: Path):
-    """The replay's pure decode and mixed steps (``simserve.calibrate.load_steps``, which
+    """The replay's pure decode and mixed steps (``simserve.live.calibrate.load_steps``, which
     calibration's load probe uses too), from its chunks and prompt lengths."""
     req, chunks = _read(real, "requests.csv"), _read(real, "chunks.csv")
     prompts = dict(zip(req["request_id"], req["num_prompt_tokens"]))

@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
 
     # fidelity against a live server (docs/fidelity.md): each module adds its own subcommand
     from importlib import import_module
-    for name in ("replay", "fidelity", "calibrate", "profiling"):
+    for name in ("live.replay", "live.fidelity", "live.calibrate", "profiling"):
         import_module(f"simserve.{name}").register(sub)
     return p
 
@@ -185,7 +185,7 @@ SWEEP_SHOWN = ("error", "request_throughput", "request_goodput", "slo_attainment
 
 def _cmd_sweep(args) -> int:
     from simserve.fmt import format_table
-    from simserve.sweep import load_sweep, save_sweep, sweep
+    from simserve.plan.sweep import load_sweep, save_sweep, sweep
 
     if args.workers is not None and args.workers < 1:
         raise ConfigError("--workers", f"must be >= 1, got {args.workers}")
@@ -213,7 +213,7 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_capacity(args) -> int:
-    from simserve.capacity import capacity
+    from simserve.plan.capacity import capacity
 
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     t0 = time.perf_counter()
@@ -243,7 +243,7 @@ def _cmd_validate(args) -> int:
 
     kind = file_kind(args.scenario)
     if kind == "sweep":
-        from simserve.sweep import load_sweep
+        from simserve.plan.sweep import load_sweep
         spec = load_sweep(args.scenario, args.overrides)
         variants = [(f"sweep point {i}: " + ", ".join(f"{k}={v}" for k, v in point.items()), s)
                     for i, (point, s) in enumerate(zip(spec.points(), spec.scenarios()))]

@@ -19,7 +19,7 @@ aiohttp = pytest.importorskip("aiohttp")
 from aiohttp import web  # noqa: E402
 
 from simserve.latency.schema import dump  # noqa: E402
-from simserve.calibrate import (PARAMS, SPEED_PLAN, Observation, ProbePlan,  # noqa: E402
+from simserve.live.calibrate import (PARAMS, SPEED_PLAN, Observation, ProbePlan,  # noqa: E402
                                 calibrate, decode_plan, fit, format_calibration,
                                 kv_tokens_from_log, load_steps, mixed_plan, mixed_step, rescaled,
                                 run_calibrated, single_prefill_plans, speed_check,

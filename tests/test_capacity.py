@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import simserve
-from simserve.capacity import capacity, with_rate
+from simserve.plan.capacity import capacity, with_rate
 from simserve.cli import main
 from simserve.config import parse_scenario
 from simserve.errors import ConfigError, SimserveError
@@ -146,7 +146,7 @@ def test_bad_arguments(kwargs, message):
 
 def test_python_api_is_the_module_call():
     cap = simserve.capacity(scenario(), seeds=1, tolerance=0.1)
-    assert isinstance(cap, simserve.capacity.CapacityResult)
+    assert isinstance(cap, simserve.CapacityResult)
 
 
 # --- command line ------------------------------------------------------------------------------

@@ -193,7 +193,7 @@ def test_send_budget_shrinks_requests_to_fit_a_call():
 
 def test_price_steps_against_a_model_that_is_exact():
     """Steps priced by the model that generated them: every bin's error is zero."""
-    from simserve.calibrate import LoadSteps
+    from simserve.live.calibrate import LoadSteps
     from simserve.cards import load_model
     from simserve.latency.profile import ProfileLatency
     from simserve.sched.plan import StepPlan

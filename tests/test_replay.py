@@ -19,7 +19,7 @@ aiohttp = pytest.importorskip("aiohttp")
 from aiohttp import web  # noqa: E402
 
 from simserve.cli import main  # noqa: E402
-from simserve.replay import EndpointError, check_endpoint_host, replay  # noqa: E402
+from simserve.live.replay import EndpointError, check_endpoint_host, replay  # noqa: E402
 from simserve.runner import REQUEST_COLUMNS  # noqa: E402
 
 

@@ -12,13 +12,13 @@ import pytest
 import yaml
 
 import simserve
-from simserve.capacity import capacity
+from simserve.plan.capacity import capacity
 from simserve.cli import main
 from simserve.errors import DataError, SimserveError
 from simserve.report import POLICY_COLORS, RunData, load_inputs, policy_color, write_report
 from simserve.report.figures import Curve, _binned
 from simserve.report.style import series_styles
-from simserve.sweep import load_sweep, save_sweep, sweep
+from simserve.plan.sweep import load_sweep, save_sweep, sweep
 
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "tiny.yaml"

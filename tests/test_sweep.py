@@ -12,7 +12,7 @@ import yaml
 import simserve
 from simserve.cli import main
 from simserve.errors import ConfigError, SimserveError
-from simserve.sweep import Progress, expand, load_sweep, run_scenarios, sweep
+from simserve.plan.sweep import Progress, expand, load_sweep, run_scenarios, sweep
 
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "tiny.yaml"
@@ -64,7 +64,7 @@ def test_bad_axes(grid, zip_, message):
 
 def test_unknown_field_in_the_grid_fails_before_anything_runs(tmp_path, monkeypatch):
     ran = []
-    monkeypatch.setattr("simserve.sweep.run_scenarios", lambda *a, **k: ran.append(1))
+    monkeypatch.setattr("simserve.plan.sweep.run_scenarios", lambda *a, **k: ran.append(1))
     path = write_grid(tmp_path, grid={"workload.rate": [5, 10],
                                       "engine.max_num_seqz": [4, 8]})
     with pytest.raises(ConfigError) as err:

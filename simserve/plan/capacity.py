@@ -24,8 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -328,12 +326,3 @@ def _fewest_replicas(prober: _Prober, rate: float, per_replica: float,
             lo = mid
     return hi
 
-
-class _CallableModule(types.ModuleType):
-    """``simserve.capacity(...)`` calls :func:`capacity` (see the same class in sweep.py)."""
-
-    def __call__(self, *args, **kwargs):
-        return capacity(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

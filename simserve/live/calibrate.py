@@ -325,7 +325,7 @@ async def _probe_server(s: Scenario, endpoint: str, model: str | None, plan: Pro
                         timeout: float, warmup: int, log) -> tuple[dict, list[dict]]:
     import aiohttp
 
-    from simserve.replay import EndpointError, Outcome, _probe, _send, prompt_ids, request_body
+    from simserve.live.replay import EndpointError, Outcome, _probe, _send, prompt_ids, request_body
     from simserve.workload import RequestSpec
     connector = aiohttp.TCPConnector(limit=0, force_close=True)   # as in replay
     records: list[dict] = []
@@ -575,7 +575,7 @@ def calibrate(scenario: Scenario | str | Path, endpoint: str, *, base_profile: s
     ``latency.path`` (``latency.model: profile``)."""
     from simserve.config import Scenario, load_scenario
     from simserve.latency.profile import ProfileLatency
-    from simserve.replay import check_endpoint_host
+    from simserve.live.replay import check_endpoint_host
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     endpoint = check_endpoint_host(endpoint, allow_remote)
     path = Path(base_profile) if base_profile else _scenario_profile(s)
@@ -643,7 +643,7 @@ def speed_check(scenario: Scenario | str | Path, endpoint: str, calibrated: dict
     speed."""
     from simserve.config import Scenario, load_scenario
     from simserve.latency.profile import ProfileLatency
-    from simserve.replay import check_endpoint_host
+    from simserve.live.replay import check_endpoint_host
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     endpoint = check_endpoint_host(endpoint, allow_remote)
     plan = plan.for_scenario(s)

@@ -27,7 +27,6 @@ import os
 import socket
 import sys
 import time
-import types
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -362,13 +361,3 @@ def save_sweep(table: pd.DataFrame, spec: SweepSpec, out: str | Path) -> Path:
     (out / "sweep.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
     return out
 
-
-class _CallableModule(types.ModuleType):
-    """``simserve.sweep(...)`` calls :func:`sweep`. Python binds a submodule over a package
-    attribute of the same name, so the package attribute is this module, made callable."""
-
-    def __call__(self, *args, **kwargs):
-        return sweep(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
