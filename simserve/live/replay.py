@@ -39,19 +39,16 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
-import ipaddress
 import json
 import math
-import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit
-
 from typing import TYPE_CHECKING
 
 from simserve.errors import SimserveError
+from simserve.live.client import (WARMUP_IDS, EndpointError, Outcome, check_endpoint_host,
+                                  load_average, probe, prompt_ids, request_body, send)
 
 if TYPE_CHECKING:   # the CLI builds its parser from this module: keep importing it cheap
     import pandas as pd
@@ -62,178 +59,9 @@ if TYPE_CHECKING:   # the CLI builds its parser from this module: keep importing
 # Columns of requests.csv beyond the simulator's (which come first, in the same order).
 REPLAY_COLUMNS = ("scheduled_s", "num_chunks", "usage_output_tokens", "http_status", "error")
 CHUNK_COLUMNS = ("request_id", "chunk_index", "time_s", "num_tokens")
-FIRST_TOKEN_ID = 4           # ids below are special tokens in the usual tokenizers
-_PROMPT_STREAM = 0x7265706C  # "repl": the prompt ids' own stream beside the workload's
-WARMUP_IDS = 1 << 40         # prompt stream ids of warm-up requests
 
-
-class EndpointError(SimserveError):
-    """The endpoint cannot be used: not loopback, unreachable, or it refuses the warm-up."""
-
-
-# --------------------------------------------------------------------------------------------
-# Endpoint checks
-
-
-def check_endpoint_host(endpoint: str, allow_remote: bool = False) -> str:
-    """The endpoint without a trailing slash; refuse non-HTTP URLs and non-loopback hosts.
-
-    Only loopback targets are allowed by default (this machine's network policy): ``localhost``,
-    ``127.0.0.0/8`` and ``::1``. Host names other than ``localhost`` are not resolved.
-    """
-    parts = urlsplit(endpoint)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise EndpointError(f"--endpoint: expected http://HOST:PORT, got {endpoint!r}")
-    host = parts.hostname
-    if not allow_remote and not _is_loopback(host):
-        raise EndpointError(f"--endpoint: {host} is not a loopback address; only 127.0.0.1, "
-                            f"localhost or ::1 are replayed against unless --allow-remote is "
-                            f"given")
-    return endpoint.rstrip("/")
-
-
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-async def _probe(session, endpoint: str, timeout: float) -> dict[str, Any]:
-    """Reachability (any HTTP answer counts), the served model and the engine version."""
-    import aiohttp
-    info: dict[str, Any] = {"model": None, "engine_version": None}
-    to = aiohttp.ClientTimeout(total=timeout)
-    try:
-        async with session.get(f"{endpoint}/health", timeout=to) as resp:
-            await resp.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-        raise EndpointError(f"{endpoint}: unreachable ({_describe(e, timeout)}); is the server "
-                            f"running?") from None
-    for path, key in (("/v1/models", "model"), ("/version", "engine_version")):
-        try:
-            async with session.get(endpoint + path, timeout=to) as resp:
-                if resp.status != 200:
-                    continue
-                body = await resp.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
-            continue
-        if key == "model" and isinstance(body, dict) and body.get("data"):
-            info["model"] = body["data"][0].get("id")
-        elif key == "engine_version" and isinstance(body, dict):
-            info["engine_version"] = body.get("version")
-    return info
-
-
-def _describe(e: BaseException, timeout: float | None = None) -> str:
-    if isinstance(e, asyncio.TimeoutError):
-        return f"timeout after {timeout:g} s" if timeout else "timeout"
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
-# --------------------------------------------------------------------------------------------
-# Prompts
-
-
-def prompt_ids(seed: int, request_id: int, length: int, vocab: int) -> list[int]:
-    """``length`` random token ids in [4, vocab), from the request's own seeded stream."""
-    import numpy as np
-    rng = np.random.default_rng([seed, _PROMPT_STREAM, request_id])
-    return rng.integers(FIRST_TOKEN_ID, vocab, size=length).tolist()
-
-
-def request_body(model: str, prompt: list[int], num_output_tokens: int) -> dict[str, Any]:
-    return {
-        "model": model, "prompt": prompt,
-        "max_tokens": num_output_tokens, "min_tokens": num_output_tokens, "ignore_eos": True,
-        "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
-        "return_token_ids": True,
-    }
-
-
-# --------------------------------------------------------------------------------------------
-# One request
-
-
-@dataclass
-class Outcome:
-    """What one request saw. Times are seconds since the replay's start."""
-
-    spec: RequestSpec
-    sent_s: float = math.nan
-    chunk_times: list[float] = field(default_factory=list)   # chunks carrying >= 1 token
-    chunk_tokens: list[int] = field(default_factory=list)
-    usage_output_tokens: int | None = None
-    cached_tokens: int = 0
-    http_status: int | None = None
-    error: str = ""
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.chunk_tokens)
-
-    @property
-    def ok(self) -> bool:
-        return not self.error and self.num_tokens > 0
-
-
-def _chunk_token_count(choice: dict[str, Any]) -> int:
-    """Tokens carried by one streamed choice: its token ids, or one per non-empty text."""
-    ids = choice.get("token_ids")
-    if ids is not None:
-        return len(ids)
-    return 1 if choice.get("text") else 0
-
-
-async def _send(session, url: str, body: dict[str, Any], out: Outcome, t0: float,
-                timeout: float) -> None:
-    import aiohttp
-    out.sent_s = time.perf_counter() - t0
-    try:
-        async with session.post(url, json=body,
-                                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            out.http_status = resp.status
-            if resp.status != 200:
-                text = (await resp.text())[:200].replace("\n", " ").strip()
-                out.error = f"HTTP {resp.status}" + (f": {text}" if text else "")
-                return
-            async for raw in resp.content:
-                now = time.perf_counter() - t0
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                try:
-                    msg = json.loads(data)
-                except ValueError:
-                    out.error = f"bad stream chunk: {data[:80]!r}"
-                    return
-                if "error" in msg and not msg.get("choices"):
-                    err = msg["error"]
-                    out.error = "stream error: " + str(
-                        err.get("message", err) if isinstance(err, dict) else err)[:200]
-                    return
-                for choice in msg.get("choices") or ():
-                    n = _chunk_token_count(choice)
-                    if n:
-                        out.chunk_times.append(now)
-                        out.chunk_tokens.append(n)
-                usage = msg.get("usage")
-                if usage:
-                    out.usage_output_tokens = usage.get("completion_tokens")
-                    details = usage.get("prompt_tokens_details") or {}
-                    out.cached_tokens = int(details.get("cached_tokens") or 0)
-    except asyncio.TimeoutError:
-        out.error = f"timeout after {timeout:g} s"
-    except (aiohttp.ClientError, OSError) as e:
-        out.error = _describe(e)
-    if not out.error and out.num_tokens == 0:
-        out.error = "stream ended without tokens"
+__all__ = ["replay", "ReplayResult", "EndpointError", "check_endpoint_host", "REPLAY_COLUMNS",
+           "CHUNK_COLUMNS"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -326,7 +154,7 @@ async def _replay(s: Scenario, specs: list[RequestSpec], endpoint: str, model: s
     # while idle would fail the next request ("Server disconnected")
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session:
-        info = await _probe(session, endpoint, timeout=min(timeout, 10.0))
+        info = await probe(session, endpoint, timeout=min(timeout, 10.0))
         model = model or info["model"]
         if not model:
             raise EndpointError(f"{endpoint}: /v1/models names no model; pass --model")
@@ -334,7 +162,7 @@ async def _replay(s: Scenario, specs: list[RequestSpec], endpoint: str, model: s
         for i in range(warmup):
             rid = WARMUP_IDS + i          # their own prompts, never a workload request's
             w = Outcome(RequestSpec(rid, 0.0, 16, 4))
-            await _send(session, url, request_body(model, prompt_ids(s.seed, rid, 16,
+            await send(session, url, request_body(model, prompt_ids(s.seed, rid, 16,
                                                                      s.model.vocab_size), 4),
                         w, time.perf_counter(), timeout)
             if w.error:
@@ -344,7 +172,7 @@ async def _replay(s: Scenario, specs: list[RequestSpec], endpoint: str, model: s
                                                  s.model.vocab_size), r.num_output_tokens)
                   for r in specs]
         outcomes = [Outcome(r) for r in specs]
-        load_before = _loadavg()
+        load_before = load_average()
         started = _dt.datetime.now(_dt.timezone.utc)
         t0 = time.perf_counter()
         deadline = math.inf if time_limit is None else time_limit
@@ -353,7 +181,7 @@ async def _replay(s: Scenario, specs: list[RequestSpec], endpoint: str, model: s
             delay = specs[i].arrival_s - (time.perf_counter() - t0)
             if delay > 0:
                 await asyncio.sleep(delay)
-            await _send(session, url, bodies[i], outcomes[i], t0, timeout)
+            await send(session, url, bodies[i], outcomes[i], t0, timeout)
 
         tasks = {asyncio.create_task(one(i)): i for i, r in enumerate(specs)
                  if r.arrival_s < deadline}
@@ -374,7 +202,7 @@ async def _replay(s: Scenario, specs: list[RequestSpec], endpoint: str, model: s
     meta = {
         "endpoint": endpoint, "model": model, "engine_version": info["engine_version"],
         "date": started.strftime("%Y-%m-%dT%H:%M:%SZ"), "wall_s": wall,
-        "load_average_before": load_before, "load_average_after": _loadavg(),
+        "load_average_before": load_before, "load_average_after": load_average(),
         "num_scheduled": len(specs), "num_not_sent": not_sent, "timeout_s": timeout,
         "time_limit_s": time_limit, "warmup_requests": warmup,
     }
@@ -383,13 +211,6 @@ async def _replay(s: Scenario, specs: list[RequestSpec], endpoint: str, model: s
     summary.update(source="replay", endpoint=endpoint, engine_version=info["engine_version"],
                    num_not_sent=not_sent)
     return ReplayResult(s, requests, chunks, summary, meta)
-
-
-def _loadavg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 def _tables(outcomes: list[Outcome]) -> tuple[pd.DataFrame, pd.DataFrame]:
