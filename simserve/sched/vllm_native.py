@@ -17,7 +17,7 @@ of the vLLM version they run, under any cluster and report. The same driver is t
 that ``benchmarks/vllm_oracle.py`` holds ``vllm_v1`` and ``priority`` to, step for step.
 
 The vLLM side sits behind :class:`Backend` (a handful of methods), so the driver is tested with a
-stand-in (tests/test_vllm_native.py) where vLLM is not installed. Learned from reading vLLM
+stand-in (tests/unit/test_vllm_native.py) where vLLM is not installed. Learned from reading vLLM
 0.32's ``vllm/v1/core/sched/scheduler.py`` (``schedule``, ``update_from_output``) and
 ``vllm/v1/engine/core.py`` (how the engine core builds the scheduler and its requests).
 """

@@ -23,7 +23,7 @@ from simserve.errors import DataError
 from simserve.latency.schema import (SCHEMA_VERSION, ProfileError, dump, load_profile,
                                      model_mismatch, validate)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # torch's own inductor import trips its jit deprecation warning; not ours to fix
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")

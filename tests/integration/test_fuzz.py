@@ -23,7 +23,6 @@ import codecs
 import contextlib
 import copy
 import json
-import math
 import os
 import re
 import resource
@@ -37,7 +36,7 @@ import yaml
 
 from simserve.cli import main
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TINY = yaml.safe_load((DATA / "tiny.yaml").read_text())
 TINY_TEXT = (DATA / "tiny.yaml").read_text()
 SECONDS = 30            # per case; the slowest case takes well under a second
@@ -100,7 +99,7 @@ def _bomb(depth: int, width: int, key: str = "seed") -> str:
 
 
 RAW = {
-    "latin1-comment": (TINY_TEXT + "# caf\xe9\n").encode("latin-1"), 
+    "latin1-comment": (TINY_TEXT + "# caf\xe9\n").encode("latin-1"),
     "latin1-value": TINY_TEXT.replace("name: tiny", "name: caf\xe9").encode("latin-1"),
     "cp1252-quotes": TINY_TEXT.encode() + b"# \x93quoted\x94\n",
     "latin1-first-byte": b"\xff" + TINY_TEXT.encode(),
@@ -451,7 +450,8 @@ for id, line in [
 ]:
     trace_case(id, "mooncake", MC_OK + line + "\n", LINE2_JSONL)
 both("trace-file-not-found", {"s.yaml": scenario_text(with_field(
-    "workload", {"trace": "nope.csv", "format": "csv"}))}, r"^error: workload\.trace: file not found")
+    "workload", {"trace": "nope.csv", "format": "csv"}))},
+     r"^error: workload\.trace: file not found")
 both("trace-format-unknown", {"s.yaml": scenario_text(with_field(
     "workload", {"trace": "t.csv", "format": "parquet"})), "t.csv": rows("csv")},
      r"^error: workload\.format")

@@ -11,8 +11,8 @@ import pytest
 
 from simserve.cli import main
 
-DATA = Path(__file__).parent / "data"
-ROOT = Path(__file__).parent.parent
+DATA = Path(__file__).resolve().parents[1] / "data"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(args, capsys):
@@ -53,7 +53,8 @@ def test_tokens_file_gives_exact_itl(tmp_path, capsys):
 def test_resolved_scenario_reruns_to_identical_outputs(tmp_path, capsys):
     assert run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "a"], capsys)[0] == 0
     # the written scenario.yaml is itself a valid scenario that reproduces the run
-    assert run_cli(["run", tmp_path / "a" / "scenario.yaml", "--out", tmp_path / "b"], capsys)[0] == 0
+    rerun = ["run", tmp_path / "a" / "scenario.yaml", "--out", tmp_path / "b"]
+    assert run_cli(rerun, capsys)[0] == 0
     for name in ("requests.csv", "steps.csv", "summary.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("fidelity_noise",
                                               REPO / "benchmarks" / "fidelity_noise.py")
 noise = importlib.util.module_from_spec(spec)

@@ -10,7 +10,7 @@ import pytest
 import simserve
 from simserve.config import parse_scenario
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 GOLDEN = DATA / "golden"
 
 
@@ -97,7 +97,7 @@ def golden_run(policy: str) -> dict:
 
 @pytest.mark.parametrize("policy", ["vllm_v1", "sarathi", "vllm_v0", "orca", "static"])
 def test_pinned_metrics(policy):
-    """Pinned outputs of tests/data/tiny.yaml; regenerate with `python -m tests.test_golden`
+    """Pinned outputs of tests/data/tiny.yaml; regenerate with `python -m tests.golden.test_golden`
     only after a deliberate, explained change of behaviour."""
     expected = json.loads((GOLDEN / f"tiny_{policy}.json").read_text())
     got = golden_run(policy)

@@ -29,8 +29,8 @@ from simserve.config import load_scenario  # noqa: E402
 from simserve.errors import DataError  # noqa: E402
 from simserve.latency.profile import ProfileLatency  # noqa: E402
 from simserve.runner import run  # noqa: E402
-from tests.test_profile_latency import synthetic_profile  # noqa: E402
-from tests.test_replay import FakeServer  # noqa: E402
+from tests.unit.test_profile_latency import synthetic_profile  # noqa: E402
+from tests.integration.test_replay import FakeServer  # noqa: E402
 
 TRUE = {"step_overhead_s": 0.008, "per_output_token_s": 0.0005, "scale": 2.0,
         "prefill_attention_scale": 3.0, "decode_attention_scale": 1.5,

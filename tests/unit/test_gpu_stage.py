@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("gpu_stage_vllm",
                                               REPO / "benchmarks" / "gpu_stage_vllm.py")
 stage = importlib.util.module_from_spec(spec)

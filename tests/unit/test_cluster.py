@@ -30,7 +30,7 @@ from simserve.sched import POLICIES, SchedulerLimits, Status
 from simserve.sched.plan import StepPlan
 from simserve.workload.spec import RequestSpec
 from tests.helpers import make_request, make_scheduler
-from tests.test_properties import ToyLatency, _by_replica, scenarios
+from tests.property.test_properties import ToyLatency, _by_replica, scenarios
 
 TERMINAL = (Status.FINISHED, Status.REJECTED, Status.FAILED)
 
@@ -314,7 +314,7 @@ def test_tp_splits_compute_and_sums_kv_capacity():
 
 def test_profile_latency_with_tp_scales_compute_and_adds_allreduce():
     from simserve.latency.profile import ProfileLatency
-    from tests.test_profile_latency import TINY, synthetic_profile
+    from tests.unit.test_profile_latency import TINY, synthetic_profile
     plan = StepPlan((0,), (16,), (16,), (0,), (), 1)
     one = ProfileLatency(synthetic_profile()).breakdown(plan)
     roof = RooflineModel(TINY, load_hardware("H100-SXM"), tensor_parallel_size=2)

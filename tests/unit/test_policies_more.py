@@ -1,5 +1,5 @@
 """Hand-stepped tests of the other systems' schedulers: each pins its defining behaviour with
-exact token counts, the arithmetic in the comments (the style of tests/test_sched.py)."""
+exact token counts, the arithmetic in the comments (the style of tests/unit/test_sched.py)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import pytest
 from simserve.cli import main
 from simserve.config import file_kind
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "scenarios").glob("*.yaml"))
 FEW = ["--set", "workload.num_requests=40"]
 RESULTS = ("requests.csv", "steps.csv", "summary.json")

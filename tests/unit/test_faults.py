@@ -13,9 +13,9 @@ import simserve
 from simserve.config import parse_scenario
 from simserve.cluster.faults import FaultConfig, FaultEvent, FaultSchedule
 from simserve.sched import Status
-from tests.test_cluster import (ROUTER_NAMES, assert_same_runs, check_accounting, online_itl,
+from tests.unit.test_cluster import (ROUTER_NAMES, assert_same_runs, check_accounting, online_itl,
                                 pooled_itl, run_cluster)
-from tests.test_properties import scenarios
+from tests.property.test_properties import scenarios
 
 
 def faults_raw(replicas=2, **faults):
@@ -110,7 +110,7 @@ def test_a_token_in_transit_is_lost_with_the_transfer(tmp_path):
     # replica fails at 30 ms (back at 40): the transfer is lost, token 1 never reached the
     # client. A is retried when the replica is back: prefill 40-50 ms, lands at 100 ms (token 1),
     # decodes token 2 at 110 ms.
-    from tests.test_disagg import BYTES_PER_TOKEN, disagg_raw
+    from tests.unit.test_disagg import BYTES_PER_TOKEN, disagg_raw
     path = tmp_path / "t.csv"
     path.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,10,2\n")
     raw = disagg_raw({"trace": str(path), "format": "csv"},

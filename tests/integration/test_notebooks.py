@@ -15,7 +15,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-NOTEBOOKS = Path(__file__).parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 ADDRESS = re.compile(r" at 0x[0-9a-f]+")       # object reprs (a Styler's text/plain)
 
 

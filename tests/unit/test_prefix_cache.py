@@ -18,7 +18,8 @@ from tests.helpers import step, tokens
 
 # shipped with the repository (scenarios/traces/make_samples.py): multi-turn sessions over shared
 # system prompts, in Mooncake's format
-TRACE = Path(__file__).resolve().parents[1] / "scenarios" / "traces" / "mooncake_prefix_sample.jsonl"
+TRACE = (Path(__file__).resolve().parents[2] / "scenarios" / "traces"
+         / "mooncake_prefix_sample.jsonl")
 
 
 def pool(num_blocks: int = 8) -> PrefixBlockManager:

@@ -20,7 +20,7 @@ from simserve.report.figures import Curve, _binned
 from simserve.report.style import series_styles
 from simserve.plan.sweep import load_sweep, save_sweep, sweep
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TINY = DATA / "tiny.yaml"
 IMG = re.compile(r"<img [^>]*src=\"([^\"]*)\"")
 

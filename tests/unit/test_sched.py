@@ -253,7 +253,7 @@ def test_result_counts_steps_without_building_the_table():
     import simserve
     from simserve.config import load_scenario
     from pathlib import Path
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     r = simserve.run(load_scenario(root / "scenarios" / "quickstart.yaml"))
     n = r.num_steps
     assert r._steps is None and n > 0

@@ -13,7 +13,7 @@ import pytest
 
 import simserve
 
-SCENARIO = Path(__file__).parent / "data" / "physics.yaml"
+SCENARIO = Path(__file__).resolve().parents[1] / "data" / "physics.yaml"
 
 
 @pytest.fixture(scope="module")

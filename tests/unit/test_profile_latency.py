@@ -158,7 +158,6 @@ def test_profile_of_another_model_is_refused(tmp_path, capsys):
 
 
 def test_malformed_profiles_give_one_clear_error(tmp_path):
-    from simserve.cli import main
     bad = synthetic_profile()
     bad["schema_version"] = 99
     (tmp_path / "new.json").write_text(json.dumps(bad))
@@ -260,7 +259,7 @@ def test_extrapolation_warning_reaches_the_run_summary(tmp_path):
 
 
 SHIPPED = "tiny-llama-45m_cpu-epyc-2core_bf16_1t"
-REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def test_shipped_profile_validates_and_matches_its_card():

@@ -16,9 +16,9 @@ from simserve.cli import main
 from simserve.config import load_scenario
 from simserve.errors import ConfigError, DataError
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TINY = DATA / "tiny.yaml"
-SAMPLES = Path(__file__).resolve().parents[1] / "scenarios" / "traces"
+SAMPLES = Path(__file__).resolve().parents[2] / "scenarios" / "traces"
 
 
 def run(*overrides: str) -> simserve.Result:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-SIMSERVE = Path(__file__).resolve().parents[1] / "simserve"
+SIMSERVE = Path(__file__).resolve().parents[2] / "simserve"
 
 
 def _imported_roots(path: Path) -> set[str]:

@@ -15,9 +15,9 @@ from simserve.cards import load_model
 from simserve.cluster import LINKS, TransferConfig
 from simserve.config import parse_scenario
 from simserve.sched import Status
-from tests.test_cluster import (ROUTER_NAMES, assert_same_runs, check_accounting, online_itl,
+from tests.unit.test_cluster import (ROUTER_NAMES, assert_same_runs, check_accounting, online_itl,
                                 pooled_itl, run_cluster)
-from tests.test_properties import scenarios
+from tests.property.test_properties import scenarios
 
 TINY = load_model("tiny-llama-45m")
 # K and V of one token, all layers: 2 x 4 layers x 8 KV heads x 64 x 2 bytes (tiny-llama-45m)

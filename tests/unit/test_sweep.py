@@ -14,7 +14,7 @@ from simserve.cli import main
 from simserve.errors import ConfigError, SimserveError
 from simserve.plan.sweep import Progress, expand, load_sweep, run_scenarios, sweep
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 TINY = DATA / "tiny.yaml"
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from simserve.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 PYTHON = re.findall(r"```python\n(.*?)```", README, re.S)
 SHELL = re.findall(r"```bash\n(.*?)```", README, re.S)

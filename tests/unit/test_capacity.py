@@ -15,7 +15,7 @@ from simserve.cli import main
 from simserve.config import parse_scenario
 from simserve.errors import ConfigError, SimserveError
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 # One request at a time (max_num_seqs 1), every step 10 ms (constant latency model), 32-token
 # prompts (one prefill step, which samples the first token) and 10 output tokens: a request

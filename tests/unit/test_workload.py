@@ -19,7 +19,7 @@ from simserve.workload.traces import load_trace
 
 # Small samples shipped with the repository (written by scenarios/traces/make_samples.py), so
 # every clone runs these tests.
-TRACES = Path(__file__).resolve().parents[1] / "scenarios" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "scenarios" / "traces"
 AZURE = TRACES / "azure_conv_sample.csv"
 MOONCAKE = TRACES / "mooncake_prefix_sample.jsonl"
 SHAREGPT = TRACES / "sharegpt_lengths_sample.csv"
