@@ -18,7 +18,8 @@ tokens ends a gap of n steps (``chunks.csv``), and chunks read less than 1 ms ap
 one. Medians throughout; decode bins with fewer than
 ``--min-count`` real gaps are left out.
 
-    python benchmarks/fidelity_gaps.py runs/fidelity/real/light/run2 runs/fidelity/sim_calibrated/light
+    python benchmarks/fidelity_gaps.py runs/fidelity/real/light/run2 \
+        runs/fidelity/sim_calibrated/light
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ re-timed in the same rounds: the median ratio now/then is the machine's drift si
 printed with a second table in which every prediction is scaled by it (a diagnostic, not a
 prediction: the first table is the result).
 
-    .venv/bin/python benchmarks/profile_accuracy.py                      # the shipped tiny CPU profile
+    .venv/bin/python benchmarks/profile_accuracy.py        # the shipped tiny CPU profile
     .venv/bin/python benchmarks/profile_accuracy.py --profile p.json --n 300 --json out.json
 
 Run it on a quiet machine (``uptime``: load average well under the core count); the load

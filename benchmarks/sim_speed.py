@@ -69,7 +69,8 @@ COLD = textwrap.dedent("""
 
 
 def child(raw: dict, fast_forward: bool) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(raw), "1" if fast_forward else "0"],
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(raw),
+                           "1" if fast_forward else "0"],
                           capture_output=True, text=True, cwd=ROOT)
     if proc.returncode:
         sys.exit(f"benchmark run failed:\n{proc.stderr}")

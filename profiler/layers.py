@@ -19,7 +19,8 @@ tables); it is built once per step and shared by every layer, like an engine's a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -294,7 +295,7 @@ class DecoderLayer:
 
     def forward(self, x: torch.Tensor, meta: StepMeta, cache: PagedKVCache,
                 attention: AttentionFn | None,
-                sections: "Sections | None" = None) -> torch.Tensor:
+                sections: Sections | None = None) -> torch.Tensor:
         """``x`` is ``[T, hidden]``. With ``attention=None`` the attention output is replaced by
         the queries themselves (same shape): everything else in the layer still runs, which is
         how the per-token ("linear") part of a layer is timed in isolation. With ``sections``

@@ -15,7 +15,8 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -355,7 +356,7 @@ class Options:
     timer: str = "auto"                  # auto | wall | cpu  (see Options.timer_name)
     max_model_len: int | None = None     # caps the context axes (the model's longest sequence)
     grid_override: Grid | None = None    # tests: an even smaller grid
-    note: str = ""                       # free text for provenance.note (e.g. how busy the host was)
+    note: str = ""                       # free text for provenance.note (how busy the host was)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

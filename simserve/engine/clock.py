@@ -38,7 +38,8 @@ class Clock(simpy.Environment):
         event = simpy.Event(self)
         event._ok = True          # a triggered, successful event, like a Timeout
         event._value = None
-        heappush(self._queue, (when, priority, next(self._eid), event))
+        # (SimPy types the priority as its own EventPriority, an int)
+        heappush(self._queue, (when, priority, next(self._eid), event))  # type: ignore[misc]
         return event
 
     def call_at(self, when: float, priority: int, fn: Callable[[], None]) -> None:

@@ -54,7 +54,8 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Literal, TypedDict
+from typing import Any, Literal, TypedDict
+from collections.abc import Callable
 
 from simserve.cards import ModelCard
 from simserve.errors import DataError

@@ -105,9 +105,9 @@ class TokenLog:
     def stretch(self, stretch: Stretch, ends: list[float]) -> None:
         """The first ``len(ends)`` steps of a fast-forwarded stretch, ending at ``ends``.
 
-        Member j takes steps offset[j] .. min(k, stop[j]) - 1. Inside the stretch every member has one gap
-        per step between its steps; entering it, a member that decoded in the step just before
-        adds that step gap, others add their own gap since their last token.
+        Member j takes steps offset[j] .. min(k, stop[j]) - 1. Inside the stretch every member has
+        one gap per step between its steps; entering it, a member that decoded in the step just
+        before adds that step gap, others add their own gap since their last token.
         """
         k = len(ends)
         a = self.num_steps
@@ -144,7 +144,8 @@ class TokenLog:
             diff[a] -= adjacent
         if self.record:
             for req, _, _, e, o in members:
-                self._extend(req.tokens, a + o, (e if e < k else k) - o)
+                # (recording gives every request a track)
+                self._extend(req.tokens, a + o, (e if e < k else k) - o)  # type: ignore[arg-type]
 
     def delivered(self, req: Request, t: float) -> None:
         """A token produced on another replica (a disaggregated prefill's) reaches the client
@@ -189,8 +190,10 @@ def itl_sample(rec: Recorder) -> WeightedSample:
     for index in sorted(rec.tokens):
         log, steps = rec.tokens[index], rec.replicas.get(index)
         n = log.num_steps if steps is not None else 0
-        start = np.frombuffer(steps.steps["start_s"], dtype=np.float64) if n else None
-        duration = np.frombuffer(steps.steps["duration_s"], dtype=np.float64) if n else None
+        start = np.frombuffer(steps.steps["start_s"], dtype=np.float64) \
+            if steps is not None and n else None
+        duration = np.frombuffer(steps.steps["duration_s"], dtype=np.float64) \
+            if steps is not None and n else None
         sources.append((np.frombuffer(log.itl_diff, dtype=np.int32), start, duration, n,
                         np.frombuffer(log.itl_extra, dtype=np.float64)))
 

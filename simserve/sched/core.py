@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, cast
 
 from simserve.kv.blocks import BlockManager
+from simserve.kv.prefix import PrefixBlockManager
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
 
@@ -126,7 +127,8 @@ class Scheduler:
     # "null block"): the policy's block manager gets num_gpu_blocks minus these
     reserved_blocks: ClassVar[int] = 0
 
-    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params=None, seed: int = 0):
+    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params: Any = None,
+                 seed: int = 0):
         self.limits = limits
         self.blocks = blocks
         self.params = params if params is not None or self.params_type is None \
@@ -313,9 +315,9 @@ class Scheduler:
     def cached_prefix(self, req: Request) -> int:
         """Tokens at the start of a waiting request already in the prefix cache (0 without
         prefix caching): what admitting it now would start it with."""
-        blocks = self.blocks
-        if not blocks.caches_prefixes:
+        if not self.blocks.caches_prefixes:
             return 0
+        blocks = cast(PrefixBlockManager, self.blocks)
         blocks.register(req.id, req.num_prompt_tokens, req.spec.hash_ids)
         return blocks.cached_tokens(req.id, req.num_tokens)
 
@@ -327,7 +329,8 @@ class Scheduler:
         need = max(reserve_tokens or 0, cached + n)
         if gate_tokens is not None and not blocks.can_hold(req.id, gate_tokens, cached):
             return False
-        if (blocks.allocate_cached(req.id, need, cached) if cached
+        # a cached prefix implies the prefix-caching block manager (cached_prefix)
+        if (cast(PrefixBlockManager, blocks).allocate_cached(req.id, need, cached) if cached
                 else blocks.allocate(req.id, need)) is None:
             return False
         if req.num_preemptions == 0:

@@ -24,6 +24,7 @@ look-ahead block preallocation and multi-step decode loops.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from simserve.sched.core import Batch, Scheduler
 from simserve.sched.params import knob
@@ -45,7 +46,7 @@ class Lmdeploy(Scheduler):
     # reschedules are counted in decode steps: every step must be scheduled
     monotone_admission = False
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.decodes_since_reschedule = 0
 

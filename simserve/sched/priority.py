@@ -49,6 +49,7 @@ class Priority(VllmV1):
             preempted += plan.num_preempted
             plan = super().schedule()
         if preempted:
+            assert self._batch is not None      # schedule() built one
             plan = self._batch.plan = plan._replace(num_preempted=plan.num_preempted + preempted)
         return plan
 
@@ -91,7 +92,7 @@ class Priority(VllmV1):
         The batch is rebuilt from its other entries (their counters have not moved since)."""
         kept = [(r, n) for r, n in batch.entries if r is not req]
         counts = batch.num_preempted, batch.swap_out_blocks, batch.swap_in_blocks
-        batch.__init__(self.limits)
+        batch.__init__(self.limits)  # type: ignore[misc]  # in place: the caller holds it
         batch.num_preempted, batch.swap_out_blocks, batch.swap_in_blocks = counts
         for r, n in kept:
             batch.add(r, n)

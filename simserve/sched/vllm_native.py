@@ -29,7 +29,7 @@ import os
 import tempfile
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -156,8 +156,8 @@ class VllmNative(Scheduler):
     params_type = VllmNativeParams
     reserved_blocks = 1           # vLLM's block pool keeps block 0 back as its null block
 
-    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params=None, seed: int = 0,
-                 backend: Backend | None = None):
+    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params: Any = None,
+                 seed: int = 0, backend: Backend | None = None):
         super().__init__(limits, blocks, params, seed)
         if backend is None:
             backend = build_vllm_backend(BackendConfig(
@@ -248,7 +248,7 @@ class _BackendBlocks(BlockManager):
         self._backend = backend
         self.caches_prefixes = caches
 
-    @property   # type: ignore[override]
+    @property
     def num_free(self) -> int:
         return self._backend.num_free_blocks()
 
