@@ -75,7 +75,7 @@ class Lmdeploy(Scheduler):
                 or running < p.low_batch_ratio * self.limits.max_num_seqs)
 
     def _admit_prompts(self, batch: Batch) -> None:
-        while self.waiting and not batch.full and len(self.running) < self.limits.max_num_seqs:
+        while self.may_admit(batch):
             req = self.waiting[0]
             n = req.num_remaining
             if n > batch.token_budget or not self.admit(batch, req, n):

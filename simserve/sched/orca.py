@@ -24,7 +24,7 @@ class Orca(Scheduler):
             if batch.full:
                 break
             self.grow(batch, req, req.num_remaining)   # reserved at admission: always fits
-        while self.waiting and not batch.full and len(self.running) < self.limits.max_num_seqs:
+        while self.may_admit(batch):
             req = self.waiting[0]
             n = req.num_remaining
             if n > batch.token_budget or not self.admit(batch, req, n,

@@ -100,7 +100,7 @@ class S3(Scheduler):
                 self._mispredicted(batch, req)     # outgrew its reservation
             else:
                 self.grow(batch, req, n)
-        while self.waiting and not batch.full and len(self.running) < self.limits.max_num_seqs:
+        while self.may_admit(batch):
             req = self.waiting[0]
             n = req.num_remaining
             if n > batch.token_budget \

@@ -66,7 +66,7 @@ class _TrtLlm(Scheduler):
         return req.num_remaining if req.num_remaining <= batch.token_budget else 0
 
     def _start_new(self, batch: Batch) -> None:
-        while self.waiting and not batch.full and len(self.running) < self.limits.max_num_seqs:
+        while self.may_admit(batch):
             req = self.waiting[0]
             n = self._context_tokens(req, batch)
             if not n or not self.fits_new(req) or not self.admit(batch, req, n):
