@@ -51,4 +51,4 @@ $(ORACLE_VENV)/.installed: pyproject.toml
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(ORACLE_VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(ORACLE_VENV) runs .pytest_cache .hypothesis .mypy_cache .ruff_cache
