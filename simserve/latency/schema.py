@@ -109,7 +109,8 @@ MODEL_KEYS: tuple[str, ...] = tuple(f for f in MODEL_FIELDS if f not in ("name",
 
 def model_shapes(card: ModelCard, dtype_bytes: int) -> ModelShapes:
     """The profile's ``model`` section for ``card`` measured in a dtype of ``dtype_bytes``."""
-    out = {f: getattr(card, f) for f in MODEL_FIELDS}
+    # dtype_bytes last, where the profiler has always written it (files compare byte for byte)
+    out = {f: getattr(card, f) for f in MODEL_FIELDS if f != "dtype_bytes"}
     out["dtype_bytes"] = dtype_bytes
     return out
 

@@ -363,3 +363,18 @@ def test_h100_scenario_prices_the_quickstart_load_by_roofline_and_by_the_measure
     assert prof["median_tpot_ms"] > roof["median_tpot_ms"]
     assert prof["median_ttft_ms"] > roof["median_ttft_ms"]
     assert "H100" in results["h100-profile"].summary["latency_model"]
+
+
+def test_model_section_is_written_from_the_card_as_the_shipped_profiles_have_it():
+    # ModelCard is the one definition of the shapes: the profile's model section is built from
+    # it with the same keys, in the same order, as the shipped (measured) profiles
+    from simserve.cards import load_model
+    from simserve.latency.schema import MODEL_KEYS, load_profile, model_card, model_shapes
+    shipped = load_profile(REPO / "simserve" / "data" / "profiles"
+                           / "tiny-llama-45m_cpu-epyc-2core_bf16_1t.json")
+    card = load_model("tiny-llama-45m")
+    written = model_shapes(card, shipped["model"]["dtype_bytes"])
+    assert list(written.items()) == list(shipped["model"].items())
+    assert set(MODEL_KEYS) < set(written) and "max_position_embeddings" not in written
+    back = model_card(shipped["model"], max_position_embeddings=card.max_position_embeddings)
+    assert model_shapes(back, written["dtype_bytes"]) == written
