@@ -87,20 +87,23 @@ class TokenLog:
         diff.append(0)
         if record:
             self.step_ends.append(t_end)
+        adjacent = 0                                    # decoded in the previous step too
         for req in sampled:
             tr = req.tokens
             if tr is None:                              # its first token
                 req.first_token_s = t_end
                 tr = req.tokens = TokenTrack(index, t_end, record)
             else:
-                if tr.last_step == index - 1:           # decoded in the previous step too
-                    diff[index - 1] += 1
-                    diff[index] -= 1
+                if tr.last_step == index - 1:
+                    adjacent += 1
                 else:                                   # skipped some steps
                     self.itl_extra.append(t_end - tr.last_s)
                 tr.last_step, tr.last_s = index, t_end
             if record:
                 self._extend(tr, index, 1)
+        if adjacent:                                    # one gap each: the previous step's
+            diff[index - 1] += adjacent
+            diff[index] -= adjacent
 
     def stretch(self, stretch: Stretch, ends: list[float]) -> None:
         """The first ``len(ends)`` steps of a fast-forwarded stretch, ending at ``ends``.
