@@ -29,13 +29,13 @@ def _parser() -> argparse.ArgumentParser:
     parser and sets ``handler`` (the built-in ones below; the live-server and profiler commands
     in their own modules, whose imports stay cheap)."""
     from simserve import profiling
-    from simserve.live import calibrate, fidelity, replay
+    from simserve.live import calibrate, fidelity, replay, serve
 
     p = _Parser(prog="simserve", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for register in (_register_run, _register_report, _register_sweep, _register_capacity,
                      _register_validate, _register_list, replay.register, fidelity.register,
-                     calibrate.register, profiling.register):
+                     calibrate.register, profiling.register, serve.register):
         register(sub)
     return p
 

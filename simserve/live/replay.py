@@ -205,6 +205,9 @@ async def _replay(s: Scenario, specs: list[RequestSpec], endpoint: str, model: s
         "load_average_before": load_before, "load_average_after": load_average(),
         "num_scheduled": len(specs), "num_not_sent": not_sent, "timeout_s": timeout,
         "time_limit_s": time_limit, "warmup_requests": warmup,
+        # time.perf_counter() at the replay's 0: lines its times up with another process's
+        # monotonic clock (simserve serve --record writes its own)
+        "clock_origin_s": t0,
     }
     requests, chunks = _tables(sent)
     summary = _summary(s, requests, chunks)
