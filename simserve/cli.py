@@ -25,9 +25,22 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    """Every subcommand is registered the same way: a ``register(subparsers)`` function adds its
+    parser and sets ``handler`` (the built-in ones below; the live-server and profiler commands
+    in their own modules, whose imports stay cheap)."""
+    from simserve import profiling
+    from simserve.live import calibrate, fidelity, replay, serve
+
     p = _Parser(prog="simserve", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for register in (_register_run, _register_report, _register_sweep, _register_capacity,
+                     _register_validate, _register_list, replay.register, fidelity.register,
+                     calibrate.register, profiling.register, serve.register):
+        register(sub)
+    return p
 
+
+def _register_run(sub) -> None:
     run = sub.add_parser("run", help="simulate a scenario and write its results")
     run.add_argument("scenario", help="scenario YAML file")
     run.add_argument("--out", help="output directory (default: the scenario's output_dir, "
@@ -57,7 +70,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="latency percentiles to report, e.g. 25,50,99 (as vllm bench serve; "
                           "same as --set metric_percentiles=[25,50,99])")
     _report_flags(run)
+    run.set_defaults(handler=_cmd_run)
 
+
+def _register_report(sub) -> None:
     rep = sub.add_parser("report", help="figures and report.html from output directories")
     rep.add_argument("dirs", nargs="+", metavar="RUN_DIR",
                      help="a run, compare, sweep or capacity output directory")
@@ -65,7 +81,10 @@ def _parser() -> argparse.ArgumentParser:
                                    "directory given; required for several)")
     rep.add_argument("--svg", action="store_true", help="also write each figure as SVG")
     rep.add_argument("--title", help="the report's title")
+    rep.set_defaults(handler=_cmd_report)
 
+
+def _register_sweep(sub) -> None:
     swp = sub.add_parser("sweep", help="run a grid of scenario variants into one table")
     swp.add_argument("grid", help="sweep file: base: or scenario:, then grid: and/or zip:")
     swp.add_argument("--out", help="output directory (default: runs/<sweep file name>)")
@@ -77,7 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     swp.add_argument("--workers", type=int, help="local processes (default: all cores)")
     swp.add_argument("--quiet", action="store_true", help="do not print the table")
     _report_flags(swp)
+    swp.set_defaults(handler=_cmd_sweep)
 
+
+def _register_capacity(sub) -> None:
     cap = sub.add_parser("capacity", help="highest request rate meeting the SLO target, and "
                                           "the fewest replicas for a target rate")
     cap.add_argument("scenario", help="scenario YAML file with an slo: section")
@@ -95,19 +117,20 @@ def _parser() -> argparse.ArgumentParser:
     cap.add_argument("--out", help="output directory (default: runs/<scenario>-capacity)")
     cap.add_argument("--quiet", action="store_true", help="do not print each probe")
     _report_flags(cap)
+    cap.set_defaults(handler=_cmd_capacity)
 
+
+def _register_validate(sub) -> None:
     val = sub.add_parser("validate", help="check a scenario without running it")
     val.add_argument("scenario")
     val.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+    val.set_defaults(handler=_cmd_validate)
 
+
+def _register_list(sub) -> None:
     lst = sub.add_parser("list", help="list shipped model cards, hardware specs or policies")
     lst.add_argument("what", choices=("models", "hardware", "policies"))
-
-    # fidelity against a live server (docs/fidelity.md): each module adds its own subcommand
-    from importlib import import_module
-    for name in ("replay", "fidelity", "calibrate", "profiling", "live.serve"):
-        import_module(f"simserve.{name}").register(sub)
-    return p
+    lst.set_defaults(handler=_cmd_list)
 
 
 def _report_flags(p: argparse.ArgumentParser) -> None:
@@ -200,7 +223,7 @@ SWEEP_SHOWN = ("error", "request_throughput", "request_goodput", "slo_attainment
 
 def _cmd_sweep(args) -> int:
     from simserve.fmt import format_table
-    from simserve.sweep import load_sweep, save_sweep, sweep
+    from simserve.plan.sweep import load_sweep, save_sweep, sweep
 
     if args.workers is not None and args.workers < 1:
         raise ConfigError("--workers", f"must be >= 1, got {args.workers}")
@@ -228,7 +251,7 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_capacity(args) -> int:
-    from simserve.capacity import capacity
+    from simserve.plan.capacity import capacity
 
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     t0 = time.perf_counter()
@@ -258,7 +281,7 @@ def _cmd_validate(args) -> int:
 
     kind = file_kind(args.scenario)
     if kind == "sweep":
-        from simserve.sweep import load_sweep
+        from simserve.plan.sweep import load_sweep
         spec = load_sweep(args.scenario, args.overrides)
         variants = [(f"sweep point {i}: " + ", ".join(f"{k}={v}" for k, v in point.items()), s)
                     for i, (point, s) in enumerate(zip(spec.points(), spec.scenarios()))]
@@ -308,11 +331,8 @@ def _cmd_list(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"run": _cmd_run, "validate": _cmd_validate, "list": _cmd_list,
-                "report": _cmd_report, "sweep": _cmd_sweep, "capacity": _cmd_capacity}
     try:
-        handler = handlers.get(args.command) or args.handler
-        return handler(args)
+        return args.handler(args)
     except SimserveError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

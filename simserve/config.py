@@ -355,7 +355,8 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     return s.replace(overrides=tuple(overrides or ()), source=s.source)
 
 
-def load_variants(path: str | Path, overrides: list[str] | None = None) -> list[tuple[str, Scenario]]:
+def load_variants(path: str | Path,
+                  overrides: list[str] | None = None) -> list[tuple[str, Scenario]]:
     """Load a scenario file as labelled variants.
 
     A plain scenario is one variant labelled with its name. A ``compare:`` section makes
@@ -378,7 +379,7 @@ def load_variants(path: str | Path, overrides: list[str] | None = None) -> list[
         return [(s.name, s)]
     variants = []
     base = raw.get("name", path.stem)
-    for i, (label, fields) in enumerate(_variant_fields(compare)):
+    for label, fields in _variant_fields(compare):
         variant = copy.deepcopy(raw)
         for key, value in fields.items():
             set_field(variant, key, value)

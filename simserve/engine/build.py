@@ -25,6 +25,7 @@ def build_latency(s: Scenario) -> LatencyModel:
     lat = s.latency
     if lat.model == "profile":
         from simserve.latency.profile import ProfileLatency, list_profiles, resolve_profile_path
+        assert lat.path is not None         # config requires it for a profile
         path = resolve_profile_path(lat.path, s.base_dir)
         if path is None:
             raise ConfigError("latency.path", f"profile file not found: {s.base_dir / lat.path}"
@@ -40,6 +41,7 @@ def build_latency(s: Scenario) -> LatencyModel:
                                             s.model, s.hardware, tensor_parallel_size=tp,
                                         ).allreduce_s if tp > 1 else None)
     if lat.model == "constant":
+        assert lat.step_ms is not None      # config requires it for a constant model
         return ConstantLatency(lat.step_ms / 1000.0)
     if lat.model == "linear":
         return LinearLatency(lat.base_ms / 1000.0, lat.per_token_ms / 1000.0,
@@ -99,6 +101,7 @@ def engine_options(s: Scenario, replicas: list[Replica]) -> dict[str, Any]:
         per_rank = [g.scenario.replica.kv_bytes_per_token
                     for g in groups_of(s) for _ in range(g.replicas)]
         link = c.kv_transfer
+        assert link is not None             # config requires it for a disaggregated cluster
         out["decode_router"] = make_router(c.router, s.seed, pool=1)
         out["transfer_s"] = lambda tokens, src, dst: link.seconds(
             tokens * max(per_rank[src.index], per_rank[dst.index]))

@@ -28,12 +28,13 @@ import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Generator, Sequence
 from heapq import heapify, heappop, heappush
-from typing import Any
+from typing import Any, cast
 
 from simserve.clients import ClientGate
 from simserve.engine.clock import LATE, URGENT, Clock
 from simserve.engine.replica import Replica, Router, rejection_reason
 from simserve.kv.blocks import BlockManager
+from simserve.kv.prefix import PrefixBlockManager
 from simserve.metrics.recorder import Recorder
 from simserve.metrics.tokens import moved
 from simserve.sched.plan import StepPlan
@@ -86,7 +87,10 @@ class Runtime:
                                    or any(r.role != "prefill" for r in self.entry)):
             raise ValueError("decode replicas need prefill replicas (no mixed ones), a "
                              "decode_router and transfer_s")
-        self.router, self.decode_router, self.transfer_s = router, decode_router, transfer_s
+        self.router = router
+        # a disaggregated run has both (checked above); a colocated one never calls either
+        self.decode_router: Router = decode_router or _no_decode_pool
+        self.transfer_s: Callable[..., float] = transfer_s or _no_decode_pool
         self.fast_forward = fast_forward
         self.run_ahead = fast_forward and not self.disaggregated
         # One replica, nothing else going on: nothing can happen between two of its step
@@ -111,7 +115,8 @@ class Runtime:
         self.real: dict[int, Request] = {}   # request id -> the request its proxy prefills
         self.assigned: dict[int, Replica | None] = {}   # decode replica, until the KV lands
         self.backlog: list[Request] = []     # no live replica in its pool: held at the router
-        self.decode_backlog: list[tuple] = []    # prefilled, no live decode replica
+        # prefilled, no live decode replica: (request, prefill replica, tokens, pin)
+        self.decode_backlog: list[tuple[Request, Replica, int, int]] = []
         self.gate: ClientGate | None = None   # the benchmark client's concurrency limit
 
     # -- the pieces the replica loop asks for ------------------------------------------------
@@ -244,7 +249,8 @@ class Runtime:
         else:
             self._send(req, prefill, target, tokens, pin, now)
 
-    def _send(self, req, prefill, target, tokens, pin, now) -> None:
+    def _send(self, req: Request, prefill: Replica, target: Replica, tokens: int, pin: int,
+              now: float) -> None:
         t = now + self.transfer_s(tokens, prefill, target)
         if not t > now:
             t = math.nextafter(now, INF)   # strictly later: same-instant order never matters
@@ -252,7 +258,7 @@ class Runtime:
         self.push(prefill, t, _UNPIN, (pin, req, target))
         self.push(target, t, _LAND, (req, prefill, pin))
 
-    def push(self, r: Replica, t: float, kind: int, payload) -> None:
+    def push(self, r: Replica, t: float, kind: int, payload: tuple[Any, ...]) -> None:
         """Something reaches replica ``r`` at ``t`` (> now): queue it, cut a stretch in flight
         back to the steps starting before ``t``, and wake the replica then if it is idle."""
         heappush(r.inbox, (t, payload[1].id if kind == _UNPIN else payload[0].id, kind, payload))
@@ -321,6 +327,7 @@ class Runtime:
         r.up = False
         victims = self._evacuate(r)
         old = r.scheduler
+        assert r.factory is not None        # fault injection needs one (checked at start)
         r.scheduler = _fresh(old, r.factory)
         r.num_outstanding = 0
         heappush(self.fault_times, t + restart_s)
@@ -402,11 +409,16 @@ def _pin(blocks: BlockManager, pin: int, proxy: Request, tokens: int) -> None:
     freed a moment ago, so they fit; with prefix caching the pin takes the same cached blocks
     back (shared prefixes stay shared) rather than fresh ones."""
     if blocks.caches_prefixes:
-        blocks.register(pin, proxy.num_prompt_tokens, proxy.spec.hash_ids)
-        cached = blocks.cached_tokens(pin, tokens + 1)
-        if cached and blocks.allocate_cached(pin, tokens, cached) is not None:
+        prefix = cast(PrefixBlockManager, blocks)
+        prefix.register(pin, proxy.num_prompt_tokens, proxy.spec.hash_ids)
+        cached = prefix.cached_tokens(pin, tokens + 1)
+        if cached and prefix.allocate_cached(pin, tokens, cached) is not None:
             return
     blocks.allocate(pin, tokens)
+
+
+def _no_decode_pool(*args: Any) -> Any:
+    raise AssertionError("a colocated cluster has no decode pool")
 
 
 def _fresh(old: Scheduler, factory: Callable[[], Scheduler]) -> Scheduler:

@@ -4,12 +4,14 @@ The names below are imported on first use: ``simserve.metrics.slo`` is read whil
 is parsed, and the summary's pandas import must not be paid before a simulation starts.
 """
 
+from typing import Any
+
 _EXPORTS = {"SloConfig": "simserve.metrics.slo", "format_summary": "simserve.metrics.summary",
             "summarize": "simserve.metrics.summary"}
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         import importlib
         return getattr(importlib.import_module(_EXPORTS[name]), name)

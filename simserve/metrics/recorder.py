@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,7 +42,7 @@ class StepLog:
     """One replica's steps, in its own order (step i here is its i-th step)."""
 
     def __init__(self) -> None:
-        self.steps = {c: array(t) for c, t in STEP_ARRAYS.items()}
+        self.steps: dict[str, array[Any]] = {c: array(t) for c, t in STEP_ARRAYS.items()}
         self.group_records = array("i")      # GROUP_FIELDS of each group, one after another
         # added to start times read back (a front-end delay puts the engine's clock behind
         # the client's: runner.collect); the engine itself never reads it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from simserve.errors import ConfigError
 from simserve.fields import Fields
@@ -32,11 +33,11 @@ class SloConfig:
             raise ConfigError("slo.attainment", f"must be in (0, 1], got {self.attainment:g}")
 
     @classmethod
-    def none(cls) -> "SloConfig":
+    def none(cls) -> SloConfig:
         return cls()
 
     @classmethod
-    def from_fields(cls, f: Fields) -> "SloConfig":
+    def from_fields(cls, f: Fields) -> SloConfig:
         """Read an ``slo:`` section; every field is optional."""
         limits = {name: f.float(name, None, positive=True) for name in _LIMITS}
         attainment = f.float("attainment", 0.9, positive=True, max=1)
@@ -47,6 +48,6 @@ class SloConfig:
     def is_empty(self) -> bool:
         return all(getattr(self, name) is None for name in _LIMITS)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms, "e2el_ms": self.e2el_ms,
                 "attainment": self.attainment}

@@ -8,7 +8,7 @@ paper's description of Orca, each admitted request reserves KV memory for its fu
 
 from __future__ import annotations
 
-from simserve.sched.core import Batch, Scheduler
+from simserve.sched.core import Scheduler
 from simserve.sched.plan import StepPlan
 
 
@@ -24,9 +24,10 @@ class Orca(Scheduler):
             if batch.full:
                 break
             self.grow(batch, req, req.num_remaining)   # reserved at admission: always fits
-        while self.waiting and not batch.full and len(self.running) < self.limits.max_num_seqs:
+        while self.may_admit(batch):
             req = self.waiting[0]
             n = req.num_remaining
-            if n > batch.token_budget or not self.admit(batch, req, n, reserve_tokens=req.max_tokens):
+            if n > batch.token_budget or not self.admit(batch, req, n,
+                                                         reserve_tokens=req.max_tokens):
                 break
         return batch.freeze()

@@ -11,7 +11,7 @@ for static batching.
 
 from __future__ import annotations
 
-from simserve.sched.core import Batch, Scheduler
+from simserve.sched.core import Scheduler
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Status
 
