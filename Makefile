@@ -3,13 +3,19 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install install-dev oracle clean
+.PHONY: demo test lint install install-dev oracle clean
 
 demo: $(VENV)/.installed
 	$(BIN)/simserve run scenarios/quickstart.yaml --out runs/quickstart
 
-test: $(VENV)/.installed-dev
+test: lint
 	$(BIN)/python -m pytest tests
+
+# ruff over the repository, mypy strict over the core packages (both configured in
+# pyproject.toml); `make test` runs it first, so CI does
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 $(VENV)/bin/python:
 	$(PY) -m venv $(VENV)
@@ -20,7 +26,7 @@ $(VENV)/.installed: $(VENV)/bin/python pyproject.toml
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/bin/python pyproject.toml
-	$(BIN)/python -m pip install -q -e '.[dev,ray,profile]'
+	$(BIN)/python -m pip install -q -e '.[dev,ray,profile,parquet]'
 	touch $@ $(VENV)/.installed
 
 # The vLLM oracle (benchmarks/vllm_oracle.py): simserve's vllm_v1 and priority against vLLM's
@@ -45,4 +51,4 @@ $(ORACLE_VENV)/.installed: pyproject.toml
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(ORACLE_VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(ORACLE_VENV) runs .pytest_cache .hypothesis .mypy_cache .ruff_cache

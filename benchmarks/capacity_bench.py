@@ -11,7 +11,7 @@ import argparse
 import time
 from pathlib import Path
 
-from simserve.capacity import capacity
+from simserve.plan.capacity import capacity
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "quickstart.yaml"
 

@@ -14,7 +14,8 @@ curves and the model that applies them use one definition of FLOPs and bytes). T
           measurement: the set's LM head is its GEMM curve at M = rows (labelled so).
 
 Measured times are first made non-decreasing in every size (``envelope``: a smaller
-operation can always run padded to a larger one). Pointwise ops (norms, RoPE, residual adds, KV write; the embedding spread over the layers) are
+operation can always run padded to a larger one). Pointwise ops (norms, RoPE, residual adds,
+KV write; the embedding spread over the layers) are
 fitted as ``t = layer_s + tokens · bytes / (bandwidth · eta)`` per layer, least squares in
 relative error: fixed launch-bound cost plus a bandwidth term, so that the fixed part does not
 grow with the model's width when transferred.

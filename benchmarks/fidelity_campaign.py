@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from simserve.calibrate import kv_tokens_from_log, run_calibrated  # noqa: E402
+from simserve.live.calibrate import kv_tokens_from_log, run_calibrated  # noqa: E402
 from simserve.config import parse_scenario  # noqa: E402
-from simserve.fidelity import HEADLINE, error_table  # noqa: E402
-from simserve.replay import replay  # noqa: E402
+from simserve.live.fidelity import HEADLINE, error_table  # noqa: E402
+from simserve.live.replay import replay  # noqa: E402
 from simserve.runner import run  # noqa: E402
 
 TARGETS = {"TPOT": 0.05, "E2EL": 0.05, "output": 0.05, "TTFT": 0.10}
@@ -192,7 +192,7 @@ def measure(name: str, sc, endpoint: str, repeats: int, out: Path,
     """Replay ``sc`` ``repeats`` times into ``out/real/<name>/run<k>``; with ``calibrated``, a
     speed check (seconds of decode batches) right before each run reads how much slower than
     at calibration the server runs then."""
-    from simserve.calibrate import speed_check
+    from simserve.live.calibrate import speed_check
     summaries = []
     for k in range(repeats):
         before = wait_for_quiet(quiet_limit)

@@ -18,7 +18,8 @@ tokens ends a gap of n steps (``chunks.csv``), and chunks read less than 1 ms ap
 one. Medians throughout; decode bins with fewer than
 ``--min-count`` real gaps are left out.
 
-    python benchmarks/fidelity_gaps.py runs/fidelity/real/light/run2 runs/fidelity/sim_calibrated/light
+    python benchmarks/fidelity_gaps.py runs/fidelity/real/light/run2 \
+        runs/fidelity/sim_calibrated/light
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from simserve.calibrate import load_steps  # noqa: E402
+from simserve.live.calibrate import load_steps  # noqa: E402
 
 
 def _read(path: Path, name: str) -> pd.DataFrame:
@@ -42,7 +43,7 @@ def _read(path: Path, name: str) -> pd.DataFrame:
 
 
 def steps_of(real: Path):
-    """The replay's pure decode and mixed steps (``simserve.calibrate.load_steps``, which
+    """The replay's pure decode and mixed steps (``simserve.live.calibrate.load_steps``, which
     calibration's load probe uses too), from its chunks and prompt lengths."""
     req, chunks = _read(real, "requests.csv"), _read(real, "chunks.csv")
     prompts = dict(zip(req["request_id"], req["num_prompt_tokens"]))

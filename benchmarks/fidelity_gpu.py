@@ -19,7 +19,7 @@ What it does
   it: light 20 %, moderate 70 %, saturating 150 % of capacity, and a real-trace-shaped load
   (``benchmarks/data/azure_conv_shape.csv``, our own resampling of the Azure 2023
   conversation trace's arrival gaps and length pairs, at 50 % of capacity).
-* Calibrates simserve on probes of the server (``simserve.calibrate.calibrate``: single
+* Calibrates simserve on probes of the server (``simserve.live.calibrate.calibrate``: single
   requests, decode batches, mixed steps, one open-loop load; never the workloads).
 * Replays every workload ``--repeats`` times (3), then restarts the server with held-out knobs
   (``max_num_seqs`` 128, ``max_num_batched_tokens`` 2,048, never calibrated on) and replays
@@ -96,9 +96,9 @@ for p in (ROOT, ROOT / "benchmarks"):
 
 import fidelity_campaign as fc  # noqa: E402
 from hf_config import write_model_dir  # noqa: E402
-from simserve.calibrate import (ProbePlan, calibrate, format_calibration,  # noqa: E402
+from simserve.live.calibrate import (ProbePlan, calibrate, format_calibration,  # noqa: E402
                                 load_steps, write_calibrated)
-from simserve.replay import replay  # noqa: E402
+from simserve.live.replay import replay  # noqa: E402
 
 STAGES = ("serve", "capacity", "calibrate", "workloads", "heldout", "stop", "profile", "report")
 TRACE_SHAPE = ROOT / "benchmarks/data/azure_conv_shape.csv"
@@ -540,7 +540,7 @@ def stage_profile(mode: Mode, state: State, args) -> None:
 
 
 def price_steps(steps, models: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Real decode and mixed steps (``simserve.calibrate.LoadSteps``) against each latency
+    """Real decode and mixed steps (``simserve.live.calibrate.LoadSteps``) against each latency
     model's price of the same steps: same batch, same contexts, same prompt."""
     from simserve.sched.plan import StepPlan
     dec = []

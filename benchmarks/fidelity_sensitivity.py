@@ -2,7 +2,7 @@
 
 Reads one ``benchmarks/fidelity_vllm.py`` campaign (``--out`` folder: ``calibrated.json`` and
 ``sim_calibrated/<workload>/scenario.yaml``) and simulates every workload again with the
-calibrated profile uniformly ``factor`` times slower (``simserve.calibrate.rescaled``: every
+calibrated profile uniformly ``factor`` times slower (``simserve.live.calibrate.rescaled``: every
 calibrated time and kernel scale times ``factor``), for a few factors around 1. A workload near
 its capacity's edge turns a small change of speed into a large change of TPOT (it tips between
 keeping up and queueing); set beside the real server's own campaign-to-campaign spread
@@ -29,8 +29,8 @@ METRICS = (("median_ttft_ms", "TTFT p50"), ("median_tpot_ms", "TPOT p50"),
 def sensitivity(campaign: Path, factors: list[float]) -> dict[str, dict[float, dict]]:
     """workload -> factor -> the simulated summary's metrics."""
     import simserve
-    from profiler.schema import dump, load_profile
-    from simserve.calibrate import rescaled
+    from simserve.latency.schema import dump, load_profile
+    from simserve.live.calibrate import rescaled
     from simserve.config import load_scenario
 
     calibrated = load_profile(campaign / "calibrated.json")

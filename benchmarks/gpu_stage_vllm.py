@@ -32,7 +32,7 @@ On the device, the same script's ``receive PIECE`` moves one carried piece out o
 tree into ``/tmp/vllm-stage`` (checking its SHA-256), and ``install`` joins the pieces, checks
 the whole tar's SHA-256, ``pip install --no-index --no-deps --target /tmp/site`` the wheels and
 imports vLLM with ``PYTHONPATH=/tmp/site``. Nothing here needs a GPU; ``install`` and the
-joining are rehearsed on the CPU side (``tests/test_gpu_stage.py``;
+joining are rehearsed on the CPU side (``tests/unit/test_gpu_stage.py``;
 ``python benchmarks/gpu_stage_vllm.py rehearse``).
 
 Why vLLM 0.24.0: it is the newest release whose wheel pins the image's torch
@@ -159,7 +159,7 @@ def sha256(path: Path, chunk: int = 8 * MIB) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Splitting and joining (tested in tests/test_gpu_stage.py)
+# Splitting and joining (tested in tests/unit/test_gpu_stage.py)
 
 
 def split_file(path: Path, out_dir: Path, piece_bytes: int) -> list[dict]:

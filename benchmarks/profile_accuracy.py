@@ -14,7 +14,7 @@ re-timed in the same rounds: the median ratio now/then is the machine's drift si
 printed with a second table in which every prediction is scaled by it (a diagnostic, not a
 prediction: the first table is the result).
 
-    .venv/bin/python benchmarks/profile_accuracy.py                      # the shipped tiny CPU profile
+    .venv/bin/python benchmarks/profile_accuracy.py        # the shipped tiny CPU profile
     .venv/bin/python benchmarks/profile_accuracy.py --profile p.json --n 300 --json out.json
 
 Run it on a quiet machine (``uptime``: load average well under the core count); the load
@@ -159,9 +159,10 @@ def measure_steps(profile: dict, batches: list[Batch], warmup: int, repeats: int
     import torch
 
     from profiler import attention as attn
-    from profiler.layers import DTYPES, Model, PagedKVCache, Shapes, blocks_needed, build_step
+    from profiler.layers import DTYPES, Model, PagedKVCache, blocks_needed, build_step
     from profiler.layers import sample_greedy
     from profiler.measure import CLOCKS, WHOLE_STEP, Timer, sample_rows, steady_malloc
+    from simserve.latency.schema import model_card
 
     prov, settings, shapes_d = profile["provenance"], profile["settings"], profile["model"]
     if prov["device"] != "cpu":
@@ -170,12 +171,12 @@ def measure_steps(profile: dict, batches: list[Batch], warmup: int, repeats: int
     torch.set_num_threads(prov["threads"])
     steady_malloc()                                # as the profiler measures (see there)
     dtype = DTYPES[prov["dtype"]]
-    shapes = Shapes(**{k: shapes_d[k] for k in Shapes.__dataclass_fields__})
     bs = settings["block_size"]
-    backend = attn.make_backend(profile["attention"]["backend"], "cpu", shapes, dtype,
-                                compile=profile["attention"]["compiled"])
     max_pos = max(c + q for b in batches for q, c in b.prefill + tuple((1, c) for c in
                                                                        b.decode_ctx)) + 2
+    shapes = model_card(shapes_d, max_position_embeddings=max_pos)
+    backend = attn.make_backend(profile["attention"]["backend"], "cpu", shapes, dtype,
+                                compile=profile["attention"]["compiled"])
     model = Model(shapes, dtype, "cpu", seed=seed, max_positions=max_pos)
     gen = torch.Generator().manual_seed(seed)
     nb = 8 + max(sum(blocks_needed(q + c, bs) for q, c in b.prefill)
@@ -273,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                          "same rounds, to measure how far the machine drifted since profiling")
     args = ap.parse_args(argv)
 
-    from profiler.schema import load_profile
+    from simserve.latency.schema import load_profile
     from simserve.latency.profile import ProfileLatency
     profile = dict(load_profile(args.profile))
     budget = args.budget or min(profile["settings"]["max_num_batched_tokens"], 512)

@@ -1,18 +1,30 @@
-"""Simulator speed on the Vidur-equivalent workload (the speed issue's targets).
+"""Simulator speed: the whole process as a user runs it, and the simulation inside it.
 
-Workload: Llama-2-7B on an A100-80GB (roofline step latency), Poisson arrivals at 3 req/s,
-(prompt, output) pairs drawn from the Azure LLM inference trace 2023 (conv), vLLM v0 and
-v1/Sarathi policies: the setting in which Vidur took 40-56 s for 10,000 requests here.
+Two workloads, both Llama-2-7B on an A100-80GB with roofline step latency, Poisson arrivals at
+3 req/s, max_num_seqs 128, max_num_batched_tokens 4096, block 16:
 
-Each size runs in a fresh subprocess so its peak RSS is its own. Prints one table row per
-(policy, size): wall and CPU seconds of `simserve.run` (workload, simulation, metrics), engine
-iterations simulated per second, peak RSS, and, where --stepwise covers the size, the same run
-stepped one iteration per event and the stepwise/fast-forward ratio measured back to back
-(the honest figure on a shared machine). Also cold start: import + scenario load + profile
-load, wall time and RSS.
+* ``bench`` (default; issue #21's): prompt and output lengths normal (mean 512, sd 256, min 2,
+  max 7000), vLLM v1's policy: the setting in which the fastest peer, BLIS (Go), took 12.0 s
+  for 10,000 requests (its own defaults, roofline, ``--timeout -1``) and ~126 CPU-s and 4.5 GB
+  for 100,000 on our development VM;
+* ``vidur``: (prompt, output) pairs resampled from the Azure LLM inference trace 2023 (conv),
+  vLLM v0, v1 and Sarathi: the setting in which Vidur took 40-56 s for 10,000 requests.
 
-    python benchmarks/sim_speed.py                 # 10k and 50k, stepwise ratio at 10k
-    python benchmarks/sim_speed.py --sizes 10000 50000 1000000 --stepwise 10000
+For each (policy, size), ``--repeat`` times, medians printed:
+
+* **whole process**: ``python -m simserve run <scenario> --no-report --quiet --out <tmp>`` in a
+  fresh process, wall and CPU seconds (``os.wait4``'s rusage) and its peak RSS; the sizes of the
+  files it wrote;
+* **phases**, in another fresh process doing what ``simserve run`` does: start-up (interpreter
+  to the scenario loaded: imports, YAML, model card), ``simserve.run`` (workload, simulation,
+  metrics), ``Result.save`` (writing the outputs).
+
+The load average is printed at the start and the end: timings inflate when the machine is busy
+(compare ratios within one run; benchmarks/sim_instructions.py counts instructions instead).
+
+    python benchmarks/sim_speed.py                         # bench workload, 10k and 100k
+    python benchmarks/sim_speed.py --sizes 10000 --repeat 5
+    python benchmarks/sim_speed.py --workload vidur --sizes 10000 50000 --stepwise 10000
 """
 
 from __future__ import annotations
@@ -20,97 +32,143 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
-SCENARIO = {
-    "name": "vidur-equivalent", "seed": 0,
-    "model": "Llama-2-7B", "hardware": "A100-80GB",
-    "engine": {"max_num_seqs": 128, "max_num_batched_tokens": 4096, "block_size": 16,
-               "max_model_len": 4096},
-    "scheduler": {"policy": "vllm_v0"},
+_BASE = {
+    "seed": 0, "model": "Llama-2-7B", "hardware": "A100-80GB",
+    "engine": {"max_num_seqs": 128, "max_num_batched_tokens": 4096, "block_size": 16},
     "latency": {"model": "roofline"},
-    "workload": {"arrival": "poisson", "rate": 3, "num_requests": 10000,
-                 "lengths": {"path": str(AZURE), "prompt_column": "ContextTokens",
-                             "output_column": "GeneratedTokens"}},
 }
+_NORMAL = {"dist": "normal", "mean": 512, "std": 256, "min": 2, "max": 7000}
+WORKLOADS = {
+    "bench": {**_BASE, "name": "bench-normal-512", "scheduler": {"policy": "vllm_v1"},
+              "workload": {"arrival": "poisson", "rate": 3, "num_requests": 10000,
+                           "prompt": dict(_NORMAL), "output": dict(_NORMAL)}},
+    "vidur": {**_BASE, "name": "vidur-equivalent", "scheduler": {"policy": "vllm_v0"},
+              "engine": {**_BASE["engine"], "max_model_len": 4096},
+              "workload": {"arrival": "poisson", "rate": 3, "num_requests": 10000,
+                           "lengths": {"path": str(AZURE), "prompt_column": "ContextTokens",
+                                       "output_column": "GeneratedTokens"}}},
+}
+DEFAULT_POLICIES = {"bench": ["vllm_v1"], "vidur": ["vllm_v0", "vllm_v1", "sarathi"]}
+DEFAULT_SIZES = {"bench": [10000, 100000], "vidur": [10000, 50000]}
 
-CHILD = textwrap.dedent("""
+PHASES = textwrap.dedent("""
     import json, resource, sys, time
-    t0 = time.perf_counter()
-    import simserve
-    from simserve.config import parse_scenario
-    raw, fast_forward = json.loads(sys.argv[1]), sys.argv[2] == "1"
-    s = parse_scenario(raw)
-    c0, w0 = time.process_time(), time.perf_counter()
-    r = simserve.run(s, fast_forward=fast_forward)
-    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"wall": wall, "cpu": cpu, "steps": r.num_steps, "rss": rss,
-                      "completed": r.summary["completed"],
-                      "mean_ttft_ms": r.summary["mean_ttft_ms"]}))
-""")
-
-COLD = textwrap.dedent("""
-    import resource, sys, time
-    t0 = time.perf_counter()
-    import simserve
+    t0, c0 = time.perf_counter(), time.process_time()
+    import simserve.cli, simserve.runner
     from simserve.config import load_scenario
-    from simserve.engine.build import build_latency
-    s = load_scenario(sys.argv[1])
-    build_latency(s)
-    print(time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    path, out, fast_forward = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+    s = load_scenario(path)
+    t1, c1 = time.perf_counter(), time.process_time()
+    r = simserve.runner.run(s, fast_forward=fast_forward)
+    t2, c2 = time.perf_counter(), time.process_time()
+    r.save(out)
+    t3, c3 = time.perf_counter(), time.process_time()
+    print(json.dumps({"startup": t1 - t0, "simulate": t2 - t1, "write": t3 - t2,
+                      "startup_cpu": c1 - c0, "simulate_cpu": c2 - c1, "write_cpu": c3 - c2,
+                      "steps": r.num_steps, "completed": r.summary["completed"],
+                      "mean_ttft_ms": r.summary["mean_ttft_ms"],
+                      "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """)
 
 
-def child(raw: dict, fast_forward: bool) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(raw), "1" if fast_forward else "0"],
-                          capture_output=True, text=True, cwd=ROOT)
+def whole_process(scenario: Path, out: Path, extra: list[str]) -> dict:
+    """`simserve run` in a fresh process: wall, CPU, peak RSS, bytes written."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "simserve", "run", str(scenario), "--out",
+                             str(out), "--no-report", "--quiet", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    stdout, stderr = proc.communicate()
     if proc.returncode:
-        sys.exit(f"benchmark run failed:\n{proc.stderr}")
+        sys.exit(f"simserve run failed:\n{stderr.decode()[-2000:]}")
+    return {"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "rss": usage.ru_maxrss * 1024,
+            "bytes": sum(f.stat().st_size for f in out.iterdir())}
+
+
+def phases(scenario: Path, out: Path, fast_forward: bool = True) -> dict:
+    proc = subprocess.run([sys.executable, "-c", PHASES, str(scenario), str(out),
+                           "1" if fast_forward else "0"], capture_output=True, text=True,
+                          cwd=ROOT)
+    if proc.returncode:
+        sys.exit(f"benchmark run failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout)
+
+
+def median(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def pair(rows: list[dict], key: str) -> str:
+    return f"{median(rows, key):5.2f}/{median(rows, key + '_cpu'):5.2f}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="+", default=[10000, 50000])
-    ap.add_argument("--policies", nargs="+", default=["vllm_v0", "vllm_v1", "sarathi"])
-    ap.add_argument("--stepwise", type=int, nargs="*", default=[10000],
-                    help="sizes also run stepwise for the ratio")
+    ap.add_argument("--workload", choices=tuple(WORKLOADS), default="bench")
+    ap.add_argument("--sizes", type=int, nargs="+")
+    ap.add_argument("--policies", nargs="+")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per size; medians printed")
+    ap.add_argument("--stepwise", type=int, nargs="*", default=[],
+                    help="sizes also run stepwise (phases only) for the ratio, checked equal")
+    ap.add_argument("--steps", action="store_true",
+                    help="pass --steps to simserve run (write steps.csv in full)")
     args = ap.parse_args()
-    if not AZURE.exists():
+    sizes = args.sizes or DEFAULT_SIZES[args.workload]
+    policies = args.policies or DEFAULT_POLICIES[args.workload]
+    if args.workload == "vidur" and not AZURE.exists():
         sys.exit(f"needs the Azure conv trace at {AZURE} (see ../shared/traces/README.md)")
-    load = os.getloadavg()[0]
-    print(f"machine: {os.cpu_count()} cores, load average {load:.2f} at start "
-          f"(timings inflate when the machine is busy)")
-    print(f"{'policy':9s} {'requests':>9s} {'wall s':>8s} {'cpu s':>7s} {'iters':>9s} "
-          f"{'iters/s':>9s} {'RSS MB':>7s} {'stepwise s':>10s} {'ratio':>6s}")
-    for policy in args.policies:
-        for n in args.sizes:
-            raw = json.loads(json.dumps(SCENARIO))
-            raw["scheduler"]["policy"] = policy
-            raw["workload"]["num_requests"] = n
-            fast = child(raw, True)
-            step_s = ratio = ""
-            if n in args.stepwise:
-                slow = child(raw, False)
-                if slow["steps"] != fast["steps"] or slow["mean_ttft_ms"] != fast["mean_ttft_ms"]:
-                    sys.exit(f"fast-forward and stepwise disagree for {policy} at {n}")
-                step_s, ratio = f"{slow['wall']:.2f}", f"{slow['wall'] / fast['wall']:.1f}x"
-            print(f"{policy:9s} {n:9d} {fast['wall']:8.2f} {fast['cpu']:7.2f} "
-                  f"{fast['steps']:9d} {fast['steps'] / fast['wall']:9.0f} "
-                  f"{fast['rss'] / 2**20:7.0f} {step_s:>10s} {ratio:>6s}")
-    scen = ROOT / "scenarios" / "quickstart.yaml"
-    proc = subprocess.run([sys.executable, "-c", COLD, str(scen)], capture_output=True,
-                          text=True, cwd=ROOT)
-    wall, rss = proc.stdout.split()
-    print(f"cold start (import + scenario + latency model): {float(wall):.2f} s, "
-          f"RSS {int(rss) / 2**20:.0f} MB")
+    extra = ["--steps"] if args.steps else []
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start "
+          f"(timings inflate when the machine is busy); workload {args.workload}, "
+          f"medians of {args.repeat}")
+    print("whole process: `simserve run --no-report --quiet`, wall and CPU seconds, peak RSS, "
+          "output size;\nphases (wall / CPU seconds): start-up to the scenario loaded, "
+          "simserve.run, Result.save")
+    print(f"{'policy':8s} {'requests':>9s} | {'whole s':>7s} {'cpu s':>6s} {'RSS MB':>6s} "
+          f"{'out MB':>6s} | {'start-up s':>11s} {'simulate s':>11s} {'write s':>11s} "
+          f"{'steps':>10s} | {'stepwise':>8s}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for policy in policies:
+            for n in sizes:
+                raw = json.loads(json.dumps(WORKLOADS[args.workload]))
+                raw["scheduler"]["policy"] = policy
+                raw["workload"]["num_requests"] = n
+                scen = Path(tmp) / f"{policy}-{n}.yaml"
+                scen.write_text(yaml.safe_dump(raw, sort_keys=False))
+                whole, parts = [], []
+                for i in range(args.repeat):
+                    whole.append(whole_process(scen, Path(tmp) / f"w{i}", extra))
+                    parts.append(phases(scen, Path(tmp) / f"p{i}"))
+                step_col = ""
+                if n in args.stepwise:
+                    slow = phases(scen, Path(tmp) / "stepwise", fast_forward=False)
+                    fast = parts[0]
+                    if (slow["steps"], slow["mean_ttft_ms"]) != (fast["steps"],
+                                                                  fast["mean_ttft_ms"]):
+                        sys.exit(f"fast-forward and stepwise disagree for {policy} at {n}")
+                    step_col = f"{slow['simulate'] / median(parts, 'simulate'):7.1f}x"
+                print(f"{policy:8s} {n:9,d} | {median(whole, 'wall'):7.2f} "
+                      f"{median(whole, 'cpu'):6.2f} {median(whole, 'rss') / 2**20:6.0f} "
+                      f"{median(whole, 'bytes') / 2**20:6.1f} | "
+                      f"{pair(parts, 'startup')} {pair(parts, 'simulate')} "
+                      f"{pair(parts, 'write')} {parts[0]['steps']:10,d} | {step_col:>8s}",
+                      flush=True)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
 if __name__ == "__main__":

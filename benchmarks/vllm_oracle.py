@@ -133,7 +133,8 @@ def _fmt(step: Step) -> str:
 
 def metrics(result) -> dict:
     s = result.summary
-    return {"completed": s["completed"], "preemptions": int(result.requests["num_preemptions"].sum()),
+    return {"completed": s["completed"],
+            "preemptions": int(result.requests["num_preemptions"].sum()),
             "mean_ttft_ms": s["mean_ttft_ms"], "mean_tpot_ms": s["mean_tpot_ms"],
             "duration_s": s["duration_s"]}
 

@@ -5,8 +5,8 @@
 Edit the cells here, not the .ipynb files, and run this again: it executes each notebook
 (nbclient, the python3 kernel) and saves it with its outputs, so they read on a code host without
 running anything. Every number comes from a seeded simulation, so running it again gives the
-same outputs. tests/test_notebooks.py executes both notebooks again and checks that the saved
-outputs are what the code gives today.
+same outputs. tests/integration/test_notebooks.py executes both notebooks again and checks that
+the saved outputs are what the code gives today.
 """
 
 from __future__ import annotations

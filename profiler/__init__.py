@@ -2,5 +2,6 @@
 
 ``python -m profiler --model NAME --device cpu|cuda --out profile.json`` measures a model's
 decoder kernels on this machine and writes a profile that simserve reads through
-:mod:`profiler.schema` (which imports no torch). Importing this package imports nothing heavy.
+:mod:`simserve.latency.schema` (which imports no torch). Importing this package imports nothing
+heavy; it imports simserve, never the reverse.
 """

@@ -26,7 +26,8 @@ metadata once per step and shares it across layers.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

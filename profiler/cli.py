@@ -82,12 +82,6 @@ def load_card(spec: str):
     return load_model(spec, path="--model")
 
 
-def load_shapes(spec: str):
-    """Model shapes from a shipped card name or a YAML file (see :func:`load_card`)."""
-    from profiler.layers import Shapes
-    return Shapes.from_card(load_card(spec))
-
-
 def check_device(device: str) -> None:
     import torch
     if device == "cuda" and not torch.cuda.is_available():
@@ -100,7 +94,7 @@ def check_device(device: str) -> None:
 def run(args: argparse.Namespace, argv: list[str], prog: str = "python -m profiler") -> Path:
     from profiler.attention import BackendError
     from profiler.measure import Options, run_profile
-    from profiler.schema import dump
+    from simserve.latency.schema import dump
 
     for name in ("threads", "block_size", "max_num_batched_tokens", "max_num_seqs",
                  "max_model_len"):
@@ -112,9 +106,7 @@ def run(args: argparse.Namespace, argv: list[str], prog: str = "python -m profil
     check_device(args.device)
     if args.timer == "cpu" and (args.device != "cpu" or (args.threads or 1) != 1):
         raise UsageError("--timer cpu needs --device cpu and one thread")
-    from profiler.layers import Shapes
     card = load_card(args.model)
-    shapes = Shapes.from_card(card)
     moe = None
     if card.is_moe:
         if card.is_mla or card.first_dense_layers:
@@ -136,7 +128,7 @@ def run(args: argparse.Namespace, argv: list[str], prog: str = "python -m profil
                    gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
                    command=shlex.join([*prog.split(), *argv]))
     try:
-        profile = run_profile(shapes, opts, moe=moe)
+        profile = run_profile(card, opts, moe=moe)
     except BackendError as e:
         raise UsageError(str(e)) from None
     dump(profile, args.out)

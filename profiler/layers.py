@@ -19,47 +19,17 @@ tables); it is built once per step and shared by every layer, like an engine's a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from simserve.cards import ModelCard
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 RMS_EPS = 1e-6
 ROPE_THETA = 10000.0
-
-
-@dataclass(frozen=True)
-class Shapes:
-    """The decoder shapes the profiler needs (a subset of simserve's ModelCard)."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    qkv_bias: bool = False
-    tie_word_embeddings: bool = False
-
-    @classmethod
-    def from_card(cls, card: Any) -> "Shapes":
-        return cls(**{k: getattr(card, k) for k in cls.__dataclass_fields__})
-
-    @property
-    def q_dim(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.num_kv_heads * self.head_dim
-
-    def as_dict(self, dtype_bytes: int) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        out["dtype_bytes"] = dtype_bytes
-        return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -292,7 +262,7 @@ class DecoderLayer:
 
     OPS = ("input_norm", "qkv_proj", "rope", "kv_write", "o_proj", "post_norm", "mlp")
 
-    def __init__(self, shapes: Shapes, dtype: torch.dtype, device: Any, gen: torch.Generator,
+    def __init__(self, shapes: ModelCard, dtype: torch.dtype, device: Any, gen: torch.Generator,
                  rotary: Rotary, pieces: Pieces | None = None):
         h, s = shapes.hidden_size, shapes
         self.s = s
@@ -327,7 +297,7 @@ class DecoderLayer:
 
     def forward(self, x: torch.Tensor, meta: StepMeta, cache: PagedKVCache,
                 attention: AttentionFn | None,
-                sections: "Sections | None" = None) -> torch.Tensor:
+                sections: Sections | None = None) -> torch.Tensor:
         """``x`` is ``[T, hidden]``. With ``attention=None`` the attention output is replaced by
         the queries themselves (same shape): everything else in the layer still runs, which is
         how the per-token ("linear") part of a layer is timed in isolation. With ``sections``
@@ -405,7 +375,7 @@ class Model:
     with a fraction of the memory, for models too large for the device (recorded in the profile).
     """
 
-    def __init__(self, shapes: Shapes, dtype: torch.dtype, device: Any, seed: int = 0,
+    def __init__(self, shapes: ModelCard, dtype: torch.dtype, device: Any, seed: int = 0,
                  num_layers: int | None = None, distinct_layers: bool = True,
                  max_positions: int = 4096, compile_layers: bool = False):
         gen = torch.Generator(device=device).manual_seed(seed)

@@ -15,17 +15,19 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from profiler import attention as attn
-from profiler.layers import (DTYPES, DecoderLayer, Model, PagedKVCache, Sections, Shapes,
-                             StepMeta, blocks_needed, build_step, make_top_p, rms_norm,
+from profiler.layers import (DTYPES, DecoderLayer, Model, PagedKVCache, Sections, StepMeta,
+                             blocks_needed, build_step, make_top_p, rms_norm,
                              sample_greedy)
 from profiler.moe import MoEShapes, measure_moe
-from profiler.schema import KIND, SCHEMA_VERSION
+from simserve.cards import ModelCard
+from simserve.latency.schema import KIND, SCHEMA_VERSION, model_shapes
 
 MIN_REPEATS = 3
 WHOLE_STEP = "step"     # Timer.rounds: a step's whole time beside its parts
@@ -355,7 +357,7 @@ class Options:
     timer: str = "auto"                  # auto | wall | cpu  (see Options.timer_name)
     max_model_len: int | None = None     # caps the context axes (the model's longest sequence)
     grid_override: Grid | None = None    # tests: an even smaller grid
-    note: str = ""                       # free text for provenance.note (e.g. how busy the host was)
+    note: str = ""                       # free text for provenance.note (how busy the host was)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -510,7 +512,7 @@ def _sync(device: torch.device) -> None:
 
 @dataclass
 class _Ctx:
-    shapes: Shapes
+    shapes: ModelCard
     opts: Options
     grid: Grid
     device: torch.device
@@ -543,7 +545,7 @@ def count_points(grid: Grid, opts: Options) -> int:
             + 2 * len(grid.lm_seqs) + 1 + grid.heldout)
 
 
-def run_profile(shapes: Shapes, opts: Options, stream: Any = None,
+def run_profile(shapes: ModelCard, opts: Options, stream: Any = None,
                 moe: MoEShapes | None = None) -> dict[str, Any]:
     """Measure everything the schema asks for; returns the profile (not yet written).
 
@@ -562,7 +564,8 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None,
     run_shapes = replace(shapes, intermediate_size=0) if moe is not None else shapes
     weights_bytes = _weights_bytes(run_shapes, dtype)
     if moe is not None:
-        weights_bytes += shapes.num_layers * moe.params * torch.tensor([], dtype=dtype).element_size()
+        weights_bytes += (shapes.num_layers * moe.params
+                          * torch.tensor([], dtype=dtype).element_size())
     budget = (torch.cuda.mem_get_info(device)[0] if device.type == "cuda"
               else _host_available_bytes())
     distinct = budget is None or weights_bytes <= 0.5 * budget
@@ -634,8 +637,7 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None,
             "note": _provenance_note(load_before, _load_average(), opts.note, malloc_note),
             "execution": _execution_note(ctx, model),
         },
-        "model": {**shapes.as_dict(dtype_bytes=torch.tensor([], dtype=dtype).element_size()),
-                  **(_moe_fields(moe) if moe is not None else {})},
+        "model": model_shapes(shapes, torch.tensor([], dtype=dtype).element_size()),
         "settings": {
             "block_size": opts.block_size, "max_num_batched_tokens": opts.max_num_batched_tokens,
             "warmup": grid.warmup, "repeats": grid.repeats,
@@ -656,12 +658,6 @@ def run_profile(shapes: Shapes, opts: Options, stream: Any = None,
         "heldout": heldout,
         **({"moe": moe_grid} if moe_grid is not None else {}),
     }
-
-
-def _moe_fields(moe: MoEShapes) -> dict[str, int]:
-    return {"num_experts": moe.num_experts, "experts_per_token": moe.experts_per_token,
-            "expert_intermediate": moe.expert_intermediate,
-            "shared_expert_intermediate": moe.shared_expert_intermediate}
 
 
 def _execution_note(c: _Ctx, model: Model) -> str:
@@ -690,15 +686,9 @@ def _attention_note(name: str, compiled: bool, fallback: str | None, device: tor
     return "FlashInfer paged prefill/decode wrappers"
 
 
-def _weights_bytes(shapes: Shapes, dtype: torch.dtype) -> int:
+def _weights_bytes(shapes: ModelCard, dtype: torch.dtype) -> int:
     """Sum of parameter bytes, counted from the shapes (the same tensors Model allocates)."""
-    s, elt = shapes, torch.tensor([], dtype=dtype).element_size()
-    layer = (s.hidden_size * (s.q_dim + 2 * s.kv_dim) + s.q_dim * s.hidden_size
-             + 3 * s.hidden_size * s.intermediate_size + 2 * s.hidden_size
-             + ((s.q_dim + 2 * s.kv_dim) if s.qkv_bias else 0))
-    embed = s.vocab_size * s.hidden_size
-    head = 0 if s.tie_word_embeddings else embed
-    return (s.num_layers * layer + embed + head + s.hidden_size) * elt
+    return shapes.num_params * torch.tensor([], dtype=dtype).element_size()
 
 
 def _series(stats: list[Stat]) -> dict[str, list[float]]:

@@ -43,7 +43,7 @@ class MoEShapes:
     router_bias: bool = False
 
     @classmethod
-    def from_card(cls, card: Any) -> "MoEShapes":
+    def from_card(cls, card: Any) -> MoEShapes:
         if not getattr(card, "num_experts", 0):
             raise ValueError(f"{card.name} has no experts")
         return cls(card.hidden_size, card.num_experts, card.experts_per_token,
@@ -86,7 +86,7 @@ class MoEBlock:
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         """The block's output ``[T, h]`` and how many distinct experts the step touched."""
-        t, k = x.shape[0], self.s.experts_per_token
+        k = self.s.experts_per_token
         experts, weights = self.route(x)
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)

@@ -16,10 +16,11 @@ _EXPORTS = {
     "parse_scenario": "simserve.config",
     "SimserveError": "simserve.errors", "ConfigError": "simserve.errors",
     "DataError": "simserve.errors",
+    "sweep": "simserve.plan.sweep", "capacity": "simserve.plan.capacity",
+    "CapacityResult": "simserve.plan.capacity",
 }
-# Submodules that are also the API: ``simserve.sweep(...)`` and ``simserve.capacity(...)`` call
-# the function of the same name (the modules are callable), ``simserve.report.write_report``.
-_MODULES = ("sweep", "capacity", "report")
+# Submodules that are also the API: ``simserve.report.write_report``.
+_MODULES = ("report",)
 __all__ = sorted([*_EXPORTS, *_MODULES])
 
 

@@ -25,9 +25,22 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
+    """Every subcommand is registered the same way: a ``register(subparsers)`` function adds its
+    parser and sets ``handler`` (the built-in ones below; the live-server and profiler commands
+    in their own modules, whose imports stay cheap)."""
+    from simserve import profiling
+    from simserve.live import calibrate, fidelity, replay, serve
+
     p = _Parser(prog="simserve", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for register in (_register_run, _register_report, _register_sweep, _register_capacity,
+                     _register_validate, _register_list, replay.register, fidelity.register,
+                     calibrate.register, profiling.register, serve.register):
+        register(sub)
+    return p
 
+
+def _register_run(sub) -> None:
     run = sub.add_parser("run", help="simulate a scenario and write its results")
     run.add_argument("scenario", help="scenario YAML file")
     run.add_argument("--out", help="output directory (default: the scenario's output_dir, "
@@ -44,11 +57,23 @@ def _parser() -> argparse.ArgumentParser:
                           "stretches (same results, slower; for checking)")
     run.add_argument("--tokens", action="store_true",
                      help="also write tokens.csv: the time of every output token")
+    steps = run.add_mutually_exclusive_group()
+    steps.add_argument("--steps", dest="steps", action="store_true", default=None,
+                       help="write steps.csv, one row per engine iteration, however many (by "
+                            "default only for runs of at most 100,000 steps)")
+    steps.add_argument("--no-steps", dest="steps", action="store_false",
+                       help="do not write steps.csv")
+    run.add_argument("--format", dest="fmt", choices=("csv", "parquet"), default="csv",
+                     help="table format of requests, steps and tokens (parquet needs pyarrow: "
+                          "pip install 'simserve[parquet]')")
     run.add_argument("--metric-percentiles", metavar="P,P,...",
                      help="latency percentiles to report, e.g. 25,50,99 (as vllm bench serve; "
                           "same as --set metric_percentiles=[25,50,99])")
     _report_flags(run)
+    run.set_defaults(handler=_cmd_run)
 
+
+def _register_report(sub) -> None:
     rep = sub.add_parser("report", help="figures and report.html from output directories")
     rep.add_argument("dirs", nargs="+", metavar="RUN_DIR",
                      help="a run, compare, sweep or capacity output directory")
@@ -56,7 +81,10 @@ def _parser() -> argparse.ArgumentParser:
                                    "directory given; required for several)")
     rep.add_argument("--svg", action="store_true", help="also write each figure as SVG")
     rep.add_argument("--title", help="the report's title")
+    rep.set_defaults(handler=_cmd_report)
 
+
+def _register_sweep(sub) -> None:
     swp = sub.add_parser("sweep", help="run a grid of scenario variants into one table")
     swp.add_argument("grid", help="sweep file: base: or scenario:, then grid: and/or zip:")
     swp.add_argument("--out", help="output directory (default: runs/<sweep file name>)")
@@ -68,7 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     swp.add_argument("--workers", type=int, help="local processes (default: all cores)")
     swp.add_argument("--quiet", action="store_true", help="do not print the table")
     _report_flags(swp)
+    swp.set_defaults(handler=_cmd_sweep)
 
+
+def _register_capacity(sub) -> None:
     cap = sub.add_parser("capacity", help="highest request rate meeting the SLO target, and "
                                           "the fewest replicas for a target rate")
     cap.add_argument("scenario", help="scenario YAML file with an slo: section")
@@ -86,19 +117,20 @@ def _parser() -> argparse.ArgumentParser:
     cap.add_argument("--out", help="output directory (default: runs/<scenario>-capacity)")
     cap.add_argument("--quiet", action="store_true", help="do not print each probe")
     _report_flags(cap)
+    cap.set_defaults(handler=_cmd_capacity)
 
+
+def _register_validate(sub) -> None:
     val = sub.add_parser("validate", help="check a scenario without running it")
     val.add_argument("scenario")
     val.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+    val.set_defaults(handler=_cmd_validate)
 
+
+def _register_list(sub) -> None:
     lst = sub.add_parser("list", help="list shipped model cards, hardware specs or policies")
     lst.add_argument("what", choices=("models", "hardware", "policies"))
-
-    # fidelity against a live server (docs/fidelity.md): each module adds its own subcommand
-    from importlib import import_module
-    for name in ("replay", "fidelity", "calibrate", "profiling"):
-        import_module(f"simserve.{name}").register(sub)
-    return p
+    lst.set_defaults(handler=_cmd_list)
 
 
 def _report_flags(p: argparse.ArgumentParser) -> None:
@@ -117,7 +149,6 @@ def _report(args, out: Path) -> None:
 def _cmd_run(args) -> int:
     from simserve.config import load_variants
     from simserve.deployment import check
-    from simserve.fmt import format_table
     from simserve.paths import default_out, folder_name, replaced_note
     from simserve.runner import comparison_table, coinciding, run, scenario_yaml
 
@@ -131,6 +162,9 @@ def _cmd_run(args) -> int:
             if len(variants) == 1:
                 raise
             raise ConfigError(e.field, f"{e.message} (in compare variant {label!r})") from None
+    if args.fmt == "parquet":     # before anything runs, not after the simulation
+        from simserve.runner import need_pyarrow
+        need_pyarrow()
     first = variants[0][1]
     root = Path(args.out) if args.out else default_out(
         first.base_dir / first.output_dir if first.output_dir else
@@ -140,7 +174,10 @@ def _cmd_run(args) -> int:
     for label, scenario in variants:
         t0 = time.perf_counter()
         try:
-            result = run(scenario, record_tokens=args.tokens, fast_forward=not args.stepwise)
+            result = run(scenario, record_tokens=args.tokens, fast_forward=not args.stepwise,
+                         progress=False if args.quiet else
+                         (f"{label} ({len(results) + len(failed) + 1}/{len(variants)})"
+                          if several else True))
         except SimserveError as e:          # the variants already run keep their results
             if not several:
                 raise
@@ -157,10 +194,11 @@ def _cmd_run(args) -> int:
         note = replaced_note(out, scenario_yaml(result.scenario, out))
         if note:
             print(f"note: {note}", file=sys.stderr)
-        path = result.save(out, tokens=args.tokens)
+        path = result.save(out, tokens=args.tokens, steps=args.steps, fmt=args.fmt)
         print(f"simulated {result.summary['num_requests']:,} requests, {result.num_steps:,} "
               f"steps in {wall:.2f} s [latency: {result.latency_label}]; results in {path}/")
     if several and results:
+        from simserve.fmt import format_table   # (pandas: only a compare needs it here)
         table = comparison_table(results)
         print()
         print(format_table(table))
@@ -185,7 +223,7 @@ SWEEP_SHOWN = ("error", "request_throughput", "request_goodput", "slo_attainment
 
 def _cmd_sweep(args) -> int:
     from simserve.fmt import format_table
-    from simserve.sweep import load_sweep, save_sweep, sweep
+    from simserve.plan.sweep import load_sweep, save_sweep, sweep
 
     if args.workers is not None and args.workers < 1:
         raise ConfigError("--workers", f"must be >= 1, got {args.workers}")
@@ -213,14 +251,14 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_capacity(args) -> int:
-    from simserve.capacity import capacity
+    from simserve.plan.capacity import capacity
 
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     t0 = time.perf_counter()
     try:
         result = capacity(args.scenario, target_rate=args.target_rate,
                           tolerance=args.tolerance, seeds=args.seeds, overrides=args.overrides,
-                          max_replicas=args.max_replicas, log=log)
+                          max_replicas=args.max_replicas, log=log, progress=not args.quiet)
     except ConfigError as e:      # the API's argument names as the options the user typed
         if e.field in ("tolerance", "seeds", "max_replicas", "target_rate"):
             raise ConfigError("--" + e.field.replace("_", "-"), e.message) from None
@@ -243,7 +281,7 @@ def _cmd_validate(args) -> int:
 
     kind = file_kind(args.scenario)
     if kind == "sweep":
-        from simserve.sweep import load_sweep
+        from simserve.plan.sweep import load_sweep
         spec = load_sweep(args.scenario, args.overrides)
         variants = [(f"sweep point {i}: " + ", ".join(f"{k}={v}" for k, v in point.items()), s)
                     for i, (point, s) in enumerate(zip(spec.points(), spec.scenarios()))]
@@ -293,11 +331,8 @@ def _cmd_list(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"run": _cmd_run, "validate": _cmd_validate, "list": _cmd_list,
-                "report": _cmd_report, "sweep": _cmd_sweep, "capacity": _cmd_capacity}
     try:
-        handler = handlers.get(args.command) or args.handler
-        return handler(args)
+        return args.handler(args)
     except SimserveError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

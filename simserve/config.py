@@ -26,9 +26,9 @@ from simserve.cluster.spec import ReplicaSpec, resolve
 from simserve.sched import describe, policy_names
 from simserve.sched.params import params_to_dict, read_params
 from simserve.sched.spec import SpeculativeConfig
+from simserve.workload.config import WorkloadConfig
 
 ALL2ALL_BACKENDS = ("allgather_reducescatter", "deepep_low_latency", "deepep_high_throughput")
-from simserve.workload.config import WorkloadConfig
 
 PREEMPTION_MODES = ("recompute", "swap")
 DEFAULT_PERCENTILES = (50, 90, 99)
@@ -442,7 +442,8 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     return s.replace(overrides=tuple(overrides or ()), source=s.source)
 
 
-def load_variants(path: str | Path, overrides: list[str] | None = None) -> list[tuple[str, Scenario]]:
+def load_variants(path: str | Path,
+                  overrides: list[str] | None = None) -> list[tuple[str, Scenario]]:
     """Load a scenario file as labelled variants.
 
     A plain scenario is one variant labelled with its name. A ``compare:`` section makes
@@ -465,7 +466,7 @@ def load_variants(path: str | Path, overrides: list[str] | None = None) -> list[
         return [(s.name, s)]
     variants = []
     base = raw.get("name", path.stem)
-    for i, (label, fields) in enumerate(_variant_fields(compare)):
+    for label, fields in _variant_fields(compare):
         variant = copy.deepcopy(raw)
         for key, value in fields.items():
             set_field(variant, key, value)

@@ -94,7 +94,8 @@ class Fields:
             raise ConfigError(self.where(name), f"expected true or false, got {value!r}")
         return value
 
-    def str(self, name: str, default: Any = _MISSING, *, choices: Sequence[str] | None = None) -> Any:
+    def str(self, name: str, default: Any = _MISSING, *,
+            choices: Sequence[str] | None = None) -> Any:
         value = self.any(name, default)
         if value is None or (value is default and default is not _MISSING):
             return value
@@ -105,7 +106,7 @@ class Fields:
                               f"unknown value {value!r}; expected one of: {', '.join(choices)}")
         return value
 
-    def section(self, name: str) -> "Fields":
+    def section(self, name: str) -> Fields:
         return Fields(self.any(name, {}), self.where(name))
 
     def done(self) -> None:

@@ -1,6 +1,6 @@
 """``simserve profile ...``: the kernel profiler (``python -m profiler ...``) as a simserve command.
 
-Every argument after ``profile`` goes to :func:`profiler.cli.main` unchanged (docs/profiler.md).
+Every argument after ``profile`` goes to ``profiler.cli.main`` unchanged (docs/profiler.md).
 torch is imported only when the command runs, so ``import simserve`` never imports it; without
 torch the command says how to install it, in one line.
 """
@@ -29,5 +29,12 @@ def _cmd_profile(args) -> int:
         print(f"error: simserve profile needs torch, which is not installed; {INSTALL_HINT}",
               file=sys.stderr)
         return 2
-    from profiler.cli import main
-    return main(list(args.args), prog="simserve profile")
+    # the profiler is a separate package that imports simserve, never the reverse: load it
+    # only when the command runs
+    try:
+        profiler_cli = importlib.import_module("profiler.cli")
+    except ModuleNotFoundError as e:
+        print(f"error: simserve profile needs the profiler package ({e}); {INSTALL_HINT}",
+              file=sys.stderr)
+        return 2
+    return profiler_cli.main(list(args.args), prog="simserve profile")

@@ -12,11 +12,10 @@ import json
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from operator import attrgetter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import yaml
 
 from simserve import deployment
@@ -25,15 +24,18 @@ from simserve.engine import Replica, simulate
 from simserve.engine.build import build_replicas, engine_options
 from simserve.errors import SimserveError
 from simserve.latency.base import LatencyModel
-from simserve.metrics.cluster import cluster_summary
 from simserve.metrics.recorder import Recorder
 from simserve.metrics.slo import SloConfig
-from simserve.metrics.summary import (format_summary, grouped_levels, spec_decode_summary,
-                                      summarize)
 from simserve.metrics.tokens import itl_sample
 from simserve.paths import rebase_paths
 from simserve.sched.request import Status
 from simserve.workload import build_workload
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas and the summary (which imports it) are imported where the tables are built, after the
+# simulation: `simserve run` starts simulating without paying for them.
 
 REQUEST_COLUMNS = (
     "request_id", "replica", "arrival_s", "num_prompt_tokens", "num_output_tokens", "status",
@@ -95,11 +97,13 @@ class Result:
 
     def table(self) -> str:
         """The printed summary (``vllm bench serve`` layout)."""
+        from simserve.metrics.summary import format_summary
         title = f"simserve: {self.scenario.name} ({self.scenario.policy})"
         return format_summary(self.summary, title=title)
 
     def tokens(self) -> pd.DataFrame:
         """Every output token: ``request_id``, ``token_index`` (0-based), ``time_s``."""
+        import pandas as pd
         ids = self.requests["request_id"].to_numpy()
         counts = [len(t) for t in self.token_times]
         return pd.DataFrame({
@@ -108,21 +112,59 @@ class Result:
             "time_s": np.concatenate(self.token_times) if counts else [],
         })
 
-    def save(self, out_dir: str | Path, *, tokens: bool = False) -> Path:
-        """Write scenario.yaml, requests.csv, steps.csv, summary.json (and tokens.csv when
-        asked); the same scenario and seed give byte-identical files."""
+    def save(self, out_dir: str | Path, *, tokens: bool = False, steps: bool | None = None,
+             fmt: str = "csv") -> Path:
+        """Write scenario.yaml, requests, steps, summary.json (and tokens when asked); the same
+        scenario and seed give byte-identical files.
+
+        ``steps``: every engine iteration as a row (True), none (False), or, by default (None),
+        only when the run has at most ``STEPS_ROWS`` of them: a long run's per-step table is
+        millions of rows nobody asked for (its time-weighted levels are in the summary either
+        way, and ``Result.steps`` still builds it in memory). ``fmt``: ``csv``, or ``parquet``
+        (columnar, typed; needs pyarrow: ``pip install 'simserve[parquet]'``)."""
+        if fmt not in OUTPUT_FORMATS:
+            raise SimserveError(f"output format {fmt!r}: choose one of {', '.join(OUTPUT_FORMATS)}")
+        if fmt == "parquet":
+            need_pyarrow()
         out = Path(out_dir)
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
         (out / "scenario.yaml").write_text(scenario_yaml(self.scenario, out))
-        self.requests.to_csv(out / "requests.csv", index=False, float_format="%.9g")
-        self.steps.to_csv(out / "steps.csv", index=False, float_format="%.9g")
+        # a table of the other format, or a steps table this run does not write, left by an
+        # earlier run in this directory would be read back as this run's (simserve report)
+        for name in ("requests", "steps", "tokens"):
+            for ext in OUTPUT_FORMATS:
+                (out / f"{name}.{ext}").unlink(missing_ok=True)
+        _write_table(self.requests, out / "requests", fmt)
+        if steps or (steps is None and self.num_steps <= STEPS_ROWS):
+            _write_table(self.steps, out / "steps", fmt)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
         if tokens and self.has_token_times:
-            self.tokens().to_csv(out / "tokens.csv", index=False, float_format="%.9g")
+            _write_table(self.tokens(), out / "tokens", fmt)
         return out
+
+
+# Result.save writes the per-step table by default only up to this many rows (about 6 MB of
+# CSV; a run of a few thousand requests): past it, only when asked (`simserve run --steps`).
+STEPS_ROWS = 100_000
+OUTPUT_FORMATS = ("csv", "parquet")
+
+
+def need_pyarrow() -> None:
+    """A SimserveError (exit 2) naming the extra to install when pyarrow is missing."""
+    import importlib.util
+    if importlib.util.find_spec("pyarrow") is None:
+        raise SimserveError("output format parquet needs pyarrow, which is not installed "
+                            "(pip install 'simserve[parquet]')")
+
+
+def _write_table(df: pd.DataFrame, stem: Path, fmt: str) -> None:
+    if fmt == "csv":
+        df.to_csv(stem.with_suffix(".csv"), index=False, float_format="%.9g")
+    else:
+        df.to_parquet(stem.with_suffix(".parquet"), index=False, engine="pyarrow")
 
 
 def scenario_yaml(s: Scenario, out: Path) -> str:
@@ -146,16 +188,19 @@ def class_slos(s: Scenario) -> dict[str, SloConfig]:
 
 def run(scenario: Scenario | str | Path, *, latency: LatencyModel | None = None,
         overrides: list[str] | None = None, fast_forward: bool = True,
-        record_tokens: bool = False) -> Result:
+        record_tokens: bool = False, progress: bool | str = False) -> Result:
     """Simulate a scenario (a Scenario, or a path to its YAML) and summarise it.
 
     ``fast_forward=False`` steps one iteration per event; the results are the same (the
     equivalence tests check it), only slower. ``record_tokens=True`` keeps every output
     token's time (``Result.token_times``, ``tokens.csv``); the summary never needs them.
+    ``progress`` shows a bar with an ETA on stderr (or in Jupyter) for a run that takes more
+    than a second, counting requests resolved; a string is its label (default the scenario's
+    name).
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     with _no_cyclic_gc():
-        return _run(s, latency, fast_forward, record_tokens)
+        return _run(s, latency, fast_forward, record_tokens, progress)
 
 
 @contextmanager
@@ -173,15 +218,27 @@ def _no_cyclic_gc():
 
 
 def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
-         record_tokens: bool) -> Result:
+         record_tokens: bool, progress: bool | str = False) -> Result:
     if latency is None:        # a model passed in is the caller's to vouch for
         deployment.check(s)
     specs = build_workload(s.workload, s.seed, s.base_dir)
     replicas = build_replicas(s, latency)
     for replica in replicas:
         replica.scheduler.record_tokens = record_tokens
-    rec = simulate(specs, replicas, fast_forward=fast_forward,
-                   max_concurrency=s.workload.max_concurrency, **engine_options(s, replicas))
+    on_progress = bar = None
+    if progress:
+        from simserve.progress import bar as make_bar
+        bar = make_bar(len(specs), progress if isinstance(progress, str) else s.name, "req")
+
+        def on_progress(done: int) -> None:
+            bar.update(done - bar.n)
+    try:
+        rec = simulate(specs, replicas, fast_forward=fast_forward,
+                       max_concurrency=s.workload.max_concurrency, compact_requests=True,
+                       progress=on_progress, **engine_options(s, replicas))
+    finally:
+        if bar is not None:
+            bar.close()
     result = collect(s, rec, replicas)
     latency_models = {id(r.latency): r.latency for r in replicas}.values()
     result.latency_label = replicas[0].latency.label
@@ -208,6 +265,7 @@ COMPARISON_METRICS = {
 
 def comparison_table(results: dict[str, Result]) -> pd.DataFrame:
     """One row per variant, the headline metrics as columns."""
+    import pandas as pd
     rows = {label: {col: r.summary.get(key) for col, key in COMPARISON_METRICS.items()}
             for label, r in results.items()}
     return pd.DataFrame.from_dict(rows, orient="index")
@@ -217,6 +275,7 @@ def coinciding(results: dict[str, Result]) -> list[list[str]]:
     """Groups of labels whose runs scheduled every step identically (the same steps table and
     the same request times): policies that coincide at these knobs, whose curves hide each
     other in a figure."""
+    import pandas as pd
     groups: dict[tuple, list[str]] = {}
     for label, r in results.items():
         key = (int(pd.util.hash_pandas_object(r.steps.drop(columns="step"), index=False).sum()),
@@ -234,21 +293,19 @@ def frontend_delays(replicas: list[Replica]) -> dict[int, float]:
 
 
 def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
-    reqs = sorted(rec.requests, key=lambda r: r.id)
-    n = len(reqs)
+    import pandas as pd
 
-    def column(values, dtype=np.float64) -> np.ndarray:   # no intermediate Python list
-        return np.fromiter(values, dtype=dtype, count=n)
-
-    def attr(name: str, dtype=np.int64) -> np.ndarray:   # an attribute, read at C speed
-        return column(map(attrgetter(name), reqs), dtype)
-
-    finished = column((r.status is Status.FINISHED for r in reqs), bool)
+    from simserve.metrics.cluster import cluster_summary
+    from simserve.metrics.summary import grouped_levels, spec_decode_summary, summarize
+    rec.compact()                   # every request is resolved by now: all into columns
+    cols, row_tracks = rec.resolved.table()
+    n = len(cols["request_id"])
+    status = cols["status"]
+    finished = status == Status.FINISHED.value
     nan = math.nan
-    first = column(r.first_token_s if r.status is Status.FINISHED else nan for r in reqs)
-    finish = column(r.finish_s if r.status is Status.FINISHED else nan for r in reqs)
-    arrival = attr("spec.arrival_s", np.float64)
-    replica_of = attr("replica")
+    first, finish = cols["first_token_s"], cols["finish_s"]
+    arrival = cols["arrival_s"]
+    replica_of = cols["replica"]
     delays = frontend_delays(replicas)
     if any(delays.values()):
         # a front-end delay h (calibrated, docs/fidelity.md): the request reaches the engine
@@ -261,27 +318,14 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
         shift = np.array([delays.get(int(i), 0.0) for i in range(int(replica_of.max()) + 1)]
                          if n else [0.0])[replica_of]
         first, finish = first + shift, finish + shift
-    out = attr("num_output_tokens")
+    out = cols["num_output_tokens"]
     ttft, e2el = first - arrival, finish - arrival
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(finished & (out > 1), (e2el - ttft) / (out - 1), nan)
     requests = pd.DataFrame({
-        "request_id": attr("id"),
-        "replica": replica_of,
-        "arrival_s": arrival,
-        "num_prompt_tokens": attr("num_prompt_tokens"),
-        "num_output_tokens": out,
-        "status": [r.status.value for r in reqs],
-        "reject_reason": [r.reject_reason for r in reqs],
-        "first_scheduled_s": column(nan if r.first_scheduled_s is None else r.first_scheduled_s
-                                    for r in reqs),
-        "first_token_s": first,
-        "finish_s": finish,
-        "num_preemptions": attr("num_preemptions"),
+        **{c: cols[c] for c in REQUEST_COLUMNS if c in cols},
+        "first_token_s": first, "finish_s": finish,
         "ttft_s": ttft, "e2el_s": e2el, "tpot_s": tpot,
-        "priority": attr("spec.priority"),
-        "class": [r.spec.klass for r in reqs],
-        "num_cached_tokens": attr("num_cached_tokens"),
     }, columns=list(REQUEST_COLUMNS))
     logs = [rec.replicas[i] for i in sorted(rec.replicas)]
 
@@ -291,11 +335,13 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
 
     summary = summarize(requests, None, None, s.slo, percentiles=s.metric_percentiles,
                         itl=itl_sample(rec),
-                        class_slos=class_slos(s) if any(r.spec.klass for r in reqs) else None,
+                        class_slos=class_slos(s) if any(cols["class"]) else None,
                         prefix_caching=s.engine.enable_prefix_caching, levels=levels)
     summary.update(cluster_summary(rec, replicas, requests))
     if s.engine.speculative_config is not None:
-        summary["spec_decode"] = spec_decode_summary(reqs, s.engine.speculative_config.k)
+        summary["spec_decode"] = spec_decode_summary(
+            rec.resolved.spec_totals, rec.resolved.spec_per_position,
+            s.engine.speculative_config.k)
     if s.engine.kv_offloading_size is not None:
         tiers = [r.scheduler.blocks for r in replicas
                  if hasattr(r.scheduler.blocks, "num_offload_blocks")]
@@ -307,14 +353,15 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     if any(delays.values()):
         summary["frontend_delay_ms"] = 1000.0 * max(delays.values())
     tracks = None
-    if all(r.scheduler.record_tokens for r in replicas):
-        tracks = [(r.tokens, delays.get(r.replica, 0.0)) if ok else (None, 0.0)
-                  for r, ok in zip(reqs, finished)]
+    if row_tracks is not None:
+        tracks = [(t, delays.get(int(i), 0.0)) if t is not None else (None, 0.0)
+                  for t, i in zip(row_tracks, replica_of)]
     return Result(s, requests, None, summary, _recorder=rec, _tracks=tracks)
 
 
 def steps_frame(rec: Recorder) -> pd.DataFrame:
     """The per-step table, ordered by start time then replica, numbered from 0."""
+    import pandas as pd
     cols = rec.columns()
     start, replica = cols["start_s"], cols["replica"]
     in_order = bool(np.all((start[1:] > start[:-1]) | (

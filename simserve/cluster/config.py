@@ -105,8 +105,9 @@ class ClusterConfig:
         return any(g.role != "mixed" for g in self.groups)
 
     @classmethod
-    def from_fields(cls, f: Fields, top: Mapping | None = None,
-                    parse_group: Callable[[dict, str], Any] | None = None) -> ClusterConfig:
+    def from_fields(cls, f: Fields, top: Mapping[str, Any] | None = None,
+                    parse_group: Callable[[dict[str, Any], str], Any] | None = None
+                    ) -> ClusterConfig:
         """Read a ``cluster:`` section. ``top`` is the whole scenario mapping and
         ``parse_group(raw, name)`` turns a merged mapping into a Scenario (groups need both)."""
         router = f.str("router", "round_robin", choices=ROUTERS)
@@ -152,7 +153,9 @@ class ClusterConfig:
         return out
 
 
-def _parse_groups(f: Fields, top: Mapping, parse_group) -> tuple[GroupConfig, ...]:
+def _parse_groups(f: Fields, top: Mapping[str, Any],
+                  parse_group: Callable[[dict[str, Any], str], Any] | None
+                  ) -> tuple[GroupConfig, ...]:
     raw = f.any("groups")
     if not isinstance(raw, list) or not raw:
         raise ConfigError(f.where("groups"), "expected a non-empty list of groups")
@@ -176,7 +179,7 @@ def _parse_groups(f: Fields, top: Mapping, parse_group) -> tuple[GroupConfig, ..
     return tuple(out)
 
 
-def _merge(top: Mapping, overrides: Mapping) -> dict:
+def _merge(top: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
     """The scenario mapping a group runs: the top-level one with the group's sections laid over
     it (engine knobs key by key; scheduler and latency key by key unless the group names
     another policy or latency model, which replaces the section; hardware replaced)."""
@@ -192,7 +195,7 @@ def _merge(top: Mapping, overrides: Mapping) -> dict:
     return raw
 
 
-def groups_of(s) -> list[GroupConfig]:
+def groups_of(s: Any) -> list[GroupConfig]:
     """The scenario's replica groups (one implicit group without ``cluster.groups``)."""
     if s.cluster.groups:
         return list(s.cluster.groups)

@@ -14,6 +14,7 @@ these (simserve/engine/runtime.py); this module is plain data and random draws.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,7 @@ class FaultConfig:
         f.done()
         return cfg
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"on_failure": self.on_failure, "max_retries": self.max_retries,
                 "restart_s": self.restart_s, "mtbf_s": self.mtbf_s,
                 "events": [{"replica": e.replica, "at_s": e.at_s, "restart_s": e.restart_s}
@@ -102,7 +103,8 @@ class FaultSchedule:
 
     def next_random(self, replica: int, up_at: float) -> tuple[float, int, float] | None:
         """The replica's next random failure after it came up at ``up_at`` (None without MTBF)."""
-        if self._rngs is None:
+        mtbf = self.cfg.mtbf_s
+        if self._rngs is None or mtbf is None:      # (both or neither)
             return None
         self.num_drawn += 1
         if self.num_drawn > MAX_FAILURES:
@@ -111,5 +113,5 @@ class FaultSchedule:
             raise ConfigError("cluster.faults.mtbf_s",
                               f"{self.cfg.mtbf_s:g} s gives more than {MAX_FAILURES:,} replica "
                               "failures in this run; raise it (or shorten the workload)")
-        gap = float(self._rngs[replica].exponential(self.cfg.mtbf_s))
+        gap = float(self._rngs[replica].exponential(mtbf))
         return (up_at + gap, replica, self.cfg.restart_s)

@@ -26,9 +26,31 @@ Routers use only duck-typed replica attributes (``index``, ``num_outstanding``,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from simserve.sched.request import Request
+
+# a replica as routers see it: duck-typed (index, num_outstanding, scheduler)
+Replica = Any
+
+
+class Router(Protocol):
+    observes_state: bool
+
+    def __call__(self, req: Request, replicas: Sequence[Replica]) -> Replica: ...
+
+
+def _router(observes_state: bool) -> Callable[[Callable[[Request, Sequence[Replica]], Replica]],
+                                              Router]:
+    """Mark a routing function with whether it reads per-step state (see above)."""
+    def mark(fn: Callable[[Request, Sequence[Replica]], Replica]) -> Router:
+        setattr(fn, "observes_state", observes_state)  # noqa: B010 (a function attribute)
+        return cast(Router, fn)
+    return mark
 
 ROUTERS = ("round_robin", "random", "least_outstanding", "least_kv", "jsq_tokens",
            "prefix_aware")
@@ -44,7 +66,7 @@ class _RoundRobin:
     def __init__(self) -> None:
         self.turn = 0
 
-    def __call__(self, req, replicas: Sequence):
+    def __call__(self, req: Request, replicas: Sequence[Replica]) -> Replica:
         replica = replicas[self.turn % len(replicas)]
         self.turn += 1
         return replica
@@ -57,28 +79,24 @@ class _Random:
         seq = np.random.SeedSequence(seed, spawn_key=(ROUTER_SEED_CHILD, pool))
         self.rng = np.random.default_rng(seq)
 
-    def __call__(self, req, replicas: Sequence):
+    def __call__(self, req: Request, replicas: Sequence[Replica]) -> Replica:
         return replicas[int(self.rng.integers(len(replicas)))]
 
 
-def least_outstanding(req, replicas: Sequence):
+@_router(observes_state=False)
+def least_outstanding(req: Request, replicas: Sequence[Replica]) -> Replica:
     return min(replicas, key=lambda r: (r.num_outstanding, r.index))
 
 
-least_outstanding.observes_state = False
-
-
-def least_kv(req, replicas: Sequence):
-    def key(r):
+@_router(observes_state=True)
+def least_kv(req: Request, replicas: Sequence[Replica]) -> Replica:
+    def key(r: Replica) -> tuple[float, int, int]:
         blocks = r.scheduler.blocks
         return (blocks.num_used / blocks.num_blocks, r.num_outstanding, r.index)
     return min(replicas, key=key)
 
 
-least_kv.observes_state = True
-
-
-def outstanding_tokens(replica) -> int:
+def outstanding_tokens(replica: Replica) -> int:
     """Tokens of work left on a replica: over every request queued, running or swapped there,
     prompt + output tokens minus the tokens already computed."""
     sched = replica.scheduler
@@ -86,14 +104,12 @@ def outstanding_tokens(replica) -> int:
                for queue in (sched.waiting, sched.running, sched.swapped) for r in queue)
 
 
-def jsq_tokens(req, replicas: Sequence):
+@_router(observes_state=True)
+def jsq_tokens(req: Request, replicas: Sequence[Replica]) -> Replica:
     return min(replicas, key=lambda r: (outstanding_tokens(r), r.index))
 
 
-jsq_tokens.observes_state = True
-
-
-def prefix_hit_tokens(replica, req) -> int:
+def prefix_hit_tokens(replica: Replica, req: Request) -> int:
     """Prompt tokens of ``req`` that this replica's prefix cache would serve right now (0
     without prefix caching). Asks the block manager the way admission does (register the
     content, look the chain up) and forgets the request again (``free`` of a request holding
@@ -104,19 +120,17 @@ def prefix_hit_tokens(replica, req) -> int:
     if blocks.held(req.id):            # already there (cannot happen for a new arrival)
         return 0
     blocks.register(req.id, req.num_prompt_tokens, req.spec.hash_ids)
-    hit = blocks.cached_tokens(req.id, req.num_tokens)
+    hit: int = blocks.cached_tokens(req.id, req.num_tokens)
     blocks.free(req.id)
     return hit
 
 
-def prefix_aware(req, replicas: Sequence):
+@_router(observes_state=True)
+def prefix_aware(req: Request, replicas: Sequence[Replica]) -> Replica:
     return min(replicas, key=lambda r: (-prefix_hit_tokens(r, req), r.num_outstanding, r.index))
 
 
-prefix_aware.observes_state = True
-
-
-def make_router(name: str, seed: int = 0, pool: int = 0):
+def make_router(name: str, seed: int = 0, pool: int = 0) -> Router:
     """A fresh router (routers with state — a turn, a random stream — are one per pool)."""
     if name == "round_robin":
         return _RoundRobin()

@@ -89,6 +89,7 @@ def resolve(s: Scenario) -> ReplicaSpec:
     extra_weights = 0.0
     if drafter is not None:
         block_bytes += kv_block_bytes(drafter, e.block_size, tp)
+        assert e.speculative_config is not None      # a drafter comes from it
         extra_weights = drafter_weight_bytes(drafter, e.speculative_config, tp)
     blocks, error = e.num_gpu_blocks, ""
     if blocks is None:

@@ -61,6 +61,7 @@ def _base_latency(s: Scenario) -> LatencyModel:
     lat = s.latency
     if lat.model == "profile":
         from simserve.latency.profile import ProfileLatency, list_profiles, resolve_profile_path
+        assert lat.path is not None         # config requires it for a profile
         path = resolve_profile_path(lat.path, s.base_dir)
         if path is None:
             raise ConfigError("latency.path", f"profile file not found: {s.base_dir / lat.path}"
@@ -77,11 +78,12 @@ def _base_latency(s: Scenario) -> LatencyModel:
                                         ).allreduce_s if tp > 1 else None,
                                         **_moe_options(s))
     if lat.model == "constant":
+        assert lat.step_ms is not None      # config requires it for a constant model
         return ConstantLatency(lat.step_ms / 1000.0)
     if lat.model == "linear":
         return LinearLatency(lat.base_ms / 1000.0, lat.per_token_ms / 1000.0,
                              lat.per_seq_ms / 1000.0)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if roofline_uses_curves(s):
         from simserve.latency.efficiency import load_curves
         kwargs["curves"] = load_curves(s.hardware.efficiency)
@@ -100,7 +102,7 @@ def _moe_options(s: Scenario) -> dict[str, Any]:
     """Expert parallelism and routing skew, for a card with experts (#18)."""
     if not s.model.is_moe:
         return {}
-    out = {"enable_expert_parallel": s.engine.enable_expert_parallel,
+    out: dict[str, Any] = {"enable_expert_parallel": s.engine.enable_expert_parallel,
            "expert_balancedness": s.engine.expert_balancedness}
     if s.engine.data_parallel_size > 1:     # DP + EP (roofline only: config refuses profiles)
         out.update(data_parallel_size=s.engine.data_parallel_size,
@@ -159,6 +161,7 @@ def engine_options(s: Scenario, replicas: list[Replica]) -> dict[str, Any]:
         per_rank = [g.scenario.replica.kv_bytes_per_token for g in groups_of(s)
                     for _ in range(g.replicas * g.scenario.engine.data_parallel_size)]
         link = c.kv_transfer
+        assert link is not None             # config requires it for a disaggregated cluster
         out["decode_router"] = make_router(c.router, s.seed, pool=1)
         out["transfer_s"] = lambda tokens, src, dst: link.seconds(
             tokens * max(per_rank[src.index], per_rank[dst.index]))

@@ -8,7 +8,7 @@ with its absolute time, the way ``Environment.schedule`` itself does (simpy/core
 ``Timeout.__init__`` does (``_ok``, ``_value``).
 
 Those private names (``_queue``, ``_eid``, ``_ok``, ``_value``) were checked against SimPy
-``SIMPY_CHECKED``; ``tests/test_clock.py`` fails on any other version, so an upgrade is a
+``SIMPY_CHECKED``; ``tests/unit/test_clock.py`` fails on any other version, so an upgrade is a
 deliberate step: re-read simpy/core.py and simpy/events.py, then move the pin.
 """
 
@@ -38,7 +38,8 @@ class Clock(simpy.Environment):
         event = simpy.Event(self)
         event._ok = True          # a triggered, successful event, like a Timeout
         event._value = None
-        heappush(self._queue, (when, priority, next(self._eid), event))
+        # (SimPy types the priority as its own EventPriority, an int)
+        heappush(self._queue, (when, priority, next(self._eid), event))  # type: ignore[misc]
         return event
 
     def call_at(self, when: float, priority: int, fn: Callable[[], None]) -> None:

@@ -31,8 +31,8 @@ Run-ahead (:func:`run_ahead_loop`): when no unannounced events can happen (no
 disaggregation), a step or stretch that ends before the next outside event is applied at once,
 without a SimPy event; the replica runs ahead of the SimPy clock but never past that event.
 
-Solo (:func:`solo_loop`, ``Runtime.pull``): one replica and no failures. Nothing but arrivals can happen
-between two of its step boundaries and the router has no choice to make, so the replica takes
+Solo (:func:`solo_loop`, ``Runtime.pull``): one replica and no failures. Nothing but arrivals can
+happen between two of its step boundaries and the router has no choice to make, so the replica takes
 the arrivals due by each boundary itself (in order, as the URGENT arrival events would have)
 and yields to SimPy only to sleep while idle. Every stretch is then applied before anyone could
 look at it, so a stretch may also run on past finishes (``Scheduler.continues_past_finish``):

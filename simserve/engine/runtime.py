@@ -28,12 +28,13 @@ import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Generator, Sequence
 from heapq import heapify, heappop, heappush
-from typing import Any
+from typing import Any, cast
 
 from simserve.clients import ClientGate
 from simserve.engine.clock import LATE, URGENT, Clock
 from simserve.engine.replica import Replica, Router, rejection_reason
 from simserve.kv.blocks import BlockManager
+from simserve.kv.prefix import PrefixBlockManager
 from simserve.metrics.recorder import Recorder
 from simserve.metrics.tokens import moved
 from simserve.sched.plan import StepPlan
@@ -53,13 +54,16 @@ class Arrivals:
         self.specs = specs
         self.next = 0
         self.done = False
-        self.next_time = specs[0].arrival_s if specs else INF   # (read at every step)
+        # the arrival times as a column where the workload has one (SpecColumns): the next
+        # time is read without making that request's spec
+        self.times = getattr(specs, "arrival_s", None) or [s.arrival_s for s in specs]
+        self.next_time = self.times[0] if specs else INF   # (read at every step)
 
     def advance(self) -> RequestSpec:
         """The next arrival's spec; the cursor moves past it."""
         spec = self.specs[self.next]
         self.next += 1
-        self.next_time = self.specs[self.next].arrival_s if self.next < len(self.specs) else INF
+        self.next_time = self.times[self.next] if self.next < len(self.times) else INF
         return spec
 
 
@@ -83,7 +87,10 @@ class Runtime:
                                    or any(r.role != "prefill" for r in self.entry)):
             raise ValueError("decode replicas need prefill replicas (no mixed ones), a "
                              "decode_router and transfer_s")
-        self.router, self.decode_router, self.transfer_s = router, decode_router, transfer_s
+        self.router = router
+        # a disaggregated run has both (checked above); a colocated one never calls either
+        self.decode_router: Router = decode_router or _no_decode_pool
+        self.transfer_s: Callable[..., float] = transfer_s or _no_decode_pool
         self.fast_forward = fast_forward
         self.run_ahead = fast_forward and not self.disaggregated
         # One replica, nothing else going on: nothing can happen between two of its step
@@ -100,12 +107,16 @@ class Runtime:
         self.fault_end_rule = observes or (self.disaggregated and self.decode_observes)
         self.entry_observes = observes
         self.pending = len(specs)     # requests not yet finished, rejected or failed
+        # called with the number of requests resolved so far, each time some are (a progress
+        # bar: simulate(progress=...)); None costs nothing
+        self.progress: Callable[[int], None] | None = None
         self.finished = not specs
         self.fault_times: list[float] = []   # pending failure and restart times (a heap)
         self.real: dict[int, Request] = {}   # request id -> the request its proxy prefills
         self.assigned: dict[int, Replica | None] = {}   # decode replica, until the KV lands
         self.backlog: list[Request] = []     # no live replica in its pool: held at the router
-        self.decode_backlog: list[tuple] = []    # prefilled, no live decode replica
+        # prefilled, no live decode replica: (request, prefill replica, tokens, pin)
+        self.decode_backlog: list[tuple[Request, Replica, int, int]] = []
         self.gate: ClientGate | None = None   # the benchmark client's concurrency limit
 
     # -- the pieces the replica loop asks for ------------------------------------------------
@@ -123,6 +134,8 @@ class Runtime:
             self.gate.release(n)
         if self.pending == 0:
             self.finished = True
+        if self.progress is not None:
+            self.progress(len(self.arrivals.specs) - self.pending)
 
     def finish_steps(self, r: Replica, sched: Scheduler, plan: StepPlan,
                      stretch: Stretch | None, ends: list[float], now: float) -> float:
@@ -148,11 +161,7 @@ class Runtime:
             for proxy in finished:
                 self.handoff(r, proxy, now)
             return
-        self.pending -= len(finished)
-        if self.gate is not None:
-            self.gate.release(len(finished))
-        if self.pending == 0:
-            self.finished = True
+        self.resolve(len(finished))
 
     # -- arrivals and routing --------------------------------------------------------------
     def live(self, pool: list[Replica]) -> list[Replica]:
@@ -240,7 +249,8 @@ class Runtime:
         else:
             self._send(req, prefill, target, tokens, pin, now)
 
-    def _send(self, req, prefill, target, tokens, pin, now) -> None:
+    def _send(self, req: Request, prefill: Replica, target: Replica, tokens: int, pin: int,
+              now: float) -> None:
         t = now + self.transfer_s(tokens, prefill, target)
         if not t > now:
             t = math.nextafter(now, INF)   # strictly later: same-instant order never matters
@@ -248,7 +258,7 @@ class Runtime:
         self.push(prefill, t, _UNPIN, (pin, req, target))
         self.push(target, t, _LAND, (req, prefill, pin))
 
-    def push(self, r: Replica, t: float, kind: int, payload) -> None:
+    def push(self, r: Replica, t: float, kind: int, payload: tuple[Any, ...]) -> None:
         """Something reaches replica ``r`` at ``t`` (> now): queue it, cut a stretch in flight
         back to the steps starting before ``t``, and wake the replica then if it is idle."""
         heappush(r.inbox, (t, payload[1].id if kind == _UNPIN else payload[0].id, kind, payload))
@@ -317,6 +327,7 @@ class Runtime:
         r.up = False
         victims = self._evacuate(r)
         old = r.scheduler
+        assert r.factory is not None        # fault injection needs one (checked at start)
         r.scheduler = _fresh(old, r.factory)
         r.num_outstanding = 0
         heappush(self.fault_times, t + restart_s)
@@ -398,11 +409,16 @@ def _pin(blocks: BlockManager, pin: int, proxy: Request, tokens: int) -> None:
     freed a moment ago, so they fit; with prefix caching the pin takes the same cached blocks
     back (shared prefixes stay shared) rather than fresh ones."""
     if blocks.caches_prefixes:
-        blocks.register(pin, proxy.num_prompt_tokens, proxy.spec.hash_ids)
-        cached = blocks.cached_tokens(pin, tokens + 1)
-        if cached and blocks.allocate_cached(pin, tokens, cached) is not None:
+        prefix = cast(PrefixBlockManager, blocks)
+        prefix.register(pin, proxy.num_prompt_tokens, proxy.spec.hash_ids)
+        cached = prefix.cached_tokens(pin, tokens + 1)
+        if cached and prefix.allocate_cached(pin, tokens, cached) is not None:
             return
     blocks.allocate(pin, tokens)
+
+
+def _no_decode_pool(*args: Any) -> Any:
+    raise AssertionError("a colocated cluster has no decode pool")
 
 
 def _fresh(old: Scheduler, factory: Callable[[], Scheduler]) -> Scheduler:
@@ -434,7 +450,7 @@ def arrival_process(env: Clock, c: Runtime) -> Generator[Any, Any, None]:
 
 def _arrive(c: Runtime, spec: RequestSpec) -> None:
     req = Request(spec)
-    c.rec.requests.append(req)
+    c.rec.add_request(req)
     c.dispatch(req)
 
 

@@ -19,7 +19,8 @@ def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: 
              fast_forward: bool = True, *, decode_router: Router | None = None,
              transfer_s: Callable[[int, Replica, Replica], float] | None = None,
              faults: Any = None, on_failure: str = "retry", max_retries: int = 3,
-             max_concurrency: int | None = None) -> Recorder:
+             max_concurrency: int | None = None, compact_requests: bool = False,
+             progress: Callable[[int], None] | None = None) -> Recorder:
     """Run the workload to completion; return what was recorded.
 
     ``router`` picks among the replicas that take arrivals (role ``mixed`` or ``prefill``);
@@ -28,14 +29,19 @@ def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: 
     ``factory`` then); ``on_failure`` and ``max_retries`` say what happens to the requests a
     failed replica held. Every request ends finished, rejected or failed. ``max_concurrency``
     limits the requests in flight as a benchmark client does (simserve/clients.py; stepped).
+    ``compact_requests`` keeps only the requests in flight as objects (``Recorder.requests``),
+    the resolved ones as columns (``Recorder.resolved``): memory O(requests in flight).
+    ``progress`` is called with the number of requests resolved so far, as they are.
     """
     env = Clock()
-    rec = Recorder()
+    rec = Recorder(compacting=compact_requests)
+    rec.resolved.keep_tracks = all(r.scheduler.record_tokens for r in replicas)
     if max_concurrency is not None:
         fast_forward = False       # an arrival that waits on a finish is not known ahead
     c = Runtime(env, rec, specs, replicas, router, fast_forward, decode_router, transfer_s,
                  faults, on_failure, max_retries)
     c.gate = ClientGate(max_concurrency) if max_concurrency is not None else None
+    c.progress = progress
     loop = loop_for(c)
     for r in replicas:
         r.proc = env.process(loop(env, c, r))

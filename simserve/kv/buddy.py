@@ -21,6 +21,8 @@ None, and nothing is swapped (Orca never preempts).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 from simserve.kv.blocks import BlockManager
 
 
@@ -98,7 +100,7 @@ class BuddyBlockManager(BlockManager):
 
     # bulk verbs of BlockManager: a reserved chunk never grows, so each either fits already or
     # fails (a request without a chunk gets one through allocate)
-    def allocate_all(self, requests) -> int | None:
+    def allocate_all(self, requests: Iterable[tuple[int, int]]) -> int | None:
         requests = list(requests)
         if all(self.blocks_for(n) <= self._held.get(r, 0) for r, n in requests):
             return 0
@@ -109,7 +111,7 @@ class BuddyBlockManager(BlockManager):
     def grow_to(self, requests: list[tuple[int, int]]) -> int | None:
         return 0 if all(n <= self._held.get(r, 0) for r, n in requests) else None
 
-    def grow_decodes(self, request_ids, num_tokens) -> bool:
+    def grow_decodes(self, request_ids: Sequence[int], num_tokens: Sequence[int]) -> bool:
         return all(self.blocks_for(c + 1) <= self._held.get(r, 0)
                    for r, c in zip(request_ids, num_tokens))
 

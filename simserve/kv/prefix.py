@@ -81,14 +81,15 @@ class PrefixBlockManager(BlockManager):
             keys = self._keys[request_id] = []
         if len(keys) >= n:
             return keys
-        prompt, ids = self._content.get(request_id, (0, None))
+        prompt, hash_ids = self._content.get(request_id, (0, None))
+        ids: Sequence[int] = () if hash_ids is None else hash_ids
         bs, src = self.block_size, self.source_block_size
-        num_ids = len(ids) if ids is not None else 0
+        num_ids = len(ids)
         parent = keys[-1] if keys else _ROOT
         for b in range(len(keys), n):
             last = (b + 1) * bs - 1                  # the block's last token
             if last >= prompt or last // src >= num_ids:
-                content = ("request", request_id)    # content no other request shares
+                content: tuple[object, ...] = ("request", request_id)  # shared by no other
             else:                                    # the source ids the block overlaps
                 content = tuple(ids[b * bs // src: last // src + 1])
             parent = hash((parent, content))

@@ -201,9 +201,10 @@ class ProfileLatency:
                           f"TP {measured} + roofline all-reduce)")
 
     @classmethod
-    def from_file(cls, path: str | Path, model: ModelCard | None = None, **kwargs) -> ProfileLatency:
+    def from_file(cls, path: str | Path, model: ModelCard | None = None,
+                  **kwargs) -> ProfileLatency:
         """Load and validate a profile file; with ``model``, refuse a profile of other shapes."""
-        from profiler.schema import load_profile, model_mismatch
+        from simserve.latency.schema import load_profile, model_mismatch
         profile = load_profile(path)
         if model is not None:
             diffs = model_mismatch(profile, model)
@@ -219,10 +220,11 @@ class ProfileLatency:
 
     def decode_stretch(self, plan: StepPlan):
         """Prices of a decode stretch starting with ``plan`` (step i: every context grown by
-        i): a function ``(i, n) -> list`` of the ``step_time`` of steps i .. i + n - 1. Only decode attention changes along a stretch; it is
-        recomputed from the contexts sorted once (no per-step sort or tuple), by the same
-        operations as :meth:`breakdown`, so each value is bit-identical to ``step_time`` of that
-        step, and the extrapolation counts come out as if each step had been priced."""
+        i): a function ``(i, n) -> list`` of the ``step_time`` of steps i .. i + n - 1. Only
+        decode attention changes along a stretch; it is recomputed from the contexts sorted once
+        (no per-step sort or tuple), by the same operations as :meth:`breakdown`, so each value
+        is bit-identical to ``step_time`` of that step, and the extrapolation counts come out as
+        if each step had been priced."""
         if plan.padding or plan.overlapped_swap_blocks:    # rare shapes: step by step
             return lambda i, n: [self.step_time(plan._replace(
                 decode_ctx=tuple(c + k for c in plan.decode_ctx))) for k in range(i, i + n)]

@@ -1,6 +1,18 @@
-"""Metrics computed after a run from the recorder's tables (see docs/metrics.md)."""
+"""Metrics computed after a run from the recorder's tables (see docs/metrics.md).
 
-from simserve.metrics.slo import SloConfig
-from simserve.metrics.summary import format_summary, summarize
+The names below are imported on first use: ``simserve.metrics.slo`` is read while a scenario
+is parsed, and the summary's pandas import must not be paid before a simulation starts.
+"""
 
-__all__ = ["SloConfig", "format_summary", "summarize"]
+from typing import Any
+
+_EXPORTS = {"SloConfig": "simserve.metrics.slo", "format_summary": "simserve.metrics.summary",
+            "summarize": "simserve.metrics.summary"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        import importlib
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'simserve.metrics' has no attribute {name!r}")

@@ -3,14 +3,20 @@ failures and KV transfers (docs/cluster.md, "Per-replica figures")."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pandas as pd
 
 from simserve.metrics.summary import grouped_levels
 
+if TYPE_CHECKING:
+    from simserve.metrics.recorder import Recorder
 
-def replica_summary(requests, logs: dict, replicas, t0: float, t1: float) -> dict:
+
+def replica_summary(requests: pd.DataFrame, logs: dict[int, Any], replicas: Sequence[Any],
+                    t0: float, t1: float) -> dict[str, Any]:
     """Per-replica table and load-imbalance figures (docs/cluster.md, "Per-replica figures").
 
     ``logs`` maps a replica index to its grouped step columns (what ``grouped_levels``
@@ -46,7 +52,7 @@ def replica_summary(requests, logs: dict, replicas, t0: float, t1: float) -> dic
     return out
 
 
-def _imbalance(name: str, values: list[float]) -> dict:
+def _imbalance(name: str, values: list[float]) -> dict[str, Any]:
     x = np.asarray(values, dtype=float)
     mean = float(x.mean()) if len(x) else 0.0
     if mean <= 0:
@@ -54,7 +60,8 @@ def _imbalance(name: str, values: list[float]) -> dict:
     return {f"load_imbalance_{name}": float(x.max()) / mean, f"cv_{name}": float(x.std()) / mean}
 
 
-def cluster_summary(rec, replicas, requests) -> dict[str, Any]:
+def cluster_summary(rec: Recorder, replicas: Sequence[Any],
+                    requests: pd.DataFrame) -> dict[str, Any]:
     """Cluster figures for the summary: retries and replica failures always; KV transfers for
     a disaggregated cluster; the per-replica table and load imbalance with several replicas."""
     out: dict[str, Any] = {"num_retries": int(sum(rec.retries.values())),

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from simserve.metrics.requests import RequestColumns, resolved
 from simserve.metrics.tokens import TokenLog
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request
@@ -41,7 +42,7 @@ class StepLog:
     """One replica's steps, in its own order (step i here is its i-th step)."""
 
     def __init__(self) -> None:
-        self.steps = {c: array(t) for c, t in STEP_ARRAYS.items()}
+        self.steps: dict[str, array[Any]] = {c: array(t) for c, t in STEP_ARRAYS.items()}
         self.group_records = array("i")      # GROUP_FIELDS of each group, one after another
         # added to start times read back (a front-end delay puts the engine's clock behind
         # the client's: runner.collect); the engine itself never reads it
@@ -96,16 +97,39 @@ class StepLog:
 _DTYPES = {"d": np.float64, "q": np.int64, "i": np.int32}
 
 
+# Requests kept as objects before the recorder moves the resolved ones into columns (and at
+# least twice those in flight, so that each request is looked at a bounded number of times).
+COMPACT_MIN = 4096
+
+
 @dataclass
 class Recorder:
-    """Events recorded during the run (see the module docstring)."""
+    """Events recorded during the run (see the module docstring).
+
+    ``requests`` are the requests seen; with ``compacting`` only those not yet resolved, the
+    others having moved into ``resolved`` (columns: memory O(requests in flight))."""
 
     requests: list[Request] = field(default_factory=list)
+    resolved: RequestColumns = field(default_factory=RequestColumns)
+    compacting: bool = False
+    compact_at: int = field(default_factory=lambda: COMPACT_MIN)
     replicas: dict[int, StepLog] = field(default_factory=dict)
     tokens: dict[int, TokenLog] = field(default_factory=dict)     # output tokens per replica
     retries: dict[int, int] = field(default_factory=dict)        # request id -> times retried
     transfer_s: list[float] = field(default_factory=list)         # one per KV handoff
     failures: list[tuple[int, float]] = field(default_factory=list)   # (replica, time)
+
+    def add_request(self, req: Request) -> None:
+        """A request that has arrived."""
+        self.requests.append(req)
+        if self.compacting and len(self.requests) >= self.compact_at:
+            self.compact()
+
+    def compact(self) -> None:
+        """Move the resolved requests into ``resolved``."""
+        done, self.requests = resolved(self.requests)
+        self.resolved.take(done)
+        self.compact_at = max(COMPACT_MIN, 2 * len(self.requests))
 
     def log(self, replica: Replica) -> StepLog:
         log = self.replicas.get(replica.index)

@@ -4,8 +4,13 @@ expanding it (tens of millions of inter-token gaps need not sit in memory at onc
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
+
+Chunk = tuple[np.ndarray, np.ndarray]          # (values, weights)
+Pieces = Callable[[], Iterable[Chunk]]
 
 
 class WeightedSample:
@@ -17,7 +22,8 @@ class WeightedSample:
     pass, so that tens of millions of gaps never sit in memory at once.
     """
 
-    def __init__(self, values=None, weights=None, *, chunks=None):
+    def __init__(self, values: Any = None, weights: Any = None, *,
+                 chunks: Pieces | None = None) -> None:
         if chunks is None:
             values = np.asarray(values, dtype=np.float64)
             weights = np.asarray(weights, dtype=np.int64)
@@ -33,7 +39,7 @@ class WeightedSample:
     def __len__(self) -> int:
         return self._n
 
-    def _pieces(self):
+    def _pieces(self) -> Iterator[Chunk]:
         return ((v, w) for v, w in self._chunks() if len(v))
 
     def mean(self) -> float:
@@ -44,7 +50,7 @@ class WeightedSample:
         return float(np.sqrt(sum(float(np.dot(w, (v - mean) ** 2)) for v, w in self._pieces())
                              / self._n))
 
-    def percentiles(self, qs) -> list[float]:
+    def percentiles(self, qs: Sequence[float]) -> list[float]:
         """``np.percentile(expanded, q)`` (linear method) for each q, without expanding."""
         n = self._n
         wanted = {}
@@ -70,7 +76,7 @@ class WeightedSample:
             else dict.fromkeys(ranks, lo_v)
 
     @staticmethod
-    def _select_distinct(rank: int, lo_v: float, hi_v: float, pieces) -> float:
+    def _select_distinct(rank: int, lo_v: float, hi_v: float, pieces: Pieces) -> float:
         totals: dict[float, int] = {}
         for v, w in pieces():
             inside = (v >= lo_v) & (v <= hi_v)
@@ -86,7 +92,7 @@ class WeightedSample:
         return max(totals)
 
     @staticmethod
-    def _select(ranks: list[int], lo_v: float, hi_v: float, pieces) -> dict[int, float]:
+    def _select(ranks: list[int], lo_v: float, hi_v: float, pieces: Pieces) -> dict[int, float]:
         """The elements at ``ranks`` among the values in [lo_v, hi_v] of ``pieces()``."""
         if lo_v == hi_v:
             return dict.fromkeys(ranks, lo_v)
@@ -100,14 +106,15 @@ class WeightedSample:
         cum = np.cumsum(counts)
         bin_of = {r: int(np.searchsorted(cum, r, side="right")) for r in ranks}
         last = len(counts) - 1
-        gathered: dict[int, tuple[list, list]] = {j: ([], []) for j in set(bin_of.values())}
+        gathered: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {
+            j: ([], []) for j in set(bin_of.values())}
         for v, w in pieces():
             for j, (bin_v, bin_w) in gathered.items():
                 inside = (v >= edges[j]) & ((v <= edges[j + 1]) if j == last
                                             else (v < edges[j + 1]))
                 bin_v.append(v[inside])
                 bin_w.append(w[inside])
-        at = {}
+        at: dict[int, float] = {}
         for r, j in bin_of.items():
             before = int(cum[j - 1]) if j else 0
             bv, bw = np.concatenate(gathered[j][0]), np.concatenate(gathered[j][1])
@@ -116,7 +123,8 @@ class WeightedSample:
                 k = int(np.searchsorted(np.cumsum(bw[order]), r - before, side="right"))
                 at[r] = float(bv[order][k])
             else:            # still crowded: zoom into this bin alone
+                def crowded(bv: np.ndarray = bv, bw: np.ndarray = bw) -> list[Chunk]:
+                    return [(bv, bw)]
                 at[r] = WeightedSample._select([r - before], float(edges[j]),
-                                               float(edges[j + 1]),
-                                               lambda bv=bv, bw=bw: [(bv, bw)])[r - before]
+                                               float(edges[j + 1]), crowded)[r - before]
         return at

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from simserve.errors import ConfigError
 from simserve.fields import Fields
@@ -51,11 +52,11 @@ class SloConfig:
                                                  f"{getattr(self, name):g}")
 
     @classmethod
-    def none(cls) -> "SloConfig":
+    def none(cls) -> SloConfig:
         return cls()
 
     @classmethod
-    def from_fields(cls, f: Fields) -> "SloConfig":
+    def from_fields(cls, f: Fields) -> SloConfig:
         """Read an ``slo:`` section; every field is optional."""
         limits = {name: f.float(name, None, positive=True) for name in _LIMITS + AGGREGATES}
         attainment = f.float("attainment", 0.9, positive=True, max=1)
@@ -77,9 +78,9 @@ class SloConfig:
     def has_aggregates(self) -> bool:
         return any(getattr(self, name) is not None for name in AGGREGATES)
 
-    def to_dict(self) -> dict:
-        out = {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms, "e2el_ms": self.e2el_ms,
-               "attainment": self.attainment}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms,
+                               "e2el_ms": self.e2el_ms, "attainment": self.attainment}
         # the run-level criteria only where given (older outputs unchanged)
         if self.tbt_ms is not None:
             out.update(tbt_ms=self.tbt_ms, tbt_percentile=self.tbt_percentile)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -24,7 +25,8 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
               percentiles: Sequence[float] = (50, 90, 99),
               itl: WeightedSample | None = None,
               class_slos: Mapping[str, SloConfig] | None = None,
-              prefix_caching: bool = False, levels=None) -> dict:
+              prefix_caching: bool = False,
+              levels: Callable[[float, float], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Summarise a run as a flat, JSON-serialisable dict (NaN becomes None).
 
     ITL comes from ``token_times`` (every token's time, per request) or, equivalently and
@@ -46,9 +48,13 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     out = done["num_output_tokens"].to_numpy(int)
     multi = out > 1
     tpot = (e2el[multi] - ttft[multi]) / (out[multi] - 1)
+    itl_values: WeightedSample | np.ndarray
     if itl is None:
+        assert token_times is not None          # checked above
         gaps = [np.diff(np.asarray(t, float)) for t, ok in zip(token_times, finished) if ok]
-        itl = np.concatenate(gaps) if gaps else np.empty(0)
+        itl_values = np.concatenate(gaps) if gaps else np.empty(0)
+    else:
+        itl_values = itl
 
     # The benchmark runs from the first send to the last completion.
     t0 = float(requests["arrival_s"].min()) if len(requests) else 0.0
@@ -60,7 +66,7 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
 
     total_in = int(done["num_prompt_tokens"].sum())
     total_out = int(out.sum())
-    summary: dict = {
+    summary: dict[str, Any] = {
         "num_requests": len(requests),
         "completed": len(done),
         "num_rejected": len(rejected),
@@ -75,7 +81,7 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
         "total_token_throughput": per_s(total_in + total_out),
     }
     summary.update(_goodput(slo, ttft, e2el, out, len(requests), per_s))
-    for name, values in zip(LATENCIES, (ttft, tpot, itl, e2el)):
+    for name, values in zip(LATENCIES, (ttft, tpot, itl_values, e2el)):
         summary.update(_latency_stats(name, values, percentiles))
     # the papers' run-level numbers: mean E2EL per output token; arrival -> first scheduled
     norm = e2el / np.maximum(out, 1)
@@ -97,7 +103,7 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     return {k: _plain(v) for k, v in summary.items()}
 
 
-def _failed(requests: pd.DataFrame) -> dict:
+def _failed(requests: pd.DataFrame) -> dict[str, Any]:
     """Requests lost to a replica failure (status ``failed``, reason in ``reject_reason``)."""
     failed = requests[requests["status"] == "failed"]
     return {"num_failed": len(failed),
@@ -120,14 +126,15 @@ def _good(done: pd.DataFrame, slo: SloConfig) -> np.ndarray:
 
 
 def _by_class(requests: pd.DataFrame, class_slos: Mapping[str, SloConfig], slo: SloConfig,
-              per_s, percentiles: Sequence[float]) -> dict:
+              per_s: Callable[[float], float], percentiles: Sequence[float]
+              ) -> dict[str, Any]:
     """Goodput with each request judged by its class's SLO, and the headline numbers per class.
 
     The overall goodput keys are replaced (a request is good when it meets its own class's
     limits); they stay None when no class and not the scenario give any limit.
     """
     klass = requests["class"].astype(str)
-    per_class: dict[str, dict] = {}
+    per_class: dict[str, dict[str, Any]] = {}
     total_good, any_limits = 0, not slo.is_empty
     for name in sorted(klass.unique()):
         rows = requests[klass == name]
@@ -138,7 +145,7 @@ def _by_class(requests: pd.DataFrame, class_slos: Mapping[str, SloConfig], slo: 
         total_good += num_good
         ttft = done["first_token_s"].to_numpy(float) - done["arrival_s"].to_numpy(float)
         tpot = done["tpot_s"].to_numpy(float)
-        stats = {"num_requests": len(rows), "completed": len(done),
+        stats: dict[str, Any] = {"num_requests": len(rows), "completed": len(done),
                  "priority": int(rows["priority"].min()) if len(rows) else 0}
         if not own.is_empty:
             stats.update(num_good=num_good, slo_attainment=num_good / len(rows),
@@ -147,7 +154,7 @@ def _by_class(requests: pd.DataFrame, class_slos: Mapping[str, SloConfig], slo: 
         stats.update(_latency_stats("tpot", tpot[~np.isnan(tpot)], percentiles))
         per_class[name] = {k: _plain(v) for k, v in stats.items()
                            if not k.startswith(("std_", "median_"))}
-    out: dict = {"per_class": per_class}
+    out: dict[str, Any] = {"per_class": per_class}
     if any_limits:
         attainment = total_good / len(requests) if len(requests) else None
         out.update(request_goodput=per_s(total_good), num_good=total_good,
@@ -156,25 +163,24 @@ def _by_class(requests: pd.DataFrame, class_slos: Mapping[str, SloConfig], slo: 
     return out
 
 
-def spec_decode_summary(requests, k: int) -> dict:
+def spec_decode_summary(totals: Mapping[str, int], per_position: Sequence[int],
+                        k: int) -> dict[str, Any]:
     """Speculative decoding's counts over every request (``vllm bench serve``'s definitions,
-    ``benchmarks/serve.py``): acceptance rate = accepted / draft tokens, acceptance length =
+    ``benchmarks/serve.py``), from their totals (``RequestColumns.spec_totals`` and
+    ``spec_per_position``): acceptance rate = accepted / draft tokens, acceptance length =
     1 + accepted / drafts (a draft: one verify step with drafts), per position i the share of
     drafts whose first i+1 tokens were all accepted."""
-    drafts = sum(r.num_drafts for r in requests)
-    draft_tokens = sum(r.num_draft_tokens for r in requests)
-    accepted = sum(r.num_accepted_tokens for r in requests)
-    per = [0] * k
-    for r in requests:
-        if r.accepted_per_position is not None:
-            per = [a + b for a, b in zip(per, r.accepted_per_position)]
+    drafts = totals["num_drafts"]
+    draft_tokens = totals["num_draft_tokens"]
+    accepted = totals["num_accepted_tokens"]
+    per = [*per_position, *[0] * (k - len(per_position))][:k]
     return {"num_drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
             "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
             "acceptance_length": 1 + accepted / drafts if drafts else 1.0,
             "per_position_acceptance_rate": [a / drafts if drafts else 0.0 for a in per]}
 
 
-def _prefix_cache(done: pd.DataFrame) -> dict:
+def _prefix_cache(done: pd.DataFrame) -> dict[str, Any]:
     """Prompt tokens of finished requests found in the prefix cache at first admission."""
     hits = int(done["num_cached_tokens"].sum())
     queries = int(done["num_prompt_tokens"].sum())
@@ -183,7 +189,7 @@ def _prefix_cache(done: pd.DataFrame) -> dict:
 
 
 def _goodput(slo: SloConfig, ttft: np.ndarray, e2el: np.ndarray, out: np.ndarray,
-             num_requests: int, per_s) -> dict:
+             num_requests: int, per_s: Callable[[float], float]) -> dict[str, Any]:
     """Good = finished and within every given limit; a one-token request's TPOT counts as 0."""
     keys = ("request_goodput", "num_good", "slo_attainment", "slo_attainment_target", "slo_met")
     if slo.is_empty:
@@ -200,10 +206,10 @@ def _goodput(slo: SloConfig, ttft: np.ndarray, e2el: np.ndarray, out: np.ndarray
                            attainment is not None and attainment >= slo.attainment)))
 
 
-def _aggregates(slo: SloConfig, itl, norm: np.ndarray, delay: np.ndarray,
-                summary: dict) -> dict:
+def _aggregates(slo: SloConfig, itl: Any, norm: np.ndarray, delay: np.ndarray,
+                summary: dict[str, Any]) -> dict[str, Any]:
     """The run-level SLO criteria: each measured value, and ``slo_met`` with them all."""
-    out: dict = {}
+    out: dict[str, Any] = {}
     met = summary.get("slo_met") is not False
     if slo.tbt_ms is not None:
         q = slo.tbt_percentile
@@ -226,7 +232,7 @@ def _aggregates(slo: SloConfig, itl, norm: np.ndarray, delay: np.ndarray,
     return out
 
 
-def _latency_stats(name: str, values_s: np.ndarray, percentiles: Sequence[float]) -> dict:
+def _latency_stats(name: str, values_s: np.ndarray, percentiles: Sequence[float]) -> dict[str, Any]:
     """mean/median/std/pXX in ms; an empty list gives 0.0 (vllm's ``np.mean(x or 0)``)."""
     if isinstance(values_s, WeightedSample) and len(values_s):
         w = values_s
@@ -254,7 +260,7 @@ def _replicas(requests: pd.DataFrame, steps: pd.DataFrame) -> int:
     return len({r for r in ids if r >= 0})
 
 
-def _levels(steps: pd.DataFrame, num_replicas: int, t0: float, t1: float) -> dict:
+def _levels(steps: pd.DataFrame, num_replicas: int, t0: float, t1: float) -> dict[str, Any]:
     """Time-weighted levels over [t0, t1]; a step's values hold over [start, start + duration].
 
     Idle gaps contribute zero. All replicas share the window, so the sum over replicas of their
@@ -281,7 +287,8 @@ def _levels(steps: pd.DataFrame, num_replicas: int, t0: float, t1: float) -> dic
     }
 
 
-def grouped_levels(groups: list[dict], t0: float, t1: float, chunk: int = 1 << 20) -> dict:
+def grouped_levels(groups: list[dict[str, Any]], t0: float, t1: float,
+                   chunk: int = 1 << 20) -> dict[str, Any]:
     """``_levels`` for steps stored in groups (a fast-forwarded stretch is one group of k steps
     sharing every count): the same numbers without expanding every column to every step, and
     in chunks of steps so that a long run needs little extra memory.
@@ -325,7 +332,7 @@ def grouped_levels(groups: list[dict], t0: float, t1: float, chunk: int = 1 << 2
     }
 
 
-def _plain(v):
+def _plain(v: Any) -> Any:
     """numpy scalars to Python ones, non-finite floats to None (JSON has no NaN)."""
     if isinstance(v, dict):
         return {k: _plain(x) for k, x in v.items()}
@@ -346,11 +353,11 @@ _SECTIONS = (("ttft", "TTFT", "Time to First Token"),
              ("e2el", "E2EL", "End-to-end Latency"))
 
 
-def format_summary(summary: dict, title: str = "Serving Benchmark Result") -> str:
+def format_summary(summary: dict[str, Any], title: str = "Serving Benchmark Result") -> str:
     """A fixed-width table laid out like ``vllm bench serve``'s printout."""
     lines = [format(f" {title} ", "=^50")]
 
-    def row(label: str, value, fmt: str = ".2f") -> None:
+    def row(label: str, value: Any, fmt: str = ".2f") -> None:
         if value is None:
             text = "n/a"
         elif isinstance(value, bool):
@@ -454,7 +461,7 @@ def _pct(fraction: float | None) -> float | None:
     return None if fraction is None else 100.0 * fraction
 
 
-def _percentile_words(summary: dict, name: str) -> list[str]:
+def _percentile_words(summary: dict[str, Any], name: str) -> list[str]:
     pattern = re.compile(rf"p(.+)_{name}_ms")
     words = [m.group(1) for key in summary if (m := pattern.fullmatch(key))]
     return sorted(words, key=float)

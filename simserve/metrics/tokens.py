@@ -97,24 +97,28 @@ class TokenLog:
         diff.append(0)
         if record:
             self.step_ends.append(t_end)
+        adjacent = 0                                    # decoded in the previous step too
         for req in sampled:
             tr = req.tokens
             if tr is None:                              # its first token
                 req.first_token_s = t_end
                 tr = req.tokens = TokenTrack(index, t_end, record)
             else:
-                if tr.last_step == index - 1:           # decoded in the previous step too
-                    diff[index - 1] += 1
-                    diff[index] -= 1
+                if tr.last_step == index - 1:
+                    adjacent += 1
                 else:                                   # skipped some steps
                     self.itl_extra.append(t_end - tr.last_s)
                 tr.last_step, tr.last_s = index, t_end
             if record:
                 self._extend(tr, index, 1)
+        if adjacent:                                    # one gap each: the previous step's
+            diff[index - 1] += adjacent
+            diff[index] -= adjacent
         if record and counts is not None:
             for req, c in zip(sampled, counts):
                 if c > 1:
                     tr = req.tokens
+                    assert tr is not None           # it sampled: its track exists
                     if tr.extra is None:
                         tr.extra = {}
                     tr.extra[index] = c - 1
@@ -122,9 +126,9 @@ class TokenLog:
     def stretch(self, stretch: Stretch, ends: list[float]) -> None:
         """The first ``len(ends)`` steps of a fast-forwarded stretch, ending at ``ends``.
 
-        Member j takes steps offset[j] .. min(k, stop[j]) - 1. Inside the stretch every member has one gap
-        per step between its steps; entering it, a member that decoded in the step just before
-        adds that step gap, others add their own gap since their last token.
+        Member j takes steps offset[j] .. min(k, stop[j]) - 1. Inside the stretch every member has
+        one gap per step between its steps; entering it, a member that decoded in the step just
+        before adds that step gap, others add their own gap since their last token.
         """
         k = len(ends)
         a = self.num_steps
@@ -161,7 +165,8 @@ class TokenLog:
             diff[a] -= adjacent
         if self.record:
             for req, _, _, e, o in members:
-                self._extend(req.tokens, a + o, (e if e < k else k) - o)
+                # (recording gives every request a track)
+                self._extend(req.tokens, a + o, (e if e < k else k) - o)  # type: ignore[arg-type]
 
     def delivered(self, req: Request, t: float) -> None:
         """A token produced on another replica (a disaggregated prefill's) reaches the client
@@ -206,8 +211,10 @@ def itl_sample(rec: Recorder) -> WeightedSample:
     for index in sorted(rec.tokens):
         log, steps = rec.tokens[index], rec.replicas.get(index)
         n = log.num_steps if steps is not None else 0
-        start = np.frombuffer(steps.steps["start_s"], dtype=np.float64) if n else None
-        duration = np.frombuffer(steps.steps["duration_s"], dtype=np.float64) if n else None
+        start = np.frombuffer(steps.steps["start_s"], dtype=np.float64) \
+            if steps is not None and n else None
+        duration = np.frombuffer(steps.steps["duration_s"], dtype=np.float64) \
+            if steps is not None and n else None
         sources.append((np.frombuffer(log.itl_diff, dtype=np.int32), start, duration, n,
                         np.frombuffer(log.itl_extra, dtype=np.float64)))
 

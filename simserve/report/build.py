@@ -249,6 +249,11 @@ def runs_section(runs: list[RunData]) -> Section:
         sec.figures.append(("policy_bars", "Headline metrics side by side, one colour per "
                             "policy.", F.policy_bars(runs)))
     for r in runs:
+        if r.steps is None:
+            sec.blocks.append(H.paragraph(
+                f"No timeline for {r.label}: the run wrote no per-step table (a long run "
+                "writes steps.csv only when asked: simserve run --steps)."))
+            continue
         sec.figures.append((f"timeline_{r.label}", f"{r.label}: requests running and "
                             "waiting, tokens per step (prefill vs decode), KV blocks in use, "
                             "and preemptions over simulated time.", F.timeline(r)))

@@ -1,6 +1,8 @@
 """What a report is made from, read back from the directories simserve writes.
 
-- a **run** directory (``Result.save``): scenario.yaml, requests.csv, steps.csv, summary.json;
+- a **run** directory (``Result.save``): scenario.yaml, requests.csv, summary.json, and
+  steps.csv where it was written (a long run writes it only when asked: ``--steps``); or the
+  same tables as ``.parquet`` files;
 - a **compare** directory (``simserve run`` on a compare file): one run directory per variant
   and comparison.csv (whose row order is kept);
 - a **sweep** directory: sweep.csv and sweep.yaml;
@@ -28,7 +30,7 @@ class RunData:
     label: str
     policy: str
     requests: pd.DataFrame
-    steps: pd.DataFrame
+    steps: pd.DataFrame | None      # None: the run wrote no per-step table
     summary: dict
     scenario: dict
     path: Path | None = None
@@ -53,7 +55,7 @@ class RunData:
                           for line in read_text(path / "scenario.yaml").splitlines()
                           if line.startswith("# --set "))
         return cls(label or path.name, scenario.get("scheduler", {}).get("policy", "?"),
-                   _read_csv(path / "requests.csv"), _read_csv(path / "steps.csv"),
+                   _read_table(path / "requests"), _read_table(path / "steps", optional=True),
                    _read_json(path / "summary.json"), scenario, path, overrides)
 
 
@@ -137,6 +139,23 @@ def _unique_labels(dirs: list[Path]) -> list[str]:
         return names
     common = Path(os.path.commonpath([d.resolve() for d in dirs]))
     return [str(d.resolve().relative_to(common)) or d.resolve().name for d in dirs]
+
+
+def _read_table(stem: Path, optional: bool = False) -> pd.DataFrame | None:
+    """``stem``.csv, else ``stem``.parquet (``simserve run --format parquet``); None for a
+    missing ``optional`` table."""
+    parquet = stem.with_suffix(".parquet")
+    if not stem.with_suffix(".csv").exists() and parquet.exists():
+        try:
+            return pd.read_parquet(parquet)
+        except ImportError:
+            raise DataError(parquet, "reading Parquet needs pyarrow "
+                                     "(pip install 'simserve[parquet]')") from None
+        except Exception as e:   # pyarrow's errors for a damaged file have no common base
+            raise DataError(parquet, f"not a readable Parquet table ({e})") from None
+    if optional and not stem.with_suffix(".csv").exists():
+        return None
+    return _read_csv(stem.with_suffix(".csv"))
 
 
 def _read_csv(path: Path) -> pd.DataFrame:

@@ -4,9 +4,11 @@ A policy's ``schedule()`` only decides *who gets how many tokens* this iteration
 few shared verbs on a :class:`Batch` under construction:
 
 * ``grow(batch, req, n)``      give a running request ``n`` new tokens if its KV blocks fit
+* ``grow_or_preempt(...)``     the same, preempting ``preemption_victim`` (a hook) until it fits
 * ``preempt(batch, req)``      evict a running request (recompute: back to the waiting head;
                                 swap: its blocks to host memory)
-* ``admit(batch, req, n)``     move a waiting request to running with ``n`` tokens
+* ``admit(batch, req, n)``     move a waiting request to running with ``n`` tokens, while
+                                ``may_admit(batch)`` (the shared admission guard)
 * ``resume_swapped(batch)``    swap requests back in, oldest first
 
 ``complete(plan, t_end)`` is shared: it advances the counters, samples tokens and frees
@@ -18,9 +20,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, cast
 
 from simserve.kv.blocks import BlockManager
+from simserve.kv.prefix import PrefixBlockManager
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
 from simserve.sched.spec import Acceptance, SpeculativeConfig
@@ -143,7 +146,8 @@ class Scheduler:
     # decode_all), which verify speculative drafts (engine.speculative_config)
     speculates: ClassVar[bool] = False
 
-    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params=None, seed: int = 0):
+    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params: Any = None,
+                 seed: int = 0):
         self.limits = limits
         self.blocks = blocks
         self.params = params if params is not None or self.params_type is None \
@@ -208,6 +212,7 @@ class Scheduler:
         fewer when the token budget (or max_model_len) runs out, as vLLM clips them."""
         if n != 1 or not req.is_decoding:
             return n
+        assert self.speculative is not None     # (called only when speculating)
         drafts = min(self.speculative.k, batch.token_budget - 1)
         if self.limits.max_model_len:
             drafts = min(drafts, self.limits.max_model_len - req.num_tokens)
@@ -236,22 +241,34 @@ class Scheduler:
         return batch
 
     def grow_or_preempt(self, batch: Batch, req: Request, n: int) -> bool:
-        """Like ``grow``, but evicts the newest running request until the blocks fit.
-
-        vLLM's rule (v0 ``_schedule_running``, v1 ``schedule``): the victim is the last request
-        in the running list. Requests already scheduled in this step are never victims (when the
-        running list is walked front to back, as in vLLM, the last one never is). If the victim
-        is ``req`` itself it is not scheduled and False is returned.
+        """Like ``grow``, but preempts running requests (``preemption_victim`` picks each)
+        until the blocks fit. If the victim is ``req`` itself it is not scheduled and False is
+        returned.
         """
         if self.speculative is not None:
             n = self.verify_tokens(batch, req, n)
         while self.blocks.allocate(req.id, self.slots(req, n)) is None:
-            victim = next(r for r in reversed(self.running) if r.id not in batch.scheduled)
+            victim = self.preemption_victim(batch, req)
             self.preempt(batch, victim)
             if victim is req:
                 return False
         batch.add(req, n)
         return True
+
+    def preemption_victim(self, batch: Batch, req: Request) -> Request:
+        """The running request ``grow_or_preempt`` evicts next (a policy's hook).
+
+        vLLM's rule (v0 ``_schedule_running``, v1 ``schedule``): the last request in the
+        running list. Requests already scheduled in this step are never victims (when the
+        running list is walked front to back, as in vLLM, the last one never is).
+        """
+        return next(r for r in reversed(self.running) if r.id not in batch.scheduled)
+
+    def may_admit(self, batch: Batch) -> bool:
+        """The admission guard: someone waits, the step has token and sequence budget left,
+        and the running list is below ``max_num_seqs``."""
+        return bool(self.waiting) and not batch.full \
+            and len(self.running) < self.limits.max_num_seqs
 
     def decode_all(self, batch: Batch) -> bool:
         """Give every running request one token, oldest first, evicting the newest on block
@@ -384,9 +401,9 @@ class Scheduler:
     def cached_prefix(self, req: Request) -> int:
         """Tokens at the start of a waiting request already in the prefix cache (0 without
         prefix caching): what admitting it now would start it with."""
-        blocks = self.blocks
-        if not blocks.caches_prefixes:
+        if not self.blocks.caches_prefixes:
             return 0
+        blocks = cast(PrefixBlockManager, self.blocks)
         blocks.register(req.id, req.num_prompt_tokens, req.spec.hash_ids)
         return blocks.cached_tokens(req.id, req.num_tokens)
 
@@ -398,7 +415,8 @@ class Scheduler:
         need = max(reserve_tokens or 0, self._with_lookahead(cached + n))
         if gate_tokens is not None and not blocks.can_hold(req.id, gate_tokens, cached):
             return False
-        if (blocks.allocate_cached(req.id, need, cached) if cached
+        # a cached prefix implies the prefix-caching block manager (cached_prefix)
+        if (cast(PrefixBlockManager, blocks).allocate_cached(req.id, need, cached) if cached
                 else blocks.allocate(req.id, need)) is None:
             return False
         if req.num_preemptions == 0:
@@ -478,6 +496,7 @@ class Scheduler:
         finished: list[Request] = []
         sampled, counts = self.sampled, []
         accept = self.acceptance
+        assert accept is not None               # (set whenever speculating)
         for req, n in entries:
             computed = req.num_computed_tokens
             if req.num_generated and computed + 1 == req.num_prompt_tokens + req.num_generated:
@@ -490,6 +509,7 @@ class Scheduler:
                     if a:
                         per = req.accepted_per_position
                         if per is None:
+                            assert self.speculative is not None
                             per = req.accepted_per_position = [0] * self.speculative.k
                         for i in range(a):
                             per[i] += 1

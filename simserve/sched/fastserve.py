@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 from itertools import count
 
 from simserve.sched.core import Batch, Scheduler
@@ -61,7 +62,7 @@ class FastServe(Scheduler):
     # quanta and starvation are counted in iterations: every step must be scheduled
     monotone_admission = False
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.paused: list[Request] = []     # KV on the device, not running this iteration
         self.level: dict[int, int] = {}
@@ -89,12 +90,12 @@ class FastServe(Scheduler):
         return [*super().held_requests(), *self.paused]
 
     def quantum(self, level: int) -> float:
-        p = self.params
+        p: FastServeParams = self.params
         return p.base_quantum * p.quantum_ratio ** level
 
     def _join_level(self, prompt: int) -> int:
         """Skip-join: the highest queue whose quantum covers the prefill."""
-        p = self.params
+        p: FastServeParams = self.params
         if prompt <= p.skip_join_tokens:
             return 0
         level = math.ceil(math.log(prompt / p.skip_join_tokens, p.quantum_ratio)) \
@@ -149,6 +150,7 @@ class FastServe(Scheduler):
                 if blocks.swapped_blocks(req.id) + reserve > blocks.num_free:
                     break
                 n = blocks.swap_in(req.id)
+                assert n is not None            # checked to fit just above
                 self.swapped.remove(req)
                 req.status = Status.RUNNING     # resident, paused like a preempted job
                 self.paused.append(req)
@@ -172,7 +174,9 @@ class FastServe(Scheduler):
         if need > self.blocks.num_free and not self._make_room(batch, req, need, evicted):
             return
         if req.status is Status.SWAPPED:
-            batch.swap_in_blocks += self.blocks.swap_in(req.id)
+            moved = self.blocks.swap_in(req.id)
+            assert moved is not None            # room was made above
+            batch.swap_in_blocks += moved
             self.swapped.remove(req)
         elif req.status is Status.WAITING:
             self.waiting.remove(req)

@@ -24,6 +24,7 @@ look-ahead block preallocation and multi-step decode loops.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from simserve.sched.core import Batch, Scheduler
 from simserve.sched.params import knob
@@ -45,7 +46,7 @@ class Lmdeploy(Scheduler):
     # reschedules are counted in decode steps: every step must be scheduled
     monotone_admission = False
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.decodes_since_reschedule = 0
 
@@ -74,7 +75,7 @@ class Lmdeploy(Scheduler):
                 or running < p.low_batch_ratio * self.limits.max_num_seqs)
 
     def _admit_prompts(self, batch: Batch) -> None:
-        while self.waiting and not batch.full and len(self.running) < self.limits.max_num_seqs:
+        while self.may_admit(batch):
             req = self.waiting[0]
             n = req.num_remaining
             if n > batch.token_budget or not self.admit(batch, req, n):

@@ -21,9 +21,11 @@ KV pool.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from simserve.kv.buddy import BuddyBlockManager, pow2_at_least
-from simserve.sched.core import Scheduler
+from simserve.kv.blocks import BlockManager
+from simserve.sched.core import Scheduler, SchedulerLimits
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request
@@ -45,7 +47,8 @@ class Orca(Scheduler):
     reserves_full_length = True
     params_type = OrcaParams
 
-    def __init__(self, limits, blocks, params=None, seed: int = 0):
+    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params: Any = None,
+                 seed: int = 0) -> None:
         super().__init__(limits, blocks, params, seed)
         if self.params.allocator == "buddy" and not isinstance(blocks, BuddyBlockManager):
             if blocks.caches_prefixes or blocks.num_used:
@@ -70,10 +73,10 @@ class Orca(Scheduler):
             if batch.full:
                 break
             self.grow(batch, req, req.num_remaining)   # reserved at admission: always fits
-        while self.waiting and not batch.full and len(self.running) < self.limits.max_num_seqs:
+        while self.may_admit(batch):
             req = self.waiting[0]
             n = req.num_remaining
             if n > batch.token_budget or not self.admit(batch, req, n,
-                                                        reserve_tokens=self.reservation(req)):
+                                                         reserve_tokens=self.reservation(req)):
                 break
         return batch.freeze()

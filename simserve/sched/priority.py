@@ -49,6 +49,7 @@ class Priority(VllmV1):
             preempted += plan.num_preempted
             plan = super().schedule()
         if preempted:
+            assert self._batch is not None      # schedule() built one
             plan = self._batch.plan = plan._replace(num_preempted=plan.num_preempted + preempted)
         return plan
 
@@ -70,28 +71,24 @@ class Priority(VllmV1):
             if req.status is not Status.RUNNING:
                 continue                   # preempted earlier in this walk
             n = self.clip(req, req.num_remaining, batch)
-            if not self._grow_or_preempt_lowest(batch, req, n):
+            if not self.grow_or_preempt(batch, req, n):
                 return
 
-    def _grow_or_preempt_lowest(self, batch: Batch, req: Request, n: int) -> bool:
-        while self.blocks.allocate(req.id, req.num_computed_tokens + n) is None:
-            # vLLM: max over (priority, arrival); on a tie, max() keeps the first in running
-            # order (arrival bursts tie often), not the largest id
-            victim = max(self.running, key=victim_rank)
-            if victim.id in batch.scheduled:
-                self._unschedule(batch, victim)
-            self.preempt(batch, victim)
-            if victim is req:
-                return False
-        batch.add(req, n)
-        return True
+    def preemption_victim(self, batch: Batch, req: Request) -> Request:
+        """The lowest-priority running request, even one already scheduled in this step (it
+        is taken back out). vLLM: max over (priority, arrival); on a tie, max() keeps the first
+        in running order (arrival bursts tie often), not the largest id."""
+        victim = max(self.running, key=victim_rank)
+        if victim.id in batch.scheduled:
+            self._unschedule(batch, victim)
+        return victim
 
     def _unschedule(self, batch: Batch, req: Request) -> None:
         """Take a request back out of the step being built; its tokens return to the budget.
         The batch is rebuilt from its other entries (their counters have not moved since)."""
         kept = [(r, n) for r, n in batch.entries if r is not req]
         counts = batch.num_preempted, batch.swap_out_blocks, batch.swap_in_blocks
-        batch.__init__(self.limits)
+        batch.__init__(self.limits)  # type: ignore[misc]  # in place: the caller holds it
         batch.num_preempted, batch.swap_out_blocks, batch.swap_in_blocks = counts
         for r, n in kept:
             batch.add(r, n)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +60,7 @@ class S3(Scheduler):
     # a request outgrowing its reservation is preempted, not grown: every step is scheduled
     monotone_admission = False
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.predicted: dict[int, int] = {}   # request id -> predicted output tokens
 
@@ -99,7 +100,7 @@ class S3(Scheduler):
                 self._mispredicted(batch, req)     # outgrew its reservation
             else:
                 self.grow(batch, req, n)
-        while self.waiting and not batch.full and len(self.running) < self.limits.max_num_seqs:
+        while self.may_admit(batch):
             req = self.waiting[0]
             n = req.num_remaining
             if n > batch.token_budget \

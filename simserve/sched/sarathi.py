@@ -53,7 +53,7 @@ class Sarathi(Scheduler):
                     return
 
     def _new_prefills(self, batch: Batch) -> None:
-        while self.waiting and not batch.full and len(self.running) < self.limits.max_num_seqs:
+        while self.may_admit(batch):
             req = self.waiting[0]
             if not self.admit(batch, req, self.clip(req, req.num_remaining, batch)):
                 return

@@ -23,6 +23,7 @@ write KV for ``k`` positions beyond the verified ones, so a verify step needs bl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from simserve.errors import ConfigError
 from simserve.fields import Fields
@@ -127,8 +128,8 @@ class SpeculativeConfig:
                    length, tuple(float(x) for x in dist) if dist is not None else None,
                    model, lo, hi)
 
-    def to_dict(self) -> dict:
-        out = {"method": self.method, "num_speculative_tokens": self.k}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.k}
         if self.synthetic_acceptance_rates is not None:
             out["synthetic_acceptance_rates"] = list(self.synthetic_acceptance_rates)
         elif self.acceptance_distribution is not None:
@@ -136,14 +137,15 @@ class SpeculativeConfig:
         else:
             out["synthetic_acceptance_length"] = self.synthetic_acceptance_length
         if self.model is not None:
-            out["model"] = self.model.to_dict()
+            card: Any = self.model          # a ModelCard (typed object: cards imports this)
+            out["model"] = card.to_dict()
         for key in ("prompt_lookup_min", "prompt_lookup_max"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
 
 
-def _rates_from_distribution(dist, k: int, where: str) -> tuple[float, ...]:
+def _rates_from_distribution(dist: Any, k: int, where: str) -> tuple[float, ...]:
     """Unconditional per-position rates from a measured distribution of drafts accepted per
     verify step with all k drafts, ``P(a = 0), …, P(a = k)``: ``p_i = P(a > i)`` (the same
     draws, so vLLM's synthetic sampler with these rates reproduces the distribution)."""

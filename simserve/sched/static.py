@@ -17,8 +17,10 @@ and results held back until the batch ends (a request finishes at its own last t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from simserve.sched.core import Batch, Scheduler
+from simserve.kv.blocks import BlockManager
+from simserve.sched.core import Scheduler, SchedulerLimits
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Status
@@ -36,7 +38,8 @@ class Static(Scheduler):
     reserves_full_length = True
     params_type = StaticParams
 
-    def __init__(self, limits, blocks, params=None, seed: int = 0):
+    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params: Any = None,
+                 seed: int = 0) -> None:
         super().__init__(limits, blocks, params, seed)
         self._rows = 0      # members of the current batch, finished ones included
 

@@ -135,19 +135,25 @@ class Stretch:
         # ctx is the tokens computed before step 0 less one, plus the tokens the plan gives
         # the member (1 for a decode, 0 if it waits)
         # every running request is a member: (request, ctx, held, stop, offset)
-        members = [(r, r.num_computed_tokens, blocks_held[r.id],
-                    r.num_output_tokens - r.num_generated, 0) for r in running]
-        if not everyone:                 # those not scheduled wait in step 0, still decoding
+        if everyone:
+            members = [(r, r.num_computed_tokens, blocks_held[r.id],
+                        r.num_output_tokens - r.num_generated, 0) for r in running]
+            for r, n in batch.prefills if mixed else ():   # their last chunk: ctx moves on
+                j = running.index(r)
+                _, c, h, e, o = members[j]
+                members[j] = (r, c + n - 1, h, e, o)
+        else:
+            more = {r.id: n - 1 for r, n in batch.prefills}
             scheduled = batch.scheduled
-            for j, (r, c, h, e, _) in enumerate(members):
-                if r.id not in scheduled:
-                    if not r.num_generated or c + 1 != r.num_prompt_tokens + r.num_generated:
-                        return None      # a prefill left undone: the next step decodes not
-                    members[j] = (r, c - 1, h, e + 1, 1)
-        for r, n in batch.prefills if mixed else ():   # their last chunk: ctx moves on
-            j = running.index(r)
-            _, c, h, e, o = members[j]
-            members[j] = (r, c + n - 1, h, e, o)
+            members = []
+            for r in running:
+                c, left = r.num_computed_tokens, r.num_output_tokens - r.num_generated
+                if r.id in scheduled:
+                    members.append((r, c + more.get(r.id, 0), blocks_held[r.id], left, 0))
+                elif r.num_generated and c + 1 == r.num_prompt_tokens + r.num_generated:
+                    members.append((r, c - 1, blocks_held[r.id], left + 1, 1))   # waits
+                else:
+                    return None   # a prefill left undone: the next step is no decode step
         past = (past_finish and sched.continues_past_finish
                 and not sched.waiting and not sched.swapped)
         k = min(max_steps, (max if past else min)(members, key=_stop)[3])

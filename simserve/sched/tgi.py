@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from simserve.sched.core import Batch, Scheduler
 from simserve.sched.params import knob
@@ -51,7 +52,7 @@ class Tgi(Scheduler):
     # joins depend on waiting_tokens, a count of decode steps: every step must be scheduled
     monotone_admission = False
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.waiting_tokens = 0      # decode steps since the running batch last grew
         self.decode_due = False      # a join was just prefilled: the next step decodes
@@ -72,7 +73,7 @@ class Tgi(Scheduler):
         return batch.freeze()
 
     def _min_size(self) -> int | None:
-        p = self.params
+        p: TgiParams = self.params
         if self.waiting_tokens >= p.max_waiting_tokens:
             return None
         return math.floor(len(self.running) * p.waiting_served_ratio)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from simserve.sched.core import Batch, Scheduler
 from simserve.sched.plan import StepPlan
-from simserve.sched.request import Status
+from simserve.sched.request import Request, Status
 
 
 class _TrtLlm(Scheduler):
@@ -58,7 +58,7 @@ class _TrtLlm(Scheduler):
             self._start_new(batch)
         return batch.freeze()
 
-    def _context_tokens(self, req, batch: Batch) -> int:
+    def _context_tokens(self, req: Request, batch: Batch) -> int:
         """Tokens of a context this step: the rest of it, or a chunk of what the budget
         leaves; 0 if it may not be chunked and does not fit."""
         if self.chunks_prefill:
@@ -66,7 +66,7 @@ class _TrtLlm(Scheduler):
         return req.num_remaining if req.num_remaining <= batch.token_budget else 0
 
     def _start_new(self, batch: Batch) -> None:
-        while self.waiting and not batch.full and len(self.running) < self.limits.max_num_seqs:
+        while self.may_admit(batch):
             req = self.waiting[0]
             n = self._context_tokens(req, batch)
             if not n or not self.fits_new(req) or not self.admit(batch, req, n):
@@ -77,13 +77,13 @@ class _TrtLlm(Scheduler):
     def begin(self, batch: Batch) -> None:
         """Called once per step before any request is scheduled."""
 
-    def grow_started(self, batch: Batch, req, n: int) -> bool:
+    def grow_started(self, batch: Batch, req: Request, n: int) -> bool:
         raise NotImplementedError
 
-    def fits_new(self, req) -> bool:
+    def fits_new(self, req: Request) -> bool:
         raise NotImplementedError
 
-    def started(self, req) -> None:
+    def started(self, req: Request) -> None:
         """Called after a new request was admitted."""
 
 
@@ -100,13 +100,13 @@ class TrtllmGuaranteedNoEvict(_TrtLlm):
         owed = sum(blocks.num_new_blocks(r.id, r.max_tokens) for r in self.running)
         self.slack = blocks.num_free - owed
 
-    def grow_started(self, batch: Batch, req, n: int) -> bool:
+    def grow_started(self, batch: Batch, req: Request, n: int) -> bool:
         return self.grow(batch, req, n)                     # set aside: always fits
 
-    def fits_new(self, req) -> bool:
+    def fits_new(self, req: Request) -> bool:
         return self.blocks.blocks_for(req.max_tokens) <= self.slack
 
-    def started(self, req) -> None:
+    def started(self, req: Request) -> None:
         self.slack -= self.blocks.blocks_for(req.max_tokens)   # taken now or owed
 
 
@@ -114,8 +114,8 @@ class TrtllmMaxUtilization(_TrtLlm):
     name = "trtllm_max_utilization"
     monotone_admission = True   # as vLLM v1: a stretch ends when blocks run out
 
-    def grow_started(self, batch: Batch, req, n: int) -> bool:
+    def grow_started(self, batch: Batch, req: Request, n: int) -> bool:
         return self.grow_or_preempt(batch, req, n)          # pause the newest started request
 
-    def fits_new(self, req) -> bool:
+    def fits_new(self, req: Request) -> bool:
         return True                                         # admit() checks the step's blocks

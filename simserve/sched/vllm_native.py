@@ -17,7 +17,7 @@ of the vLLM version they run, under any cluster and report. The same driver is t
 that ``benchmarks/vllm_oracle.py`` holds ``vllm_v1`` and ``priority`` to, step for step.
 
 The vLLM side sits behind :class:`Backend` (a handful of methods), so the driver is tested with a
-stand-in (tests/test_vllm_native.py) where vLLM is not installed. Learned from reading vLLM
+stand-in (tests/unit/test_vllm_native.py) where vLLM is not installed. Learned from reading vLLM
 0.32's ``vllm/v1/core/sched/scheduler.py`` (``schedule``, ``update_from_output``) and
 ``vllm/v1/engine/core.py`` (how the engine core builds the scheduler and its requests).
 """
@@ -29,7 +29,7 @@ import os
 import tempfile
 from collections import deque
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -156,8 +156,8 @@ class VllmNative(Scheduler):
     params_type = VllmNativeParams
     reserved_blocks = 1           # vLLM's block pool keeps block 0 back as its null block
 
-    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params=None, seed: int = 0,
-                 backend: Backend | None = None):
+    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params: Any = None,
+                 seed: int = 0, backend: Backend | None = None):
         super().__init__(limits, blocks, params, seed)
         if backend is None:
             backend = build_vllm_backend(BackendConfig(
@@ -248,7 +248,7 @@ class _BackendBlocks(BlockManager):
         self._backend = backend
         self.caches_prefixes = caches
 
-    @property   # type: ignore[override]
+    @property
     def num_free(self) -> int:
         return self._backend.num_free_blocks()
 

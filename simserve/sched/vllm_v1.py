@@ -68,7 +68,7 @@ class VllmV1(Scheduler):
 
     def _admit_waiting(self, batch: Batch) -> None:
         gate = self.limits.reserve_full_sequence
-        while self.waiting and not batch.full and len(self.running) < self.limits.max_num_seqs:
+        while self.may_admit(batch):
             req = self.waiting[0]
             # what is left after the cache hit (looked up only for a request with nothing
             # computed: one landing from a prefill replica brings its KV with it)

@@ -7,27 +7,30 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from simserve.workload.config import RequestClass, WorkloadConfig
 from simserve.workload.spec import RequestSpec
 from simserve.workload.synthetic import generate
-from simserve.workload.traces import load_trace
 
 __all__ = ["RequestClass", "RequestSpec", "WorkloadConfig", "build_workload"]
 
 log = logging.getLogger(__name__)
 
 
-def build_workload(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[RequestSpec]:
-    """The requests of ``cfg``, sorted by arrival then id, with ids 0..n-1 in that order.
+def build_workload(cfg: WorkloadConfig, seed: int, base_dir: Path) -> Sequence[RequestSpec]:
+    """The requests of ``cfg``, sorted by arrival then id, with ids 0..n-1 in that order (a
+    synthetic workload as columns, ``SpecColumns``: a sequence that makes each spec on
+    reading; a trace as a list).
 
     ``seed`` drives synthetic workloads (a trace replay ignores it); relative file paths in
     ``cfg`` are resolved against ``base_dir``, the scenario file's directory.
     """
     if cfg.trace is None:
         return generate(cfg, seed, Path(base_dir))
+    from simserve.workload.traces import load_trace   # (pandas: paid only by trace runs)
     trace = load_trace(cfg.trace, Path(base_dir))
     if trace.num_skipped:
         log.info("%s: skipped %d failed requests (zero output tokens)", cfg.trace.path,

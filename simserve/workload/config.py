@@ -92,7 +92,7 @@ class LengthDist:
     max: int | None = None
 
     @staticmethod
-    def from_fields(f: Fields) -> "LengthDist":
+    def from_fields(f: Fields) -> LengthDist:
         """Parse one distribution mapping such as ``{dist: uniform, low: 16, high: 512}``."""
         dist = f.str("dist", choices=tuple(DIST_PARAMS))
         kw: dict[str, Any] = {}
@@ -158,7 +158,7 @@ class JointLengths:
     chars_per_token: float = 4.0            # sharegpt: characters per estimated token
 
     @staticmethod
-    def from_fields(f: Fields) -> "JointLengths":
+    def from_fields(f: Fields) -> JointLengths:
         fmt = f.str("format", "csv", choices=LENGTH_FORMATS)
         if fmt == "csv":
             out = JointLengths(f.str("path"), f.str("prompt_column"), f.str("output_column"))
@@ -238,7 +238,7 @@ class RequestClass:
     e2el_ms: float | None = None
 
     @staticmethod
-    def from_fields(f: Fields, synthetic: bool) -> "RequestClass":
+    def from_fields(f: Fields, synthetic: bool) -> RequestClass:
         name = f.str("name")
         priority = f.int("priority", 0)
         if f.has("weight") and not synthetic:
@@ -307,7 +307,7 @@ class WorkloadConfig:
         return math.gcd(self.prefix_len, 512) if self.prefix_len else 512
 
     @staticmethod
-    def from_fields(f: Fields) -> "WorkloadConfig":
+    def from_fields(f: Fields) -> WorkloadConfig:
         """Parse and validate ``f`` (``Fields(raw, "workload")``); raises ConfigError."""
         kind = f.str("type", "trace" if f.has("trace") else "synthetic",
                      choices=("synthetic", "trace"))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, overload
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,3 +35,77 @@ class RequestSpec:
             raise ValueError(f"request {self.request_id}: num_output_tokens must be >= 1")
         if self.arrival_s < 0:
             raise ValueError(f"request {self.request_id}: arrival_s must be >= 0")
+
+
+class SpecColumns(Sequence[RequestSpec]):
+    """A synthetic workload's requests as columns, each :class:`RequestSpec` made when it is
+    read (about 30 bytes a request instead of some 250 for the objects: what lets a run of
+    millions of requests keep memory for the requests in flight only). Ids are 0..n-1 in
+    arrival order; ``hash_ids`` the one tuple every request shares (a synthetic shared prefix)
+    or None; ``classes`` the (priority, name) of each request class, ``klass`` each request's
+    index into it."""
+
+    __slots__ = ("arrival_s", "prompt", "output", "hash_ids", "klass", "classes")
+
+    def __init__(self, arrival_s: Sequence[float], prompt: Sequence[int],
+                 output: Sequence[int], hash_ids: tuple[int, ...] | None = None,
+                 klass: Sequence[int] | None = None,
+                 classes: Sequence[tuple[int, str]] = ()):
+        # array.array: reading an element gives a Python number at once (no numpy scalar)
+        self.arrival_s = _array("d", arrival_s)
+        self.prompt = _array("q", prompt)
+        self.output = _array("q", output)
+        self.hash_ids = hash_ids
+        self.klass = _array("i", klass) if klass is not None else None
+        self.classes = tuple(classes)
+        n = len(self.arrival_s)
+        if len(self.prompt) != n or len(self.output) != n or (
+                self.klass is not None and len(self.klass) != n):
+            raise ValueError("SpecColumns: columns of different lengths")
+        # the checks RequestSpec makes, on whole columns; the first bad row raises its error
+        for col, low in ((self.prompt, 1), (self.output, 1), (self.arrival_s, 0)):
+            if n and min(col) < low:
+                self[next(i for i, v in enumerate(col) if v < low)]
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @overload
+    def __getitem__(self, i: int) -> RequestSpec: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[RequestSpec]: ...
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if self.klass is None:
+            return RequestSpec(i, self.arrival_s[i], self.prompt[i], self.output[i],
+                               self.hash_ids)
+        priority, name = self.classes[self.klass[i]]
+        return RequestSpec(i, self.arrival_s[i], self.prompt[i], self.output[i], self.hash_ids,
+                           priority, name)
+
+    def __iter__(self) -> Iterator[RequestSpec]:
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (SpecColumns, list, tuple)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None   # type: ignore[assignment]   (mutable-sized like a list: unhashable)
+
+
+def _array(typecode: str, values: Any) -> array:
+    """``values`` (a NumPy array or any sequence) as an ``array.array``, copied as one block
+    when it is a NumPy array of the same item type."""
+    out = array(typecode)
+    dtype = getattr(values, "dtype", None)
+    if dtype is not None and dtype.kind in "fiu":
+        out.frombytes(values.astype(f"={typecode}", copy=False).tobytes())
+        return out
+    out.extend(values)
+    return out

@@ -8,6 +8,7 @@ distribution never reshuffles the others.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +17,10 @@ from simserve.errors import ConfigError
 from simserve.limits import MAX_SECONDS
 from simserve.workload.datasets import read_sharegpt, sample_in_order
 from simserve.workload.config import ArrivalConfig, LengthDist, WorkloadConfig
-from simserve.workload.spec import RequestSpec
-from simserve.workload.traces import read_length_columns, resolve_path
+from simserve.workload.spec import RequestSpec, SpecColumns
 
 
-def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[RequestSpec]:
+def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> Sequence[RequestSpec]:
     """Requests of a synthetic ``cfg``, ids 0..n-1 in arrival order."""
     assert cfg.arrival is not None, "generate() needs a synthetic workload"
     arrival_rng, prompt_rng, output_rng, class_rng = (
@@ -30,6 +30,8 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[RequestSpec
     if n and not arrival[-1] <= MAX_SECONDS:   # a heavy gamma tail can still overshoot
         raise ConfigError("workload.rate", f"the arrivals drawn span {arrival[-1]:.3g} s, more "
                                            f"than the {MAX_SECONDS:g} s a run can represent")
+    if cfg.lengths is not None:   # (traces.py imports pandas: only a run that reads files pays)
+        from simserve.workload.traces import read_length_columns, resolve_path
     if cfg.lengths is not None and cfg.lengths.format == "sharegpt":
         j = cfg.lengths
         prompts, outputs = read_sharegpt(resolve_path(j.path, base_dir, "workload.lengths.path"),
@@ -54,14 +56,13 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> list[RequestSpec
     if cfg.prefix_len:
         prompt = prompt + cfg.prefix_len
         shared = tuple(range(cfg.prefix_len // cfg.hash_block_tokens))
+    # as columns: each RequestSpec is made when the engine reads it (memory: workload/spec.py)
     if not cfg.classes:
-        return [RequestSpec(i, a, p, o, shared) for i, (a, p, o) in enumerate(
-            zip(arrival.tolist(), prompt.tolist(), output.tolist()))]
+        return SpecColumns(arrival, prompt, output, shared)
     weights = np.array([c.weight for c in cfg.classes])
     drawn = class_rng.choice(len(cfg.classes), size=n, p=weights / weights.sum())
-    return [RequestSpec(i, a, p, o, shared, cfg.classes[k].priority, cfg.classes[k].name)
-            for i, (a, p, o, k) in enumerate(
-                zip(arrival.tolist(), prompt.tolist(), output.tolist(), drawn.tolist()))]
+    return SpecColumns(arrival, prompt, output, shared, drawn,
+                       [(c.priority, c.name) for c in cfg.classes])
 
 
 def arrival_times(cfg: ArrivalConfig, rng: np.random.Generator) -> np.ndarray:
@@ -126,6 +127,7 @@ def sample_lengths(d: LengthDist, n: int, rng: np.random.Generator, base_dir: Pa
         cdf /= cdf[-1]
         x = np.searchsorted(cdf, rng.random(n), side="right") + 1
     elif d.dist == "empirical":
+        from simserve.workload.traces import read_length_columns, resolve_path
         (values,) = read_length_columns(resolve_path(d.path, base_dir, f"{field}.path"),
                                         (d.column,))
         x = values[rng.integers(0, len(values), size=n)]

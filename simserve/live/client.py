@@ -1,0 +1,208 @@
+"""The HTTP client for a live OpenAI-compatible streaming server, shared by replay and calibrate.
+
+What it does, and nothing more: check that an endpoint is a loopback URL, probe it (reachable,
+served model, engine version), build the deterministic prompt and request body of one request,
+and send one streamed ``/v1/completions`` request recording every token-carrying chunk into an
+:class:`Outcome`. Timing, pacing and tables belong to the callers (``replay``, ``calibrate``).
+The protocol is described in :mod:`simserve.live.replay`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from simserve.errors import SimserveError
+
+if TYPE_CHECKING:
+    from simserve.workload import RequestSpec
+
+FIRST_TOKEN_ID = 4           # ids below are special tokens in the usual tokenizers
+_PROMPT_STREAM = 0x7265706C  # "repl": the prompt ids' own stream beside the workload's
+WARMUP_IDS = 1 << 40         # prompt stream ids of warm-up requests
+
+
+class EndpointError(SimserveError):
+    """The endpoint cannot be used: not loopback, unreachable, or it refuses the warm-up."""
+
+
+# --------------------------------------------------------------------------------------------
+# Endpoint checks
+
+
+def check_endpoint_host(endpoint: str, allow_remote: bool = False) -> str:
+    """The endpoint without a trailing slash; refuse non-HTTP URLs and non-loopback hosts.
+
+    Only loopback targets are allowed by default (this machine's network policy): ``localhost``,
+    ``127.0.0.0/8`` and ``::1``. Host names other than ``localhost`` are not resolved.
+    """
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise EndpointError(f"--endpoint: expected http://HOST:PORT, got {endpoint!r}")
+    host = parts.hostname
+    if not allow_remote and not _is_loopback(host):
+        raise EndpointError(f"--endpoint: {host} is not a loopback address; only 127.0.0.1, "
+                            f"localhost or ::1 are replayed against unless --allow-remote is "
+                            f"given")
+    return endpoint.rstrip("/")
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+async def probe(session, endpoint: str, timeout: float) -> dict[str, Any]:
+    """Reachability (any HTTP answer counts), the served model and the engine version."""
+    import aiohttp
+    info: dict[str, Any] = {"model": None, "engine_version": None}
+    to = aiohttp.ClientTimeout(total=timeout)
+    try:
+        async with session.get(f"{endpoint}/health", timeout=to) as resp:
+            await resp.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        raise EndpointError(f"{endpoint}: unreachable ({_describe(e, timeout)}); is the server "
+                            f"running?") from None
+    for path, key in (("/v1/models", "model"), ("/version", "engine_version")):
+        try:
+            async with session.get(endpoint + path, timeout=to) as resp:
+                if resp.status != 200:
+                    continue
+                body = await resp.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+            continue
+        if key == "model" and isinstance(body, dict) and body.get("data"):
+            info["model"] = body["data"][0].get("id")
+        elif key == "engine_version" and isinstance(body, dict):
+            info["engine_version"] = body.get("version")
+    return info
+
+
+def _describe(e: BaseException, timeout: float | None = None) -> str:
+    if isinstance(e, asyncio.TimeoutError):
+        return f"timeout after {timeout:g} s" if timeout else "timeout"
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+# --------------------------------------------------------------------------------------------
+# Prompts
+
+
+def prompt_ids(seed: int, request_id: int, length: int, vocab: int) -> list[int]:
+    """``length`` random token ids in [4, vocab), from the request's own seeded stream."""
+    import numpy as np
+    rng = np.random.default_rng([seed, _PROMPT_STREAM, request_id])
+    return rng.integers(FIRST_TOKEN_ID, vocab, size=length).tolist()
+
+
+def request_body(model: str, prompt: list[int], num_output_tokens: int) -> dict[str, Any]:
+    return {
+        "model": model, "prompt": prompt,
+        "max_tokens": num_output_tokens, "min_tokens": num_output_tokens, "ignore_eos": True,
+        "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# One request
+
+
+@dataclass
+class Outcome:
+    """What one request saw. Times are seconds since the replay's start."""
+
+    spec: RequestSpec
+    sent_s: float = math.nan
+    chunk_times: list[float] = field(default_factory=list)   # chunks carrying >= 1 token
+    chunk_tokens: list[int] = field(default_factory=list)
+    usage_output_tokens: int | None = None
+    cached_tokens: int = 0
+    http_status: int | None = None
+    error: str = ""
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.chunk_tokens)
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.num_tokens > 0
+
+
+def _chunk_token_count(choice: dict[str, Any]) -> int:
+    """Tokens carried by one streamed choice: its token ids, or one per non-empty text."""
+    ids = choice.get("token_ids")
+    if ids is not None:
+        return len(ids)
+    return 1 if choice.get("text") else 0
+
+
+async def send(session, url: str, body: dict[str, Any], out: Outcome, t0: float,
+               timeout: float) -> None:
+    """POST ``body`` to ``url`` and stream the answer into ``out`` (times since ``t0`` on
+    ``time.perf_counter``). Never raises for a failed request: the error is ``out.error``."""
+    import aiohttp
+    out.sent_s = time.perf_counter() - t0
+    try:
+        async with session.post(url, json=body,
+                                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            out.http_status = resp.status
+            if resp.status != 200:
+                text = (await resp.text())[:200].replace("\n", " ").strip()
+                out.error = f"HTTP {resp.status}" + (f": {text}" if text else "")
+                return
+            async for raw in resp.content:
+                now = time.perf_counter() - t0
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                try:
+                    msg = json.loads(data)
+                except ValueError:
+                    out.error = f"bad stream chunk: {data[:80]!r}"
+                    return
+                if "error" in msg and not msg.get("choices"):
+                    err = msg["error"]
+                    out.error = "stream error: " + str(
+                        err.get("message", err) if isinstance(err, dict) else err)[:200]
+                    return
+                for choice in msg.get("choices") or ():
+                    n = _chunk_token_count(choice)
+                    if n:
+                        out.chunk_times.append(now)
+                        out.chunk_tokens.append(n)
+                usage = msg.get("usage")
+                if usage:
+                    out.usage_output_tokens = usage.get("completion_tokens")
+                    details = usage.get("prompt_tokens_details") or {}
+                    out.cached_tokens = int(details.get("cached_tokens") or 0)
+    except asyncio.TimeoutError:
+        out.error = f"timeout after {timeout:g} s"
+    except (aiohttp.ClientError, OSError) as e:
+        out.error = _describe(e)
+    if not out.error and out.num_tokens == 0:
+        out.error = "stream ended without tokens"
+
+
+def load_average() -> list[float] | None:
+    """This (client) machine's load averages, recorded beside live measurements; None off Unix."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None

@@ -1,0 +1,372 @@
+"""Capacity planning: the highest request rate a deployment serves within its SLOs.
+
+DistServe's goodput: the largest arrival rate at which the fraction of requests meeting every SLO
+(``slo_attainment``) stays at or above the target ``slo.attainment`` — and every run-level
+criterion the SLO gives holds (``slo.tbt_ms``: a percentile of all inter-token gaps, Sarathi-Serve's
+P99 TBT; ``slo.scheduling_delay_ms``: its median scheduling delay; ``slo.normalized_latency_ms``:
+the vLLM/Orca papers' mean normalized latency). Meeting the SLO is assumed to get harder as
+the rate grows; the search is
+
+1. *bracket* with one seed: from the scenario's rate, double until the target is missed (or
+   halve until it is met);
+2. *confirm* the passing end with every seed (halving again if a seed misses);
+3. *bisect* (geometric midpoints), every probe with every seed, until
+   ``(fail - pass) / pass <= tolerance``. The answer is the passing end: under the assumption,
+   the true knee lies in ``[answer, answer * (1 + tolerance))``.
+
+Seeds are aggregated by their **minimum** (a rate passes only if every seed meets the target, so
+a probe stops at its first missing seed); the spread (min/mean/max over seeds) at the answer is
+reported. ``num_requests`` stays fixed while the rate moves, so every probe sends the same work.
+
+The fewest replicas for a target rate is a search over ``cluster.replicas`` at that rate (same
+seeds and aggregation), starting from the per-replica capacity found above.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from simserve.config import Scenario, load_scenario
+from simserve.errors import ConfigError, SimserveError
+from simserve.limits import MAX_REPLICAS, MAX_SECONDS
+
+PROBE_METRICS = (
+    "slo_attainment", "num_requests", "num_good", "completed", "num_rejected", "request_throughput",
+    "request_goodput", "output_throughput", "duration_s",
+    "median_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p90_tpot_ms",
+    "p99_tpot_ms", "median_e2el_ms", "p90_e2el_ms", "p99_e2el_ms", "total_preemptions",
+    "latency_model",
+)
+MAX_STEPS = 30          # doublings/halvings before the bracket search gives up
+MIN_TOLERANCE = 1e-3    # bisection to a narrower bracket would outlast float precision
+MAX_SEEDS = 100         # runs per probe
+
+
+@dataclass
+class CapacityResult:
+    """The answer and every probe that supports it (``probes``: one row per run)."""
+
+    scenario: str
+    policy: str
+    target_attainment: float
+    max_rate: float                 # req/s for the whole cluster (the passing end)
+    first_failing_rate: float       # the failing end of the final bracket
+    tolerance: float
+    seeds: list[int]
+    replicas: int
+    tensor_parallel_size: int
+    spread: dict                    # attainment over seeds at max_rate: min, mean, max
+    probes: pd.DataFrame
+    target_rate: float | None = None
+    replicas_needed: int | None = None
+    aggregate: str = "min"
+    slo: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    data_parallel_size: int = 1     # DP + EP (#18): ranks of a replica, each TP GPUs
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tensor_parallel_size * self.data_parallel_size
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.gpus_per_replica
+
+    @property
+    def per_gpu_rate(self) -> float:
+        return self.max_rate / self.gpus
+
+    def rate_table(self) -> pd.DataFrame:
+        """Rate → attainment over the seeds run there, at the scenario's replica count."""
+        p = self.probes[self.probes["replicas"] == self.replicas]
+        g = p.groupby("rate")["slo_attainment"]
+        table = pd.DataFrame({"seeds": g.size(), "min": g.min(), "mean": g.mean(),
+                              "max": g.max()})
+        table["meets target"] = p.groupby("rate")["slo_met"].all()
+        table.index = [f"{r:.4g}" for r in table.index]
+        table.index.name = "rate (req/s)"
+        return table
+
+    def table(self) -> str:
+        """The answer in words, with the runs that support it."""
+        slo = ", ".join(f"{k} ≤ {v:g}" for k, v in self.slo.items() if v is not None)
+        lines = [
+            f"capacity of {self.scenario}: SLO {slo}, target attainment "
+            f"{self.target_attainment:.0%} ({self.aggregate} over {len(self.seeds)} seeds)",
+            "",
+            self.rate_table().to_string(float_format=lambda x: f"{x:.3f}"),
+            "",
+            f"max rate: {self.max_rate:.3g} req/s "
+            f"(target missed at {self.first_failing_rate:.3g} req/s; tolerance "
+            f"{self.tolerance:.0%})",
+            f"attainment at max rate over seeds: min {self.spread['min']:.3f}, "
+            f"mean {self.spread['mean']:.3f}, max {self.spread['max']:.3f}",
+            f"per GPU: {self.per_gpu_rate:.3g} req/s ({self.replicas} replica(s) × TP "
+            f"{self.tensor_parallel_size}"
+            + (f" × DP {self.data_parallel_size}" if self.data_parallel_size > 1 else "")
+            + f" = {self.gpus} GPU(s))",
+        ]
+        if self.target_rate is not None:
+            need = (f"{self.replicas_needed} replica(s) = "
+                    f"{self.replicas_needed * self.gpus_per_replica} GPU(s)"
+                    if self.replicas_needed is not None else "not found (see notes)")
+            lines.append(f"replicas for {self.target_rate:g} req/s: {need}")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {
+            "scenario": self.scenario, "policy": self.policy, "slo": self.slo,
+            "target_attainment": self.target_attainment, "max_rate": self.max_rate,
+            "first_failing_rate": self.first_failing_rate, "per_gpu_rate": self.per_gpu_rate,
+            "replicas": self.replicas, "tensor_parallel_size": self.tensor_parallel_size,
+            "gpus": self.gpus, "tolerance": self.tolerance, "seeds": self.seeds,
+            "aggregate": self.aggregate, "spread": self.spread, "target_rate": self.target_rate,
+            "replicas_needed": self.replicas_needed, "notes": self.notes,
+            **({"data_parallel_size": self.data_parallel_size}
+               if self.data_parallel_size > 1 else {}),
+        }
+
+    def save(self, out: str | Path) -> Path:
+        """Write ``capacity.json`` (the answer) and ``probes.csv`` (every run)."""
+        out = Path(out)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
+        (out / "capacity.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        self.probes.to_csv(out / "probes.csv", index=False, float_format="%.9g")
+        return out
+
+
+Log = Callable[[str], None]
+
+
+class _Prober:
+    """Runs (rate, replicas, seed) probes once each and keeps every row."""
+
+    def __init__(self, base: Scenario, seeds: list[int], log: Log, bar: Any = None):
+        self.base, self.seeds, self.bar = base, seeds, bar
+        if bar is not None:     # log lines printed around the bar, not through it
+            def log_beside_bar(line: str) -> None:
+                with bar.external_write_mode():
+                    log(line)
+            self.log = log_beside_bar
+        else:
+            self.log = log
+        self.rows: list[dict] = []
+        self.cache: dict[tuple, dict] = {}
+
+    def attainment(self, rate: float, replicas: int, seed: int, phase: str) -> float:
+        from simserve.runner import run
+        key = (rate, replicas, seed)
+        if key not in self.cache:
+            summary = run(with_rate(self.base, rate, replicas, seed)).summary
+            row = {"phase": phase, "rate": rate, "replicas": replicas, "seed": seed,
+                   **{m: summary.get(m) for m in PROBE_METRICS}}
+            # met: the attainment target and every run-level criterion (slo.AGGREGATES)
+            row["slo_met"] = bool(summary.get("slo_met"))
+            for k in ("slo_tbt_ms", "slo_scheduling_delay_ms", "slo_normalized_latency_ms"):
+                if k in summary:
+                    row[k] = summary[k]
+            self.cache[key] = row
+            self.rows.append(row)
+            extra = "".join(f", {k[4:-3].replace('_', ' ')} {row[k]:.1f} ms"
+                            for k in ("slo_tbt_ms", "slo_scheduling_delay_ms",
+                                      "slo_normalized_latency_ms") if k in row)
+            if self.bar is not None:
+                self.bar.update(1)
+            self.log(f"  {phase:8s} rate {rate:9.4g} req/s  replicas {replicas:3d}  seed {seed}: "
+                     f"attainment {row['slo_attainment']:.3f}{extra} "
+                     f"({'meets' if row['slo_met'] else 'misses'} target)")
+        return self.cache[key]["slo_attainment"]
+
+    def met(self, rate: float, replicas: int, seed: int, phase: str) -> bool:
+        self.attainment(rate, replicas, seed, phase)
+        return self.cache[(rate, replicas, seed)]["slo_met"]
+
+    def passes(self, rate: float, replicas: int, phase: str, all_seeds: bool = True) -> bool:
+        """Every seed meets the SLO (attainment ≥ target and the run-level criteria); stops at
+        the first seed that misses."""
+        for seed in self.seeds if all_seeds else self.seeds[:1]:
+            if not self.met(rate, replicas, seed, phase):
+                return False
+        return True
+
+
+def with_rate(s: Scenario, rate: float, replicas: int | None = None,
+              seed: int | None = None) -> Scenario:
+    """The scenario at another arrival rate (and replica count, seed); num_requests kept."""
+    w = s.workload
+    if w.trace is not None:
+        w = dataclasses.replace(w, trace=dataclasses.replace(w.trace, rate=rate, time_scale=1.0))
+    else:
+        w = dataclasses.replace(w, arrival=dataclasses.replace(w.arrival, rate=rate))
+    changes = {"workload": w}
+    if replicas is not None:
+        changes["cluster"] = dataclasses.replace(s.cluster, replicas=replicas)
+    if seed is not None:
+        changes["seed"] = seed
+    return s.replace(**changes)
+
+
+def _prepare(s: Scenario, notes: list[str]) -> tuple[Scenario, float]:
+    """Check the scenario can be searched over rate; fix num_requests; the start rate."""
+    if s.slo.is_empty:
+        raise ConfigError("slo", "capacity planning needs an SLO: give slo.ttft_ms, "
+                                 "slo.tpot_ms, slo.e2el_ms, slo.tbt_ms, "
+                                 "slo.scheduling_delay_ms and/or slo.normalized_latency_ms")
+    w = s.workload
+    if w.trace is not None:
+        if w.trace.rate is None:
+            raise ConfigError("workload.rate", "capacity planning rescales a trace by its mean "
+                                               "rate: give workload.rate (a starting rate)")
+        return s, w.trace.rate
+    a = w.arrival
+    if a.rate is None or a.rate == math.inf:
+        raise ConfigError("workload.arrival", "capacity planning needs a finite arrival rate; "
+                                              "arrival: burst and rate: inf have none")
+    if a.num_requests is None:
+        # a fixed duration would send more requests at higher rates; fix the count instead
+        n = max(1, round(a.rate * a.duration_s))
+        notes.append(f"workload.duration {a.duration_s:g} s at {a.rate:g} req/s replaced by "
+                     f"num_requests {n}, fixed while the rate is searched")
+        arrival = dataclasses.replace(a, num_requests=n, duration_s=None)
+        s = s.replace(workload=dataclasses.replace(w, arrival=arrival))
+    return s, a.rate
+
+
+def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = None,
+             tolerance: float = 0.05, seeds: int = 3, overrides: Sequence[str] | None = None,
+             max_replicas: int = 256, log: Log | None = None,
+             progress: bool = False) -> CapacityResult:
+    """Find the highest rate meeting the SLO attainment target (and, given ``target_rate``,
+    the fewest replicas that serve it). ``log`` gets one line per probe; ``progress`` shows
+    a bar counting probes on stderr (a bisection's length is not known ahead: no ETA)."""
+    # a bracket narrower than 1e-3 needs bisection steps past float precision (never ends)
+    if not MIN_TOLERANCE <= tolerance < 1:
+        raise ConfigError("tolerance", f"must be in [{MIN_TOLERANCE:g}, 1), got {tolerance:g}")
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise ConfigError("seeds", f"must be >= 1 and <= {MAX_SEEDS}, got {seeds}")
+    if target_rate is not None and not 0 < target_rate < math.inf:
+        raise ConfigError("target_rate", f"must be > 0 and finite, got {target_rate:g}")
+    if not 1 <= max_replicas <= MAX_REPLICAS:
+        raise ConfigError("max_replicas", f"must be >= 1 and <= {MAX_REPLICAS}, got "
+                                          f"{max_replicas}")
+    s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
+    notes: list[str] = []
+    s, start = _prepare(s, notes)
+    seed_list = [s.seed + k for k in range(seeds)]
+    if s.workload.trace is not None and seeds > 1:
+        notes.append("a trace replays the same requests whatever the seed: one seed used")
+        seed_list = seed_list[:1]
+    probes = None
+    if progress:
+        from simserve.progress import bar
+        probes = bar(None, "capacity", "probe")
+    prober = _Prober(s, seed_list, log or (lambda line: None), probes)
+    replicas = s.cluster.replicas
+
+    lo, hi = _bracket(prober, start, replicas, s.workload)
+    for _ in range(MAX_STEPS):
+        if prober.passes(lo, replicas, "confirm"):
+            break
+        lo, hi = lo / 2, lo                                 # a later seed misses: step down
+    else:
+        raise SimserveError(f"capacity: some seed misses the target even at {lo:.3g} req/s")
+    while (hi - lo) / lo > tolerance:
+        mid = math.sqrt(lo * hi)
+        if prober.passes(mid, replicas, "bisect"):
+            lo = mid
+        else:
+            hi = mid
+    spread_at = [prober.cache[(lo, replicas, seed)]["slo_attainment"] for seed in prober.seeds]
+    spread = {"min": min(spread_at), "mean": sum(spread_at) / len(spread_at),
+              "max": max(spread_at)}
+
+    needed = None
+    if target_rate is not None:
+        needed = _fewest_replicas(prober, target_rate, lo / replicas, max_replicas)
+        if needed is None:
+            notes.append(f"{max_replicas} replicas do not serve {target_rate:g} req/s within "
+                         f"the SLO (raise max_replicas, or the SLO cannot be met at any size)")
+
+    if probes is not None:
+        probes.close()
+    return CapacityResult(
+        scenario=s.name, policy=s.policy, target_attainment=s.slo.attainment, max_rate=lo,
+        first_failing_rate=hi, tolerance=tolerance, seeds=prober.seeds, replicas=replicas,
+        tensor_parallel_size=s.engine.tensor_parallel_size, spread=spread,
+        probes=pd.DataFrame(prober.rows, columns=["phase", "rate", "replicas", "seed",
+                                                  *PROBE_METRICS, "slo_met"]),
+        target_rate=target_rate, replicas_needed=needed,
+        slo={k: v for k, v in s.slo.to_dict().items() if k != "attainment"}, notes=notes,
+        data_parallel_size=s.engine.data_parallel_size)
+
+
+def _bracket(prober: _Prober, rate: float, replicas: int, workload) -> tuple[float, float]:
+    """(passing rate, failing rate) a factor 2 apart, probing the first seed only."""
+    if prober.passes(rate, replicas, "bracket", all_seeds=False):
+        for _ in range(MAX_STEPS):
+            if not prober.passes(rate * 2, replicas, "bracket", all_seeds=False):
+                return rate, rate * 2
+            rate *= 2
+        n = _num_requests(workload)
+        raise SimserveError(
+            f"capacity: SLO attainment still meets the target at {rate:.3g} req/s, where the "
+            f"{n} requests arrive almost at once; raise workload.num_requests or tighten the SLO")
+    for _ in range(MAX_STEPS):
+        n = _num_requests(workload)
+        if isinstance(n, int) and (n - 1) / (rate / 2) > MAX_SECONDS:
+            break                     # slower still would not fit a run's clock
+        if prober.passes(rate / 2, replicas, "bracket", all_seeds=False):
+            return rate / 2, rate
+        rate /= 2
+    raise SimserveError(
+        f"capacity: SLO attainment is below the target even at {rate / 2:.3g} req/s, where "
+        f"requests rarely overlap; the SLO cannot be met by this deployment (check the limits "
+        f"against one request's latency)")
+
+
+def _num_requests(workload) -> int | str:
+    if workload.trace is not None:
+        return workload.trace.num_requests or "trace's"
+    return workload.arrival.num_requests
+
+
+def _fewest_replicas(prober: _Prober, rate: float, per_replica: float,
+                     max_replicas: int) -> int | None:
+    """The smallest replica count whose run at ``rate`` meets the target (integer bisection
+    between a failing and a passing count; 0 replicas fails by definition)."""
+    guess = min(max(1, math.ceil(rate / per_replica)), max_replicas)
+    if prober.passes(rate, guess, "replicas"):
+        # the guess is usually right: check one fewer before bisecting below it
+        if guess == 1 or not prober.passes(rate, guess - 1, "replicas"):
+            return guess
+        lo, hi = 0, guess - 1
+    else:
+        lo, hi = guess, None
+        while hi is None:
+            if lo >= max_replicas:
+                return None
+            n = min(lo * 2, max_replicas)
+            if prober.passes(rate, n, "replicas"):
+                hi = n
+            else:
+                lo = n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if prober.passes(rate, mid, "replicas"):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+

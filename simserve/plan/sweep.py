@@ -1,0 +1,360 @@
+"""Sweeps: one base scenario, a grid of field values, one table row per point.
+
+A sweep file (``simserve sweep grid.yaml``)::
+
+    base: ../scenarios/quickstart.yaml    # relative to this file; or an inline `scenario:` mapping
+    set: {workload.num_requests: 300}     # optional: fixed changes to the base
+    grid:                                 # cartesian product, the last field varies fastest
+      scheduler.policy: [vllm_v1, sarathi]
+      workload.rate: [4, 8, 12]
+    zip:                                  # optional: lists advanced together (one more axis,
+      engine.max_num_seqs: [64, 128]      # innermost), all of the same length
+      engine.max_num_batched_tokens: [2048, 4096]
+
+Every point's scenario is validated before any runs, so a misspelt field fails at once with one
+message. Points run in processes (default), in this process (``workers=1``), or on a Ray
+cluster; the table is ordered by point index whatever finished first, so it is deterministic.
+A point that fails at run time gets its message in the ``error`` column; the others still run.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import itertools
+import json
+import os
+import socket
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from simserve.config import Scenario, apply_overrides, load_yaml, parse_scenario, set_field
+from simserve.errors import ConfigError, SimserveError
+from simserve.fields import Fields
+from simserve.paths import rebase_paths, rebase_value
+
+EXECUTORS = ("local", "ray")
+# Columns every sweep table has besides the point's own fields and the summary metrics.
+META_COLUMNS = ("point", "policy", "offered_rate", "error")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A base scenario mapping (raw, not yet validated) and the fields to vary."""
+
+    name: str
+    base: dict
+    base_dir: Path
+    grid: dict[str, list]
+    zip: dict[str, list]
+
+    @property
+    def fields(self) -> list[str]:
+        return [*self.grid, *self.zip]
+
+    def points(self) -> list[dict[str, Any]]:
+        return expand(self.grid, self.zip)
+
+    def scenarios(self) -> list[Scenario]:
+        """Every point's validated scenario; the first bad one raises, naming point and field."""
+        out = []
+        for i, point in enumerate(self.points()):
+            raw = copy.deepcopy(self.base)
+            where = ", ".join(f"{k}={v!r}" for k, v in point.items())
+            try:
+                for key, value in point.items():
+                    set_field(raw, key, value)
+                s = parse_scenario(raw, base_dir=self.base_dir, name=self.name)
+            except ConfigError as e:
+                raise ConfigError(e.field, f"{e.message} (in sweep point {i}: {where})") from None
+            out.append(s)
+        return out
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "scenario": self.base, "grid": self.grid, "zip": self.zip}
+
+
+def expand(grid: dict[str, list], zip_: dict[str, list] | None = None) -> list[dict[str, Any]]:
+    """The points of a sweep: the cartesian product of ``grid`` (last field fastest) times the
+    rows of ``zip_`` (its lists advanced together, as the innermost axis)."""
+    zip_ = zip_ or {}
+    _check_axes(grid, zip_)
+    zip_rows = [dict(zip(zip_, values)) for values in zip(*zip_.values())] or [{}]
+    points = []
+    for combo in itertools.product(*grid.values()):
+        for row in zip_rows:
+            points.append({**dict(zip(grid, combo)), **row})
+    return points
+
+
+def _check_axes(grid: Any, zip_: Any) -> None:
+    for section, axes in (("grid", grid), ("zip", zip_)):
+        if not isinstance(axes, dict):
+            raise ConfigError(section, "expected a mapping of FIELD: [values]")
+        for key, values in axes.items():
+            if not isinstance(key, str) or not key.strip():
+                raise ConfigError(section, f"field names must be dotted paths, got {key!r}")
+            if not isinstance(values, list) or not values:
+                raise ConfigError(f"{section}.{key}", "expected a non-empty list of values")
+    both = sorted(set(grid) & set(zip_))
+    if both:
+        raise ConfigError(f"zip.{both[0]}", "is also in grid; give each field in one place")
+    lengths = {key: len(values) for key, values in zip_.items()}
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{k} has {n}" for k, n in lengths.items())
+        raise ConfigError("zip", f"lists must all have the same length: {listed}")
+    if not grid and not zip_:
+        raise ConfigError("grid", "nothing to sweep: give grid: and/or zip: with lists of values")
+
+
+def load_sweep(path: str | Path, overrides: Sequence[str] | None = None) -> SweepSpec:
+    """Read a sweep file; ``overrides`` (``FIELD=VALUE``) apply to its base scenario."""
+    path = Path(path)
+    raw = load_yaml(path)
+    f = Fields(raw, "")
+    if f.has("base") == f.has("scenario"):
+        raise ConfigError("base", "give either base: (a scenario file) or scenario: (inline), "
+                                  "exactly one")
+    if f.has("base"):
+        base_path = path.parent / f.str("base")
+        base, base_dir = load_yaml(base_path), base_path.parent
+    else:
+        base, base_dir = f.any("scenario"), path.parent
+    name = f.str("name", path.stem)
+    fixed = f.any("set", {})
+    grid, zip_ = f.any("grid", {}), f.any("zip", {})
+    f.done()
+    return make_spec(base, grid, zip_, base_dir=base_dir, name=name, fixed=fixed,
+                     overrides=overrides)
+
+
+def make_spec(base: dict | Scenario | str | Path, grid: dict | None = None,
+              zip_: dict | None = None, *, base_dir: Path | None = None, name: str | None = None,
+              fixed: dict | None = None, overrides: Sequence[str] | None = None) -> SweepSpec:
+    """A SweepSpec from a base (scenario mapping, Scenario or scenario file) and axes."""
+    if isinstance(base, Scenario):
+        if base.source is None:
+            raise ConfigError("scenario", f"{base.name}: a scenario changed with replace() "
+                                          "cannot be swept; sweep the file or mapping it came "
+                                          "from, with the change as fixed= (or set: in a file)")
+        name = name or base.name
+        base_dir = base_dir or base.base_dir
+        base = base.source
+    elif isinstance(base, (str, Path)):
+        path = Path(base)
+        base_dir = base_dir or path.parent
+        name = name or path.stem
+        base = load_yaml(path)
+    if not isinstance(base, dict):
+        raise ConfigError("scenario", "the base scenario must be a mapping of sections")
+    if "compare" in base:
+        raise ConfigError("compare", "a sweep's base scenario cannot have compare:; put the "
+                                     "field in the grid instead")
+    base = copy.deepcopy(base)
+    if not isinstance(fixed or {}, dict):
+        raise ConfigError("set", "expected a mapping of FIELD: VALUE")
+    for key, value in (fixed or {}).items():
+        set_field(base, key, value)
+    apply_overrides(base, list(overrides or []))
+    _check_axes(grid or {}, zip_ or {})
+    grid, zip_ = dict(grid or {}), dict(zip_ or {})
+    return SweepSpec(name or base.get("name", "sweep"), base, Path(base_dir or "."), grid, zip_)
+
+
+# --- running ----------------------------------------------------------------------------------
+
+def _run_point(scenario: Scenario) -> tuple[dict | None, str | None]:
+    """Run one point; any failure becomes its message (the sweep goes on)."""
+    from simserve.runner import run
+    try:
+        summary = run(scenario).summary
+    except SimserveError as e:        # bad input: its message names the field already
+        return None, str(e)
+    except Exception as e:  # noqa: BLE001 - recorded in the table, never fatal to the sweep
+        return None, f"{type(e).__name__}: {e}"
+    summary = dict(summary)
+    summary.pop("warnings", None)
+    summary["rejected_by_reason"] = json.dumps(summary.get("rejected_by_reason") or {},
+                                               sort_keys=True)
+    return summary, None
+
+
+Done = Callable[[int, bool], None]   # (point index, failed) after each point finishes
+
+
+def run_scenarios(scenarios: Sequence[Scenario], executor: str = "local", *,
+                  workers: int | None = None, address: str | None = None,
+                  on_done: Done | None = None) -> list[tuple[dict | None, str | None]]:
+    """``(summary, error)`` for each scenario, in input order."""
+    if executor not in EXECUTORS:
+        raise ConfigError("executor", f"unknown executor {executor!r}; expected one of: "
+                                      f"{', '.join(EXECUTORS)}")
+    # Relative paths (traces, profiles) must not depend on a worker's working directory.
+    scenarios = [s.replace(base_dir=s.base_dir.resolve()) for s in scenarios]
+    on_done = on_done or (lambda i, failed: None)
+    if executor == "ray":
+        return _map_ray(scenarios, address, on_done)
+    workers = min(workers or os.cpu_count() or 1, len(scenarios))
+    results: list = [None] * len(scenarios)
+    if workers <= 1:
+        for i, s in enumerate(scenarios):
+            results[i] = _run_point(s)
+            on_done(i, results[i][1] is not None)
+        return results
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(_run_point, s): i for i, s in enumerate(scenarios)}
+        for future in as_completed(futures):
+            i = futures[future]
+            try:
+                results[i] = future.result()
+            except Exception as e:  # noqa: BLE001 - a worker died (memory, signal)
+                results[i] = (None, f"{type(e).__name__}: {e}")
+            on_done(i, results[i][1] is not None)
+    return results
+
+
+def _map_ray(scenarios: list[Scenario], address: str | None, on_done: Done) -> list:
+    try:
+        import ray
+    except ImportError:
+        raise SimserveError("executor 'ray' needs the ray package: "
+                            "pip install 'simserve[ray]'") from None
+    own = not ray.is_initialized()   # a cluster the caller connected to is left running
+    if own:
+        _check_reachable(address)
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                     logging_level="ERROR")
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise SimserveError(f"ray: cannot start or reach a cluster at "
+                                f"{address or 'local'}: {e}") from None
+    try:
+        task = ray.remote(_run_point)
+        pending = {task.remote(s): i for i, s in enumerate(scenarios)}
+        results: list = [None] * len(scenarios)
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                i = pending.pop(ref)
+                try:
+                    results[i] = ray.get(ref)
+                except Exception as e:  # noqa: BLE001 - a task lost with its worker or node
+                    results[i] = (None, f"{type(e).__name__}: {e}")
+                on_done(i, results[i][1] is not None)
+        return results
+    finally:
+        if own:
+            ray.shutdown()
+
+
+def _check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
+    """Fail fast on a HOST:PORT nobody answers at (ray.init would retry for minutes)."""
+    if not address or address in ("auto", "local"):
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return            # some other form ray understands; let it decide
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise SimserveError(f"ray: no cluster answers at {address} ({e.strerror or e})") from None
+
+
+def sweep(base: SweepSpec | Scenario | dict | str | Path, grid: dict | None = None,
+          zip: dict | None = None, *, fixed: dict | None = None,
+          overrides: Sequence[str] | None = None, executor: str = "local",
+          workers: int | None = None, address: str | None = None,
+          progress: bool = False) -> pd.DataFrame:
+    """Run a sweep and return its table: one row per point, ordered by point index.
+
+    ``base`` is a sweep file (when ``grid`` and ``zip`` are not given), a scenario file, a
+    Scenario, a scenario mapping, or a SweepSpec. Columns: ``point``, the varied fields,
+    ``policy`` and ``offered_rate`` (resolved per point), ``error`` (None when the point ran),
+    then every summary metric of docs/metrics.md.
+    """
+    if isinstance(base, SweepSpec):
+        spec = base
+    elif grid is None and zip is None and isinstance(base, (str, Path)):
+        spec = load_sweep(base, overrides)
+    else:
+        spec = make_spec(base, grid, zip, fixed=fixed, overrides=overrides)
+    scenarios = spec.scenarios()
+    if not progress:
+        outcomes = run_scenarios(scenarios, executor, workers=workers, address=address)
+        return sweep_table(spec, scenarios, outcomes)
+    from simserve.progress import bar
+    with bar(len(scenarios), "sweep", "point") as points:
+        failures = 0
+
+        def done(index: int, failed: bool) -> None:
+            nonlocal failures
+            failures += failed
+            if failed:
+                points.set_postfix(failed=failures, refresh=False)
+            points.update(1)
+        outcomes = run_scenarios(scenarios, executor, workers=workers, address=address,
+                                 on_done=done)
+    return sweep_table(spec, scenarios, outcomes)
+
+
+def sweep_table(spec: SweepSpec, scenarios: Sequence[Scenario],
+                outcomes: Sequence[tuple[dict | None, str | None]]) -> pd.DataFrame:
+    metrics: list[str] = []
+    for summary, _ in outcomes:
+        if summary is not None:
+            metrics = list(summary)
+            break
+    rows = []
+    for i, (point, s, (summary, error)) in enumerate(zip(spec.points(), scenarios, outcomes)):
+        row = {"point": i, **point, "policy": s.policy, "offered_rate": offered_rate(s),
+               "error": error}
+        row.update({m: (summary or {}).get(m) for m in metrics})
+        rows.append(row)
+    columns = ["point", *spec.fields, "policy", "offered_rate", "error", *metrics]
+    return pd.DataFrame(rows, columns=list(dict.fromkeys(columns)))
+
+
+def offered_rate(s: Scenario) -> float | None:
+    """The mean arrival rate asked for (req/s), or None (burst, or a trace's own clock)."""
+    w = s.workload
+    if w.trace is not None:
+        return w.trace.rate
+    return w.arrival.rate if w.arrival is not None else None
+
+
+def save_sweep(table: pd.DataFrame, spec: SweepSpec, out: str | Path) -> Path:
+    """Write ``sweep.csv`` (and ``sweep.parquet`` when pyarrow is installed) and
+    ``sweep.yaml`` (the base scenario and axes, to rerun or to label the report)."""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
+    table.to_csv(out / "sweep.csv", index=False, float_format="%.9g")
+    if importlib.util.find_spec("pyarrow") is not None:   # optional, never a dependency
+        _nested_as_json(table).to_parquet(out / "sweep.parquet", index=False)
+    # paths relative to `out`, so `simserve sweep OUT/sweep.yaml` reruns the same points
+    d = spec.to_dict()
+    d["scenario"] = rebase_paths(d["scenario"], spec.base_dir, out)
+    for axes in ("grid", "zip"):
+        d[axes] = {k: [rebase_value(k, v, spec.base_dir, out) for v in values]
+                   for k, values in d[axes].items()}
+    (out / "sweep.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+    return out
+
+
+def _nested_as_json(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with mappings and lists (``failed_by_reason``, per-class figures) as JSON
+    text: Parquet cannot store an empty mapping, and a column's mappings differ in keys."""
+    nested = [c for c in table.columns if table[c].dtype == object
+              and any(isinstance(v, (dict, list)) for v in table[c])]
+    if not nested:
+        return table
+    return table.assign(**{c: [json.dumps(v, sort_keys=True) if isinstance(v, (dict, list))
+                               else v for v in table[c]] for c in nested})

@@ -1,0 +1,1 @@
+"""integration tests (see tests/README.md)."""

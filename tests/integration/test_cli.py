@@ -1,0 +1,172 @@
+"""The command line: happy paths, and bad input giving one clear message and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simserve.cli import main
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(args, capsys):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_run_writes_outputs_and_prints_table(tmp_path, capsys):
+    code, out, err = run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "r"], capsys)
+    assert code == 0, err
+    assert "Serving Benchmark Result" in out or "simserve: tiny" in out
+    assert "Successful requests:" in out
+    for name in ("scenario.yaml", "requests.csv", "steps.csv", "summary.json"):
+        assert (tmp_path / "r" / name).is_file()
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["num_requests"] == 60
+    assert summary["completed"] + summary["num_rejected"] == 60
+
+
+def test_tokens_file_gives_exact_itl(tmp_path, capsys):
+    import numpy as np
+    import pandas as pd
+    assert run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path, "--quiet", "--tokens"],
+                   capsys)[0] == 0
+    tokens = pd.read_csv(tmp_path / "tokens.csv")
+    requests = pd.read_csv(tmp_path / "requests.csv")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    done = requests[requests.status == "finished"]
+    assert len(tokens) == done.num_output_tokens.sum()
+    gaps = np.concatenate([np.diff(g.time_s.to_numpy()) for _, g in tokens.groupby("request_id")])
+    assert gaps.mean() * 1000 == pytest.approx(summary["mean_itl_ms"], rel=1e-6)
+    first = tokens[tokens.token_index == 0].set_index("request_id").time_s
+    ttft = (first - done.set_index("request_id").arrival_s).mean() * 1000
+    assert ttft == pytest.approx(summary["mean_ttft_ms"], rel=1e-6)
+
+
+def test_resolved_scenario_reruns_to_identical_outputs(tmp_path, capsys):
+    assert run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "a"], capsys)[0] == 0
+    # the written scenario.yaml is itself a valid scenario that reproduces the run
+    rerun = ["run", tmp_path / "a" / "scenario.yaml", "--out", tmp_path / "b"]
+    assert run_cli(rerun, capsys)[0] == 0
+    for name in ("requests.csv", "steps.csv", "summary.json"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_set_override_changes_the_run(tmp_path, capsys):
+    code, _, err = run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path, "--quiet",
+                            "--set", "engine.max_num_seqs=2", "--set", "scheduler.policy=sarathi"],
+                           capsys)
+    assert code == 0, err
+    import yaml
+    resolved = yaml.safe_load((tmp_path / "scenario.yaml").read_text())
+    assert resolved["engine"]["max_num_seqs"] == 2
+    assert resolved["scheduler"]["policy"] == "sarathi"
+
+
+def test_compare_runs_every_variant(tmp_path, capsys):
+    src = (DATA / "tiny.yaml").read_text() + "compare:\n  scheduler.policy: [vllm_v0, sarathi]\n"
+    path = tmp_path / "cmp.yaml"
+    path.write_text(src)
+    code, out, err = run_cli(["run", path, "--out", tmp_path / "o", "--quiet"], capsys)
+    assert code == 0, err
+    assert (tmp_path / "o" / "vllm_v0" / "summary.json").is_file()
+    assert (tmp_path / "o" / "sarathi" / "summary.json").is_file()
+    assert "vllm_v0" in out and "sarathi" in out
+    assert (tmp_path / "o" / "comparison.csv").is_file()
+
+
+def test_list_and_validate(capsys):
+    code, out, _ = run_cli(["list", "policies"], capsys)
+    assert code == 0 and all(p in out for p in ("static", "orca", "vllm_v0", "vllm_v1", "sarathi"))
+    code, out, _ = run_cli(["list", "models"], capsys)
+    assert code == 0 and "Llama-3.1-8B" in out
+    code, out, _ = run_cli(["validate", DATA / "tiny.yaml"], capsys)
+    assert code == 0 and "64 KV blocks" in out
+
+
+def scenario_with(tmp_path, text: str) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    return path
+
+
+BASE = (DATA / "tiny.yaml").read_text()
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("name: x\nmodel: [unclosed\n", "bad.yaml:3: invalid YAML"),
+    ("", "empty"),
+    ("- a list\n", "mapping"),
+    (BASE.replace("policy: vllm_v1", "policy: fifo_magic"), "scheduler.policy"),
+    (BASE.replace("max_num_seqs: 16", "max_num_seqz: 16"), "engine.max_num_seqz"),
+    (BASE.replace("rate: 20", "rate: -1"), "workload.rate"),
+    (BASE.replace("max_num_seqs: 16", "max_num_seqs: 0"), "engine.max_num_seqs"),
+    (BASE.replace("max_num_seqs: 16", "max_num_seqs: lots"), "engine.max_num_seqs"),
+    (BASE.replace("model: tiny-llama-45m", "model: gpt-17"), "model"),
+    (BASE.replace("hardware: H100-SXM", "hardware: B9000"), "hardware"),
+    (BASE.replace("ttft_ms: 100", "ttft_ms: -5"), "slo.ttft_ms"),
+    (BASE.replace("policy: vllm_v1", "policy: vllm_v0").replace(
+        "max_num_batched_tokens: 512", "max_num_batched_tokens: 256"),
+     "engine.max_num_batched_tokens"),
+    (BASE + "surprise: 1\n", "surprise"),
+])
+def test_bad_scenarios_give_one_clear_error(tmp_path, capsys, text, expected):
+    path = scenario_with(tmp_path, text)
+    code, out, err = run_cli(["run", path, "--out", tmp_path / "o"], capsys)
+    assert code == 2
+    assert expected in err
+    assert "Traceback" not in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_scenario_file(capsys, tmp_path):
+    code, _, err = run_cli(["run", tmp_path / "nope.yaml"], capsys)
+    assert code == 2 and "nope.yaml" in err and "not found" in err
+
+
+def test_bad_override_syntax(capsys):
+    code, _, err = run_cli(["run", DATA / "tiny.yaml", "--set", "engine.max_num_seqs"], capsys)
+    assert code == 2 and "FIELD=VALUE" in err
+
+
+def test_trace_with_bad_row_names_file_and_line(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,10,5\n0.5,abc,5\n")
+    text = BASE.split("workload:")[0] + (
+        "workload:\n  trace: t.csv\n  format: csv\n")
+    path = scenario_with(tmp_path, text)
+    code, _, err = run_cli(["run", path, "--out", tmp_path / "o"], capsys)
+    assert code == 2 and "t.csv:3" in err and "Traceback" not in err
+
+
+def test_trace_with_missing_column(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens\n0.0,10\n")
+    text = BASE.split("workload:")[0] + "workload:\n  trace: t.csv\n  format: csv\n"
+    code, _, err = run_cli(["run", scenario_with(tmp_path, text)], capsys)
+    assert code == 2 and "output_tokens" in err and "t.csv" in err
+
+
+def test_console_script_subprocess(tmp_path):
+    """The installed entry point, end to end, as a user runs it."""
+    proc = subprocess.run([sys.executable, "-m", "simserve", "run", str(DATA / "tiny.yaml"),
+                           "--set", "policy=vllm_v1", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: policy") and "Traceback" not in proc.stderr
+
+
+def test_stepwise_switch_gives_identical_outputs(tmp_path, capsys):
+    """Fast-forward is an optimisation, never a modelling choice: --stepwise must agree."""
+    assert run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "ff", "--quiet"], capsys)[0] == 0
+    assert run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "st", "--quiet", "--stepwise"],
+                   capsys)[0] == 0
+    for name in ("requests.csv", "steps.csv", "summary.json"):
+        assert (tmp_path / "ff" / name).read_bytes() == (tmp_path / "st" / name).read_bytes()

@@ -1,0 +1,179 @@
+"""Outputs that scale (issue #21): the per-step table only where asked or small, Parquet as an
+alternative to CSV, and a start-up that imports neither pandas nor the report before a run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import simserve
+from simserve import runner
+from simserve.cli import main
+from simserve.report import write_report
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return simserve.run(DATA / "tiny.yaml")
+
+
+def test_steps_written_up_to_the_limit_and_when_asked(tiny, tmp_path, monkeypatch):
+    n = tiny.num_steps
+    assert n > 10
+    tiny.save(tmp_path / "small")                     # under the default limit: written
+    assert len(pd.read_csv(tmp_path / "small" / "steps.csv")) == n
+    monkeypatch.setattr(runner, "STEPS_ROWS", n - 1)  # the same run counted as long
+    out = tiny.save(tmp_path / "small")               # ... and a stale steps.csv goes
+    assert not (out / "steps.csv").exists()
+    assert (out / "requests.csv").exists() and (out / "summary.json").exists()
+    tiny.save(tmp_path / "asked", steps=True)
+    assert len(pd.read_csv(tmp_path / "asked" / "steps.csv")) == n
+    monkeypatch.setattr(runner, "STEPS_ROWS", n)      # the limit itself is still written
+    tiny.save(tmp_path / "edge")
+    assert (tmp_path / "edge" / "steps.csv").exists()
+    tiny.save(tmp_path / "edge", steps=False)
+    assert not (tmp_path / "edge" / "steps.csv").exists()
+
+
+def test_cli_steps_flags(tmp_path, capsys):
+    assert main(["run", str(DATA / "tiny.yaml"), "--out", str(tmp_path / "a"), "--quiet",
+                 "--no-report", "--no-steps"]) == 0
+    assert not (tmp_path / "a" / "steps.csv").exists()
+    assert main(["run", str(DATA / "tiny.yaml"), "--out", str(tmp_path / "a"), "--quiet",
+                 "--no-report", "--steps"]) == 0
+    assert (tmp_path / "a" / "steps.csv").exists()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:        # a usage error: one line, exit 2
+        main(["run", str(DATA / "tiny.yaml"), "--steps", "--no-steps"])
+    assert e.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_report_without_steps_says_why(tiny, tmp_path):
+    out = tiny.save(tmp_path / "r", steps=False)
+    html = write_report([out]).read_text()
+    assert "No timeline for r" in html
+
+
+def test_parquet_tables_equal_the_csv_ones(tmp_path):
+    pytest.importorskip("pyarrow")
+    r = simserve.run(DATA / "tiny.yaml", record_tokens=True)
+    csv = r.save(tmp_path / "csv", tokens=True)
+    pq = r.save(tmp_path / "pq", tokens=True, fmt="parquet")
+    for name in ("requests", "steps", "tokens"):
+        assert not (pq / f"{name}.csv").exists()
+        a = pd.read_csv(csv / f"{name}.csv")
+        b = pd.read_parquet(pq / f"{name}.parquet")
+        assert list(a.columns) == list(b.columns)
+        assert len(a) == len(b) > 0
+        for col in a.columns:                 # CSV keeps 9 significant digits
+            if a[col].dtype.kind == "f" and b[col].dtype.kind == "f":
+                assert np.allclose(a[col], b[col], rtol=1e-8, atol=0, equal_nan=True), col
+            else:
+                # (an all-empty text column reads back from CSV as NaN floats)
+                assert (a[col].astype(object).fillna("").astype(str)
+                        == b[col].astype(object).fillna("").astype(str)).all(), col
+    # typed columns: integer counts stay integers
+    assert pd.read_parquet(pq / "requests.parquet")["num_output_tokens"].dtype.kind == "i"
+    # the same run written again is the same bytes
+    again = r.save(tmp_path / "pq2", tokens=True, fmt="parquet")
+    for name in ("requests", "steps", "tokens"):
+        assert (pq / f"{name}.parquet").read_bytes() == (again / f"{name}.parquet").read_bytes()
+    # a report reads a Parquet run directory
+    assert "No timeline" not in write_report([pq]).read_text()
+    assert (pq / "figures" / "timeline_pq.png").is_file()
+
+
+def test_parquet_without_pyarrow_is_one_clear_error(tmp_path, monkeypatch, capsys):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "pyarrow" else real(name, *a))
+    code = main(["run", str(DATA / "tiny.yaml"), "--out", str(tmp_path / "x"),
+                 "--format", "parquet", "--quiet", "--no-report"])
+    err = capsys.readouterr().err
+    assert code == 2 and "pyarrow" in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()      # refused before anything ran or was written
+
+
+def test_startup_imports_no_pandas_asyncio_or_matplotlib():
+    """What `simserve run` imports before its simulation starts (the CLI, the runner, the
+    scenario) must not include pandas (a third of a second), asyncio or the report."""
+    code = ("import sys; import simserve.cli, simserve.runner; "
+            "from simserve.config import load_scenario; "
+            f"load_scenario({str(DATA / 'tiny.yaml')!r}); "
+            "print(' '.join(m for m in ('pandas', 'asyncio', 'matplotlib', 'aiohttp') "
+            "if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, check=True)
+    assert proc.stdout.strip() == ""
+
+
+def test_sweep_parquet_keeps_nested_figures_as_json(tmp_path):
+    """sweep.parquet (written beside sweep.csv when pyarrow is installed) holds the summary's
+    mappings (failed_by_reason: {} on a clean run, which Parquet cannot store) as JSON text."""
+    pytest.importorskip("pyarrow")
+    import json
+
+    from simserve.plan.sweep import load_sweep, save_sweep
+    (tmp_path / "g.yaml").write_text(f"base: {DATA / 'tiny.yaml'}\ngrid: {{seed: [1, 2]}}\n")
+    spec = load_sweep(tmp_path / "g.yaml")
+    table = simserve.sweep(spec)
+    assert any(isinstance(v, dict) for v in table["failed_by_reason"])
+    out = save_sweep(table, spec, tmp_path / "out")
+    back = pd.read_parquet(out / "sweep.parquet")
+    assert len(back) == 2
+    assert [json.loads(v) for v in back["failed_by_reason"]] == list(table["failed_by_reason"])
+    assert back["request_throughput"].tolist() == table["request_throughput"].tolist()
+
+
+@pytest.mark.parametrize("record_tokens", [False, True])
+def test_resolved_requests_as_columns_give_the_same_results(monkeypatch, record_tokens):
+    """Moving resolved requests into columns during the run (every few arrivals here) changes
+    nothing a run reports, and keeps only the requests in flight as objects."""
+    from simserve.metrics import recorder
+    whole = simserve.run(DATA / "tiny.yaml", record_tokens=record_tokens)
+    assert len(whole._recorder.resolved.chunks) == 1      # a few hundred requests: one, at the end
+    monkeypatch.setattr(recorder, "COMPACT_MIN", 4)
+    live: list[int] = []
+    real = recorder.Recorder.compact
+
+    def compact(self):
+        real(self)
+        live.append(len(self.requests))
+    monkeypatch.setattr(recorder.Recorder, "compact", compact)
+    often = simserve.run(DATA / "tiny.yaml", record_tokens=record_tokens)
+    assert len(often._recorder.resolved.chunks) > 5
+    assert max(live[:-1]) < len(whole.requests) / 4 and live[-1] == 0
+    pd.testing.assert_frame_equal(whole.requests, often.requests)
+    assert json.dumps(whole.summary, sort_keys=True) == json.dumps(often.summary, sort_keys=True)
+    if record_tokens:
+        assert all(np.array_equal(a, b) for a, b in zip(whole.token_times, often.token_times))
+
+
+def test_progress_bar_of_a_run_and_its_log_interval(monkeypatch, capsys):
+    import io
+
+    from simserve import progress
+    monkeypatch.setattr(progress, "DELAY_S", 0)
+    r = simserve.run(DATA / "tiny.yaml", progress=True)
+    err = capsys.readouterr().err
+    n = len(r.requests)
+    assert "tiny" in err and f"{n}/{n}" in err and "req" in err
+    assert capsys.readouterr().out == ""
+    # not a terminal (a log file): at most one line per LOG_INTERVAL_S
+    bar = progress.bar(10, "x", "req", stream=io.StringIO())
+    assert bar.mininterval == progress.LOG_INTERVAL_S
+    bar.close()
+    quiet = simserve.run(DATA / "tiny.yaml")       # no bar unless asked
+    assert capsys.readouterr().err == ""
+    assert quiet.summary == r.summary

@@ -1,0 +1,301 @@
+"""The replay client against a real streaming HTTP server on 127.0.0.1 (not a mock of the
+client): exact token counts with multi-token chunks, HTTP errors, timeouts, bounds, an
+unreachable endpoint, the loopback rule, and `simserve compare` on a replayed directory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+aiohttp = pytest.importorskip("aiohttp")
+from aiohttp import web  # noqa: E402
+
+from simserve.cli import main  # noqa: E402
+from simserve.live.replay import EndpointError, check_endpoint_host, replay  # noqa: E402
+from simserve.runner import REQUEST_COLUMNS  # noqa: E402
+
+
+class FakeServer:
+    """A real HTTP server in a thread, answering ``/v1/completions`` like vLLM's OpenAI server
+    in streaming mode: SSE ``data: {...}`` lines whose choices carry ``token_ids`` (several per
+    chunk when ``chunk_sizes`` says so), a final usage chunk, then ``data: [DONE]``.
+
+    Timing: the first chunk ``ttft_s`` after the request, each later chunk of n tokens
+    ``n * token_s`` after the previous one. ``behaviour(body) -> str | None`` picks a fault per
+    request: ``"500"`` (HTTP 500), ``"stall"`` (no answer for a long time), ``"short"`` (one
+    token fewer than asked, usage telling the truth), ``"bad_usage"`` (usage off by one).
+    """
+
+    def __init__(self, *, ttft_s: float = 0.02, token_s: float = 0.004,
+                 chunk_sizes: tuple[int, ...] = (1,), behaviour=None, handler=None):
+        self.ttft_s, self.token_s, self.chunk_sizes = ttft_s, token_s, chunk_sizes
+        self.behaviour = behaviour or (lambda body: None)
+        self.bodies: list[dict] = []
+        self.sent_chunks: dict[int, list[tuple[float, int]]] = {}
+        self._handler = handler or self._completions
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self._sock = sock
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def __enter__(self) -> FakeServer:
+        self._thread.start()
+        assert self._ready.wait(10), "fake server did not start"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._main())
+
+    async def _main(self) -> None:
+        # aiohttp wants coroutine handlers (bare functions are deprecated) and the shutdown
+        # timeout on the runner, not the site
+        async def health(request: web.Request) -> web.Response:
+            return web.Response(text="")
+
+        async def models(request: web.Request) -> web.Response:
+            return web.json_response({"data": [{"id": "fake-model"}]})
+
+        async def version(request: web.Request) -> web.Response:
+            return web.json_response({"version": "fake-1.0"})
+
+        app = web.Application()
+        app.router.add_get("/health", health)
+        app.router.add_get("/v1/models", models)
+        app.router.add_get("/version", version)
+        app.router.add_post("/v1/completions", self._handler)
+        runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
+        await runner.setup()
+        await web.SockSite(runner, self._sock).start()
+        self._stop = asyncio.Event()
+        self._ready.set()
+        await self._stop.wait()
+        await runner.cleanup()
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in others:            # e.g. a fake engine's loop
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+
+    # -- the endpoint ----------------------------------------------------------------------
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.bodies.append(body)
+        fault = self.behaviour(body)
+        if fault == "500":
+            return web.Response(status=500, text="engine died")
+        if fault == "stall":
+            await asyncio.sleep(30)
+        n = body["max_tokens"] - (1 if fault == "short" else 0)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await asyncio.sleep(self.ttft_s)
+        key = len(body["prompt"]) * 100000 + body["max_tokens"]
+        log = self.sent_chunks.setdefault(key, [])
+        sent, k = 0, 0
+        while sent < n:
+            size = min(self.chunk_sizes[k % len(self.chunk_sizes)], n - sent)
+            if k:
+                await asyncio.sleep(self.token_s * size)
+            ids = list(range(100 + sent, 100 + sent + size))
+            chunk = {"id": "cmpl-1", "object": "text_completion", "model": body["model"],
+                     "choices": [{"index": 0, "text": " ".join(f"w{i}" for i in ids),
+                                  "token_ids": ids, "finish_reason": None}], "usage": None}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            log.append((time.perf_counter(), size))
+            sent += size
+            k += 1
+        usage = {"prompt_tokens": len(body["prompt"]),
+                 "completion_tokens": n + (1 if fault == "bad_usage" else 0),
+                 "total_tokens": len(body["prompt"]) + n}
+        await resp.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def write_scenario(tmp_path: Path, rows: list[tuple[float, int, int]], **engine) -> Path:
+    """A scenario replaying exactly ``rows`` = (arrival_s, prompt_tokens, output_tokens)."""
+    trace = tmp_path / "trace.csv"
+    pd.DataFrame(rows, columns=["arrival_s", "prompt_tokens", "output_tokens"]).to_csv(
+        trace, index=False)
+    knobs = {"max_num_seqs": 32, "max_num_batched_tokens": 512, "block_size": 32,
+             "max_model_len": 2048, "num_gpu_blocks": 1024, **engine}
+    lines = ["name: fake", "seed: 3", "model: tiny-llama-45m", "hardware: cpu-epyc-2core",
+             "engine:", *[f"  {k}: {v}" for k, v in knobs.items()],
+             "scheduler: {policy: vllm_v1}", "latency: {model: constant, step_ms: 5}",
+             "workload: {trace: trace.csv, format: csv}"]
+    path = tmp_path / "scenario.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_multi_token_chunks_are_counted_exactly(tmp_path):
+    rows = [(0.0, 40, 10), (0.01, 70, 7), (0.02, 33, 1), (0.05, 128, 12)]
+    with FakeServer(chunk_sizes=(1, 3, 2), ttft_s=0.03, token_s=0.004) as srv:
+        res = replay(write_scenario(tmp_path, rows), srv.url, warmup=1)
+    req = res.requests.sort_values("request_id")
+    assert list(req.columns[:len(REQUEST_COLUMNS)]) == list(REQUEST_COLUMNS)
+    assert (req["status"] == "finished").all(), req["error"].tolist()
+    assert req["num_output_tokens"].tolist() == [10, 7, 1, 12]
+    assert req["usage_output_tokens"].tolist() == [10, 7, 1, 12]
+    # chunks of 1, 3, 2, 1, 3, ... tokens: 10 tokens -> 1+3+2+1+3 = 10 in 5 chunks
+    assert req["num_chunks"].tolist() == [5, 4, 1, 6]
+    assert (req["error"] == "").all()
+    tokens = res.tokens()
+    assert len(tokens) == 30
+    assert tokens.groupby("request_id").size().tolist() == [10, 7, 1, 12]
+    # every token carries its chunk's arrival time: the second chunk's 3 tokens share one time
+    t0 = tokens[tokens["request_id"] == 0]["time_s"].to_numpy()
+    assert t0[1] == t0[2] == t0[3] and t0[4] == t0[5] and t0[0] < t0[1]
+    s = res.summary
+    assert s["completed"] == 4 and s["num_failed"] == 0 and s["total_output_tokens"] == 30
+    assert s["total_chunks"] == 16
+    # TTFT >= the server's first-chunk delay; TPOT uses tokens, not chunks
+    assert (req["ttft_s"] >= 0.03).all() and (req["ttft_s"] < 0.5).all()
+    r0 = req.iloc[0]
+    assert r0["tpot_s"] == pytest.approx((r0["e2el_s"] - r0["ttft_s"]) / 9)
+    # ITL as vllm bench records it: one gap per chunk after the first (15 - 4 + ... = 12)
+    gaps = np.concatenate([np.diff(g.to_numpy()) for _, g in
+                           res.chunks.groupby("request_id")["time_s"]])
+    assert len(gaps) == 16 - 4
+    assert s["median_itl_ms"] == pytest.approx(np.median(gaps) * 1000)
+    # TPOT ~ 4 ms/token: a 3-token chunk is 12 ms after the previous one
+    assert 3.0 <= s["median_tpot_ms"] <= 30.0
+
+
+def test_request_protocol(tmp_path):
+    rows = [(0.0, 50, 5), (0.0, 50, 6)]
+    with FakeServer() as srv:
+        replay(write_scenario(tmp_path, rows), srv.url, warmup=0)
+        replay(write_scenario(tmp_path, rows), srv.url, warmup=0)
+    a, b, a2, b2 = srv.bodies
+    for body, n in ((a, 5), (b, 6)):
+        assert body["model"] == "fake-model" and body["stream"] is True
+        assert body["max_tokens"] == body["min_tokens"] == n
+        assert body["ignore_eos"] is True and body["return_token_ids"] is True
+        assert body["stream_options"] == {"include_usage": True}
+        assert len(body["prompt"]) == 50
+        assert all(isinstance(t, int) and 4 <= t < 32000 for t in body["prompt"])
+    by_len = {a["max_tokens"]: a["prompt"], b["max_tokens"]: b["prompt"]}
+    assert by_len[5][:8] != by_len[6][:8]          # no accidental shared prefix
+    assert {a2["max_tokens"]: a2["prompt"], b2["max_tokens"]: b2["prompt"]} == by_len  # seeded
+
+
+def test_http_500_and_timeouts_are_recorded_not_raised(tmp_path):
+    rows = [(0.0, 40, 5), (0.0, 13, 5), (0.01, 17, 5), (0.02, 41, 4)]
+    faults = {13: "500", 17: "stall"}
+    with FakeServer(behaviour=lambda body: faults.get(len(body["prompt"]))) as srv:
+        res = replay(write_scenario(tmp_path, rows), srv.url, warmup=0, timeout=0.5)
+    req = res.requests.set_index("num_prompt_tokens")
+    assert req.loc[13, "status"] == "failed" and req.loc[13, "http_status"] == 500
+    assert req.loc[13, "error"].startswith("HTTP 500") and "engine died" in req.loc[13, "error"]
+    assert req.loc[17, "status"] == "failed" and req.loc[17, "error"] == "timeout after 0.5 s"
+    assert (req.loc[[40, 41], "status"] == "finished").all()
+    s = res.summary
+    assert s["num_requests"] == 4 and s["completed"] == 2 and s["num_failed"] == 2
+    assert s["failed_by_error"] == {"HTTP 500": 1, "timeout": 1}
+    assert s["total_output_tokens"] == 9
+
+
+def test_token_count_mismatch_is_flagged(tmp_path):
+    rows = [(0.0, 40, 5), (0.0, 41, 6)]
+    faults = {40: "short", 41: "bad_usage"}
+    with FakeServer(behaviour=lambda body: faults.get(len(body["prompt"]))) as srv:
+        res = replay(write_scenario(tmp_path, rows), srv.url, warmup=0)
+    req = res.requests.set_index("num_prompt_tokens")
+    assert req.loc[40, "num_output_tokens"] == 4
+    assert "5 were asked for" in req.loc[40, "error"]
+    assert "usage says 7" in req.loc[41, "error"]
+    assert res.summary["token_count_mismatches"] == 2
+
+
+def test_bounds_max_requests_and_time_limit(tmp_path):
+    rows = [(0.1 * i, 30, 40) for i in range(30)]
+    path = write_scenario(tmp_path, rows)
+    with FakeServer(token_s=0.01) as srv:
+        few = replay(path, srv.url, warmup=0, max_requests=3)
+        t = time.perf_counter()
+        cut = replay(path, srv.url, warmup=0, time_limit=0.35)
+        wall = time.perf_counter() - t
+    assert few.summary["num_requests"] == 3 and few.summary["completed"] == 3
+    # arrivals at 0, 0.1, 0.2, 0.3 are sent; each needs ~0.4 s, so all are cut at 0.35 s
+    assert cut.summary["num_requests"] == 4 and cut.meta["num_not_sent"] == 26
+    assert cut.summary["failed_by_error"] == {"time limit": 4}
+    assert wall < 2.0
+
+
+def test_unreachable_endpoint_refuses_to_start(tmp_path, capsys):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()                                     # nothing listens there now
+    path = write_scenario(tmp_path, [(0.0, 10, 2)])
+    with pytest.raises(EndpointError, match="unreachable"):
+        replay(path, f"http://127.0.0.1:{port}")
+    code = main(["replay", str(path), "--endpoint", f"http://127.0.0.1:{port}",
+                 "--out", str(tmp_path / "out")])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("error: ") and "unreachable" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.5:8000", "http://example.com:80",
+                                 "http://192.168.1.2", "ftp://127.0.0.1"])
+def test_non_loopback_endpoints_are_refused(url):
+    with pytest.raises(EndpointError):
+        check_endpoint_host(url)
+
+
+def test_loopback_endpoints_are_accepted():
+    assert check_endpoint_host("http://127.0.0.1:8011/") == "http://127.0.0.1:8011"
+    assert check_endpoint_host("http://localhost:1") == "http://localhost:1"
+    assert check_endpoint_host("http://[::1]:8011") == "http://[::1]:8011"
+    assert check_endpoint_host("http://10.0.0.5:8000", allow_remote=True)
+
+
+def test_cli_replay_writes_run_files_and_compare_reads_them(tmp_path, capsys):
+    rows = [(0.02 * i, 64, 8) for i in range(6)]
+    path = write_scenario(tmp_path, rows)
+    with FakeServer(ttft_s=0.02, token_s=0.005, chunk_sizes=(2,)) as srv:
+        code = main(["replay", str(path), "--endpoint", srv.url, "--out",
+                     str(tmp_path / "real"), "--warmup", "0", "--quiet"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    real = tmp_path / "real"
+    for name in ("scenario.yaml", "requests.csv", "steps.csv", "summary.json", "tokens.csv",
+                 "chunks.csv", "replay.json"):
+        assert (real / name).is_file(), name
+    req = pd.read_csv(real / "requests.csv", keep_default_na=False)
+    assert len(req) == 6 and set(req["status"]) == {"finished"}
+    assert len(pd.read_csv(real / "tokens.csv")) == 48
+    meta = json.loads((real / "replay.json").read_text())
+    assert meta["engine_version"] == "fake-1.0" and meta["model"] == "fake-model"
+    # simulate the same scenario, then compare column by column
+    assert main(["run", str(path), "--out", str(tmp_path / "sim"), "--quiet",
+                 "--no-report"]) == 0
+    sim_req = pd.read_csv(tmp_path / "sim" / "requests.csv")
+    assert list(sim_req.columns) == list(req.columns[:len(sim_req.columns)])
+    capsys.readouterr()
+    assert main(["compare", str(real), str(tmp_path / "sim")]) == 0
+    out, _ = capsys.readouterr()
+    assert "TTFT p50" in out and "rel. error" in out and "output tok/s" in out

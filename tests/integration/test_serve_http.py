@@ -1,0 +1,315 @@
+"""The HTTP front end of ``simserve serve`` (simserve/live/http.py) against a scripted simulation:
+vLLM's chunk, response, error and metric shapes, and how a request's lengths are read."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from simserve.live.api import TTFT_BUCKETS, Histogram, ReplicaStats, TokenStream
+from simserve.live.http import Frontend, count_text_tokens, prometheus_text
+
+
+class ScriptedSim:
+    """A LiveSimulation whose tokens come ``gap`` seconds apart, all of them; it refuses a
+    request whose prompt plus output exceed 90 tokens (as a KV cache would)."""
+
+    model_name = "fake-model"
+    max_model_len = 100
+    vocab_size = 1000
+
+    def __init__(self, gap: float = 0.002, draw: int = 5):
+        self.gap, self.draw = gap, draw
+        self.error: BaseException | None = None
+        self.submitted: list[tuple[int, int, int | None]] = []
+
+    def submit(self, num_prompt_tokens, num_output_tokens, replica=None) -> TokenStream:
+        self.submitted.append((num_prompt_tokens, num_output_tokens, replica))
+        stream = TokenStream(len(self.submitted), num_prompt_tokens, num_output_tokens, 0.0)
+        if num_prompt_tokens + num_output_tokens > 90:
+            stream.end("exceeds_kv_capacity")
+            return stream
+        loop = asyncio.get_running_loop()
+        for i in range(num_output_tokens):
+            last = i == num_output_tokens - 1
+            loop.call_later(self.gap * (i + 1), self._token, stream, last)
+        return stream
+
+    @staticmethod
+    def _token(stream: TokenStream, last: bool) -> None:
+        stream.emit(1, 0.0)
+        if last:
+            stream.end()
+
+    def draw_output_tokens(self) -> int:
+        return self.draw
+
+    def stats(self):
+        return [ReplicaStats(0, 3, 2, 0.25, 1, 100, 40, 7),
+                ReplicaStats(1, 0, 0, 0.0, 0, 0, 0, 0)]
+
+    def now(self) -> float:
+        return 0.0
+
+
+def call(sim, fn, **frontend):
+    """Run ``await fn(client)`` against the front end over a real loopback socket."""
+    async def main():
+        client = TestClient(TestServer(Frontend(sim, **frontend).app()))
+        await client.start_server()
+        try:
+            return await fn(client)
+        finally:
+            await client.close()
+    return asyncio.run(main())
+
+
+def sse(text: str) -> list:
+    """The JSON payloads of an event stream, and "[DONE]" as itself."""
+    events = [e for e in text.split("\n\n") if e.strip()]
+    assert all(e.startswith("data: ") for e in events), events
+    return [e[6:] if e[6:] == "[DONE]" else json.loads(e[6:]) for e in events]
+
+
+async def post(client, path, body):
+    resp = await client.post(path, json=body)
+    return resp.status, resp.headers.get("Content-Type", ""), await resp.text()
+
+
+def test_streamed_completion_is_vllm_shaped():
+    sim = ScriptedSim()
+    body = {"model": "fake-model", "prompt": [5, 6, 7, 8], "max_tokens": 6, "min_tokens": 6,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+            "return_token_ids": True}
+    status, ctype, text = call(sim, lambda c: post(c, "/v1/completions", body))
+    assert status == 200 and ctype.startswith("text/event-stream")
+    events = sse(text)
+    assert events[-1] == "[DONE]"
+    usage, chunks = events[-2], events[:-2]
+    assert usage["choices"] == [] and usage["usage"] == {
+        "prompt_tokens": 4, "total_tokens": 10, "completion_tokens": 6}
+    assert sum(len(c["choices"][0]["token_ids"]) for c in chunks) == 6
+    assert all(c["object"] == "text_completion" and c["model"] == "fake-model" for c in chunks)
+    assert len({c["id"] for c in events[:-1]}) == 1 and chunks[0]["id"].startswith("cmpl-")
+    # the finish reason rides on the chunk with the last token, and only there
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (len(chunks) - 1) + [
+        "length"]
+    words = "".join(c["choices"][0]["text"] for c in chunks).split()
+    ids = [i for c in chunks for i in c["choices"][0]["token_ids"]]
+    assert words == [f"w{i}" for i in ids] and all(4 <= i < 1000 for i in ids)
+    assert sim.submitted == [(4, 6, None)]
+
+
+def test_streamed_chat_starts_with_the_role_and_ends_with_usage():
+    sim = ScriptedSim()
+    body = {"messages": [{"role": "user", "content": "abcd efgh"}], "max_completion_tokens": 3,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    status, _, text = call(sim, lambda c: post(c, "/v1/chat/completions", body))
+    events = sse(text)
+    assert status == 200 and events[-1] == "[DONE]"
+    first, chunks, usage = events[0], events[1:-2], events[-2]
+    assert first["object"] == "chat.completion.chunk" and first["id"].startswith("chatcmpl-")
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    content = "".join(c["choices"][0]["delta"]["content"] for c in chunks)
+    assert len(content.split()) == 3 and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    # "abcd efgh" is 9 characters: ceil(9 / 4) = 3 prompt tokens
+    assert usage["usage"] == {"prompt_tokens": 3, "total_tokens": 6, "completion_tokens": 3}
+
+
+def test_without_include_usage_the_stream_ends_with_done_only():
+    sim = ScriptedSim()
+    body = {"prompt": "a b", "max_tokens": 2, "ignore_eos": True, "stream": True}
+    _, _, text = call(sim, lambda c: post(c, "/v1/completions", body))
+    events = sse(text)
+    assert events[-1] == "[DONE]" and all("usage" not in e for e in events[:-1])
+    assert all("token_ids" not in e["choices"][0] for e in events[:-1])
+
+
+def test_whole_responses():
+    sim = ScriptedSim()
+
+    async def both(c):
+        a = await c.post("/v1/completions", json={"prompt": [9] * 10, "max_tokens": 4,
+                                                  "ignore_eos": True})
+        b = await c.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 8}]}],
+            "max_tokens": 2, "min_tokens": 2})
+        return await a.json(), await b.json()
+
+    a, b = call(sim, both)
+    assert a["object"] == "text_completion" and len(a["choices"][0]["text"].split()) == 4
+    assert a["choices"][0]["finish_reason"] == "length"
+    assert a["usage"] == {"prompt_tokens": 10, "total_tokens": 14, "completion_tokens": 4}
+    assert b["object"] == "chat.completion"
+    assert b["choices"][0]["message"]["role"] == "assistant"
+    assert len(b["choices"][0]["message"]["content"].split()) == 2
+    assert b["usage"]["prompt_tokens"] == 2       # 8 characters / 4
+
+
+@pytest.mark.parametrize("body, length, finish", [
+    ({}, 5, "stop"),                                         # the draw (5), stops by itself
+    ({"max_tokens": 3}, 3, "length"),                        # the draw capped by max_tokens
+    ({"max_tokens": 10}, 5, "stop"),                         # the draw, under max_tokens
+    ({"max_tokens": 10, "ignore_eos": True}, 10, "length"),  # exact
+    ({"max_tokens": 10, "min_tokens": 10}, 10, "length"),    # exact
+    ({"max_tokens": 10, "min_tokens": 7}, 7, "stop"),        # at least min_tokens
+    ({"max_tokens": 99, "ignore_eos": True}, 90, "length"),  # clipped to the context left
+])
+def test_output_length(body, length, finish):
+    sim = ScriptedSim(gap=0.0005, draw=5)
+    full = {"prompt": [4] * 10, **body}
+
+    async def one(c):
+        return await (await c.post("/v1/completions", json=full)).json()
+
+    out = call(sim, one)
+    if length + 10 > 90:       # the scripted KV limit refuses it: but the length asked is seen
+        assert out["error"]["code"] == 400
+        assert sim.submitted == [(10, length, None)]
+        return
+    assert out["usage"]["completion_tokens"] == length
+    assert out["choices"][0]["finish_reason"] == finish
+
+
+@pytest.mark.parametrize("path, body, status, kind, param, starts", [
+    ("/v1/completions", {"prompt": [4] * 100}, 400, "BadRequestError", "input_tokens",
+     "This model's maximum context length is 100 tokens. However, your prompt contains 100 "
+     "input tokens"),
+    ("/v1/completions", {"prompt": [4] * 5, "max_tokens": 101}, 400, "BadRequestError",
+     "max_tokens", "max_tokens=101 cannot be greater than max_model_len=100"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "max_completion_tokens": 500}, 400, "BadRequestError",
+     "max_completion_tokens", "max_completion_tokens=500 cannot be greater"),
+    ("/v1/completions", {"model": "other", "prompt": "hi"}, 404, "NotFoundError", "model",
+     "The model `other` does not exist."),
+    ("/v1/completions", {"prompt": ""}, 400, "BadRequestError", "prompt",
+     "The prompt cannot be empty."),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "BadRequestError", "prompt", "prompt:"),
+    ("/v1/completions", {"prompt": [4, 5], "n": 2}, 400, "BadRequestError", "n", "n:"),
+    ("/v1/completions", {"prompt": [4, 5], "max_tokens": "3"}, 400, "BadRequestError",
+     "max_tokens", "max_tokens: expected an integer"),
+    ("/v1/completions", {"max_tokens": 3}, 400, "BadRequestError", "prompt", "prompt:"),
+    ("/v1/chat/completions", {"messages": []}, 400, "BadRequestError", "messages",
+     "messages:"),
+    ("/v1/completions", {"prompt": [4] * 50, "max_tokens": 45, "ignore_eos": True}, 400,
+     "BadRequestError", "input_tokens", "The request needs 95 tokens of KV cache"),
+])
+def test_errors_are_vllm_shaped(path, body, status, kind, param, starts):
+    sim = ScriptedSim()
+
+    async def one(c):
+        resp = await c.post(path, json=body)
+        return resp.status, await resp.json()
+
+    got, out = call(sim, one)
+    assert got == status
+    err = out["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert (err["type"], err["param"], err["code"]) == (kind, param, status)
+    assert err["message"].startswith(starts), err["message"]
+
+
+def test_a_body_that_is_not_json_is_a_400():
+    async def one(c):
+        resp = await c.post("/v1/completions", data=b"{not json")
+        return resp.status, await resp.json()
+
+    status, out = call(ScriptedSim(), one)
+    assert status == 400 and out["error"]["message"].startswith("JSON decode error")
+
+
+def test_models_health_version_metrics():
+    sim = ScriptedSim()
+
+    async def all_of(c):
+        out = {}
+        for path in ("/v1/models", "/health", "/version", "/metrics"):
+            resp = await c.get(path)
+            out[path] = (resp.status, await resp.text())
+        return out
+
+    out = call(sim, all_of)
+    models = json.loads(out["/v1/models"][1])
+    assert models["object"] == "list" and models["data"][0]["id"] == "fake-model"
+    assert models["data"][0]["max_model_len"] == 100
+    assert out["/health"][0] == 200
+    assert json.loads(out["/version"][1])["version"].startswith("simserve-")
+    text = out["/metrics"][1]
+    assert 'vllm:num_requests_running{engine="0",model_name="fake-model"} 3.0' in text
+    assert 'vllm:num_requests_waiting{engine="0",model_name="fake-model"} 2.0' in text
+    assert 'vllm:kv_cache_usage_perc{engine="0",model_name="fake-model"} 0.25' in text
+    assert 'vllm:num_preemptions_total{engine="0",model_name="fake-model"} 1.0' in text
+    assert 'vllm:generation_tokens_total{engine="1",model_name="fake-model"} 0.0' in text
+    assert ('vllm:request_success_total{engine="0",finished_reason="length",'
+            'model_name="fake-model"} 7.0') in text
+    assert "# TYPE vllm:kv_cache_usage_perc gauge" in text
+
+
+def test_one_port_per_replica_pins_requests_and_shows_its_replica():
+    sim = ScriptedSim()
+
+    async def both(c):
+        await (await c.post("/v1/completions", json={"prompt": [4], "max_tokens": 1,
+                                                     "ignore_eos": True})).read()
+        return await (await c.get("/metrics")).text()
+
+    text = call(sim, both, replica=1)
+    assert sim.submitted == [(1, 1, 1)]
+    assert 'engine="1"' in text and 'engine="0"' not in text
+
+
+def test_text_prompt_estimates():
+    assert count_text_tokens("abcdefgh", "chars") == 2
+    assert count_text_tokens("abcdefghi", "chars") == 3
+    assert count_text_tokens(" w12  w7\nw3 ", "words") == 3
+    assert count_text_tokens("", "words") == 0
+
+    sim = ScriptedSim()
+    body = {"prompt": "w1 w2 w3 w4 w5", "max_tokens": 1, "ignore_eos": True}
+
+    async def one(c):
+        return await (await c.post("/v1/completions", json=body)).json()
+
+    assert call(sim, one, text_tokens="words")["usage"]["prompt_tokens"] == 5
+    assert sim.submitted[-1][0] == 5
+
+
+def test_prometheus_text_escapes_the_model_name():
+    text = prometheus_text('a"b', [ReplicaStats(0, 0, 0, 0.0, 0, 0, 0, 0)])
+    assert 'model_name="a\\"b"' in text
+
+
+def test_a_simulation_that_stopped_on_an_error_is_unhealthy():
+    sim = ScriptedSim()
+    sim.error = AssertionError("a bug")
+
+    async def both(c):
+        health = await c.get("/health")
+        gen = await c.post("/v1/completions", json={"prompt": [4], "max_tokens": 1})
+        return health.status, gen.status, await gen.json()
+
+    health, status, body = call(sim, both)
+    assert (health, status) == (500, 500)
+    assert body["error"]["type"] == "InternalServerError" and not sim.submitted
+
+
+def test_histograms_are_cumulative_with_vllm_names():
+    counts = [0] * (len(TTFT_BUCKETS) + 1)
+    counts[0], counts[3], counts[-1] = 2, 1, 1          # <= 1 ms twice, <= 20 ms, > 2560 s
+    stats = ReplicaStats(0, 0, 0, 0.0, 0, 0, 0, 0,
+                         ttft=Histogram(TTFT_BUCKETS, tuple(counts), 3000.5))
+    text = prometheus_text("m", [stats])
+    name = "vllm:time_to_first_token_seconds"
+    assert f"# TYPE {name} histogram" in text
+    assert f'{name}_bucket{{engine="0",model_name="m",le="0.001"}} 2.0' in text
+    assert f'{name}_bucket{{engine="0",model_name="m",le="0.01"}} 2.0' in text
+    assert f'{name}_bucket{{engine="0",model_name="m",le="0.02"}} 3.0' in text
+    assert f'{name}_bucket{{engine="0",model_name="m",le="2560.0"}} 3.0' in text
+    assert f'{name}_bucket{{engine="0",model_name="m",le="+Inf"}} 4.0' in text
+    assert f'{name}_count{{engine="0",model_name="m"}} 4.0' in text
+    assert f'{name}_sum{{engine="0",model_name="m"}} 3000.5' in text
+    assert 'vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 0.0' in text
+    assert "# TYPE vllm:e2e_request_latency_seconds histogram" in text

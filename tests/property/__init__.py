@@ -1,0 +1,1 @@
+"""property tests (see tests/README.md)."""

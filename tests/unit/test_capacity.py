@@ -1,0 +1,184 @@
+"""Capacity search on a scenario whose answer is known by hand, plus its errors and CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+import simserve
+from simserve.plan.capacity import capacity, with_rate
+from simserve.cli import main
+from simserve.config import parse_scenario
+from simserve.errors import ConfigError, SimserveError
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+# One request at a time (max_num_seqs 1), every step 10 ms (constant latency model), 32-token
+# prompts (one prefill step, which samples the first token) and 10 output tokens: a request
+# holds the engine for S = 10 steps × 10 ms = 100 ms, so one replica serves at most 1/S = 10 req/s.
+#
+# Constant arrivals at rate r, request k arriving at k/r. Below 10 req/s nobody waits:
+# TTFT = one step = 10 ms ≤ 55 ms (the limit sits between multiples of 10 ms, so no request
+# lands exactly on it), attainment 1. Above it, request k waits k·(S − 1/r), so
+# TTFT_k = 10 ms + k·(100 ms − 1000/r ms), and with 50 requests and a 90% target the 45th
+# request (k = 44) must still make 55 ms: 44·(100 − 1000/r) ≤ 45 → r ≤ 10.10 req/s.
+# The true knee r* = 10.10 is within 1.1% of 1/S = 10.
+CONSTANT = {
+    "name": "constant",
+    "model": "tiny-llama-45m",
+    "hardware": "H100-SXM",
+    "engine": {"max_num_seqs": 1, "max_num_batched_tokens": 512, "num_gpu_blocks": 64,
+               "max_model_len": 512},
+    "scheduler": {"policy": "vllm_v1"},
+    "latency": {"model": "constant", "step_ms": 10},
+    "workload": {"arrival": "constant", "rate": 4, "num_requests": 50,
+                 "prompt": {"dist": "fixed", "value": 32},
+                 "output": {"dist": "fixed", "value": 10}},
+    "slo": {"ttft_ms": 55, "attainment": 0.9},
+}
+KNEE = 1 / (0.100 - 0.045 / 44)     # 44·(0.1 s − 1/r) ≤ 0.045 s  →  r ≤ 10.103 req/s
+
+
+def scenario(**changes):
+    raw = yaml.safe_load(yaml.safe_dump(CONSTANT))
+    for key, value in changes.items():
+        section, _, name = key.partition("__")
+        raw.setdefault(section, {})[name] = value
+    return parse_scenario(raw, name="constant")
+
+
+def test_the_hand_computed_knee_holds_in_single_runs():
+    s = scenario()
+    assert simserve.run(with_rate(s, 9.9)).summary["slo_attainment"] == 1.0
+    assert simserve.run(with_rate(s, KNEE * 0.999)).summary["slo_attainment"] >= 0.9
+    assert simserve.run(with_rate(s, KNEE * 1.01)).summary["slo_attainment"] < 0.9
+
+
+@pytest.mark.parametrize("tolerance", [0.05, 0.01])
+def test_max_rate_is_within_tolerance_of_the_known_answer(tolerance):
+    cap = capacity(scenario(), tolerance=tolerance, seeds=2)
+    assert cap.max_rate <= KNEE < cap.first_failing_rate
+    assert (cap.first_failing_rate - cap.max_rate) / cap.max_rate <= tolerance
+    assert abs(cap.max_rate - 10.0) / 10.0 <= tolerance          # 1/S = 10 req/s
+    # every probe below 1/S attained everything; the answer held for both seeds
+    below = cap.probes[cap.probes["rate"] < 10.0]
+    assert (below["slo_attainment"] == 1.0).all()
+    at = cap.probes[cap.probes["rate"] == cap.max_rate]
+    assert sorted(at["seed"]) == [0, 1] and at["slo_met"].all()
+    # fixed lengths and constant arrivals: every seed sees the same run
+    assert cap.spread["min"] == cap.spread["max"] >= 0.9
+    assert cap.per_gpu_rate == cap.max_rate
+
+
+def test_fewest_replicas_for_a_target_rate():
+    # 25 req/s round-robin over n replicas: each sees a request every n/25 s. n = 3 → 120 ms
+    # ≥ S = 100 ms, nobody waits; n = 2 → 80 ms, each replica falls 20 ms behind per request,
+    # so only k ≤ 2 of its 25 requests make TTFT = 10 + 20·k ≤ 55 ms: 6/50 good. Answer: 3.
+    cap = capacity(scenario(), target_rate=25, seeds=1)
+    assert cap.replicas_needed == 3
+    reps = cap.probes[cap.probes["phase"] == "replicas"].set_index("replicas")
+    assert reps.loc[3, "slo_attainment"] == 1.0
+    assert reps.loc[2, "slo_attainment"] == pytest.approx(6 / 50)
+
+
+def test_per_gpu_rate_divides_by_replicas_and_tensor_parallel():
+    s = scenario(cluster__replicas=2, engine__tensor_parallel_size=2)
+    cap = capacity(s, tolerance=0.05, seeds=1)
+    assert cap.gpus == 4
+    assert cap.per_gpu_rate == pytest.approx(cap.max_rate / 4)
+    assert abs(cap.max_rate - 2 * KNEE) / (2 * KNEE) <= 0.05
+
+
+def test_random_seeds_report_their_spread_and_take_the_minimum():
+    s = parse_scenario(yaml.safe_load((DATA / "tiny.yaml").read_text()), DATA, "tiny")
+    cap = capacity(s.replace(slo=dataclasses.replace(s.slo, attainment=0.8)), seeds=3,
+                   tolerance=0.1)
+    at = cap.probes[cap.probes["rate"] == cap.max_rate]
+    assert len(at) == 3 and (at["slo_attainment"] >= 0.8).all()
+    assert cap.spread["min"] == at["slo_attainment"].min()
+    assert cap.spread["min"] <= cap.spread["mean"] <= cap.spread["max"]
+    # a failing probe stops at its first missing seed
+    fails = cap.probes[~cap.probes["slo_met"]]
+    assert fails.groupby("rate").size().max() == 1
+    assert "min over 3 seeds" in cap.table()
+
+
+def test_duration_workloads_get_a_fixed_request_count():
+    s = scenario(workload__duration=10, workload__num_requests=None)
+    cap = capacity(s, seeds=1, tolerance=0.1)
+    assert (cap.probes["num_requests"] == 40).all()          # 4 req/s × 10 s
+    assert any("num_requests 40" in note for note in cap.notes)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"slo": {}}, "slo: capacity planning needs an SLO"),
+    ({"workload": {"arrival": "burst", "num_requests": 5, "prompt": {"dist": "fixed", "value": 8},
+                   "output": {"dist": "fixed", "value": 4}}},
+     "arrival: burst and rate: inf have none"),
+])
+def test_scenarios_that_cannot_be_searched(changes, message):
+    raw = {**yaml.safe_load(yaml.safe_dump(CONSTANT)), **changes}
+    with pytest.raises(ConfigError, match=message):
+        capacity(parse_scenario(raw))
+
+
+def test_an_unreachable_slo_and_one_that_never_binds_are_clear_errors():
+    # TTFT ≥ one 10 ms step for every request: a 5 ms limit cannot be met at any rate
+    with pytest.raises(SimserveError, match="below the target even at"):
+        capacity(scenario(slo__ttft_ms=5))
+    # 3 requests that each fit the 10 s limit even when they all queue: no rate breaks it
+    with pytest.raises(SimserveError, match="still meets the target"):
+        capacity(scenario(slo__ttft_ms=10_000, workload__num_requests=3))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"tolerance": 0}, "tolerance: must be in"), ({"seeds": 0}, "seeds: must be >= 1"),
+    ({"target_rate": -1}, "target_rate: must be > 0"),
+])
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        capacity(scenario(), **kwargs)
+
+
+def test_python_api_is_the_module_call():
+    cap = simserve.capacity(scenario(), seeds=1, tolerance=0.1)
+    assert isinstance(cap, simserve.CapacityResult)
+
+
+# --- command line ------------------------------------------------------------------------------
+
+def write(tmp_path: Path, raw: dict) -> Path:
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def test_cli_capacity_prints_answer_and_writes_results(tmp_path, capsys):
+    code = main(["capacity", str(write(tmp_path, CONSTANT)), "--target-rate", "25",
+                 "--seeds", "1", "--out", str(tmp_path / "cap")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "max rate:" in out
+    assert "replicas for 25 req/s: 3 replica(s)" in out
+    assert "bracket" in err                                   # one line per probe
+    answer = json.loads((tmp_path / "cap" / "capacity.json").read_text())
+    assert answer["replicas_needed"] == 3 and answer["max_rate"] <= KNEE
+    assert (tmp_path / "cap" / "probes.csv").is_file()
+    assert (tmp_path / "cap" / "report.html").is_file()
+
+
+@pytest.mark.parametrize("raw, args, message", [
+    ({**CONSTANT, "slo": {}}, [], "error: slo: capacity planning needs an SLO"),
+    (CONSTANT, ["--tolerance", "2"], "error: --tolerance: must be in [0.001, 1), got 2"),
+    (CONSTANT, ["--set", "workload.rat=3"], "error: workload.rat: unknown field"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, raw, args, message):
+    code = main(["capacity", str(write(tmp_path, raw)), "--quiet", "--no-report",
+                 "--out", str(tmp_path / "o"), *args])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith(message) and err.count("\n") == 1

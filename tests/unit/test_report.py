@@ -1,0 +1,212 @@
+"""Reports: files, a self-contained HTML page, figure counts, colours, binning, and the CLI."""
+
+from __future__ import annotations
+
+import base64
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+import simserve
+from simserve.plan.capacity import capacity
+from simserve.cli import main
+from simserve.errors import DataError, SimserveError
+from simserve.report import POLICY_COLORS, RunData, load_inputs, policy_color, write_report
+from simserve.report.figures import Curve, _binned
+from simserve.report.style import series_styles
+from simserve.plan.sweep import load_sweep, save_sweep, sweep
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+TINY = DATA / "tiny.yaml"
+IMG = re.compile(r"<img [^>]*src=\"([^\"]*)\"")
+
+
+def tiny_run(out: Path, **overrides) -> Path:
+    sets = [f"{k}={v}" for k, v in {"workload.num_requests": 30, **overrides}.items()]
+    return simserve.run(TINY, overrides=sets).save(out)
+
+
+def check_self_contained(html_path: Path) -> list[str]:
+    """The page needs nothing from the network: no http(s) anywhere, no external scripts or
+    stylesheets, every image a PNG data: URI. Returns the image sources."""
+    page = html_path.read_text()
+    assert "http://" not in page and "https://" not in page
+    assert "<link" not in page and "<script" not in page
+    sources = IMG.findall(page)
+    for src in sources:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    return sources
+
+
+def test_single_run_report(tmp_path):
+    run_dir = tiny_run(tmp_path / "run")
+    path = write_report([run_dir])
+    assert path == run_dir / "report.html"
+    sources = check_self_contained(path)
+    pngs = sorted(p.name for p in (run_dir / "figures").glob("*.png"))
+    assert pngs == ["latency_cdf.png", "timeline_run.png"]
+    assert len(sources) == len(pngs)
+    page = path.read_text()
+    assert "Run: run" in page and "TTFT p99 ms" in page and "vllm_v1" in page
+
+
+def test_compare_run_from_the_cli_reports_every_variant(tmp_path, capsys):
+    src = TINY.read_text() + "compare:\n  scheduler.policy: [vllm_v0, sarathi, static]\n"
+    (tmp_path / "cmp.yaml").write_text(src)
+    out = tmp_path / "o"
+    code = main(["run", str(tmp_path / "cmp.yaml"), "--out", str(out), "--quiet", "--svg",
+                 "--set", "workload.num_requests=30"])
+    stdout, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"report: {out / 'report.html'}" in stdout
+    sources = check_self_contained(out / "report.html")
+    # CDFs + bars + one timeline per variant
+    assert len(sources) == 2 + 3
+    assert len(list((out / "figures").glob("*.svg"))) == 5
+    page = (out / "report.html").read_text()
+    assert page.index("vllm_v0") < page.index("sarathi") < page.index("static")  # file order
+    assert "Overrides: --set workload.num_requests=30." in page   # what made these runs
+
+
+def test_set_overrides_are_named_and_never_clobber_the_plain_run(tmp_path, capsys,
+                                                                  monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(TINY), "--no-report", "--quiet"]) == 0
+    assert main(["run", str(TINY), "--no-report", "--quiet",
+                 "--set", "workload.rate=40"]) == 0
+    plain, other = tmp_path / "runs" / "tiny", tmp_path / "runs" / "tiny+workload.rate=40"
+    assert "rate: 20" in (plain / "scenario.yaml").read_text()          # untouched
+    text = (other / "scenario.yaml").read_text()
+    assert text.startswith("# resolved with these overrides") and "# --set workload.rate=40\n" \
+        in text and "rate: 40" in text
+    capsys.readouterr()
+    # the same folder given twice for different scenarios: replaced, and said so
+    assert main(["run", str(TINY), "--no-report", "--quiet", "--out", str(plain),
+                 "--set", "seed=3"]) == 0
+    err = capsys.readouterr().err
+    assert f"note: replacing the results of a different scenario in {plain}/ (seed: 7 → 3)" \
+        in err
+
+
+def test_sweep_and_capacity_reports(tmp_path):
+    grid = {"base": str(TINY), "set": {"workload.num_requests": 20},
+            "grid": {"scheduler.policy": ["vllm_v0", "vllm_v1"],
+                     "workload.rate": [5.0, 20.0, 80.0]}}
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(grid))
+    spec = load_sweep(tmp_path / "g.yaml")
+    save_sweep(sweep(spec, workers=1), spec, tmp_path / "sweep")
+    assert len(check_self_contained(write_report([tmp_path / "sweep"]))) == 2
+
+    s = simserve.load_scenario(TINY, overrides=["workload.num_requests=20"])
+    capacity(s, seeds=1, tolerance=0.2, target_rate=60).save(tmp_path / "cap")
+    sources = check_self_contained(write_report([tmp_path / "cap"]))
+    assert len(sources) == 3            # attainment (with replicas panel), throughput, latency
+    assert "Highest rate meeting" in (tmp_path / "cap" / "report.html").read_text()
+
+    # everything at once, into a directory of its own
+    tiny_run(tmp_path / "a")
+    path = write_report([tmp_path / "sweep", tmp_path / "cap", tmp_path / "a"],
+                        tmp_path / "all")
+    assert len(check_self_contained(path)) == 2 + 3 + 2
+
+
+def test_report_is_deterministic(tmp_path):
+    run_dir = tiny_run(tmp_path / "run")
+    first = write_report([run_dir]).read_bytes()
+    assert write_report([run_dir]).read_bytes() == first
+
+
+def test_several_runs_with_the_same_name_get_distinct_labels(tmp_path):
+    tiny_run(tmp_path / "x" / "run")
+    tiny_run(tmp_path / "y" / "run", **{"scheduler.policy": "sarathi"})
+    inputs = load_inputs([tmp_path / "x" / "run", tmp_path / "y" / "run"])
+    assert [r.label for r in inputs.runs] == ["x/run", "y/run"]
+    with pytest.raises(SimserveError, match="--out"):
+        write_report([tmp_path / "x" / "run", tmp_path / "y" / "run"])
+
+
+def test_not_a_run_directory(tmp_path):
+    with pytest.raises(DataError, match="not a simserve output directory"):
+        load_inputs([tmp_path])
+    with pytest.raises(DataError, match="not a directory"):
+        load_inputs([tmp_path / "missing"])
+
+
+def test_cli_report_and_opt_out(tmp_path, capsys):
+    assert main(["run", str(TINY), "--out", str(tmp_path / "r"), "--quiet", "--no-report"]) == 0
+    assert not (tmp_path / "r" / "report.html").exists()
+    code = main(["report", str(tmp_path / "r"), "--out", str(tmp_path / "rep"),
+                 "--title", "my runs"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "<title>my runs</title>" in (tmp_path / "rep" / "report.html").read_text()
+    code = main(["report", str(tmp_path / "nothing")])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1
+
+
+# --- pieces ------------------------------------------------------------------------------------
+
+def test_one_fixed_colour_per_policy():
+    assert policy_color("vllm_v1") == POLICY_COLORS["vllm_v1"]
+    styles = series_styles([("a", "sarathi"), ("b", "sarathi"), ("c", "vllm_v0")])
+    assert styles["a"]["color"] == styles["b"]["color"] == POLICY_COLORS["sarathi"]
+    assert styles["a"]["linestyle"] != styles["b"]["linestyle"]
+    assert styles["a"]["hatch"] != styles["b"]["hatch"]
+
+
+def test_every_policy_has_its_own_colour_and_new_names_take_spares_in_order():
+    from simserve.report.style import SLO_COLOR
+    from simserve.sched import POLICIES
+    every = series_styles([(name, name) for name in POLICIES])
+    colours = [st["color"] for st in every.values()]
+    assert len(set(colours)) == len(POLICIES) and SLO_COLOR not in colours
+    # names we do not ship: distinct spares, in order of appearance, none a policy's colour
+    new = series_styles([("x", "plugin_a"), ("y", "plugin_b"), ("z", "plugin_a")])
+    assert new["x"]["color"] == new["z"]["color"] != new["y"]["color"]
+    assert not {new["x"]["color"], new["y"]["color"]} & set(POLICY_COLORS.values())
+
+
+def test_coinciding_series_are_drawn_apart_and_named():
+    from simserve.report.style import legend_label, mark_coinciding
+    styles = mark_coinciding(series_styles([("v1", "vllm_v1"), ("sarathi", "sarathi"),
+                                            ("v0", "vllm_v0")]),
+                             {"v1": 1, "sarathi": 1, "v0": 2})
+    assert styles["sarathi"]["same_as"] == "v1" and styles["v0"]["same_as"] is None
+    assert styles["sarathi"]["linestyle"] != styles["v1"]["linestyle"]
+    assert styles["sarathi"]["marker"] != styles["v1"]["marker"]
+    assert styles["sarathi"]["markerfacecolor"] == "none"
+    assert legend_label("sarathi", styles["sarathi"]) == "sarathi (= v1)"
+
+
+def test_binned_levels_are_exact_time_averages():
+    # replica 0: value 2 during [0, 1], idle [1, 2], value 4 during [2, 3]
+    # replica 1: value 1 during [0.5, 3.5]
+    steps = pd.DataFrame({"replica": [0, 0, 1], "start_s": [0.0, 2.0, 0.5],
+                          "duration_s": [1.0, 1.0, 3.0], "v": [2.0, 4.0, 1.0]})
+    got = _binned(steps, "v", np.array([0.0, 2.0, 4.0]))
+    # bin [0, 2]: (2·1 + 1·1.5) / 2 = 1.75;  bin [2, 4]: (4·1 + 1·1.5) / 2 = 2.75
+    np.testing.assert_allclose(got, [1.75, 2.75])
+
+
+def test_knee_is_the_last_load_before_the_first_miss():
+    points = pd.DataFrame({"attainment_min": [1.0, 0.95, 0.85, 0.92]}, index=[2, 4, 6, 8])
+    assert Curve("x", "vllm_v1", points).knee(0.9) == 4
+    assert Curve("x", "vllm_v1", points).knee(None) is None
+    assert Curve("x", "vllm_v1", points).knee(0.99) == 2
+
+
+def test_figures_from_in_memory_results():
+    from simserve.report import latency_cdfs, policy_bars, timeline
+    results = {p: simserve.run(TINY, overrides=[f"scheduler.policy={p}",
+                                                "workload.num_requests=20"])
+               for p in ("vllm_v1", "orca")}
+    runs = [RunData.from_result(label, r) for label, r in results.items()]
+    assert len(latency_cdfs(runs).axes) == 3
+    assert len(policy_bars(runs).axes) == 6
+    assert len(timeline(runs[0]).axes) == 4

@@ -1,0 +1,213 @@
+"""Sweeps: grid expansion, bad grid specs, the table, executors, and the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+import simserve
+from simserve.cli import main
+from simserve.errors import ConfigError, SimserveError
+from simserve.plan.sweep import expand, load_sweep, run_scenarios, sweep
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+TINY = DATA / "tiny.yaml"
+
+
+def write_grid(tmp_path: Path, **sections) -> Path:
+    spec = {"base": str(TINY), "set": {"workload.num_requests": 20}, **sections}
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+# --- expansion ---------------------------------------------------------------------------------
+
+def test_grid_is_a_cartesian_product_with_the_last_field_fastest():
+    points = expand({"a": [1, 2], "b": ["x", "y", "z"]})
+    assert len(points) == 6
+    assert points[:3] == [{"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 1, "b": "z"}]
+    assert points[-1] == {"a": 2, "b": "z"}
+
+
+def test_zip_advances_together_as_the_innermost_axis():
+    points = expand({"a": [1, 2]}, {"b": [10, 20, 30], "c": ["p", "q", "r"]})
+    # 2 grid values × 3 zip rows = 6 points, never mixing b=10 with c="q"
+    assert len(points) == 6
+    assert points[:3] == [{"a": 1, "b": 10, "c": "p"}, {"a": 1, "b": 20, "c": "q"},
+                          {"a": 1, "b": 30, "c": "r"}]
+    assert all((p["b"], p["c"]) in {(10, "p"), (20, "q"), (30, "r")} for p in points)
+    assert expand({}, {"b": [1, 2]}) == [{"b": 1}, {"b": 2}]
+
+
+def test_mismatched_zip_lengths_are_one_clear_error():
+    with pytest.raises(ConfigError, match=r"zip: lists must all have the same length: "
+                                          r"b has 3, c has 2"):
+        expand({}, {"b": [1, 2, 3], "c": [1, 2]})
+
+
+@pytest.mark.parametrize("grid, zip_, message", [
+    ({"workload.rate": 4}, {}, r"grid\.workload\.rate: expected a non-empty list"),
+    ({"workload.rate": []}, {}, r"grid\.workload\.rate: expected a non-empty list"),
+    ({"seed": [1]}, {"seed": [2]}, r"zip\.seed: is also in grid"),
+    ({}, {}, r"nothing to sweep"),
+    ([1, 2], {}, r"grid: expected a mapping"),
+])
+def test_bad_axes(grid, zip_, message):
+    with pytest.raises(ConfigError, match=message):
+        expand(grid, zip_)
+
+
+def test_unknown_field_in_the_grid_fails_before_anything_runs(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr("simserve.plan.sweep.run_scenarios", lambda *a, **k: ran.append(1))
+    path = write_grid(tmp_path, grid={"workload.rate": [5, 10],
+                                      "engine.max_num_seqz": [4, 8]})
+    with pytest.raises(ConfigError) as err:
+        sweep(path)
+    assert str(err.value).startswith("engine.max_num_seqz: unknown field")
+    assert "sweep point 0" in str(err.value)
+    assert not ran
+
+
+def test_a_bad_value_at_one_point_names_that_point(tmp_path):
+    path = write_grid(tmp_path, grid={"workload.rate": [5, -1]})
+    with pytest.raises(ConfigError, match=r"workload\.rate: must be > 0.*sweep point 1: "
+                                          r"workload\.rate=-1"):
+        load_sweep(path).scenarios()
+
+
+def test_sweep_file_needs_exactly_one_base(tmp_path):
+    path = tmp_path / "g.yaml"
+    path.write_text("grid: {seed: [1, 2]}\n")
+    with pytest.raises(ConfigError, match="either base: .* or scenario:"):
+        load_sweep(path)
+    path.write_text(f"base: {TINY}\ngrid: {{seed: [1]}}\ngird: {{}}\n")
+    with pytest.raises(ConfigError, match="gird: unknown field"):
+        load_sweep(path)
+
+
+def test_base_is_relative_to_the_grid_file_and_inline_scenarios_work(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "s.yaml").write_text(TINY.read_text())
+    (tmp_path / "g.yaml").write_text("base: sub/s.yaml\ngrid: {seed: [1, 2]}\n")
+    assert len(load_sweep(tmp_path / "g.yaml").scenarios()) == 2
+    inline = {"scenario": yaml.safe_load(TINY.read_text()), "zip": {"seed": [3, 4, 5]}}
+    (tmp_path / "i.yaml").write_text(yaml.safe_dump(inline))
+    assert [s.seed for s in load_sweep(tmp_path / "i.yaml").scenarios()] == [3, 4, 5]
+
+
+# --- running -----------------------------------------------------------------------------------
+
+def test_table_has_one_row_per_point_in_order_with_metrics(tmp_path):
+    table = sweep(write_grid(tmp_path, grid={"scheduler.policy": ["vllm_v0", "sarathi"],
+                                             "workload.rate": [5.0, 40.0]}), workers=1)
+    assert list(table.columns[:6]) == ["point", "scheduler.policy", "workload.rate", "policy",
+                                       "offered_rate", "error"]
+    assert table["point"].tolist() == [0, 1, 2, 3]
+    assert table["policy"].tolist() == ["vllm_v0", "vllm_v0", "sarathi", "sarathi"]
+    assert table["offered_rate"].tolist() == [5.0, 40.0, 5.0, 40.0]
+    assert table["error"].isna().all()
+    assert (table["num_requests"] == 20).all()
+    for col in ("request_throughput", "request_goodput", "slo_attainment", "p99_ttft_ms"):
+        assert col in table
+
+
+def test_process_pool_gives_the_same_table_as_in_process(tmp_path):
+    path = write_grid(tmp_path, grid={"workload.rate": [5.0, 20.0, 80.0]})
+    serial = sweep(path, workers=1)
+    parallel = sweep(path, workers=2)
+    pd.testing.assert_frame_equal(serial, parallel)
+
+
+def test_a_failing_point_is_recorded_not_fatal():
+    # num_gpu_blocks: null falls back to the memory arithmetic, and 1e-4 of an H100 cannot
+    # hold the weights: that point fails when its replicas are built; the other still runs.
+    table = sweep(TINY, grid={"engine.num_gpu_blocks": [64, None]},
+                  fixed={"engine.gpu_memory_utilization": 0.0001, "workload.num_requests": 20},
+                  workers=1)
+    assert table["error"].isna().tolist() == [True, False]
+    assert "engine.gpu_memory_utilization" in table["error"][1]
+    assert table["completed"][0] == 20 and pd.isna(table["completed"][1])
+
+
+def test_python_api_from_a_scenario_object():
+    base = simserve.load_scenario(TINY, overrides=["workload.num_requests=10"])
+    table = simserve.sweep(base, grid={"scheduler.policy": ["vllm_v0", "vllm_v1"]}, workers=1)
+    assert isinstance(table, pd.DataFrame)
+    # the policy re-derives its own chunking: vllm_v0 never chunks, vllm_v1 does
+    assert table["policy"].tolist() == ["vllm_v0", "vllm_v1"]
+    assert table["error"].isna().all()
+
+
+def test_unknown_executor_and_missing_ray(monkeypatch):
+    s = simserve.load_scenario(TINY)
+    with pytest.raises(ConfigError, match="unknown executor 'dask'"):
+        run_scenarios([s], "dask")
+    monkeypatch.setitem(__import__("sys").modules, "ray", None)   # import ray → ImportError
+    with pytest.raises(SimserveError, match=r"needs the ray package: pip install"):
+        run_scenarios([s], "ray")
+
+
+def test_progress_bar_counts_points_and_failures(tmp_path, monkeypatch, capsys):
+    from simserve import progress
+    monkeypatch.setattr(progress, "DELAY_S", 0)       # shown at once (normally after 1 s)
+    # (the middle point cannot hold the weights: it fails, as in the test above)
+    table = sweep(TINY, grid={"engine.num_gpu_blocks": [64, None, 32]},
+                  fixed={"engine.gpu_memory_utilization": 0.0001, "workload.num_requests": 20},
+                  workers=1, progress=True)
+    assert table["error"].notna().sum() == 1
+    err = capsys.readouterr().err
+    assert "sweep" in err and "3/3" in err and "failed=1" in err
+
+
+def test_ray_executor_gives_the_same_table_as_local(tmp_path):
+    ray = pytest.importorskip("ray")
+    path = write_grid(tmp_path, grid={"scheduler.policy": ["vllm_v1", "sarathi"],
+                                      "workload.rate": [10.0, 40.0]})
+    local = sweep(path, workers=2)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = sweep(path, executor="ray")
+    finally:
+        ray.shutdown()
+    pd.testing.assert_frame_equal(local, remote)
+
+
+def test_ray_address_nobody_answers_at_is_a_clear_error():
+    pytest.importorskip("ray")
+    with pytest.raises(SimserveError, match="ray: no cluster answers at 127.0.0.1:1"):
+        run_scenarios([simserve.load_scenario(TINY)], "ray", address="127.0.0.1:1")
+
+
+# --- command line ------------------------------------------------------------------------------
+
+def test_cli_sweep_writes_table_and_report(tmp_path, capsys, monkeypatch):
+    from simserve import progress
+    monkeypatch.setattr(progress, "DELAY_S", 0)       # the bar shown however short the sweep
+    path = write_grid(tmp_path, grid={"workload.rate": [5.0, 20.0]})
+    code = main(["sweep", str(path), "--out", str(tmp_path / "out"), "--workers", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "2/2" in err and "sweep" in err
+    assert "2 points (0 failed)" in out
+    table = pd.read_csv(tmp_path / "out" / "sweep.csv")
+    assert table["workload.rate"].tolist() == [5.0, 20.0]
+    assert yaml.safe_load((tmp_path / "out" / "sweep.yaml").read_text())["grid"] == \
+        {"workload.rate": [5.0, 20.0]}
+    assert (tmp_path / "out" / "report.html").is_file()
+
+
+@pytest.mark.parametrize("grid, message", [
+    ({"engine.max_num_seqz": [1, 2]}, "error: engine.max_num_seqz: unknown field"),
+    ({"workload.rate": 3}, "error: grid.workload.rate: expected a non-empty list"),
+])
+def test_cli_bad_grid_is_one_line_and_exit_2(tmp_path, capsys, grid, message):
+    code = main(["sweep", str(write_grid(tmp_path, grid=grid)), "--out", str(tmp_path / "o")])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith(message) and err.count("\n") == 1
+    assert "Traceback" not in err
