@@ -561,7 +561,12 @@ def run_profile(shapes: ModelCard, opts: Options, stream: Any = None,
     torch.manual_seed(opts.seed)
     gen = torch.Generator().manual_seed(opts.seed)
 
-    run_shapes = replace(shapes, intermediate_size=0) if moe is not None else shapes
+    # with an MoE block the layers run without a dense MLP: the card's dense equivalent with
+    # no MLP builds them and counts their weights; the MoE block's are added per layer
+    run_shapes = replace(shapes, intermediate_size=0, num_experts=0, experts_per_token=0,
+                         expert_intermediate=0, shared_expert_intermediate=0,
+                         first_dense_layers=0, expert_bias=False, router_bias=False) \
+        if moe is not None else shapes
     weights_bytes = _weights_bytes(run_shapes, dtype)
     if moe is not None:
         weights_bytes += (shapes.num_layers * moe.params

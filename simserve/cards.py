@@ -119,11 +119,15 @@ class ModelCard:
     def __post_init__(self) -> None:
         for key, value in (("layers", self.num_layers), ("hidden", self.hidden_size),
                            ("heads", self.num_heads), ("kv_heads", self.num_kv_heads),
-                           ("head_dim", self.head_dim), ("intermediate", self.intermediate_size),
-                           ("vocab", self.vocab_size), ("dtype_bytes", self.dtype_bytes),
+                           ("head_dim", self.head_dim), ("vocab", self.vocab_size),
+                           ("dtype_bytes", self.dtype_bytes),
                            ("max_position_embeddings", self.max_position_embeddings)):
             if value < 1:
                 raise ConfigError(key, f"must be >= 1, got {value}")
+        # 0: no dense MLP (the profiler builds an MoE card's layers so, its experts timed
+        # apart); a card read from YAML needs >= 1 (load_model)
+        if self.intermediate_size < 0:
+            raise ConfigError("intermediate", f"must be >= 0, got {self.intermediate_size}")
         if self.mlp not in MLP_KINDS:
             raise ConfigError("mlp", f"unknown value {self.mlp!r}; expected one of: "
                                      f"{', '.join(MLP_KINDS)}")

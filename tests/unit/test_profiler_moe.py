@@ -7,18 +7,24 @@ import io
 import pytest
 import torch
 
-from profiler.layers import Shapes
+from dataclasses import replace
+
+from simserve.cards import ModelCard
 from profiler.measure import Grid, Options, run_profile
 from profiler.moe import (MoEBlock, MoEShapes, expected_experts_hit, measure_mla_decode,
                           mla_decode)
-from profiler.schema import model_mismatch, validate
+from simserve.latency.schema import model_mismatch, validate
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")
 
 MOE = MoEShapes(hidden_size=64, num_experts=8, experts_per_token=2, expert_intermediate=32,
                 shared_expert_intermediate=16)
-TOY = Shapes(name="toy-moe", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=1,
-             head_dim=16, intermediate_size=128, vocab_size=500)
+TOY = ModelCard(name="toy-moe", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=1,
+                head_dim=16, intermediate_size=128, vocab_size=500, max_position_embeddings=4096,
+                num_experts=8, experts_per_token=2, expert_intermediate=32,
+                shared_expert_intermediate=16)
+DENSE = replace(TOY, name="toy-dense", num_experts=0, experts_per_token=0, expert_intermediate=0,
+                shared_expert_intermediate=0)
 
 
 @pytest.mark.parametrize("tokens", [1, 3, 40])
@@ -79,7 +85,7 @@ def test_run_profile_with_an_moe_block():
     assert moe["experts_hit"][0] == 2 and moe["experts_hit"][-1] <= 8
     assert p["model"]["num_experts"] == 8
     # weights: the layers without a dense MLP, plus each layer's MoE block
-    dense = run_profile(TOY, opts, stream=io.StringIO())
+    dense = run_profile(DENSE, opts, stream=io.StringIO())
     elt = 2
     mlp = 3 * 64 * 128 * elt
     assert p["memory"]["weights_bytes"] == (dense["memory"]["weights_bytes"]
