@@ -97,7 +97,7 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     if class_slos is not None:
         summary.update(_by_class(requests, class_slos, slo, per_s, percentiles))
     if slo.has_aggregates:                     # after the per-class verdict, which they join
-        summary.update(_aggregates(slo, itl, norm, delay, summary))
+        summary.update(_aggregates(slo, itl_values, norm, delay, summary))
     if prefix_caching:
         summary.update(_prefix_cache(done))
     return {k: _plain(v) for k, v in summary.items()}
