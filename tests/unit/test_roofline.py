@@ -235,7 +235,7 @@ def test_shipped_curves_are_valid_and_bad_ones_are_refused():
         c = load_curves(name)
         assert 0 < min(c.gemm.eta) and max(c.gemm.eta) <= 1
         assert "derive_efficiency.py" in c.source
-    raw = json.loads((Path(__file__).parent.parent / "simserve/data/efficiency/h100.json")
+    raw = json.loads((Path(__file__).resolve().parents[2] / "simserve/data/efficiency/h100.json")
                      .read_text())
     raw["gemm"]["eta"][0] = 1.5
     with pytest.raises(DataError, match="not in"):
@@ -247,7 +247,7 @@ def test_shipped_curves_are_reproduced_from_their_sources():
     set needs Vidur's profiles under /work/shared, read-only; skipped where absent)."""
     import subprocess
     import sys
-    root = Path(__file__).parent.parent
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "benchmarks/derive_efficiency.py", "--check"],
                          cwd=root, capture_output=True, text=True)
     assert "h100.json: same" in out.stdout, out.stdout + out.stderr
