@@ -400,33 +400,26 @@ class Options:
 
 
 class Progress:
-    """A plain-text progress bar on stderr: redrawn in place on a terminal, otherwise one line
-    per section (so logs stay readable)."""
+    """The profile's progress on stderr: simserve's tqdm bar with an ETA (simserve/progress.py:
+    redrawn on a terminal, a line at most every 30 s in a log), the section and point being
+    measured beside it, and a closing line with the count and the time."""
 
-    def __init__(self, total: int, stream: Any = None, width: int = 28):
-        self.total, self.done, self.width = max(1, total), 0, width
+    def __init__(self, total: int, stream: Any = None):
+        from simserve.progress import bar
+        self.total, self.done = max(1, total), 0
         self.stream = stream if stream is not None else sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.section = ""
+        self.bar = bar(self.total, "profiling", "point", stream=self.stream)
         self.start = time.perf_counter()
 
     def step(self, section: str, label: str = "") -> None:
         self.done += 1
-        elapsed = time.perf_counter() - self.start
-        if self.tty:
-            filled = int(self.width * self.done / self.total)
-            bar = "#" * filled + "." * (self.width - filled)
-            line = f"\r[{bar}] {self.done:>3}/{self.total} {elapsed:6.1f}s {section} {label}"
-            self.stream.write(line[:110].ljust(110))
-        elif section != self.section:
-            self.stream.write(f"[{self.done:>3}/{self.total}] {elapsed:6.1f}s {section}\n")
-        self.section = section
-        self.stream.flush()
+        self.bar.set_postfix_str(f"{section} {label}".strip(), refresh=False)
+        self.bar.update(1)
 
     def close(self) -> None:
+        self.bar.close()
         elapsed = time.perf_counter() - self.start
-        end = "\n" if self.tty else ""
-        self.stream.write(f"{end}profiled {self.done} points in {elapsed:.1f}s\n")
+        self.stream.write(f"profiled {self.done} points in {elapsed:.1f}s\n")
         self.stream.flush()
 
 

@@ -82,10 +82,13 @@ async def probe(session, endpoint: str, timeout: float) -> dict[str, Any]:
                 body = await resp.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
             continue
-        if key == "model" and isinstance(body, dict) and body.get("data"):
-            info["model"] = body["data"][0].get("id")
+        if key == "model" and isinstance(body, dict) and isinstance(body.get("data"), list) \
+                and body["data"] and isinstance(body["data"][0], dict):
+            model = body["data"][0].get("id")
+            info["model"] = model if isinstance(model, str) else None
         elif key == "engine_version" and isinstance(body, dict):
-            info["engine_version"] = body.get("version")
+            version = body.get("version")
+            info["engine_version"] = version if isinstance(version, str) else None
     return info
 
 
@@ -142,12 +145,38 @@ class Outcome:
         return not self.error and self.num_tokens > 0
 
 
-def _chunk_token_count(choice: dict[str, Any]) -> int:
-    """Tokens carried by one streamed choice: its token ids, or one per non-empty text."""
+def _chunk_token_count(choice: Any) -> int | None:
+    """Tokens carried by one streamed choice: its token ids, or one per non-empty text (or,
+    for a chat chunk, per non-empty ``delta.content``); None if the choice is not shaped as
+    an OpenAI completion choice."""
+    if not isinstance(choice, dict):
+        return None
     ids = choice.get("token_ids")
     if ids is not None:
-        return len(ids)
-    return 1 if choice.get("text") else 0
+        return len(ids) if isinstance(ids, list) else None
+    delta = choice.get("delta")
+    text = choice.get("text", delta.get("content") if isinstance(delta, dict) else None)
+    return 1 if text else 0
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _stream_message(data: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """One ``data:`` payload of a stream: the message, or why it cannot be read (not JSON, or
+    JSON of another shape than an OpenAI stream chunk: a mapping, ``choices`` a list, ``usage``
+    a mapping)."""
+    try:
+        msg = json.loads(data)
+    except ValueError:
+        return None, f"bad stream chunk: {data[:80]!r}"
+    if not isinstance(msg, dict):
+        return None, f"bad stream chunk (not a JSON object): {data[:80]!r}"
+    if not isinstance(msg.get("choices", []), (list, type(None))) or \
+            not isinstance(msg.get("usage"), (dict, type(None))):
+        return None, f"bad stream chunk (choices or usage of the wrong type): {data[:80]!r}"
+    return msg, None
 
 
 async def send(session, url: str, body: dict[str, Any], out: Outcome, t0: float,
@@ -172,10 +201,9 @@ async def send(session, url: str, body: dict[str, Any], out: Outcome, t0: float,
                 data = line[5:].strip()
                 if data == b"[DONE]":
                     break
-                try:
-                    msg = json.loads(data)
-                except ValueError:
-                    out.error = f"bad stream chunk: {data[:80]!r}"
+                msg, problem = _stream_message(data)
+                if msg is None:
+                    out.error = problem
                     return
                 if "error" in msg and not msg.get("choices"):
                     err = msg["error"]
@@ -184,14 +212,25 @@ async def send(session, url: str, body: dict[str, Any], out: Outcome, t0: float,
                     return
                 for choice in msg.get("choices") or ():
                     n = _chunk_token_count(choice)
+                    if n is None:
+                        out.error = f"bad stream chunk (a choice of the wrong shape): " \
+                                    f"{data[:80]!r}"
+                        return
                     if n:
                         out.chunk_times.append(now)
                         out.chunk_tokens.append(n)
                 usage = msg.get("usage")
                 if usage:
-                    out.usage_output_tokens = usage.get("completion_tokens")
-                    details = usage.get("prompt_tokens_details") or {}
-                    out.cached_tokens = int(details.get("cached_tokens") or 0)
+                    completion = usage.get("completion_tokens")
+                    details = usage.get("prompt_tokens_details")
+                    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+                    if not (completion is None or _is_count(completion)) or \
+                            not (cached is None or _is_count(cached)):
+                        out.error = f"bad stream chunk (usage counts not integers): " \
+                                    f"{data[:80]!r}"
+                        return
+                    out.usage_output_tokens = completion
+                    out.cached_tokens = int(cached or 0)
     except asyncio.TimeoutError:
         out.error = f"timeout after {timeout:g} s"
     except (aiohttp.ClientError, OSError) as e:

@@ -240,9 +240,9 @@ def run_case(name: str, out: Path) -> dict[str, str]:
 
 
 def _portable(path: Path, result: Path) -> bytes:
-    """A file's bytes, with scenario.yaml's trace path (written relative to the output
-    folder, so it differs with where the run wrote) made relative to the repository, or
-    reduced to its name when the trace lies outside it."""
+    """A file's bytes, with scenario.yaml's trace path (written relative to the folder the file
+    is in, so it differs with where the run wrote and where the checkout is) made relative to
+    the repository, or reduced to its name when the trace lies outside it."""
     data = path.read_bytes()
     if path.name != "scenario.yaml":
         return data
@@ -250,7 +250,7 @@ def _portable(path: Path, result: Path) -> bytes:
     for i, line in enumerate(lines):
         key, _, value = line.partition("trace: ")
         if _ and not key.strip():
-            where = (result / value.strip()).resolve()
+            where = (path.parent / value.strip()).resolve()   # relative to its own folder
             shown = (where.relative_to(ROOT) if where.is_relative_to(ROOT)
                      else Path(where.name))
             lines[i] = f"{key}trace: {shown.as_posix()}\n"

@@ -299,3 +299,38 @@ def test_cli_replay_writes_run_files_and_compare_reads_them(tmp_path, capsys):
     assert main(["compare", str(real), str(tmp_path / "sim")]) == 0
     out, _ = capsys.readouterr()
     assert "TTFT p50" in out and "rel. error" in out and "output tok/s" in out
+
+
+# Streams whose JSON parses but is not shaped as an OpenAI stream chunk: each request fails
+# with a message naming the chunk, never a traceback (issue #20's wrong-shape JSON).
+WRONG_SHAPES = {
+    11: b'[1, 2, 3]',                                             # a list, not an object
+    12: b'"text"',                                                # a bare string
+    13: b'{"choices": {"text": "x"}}',                            # choices not a list
+    14: b'{"choices": ["x"]}',                                    # a choice not a mapping
+    15: b'{"choices": [{"token_ids": 7}]}',                      # token_ids not a list
+    16: b'{"choices": [], "usage": [1]}',                         # usage not a mapping
+    17: b'{"choices": [], "usage": {"completion_tokens": "two"}}',   # counts not integers
+}
+
+
+def test_wrong_shape_stream_chunks_fail_the_request_with_a_message(tmp_path):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        good = {"choices": [{"index": 0, "text": "w", "token_ids": [5]}]}
+        await resp.write(f"data: {json.dumps(good)}\n\n".encode())
+        await resp.write(b"data: " + WRONG_SHAPES[len(body["prompt"])] + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    rows = [(0.01 * i, n, 3) for i, n in enumerate(WRONG_SHAPES)]
+    with FakeServer(handler=handler) as srv:
+        res = replay(write_scenario(tmp_path, rows), srv.url, warmup=0, timeout=5)
+    req = res.requests.set_index("num_prompt_tokens")
+    assert (req["status"] == "failed").all()
+    for n in WRONG_SHAPES:
+        assert req.loc[n, "error"].startswith("bad stream chunk"), (n, req.loc[n, "error"])
+    assert res.summary["num_failed"] == len(WRONG_SHAPES)
