@@ -107,6 +107,15 @@ def run(args: argparse.Namespace, argv: list[str], prog: str = "python -m profil
     if args.timer == "cpu" and (args.device != "cpu" or (args.threads or 1) != 1):
         raise UsageError("--timer cpu needs --device cpu and one thread")
     card = load_card(args.model)
+    moe = None
+    if card.is_moe:
+        if card.is_mla or card.first_dense_layers:
+            # the profiler's layer is GQA with the same MLP in every layer
+            raise UsageError(f"--model {card.name}: MLA attention and dense layers first are "
+                             "not profiled as a whole model (an MLA decode can be timed with "
+                             "profiler.moe.measure_mla_decode); profile a GQA MoE card")
+        from profiler.moe import MoEShapes
+        moe = MoEShapes.from_card(card)
     import torch
     threads = args.threads or (1 if args.device == "cpu" else torch.get_num_threads())
     opts = Options(device=args.device, dtype=args.dtype, threads=threads, grid=args.grid,
@@ -119,7 +128,7 @@ def run(args: argparse.Namespace, argv: list[str], prog: str = "python -m profil
                    gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
                    command=shlex.join([*prog.split(), *argv]))
     try:
-        profile = run_profile(card, opts)
+        profile = run_profile(card, opts, moe=moe)
     except BackendError as e:
         raise UsageError(str(e)) from None
     dump(profile, args.out)

@@ -243,7 +243,9 @@ def _weight(rows: int, cols: int, dtype: torch.dtype, device: Any, gen: torch.Ge
     # std 1/sqrt(cols) keeps activations O(1) through many random layers; drawn on the device
     # (a CPU draw of an 8B model's weights would take minutes)
     w = torch.randn((rows, cols), generator=gen, device=gen.device, dtype=dtype)
-    return w.mul_(cols ** -0.5 if std is None else std).to(device)
+    # a layer without a dense MLP (an MoE card: its MoE block is timed on its own) has
+    # zero-width MLP weights
+    return w.mul_(max(cols, 1) ** -0.5 if std is None else std).to(device)
 
 
 def _near_one(n: int, dtype: torch.dtype, device: Any, gen: torch.Generator) -> torch.Tensor:

@@ -25,6 +25,7 @@ from profiler import attention as attn
 from profiler.layers import (DTYPES, DecoderLayer, Model, PagedKVCache, Sections, StepMeta,
                              blocks_needed, build_step, make_top_p, rms_norm,
                              sample_greedy)
+from profiler.moe import MoEShapes, measure_moe
 from simserve.cards import ModelCard
 from simserve.latency.schema import KIND, SCHEMA_VERSION, model_shapes
 
@@ -537,8 +538,13 @@ def count_points(grid: Grid, opts: Options) -> int:
             + 2 * len(grid.lm_seqs) + 1 + grid.heldout)
 
 
-def run_profile(shapes: ModelCard, opts: Options, stream: Any = None) -> dict[str, Any]:
-    """Measure everything the schema asks for; returns the profile (not yet written)."""
+def run_profile(shapes: ModelCard, opts: Options, stream: Any = None,
+                moe: MoEShapes | None = None) -> dict[str, Any]:
+    """Measure everything the schema asks for; returns the profile (not yet written).
+
+    With ``moe`` (a card with experts in every layer) the layers run without a dense MLP, so
+    ``linear`` is the attention side of a layer, and one MoE block is timed on the token axis
+    (the ``moe`` section, profiler/moe.py)."""
     device = torch.device(opts.device)
     dtype = DTYPES[opts.dtype]
     grid = opts.grid_spec
@@ -548,7 +554,16 @@ def run_profile(shapes: ModelCard, opts: Options, stream: Any = None) -> dict[st
     torch.manual_seed(opts.seed)
     gen = torch.Generator().manual_seed(opts.seed)
 
-    weights_bytes = _weights_bytes(shapes, dtype)
+    # with an MoE block the layers run without a dense MLP: the card's dense equivalent with
+    # no MLP builds them and counts their weights; the MoE block's are added per layer
+    run_shapes = replace(shapes, intermediate_size=0, num_experts=0, experts_per_token=0,
+                         expert_intermediate=0, shared_expert_intermediate=0,
+                         first_dense_layers=0, expert_bias=False, router_bias=False) \
+        if moe is not None else shapes
+    weights_bytes = _weights_bytes(run_shapes, dtype)
+    if moe is not None:
+        weights_bytes += (shapes.num_layers * moe.params
+                          * torch.tensor([], dtype=dtype).element_size())
     budget = (torch.cuda.mem_get_info(device)[0] if device.type == "cuda"
               else _host_available_bytes())
     distinct = budget is None or weights_bytes <= 0.5 * budget
@@ -577,11 +592,12 @@ def run_profile(shapes: ModelCard, opts: Options, stream: Any = None) -> dict[st
         raise attn.BackendError(f"attention backend {backend_name!r}: {backend.fallback}; "
                                 "refusing to profile eager FlexAttention on CUDA (use "
                                 "--attention reference, or install flashinfer)")
-    model = Model(shapes, dtype, device, seed=opts.seed, distinct_layers=distinct,
+    model = Model(run_shapes, dtype, device, seed=opts.seed, distinct_layers=distinct,
                   max_positions=max(grid.prefill_ctx) + max(grid.prefill_chunk)
                   + max(grid.decode_ctx) + opts.max_num_batched_tokens + 2,
                   compile_layers=opts.compile and device.type == "cuda")
-    progress = Progress(count_points(grid, opts), stream)
+    moe_tokens = token_axis(grid.tokens, opts.max_num_batched_tokens)
+    progress = Progress(count_points(grid, opts) + (len(moe_tokens) if moe else 0), stream)
     ctx = _Ctx(shapes, opts, grid, device, dtype,
                Timer(device, grid.warmup, grid.repeats, grid.point_budget_s,
                      clock=CLOCKS.get(opts.timer_name, time.perf_counter),
@@ -594,6 +610,12 @@ def run_profile(shapes: ModelCard, opts: Options, stream: Any = None) -> dict[st
     attn_prefill = _measure_prefill(ctx)
     attn_decode = _measure_decode(ctx)
     lm_head = _measure_lm_head(ctx)
+    moe_grid = None
+    if moe is not None:
+        # one block's experts resident and reused at every point (a step's routing decides
+        # which of them it reads); per layer, like every series
+        moe_grid = measure_moe(moe, moe_tokens, ctx.timer, dtype=dtype, device=device,
+                               seed=opts.seed, progress=progress)
     memory = _measure_memory(ctx, weights_bytes)
     progress.step("memory")
     heldout = _measure_heldout(ctx)
@@ -632,6 +654,7 @@ def run_profile(shapes: ModelCard, opts: Options, stream: Any = None) -> dict[st
         "attn_decode": attn_decode, "lm_head": lm_head,
         "memory": {**memory, "note": "; ".join([memory["note"], *notes]).strip("; ")},
         "heldout": heldout,
+        **({"moe": moe_grid} if moe_grid is not None else {}),
     }
 
 

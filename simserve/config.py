@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from simserve import deployment, safeyaml
-from simserve.cards import HardwareSpec, ModelCard, load_hardware, load_model
+from simserve.cards import (KV_CACHE_DTYPES, QUANTIZATIONS, HardwareSpec, ModelCard,
+                            load_hardware, load_model, serving_card)
 from simserve.cluster import ClusterConfig
 from simserve.errors import ConfigError, DataError
 from simserve.fields import Fields
@@ -24,12 +25,17 @@ from simserve.metrics.slo import SloConfig
 from simserve.cluster.spec import ReplicaSpec, resolve
 from simserve.sched import describe, policy_names
 from simserve.sched.params import params_to_dict, read_params
+from simserve.sched.spec import SpeculativeConfig
 from simserve.workload.config import WorkloadConfig
+
+ALL2ALL_BACKENDS = ("allgather_reducescatter", "deepep_low_latency", "deepep_high_throughput")
 
 PREEMPTION_MODES = ("recompute", "swap")
 DEFAULT_PERCENTILES = (50, 90, 99)
 LATENCY_MODELS = ("roofline", "profile", "constant", "linear")
-_LATENCY_FIELDS = {"roofline": ("step_overhead_ms", "flops_efficiency", "bandwidth_efficiency"),
+ROOFLINE_EFFICIENCY = ("curves", "constant")
+_LATENCY_FIELDS = {"roofline": ("step_overhead_ms", "efficiency", "flops_efficiency",
+                                "bandwidth_efficiency"),
                    "profile": ("path", "step_overhead_ms"), "constant": ("step_ms",),
                    "linear": ("base_ms", "per_token_ms", "per_seq_ms")}
 
@@ -53,6 +59,21 @@ class EngineConfig:
     # vLLM v1 (>= 0.2x; on by default): admit a waiting request only when KV blocks for its whole
     # sequence so far are free, not just for its first chunk (vllm_v1, priority, vllm_native)
     scheduler_reserve_full_isl: bool = True
+    # #18: precision and expert parallelism, vLLM 0.32's names (docs/models.md)
+    quantization: str | None = None             # None: the checkpoint's own (the card's)
+    kv_cache_dtype: str = "auto"                # auto: the model dtype; fp8 halves KV bytes
+    enable_expert_parallel: bool = False        # experts split over the TP ranks, not sharded
+    # vLLM's DP + EP: attention data parallel over DP ranks (each its own scheduler and KV),
+    # experts split over TP × DP ranks, tokens moved by all2all_backend
+    data_parallel_size: int = 1
+    all2all_backend: str = "allgather_reducescatter"
+    # simserve's own: mean / max routed load over EP ranks (1 = uniform; SGLang's definition)
+    expert_balancedness: float = 1.0
+    # vLLM's speculative_config (sched/spec.py), None: no speculation
+    speculative_config: SpeculativeConfig | None = None
+    # vLLM's KV offloading to host memory (kv/offload.py): GiB over all TP ranks, None: off
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str = "native"
 
     @classmethod
     def from_fields(cls, f: Fields) -> EngineConfig:
@@ -71,9 +92,29 @@ class EngineConfig:
             tensor_parallel_size=f.int("tensor_parallel_size", 1, min=1, max=MAX_COUNT),
             enable_prefix_caching=f.bool("enable_prefix_caching", False),
             scheduler_reserve_full_isl=f.bool("scheduler_reserve_full_isl", True),
+            quantization=f.str("quantization", None, choices=QUANTIZATIONS),
+            kv_cache_dtype=f.str("kv_cache_dtype", "auto", choices=tuple(KV_CACHE_DTYPES)),
+            enable_expert_parallel=f.bool("enable_expert_parallel", False),
+            data_parallel_size=f.int("data_parallel_size", 1, min=1, max=MAX_COUNT),
+            all2all_backend=f.str("all2all_backend", "allgather_reducescatter",
+                                  choices=ALL2ALL_BACKENDS),
+            expert_balancedness=f.float("expert_balancedness", 1.0, positive=True, max=1.0),
+            speculative_config=SpeculativeConfig.from_fields(f.section("speculative_config"))
+            if f.has("speculative_config") else f.any("speculative_config", None),
+            kv_offloading_size=f.float("kv_offloading_size", None, positive=True,
+                                       max=SWAP_SPACE_GB_MAX),
+            kv_offloading_backend=f.str("kv_offloading_backend", "native",
+                                        choices=("native", "lmcache")),
         )
         f.done()
         return cfg
+
+
+_ENGINE_OPTIONAL = {"quantization": None, "kv_cache_dtype": "auto",
+                    "enable_expert_parallel": False, "expert_balancedness": 1.0,
+                    "data_parallel_size": 1, "all2all_backend": "allgather_reducescatter",
+                    "speculative_config": None, "kv_offloading_size": None,
+                    "kv_offloading_backend": "native"}
 
 
 @dataclass(frozen=True)
@@ -85,6 +126,8 @@ class LatencyConfig:
     step_overhead_ms: float | None = None       # roofline/profile: per-step CPU/scheduling cost
     flops_efficiency: float | None = None       # roofline: achieved fraction of peak FLOP/s
     bandwidth_efficiency: float | None = None   # roofline: achieved fraction of peak bandwidth
+    efficiency: str | None = None               # roofline: "curves" | "constant" (None: curves
+                                                # if the hardware has a set and no constant given)
     step_ms: float | None = None                # constant
     base_ms: float = 0.0                        # linear: base + per token + per sequence
     per_token_ms: float = 0.0
@@ -96,9 +139,15 @@ class LatencyConfig:
         if model == "roofline":
             cfg = cls(model,
                       step_overhead_ms=f.float("step_overhead_ms", None, min=0.0),
+                      efficiency=f.str("efficiency", None, choices=ROOFLINE_EFFICIENCY),
                       flops_efficiency=f.float("flops_efficiency", None, positive=True, max=1.0),
                       bandwidth_efficiency=f.float("bandwidth_efficiency", None, positive=True,
                                                    max=1.0))
+            if cfg.efficiency == "curves":
+                for key in ("flops_efficiency", "bandwidth_efficiency"):
+                    if getattr(cfg, key) is not None:
+                        raise ConfigError(f.where(key), "a constant efficiency applies only "
+                                                        "with efficiency: constant")
         elif model == "profile":
             cfg = cls(model, path=f.str("path"),
                       step_overhead_ms=f.float("step_overhead_ms", 0.0, min=0.0))
@@ -164,6 +213,11 @@ class Scenario:
     def to_dict(self) -> dict[str, Any]:
         """The resolved scenario as plain data (written next to the results)."""
         engine = dataclasses.asdict(self.engine)
+        for key, default in _ENGINE_OPTIONAL.items():    # written only when set
+            if engine[key] == default:
+                del engine[key]
+        if self.engine.speculative_config is not None:
+            engine["speculative_config"] = self.engine.speculative_config.to_dict()
         engine.update(max_model_len=self.max_model_len,
                       max_num_batched_tokens=self.max_num_batched_tokens,
                       enable_chunked_prefill=self.chunked_prefill)
@@ -197,6 +251,7 @@ def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario")
     model = load_model(f.any("model"), "model")
     hardware = load_hardware(f.any("hardware"), "hardware")
     engine = EngineConfig.from_fields(f.section("engine"))
+    model = serving_card(model, engine.quantization, engine.kv_cache_dtype)
     sched = f.section("scheduler")
     policy = sched.str("policy", "vllm_v1", choices=policy_names())
     params_type = describe(policy).params_type
@@ -278,6 +333,38 @@ def _check_consistency(s: Scenario) -> None:
         raise ConfigError("engine.tensor_parallel_size",
                           f"{s.engine.tensor_parallel_size} does not divide the model's "
                           f"{s.model.num_heads} attention heads / {s.model.num_kv_heads} KV heads")
+    if s.engine.speculative_config is not None:
+        from simserve.sched import POLICIES
+        if not POLICIES[s.policy].speculates:
+            able = [n for n, c in POLICIES.items() if c.speculates]
+            raise ConfigError("engine.speculative_config",
+                              f"policy {s.policy!r} does not model speculative decoding; use "
+                              f"one of: {', '.join(able)}")
+        if s.engine.preemption_mode == "swap":
+            raise ConfigError("engine.speculative_config", "speculative decoding preempts by "
+                                                           "recompute only (as vLLM v1)")
+    if s.engine.kv_offloading_size is not None:
+        if s.engine.kv_offloading_backend != "native":
+            raise ConfigError("engine.kv_offloading_backend",
+                              "lmcache is not modelled (its capacity comes from the LMCache "
+                              "server); use native")
+        if not s.engine.enable_prefix_caching:
+            raise ConfigError("engine.kv_offloading_size",
+                              "KV offloading serves prefix hits from host memory: it needs "
+                              "engine.enable_prefix_caching (as vLLM's connector)")
+    from simserve.kv.capacity import check_expert_parallel
+    if s.engine.data_parallel_size > 1:
+        if not s.engine.enable_expert_parallel:
+            raise ConfigError("engine.data_parallel_size",
+                              "simserve models data parallelism as vLLM's DP + EP (attention "
+                              "per DP rank, experts split): set enable_expert_parallel; for "
+                              "independent copies use cluster.replicas")
+        if s.latency.model == "profile":
+            raise ConfigError("engine.data_parallel_size",
+                              "a measured profile does not price DP + EP's all-to-all; use "
+                              "latency.model: roofline")
+    if s.engine.enable_expert_parallel:
+        check_expert_parallel(s.model, max(2, expert_parallel_size(s)))
 
 
 def _check_budget(s: Scenario) -> None:
@@ -418,3 +505,10 @@ def _variant_fields(compare: Any) -> list[tuple[str, dict[str, Any]]]:
         return out
     raise ConfigError("compare", "expected {FIELD: [values]} or a list of {FIELD: VALUE} "
                                  "mappings")
+
+
+def expert_parallel_size(s: Scenario) -> int:
+    """vLLM 0.32: with ``enable_expert_parallel`` the experts are split over all TP (× DP)
+    ranks of a replica; without it, 1 (experts TP-sharded)."""
+    e = s.engine
+    return e.tensor_parallel_size * e.data_parallel_size if e.enable_expert_parallel else 1

@@ -66,7 +66,8 @@ def check_memory(s) -> None:
     cache sized from memory has no more blocks than a replica can count."""
     m, hw, e = s.model, s.hardware, s.engine
     tp = e.tensor_parallel_size
-    weights = m.weight_bytes / tp
+    weights = m.weight_bytes_per_rank(tp, tp * e.data_parallel_size
+                                      if e.enable_expert_parallel else 1)
     if e.num_gpu_blocks is not None:
         # a KV cache set directly skips vLLM's memory arithmetic, not physics: the weights and
         # the blocks must fit in the device's memory (gpu_memory_utilization aside)
@@ -98,7 +99,8 @@ def check_cluster(s) -> None:
     for g in _groups(s):
         if g.scenario.engine.enable_prefix_caching:
             g.scenario.replica.check_kv()
-            total += g.replicas * g.scenario.replica.num_gpu_blocks
+            total += (g.replicas * g.scenario.engine.data_parallel_size
+                      * g.scenario.replica.num_gpu_blocks)
     if total > limits.MAX_PREFIX_CACHE_BLOCKS:
         raise ConfigError("engine.enable_prefix_caching",
                           f"the prefix caches of all replicas would hold {total:,} blocks, "

@@ -296,7 +296,7 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     import pandas as pd
 
     from simserve.metrics.cluster import cluster_summary
-    from simserve.metrics.summary import grouped_levels, summarize
+    from simserve.metrics.summary import grouped_levels, spec_decode_summary, summarize
     rec.compact()                   # every request is resolved by now: all into columns
     cols, row_tracks = rec.resolved.table()
     n = len(cols["request_id"])
@@ -338,6 +338,18 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
                         class_slos=class_slos(s) if any(cols["class"]) else None,
                         prefix_caching=s.engine.enable_prefix_caching, levels=levels)
     summary.update(cluster_summary(rec, replicas, requests))
+    if s.engine.speculative_config is not None:
+        summary["spec_decode"] = spec_decode_summary(
+            rec.resolved.spec_totals, rec.resolved.spec_per_position,
+            s.engine.speculative_config.k)
+    if s.engine.kv_offloading_size is not None:
+        tiers = [r.scheduler.blocks for r in replicas
+                 if hasattr(r.scheduler.blocks, "num_offload_blocks")]
+        summary["kv_offload"] = {
+            "host_blocks_per_replica": s.replica.num_offload_blocks,
+            "loaded_blocks": sum(b.num_loaded for b in tiers),
+            "stored_blocks": sum(b.num_stored for b in tiers),
+            "host_evicted_blocks": sum(b.num_host_evicted for b in tiers)}
     if any(delays.values()):
         summary["frontend_delay_ms"] = 1000.0 * max(delays.values())
     tracks = None

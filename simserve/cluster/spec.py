@@ -7,7 +7,8 @@ cache's blocks (device and host), and the bytes of one block on one rank (what a
 and what a KV transfer prices). Nothing downstream re-derives them.
 
     KV block bytes (one rank) = block_size · 2 (K and V) · layers · KV heads per rank
-                                · head_dim · dtype bytes
+                                · head_dim · KV dtype bytes   (MLA: block_size · layers ·
+                                latent width · KV dtype bytes, whole on every rank)
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class ReplicaSpec:
     prefix_caching: bool
     tensor_parallel_size: int
     kv_error: str = ""             # why no KV block fits the device memory, if none does
+    num_offload_blocks: int = 0    # host-memory KV tier (kv_offloading_size), in blocks per rank
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -74,15 +76,31 @@ def resolve(s: Scenario) -> ReplicaSpec:
                              long_prefill_token_threshold=e.long_prefill_token_threshold,
                              preemption_mode=e.preemption_mode,
                              max_model_len=max_model_len,
-                             reserve_full_sequence=e.scheduler_reserve_full_isl)
+                             reserve_full_sequence=e.scheduler_reserve_full_isl,
+                             speculative_config=e.speculative_config)
     tp = e.tensor_parallel_size
     block_bytes = kv_block_bytes(s.model, e.block_size, tp)
+    # an EAGLE / MTP / draft-model drafter keeps its own layers' KV in the same blocks and
+    # its weights on every rank (latency/spec.py says which card prices it)
+    drafter = None
+    if e.speculative_config is not None:
+        from simserve.latency.spec import drafter_card, drafter_weight_bytes
+        drafter = drafter_card(s.model, e.speculative_config)
+    extra_weights = 0.0
+    if drafter is not None:
+        block_bytes += kv_block_bytes(drafter, e.block_size, tp)
+        assert e.speculative_config is not None      # a drafter comes from it
+        extra_weights = drafter_weight_bytes(drafter, e.speculative_config, tp)
     blocks, error = e.num_gpu_blocks, ""
     if blocks is None:
         try:
             blocks = kv_capacity_blocks(s.model, s.hardware, block_size=e.block_size,
                                         gpu_memory_utilization=e.gpu_memory_utilization,
-                                        tensor_parallel_size=tp, max_num_batched_tokens=budget)
+                                        tensor_parallel_size=tp, max_num_batched_tokens=budget,
+                                        expert_parallel_size=tp * e.data_parallel_size
+                                        if e.enable_expert_parallel else 1,
+                                        block_bytes=block_bytes,
+                                        extra_weight_bytes=extra_weights)
         except ConfigError as err:
             blocks, error = 0, err.message
     host = math.floor(e.swap_space_gb * 2**30 / block_bytes) if e.preemption_mode == "swap" \
@@ -90,6 +108,10 @@ def resolve(s: Scenario) -> ReplicaSpec:
     if not error and blocks <= facts.reserved_blocks:
         error = ("no memory is left for the KV cache after the weights; raise it, use more "
                  "tensor parallelism, or set engine.num_gpu_blocks")
+    offload = 0
+    if e.kv_offloading_size is not None:
+        from simserve.kv.offload import host_blocks
+        offload = host_blocks(e.kv_offloading_size, tp, block_bytes)
     return ReplicaSpec(s.policy, s.policy_params, limits, max_model_len, e.block_size, blocks,
                        facts.reserved_blocks, host, block_bytes, e.enable_prefix_caching, tp,
-                       error)
+                       error, offload)

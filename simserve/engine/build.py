@@ -20,7 +20,43 @@ if TYPE_CHECKING:
     from simserve.config import Scenario
 
 
+def roofline_uses_curves(s: Scenario) -> bool:
+    """Whether the scenario's roofline prices operations with efficiency curves: asked for
+    (``latency.efficiency: curves``), or by default when the hardware names a curve set and no
+    constant efficiency is given."""
+    lat = s.latency
+    if lat.efficiency == "curves" and not s.hardware.efficiency:
+        raise ConfigError("latency.efficiency", f"hardware {s.hardware.name!r} names no "
+                                                "efficiency curves (hardware.efficiency); "
+                                                "use efficiency: constant")
+    if lat.efficiency is not None:
+        return lat.efficiency == "curves"
+    return bool(s.hardware.efficiency) and lat.flops_efficiency is None \
+        and lat.bandwidth_efficiency is None
+
+
 def build_latency(s: Scenario) -> LatencyModel:
+    """The scenario's step-latency model, plus the drafter's cost with speculative decoding
+    (latency/spec.py)."""
+    base = _base_latency(s)
+    spec = s.engine.speculative_config
+    if spec is None:
+        return base
+    from simserve.latency.spec import SpeculativeLatency
+    lat = s.latency
+    kwargs = {k: getattr(lat, k) for k in ("flops_efficiency", "bandwidth_efficiency")
+              if lat.model == "roofline" and getattr(lat, k) is not None}
+    if roofline_uses_curves(s):
+        # the drafter is priced as the target's roofline would be: by the curves where the
+        # hardware names them and no constant efficiency is given
+        from simserve.latency.efficiency import load_curves
+        kwargs["curves"] = load_curves(s.hardware.efficiency)
+    return SpeculativeLatency(base, spec, s.model, s.hardware,
+                              tensor_parallel_size=s.engine.tensor_parallel_size,
+                              block_size=s.engine.block_size, **kwargs)
+
+
+def _base_latency(s: Scenario) -> LatencyModel:
     from simserve.latency.roofline import ConstantLatency, LinearLatency, RooflineModel
     lat = s.latency
     if lat.model == "profile":
@@ -39,22 +75,39 @@ def build_latency(s: Scenario) -> LatencyModel:
                                         swap_block_bytes=s.replica.kv_block_bytes,
                                         tensor_parallel_size=tp, allreduce_s=RooflineModel(
                                             s.model, s.hardware, tensor_parallel_size=tp,
-                                        ).allreduce_s if tp > 1 else None)
+                                        ).allreduce_s if tp > 1 else None,
+                                        **_moe_options(s))
     if lat.model == "constant":
         assert lat.step_ms is not None      # config requires it for a constant model
         return ConstantLatency(lat.step_ms / 1000.0)
     if lat.model == "linear":
         return LinearLatency(lat.base_ms / 1000.0, lat.per_token_ms / 1000.0,
                              lat.per_seq_ms / 1000.0)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
+    if roofline_uses_curves(s):
+        from simserve.latency.efficiency import load_curves
+        kwargs["curves"] = load_curves(s.hardware.efficiency)
     if lat.step_overhead_ms is not None:
         kwargs["step_overhead_s"] = lat.step_overhead_ms / 1000.0
     if lat.flops_efficiency is not None:
         kwargs["flops_efficiency"] = lat.flops_efficiency
     if lat.bandwidth_efficiency is not None:
         kwargs["bandwidth_efficiency"] = lat.bandwidth_efficiency
+    kwargs.update(_moe_options(s))
     return RooflineModel(s.model, s.hardware, tensor_parallel_size=s.engine.tensor_parallel_size,
                          block_size=s.engine.block_size, **kwargs)
+
+
+def _moe_options(s: Scenario) -> dict[str, Any]:
+    """Expert parallelism and routing skew, for a card with experts (#18)."""
+    if not s.model.is_moe:
+        return {}
+    out: dict[str, Any] = {"enable_expert_parallel": s.engine.enable_expert_parallel,
+           "expert_balancedness": s.engine.expert_balancedness}
+    if s.engine.data_parallel_size > 1:     # DP + EP (roofline only: config refuses profiles)
+        out.update(data_parallel_size=s.engine.data_parallel_size,
+                   all2all_backend=s.engine.all2all_backend)
+    return out
 
 
 def build_replicas(s: Scenario, latency: LatencyModel | None = None) -> list[Replica]:
@@ -78,6 +131,11 @@ def _group_replicas(s: Scenario, g: GroupConfig, first: int,
     policy = POLICIES[spec.policy]
 
     def kv() -> BlockManager:
+        if spec.num_offload_blocks and g.role != "decode":   # a host tier behind the cache
+            from simserve.kv.offload import OffloadingBlockManager
+            return OffloadingBlockManager(spec.usable_blocks, spec.block_size,
+                                          spec.num_offload_blocks,
+                                          source_block_size=s.workload.hash_block_tokens)
         if spec.prefix_caching and g.role != "decode":   # decode replicas get KV by transfer,
             return PrefixBlockManager(spec.usable_blocks, spec.block_size,    # not from cache
                                       source_block_size=s.workload.hash_block_tokens)
@@ -86,8 +144,10 @@ def _group_replicas(s: Scenario, g: GroupConfig, first: int,
     def factory() -> Scheduler:   # also a failed replica's fresh start
         return policy(spec.limits, kv(), spec.params, s.seed)
 
+    # vLLM's DP + EP: each DP rank is an engine of its own (scheduler, KV), behind the router
+    ranks = g.replicas * s.engine.data_parallel_size
     return [Replica(first + i, factory(), latency, spec.max_model_len, group=g.name,
-                    role=g.role, factory=factory) for i in range(g.replicas)]
+                    role=g.role, factory=factory) for i in range(ranks)]
 
 
 def engine_options(s: Scenario, replicas: list[Replica]) -> dict[str, Any]:
@@ -98,8 +158,8 @@ def engine_options(s: Scenario, replicas: list[Replica]) -> dict[str, Any]:
     if c.disaggregated:
         # K and V of one token on one rank, per replica: every rank moves its own heads'
         # share over its own link, so the side with fewer ranks sets the time
-        per_rank = [g.scenario.replica.kv_bytes_per_token
-                    for g in groups_of(s) for _ in range(g.replicas)]
+        per_rank = [g.scenario.replica.kv_bytes_per_token for g in groups_of(s)
+                    for _ in range(g.replicas * g.scenario.engine.data_parallel_size)]
         link = c.kv_transfer
         assert link is not None             # config requires it for a disaggregated cluster
         out["decode_router"] = make_router(c.router, s.seed, pool=1)

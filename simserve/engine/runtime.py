@@ -149,7 +149,7 @@ class Runtime:
             tokens.stretch(stretch, ends)
         else:
             finished = sched.complete(plan, now)
-            tokens.step(now, sched.sampled)
+            tokens.step(now, sched.sampled, sched.sampled_tokens)
         r.num_outstanding -= len(finished)
         if finished:
             self.done_steps(r, finished, now)

@@ -153,5 +153,10 @@ class BlockManager:
         self._held[request_id] = self._held.get(request_id, 0) + n
         return n
 
+    def take_loaded(self) -> int:
+        """Blocks loaded from a host-memory KV tier by admissions since the last call (a
+        tier is kv/offload.py's; none here)."""
+        return 0
+
     def swapped_blocks(self, request_id: int) -> int:
         return self._swapped.get(request_id, 0)

@@ -1,6 +1,6 @@
 """Step latency composed from a measured kernel profile (written by ``python -m profiler``).
 
-    step = overhead + embedding(T) + L · ( linear(T)
+    step = overhead + embedding(T) + L · ( linear(T) [+ moe(T), an MoE card]
                                           + Σ_chunks attn_prefill(chunk, ctx)
                                           + (1/B) Σ_decodes attn_decode(B, ctx) )
            + lm_head(num_sampled) + swap
@@ -142,7 +142,8 @@ class ProfileLatency:
     def __init__(self, profile: dict[str, Any], *, source: str = "<profile>",
                  step_overhead_s: float = 0.0, host_link_bandwidth: float | None = None,
                  swap_block_bytes: int | None = None, tensor_parallel_size: int = 1,
-                 allreduce_s=None):
+                 allreduce_s=None, enable_expert_parallel: bool = False,
+                 expert_balancedness: float = 1.0):
         self.profile = profile
         prov = profile["provenance"]
         threads = "" if prov["device"] == "cuda" else f", {prov['threads']} threads"
@@ -186,6 +187,15 @@ class ProfileLatency:
         measured = int(profile.get("settings", {}).get("tensor_parallel_size", 1))
         self.tp, self.tp_scale = tensor_parallel_size, measured / tensor_parallel_size
         self.allreduce_s = allreduce_s if tensor_parallel_size > 1 else None
+        # an MoE card's profile (#18): one MoE block per layer vs the step's tokens, measured
+        # with near-uniform routing on one device. Over TP or EP ranks each rank does 1/TP of
+        # the routed rows (experts sharded, or whole experts split), scaled like the linears;
+        # with EP the busiest rank carries 1 / balancedness of the mean (an estimate)
+        self.moe = None
+        if "moe" in profile:
+            self.moe = Grid1D(profile["moe"]["tokens"], profile["moe"]["seconds"])
+            self.moe_scale = self.tp_scale / (expert_balancedness if enable_expert_parallel
+                                              else 1.0)
         if self.tp_scale != 1.0:
             self.label = (self.label[:-1] + f", TP {tensor_parallel_size} scaled from "
                           f"TP {measured} + roofline all-reduce)")
@@ -215,6 +225,9 @@ class ProfileLatency:
         (no per-step sort or tuple), by the same operations as :meth:`breakdown`, so each value
         is bit-identical to ``step_time`` of that step, and the extrapolation counts come out as
         if each step had been priced."""
+        if plan.padding or plan.overlapped_swap_blocks:    # rare shapes: step by step
+            return lambda i, n: [self.step_time(plan._replace(
+                decode_ctx=tuple(c + k for c in plan.decode_ctx))) for k in range(i, i + n)]
         before = Counter(self.extrapolated)
         base = self.breakdown(plan)
         again = self.extrapolated - before           # this plan's lookups outside the grid
@@ -247,6 +260,7 @@ class ProfileLatency:
                                "attn_prefill", "attn_decode", "lm_head", "swap"), 0.0)
         if plan.is_empty:
             return parts
+        plan = plan.as_computed()          # padded rows: decodes the device computes too
         parts["overhead"] = self.step_overhead_s
         if self.admission_s and plan.prefill_ctx:
             parts["admission"] = self.admission_s * plan.prefill_ctx.count(0)
@@ -254,28 +268,46 @@ class ProfileLatency:
         if n:
             parts["embedding"] = self._get("embedding", self.embedding, n)
             parts["linear"] = self.layers * self._get("linear", self.linear, n)
+            if self.moe is not None:
+                parts["moe"] = self.layers * self._get("moe", self.moe, n) * self.moe_scale
             prefill = 0.0
             for q, c in zip(plan.prefill_lens, plan.prefill_ctx):
                 prefill += self._get("attn_prefill", self.prefill, q, c)
+            decode_ctx = plan.decode_ctx
+            if plan.decode_q:
+                # speculative verifies (q > 1 tokens after c cached): priced as chunks on the
+                # measured prefill kernel; single-token decodes as decodes
+                for q, c in zip(plan.decode_q, plan.decode_ctx):
+                    if q > 1:
+                        prefill += self._get("attn_prefill", self.prefill, q, c)
+                decode_ctx = tuple(c for q, c in zip(plan.decode_q, decode_ctx) if q == 1)
             parts["attn_prefill"] = self.layers * prefill
-            if plan.decode_ctx:
-                ctx = sorted(plan.decode_ctx)
+            if decode_ctx:
+                ctx = sorted(decode_ctx)
                 parts["attn_decode"] = self.layers * self._get(
                     "attn_decode", self.decode, ctx, [0, *accumulate(ctx)])
         if plan.num_sampled:
-            parts["lm_head"] = self._get("lm_head", self.lm_head, plan.num_sampled)
+            # a verify scores every one of its q positions
+            rows = plan.num_sampled + plan.num_decode_tokens - len(plan.decode_ctx)
+            parts["lm_head"] = self._get("lm_head", self.lm_head, rows)
             parts["output_tokens"] = self.per_output_token_s * plan.num_sampled
         if self._scaled:
-            for name in ("embedding", "linear", "lm_head"):
-                parts[name] *= self.scale
+            for name in ("embedding", "linear", "lm_head", "moe"):
+                if name in parts:
+                    parts[name] *= self.scale
             parts["attn_prefill"] *= self.prefill_attention_scale
             parts["attn_decode"] *= self.decode_attention_scale
-        parts["swap"] = (plan.swap_in_blocks + plan.swap_out_blocks) * self._swap_block_s
+        # on the critical path: every swapped block but those moved alongside the compute
+        parts["swap"] = (plan.swap_in_blocks + plan.swap_out_blocks
+                         - plan.overlapped_swap_blocks) * self._swap_block_s
         if self.tp_scale != 1.0:
             for name in ("linear", "attn_prefill", "attn_decode", "lm_head"):
                 parts[name] *= self.tp_scale
         if self.allreduce_s is not None:
             parts["allreduce"] = self.allreduce_s(n)
+        if plan.overlapped_swap_blocks:    # a side stream: only what outlasts the step counts
+            side = plan.overlapped_swap_blocks * self._swap_block_s
+            parts["swap"] += max(0.0, side - sum(parts.values()))
         return parts
 
     def _get(self, name: str, grid, *args: float) -> float:

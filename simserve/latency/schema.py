@@ -99,10 +99,19 @@ class Provenance(_ProvenanceAdded):
 ModelShapes = dict[str, Any]
 
 # ModelCard fields a profile does not record: the context limit is the server's choice, not
-# the kernels' shape, and source is where the card was read from
-_NOT_RECORDED = ("max_position_embeddings", "source")
+# the kernels' shape, source is where the card was read from, and quantization and
+# kv_cache_dtype are the engine's knobs (the profile's dtype is provenance.dtype)
+_NOT_RECORDED = ("max_position_embeddings", "source", "quantization", "kv_cache_dtype")
+# every profile has these (a dense Llama-style card's shapes); the card's other fields (MoE,
+# MLA, OPT-style MLPs and norms, released weight dtypes) are written only where they differ
+# from their defaults, so dense profiles read and write exactly as before
+_REQUIRED = ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
+             "intermediate_size", "vocab_size", "dtype_bytes", "qkv_bias",
+             "tie_word_embeddings")
 MODEL_FIELDS: tuple[str, ...] = tuple(f for f in ModelCard.__dataclass_fields__
-                                      if f not in _NOT_RECORDED)
+                                      if f in _REQUIRED)
+OPTIONAL_MODEL_FIELDS: tuple[str, ...] = tuple(
+    f for f in ModelCard.__dataclass_fields__ if f not in _REQUIRED and f not in _NOT_RECORDED)
 # the fields that shape the kernels (name and the measured dtype are not compared to a card)
 MODEL_KEYS: tuple[str, ...] = tuple(f for f in MODEL_FIELDS if f not in ("name", "dtype_bytes"))
 
@@ -111,6 +120,10 @@ def model_shapes(card: ModelCard, dtype_bytes: int) -> ModelShapes:
     """The profile's ``model`` section for ``card`` measured in a dtype of ``dtype_bytes``."""
     # dtype_bytes last, where the profiler has always written it (files compare byte for byte)
     out = {f: getattr(card, f) for f in MODEL_FIELDS if f != "dtype_bytes"}
+    for f in OPTIONAL_MODEL_FIELDS:
+        value = getattr(card, f)
+        if value != ModelCard.__dataclass_fields__[f].default:
+            out[f] = value
     out["dtype_bytes"] = dtype_bytes
     return out
 
@@ -119,6 +132,7 @@ def model_card(shapes: Mapping[str, Any], max_position_embeddings: int) -> Model
     """The card a profile's ``model`` section was measured with (the context limit is not
     recorded, so the caller gives one)."""
     return ModelCard(**{f: shapes[f] for f in MODEL_FIELDS},
+                     **{f: shapes[f] for f in OPTIONAL_MODEL_FIELDS if f in shapes},
                      max_position_embeddings=max_position_embeddings)
 
 
@@ -399,8 +413,21 @@ _PROVENANCE = _record({
 # checks follow ModelCard's field types (annotations are strings under __future__.annotations)
 _FIELD_CHECKS: dict[str, Callable[[Any, str], Any]] = {"str": _str, "int": _pos_int,
                                                       "bool": _bool}
+
+
+def _optional_check(name: str) -> Callable[[Any, str], Any]:
+    """The check of an optional card field, by its default's type."""
+    default = ModelCard.__dataclass_fields__[name].default
+    if isinstance(default, bool):
+        return _bool
+    if isinstance(default, int):
+        return _nonneg_int
+    return _optional(_str)
+
+
 _MODEL = _record({f: _FIELD_CHECKS[str(ModelCard.__dataclass_fields__[f].type)]
-                  for f in MODEL_FIELDS})
+                  for f in MODEL_FIELDS},
+                 optional={f: _optional_check(f) for f in OPTIONAL_MODEL_FIELDS})
 _SETTINGS = _record({
     "block_size": _pos_int, "max_num_batched_tokens": _pos_int, "warmup": _nonneg_int,
     "repeats": _pos_int, "timer": _choice("perf_counter", "thread_time", "cuda_event",
@@ -425,6 +452,14 @@ _HELDOUT = _list(_record({
 }))
 _LM_HEAD = _grid_1d("seqs", extra=("top_p_seconds",))
 
+
+def _moe(v: Any, where: str) -> Mapping:
+    """An MoE card's profile (#18): one MoE block per layer vs tokens, with the distinct
+    experts each point's routing touched; the ``linear`` series then excludes the MLP."""
+    _grid_1d("tokens")(v, where)
+    _record({"experts_hit": _list(_nonneg_int, len(v["tokens"])), "note": _str})(v, where)
+    return v
+
 _SECTIONS: dict[str, Callable[[Any, str], Any]] = {
     "kind": _choice(KIND),
     "provenance": _PROVENANCE,
@@ -439,6 +474,8 @@ _SECTIONS: dict[str, Callable[[Any, str], Any]] = {
     "memory": _MEMORY,
     "heldout": _HELDOUT,
 }
+# sections added within version 1: checked when present
+_OPTIONAL_SECTIONS: dict[str, Callable[[Any, str], Any]] = {"moe": _moe}
 
 
 def validate(obj: Any, path: str | Path = "<profile>") -> Profile:
@@ -457,7 +494,7 @@ def validate(obj: Any, path: str | Path = "<profile>") -> Profile:
                                              f"reads ({SCHEMA_VERSION}); upgrade simserve")
         if version < 1:
             raise _Invalid("schema_version", f"must be >= 1, got {version}")
-        _record(_SECTIONS)(obj, "")
+        _record(_SECTIONS, _OPTIONAL_SECTIONS)(obj, "")
     except _Invalid as e:
         raise ProfileError(str(path), str(e)) from None
     return obj  # type: ignore[return-value]
@@ -488,6 +525,11 @@ def dump(profile: Mapping[str, Any], path: str | Path) -> None:
     Path(path).write_text(json.dumps(profile, indent=1) + "\n")
 
 
+# the mixture-of-experts shape: a dense profile cannot price an MoE card, nor the reverse
+MOE_KEYS = ("num_experts", "experts_per_token", "expert_intermediate",
+            "shared_expert_intermediate")
+
+
 def model_mismatch(profile: Mapping[str, Any], model: Any) -> list[str]:
     """Shape fields where ``model`` (a ModelCard or a mapping with the same names) differs from
     the shapes the profile was measured with, as ``"field: profile X, model Y"``; empty if none.
@@ -496,5 +538,15 @@ def model_mismatch(profile: Mapping[str, Any], model: Any) -> list[str]:
         return model.get(key) if isinstance(model, Mapping) else getattr(model, key, None)
 
     shapes = profile["model"]
-    return [f"{k}: profile {shapes[k]}, model {get(k)}" for k in MODEL_KEYS
-            if get(k) is not None and shapes[k] != get(k)]
+    diffs = [f"{k}: profile {shapes[k]}, model {get(k)}" for k in MODEL_KEYS
+             if get(k) is not None and shapes[k] != get(k)]
+    # an MoE card needs a profile of its MoE block (and a dense card one without); so do the
+    # other optional shapes (an OPT-style MLP, MLA attention...): absent means the default
+    for k in OPTIONAL_MODEL_FIELDS:
+        default = ModelCard.__dataclass_fields__[k].default
+        have = shapes.get(k, default)
+        want = get(k)
+        want = default if want is None else want
+        if have != want:
+            diffs.append(f"{k}: profile {have}, model {want}")
+    return diffs

@@ -112,10 +112,15 @@ class _LiveTokenLog(TokenLog):
         super().__init__(False)
         self.sim, self.replica = sim, replica
 
-    def step(self, t_end: float, sampled: list[Request]) -> None:
+    def step(self, t_end: float, sampled: list[Request],
+             counts: list[int] | None = None) -> None:
         emit = self.sim._emit
-        for req in sampled:
-            emit(req, t_end, self.replica)
+        if counts is None:
+            for req in sampled:
+                emit(req, t_end, self.replica)
+        else:                  # speculative decoding: a step's tokens leave as one chunk
+            for req, n in zip(sampled, counts):
+                emit(req, t_end, self.replica, n)
 
     def delivered(self, req: Request, t: float) -> None:
         self.sim._emit(req, t, self.replica)
@@ -292,7 +297,7 @@ class WallClockSimulation:
         self._timer = self._loop.call_at(when, self._tick)
 
     # -- what the engine tells it ----------------------------------------------------------
-    def _emit(self, req: Request, t: float, replica: int) -> None:
+    def _emit(self, req: Request, t: float, replica: int, n: int = 1) -> None:
         if self._requests.get(req.id) is not req:
             return          # a disaggregated prefill's proxy: its token leaves when KV lands
         stream = self._streams[req.id]
@@ -303,8 +308,8 @@ class WallClockSimulation:
         else:
             assert stream.last_token_s is not None
             c.itl.observe(t - stream.last_token_s)
-        stream.emit(1, t)
-        c.generation_tokens += 1
+        stream.emit(n, t)
+        c.generation_tokens += n
         if req.num_generated >= req.num_output_tokens:
             c.finished += 1
             c.e2el.observe(t - stream.arrival_s)

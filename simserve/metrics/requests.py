@@ -58,6 +58,10 @@ class RequestColumns:
         self.keep_tracks = keep_tracks          # each row's TokenTrack (tokens.csv)
         self.tracks: list[Any] = []
         self.num_rows = 0
+        # speculative decoding's counts, summed over the requests taken (the summary needs
+        # only their totals: metrics.summary.spec_decode_summary)
+        self.spec_totals = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+        self.spec_per_position: list[int] = []
 
     def take(self, reqs: Sequence[Request]) -> None:
         """Add resolved requests (their order does not matter: ``table`` sorts by id)."""
@@ -71,6 +75,17 @@ class RequestColumns:
             chunk[c] = np.fromiter((codes.setdefault(w, len(codes)) for w in map(read, reqs)),
                                    dtype=np.int32, count=n)
         self.chunks.append(chunk)
+        totals, per = self.spec_totals, self.spec_per_position
+        for r in reqs:
+            if r.num_drafts:
+                totals["num_drafts"] += r.num_drafts
+                totals["num_draft_tokens"] += r.num_draft_tokens
+                totals["num_accepted_tokens"] += r.num_accepted_tokens
+            if r.accepted_per_position is not None:
+                if len(per) < len(r.accepted_per_position):
+                    per.extend([0] * (len(r.accepted_per_position) - len(per)))
+                for i, a in enumerate(r.accepted_per_position):
+                    per[i] += a
         if self.keep_tracks:
             self.tracks.extend(r.tokens if r.status is Status.FINISHED else None for r in reqs)
         self.num_rows += n

@@ -83,11 +83,21 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     summary.update(_goodput(slo, ttft, e2el, out, len(requests), per_s))
     for name, values in zip(LATENCIES, (ttft, tpot, itl_values, e2el)):
         summary.update(_latency_stats(name, values, percentiles))
+    # the papers' run-level numbers: mean E2EL per output token; arrival -> first scheduled
+    norm = e2el / np.maximum(out, 1)
+    summary["mean_normalized_latency_ms"] = float(norm.mean()) * MS_PER_S if len(norm) else None
+    delay = (done["first_scheduled_s"].to_numpy(float) - arrival) if len(done) else np.empty(0)
+    delay = delay[~np.isnan(delay)]            # a replayed run has no scheduling times
+    for key, q in (("median", 50), ("p99", 99)):
+        summary[f"{key}_scheduling_delay_ms"] = \
+            float(np.percentile(delay, q)) * MS_PER_S if len(delay) else None
     summary["total_preemptions"] = int(requests["num_preemptions"].sum())
     summary.update(levels(t0, t1) if callable(levels)
                    else _levels(steps, _replicas(requests, steps), t0, t1))
     if class_slos is not None:
         summary.update(_by_class(requests, class_slos, slo, per_s, percentiles))
+    if slo.has_aggregates:                     # after the per-class verdict, which they join
+        summary.update(_aggregates(slo, itl_values, norm, delay, summary))
     if prefix_caching:
         summary.update(_prefix_cache(done))
     return {k: _plain(v) for k, v in summary.items()}
@@ -153,6 +163,23 @@ def _by_class(requests: pd.DataFrame, class_slos: Mapping[str, SloConfig], slo: 
     return out
 
 
+def spec_decode_summary(totals: Mapping[str, int], per_position: Sequence[int],
+                        k: int) -> dict[str, Any]:
+    """Speculative decoding's counts over every request (``vllm bench serve``'s definitions,
+    ``benchmarks/serve.py``), from their totals (``RequestColumns.spec_totals`` and
+    ``spec_per_position``): acceptance rate = accepted / draft tokens, acceptance length =
+    1 + accepted / drafts (a draft: one verify step with drafts), per position i the share of
+    drafts whose first i+1 tokens were all accepted."""
+    drafts = totals["num_drafts"]
+    draft_tokens = totals["num_draft_tokens"]
+    accepted = totals["num_accepted_tokens"]
+    per = [*per_position, *[0] * (k - len(per_position))][:k]
+    return {"num_drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
+            "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
+            "acceptance_length": 1 + accepted / drafts if drafts else 1.0,
+            "per_position_acceptance_rate": [a / drafts if drafts else 0.0 for a in per]}
+
+
 def _prefix_cache(done: pd.DataFrame) -> dict[str, Any]:
     """Prompt tokens of finished requests found in the prefix cache at first admission."""
     hits = int(done["num_cached_tokens"].sum())
@@ -168,7 +195,7 @@ def _goodput(slo: SloConfig, ttft: np.ndarray, e2el: np.ndarray, out: np.ndarray
     if slo.is_empty:
         return dict.fromkeys(keys)
     tpot_or_zero = np.where(out > 1, (e2el - ttft) / np.maximum(out - 1, 1), 0.0)
-    good = np.ones(len(out), dtype=bool)
+    good = np.ones(len(out), dtype=bool)      # without per-request limits: every finished one
     for values, limit_ms in ((ttft, slo.ttft_ms), (tpot_or_zero, slo.tpot_ms), (e2el, slo.e2el_ms)):
         if limit_ms is not None:
             good &= values <= limit_ms / MS_PER_S
@@ -177,6 +204,32 @@ def _goodput(slo: SloConfig, ttft: np.ndarray, e2el: np.ndarray, out: np.ndarray
     attainment = num_good / num_requests if num_requests else None
     return dict(zip(keys, (per_s(num_good), num_good, attainment, slo.attainment,
                            attainment is not None and attainment >= slo.attainment)))
+
+
+def _aggregates(slo: SloConfig, itl: Any, norm: np.ndarray, delay: np.ndarray,
+                summary: dict[str, Any]) -> dict[str, Any]:
+    """The run-level SLO criteria: each measured value, and ``slo_met`` with them all."""
+    out: dict[str, Any] = {}
+    met = summary.get("slo_met") is not False
+    if slo.tbt_ms is not None:
+        q = slo.tbt_percentile
+        if isinstance(itl, WeightedSample):
+            value = itl.percentiles([q])[0] if len(itl) else 0.0
+        else:
+            value = float(np.percentile(itl, q)) if len(itl) else 0.0
+        out["slo_tbt_ms"] = value * MS_PER_S
+        met &= out["slo_tbt_ms"] <= slo.tbt_ms
+    if slo.scheduling_delay_ms is not None:
+        q = slo.scheduling_delay_percentile
+        out["slo_scheduling_delay_ms"] = float(np.percentile(delay, q)) * MS_PER_S \
+            if len(delay) else float("inf")
+        met &= out["slo_scheduling_delay_ms"] <= slo.scheduling_delay_ms
+    if slo.normalized_latency_ms is not None:
+        out["slo_normalized_latency_ms"] = float(norm.mean()) * MS_PER_S if len(norm) \
+            else float("inf")
+        met &= out["slo_normalized_latency_ms"] <= slo.normalized_latency_ms
+    out["slo_met"] = bool(met)
+    return out
 
 
 def _latency_stats(name: str, values_s: np.ndarray, percentiles: Sequence[float]) -> dict[str, Any]:
@@ -341,8 +394,13 @@ def format_summary(summary: dict[str, Any], title: str = "Serving Benchmark Resu
         row(f"Median {short} (ms):", summary[f"median_{name}_ms"])
         for word in _percentile_words(summary, name):
             row(f"P{word} {short} (ms):", summary[f"p{word}_{name}_ms"])
+    if "mean_normalized_latency_ms" in summary:     # absent in summaries written before
+        row("Mean normalized latency (ms/token):", summary["mean_normalized_latency_ms"])
     section("Scheduler")
     row("Engine steps:", summary["num_steps"])
+    if "median_scheduling_delay_ms" in summary:
+        row("Median scheduling delay (ms):", summary["median_scheduling_delay_ms"])
+        row("P99 scheduling delay (ms):", summary["p99_scheduling_delay_ms"])
     row("Preemptions:", summary["total_preemptions"])
     row("Mean running requests:", summary["mean_running"])
     row("Mean waiting requests:", summary["mean_waiting"])
@@ -351,10 +409,30 @@ def format_summary(summary: dict[str, Any], title: str = "Serving Benchmark Resu
     row("Mean batched tokens per step:", summary["mean_batched_tokens"])
     if "prefix_cache_hit_rate" in summary:
         row("Prefix cache hit rate (%):", _pct(summary["prefix_cache_hit_rate"]))
+    if "kv_offload" in summary:
+        ko = summary["kv_offload"]
+        row("KV offload: blocks loaded from host:", ko["loaded_blocks"])
+        row("KV offload: blocks stored to host:", ko["stored_blocks"])
+    if "spec_decode" in summary:
+        sd = summary["spec_decode"]
+        section("Speculative Decoding")
+        row("Acceptance rate (%):", _pct(sd["acceptance_rate"]))
+        row("Acceptance length:", sd["acceptance_length"])
+        row("Drafts:", sd["num_drafts"])
+        row("Draft tokens:", sd["draft_tokens"])
+        row("Accepted tokens:", sd["accepted_tokens"])
+        lines.append("Per-position acceptance (%):")
+        for i, rate in enumerate(sd["per_position_acceptance_rate"]):
+            row(f"  Position {i}:", _pct(rate))
     if has_slo:
         section("SLO")
         row("Good requests:", summary["num_good"])
         row("SLO attainment (%):", _pct(summary["slo_attainment"]))
+        for key, label in (("slo_tbt_ms", "SLO TBT percentile (ms):"),
+                           ("slo_scheduling_delay_ms", "SLO scheduling delay (ms):"),
+                           ("slo_normalized_latency_ms", "SLO normalized latency (ms/token):")):
+            if key in summary:
+                row(label, summary[key])
         row("SLO attainment target (%):", _pct(summary["slo_attainment_target"]))
         row("SLO met:", summary["slo_met"])
     if summary.get("per_replica"):

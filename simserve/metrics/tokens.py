@@ -41,7 +41,7 @@ class TokenTrack:
     """One request's output tokens as recorded: the replica step and time of its latest, and
     (with ``record``) every token's time (see the module docstring)."""
 
-    __slots__ = ("last_step", "last_s", "runs", "ends", "earlier")
+    __slots__ = ("last_step", "last_s", "runs", "ends", "earlier", "extra")
 
     def __init__(self, last_step: int, last_s: float, record: bool):
         self.last_step = last_step      # -2: the next token's gap spans skipped steps
@@ -49,12 +49,15 @@ class TokenTrack:
         self.runs: list[list[int]] | None = [] if record else None
         self.ends: array[float] | None = None     # the step ends ``runs`` index into
         self.earlier: list[float] = []            # (record) tokens of earlier replicas
+        # (record, speculative decoding) steps that delivered more than one token: step index
+        # -> the tokens beyond the first, all at that step's end (one streamed chunk)
+        self.extra: dict[int, int] | None = None
 
     def flatten(self) -> None:
         """Turn the runs into earlier times (the request leaves the replica they index)."""
         if self.runs:
             self.earlier = self.times()
-        self.runs, self.ends = [], None
+        self.runs, self.ends, self.extra = [], None, None
 
     def times(self) -> list[float]:
         """The time of every output token (needs a run that records tokens)."""
@@ -63,6 +66,10 @@ class TokenTrack:
         ends = self.ends
         if ends is None:
             return list(self.earlier)
+        if self.extra:
+            extra = self.extra
+            return self.earlier + [ends[i] for first, stop in self.runs
+                                   for i in range(first, stop) for _ in range(1 + extra.get(i, 0))]
         return self.earlier + [ends[i] for first, stop in self.runs for i in range(first, stop)]
 
 
@@ -79,8 +86,11 @@ class TokenLog:
         self.record = record               # keep every token's time
         self.step_ends = array("d")        # (record) each step's end
 
-    def step(self, t_end: float, sampled: list[Request]) -> None:
-        """A step ended at ``t_end``; ``sampled`` sampled a token in it (in plan order)."""
+    def step(self, t_end: float, sampled: list[Request],
+             counts: list[int] | None = None) -> None:
+        """A step ended at ``t_end``; ``sampled`` sampled a token in it (in plan order); with
+        speculative decoding ``counts`` says how many each (one chunk each: one gap, as
+        ``vllm bench serve`` records one ITL sample per streamed chunk)."""
         index = self.num_steps
         self.num_steps = index + 1
         diff, record = self.itl_diff, self.record
@@ -104,6 +114,14 @@ class TokenLog:
         if adjacent:                                    # one gap each: the previous step's
             diff[index - 1] += adjacent
             diff[index] -= adjacent
+        if record and counts is not None:
+            for req, c in zip(sampled, counts):
+                if c > 1:
+                    tr = req.tokens
+                    assert tr is not None           # it sampled: its track exists
+                    if tr.extra is None:
+                        tr.extra = {}
+                    tr.extra[index] = c - 1
 
     def stretch(self, stretch: Stretch, ends: list[float]) -> None:
         """The first ``len(ends)`` steps of a fast-forwarded stretch, ending at ``ends``.

@@ -26,6 +26,7 @@ from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
+from simserve.sched.spec import Acceptance, SpeculativeConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,8 @@ class SchedulerLimits:
     # whole sequence so far (prompt, plus output before a preemption) are free, not just for
     # its first chunk (read by the vLLM v1 policies)
     reserve_full_sequence: bool = False
+    # speculative decoding (#18; sched/spec.py): k drafts verified per decode, KV lookahead
+    speculative_config: SpeculativeConfig | None = None
 
 
 class Batch:
@@ -53,7 +56,8 @@ class Batch:
 
     __slots__ = ("token_budget", "seq_budget", "entries", "ids", "new_tokens", "scheduled",
                  "prefills", "first_scheduled", "plan", "num_preempted", "swap_out_blocks",
-                 "swap_in_blocks", "prefill_lens", "prefill_ctx", "decode_ctx", "num_sampled")
+                 "swap_in_blocks", "overlapped_swap_blocks", "prefill_lens", "prefill_ctx",
+                 "decode_ctx", "num_sampled", "decode_q")
 
     def __init__(self, limits: SchedulerLimits):
         self.token_budget = limits.max_num_batched_tokens
@@ -68,10 +72,13 @@ class Batch:
         self.num_preempted = 0
         self.swap_out_blocks = 0
         self.swap_in_blocks = 0
+        self.overlapped_swap_blocks = 0     # of those, moved alongside the step's compute
         self.prefill_lens: list[int] = []
         self.prefill_ctx: list[int] = []
         self.decode_ctx: list[int] = []
         self.num_sampled = 0
+        # with speculative decoding: each decode's query tokens (1 + drafts); None without
+        self.decode_q: list[int] | None = [] if limits.speculative_config else None
 
     def add(self, req: Request, n: int) -> None:
         self.entries.append((req, n))
@@ -82,8 +89,13 @@ class Batch:
         self.seq_budget -= 1
         computed = req.num_computed_tokens
         num_tokens = req.num_prompt_tokens + req.num_generated
-        if n == 1 and req.num_generated and computed + 1 == num_tokens:
+        if req.num_generated and computed + 1 == num_tokens and (
+                n == 1 or self.decode_q is not None):   # a decode (a verify: 1 + drafts)
             self.decode_ctx.append(computed)
+            if self.decode_q is not None:
+                self.decode_q.append(n)
+                self.num_sampled += 1
+                return
         else:
             self.prefill_lens.append(n)
             self.prefill_ctx.append(computed)
@@ -101,7 +113,9 @@ class Batch:
         self.plan = StepPlan(   # (positional: the order of StepPlan's fields)
             tuple(self.ids), tuple(self.new_tokens), tuple(self.prefill_lens),
             tuple(self.prefill_ctx), tuple(self.decode_ctx), self.num_sampled,
-            self.swap_out_blocks, self.swap_in_blocks, self.num_preempted)
+            self.swap_out_blocks, self.swap_in_blocks, self.num_preempted, 0.0,
+            tuple(self.decode_q) if self.decode_q is not None else (),
+            overlapped_swap_blocks=self.overlapped_swap_blocks)
         return self.plan
 
 
@@ -128,6 +142,9 @@ class Scheduler:
     # KV blocks the engine keeps out of use (vLLM v1's block pool holds block 0 back as its
     # "null block"): the policy's block manager gets num_gpu_blocks minus these
     reserved_blocks: ClassVar[int] = 0
+    # True if the policy schedules decodes through the shared verbs (grow, grow_or_preempt,
+    # decode_all), which verify speculative drafts (engine.speculative_config)
+    speculates: ClassVar[bool] = False
 
     def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params: Any = None,
                  seed: int = 0):
@@ -142,6 +159,12 @@ class Scheduler:
         # what the last completed step did, for the metrics layer's token log: the requests
         # that sampled a token in it, in plan order
         self.sampled: list[Request] = []
+        # with speculative decoding, the tokens each of ``sampled`` got (None: one each)
+        self.sampled_tokens: list[int] | None = None
+        spec = limits.speculative_config
+        self.speculative = spec
+        self.acceptance = Acceptance(spec, seed) if spec is not None else None
+        self._lookahead = spec.lookahead if spec is not None else 0
         # asks the engine to keep every output token's time (tokens.csv, Result.token_times);
         # read when the run starts
         self.record_tokens = False
@@ -176,10 +199,40 @@ class Scheduler:
     # -- shared verbs ----------------------------------------------------------------------
     def grow(self, batch: Batch, req: Request, n: int) -> bool:
         """Schedule ``n`` tokens of a running request if its blocks can grow; no eviction."""
-        if self.blocks.allocate(req.id, req.num_computed_tokens + n) is None:
+        if self.speculative is not None:
+            n = self.verify_tokens(batch, req, n)
+        if self.blocks.allocate(req.id, self.slots(req, n)) is None:
             return False
         batch.add(req, n)
         return True
+
+    # -- speculative decoding (sched/spec.py) ----------------------------------------------
+    def verify_tokens(self, batch: Batch, req: Request, n: int) -> int:
+        """A decode's tokens with speculation: its last sampled token and up to k drafts,
+        fewer when the token budget (or max_model_len) runs out, as vLLM clips them."""
+        if n != 1 or not req.is_decoding:
+            return n
+        assert self.speculative is not None     # (called only when speculating)
+        drafts = min(self.speculative.k, batch.token_budget - 1)
+        if self.limits.max_model_len:
+            drafts = min(drafts, self.limits.max_model_len - req.num_tokens)
+        return 1 + max(0, drafts)
+
+    def slots(self, req: Request, n: int) -> int:
+        """Tokens whose KV a request must hold to compute ``n`` more: with EAGLE/MTP/draft
+        proposers, ``k`` lookahead slots beyond them (vLLM's num_lookahead_tokens), capped
+        at max_model_len::
+
+            computed | n scheduled (1 + drafts) | lookahead k |
+            [x x x x | v d d d                  | l l l       ]   blocks cover all of it
+        """
+        return self._with_lookahead(req.num_computed_tokens + n)
+
+    def _with_lookahead(self, need: int) -> int:
+        if self._lookahead:
+            cap = self.limits.max_model_len or need + self._lookahead
+            need = max(need, min(need + self._lookahead, cap))
+        return need
 
     def new_batch(self) -> Batch:
         """An empty batch for this step; ``complete`` reads its entries back."""
@@ -192,7 +245,9 @@ class Scheduler:
         until the blocks fit. If the victim is ``req`` itself it is not scheduled and False is
         returned.
         """
-        while self.blocks.allocate(req.id, req.num_computed_tokens + n) is None:
+        if self.speculative is not None:
+            n = self.verify_tokens(batch, req, n)
+        while self.blocks.allocate(req.id, self.slots(req, n)) is None:
             victim = self.preemption_victim(batch, req)
             self.preempt(batch, victim)
             if victim is req:
@@ -223,6 +278,8 @@ class Scheduler:
         written as one tight loop: a decode needs a new block only once per ``block_size``
         steps, so most iterations are a division and an append.
         """
+        if self.speculative is not None:    # every decode a verify: the general path
+            return self._decode_all_verifying(batch)
         if self._decode_all_at_once(batch):
             return True
         bs = self.blocks.block_size
@@ -256,6 +313,20 @@ class Scheduler:
             i += 1
         return True
 
+    def _decode_all_verifying(self, batch: Batch) -> bool:
+        """``decode_all`` with speculative decoding: each request through
+        ``grow_or_preempt`` (which makes a decode a verify of its drafts)."""
+        i = 0
+        while i < len(self.running):
+            if batch.token_budget <= 0 or batch.seq_budget <= 0:
+                return True
+            req = self.running[i]
+            n = 1 if req.is_decoding else self.clip(req, req.num_remaining, batch)
+            if not self.grow_or_preempt(batch, req, n):
+                return False
+            i += 1
+        return True
+
     def _decode_all_at_once(self, batch: Batch) -> bool:
         """``decode_all``'s usual case in a few list passes instead of one branchy loop: the
         budgets cover every running request, every one is decoding, and the new blocks they
@@ -265,7 +336,8 @@ class Scheduler:
         running = self.running
         n = len(running)
         blocks = self.blocks
-        if not n or n > batch.token_budget or n > batch.seq_budget or blocks.caches_prefixes:
+        if not n or n > batch.token_budget or n > batch.seq_budget or blocks.caches_prefixes \
+                or self.speculative is not None:
             return False
         ctx = [r.num_computed_tokens for r in running]
         # each decoding: it has sampled a token and computed all but that one (-1: it has not)
@@ -315,7 +387,7 @@ class Scheduler:
         """
         if self.blocks.caches_prefixes:
             return self._admit_cached(batch, req, n, reserve_tokens, gate_tokens)
-        need = reserve_tokens if reserve_tokens is not None else req.num_computed_tokens + n
+        need = reserve_tokens if reserve_tokens is not None else self.slots(req, n)
         if gate_tokens is not None and not self.blocks.can_hold(req.id, gate_tokens):
             return False
         if self.blocks.allocate(req.id, need) is None:
@@ -340,7 +412,7 @@ class Scheduler:
         blocks = self.blocks
         cached = self.cached_prefix(req)
         n = min(n, req.num_tokens - cached)
-        need = max(reserve_tokens or 0, cached + n)
+        need = max(reserve_tokens or 0, self._with_lookahead(cached + n))
         if gate_tokens is not None and not blocks.can_hold(req.id, gate_tokens, cached):
             return False
         # a cached prefix implies the prefix-caching block manager (cached_prefix)
@@ -350,6 +422,8 @@ class Scheduler:
         if req.num_preemptions == 0:
             req.num_cached_tokens = cached
         req.num_computed_tokens = cached
+        # prefix blocks loaded from a host tier (KV offload): moved in this step
+        batch.swap_in_blocks += blocks.take_loaded()
         self.waiting.popleft()
         req.status = Status.RUNNING
         self.running.append(req)
@@ -401,6 +475,8 @@ class Scheduler:
             by_id = {r.id: r for r in self.running}
             entries = [(by_id[rid], n) for rid, n in zip(plan.request_ids, plan.num_new_tokens)]
         self.sampled = sampled = []
+        if self.acceptance is not None:
+            return self._complete_verifying(entries, t_end)
         for req, n in entries:
             req.num_computed_tokens += n
             if req.num_computed_tokens == req.num_prompt_tokens + req.num_generated:
@@ -408,6 +484,48 @@ class Scheduler:
                 sampled.append(req)
                 if req.num_generated == req.num_output_tokens:
                     finished.append(req)
+        self.retire(finished, t_end)
+        return finished
+
+    def _complete_verifying(self, entries: list[tuple[Request, int]],
+                            t_end: float) -> list[Request]:
+        """``complete`` with speculative decoding. A decode that fed ``1 + d`` tokens accepts
+        ``a <= d`` drafts (sched/spec.py): its KV keeps ``1 + a`` of them (the rejected drafts'
+        slots are rolled back, their blocks kept), and it outputs ``a + 1`` tokens, trimmed
+        at its output length (vLLM's stop check after each token)."""
+        finished: list[Request] = []
+        sampled, counts = self.sampled, []
+        accept = self.acceptance
+        assert accept is not None               # (set whenever speculating)
+        for req, n in entries:
+            computed = req.num_computed_tokens
+            if req.num_generated and computed + 1 == req.num_prompt_tokens + req.num_generated:
+                drafts = n - 1
+                a = accept.accepted(req.id, computed, drafts) if drafts else 0
+                if drafts:
+                    req.num_drafts += 1
+                    req.num_draft_tokens += drafts
+                    req.num_accepted_tokens += a
+                    if a:
+                        per = req.accepted_per_position
+                        if per is None:
+                            assert self.speculative is not None
+                            per = req.accepted_per_position = [0] * self.speculative.k
+                        for i in range(a):
+                            per[i] += 1
+                req.num_computed_tokens = computed + 1 + a
+                out = min(a + 1, req.num_output_tokens - req.num_generated)
+            else:
+                req.num_computed_tokens = computed + n
+                if req.num_computed_tokens != req.num_prompt_tokens + req.num_generated:
+                    continue
+                out = 1
+            req.num_generated += out
+            sampled.append(req)
+            counts.append(out)
+            if req.num_generated >= req.num_output_tokens:
+                finished.append(req)
+        self.sampled_tokens = counts
         self.retire(finished, t_end)
         return finished
 

@@ -13,11 +13,22 @@ Preempted jobs keep their KV on the device while it fits; when a job about to ru
 the lowest-priority jobs not running this iteration are swapped out to host memory (dropped, to
 be recomputed, when the host is full or ``engine.preemption_mode`` is ``recompute``, which
 leaves no swap space); a swapped job is swapped back in when it is next picked. Prompts are
-prefilled whole, in the same iteration as other jobs' decodes.
+prefilled whole, in the same iteration as other jobs' decodes. Those swaps are on the critical
+path: the blocks freed are reused in the same step.
 
-Not modelled: the proactive prefetch of swapped jobs before they are picked (the swap-in is
-charged to the step that needs it), distributed pipeline execution, and FastServe's prefill
-time estimate (the prompt length stands in for it).
+``proactive_swap`` (default on; the artifact's ``--proactive-offloading``, its
+``block_manager.py`` / ``scheduler.py`` ``reserve_free_blocks``): after forming the batch,
+keep ``reserve_blocks`` (default ``max_num_seqs``) device blocks free by swapping out the
+lowest-priority paused jobs, and when no swap-out was needed, swap in the highest-priority
+swapped jobs (at most ``max_num_seqs``) that fit above the reserve, so they are resident when
+picked. These transfers run on separate streams alongside the step's compute
+(``StepPlan.overlapped_swap_blocks``): a step pays only what they outlast it by, sharing the
+host link's bandwidth with each other.
+
+Not modelled: time-based quanta (the artifact's 10 ms, doubling) from a prefill-time model
+(quanta count iterations and the prompt length stands in for the prefill time), its
+starvation timer in seconds (``starvation_steps`` counts iterations), and distributed
+pipeline execution.
 """
 
 from __future__ import annotations
@@ -40,6 +51,8 @@ class FastServeParams:
     quantum_ratio: float = knob(2.0, min=1.0)
     skip_join_tokens: int = knob(512, min=1)       # prompt tokens the top queue's quantum covers
     starvation_steps: int = knob(1000, min=0)      # 0: never promote
+    proactive_swap: bool = knob(True)              # keep a reserve free, prefetch alongside
+    reserve_blocks: int | None = knob(None, min=0)  # None: max_num_seqs (the artifact's)
 
 
 class FastServe(Scheduler):
@@ -108,7 +121,42 @@ class FastServe(Scheduler):
             if req.id not in evicted:
                 self._try_run(batch, req, evicted)
         self._account(batch)
+        if self.params.proactive_swap:
+            self._proactive(batch)
         return batch.freeze()
+
+    def _proactive(self, batch: Batch) -> None:
+        """The artifact's reserve_free_blocks, on a side stream: swap out paused jobs (lowest
+        priority first) until ``reserve`` blocks are free; if none had to go, swap in the
+        best-ranked swapped jobs that fit above the reserve."""
+        blocks, p = self.blocks, self.params
+        reserve = self.limits.max_num_seqs if p.reserve_blocks is None else p.reserve_blocks
+        moved = 0
+        for req in sorted(self.paused, key=self._rank, reverse=True):
+            if blocks.num_free >= reserve:
+                break
+            n = blocks.swap_out(req.id)
+            if n is None:                   # no host room: leave it resident
+                break
+            self.paused.remove(req)
+            req.num_preemptions += 1
+            batch.num_preempted += 1
+            req.status = Status.SWAPPED
+            self.swapped.append(req)
+            batch.swap_out_blocks += n
+            moved += n
+        if not moved:
+            for req in sorted(self.swapped, key=self._rank)[:self.limits.max_num_seqs]:
+                if blocks.swapped_blocks(req.id) + reserve > blocks.num_free:
+                    break
+                n = blocks.swap_in(req.id)
+                assert n is not None            # checked to fit just above
+                self.swapped.remove(req)
+                req.status = Status.RUNNING     # resident, paused like a preempted job
+                self.paused.append(req)
+                batch.swap_in_blocks += n
+                moved += n
+        batch.overlapped_swap_blocks += moved
 
     def _rank(self, req: Request) -> tuple[int, int]:
         return self.level[req.id], self.seq[req.id]

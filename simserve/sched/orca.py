@@ -2,14 +2,42 @@
 
 Every iteration all running requests advance one token and waiting requests may join with their
 whole prompt (no chunking; prefill and decode tokens share the iteration). As in the vLLM
-paper's description of Orca, each admitted request reserves KV memory for its full length
-(prompt + max_tokens) up front, so there is never a preemption, but fewer requests fit.
+paper's description of Orca, each admitted request reserves KV memory up front, so there is
+never a preemption, but fewer requests fit. The reservation modes are the vLLM paper's
+(§6.1), for the prompt plus:
+
+- ``oracle``: the true output length;
+- ``pow2``: the output length rounded up to a power of two ("if the true output length is 25,
+  it reserves 32 positions");
+- ``max``: up to the model's maximum sequence length (``max_model_len``, 2048 for OPT).
+
+``allocator: buddy`` stores each reservation as one contiguous chunk from a buddy allocator
+(``kv/buddy.py``: rounded up to a power of two of blocks, admission blocked when no free region
+is large enough), the memory management the vLLM paper assumes for Orca; ``paged`` (default)
+counts blocks only, without contiguity. A reservation never exceeds ``max_model_len`` nor the
+KV pool.
 """
 
 from __future__ import annotations
 
-from simserve.sched.core import Scheduler
+from dataclasses import dataclass
+from typing import Any
+
+from simserve.kv.buddy import BuddyBlockManager, pow2_at_least
+from simserve.kv.blocks import BlockManager
+from simserve.sched.core import Scheduler, SchedulerLimits
+from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan
+from simserve.sched.request import Request
+
+RESERVATIONS = ("oracle", "pow2", "max")
+ALLOCATORS = ("paged", "buddy")
+
+
+@dataclass(frozen=True)
+class OrcaParams:
+    reservation: str = knob("oracle", choices=RESERVATIONS)
+    allocator: str = knob("paged", choices=ALLOCATORS)
 
 
 class Orca(Scheduler):
@@ -17,6 +45,27 @@ class Orca(Scheduler):
     monotone_admission = True   # see Scheduler.monotone_admission
     chunked = False
     reserves_full_length = True
+    params_type = OrcaParams
+
+    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params: Any = None,
+                 seed: int = 0) -> None:
+        super().__init__(limits, blocks, params, seed)
+        if self.params.allocator == "buddy" and not isinstance(blocks, BuddyBlockManager):
+            if blocks.caches_prefixes or blocks.num_used:
+                raise ValueError("orca's buddy allocator needs an empty, non-caching KV pool")
+            self.blocks = BuddyBlockManager(blocks.num_blocks, blocks.block_size)
+
+    def reservation(self, req: Request) -> int:
+        """KV tokens reserved for ``req`` at admission (its true length at least)."""
+        mode, cap = self.params.reservation, self.limits.max_model_len or req.max_tokens
+        cap = min(cap, self.blocks.num_blocks * self.blocks.block_size)   # never past the pool
+        if mode == "max":
+            want = cap
+        elif mode == "pow2":
+            want = req.num_prompt_tokens + pow2_at_least(max(1, req.num_output_tokens))
+        else:
+            want = req.max_tokens
+        return max(req.max_tokens, min(want, cap))
 
     def schedule(self) -> StepPlan:
         batch = self.new_batch()
@@ -28,6 +77,6 @@ class Orca(Scheduler):
             req = self.waiting[0]
             n = req.num_remaining
             if n > batch.token_budget or not self.admit(batch, req, n,
-                                                         reserve_tokens=req.max_tokens):
+                                                         reserve_tokens=self.reservation(req)):
                 break
         return batch.freeze()

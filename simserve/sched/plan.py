@@ -16,11 +16,13 @@ class StepPlan(NamedTuple):
 
     A request's tokens are "prefill" when they are (part of) a catch-up of its KV cache: the prompt,
     or the prompt plus already generated tokens after a recompute preemption. They are "decode"
-    when the request feeds back exactly its last sampled token (``num_computed + 1 == num_tokens``).
+    when the request feeds back exactly its last sampled token (``num_computed + 1 == num_tokens``),
+    with speculative decoding followed by the drafts it verifies (``decode_q``).
 
     Invariants (checked by the property tests):
       * ``len(prefill_lens) == len(prefill_ctx)``; every prefill length >= 1
-      * ``num_batched_tokens = sum(prefill_lens) + len(decode_ctx) <= max_num_batched_tokens``
+      * ``num_batched_tokens = sum(prefill_lens) + sum(decode_q) (or len(decode_ctx)) <=
+        max_num_batched_tokens``
         (static batching is the one policy allowed to exceed it, with its whole-prompt prefill)
       * ``num_seqs = len(prefill_lens) + len(decode_ctx) <= max_num_seqs``
     """
@@ -43,6 +45,16 @@ class StepPlan(NamedTuple):
     # seconds the step costs beyond its tokens (a policy's own scheduling overhead, e.g. the
     # LMDeploy-style reschedule cost); every latency model adds it to the step's time
     extra_s: float = 0.0
+    # speculative decoding (#18): query tokens of each decode sequence, in decode_ctx order
+    # (1 + the drafts it verifies); empty when every decode feeds one token (no speculation)
+    decode_q: tuple[int, ...] = ()
+    # rows a padded batch computes beyond the real ones (static batching: finished members keep
+    # their row until the batch ends), each a decode at the step's longest decode context;
+    # priced by the latency models, never counted as work (num_batched_tokens excludes them)
+    padding: int = 0
+    # of the swapped blocks above, those moved on a separate stream while this step computes
+    # (FastServe's proactive swaps): they cost only what they outlast the step by
+    overlapped_swap_blocks: int = 0
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -53,12 +65,36 @@ class StepPlan(NamedTuple):
         return len(self.decode_ctx)
 
     @property
+    def num_decode_tokens(self) -> int:
+        """Tokens the decode sequences feed: one each, or 1 + drafts when verifying."""
+        return sum(self.decode_q) if self.decode_q else len(self.decode_ctx)
+
+    @property
     def num_batched_tokens(self) -> int:
-        return self.num_prefill_tokens + len(self.decode_ctx)
+        return self.num_prefill_tokens + self.num_decode_tokens
 
     @property
     def num_seqs(self) -> int:
         return len(self.prefill_lens) + len(self.decode_ctx)
+
+    @property
+    def padded_ctx(self) -> tuple[int, ...]:
+        """The decode contexts the device computes: the real ones, then ``padding`` rows at
+        the longest of them."""
+        if not self.padding or not self.decode_ctx:
+            return self.decode_ctx
+        return self.decode_ctx + (max(self.decode_ctx),) * self.padding
+
+    def as_computed(self) -> StepPlan:
+        """The plan the device computes: ``padding`` rows made real decodes at the longest
+        context (each feeding one token and scoring one row); the plan itself when unpadded.
+        What every latency model prices."""
+        if not self.padding:
+            return self
+        return self._replace(decode_ctx=self.padded_ctx, padding=0,
+                             num_sampled=self.num_sampled + self.padding,
+                             decode_q=self.decode_q + (1,) * self.padding if self.decode_q
+                             else ())
 
     @property
     def is_empty(self) -> bool:

@@ -49,6 +49,12 @@ class Request:
     # which keeps the rest of its token times in ``tokens``: metrics/tokens.py)
     first_token_s: float | None = None
     tokens: TokenTrack | None = None
+    # speculative decoding (#18): verify steps with drafts, drafts verified, drafts accepted,
+    # and how often the first i+1 drafts were all accepted (vLLM's per-position counts)
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] | None = None
     # copies of the spec's fields, read on every step (plain attributes are cheapest)
     id: int = field(init=False)
     num_prompt_tokens: int = field(init=False)

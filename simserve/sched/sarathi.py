@@ -18,6 +18,7 @@ class Sarathi(Scheduler):
     name = "sarathi"
     monotone_admission = True   # see Scheduler.monotone_admission
     continues_past_finish = True
+    speculates = True           # decodes through the shared verbs: they verify drafts
     chunked = True
 
     def schedule(self) -> StepPlan:

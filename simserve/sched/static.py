@@ -5,15 +5,30 @@ engine is idle it forms a batch of up to ``max_num_seqs`` waiting requests, rese
 each one's full length (prompt + output). The batch's whole prompts are prefilled first, packed
 into steps of at most ``max_num_batched_tokens`` (a prompt is never split), then all members
 decode in lockstep until every one is done. New arrivals wait for the whole batch to drain.
-Finished members stop costing compute (padding is not priced), so this is an optimistic bound
-for static batching.
+With ``padding: true`` (the default) the batch is priced as a padded tensor computes it: every
+decode step also computes a row for each member that has already finished, at the step's
+longest context (``StepPlan.padding``: priced by the latency models, never counted as work;
+Orca §2.2: "early-finished requests cannot return"; the Anyscale continuous-batching post).
+``padding: false`` is the optimistic bound (finished members stop costing compute). Not
+modelled: prompts padded to the longest in the batch (each prompt is priced at its own length),
+and results held back until the batch ends (a request finishes at its own last token).
 """
 
 from __future__ import annotations
 
-from simserve.sched.core import Scheduler
+from dataclasses import dataclass
+from typing import Any
+
+from simserve.kv.blocks import BlockManager
+from simserve.sched.core import Scheduler, SchedulerLimits
+from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Status
+
+
+@dataclass(frozen=True)
+class StaticParams:
+    padding: bool = knob(True)
 
 
 class Static(Scheduler):
@@ -21,6 +36,12 @@ class Static(Scheduler):
     monotone_admission = True   # see Scheduler.monotone_admission
     chunked = False
     reserves_full_length = True
+    params_type = StaticParams
+
+    def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params: Any = None,
+                 seed: int = 0) -> None:
+        super().__init__(limits, blocks, params, seed)
+        self._rows = 0      # members of the current batch, finished ones included
 
     def schedule(self) -> StepPlan:
         if not self.running:
@@ -35,9 +56,14 @@ class Static(Scheduler):
         else:
             for req in self.running:
                 self.grow(batch, req, req.num_remaining)
-        return batch.freeze()
+        plan = batch.freeze()
+        if self.params.padding and plan.decode_ctx and not plan.prefill_lens:
+            # the rows of members already finished are still computed
+            plan = plan._replace(padding=self._rows - len(plan.decode_ctx))
+        return plan
 
     def _form_batch(self) -> None:
+        self._rows = 0
         while self.waiting and len(self.running) < self.limits.max_num_seqs:
             req = self.waiting[0]
             if self.blocks.allocate(req.id, req.max_tokens) is None:
@@ -45,3 +71,4 @@ class Static(Scheduler):
             self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)
+            self._rows += 1

@@ -115,7 +115,8 @@ class Stretch:
         if (not sched.monotone_admission or plan.num_preempted
                 or plan.swap_in_blocks or plan.swap_out_blocks
                 or plan.num_sampled != len(plan.request_ids) or max_steps <= 1
-                or sched.blocks.caches_prefixes):   # blocks with identities: allocate() each
+                or sched.blocks.caches_prefixes    # blocks with identities: allocate() each
+                or sched.speculative is not None):  # tokens per step drawn per request
             return None
         # if some prefill (their last chunk), the stretch may start with this mixed step when
         # what follows is sure to decode every running request (nothing waits to be admitted

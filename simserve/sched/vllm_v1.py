@@ -29,6 +29,7 @@ class VllmV1(Scheduler):
     name = "vllm_v1"
     monotone_admission = True   # see Scheduler.monotone_admission
     continues_past_finish = True
+    speculates = True           # decodes through the shared verbs: they verify drafts
     reserved_blocks = 1         # vLLM's block pool holds block 0 back as its null block
     _threshold = 0              # this step's long_prefill_token_threshold (see schedule)
 

@@ -56,6 +56,8 @@ DIST_PARAMS: dict[str, tuple[str, ...]] = {
     "uniform": ("low", "high"),
     "normal": ("mean", "std"),
     "lognormal": ("mean", "sigma"),
+    "exponential": ("mean",),
+    "truncated_exponential": ("mean",),
     "zipf": ("a",),
     "empirical": ("path", "column"),
 }
@@ -67,6 +69,11 @@ class LengthDist:
 
     ``lognormal``'s ``mean`` is the mean of the distribution in tokens (not of its log):
     the underlying normal has ``mu = ln(mean) - sigma**2 / 2``, so ``E[X] = mean``.
+    ``exponential`` has mean ``mean`` and is clipped to ``[min, max]`` (a *capped* exponential:
+    the mass past ``max`` lands on ``max``, the Anyscale latency test's "capped exponential");
+    ``truncated_exponential`` (``max`` required) keeps only draws ``<= max`` (rejection, as the
+    Anyscale throughput test "select[s] only samples ... less than or equal to" its cap; drawn
+    by inverse CDF, so the mean is below ``mean``).
     ``zipf`` draws ``k`` in ``1..max`` with probability proportional to ``k**-a``.
     ``empirical`` resamples (with replacement) the values of ``column`` in the CSV at ``path``.
     """
@@ -75,7 +82,7 @@ class LengthDist:
     value: int | None = None        # fixed
     low: int | None = None          # uniform, inclusive
     high: int | None = None         # uniform, inclusive
-    mean: float | None = None       # normal, lognormal
+    mean: float | None = None       # normal, lognormal, exponential, truncated_exponential
     std: float | None = None        # normal
     sigma: float | None = None      # lognormal (of the underlying normal)
     a: float | None = None          # zipf exponent, > 1
@@ -101,6 +108,8 @@ class LengthDist:
             kw["mean"] = f.float("mean", positive=True, max=MAX_TOKENS)
             # exp(N(mu, sigma)) with sigma past 20 spans e^±60 (10^26) around the median
             kw["sigma"] = f.float("sigma", min=0, max=20.0)
+        elif dist in ("exponential", "truncated_exponential"):
+            kw["mean"] = f.float("mean", positive=True, max=MAX_TOKENS)
         elif dist == "zipf":
             a = f.float("a")
             if a <= 1:
@@ -114,6 +123,9 @@ class LengthDist:
         hi = f.int("max", None, min=lo, max=MAX_ZIPF_SUPPORT if dist == "zipf" else MAX_TOKENS)
         if dist == "zipf" and hi is None:
             raise ConfigError(f.where("max"), "is required for dist: zipf (top of its support)")
+        if dist == "truncated_exponential" and hi is None:
+            raise ConfigError(f.where("max"), "is required for dist: truncated_exponential "
+                                              "(the cap above which draws are rejected)")
         f.done()
         return LengthDist(dist=dist, min=lo, max=hi, **kw)
 

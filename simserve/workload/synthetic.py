@@ -113,6 +113,12 @@ def sample_lengths(d: LengthDist, n: int, rng: np.random.Generator, base_dir: Pa
     elif d.dist == "lognormal":
         # mean is E[X] in tokens: E[exp(N(mu, s^2))] = exp(mu + s^2/2), so mu = ln(mean) - s^2/2
         x = rng.lognormal(math.log(d.mean) - d.sigma ** 2 / 2, d.sigma, size=n)
+    elif d.dist == "exponential":
+        x = rng.exponential(d.mean, size=n)
+    elif d.dist == "truncated_exponential":
+        # inverse CDF of the exponential conditioned on X <= max: one uniform per draw, the
+        # same distribution as redrawing every sample above max
+        x = -d.mean * np.log1p(-rng.random(n) * -np.expm1(-d.max / d.mean))
     elif d.dist == "zipf":
         # Inverse CDF over the finite support 1..max. cdf[-1] == 1 exactly and u < 1, so the
         # index is at most max - 1 and the value at most max.

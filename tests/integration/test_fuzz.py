@@ -181,6 +181,25 @@ FIELDS: dict[str, list] = {
     "engine.enable_chunked_prefill": ["x", 1, [1]],
     "engine.enable_prefix_caching": ["x", 1],
     "engine.bogus": [1],
+    # issue #18: precision, expert/data parallelism, speculative decoding, KV offload
+    "engine.quantization": ["x", 1, True, "fp8", "mxfp4", "int4"],
+    "engine.kv_cache_dtype": ["x", 1, True, "fp4"],
+    "engine.enable_expert_parallel": ["x", 1, True],          # True: a dense model
+    "engine.expert_balancedness": ["x", True, NAN, INF, 0, -1, 1.5],
+    "engine.data_parallel_size": [*POS_INT, 2],                # 2: without expert parallelism
+    "engine.all2all_backend": ["x", 1, "pplx"],
+    "engine.speculative_config": ["x", 1, [1], {}, {"method": "medusa"},
+                                  {"method": "eagle", "num_speculative_tokens": -1,
+                                   "synthetic_acceptance_length": 1.5},
+                                  {"method": "eagle", "num_speculative_tokens": 2,
+                                   "synthetic_acceptance_rates": [0.5, 1.5]},
+                                  {"method": "eagle", "num_speculative_tokens": 2,
+                                   "synthetic_acceptance_rates": [NAN, 0.1]},
+                                  {"method": "eagle", "num_speculative_tokens": 2},
+                                  {"method": "draft_model", "num_speculative_tokens": 2,
+                                   "synthetic_acceptance_length": 2.0, "model": "nope"}],
+    "engine.kv_offloading_size": ["x", True, NAN, INF, -1, 0, 1e308, 1.0],   # 1.0: no prefix cache
+    "engine.kv_offloading_backend": ["x", 1],
     "scheduler.policy": ["x", 1, True],
     "scheduler.bogus": [1],
     "latency.model": ["x", 1],

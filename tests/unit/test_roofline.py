@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 from hypothesis import given, settings
@@ -160,3 +161,116 @@ def test_decode_stretch_is_bit_identical_to_step_time(decode, tp, steps, prefill
     assert prices(steps // 2, steps - steps // 2) == expected[steps // 2:]
     if not prefill and not extra_s:
         assert model.decode_stretch_sum(len(decode), sum(decode))(0, steps) == expected
+
+
+# ---------------------------------------------------------------- efficiency curves
+
+from pathlib import Path  # noqa: E402
+
+from simserve.errors import DataError  # noqa: E402
+from simserve.latency.efficiency import Curve1D, Curve2D, load_curves, parse_curves  # noqa: E402
+
+H100_CURVES = load_curves("h100")
+CURVED = RooflineModel(LLAMA, H100, curves=H100_CURVES)
+
+
+def test_curve_interpolates_in_log2_and_clamps():
+    c = Curve1D((0.0, 2.0), (0.2, 0.6))          # sizes 1 and 4
+    assert c(2) == pytest.approx(0.4)             # log2 2 = 1: half way
+    assert c(0.5) == 0.2 and c(1) == 0.2          # clamped below
+    assert c(1000) == 0.6                          # clamped above
+    g = Curve2D((0.0, 1.0), (0.0, 1.0), ((0.1, 0.3), (0.5, 0.7)))   # sizes 1, 2; ctx 0, 1
+    assert g(1, 0) == 0.1 and g(2, 1) == 0.7
+    # size √2 (log2 0.5), ctx √2 − 1 (log2(1 + ctx) = 0.5): mean of the four corners
+    assert g(2 ** 0.5, 2 ** 0.5 - 1) == pytest.approx(0.4)
+
+
+def test_curves_price_an_op_at_roofline_over_eta():
+    """A one-sequence decode step, every term by hand: each op's roofline at 100 % over its
+    class's efficiency at its size."""
+    L, h, d = 32, 4096, 2
+    q, kv, i, v = 4096, 1024, 14336, 128256
+    bw, c = 3.35e12, H100_CURVES
+    gemm = L * (h * (q + 2 * kv) + q * h + 2 * h * i + i * h) * d   # weight bytes (n = 1:
+    gemm += L * ((h + q + 2 * kv) + (q + h) + (h + 2 * i) + (2 * i + h)) * d   # + activations)
+    ctx = 999                                       # attends 1000 tokens
+    attn = L * (2 * kv * 1000 + 2 * q + 2 * kv) * d  # K, V read; Q, out, new K, V
+    lm = (h * v * d + h * d + v * (d + 4))
+    pw = L * (10 * h + 2 * (q + kv) + 4 * kv) * d
+    expected = (gemm / bw / c.gemm(1) + attn / bw / c.attn_decode(8, 999)
+                + lm / bw / c.lm_head(1) + L * c.pointwise_layer_s + pw / bw / c.pointwise_eta
+                + 2e-3)
+    assert CURVED.step_time(plan(decode=[ctx])) == pytest.approx(expected, rel=1e-9)
+    assert CURVED.label == "roofline (H100-SXM spec, h100 efficiency curves; estimate)"
+
+
+def test_curves_are_slower_than_the_constant_roofline_on_small_work():
+    # a decode of one short sequence: small GEMMs ~70 % of HBM rate, short attention ~1 %
+    small = plan(decode=[100])
+    assert CURVED.step_time(small) > ROOF.step_time(small)
+    b = CURVED.breakdown(small)
+    assert set(b) == {"linear", "attention_prefill", "attention_decode", "lm_head",
+                      "allreduce", "swap", "pointwise", "overhead"}
+    assert sum(b.values()) == pytest.approx(CURVED.step_time(small), rel=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(decode=st.lists(st.integers(0, 5000), min_size=1, max_size=40),
+       tp=st.sampled_from([1, 2, 4]), steps=st.integers(1, 30),
+       prefill=st.sampled_from([(), ((64, 0),), ((700, 300),)]),
+       extra_s=st.sampled_from([0.0, 0.0031]))
+def test_curves_decode_stretch_is_bit_identical_to_step_time(decode, tp, steps, prefill,
+                                                             extra_s):
+    model = RooflineModel(LLAMA, H100, tensor_parallel_size=tp, curves=H100_CURVES)
+    p = plan(prefill=prefill, decode=decode)._replace(extra_s=extra_s)
+    expected = [model.step_time(p._replace(decode_ctx=tuple(c + i for c in decode)))
+                for i in range(steps)]
+    assert model.decode_stretch(p)(0, steps) == expected
+    if not prefill and not extra_s:
+        assert model.decode_stretch_sum(len(decode), sum(decode))(0, steps) == expected
+
+
+def test_shipped_curves_are_valid_and_bad_ones_are_refused():
+    for name in ("a100", "h100"):
+        c = load_curves(name)
+        assert 0 < min(c.gemm.eta) and max(c.gemm.eta) <= 1
+        assert "derive_efficiency.py" in c.source
+    raw = json.loads((Path(__file__).resolve().parents[2] / "simserve/data/efficiency/h100.json")
+                     .read_text())
+    raw["gemm"]["eta"][0] = 1.5
+    with pytest.raises(DataError, match="not in"):
+        parse_curves(raw, "bad.json")
+
+
+def test_shipped_curves_are_reproduced_from_their_sources():
+    """The data files are derived, never edited: re-deriving gives the same bytes (the a100
+    set needs Vidur's profiles under /work/shared, read-only; skipped where absent)."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "benchmarks/derive_efficiency.py", "--check"],
+                         cwd=root, capture_output=True, text=True)
+    assert "h100.json: same" in out.stdout, out.stdout + out.stderr
+    if Path("/work/shared/vidur-profiles").exists():
+        assert out.returncode == 0 and "a100.json: same" in out.stdout, out.stdout
+
+
+def test_scenario_efficiency_field():
+    from simserve.config import parse_scenario
+    from simserve.engine.build import build_latency
+    base = {"model": "Llama-3.1-8B", "hardware": "H100-SXM",
+            "workload": {"num_requests": 1, "rate": 1.0, "prompt": {"dist": "fixed", "value": 10},
+                         "output": {"dist": "fixed", "value": 10}}}
+    s = parse_scenario(base)
+    assert "efficiency curves" in build_latency(s).label            # the default
+    s = parse_scenario({**base, "latency": {"efficiency": "constant"}})
+    assert build_latency(s).label == "roofline (H100-SXM spec)"
+    s = parse_scenario({**base, "latency": {"flops_efficiency": 0.5}})   # implies constant
+    assert build_latency(s).label == "roofline (H100-SXM spec)"
+    with pytest.raises(ConfigError, match=r"latency\.flops_efficiency"):
+        parse_scenario({**base, "latency": {"efficiency": "curves", "flops_efficiency": 0.5}})
+    s = parse_scenario({**base, "hardware": "L40S", "latency": {"efficiency": "curves"}})
+    with pytest.raises(ConfigError, match=r"latency\.efficiency"):
+        build_latency(s)
+    with pytest.raises(ConfigError, match=r"hardware\.efficiency"):
+        parse_scenario({**base, "hardware": {"spec": "H100-SXM", "efficiency": "nope"}})

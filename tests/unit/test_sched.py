@@ -294,3 +294,30 @@ def test_stretches_start_with_mixed_steps_and_match_stepping(policy, monkeypatch
         assert sum(w > 0 for w in starts) > 50    # prefill-only first steps, others waiting
     else:
         assert not any(starts)                    # chunked: every running request takes part
+
+
+def test_static_prices_the_rows_of_finished_members():
+    # prompts 6, 6, 3 with outputs 2, 3, 1 (padding on, the default): C's one token comes with
+    # its prefill, so C never decodes but keeps its row; after A finishes, two padded rows
+    s = make_scheduler("static", budget=10)
+    for i, (n, out) in enumerate(((6, 2), (6, 3), (3, 1))):
+        s.add(make_request(i, n, out))
+    assert step(s).padding == 0                      # prefill steps are not padded
+    assert step(s).padding == 0
+    p = step(s)                                      # A, B decode; C's row is padding
+    assert tokens(p) == {0: 1, 1: 1} and p.decode_ctx == (6, 6) and p.padding == 1
+    assert p.padded_ctx == (6, 6, 6) and p.num_batched_tokens == 2
+    p = step(s)                                      # B alone, A's and C's rows padded
+    assert tokens(p) == {1: 1} and p.decode_ctx == (7,) and p.padding == 2
+
+
+def test_padding_is_priced_as_decodes_at_the_longest_context():
+    from simserve.cards import load_hardware, load_model
+    from simserve.latency import RooflineModel
+    from simserve.sched.plan import StepPlan
+    roof = RooflineModel(load_model("Llama-3.1-8B"), load_hardware("A100-80GB"))
+    padded = StepPlan((1,), (1,), (), (), (700,), 1, padding=2)
+    full = StepPlan((1, 2, 3), (1, 1, 1), (), (), (700, 700, 700), 3)
+    assert roof.step_time(padded) == roof.step_time(full)
+    assert roof.decode_stretch(padded)(0, 3) == [
+        roof.step_time(padded._replace(decode_ctx=(700 + i,))) for i in range(3)]

@@ -1,0 +1,50 @@
+"""DistServe's per-GPU goodput, colocated vLLM against disaggregated 2P1D (OSDI'24 §6.2,
+chatbot, OPT-13B on A100-80GB). Scenario and its approximations: distserve.yaml.
+
+Paper: "DistServe can sustain 2.0x-4.6x higher request rate compared to vLLM" (chatbot, over
+OPT-13B/66B/175B; per-GPU rates at 90 % attainment of TTFT 0.25 s and TPOT 0.1 s for 13B).
+Also its Fig. 1 (intro): synthetic 512-token prompts and 64-token outputs on OPT-13B,
+colocated "about 1.6 rps", 2P1D "3.3 rps per GPU, which is 2.1x higher" (its SLO values are
+only in the figure: the chatbot SLOs stand in, an assumption).
+"""
+
+from __future__ import annotations
+
+from common import TOLERANCE, max_rate, table, variants, verdict
+
+GPUS = {"colocated": 1, "2P1D": 3}
+
+
+def main() -> None:
+    v = variants("distserve")
+    per_gpu = {label: max_rate(s) / GPUS[label] for label, s in v.items()}
+    print("per-GPU goodput (req/s/GPU): " + ", ".join(f"{k} {r:.3g}" for k, r in per_gpu.items()))
+    ratio = per_gpu["2P1D"] / per_gpu["colocated"]
+    print()
+    print(table([("2P1D / colocated per-GPU goodput", "2.0-4.6x", f"{ratio:.2f}x",
+                  f"{ratio / 4.6:.2f}-{ratio / 2.0:.2f}")]))
+    print()
+    fig1 = variants("distserve", ["workload.prompt={dist: fixed, value: 512}",
+                                  "workload.output={dist: fixed, value: 64}"])
+    fig1_gpu = {label: max_rate(s) / GPUS[label] for label, s in fig1.items()}
+    r1 = fig1_gpu["2P1D"] / fig1_gpu["colocated"]
+    print("Fig. 1 case (512 in / 64 out), per-GPU goodput: " +
+          ", ".join(f"{k} {r:.3g}" for k, r in fig1_gpu.items()))
+    print(table([("Fig. 1: colocated goodput (req/s)", "1.6", f"{fig1_gpu['colocated']:.2f}",
+                  f"{fig1_gpu['colocated'] / 1.6:.2f}"),
+                 ("Fig. 1: 2P1D per GPU (req/s)", "3.3", f"{fig1_gpu['2P1D']:.2f}",
+                  f"{fig1_gpu['2P1D'] / 3.3:.2f}"),
+                 ("Fig. 1: 2P1D / colocated", "2.1x", f"{r1:.2f}x", f"{r1 / 2.1:.2f}")]))
+    print()
+    print("2P1D / colocated: " + verdict(
+        ratio, 2.0, 4.6, "measured above, simserve's colocated vLLM serves about 4x the "
+        "paper's colocated goodput (Fig. 1 case) while its 2P1D is about 2x the paper's: the "
+        "colocated baseline is what is too fast. Not modelled, and the likely cause (not "
+        "verified): the 2023 vLLM's own per-step costs (eager decode, Python scheduling) that "
+        "DistServe measured and that lengthen every colocated step. Also approximate here: the "
+        "prefill instance is two 1-GPU replicas, not a PP-2 instance, and the prompts are "
+        "not DistServe's multi-turn ShareGPT ones", TOLERANCE))
+
+
+if __name__ == "__main__":
+    main()
