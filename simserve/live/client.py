@@ -47,14 +47,15 @@ def check_endpoint_host(endpoint: str, allow_remote: bool = False) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise EndpointError(f"--endpoint: expected http://HOST:PORT, got {endpoint!r}")
     host = parts.hostname
-    if not allow_remote and not _is_loopback(host):
+    if not allow_remote and not is_loopback(host):
         raise EndpointError(f"--endpoint: {host} is not a loopback address; only 127.0.0.1, "
                             f"localhost or ::1 are replayed against unless --allow-remote is "
                             f"given")
     return endpoint.rstrip("/")
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """``localhost``, ``127.0.0.0/8`` or ``::1`` (names other than localhost are not resolved)."""
     if host.lower() == "localhost":
         return True
     try:

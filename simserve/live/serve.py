@@ -9,7 +9,6 @@ streams in flight are cut, and with ``--record DIR`` what was served is written 
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import signal
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from simserve.errors import ConfigError, SimserveError
+from simserve.live.client import is_loopback
 
 if TYPE_CHECKING:
     import asyncio
@@ -24,16 +24,6 @@ if TYPE_CHECKING:
     from simserve.config import Scenario
 
 MAX_PORT = 65535
-
-
-def is_loopback(host: str) -> bool:
-    """``localhost``, ``127.0.0.0/8`` or ``::1`` (names other than localhost are not resolved)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_bind(host: str, port: int, num_ports: int, allow_remote: bool) -> None:
