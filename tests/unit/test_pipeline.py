@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simserve.cards import load_hardware, load_model
 from simserve.config import parse_scenario
@@ -253,3 +255,33 @@ def test_a_pipelined_run_is_deterministic_and_steps():
     assert a.summary == b.summary
     assert a.summary["completed"] == 20
     assert "PP 2" in a.summary["latency_model"]
+
+
+# -- invariants on random workloads ------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 3), policy=st.sampled_from(["vllm_v1", "sarathi", "vllm_v0", "orca"]),
+       reqs=st.lists(st.tuples(st.floats(0, 5), st.integers(1, 30), st.integers(1, 6)),
+                     min_size=1, max_size=12))
+def test_pipelined_runs_keep_their_invariants(p, policy, reqs):
+    # every stage 1 s, no sends. Each of a request's tokens needs its own pass through all p
+    # stages after the previous one came back: consecutive tokens are >= p s apart. The last
+    # stage finishes one micro-batch at a time: outputs are >= 1 s apart. Every request
+    # finishes with exactly its tokens; the step rows tile the time without overlap.
+    specs = [RequestSpec(i, a, n, o) for i, (a, n, o) in
+             enumerate(sorted(reqs, key=lambda r: r[0]))]
+    sched = make_scheduler(policy, budget=32, max_num_seqs=4, num_blocks=200)
+    sched.record_tokens = True
+    r = Replica(0, sched, PerToken(p, stage_s=1.0), 10_000, depth=p)
+    rec = simulate(specs, [r], make_router("round_robin"))
+    for q in rec.requests:
+        times = q.token_times
+        assert len(times) == q.num_output_tokens
+        assert all(b - a >= p - 1e-9 for a, b in zip(times, times[1:]))
+        assert times[0] >= q.spec.arrival_s + p - 1e-9
+    log = rec.replicas[0].columns()
+    ends = log["start_s"] + log["duration_s"]
+    assert all(b - a >= 1 - 1e-9 for a, b in zip(ends, ends[1:]))
+    assert all(s >= e - 1e-9 for s, e in zip(log["start_s"][1:], ends[:-1]))
+    assert sched.num_parked == 0 and sched.blocks.num_used == 0
