@@ -285,3 +285,22 @@ def test_pipelined_runs_keep_their_invariants(p, policy, reqs):
     assert all(b - a >= 1 - 1e-9 for a, b in zip(ends, ends[1:]))
     assert all(s >= e - 1e-9 for s, e in zip(log["start_s"][1:], ends[:-1]))
     assert sched.num_parked == 0 and sched.blocks.num_used == 0
+
+
+def test_profile_split_over_stages_by_hand():
+    # a measured profile: its per-layer parts (linear, attention) times the stage's share of
+    # the 32 layers, the embedding and overhead on stage 0, the LM head on stage 1
+    from simserve.latency.profile import PROFILES_DIR, ProfileLatency
+    m = load_model("Llama-3.1-8B")
+    base = ProfileLatency.from_file(PROFILES_DIR / "Llama-3.1-8B_H100-SXM_bf16.json", m,
+                                    step_overhead_s=1e-3)
+    pp = PipelineLatency(base, m, H100, pipeline_parallel_size=2)
+    plan = decode_plan(8, ctx=500)
+    parts = base.breakdown(plan)
+    times, sends = pp.stages(plan)
+    layered = parts["linear"] + parts["attn_prefill"] + parts["attn_decode"] + parts["swap"]
+    assert times[0] == pytest.approx(layered / 2 + parts["overhead"] + parts["embedding"]
+                                     + parts["admission"] + parts["output_tokens"])
+    assert times[1] == pytest.approx(layered / 2 + parts["lm_head"])
+    # TP 1: 8 tokens · 2 · 4096 · 2 B over NVLink (450 GB/s), no all-gather, + 10 µs
+    assert sends == [pytest.approx(8 * 2 * 4096 * 2 / 450e9 + 10e-6)]
