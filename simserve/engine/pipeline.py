@@ -8,9 +8,12 @@ scheduled, it waits for the oldest micro-batch's output, applies it, and tries a
 in a micro-batch in flight is not scheduled again until that micro-batch's output is back
 (``Scheduler.park`` / ``unpark``): a decode needs the token it samples, which reaches the first
 stage only with the next schedule (vLLM v1 sends sampled tokens back through the scheduler under
-PP; Sarathi-Serve keeps a sequence "paused" while in flight). vLLM v1 would schedule the next
-prefill chunk of a request whose earlier chunk is still in flight; here the request waits
-(a deviation: it matters for a lone long prompt).
+PP; Sarathi-Serve keeps a sequence "paused" while in flight, ``sarathi/core/scheduler/``).
+vLLM v1 would schedule the next prefill chunk of a request whose earlier chunk is still in
+flight; here the request waits (a deviation: it matters for a lone long prompt). Sarathi-Serve
+also caps the micro-batches in flight at the stages, but forms the next one when a micro-batch
+leaves the first stage (``pipeline_parallel_llm_engine.py``) rather than at once: here every
+policy forms it at once, vLLM's way (it then waits for the first stage).
 
 Timing: each stage works on one micro-batch at a time, in order; a micro-batch enters stage j
 when it has left stage j − 1 (plus the activations' send) and stage j is free::

@@ -452,7 +452,9 @@ class Scheduler:
         batch = self._batch
         assert batch is not None and batch.plan is not None
         ids = batch.scheduled
+        before = len(self.running)
         self.running = [r for r in self.running if r.id not in ids]
+        assert before - len(self.running) == len(batch.entries)   # every entry was running
         self.num_parked += len(batch.entries)
         self._batch = None
         return batch
