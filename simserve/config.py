@@ -55,6 +55,9 @@ class EngineConfig:
     swap_space_gb: float = 4.0
     max_model_len: int | None = None            # None: the model card's max_position_embeddings
     tensor_parallel_size: int = 1
+    # stages a replica's layers are split over, each on its own tensor_parallel_size ranks; up
+    # to this many micro-batches in flight (vLLM's batch queue; engine/pipeline.py)
+    pipeline_parallel_size: int = 1
     enable_prefix_caching: bool = False         # vLLM's flag (its default is on; here off)
     # vLLM v1 (>= 0.2x; on by default): admit a waiting request only when KV blocks for its whole
     # sequence so far are free, not just for its first chunk (vllm_v1, priority, vllm_native)
@@ -90,6 +93,7 @@ class EngineConfig:
             swap_space_gb=f.float("swap_space_gb", 4.0, min=0.0, max=SWAP_SPACE_GB_MAX),
             max_model_len=f.int("max_model_len", None, min=1, max=MAX_TOKENS),
             tensor_parallel_size=f.int("tensor_parallel_size", 1, min=1, max=MAX_COUNT),
+            pipeline_parallel_size=f.int("pipeline_parallel_size", 1, min=1, max=MAX_COUNT),
             enable_prefix_caching=f.bool("enable_prefix_caching", False),
             scheduler_reserve_full_isl=f.bool("scheduler_reserve_full_isl", True),
             quantization=f.str("quantization", None, choices=QUANTIZATIONS),
@@ -110,7 +114,7 @@ class EngineConfig:
         return cfg
 
 
-_ENGINE_OPTIONAL = {"quantization": None, "kv_cache_dtype": "auto",
+_ENGINE_OPTIONAL = {"pipeline_parallel_size": 1, "quantization": None, "kv_cache_dtype": "auto",
                     "enable_expert_parallel": False, "expert_balancedness": 1.0,
                     "data_parallel_size": 1, "all2all_backend": "allgather_reducescatter",
                     "speculative_config": None, "kv_offloading_size": None,
@@ -333,6 +337,8 @@ def _check_consistency(s: Scenario) -> None:
         raise ConfigError("engine.tensor_parallel_size",
                           f"{s.engine.tensor_parallel_size} does not divide the model's "
                           f"{s.model.num_heads} attention heads / {s.model.num_kv_heads} KV heads")
+    if s.engine.pipeline_parallel_size > 1:
+        _check_pipeline(s)
     if s.engine.speculative_config is not None:
         from simserve.sched import POLICIES
         if not POLICIES[s.policy].speculates:
@@ -365,6 +371,32 @@ def _check_consistency(s: Scenario) -> None:
                               "latency.model: roofline")
     if s.engine.enable_expert_parallel:
         check_expert_parallel(s.model, max(2, expert_parallel_size(s)))
+
+
+def _check_pipeline(s: Scenario) -> None:
+    """What pipeline parallelism (engine/pipeline.py) is built for: a policy whose queues the
+    engine can hold micro-batches out of, a stage per layer at most, a colocated cluster
+    without failures or a client concurrency gate, a latency model with per-layer costs."""
+    from simserve.sched import POLICIES
+    pp, field = s.engine.pipeline_parallel_size, "engine.pipeline_parallel_size"
+    if not POLICIES[s.policy].pipelines:
+        able = [n for n, c in POLICIES.items() if c.pipelines]
+        raise ConfigError(field, f"policy {s.policy!r} does not model pipeline parallelism; "
+                                 f"use one of: {', '.join(able)}")
+    if pp > s.model.num_layers:
+        raise ConfigError(field, f"{pp} stages for {s.model.name}'s {s.model.num_layers} "
+                                 "layers: at most one stage per layer")
+    if s.latency.model in ("constant", "linear"):
+        raise ConfigError(field, f"latency.model {s.latency.model!r} has no per-layer costs "
+                                 "to split over stages; use roofline or profile")
+    if s.engine.data_parallel_size > 1 or s.engine.speculative_config is not None \
+            or s.engine.kv_offloading_size is not None:
+        raise ConfigError(field, "not modelled together with data_parallel_size, "
+                                 "speculative_config or kv_offloading_size")
+    c = s.cluster
+    if c.disaggregated or (c.faults is not None and c.faults.enabled) or c.groups:
+        raise ConfigError(field, "pipeline parallelism runs on colocated replicas without "
+                                 "failures or replica groups")
 
 
 def _check_budget(s: Scenario) -> None:

@@ -68,6 +68,9 @@ def check_memory(s) -> None:
     tp = e.tensor_parallel_size
     weights = m.weight_bytes_per_rank(tp, tp * e.data_parallel_size
                                       if e.enable_expert_parallel else 1)
+    if e.pipeline_parallel_size > 1:    # the heaviest stage's ranks
+        from simserve.kv.capacity import stage_weight_bytes
+        weights = max(stage_weight_bytes(m, tp, 1, e.pipeline_parallel_size))
     if e.num_gpu_blocks is not None:
         # a KV cache set directly skips vLLM's memory arithmetic, not physics: the weights and
         # the blocks must fit in the device's memory (gpu_memory_utilization aside)
@@ -77,7 +80,8 @@ def check_memory(s) -> None:
                                        f"device (tensor_parallel_size {tp}), more than the "
                                        f"{hw.mem_bytes / GB:.1f} GB of {hw.name}: raise "
                                        "engine.tensor_parallel_size or use a larger device")
-        kv = e.num_gpu_blocks * kv_block_bytes(m, e.block_size, tp)
+        kv = e.num_gpu_blocks * (kv_block_bytes(m, e.block_size, tp)
+                                 if e.pipeline_parallel_size == 1 else s.replica.kv_block_bytes)
         if weights + kv > hw.mem_bytes:
             raise ConfigError("engine.num_gpu_blocks",
                               f"{e.num_gpu_blocks} blocks take {kv / GB:.3g} GB per device; "

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NAMES = ("vllm_orca", "sarathi", "distserve", "anyscale_static", "fastserve")
+NAMES = ("vllm_orca", "sarathi", "distserve", "anyscale_static", "fastserve",
+         "sarathi_pp")
 
 
 def main(argv: list[str]) -> int:

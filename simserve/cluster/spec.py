@@ -6,7 +6,8 @@ limits, chunking and token budget as the policy and the engine knobs decide them
 cache's blocks (device and host), and the bytes of one block on one rank (what a swap moves
 and what a KV transfer prices). Nothing downstream re-derives them.
 
-    KV block bytes (one rank) = block_size · 2 (K and V) · layers · KV heads per rank
+    KV block bytes (one rank) = block_size · 2 (K and V) · layers (of its pipeline stage)
+                                · KV heads per rank
                                 · head_dim · KV dtype bytes   (MLA: block_size · layers ·
                                 latent width · KV dtype bytes, whole on every rank)
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from simserve.errors import ConfigError
-from simserve.kv.capacity import kv_block_bytes, kv_capacity_blocks
+from simserve.kv.capacity import kv_block_bytes, kv_capacity_blocks, stage_block_bytes
 from simserve.sched import describe
 from simserve.sched.core import SchedulerLimits
 
@@ -38,7 +39,8 @@ class ReplicaSpec:
     num_gpu_blocks: int            # device KV blocks; 0 when none fit (``kv_error`` says why)
     reserved_blocks: int           # of those, kept out of use by the policy (vLLM's null block)
     num_host_blocks: int           # host swap space, in blocks (0 without swap preemption)
-    kv_block_bytes: int            # one block's K and V on one tensor-parallel rank
+    kv_block_bytes: int            # one block's K and V on one rank (with pipeline stages: on a
+                                   # rank of the stage with the most layers)
     prefix_caching: bool
     tensor_parallel_size: int
     kv_error: str = ""             # why no KV block fits the device memory, if none does
@@ -78,8 +80,10 @@ def resolve(s: Scenario) -> ReplicaSpec:
                              max_model_len=max_model_len,
                              reserve_full_sequence=e.scheduler_reserve_full_isl,
                              speculative_config=e.speculative_config)
-    tp = e.tensor_parallel_size
+    tp, pp = e.tensor_parallel_size, e.pipeline_parallel_size
     block_bytes = kv_block_bytes(s.model, e.block_size, tp)
+    if pp > 1:    # a rank holds its stage's layers' K and V: the largest stage's share
+        block_bytes = max(stage_block_bytes(s.model, e.block_size, tp, pp))
     # an EAGLE / MTP / draft-model drafter keeps its own layers' KV in the same blocks and
     # its weights on every rank (latency/spec.py says which card prices it)
     drafter = None
@@ -100,7 +104,8 @@ def resolve(s: Scenario) -> ReplicaSpec:
                                         expert_parallel_size=tp * e.data_parallel_size
                                         if e.enable_expert_parallel else 1,
                                         block_bytes=block_bytes,
-                                        extra_weight_bytes=extra_weights)
+                                        extra_weight_bytes=extra_weights,
+                                        pipeline_parallel_size=pp)
         except ConfigError as err:
             blocks, error = 0, err.message
     host = math.floor(e.swap_space_gb * 2**30 / block_bytes) if e.preemption_mode == "swap" \

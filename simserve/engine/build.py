@@ -37,8 +37,14 @@ def roofline_uses_curves(s: Scenario) -> bool:
 
 def build_latency(s: Scenario) -> LatencyModel:
     """The scenario's step-latency model, plus the drafter's cost with speculative decoding
-    (latency/spec.py)."""
+    (latency/spec.py), split over pipeline stages with pipeline parallelism
+    (latency/pipeline.py)."""
     base = _base_latency(s)
+    if s.engine.pipeline_parallel_size > 1:   # (config refuses it with speculation)
+        from simserve.latency.pipeline import PipelineLatency
+        return PipelineLatency(base, s.model, s.hardware,
+                               pipeline_parallel_size=s.engine.pipeline_parallel_size,
+                               tensor_parallel_size=s.engine.tensor_parallel_size)
     spec = s.engine.speculative_config
     if spec is None:
         return base
@@ -147,7 +153,8 @@ def _group_replicas(s: Scenario, g: GroupConfig, first: int,
     # vLLM's DP + EP: each DP rank is an engine of its own (scheduler, KV), behind the router
     ranks = g.replicas * s.engine.data_parallel_size
     return [Replica(first + i, factory(), latency, spec.max_model_len, group=g.name,
-                    role=g.role, factory=factory) for i in range(ranks)]
+                    role=g.role, factory=factory, depth=s.engine.pipeline_parallel_size)
+            for i in range(ranks)]
 
 
 def engine_options(s: Scenario, replicas: list[Replica]) -> dict[str, Any]:

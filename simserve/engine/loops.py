@@ -48,6 +48,7 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from simserve.engine.clock import Clock, Interrupt
+from simserve.engine.pipeline import pipeline_loop
 from simserve.engine.replica import Flight, Replica
 from simserve.engine.runtime import Runtime, pull_arrivals
 from simserve.sched.core import Scheduler
@@ -64,6 +65,8 @@ _NO_ENDS: list[float] = []   # (a plain step's; never changed)
 
 def loop_for(c: Runtime) -> Callable[[Clock, Runtime, Replica], Loop]:
     """The loop that runs each replica of ``c``."""
+    if c.pipelined:
+        return pipeline_loop
     if c.pull:
         return solo_loop
     return run_ahead_loop if c.run_ahead else stepping_loop

@@ -31,6 +31,8 @@ class Replica:
     # a fresh scheduler (with its own empty KV cache) for a restart after a failure
     factory: Callable[[], Scheduler] | None = field(default=None, repr=False)
     up: bool = True
+    # micro-batches it may have in flight: its pipeline stages (engine/pipeline.py); 1 without
+    depth: int = 1
     # engine bookkeeping: the process, the step or stretch in flight (only tracked when
     # something may cut it short), and the inbox of (time, request id, kind, payload)
     proc: Any = field(default=None, repr=False)

@@ -92,7 +92,11 @@ class Runtime:
         self.decode_router: Router = decode_router or _no_decode_pool
         self.transfer_s: Callable[..., float] = transfer_s or _no_decode_pool
         self.fast_forward = fast_forward
-        self.run_ahead = fast_forward and not self.disaggregated
+        # pipeline-parallel replicas (engine/pipeline.py) step, each micro-batch an event
+        self.pipelined = any(r.depth > 1 for r in replicas)
+        if self.pipelined and (self.disaggregated or faults is not None):
+            raise ValueError("pipeline-parallel replicas run colocated, without failures")
+        self.run_ahead = fast_forward and not self.disaggregated and not self.pipelined
         # One replica, nothing else going on: nothing can happen between two of its step
         # boundaries but arrivals, and where an arrival goes is forced, so the replica takes
         # the arrivals due by each boundary itself (as the URGENT arrival events would have, in

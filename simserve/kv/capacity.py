@@ -5,6 +5,15 @@ Per device (one tensor-parallel rank)::
     free   = mem_bytes × gpu_memory_utilization − weight_bytes / TP − activation_reserve
     blocks = floor(free / kv_block_bytes)
 
+With pipeline parallelism (``pipeline_parallel_size`` p > 1) each stage's ranks hold that
+stage's layers (:func:`pipeline_layers`, vLLM's split), the first stage the embedding, the last
+the LM head (a copy of a tied embedding too), and the KV cache of their own layers only: a
+block's bytes per rank shrink to the stage's layers, and a replica has as many blocks as its
+tightest stage fits (vLLM takes the minimum over workers)::
+
+    blocks = min over stages j of floor((mem × util − weights_j / TP − activation_reserve)
+                                        / (kv_block_bytes × layers_j / layers))
+
 vLLM measures the activation peak with a profiling forward pass of ``max_num_batched_tokens``
 tokens. Until our profiler measures it, :func:`activation_reserve_bytes` is an explicit
 estimate (see its docstring); it leaves out CUDA-graph pools and non-torch allocations
@@ -88,11 +97,45 @@ def activation_reserve_bytes(model: ModelCard, *, max_num_batched_tokens: int,
     return 2 * t * model.hidden_size * d + max(mlp, logits)
 
 
+def pipeline_layers(num_layers: int, pp: int) -> list[int]:
+    """Layers of each pipeline stage, as vLLM splits them (``vllm/distributed/utils.py``,
+    ``get_pp_indices``): evenly, the remainder going one each to the stages before the last,
+    from the second-to-last backwards (the last stage holds the final norm and the LM head)."""
+    parts = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    return parts
+
+
+def stage_weight_bytes(model: ModelCard, tp: int, ep: int, pp: int) -> list[float]:
+    """Weights on one rank of each pipeline stage: the stage's share of the decoder layers
+    (their mean size: an MoE card's dense first layers are spread evenly, an estimate), the
+    embedding on the first stage, the final norm and the LM head on the last (with tied
+    embeddings the last stage holds its own copy, as vLLM loads it)."""
+    d, h = model.dtype_bytes, model.hidden_size
+    embedding = (model.embedding_params + model.learned_positions * h) * d / tp
+    head = model.embedding_params * d / tp
+    norm = model.norm_params * d / tp
+    layers = model.weight_bytes_per_rank(tp, ep) - embedding - norm \
+        - (0.0 if model.tie_word_embeddings else head)
+    per_layer = layers / model.num_layers
+    out = [n * per_layer for n in pipeline_layers(model.num_layers, pp)]
+    out[0] += embedding
+    out[-1] += head + norm
+    return out
+
+
+def stage_block_bytes(model: ModelCard, block_size: int, tp: int, pp: int) -> list[int]:
+    """One KV block's bytes on one rank of each stage (its layers' K and V only)."""
+    per_layer = kv_block_bytes(model, block_size, tp) // model.num_layers
+    return [n * per_layer for n in pipeline_layers(model.num_layers, pp)]
+
+
 def kv_capacity_blocks(model: ModelCard, hw: HardwareSpec, *, block_size: int,
                        gpu_memory_utilization: float, tensor_parallel_size: int = 1,
                        max_num_batched_tokens: int, max_num_seqs: int = 256,
                        expert_parallel_size: int = 1, block_bytes: int | None = None,
-                       extra_weight_bytes: float = 0.0) -> int:
+                       extra_weight_bytes: float = 0.0, pipeline_parallel_size: int = 1) -> int:
     """KV blocks per rank (every rank holds the same blocks' share of heads). With expert
     parallelism the routed experts are split over ``expert_parallel_size`` ranks instead of
     being TP-sharded (:meth:`ModelCard.weight_bytes_per_rank`). ``block_bytes`` and
@@ -103,6 +146,10 @@ def kv_capacity_blocks(model: ModelCard, hw: HardwareSpec, *, block_size: int,
     no room for a single block.
     """
     tp = tensor_parallel_size
+    if pipeline_parallel_size > 1:
+        return _pipeline_blocks(model, hw, block_size, gpu_memory_utilization, tp,
+                                max_num_batched_tokens, max_num_seqs, expert_parallel_size,
+                                pipeline_parallel_size)
     block = block_bytes or kv_block_bytes(model, block_size, tp)
     budget = hw.mem_bytes * gpu_memory_utilization
     weights = model.weight_bytes_per_rank(tp, expert_parallel_size)
@@ -119,3 +166,26 @@ def kv_capacity_blocks(model: ModelCard, hw: HardwareSpec, *, block_size: int,
             f"{gpu_memory_utilization:g} × {hw.mem_bytes / GB:.1f} GB of {hw.name}; raise "
             "gpu_memory_utilization or tensor_parallel_size, or use a larger device")
     return int(free // block)
+
+
+def _pipeline_blocks(model: ModelCard, hw: HardwareSpec, block_size: int, util: float, tp: int,
+                     max_num_batched_tokens: int, max_num_seqs: int, ep: int, pp: int) -> int:
+    """``kv_capacity_blocks`` with pipeline stages: the fewest blocks any stage fits (the
+    activation reserve counted on every stage alike: an estimate)."""
+    budget = hw.mem_bytes * util
+    reserve = activation_reserve_bytes(model, max_num_batched_tokens=max_num_batched_tokens,
+                                       max_num_seqs=max_num_seqs, tensor_parallel_size=tp)
+    fits = []
+    for j, (weights, block) in enumerate(zip(stage_weight_bytes(model, tp, ep, pp),
+                                             stage_block_bytes(model, block_size, tp, pp))):
+        free = budget - weights - reserve
+        if free < block:
+            raise ConfigError(
+                "engine.gpu_memory_utilization",
+                f"no room for the KV cache on pipeline stage {j}: {model.name} weights "
+                f"({weights / GB:.2f} GB per device) and the activation reserve "
+                f"({reserve / GB:.2f} GB) exceed {util:g} × {hw.mem_bytes / GB:.1f} GB of "
+                f"{hw.name}; raise gpu_memory_utilization, tensor_parallel_size or "
+                "pipeline_parallel_size, or use a larger device")
+        fits.append(int(free // block))
+    return min(fits)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from simserve.engine.build import build_replicas, engine_options
 from simserve.engine.clock import URGENT, Clock
 from simserve.engine.loops import stepping_loop
+from simserve.engine.pipeline import pipeline_loop
 from simserve.engine.replica import Replica
 from simserve.engine.runtime import Runtime
 from simserve.errors import ConfigError
@@ -189,8 +190,9 @@ class WallClockSimulation:
         self.rt = _LiveRuntime(self, self.env, _LiveRecorder(self), [], self.replicas, router,
                                False, opts.get("decode_router"), opts.get("transfer_s"), None,
                                "retry", 0)
-        for r in self.replicas:
-            r.proc = self.env.process(stepping_loop(self.env, self.rt, r))
+        for r in self.replicas:   # (pipeline parallelism: micro-batches in flight, stepped too)
+            replica_loop = pipeline_loop if r.depth > 1 else stepping_loop
+            r.proc = self.env.process(replica_loop(self.env, self.rt, r))
         self._outputs = _output_lengths(s)
         self._num_submitted = 0
         self._streams: dict[int, TokenStream] = {}     # requests not yet done, by id

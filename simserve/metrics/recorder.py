@@ -158,8 +158,8 @@ class Recorder:
         s["kv_blocks_used"].append(sched.blocks.num_used)
         log.group_records.fromlist(_group_row(
             1, replica.index, plan.num_prefill_tokens, len(plan.prefill_lens),
-            len(plan.decode_ctx), len(sched.running), sched.num_waiting, sched.blocks.num_blocks,
-            plan.num_preempted, plan.swap_out_blocks, plan.swap_in_blocks))
+            len(plan.decode_ctx), len(sched.running) + sched.num_parked, sched.num_waiting,
+            sched.blocks.num_blocks, plan.num_preempted, plan.swap_out_blocks, plan.swap_in_blocks))
 
     def stretch(self, replica: Replica, stretch: Stretch) -> None:
         """A priced stretch's steps, one group per segment begun (``Stretch.segments``): the

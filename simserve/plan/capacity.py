@@ -71,10 +71,11 @@ class CapacityResult:
     slo: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     data_parallel_size: int = 1     # DP + EP (#18): ranks of a replica, each TP GPUs
+    pipeline_parallel_size: int = 1  # stages of a replica, each TP GPUs
 
     @property
     def gpus_per_replica(self) -> int:
-        return self.tensor_parallel_size * self.data_parallel_size
+        return self.tensor_parallel_size * self.data_parallel_size * self.pipeline_parallel_size
 
     @property
     def gpus(self) -> int:
@@ -112,6 +113,8 @@ class CapacityResult:
             f"per GPU: {self.per_gpu_rate:.3g} req/s ({self.replicas} replica(s) × TP "
             f"{self.tensor_parallel_size}"
             + (f" × DP {self.data_parallel_size}" if self.data_parallel_size > 1 else "")
+            + (f" × PP {self.pipeline_parallel_size}" if self.pipeline_parallel_size > 1
+               else "")
             + f" = {self.gpus} GPU(s))",
         ]
         if self.target_rate is not None:
@@ -133,6 +136,8 @@ class CapacityResult:
             "replicas_needed": self.replicas_needed, "notes": self.notes,
             **({"data_parallel_size": self.data_parallel_size}
                if self.data_parallel_size > 1 else {}),
+            **({"pipeline_parallel_size": self.pipeline_parallel_size}
+               if self.pipeline_parallel_size > 1 else {}),
         }
 
     def save(self, out: str | Path) -> Path:
@@ -309,7 +314,8 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
                                                   *PROBE_METRICS, "slo_met"]),
         target_rate=target_rate, replicas_needed=needed,
         slo={k: v for k, v in s.slo.to_dict().items() if k != "attainment"}, notes=notes,
-        data_parallel_size=s.engine.data_parallel_size)
+        data_parallel_size=s.engine.data_parallel_size,
+        pipeline_parallel_size=s.engine.pipeline_parallel_size)
 
 
 def _bracket(prober: _Prober, rate: float, replicas: int, workload) -> tuple[float, float]:

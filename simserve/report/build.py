@@ -132,12 +132,16 @@ def capacity_section(cap: CapacityData) -> Section:
     sec = Section(f"Capacity: {cap.label}")
     answer = (f"Highest rate meeting {a['target_attainment']:.0%} SLO attainment "
               f"({_slo_words(a.get('slo') or {})}): {a['max_rate']:.3g} req/s on "
-              f"{a['replicas']} replica(s) × TP {a['tensor_parallel_size']} "
-              f"({a['per_gpu_rate']:.3g} req/s per GPU).")
+              f"{a['replicas']} replica(s) × TP {a['tensor_parallel_size']}"
+              + (f" × PP {a['pipeline_parallel_size']}" if a.get('pipeline_parallel_size')
+                 else "")
+              + f" ({a['per_gpu_rate']:.3g} req/s per GPU).")
     if a.get("target_rate") is not None:
         need = a.get("replicas_needed")
         answer += (f" Serving {a['target_rate']:g} req/s takes "
-                   + (f"{need} replica(s) ({need * a['tensor_parallel_size']} GPU(s))."
+                   + (f"{need} replica(s) "
+                      f"({need * a['tensor_parallel_size'] * a.get('pipeline_parallel_size', 1)}"
+                      " GPU(s))."
                       if need else "more replicas than were tried."))
     sp = a["spread"]
     sec.blocks += [

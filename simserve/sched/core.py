@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from heapq import merge
 from typing import Any, ClassVar, cast
 
 from simserve.kv.blocks import BlockManager
@@ -145,6 +146,9 @@ class Scheduler:
     # True if the policy schedules decodes through the shared verbs (grow, grow_or_preempt,
     # decode_all), which verify speculative drafts (engine.speculative_config)
     speculates: ClassVar[bool] = False
+    # True if the engine may hold a step's requests out of the queues while the step is in
+    # flight and schedule the next micro-batch from the rest (pipeline parallelism: ``park``)
+    pipelines: ClassVar[bool] = False
 
     def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params: Any = None,
                  seed: int = 0):
@@ -171,6 +175,10 @@ class Scheduler:
         self._batch: Batch | None = None
         # requests the last plan schedules for the first time (each with a prefill chunk)
         self.newly_scheduled: list[Request] = []
+        # pipeline parallelism: running requests held out of ``running`` while their
+        # micro-batch is in flight (``park``); they count against max_num_seqs all the same
+        self.num_parked = 0
+        self._run_seq = 0
 
     # -- queue state -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -268,7 +276,7 @@ class Scheduler:
         """The admission guard: someone waits, the step has token and sequence budget left,
         and the running list is below ``max_num_seqs``."""
         return bool(self.waiting) and not batch.full \
-            and len(self.running) < self.limits.max_num_seqs
+            and len(self.running) + self.num_parked < self.limits.max_num_seqs
 
     def decode_all(self, batch: Batch) -> bool:
         """Give every running request one token, oldest first, evicting the newest on block
@@ -393,8 +401,7 @@ class Scheduler:
         if self.blocks.allocate(req.id, need) is None:
             return False
         self.waiting.popleft()
-        req.status = Status.RUNNING
-        self.running.append(req)
+        self._join(req)
         batch.add(req, n)
         return True
 
@@ -425,17 +432,48 @@ class Scheduler:
         # prefix blocks loaded from a host tier (KV offload): moved in this step
         batch.swap_in_blocks += blocks.take_loaded()
         self.waiting.popleft()
-        req.status = Status.RUNNING
-        self.running.append(req)
+        self._join(req)
         batch.add(req, n)
         return True
+
+    def _join(self, req: Request) -> None:
+        """A request joins the end of the running list."""
+        req.status = Status.RUNNING
+        req.run_seq = self._run_seq
+        self._run_seq += 1
+        self.running.append(req)
+
+    # -- pipeline parallelism: micro-batches in flight -------------------------------------
+    def park(self) -> Batch:
+        """Hold the last plan's requests out of ``running`` while its micro-batch is in flight
+        (they are not scheduled again until its output returns: ``unpark``). Returns the batch,
+        which ``unpark`` takes back. The requests still count against ``max_num_seqs`` and are
+        never preemption victims (a deviation from vLLM v1, which may preempt one in flight)."""
+        batch = self._batch
+        assert batch is not None and batch.plan is not None
+        ids = batch.scheduled
+        before = len(self.running)
+        self.running = [r for r in self.running if r.id not in ids]
+        assert before - len(self.running) == len(batch.entries)   # every entry was running
+        self.num_parked += len(batch.entries)
+        self._batch = None
+        return batch
+
+    def unpark(self, batch: Batch) -> None:
+        """A parked micro-batch's output is back: its requests rejoin ``running`` at their
+        places (by the order they joined it), and ``complete(batch.plan, t)`` applies it."""
+        self.num_parked -= len(batch.entries)
+        back = sorted((req for req, _ in batch.entries), key=_run_seq)
+        self.running = list(merge(self.running, back, key=_run_seq))
+        self._batch = batch
 
     def resume_swapped(self, batch: Batch) -> None:
         """Swap requests back in, oldest first, while blocks and budgets allow."""
         while self.swapped and not batch.full:
             req = self.swapped[0]
             need = self.blocks.swapped_blocks(req.id)
-            if need > self.blocks.num_free or len(self.running) >= self.limits.max_num_seqs:
+            if need > self.blocks.num_free or \
+                    len(self.running) + self.num_parked >= self.limits.max_num_seqs:
                 return
             n = self.joining_tokens(req, req.num_remaining, batch)
             if n is None:
@@ -444,8 +482,7 @@ class Scheduler:
             assert moved is not None
             batch.swap_in_blocks += moved
             self.swapped.popleft()
-            req.status = Status.RUNNING
-            self.running.append(req)
+            self._join(req)
             if n and self.blocks.allocate(req.id, req.num_computed_tokens + n) is not None:
                 batch.add(req, n)
 
@@ -542,3 +579,7 @@ class Scheduler:
             req.status = Status.FINISHED
             if t is not None:
                 req.finish_s = t
+
+
+def _run_seq(req: Request) -> int:
+    return req.run_seq

@@ -45,6 +45,7 @@ class Orca(Scheduler):
     monotone_admission = True   # see Scheduler.monotone_admission
     chunked = False
     reserves_full_length = True
+    pipelines = True            # micro-batches in flight (engine/pipeline.py)
     params_type = OrcaParams
 
     def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params: Any = None,

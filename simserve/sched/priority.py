@@ -39,6 +39,9 @@ def victim_rank(req: Request) -> tuple[int, float]:
 class Priority(VllmV1):
     name = "priority"
     monotone_admission = True   # as vLLM v1: a stretch ends when blocks run out
+    # its victims are taken back out of a step already planned and empty steps are folded:
+    # not checked against micro-batches held in flight, so pipeline parallelism is refused
+    pipelines = False
 
     def schedule(self) -> StepPlan:
         plan = super().schedule()

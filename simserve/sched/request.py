@@ -55,6 +55,9 @@ class Request:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] | None = None
+    # its place in the running list (stamped when it joins it): where a request held out of
+    # the list while its micro-batch is in flight goes back (pipeline parallelism)
+    run_seq: int = 0
     # copies of the spec's fields, read on every step (plain attributes are cheapest)
     id: int = field(init=False)
     num_prompt_tokens: int = field(init=False)

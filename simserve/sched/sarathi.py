@@ -20,6 +20,7 @@ class Sarathi(Scheduler):
     continues_past_finish = True
     speculates = True           # decodes through the shared verbs: they verify drafts
     chunked = True
+    pipelines = True            # micro-batches in flight (engine/pipeline.py)
 
     def schedule(self) -> StepPlan:
         batch = self.new_batch()

@@ -22,6 +22,7 @@ class VllmV0(Scheduler):
     monotone_admission = True   # see Scheduler.monotone_admission
     continues_past_finish = True
     chunked = False
+    pipelines = True            # micro-batches in flight (engine/pipeline.py)
 
     def schedule(self) -> StepPlan:
         batch = self.new_batch()
@@ -38,8 +39,10 @@ class VllmV0(Scheduler):
         # The watermark only guards against thrashing among running requests; an idle engine
         # admits any prompt that fits at all, or a request larger than 99 % of the cache
         # would wait forever.
-        reserve = math.ceil(WATERMARK * self.blocks.num_blocks) if self.running else 0
-        while self.waiting and len(self.running) < self.limits.max_num_seqs:
+        parked = self.num_parked     # (requests in a micro-batch in flight: pipelining)
+        reserve = math.ceil(WATERMARK * self.blocks.num_blocks) \
+            if self.running or parked else 0
+        while self.waiting and len(self.running) + parked < self.limits.max_num_seqs:
             req = self.waiting[0]
             n = req.num_remaining
             if n > batch.token_budget or batch.seq_budget <= 0:

@@ -31,11 +31,12 @@ class VllmV1(Scheduler):
     continues_past_finish = True
     speculates = True           # decodes through the shared verbs: they verify drafts
     reserved_blocks = 1         # vLLM's block pool holds block 0 back as its null block
+    pipelines = True            # micro-batches in flight (engine/pipeline.py)
     _threshold = 0              # this step's long_prefill_token_threshold (see schedule)
 
     def schedule(self) -> StepPlan:
         # vLLM lifts the per-request chunk cap when there is nobody else to starve
-        eligible = len(self.running) + len(self.waiting) + len(self.swapped)
+        eligible = len(self.running) + self.num_parked + len(self.waiting) + len(self.swapped)
         self._threshold = self.limits.long_prefill_token_threshold if eligible > 1 else 0
         batch = self.new_batch()
         self._schedule_running(batch)

@@ -1,0 +1,106 @@
+"""A micro-batch's time on each stage of a pipeline-parallel replica (``pipeline_parallel_size``).
+
+A replica of ``p`` stages splits the decoder layers as vLLM does (``kv/capacity.py``,
+``pipeline_layers``): stage j holds ``layers_j`` of the ``L`` layers on its own
+``tensor_parallel_size`` ranks. A step's plan (one micro-batch) costs, on stage j::
+
+    stage_j = layers_j / L · Σ per-layer parts            (GEMMs, attention, pointwise ops,
+                                                           TP all-reduces; a swap moves the
+                                                           stage's share of each block)
+              + [j = 0]     (step overhead, embedding, the engine's per-request and per-token
+                             costs of a calibrated profile)
+              + [j = p - 1]  LM head and sampling
+
+and between stage j and j + 1 its activations travel (vLLM v1 ``gpu_worker.py``: each TP rank
+sends its 1/TP slice of the hidden states and the residual, ``isend_tensor_dict`` with
+``all_gather_group``, and the receiving stage all-gathers them)::
+
+    send_j = 2 · tokens · hidden · dtype / TP / link_j + latency
+             + (TP − 1) / TP · 2 · tokens · hidden · dtype / interconnect   (the all-gather)
+
+``link_j`` is the hardware's ``interconnect_bandwidth`` within a node and its
+``scaleout_bandwidth`` where the boundary between the stages' GPUs (stage j on GPUs
+``j·TP .. (j+1)·TP − 1``) is a node boundary (``devices_per_node``). The send is asynchronous
+on the sender (vLLM waits for it at its next step): it delays the receiver, not the sender.
+
+The per-layer parts are the base model's own breakdown (roofline or measured profile), so the
+split is exact for the roofline; for a profile it assumes, as the profile's composition already
+does, that every layer costs the same (the measured per-layer linear and attention times, times
+the stage's layers). Where the step overhead and the engine's costs sit (the first stage) is an
+assumption: vLLM schedules and prepares inputs on the engine and the first stage's worker.
+"""
+
+from __future__ import annotations
+
+from simserve.cards import HardwareSpec, ModelCard
+from simserve.errors import ConfigError
+from simserve.kv.capacity import pipeline_layers
+from simserve.latency.roofline import DEFAULT_ALLREDUCE_LATENCY_S
+from simserve.sched.plan import StepPlan
+
+# breakdown parts that scale with the layers a stage holds (roofline and profile names)
+LAYER_PARTS = frozenset({"linear", "attention_prefill", "attention_decode", "allreduce",
+                         "pointwise", "swap", "attn_prefill", "attn_decode", "moe"})
+LAST_PARTS = frozenset({"lm_head"})          # the rest (overhead, embedding, ...) on the first
+
+
+class PipelineLatency:
+    """Wraps a latency model with a ``breakdown(plan)`` (roofline, profile): ``stages(plan)``
+    gives a micro-batch's time on each stage and each inter-stage send; ``step_time`` is its
+    latency through an idle pipeline (their sum)."""
+
+    def __init__(self, base, model: ModelCard, hw: HardwareSpec, *, pipeline_parallel_size: int,
+                 tensor_parallel_size: int = 1,
+                 send_latency_s: float = DEFAULT_ALLREDUCE_LATENCY_S):
+        if not hasattr(base, "breakdown"):
+            raise ConfigError("latency.model", "pipeline parallelism splits a step's per-layer "
+                                               "costs over stages: use roofline or profile")
+        pp, tp = pipeline_parallel_size, tensor_parallel_size
+        self.base, self.pp, self.tp = base, pp, tp
+        self.label = base.label[:-1] + f", PP {pp})"
+        layers = pipeline_layers(model.num_layers, pp)
+        self.shares = [n / model.num_layers for n in layers]
+        msg = 2 * model.hidden_size * model.dtype_bytes     # hidden states + residual, a token
+        self._send_tok_s: list[float] = []
+        for j in range(pp - 1):
+            link = hw.interconnect_bandwidth
+            if (j + 1) * tp % hw.devices_per_node == 0:     # stage j + 1 starts a new node
+                if hw.scaleout_bandwidth is None:
+                    raise ConfigError("hardware.scaleout_bandwidth",
+                                      f"pipeline stage {j + 1} starts a new node of "
+                                      f"{hw.devices_per_node} devices; {hw.name} gives no "
+                                      "scale-out rate between nodes")
+                link = hw.scaleout_bandwidth
+            gather = (tp - 1) / tp * msg / hw.interconnect_bandwidth
+            self._send_tok_s.append(msg / tp / link + gather)
+        self.send_latency_s = send_latency_s
+        # a calibrated profile's per-request delay outside the steps (runner.collect)
+        self.frontend_delay_s = getattr(base, "frontend_delay_s", 0.0)
+
+    def stages(self, plan: StepPlan) -> tuple[list[float], list[float]]:
+        """Seconds of ``plan`` on each stage, and of each send between stages."""
+        if plan.is_empty:
+            return [0.0] * self.pp, [0.0] * (self.pp - 1)
+        parts = self.base.breakdown(plan)
+        layered = first = last = 0.0
+        for name, v in parts.items():
+            if name in LAYER_PARTS:
+                layered += v
+            elif name in LAST_PARTS:
+                last += v
+            else:
+                first += v
+        times = [share * layered for share in self.shares]
+        times[0] += first + plan.extra_s
+        times[-1] += last
+        n = plan.num_batched_tokens + plan.padding
+        sends = [n * s + self.send_latency_s for s in self._send_tok_s]
+        return times, sends
+
+    def step_time(self, plan: StepPlan) -> float:
+        times, sends = self.stages(plan)
+        return sum(times) + sum(sends)
+
+    def warnings(self) -> list[str]:
+        w = getattr(self.base, "warnings", None)
+        return w() if w is not None else []

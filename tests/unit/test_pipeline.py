@@ -1,0 +1,306 @@
+"""Pipeline parallelism (engine.pipeline_parallel_size): micro-batches in flight, their bubbles,
+the stage split of a step's price, KV per stage, and the knob's validation. Hand-stepped: the
+arithmetic is in the comments."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simserve.cards import load_hardware, load_model
+from simserve.config import parse_scenario
+from simserve.engine import Replica, simulate
+from simserve.engine.pipeline import Stages
+from simserve.errors import ConfigError
+from simserve.kv.capacity import (kv_block_bytes, kv_capacity_blocks, pipeline_layers,
+                                  stage_block_bytes, stage_weight_bytes)
+from simserve.cluster.routing import make_router
+from simserve.latency.pipeline import PipelineLatency
+from simserve.latency.roofline import RooflineModel
+from simserve.sched.plan import StepPlan
+from simserve.workload.spec import RequestSpec
+from tests.helpers import make_scheduler
+
+
+class PerToken:
+    """``stage_s`` per stage, or ``per_token_s`` × the micro-batch's tokens per stage; sends
+    cost ``send_s``."""
+
+    label = "toy pipeline"
+
+    def __init__(self, p: int, stage_s: float = 0.0, per_token_s: float = 0.0,
+                 send_s: float = 0.0):
+        self.p, self.stage_s, self.per_token_s, self.send_s = p, stage_s, per_token_s, send_s
+
+    def stages(self, plan: StepPlan) -> tuple[list[float], list[float]]:
+        t = self.stage_s + self.per_token_s * plan.num_batched_tokens
+        return [t] * self.p, [self.send_s] * (self.p - 1)
+
+    def step_time(self, plan: StepPlan) -> float:
+        times, sends = self.stages(plan)
+        return sum(times) + sum(sends)
+
+
+def run(specs, latency, p=2, budget=10, policy="vllm_v1"):
+    sched = make_scheduler(policy, budget=budget, max_num_seqs=8, num_blocks=100)
+    sched.record_tokens = True
+    r = Replica(0, sched, latency, 10_000, depth=p)
+    rec = simulate(specs, [r], make_router("round_robin"))
+    return rec, {q.id: q.token_times for q in rec.requests}
+
+
+def test_stages_push_by_hand():
+    s = Stages(2)
+    # micro-batch 1 at t=0: stage 0 [0, 1], send 0.5, stage 1 [1.5, 2.5]
+    assert s.push(0.0, [1.0, 1.0], [0.5]) == 2.5
+    # micro-batch 2 also at t=0: stage 0 free at 1 -> [1, 1.2]; +0.5 -> 1.7, but stage 1 is
+    # busy until 2.5 -> [2.5, 2.7]
+    assert s.push(0.0, [0.2, 0.2], [0.5]) == pytest.approx(2.7)
+    assert s.free == [pytest.approx(1.2), pytest.approx(2.7)]
+
+
+def test_two_micro_batches_in_flight_one_output_per_stage_time():
+    # p = 2, every stage 1 s, budget 10 tokens; A and B (10-token prompts, 3 outputs) at t=0.
+    # t=0: batch 1 = A's prefill (budget full); the queue has room: batch 2 = B's prefill.
+    #   batch 1: stage 0 [0,1], stage 1 [1,2] -> out 2;  batch 2: [1,2], [2,3] -> out 3
+    # t=2: A's token 1; A decodes: batch 3 at 2 -> [2,3], [3,4] -> out 4
+    # t=3: B's token 1; batch 4 at 3 -> out 5;  t=4: A's token 2; batch 5 -> out 6;  ...
+    # steady state: one micro-batch output per stage time (1 s), each token p·s = 2 s apart
+    specs = [RequestSpec(0, 0.0, 10, 3), RequestSpec(1, 0.0, 10, 3)]
+    rec, times = run(specs, PerToken(2, stage_s=1.0))
+    assert times[0] == [2.0, 4.0, 6.0]
+    assert times[1] == [3.0, 5.0, 7.0]
+    # the step log's rows tile the time: each from the previous output to its own
+    log = rec.replicas[0].columns()
+    assert list(log["start_s"]) == [0.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert list(log["duration_s"]) == [2.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    # running requests when each is scheduled, those in flight included: B still waits when
+    # batch 1 is formed; at t=5 A's last decode is in flight while B's is scheduled
+    assert list(log["num_running"]) == [1, 2, 2, 2, 2, 2]
+
+
+def test_one_request_leaves_a_bubble():
+    # only A: nothing else to form a second micro-batch, so each of A's steps goes through
+    # both stages alone: tokens at 2, 4, 6 (one output every p·s = 2 s, stage 0 idle half
+    # the time) -- the same per-token latency as two micro-batches, half the throughput
+    rec, times = run([RequestSpec(0, 0.0, 10, 3)], PerToken(2, stage_s=1.0))
+    assert times[0] == [2.0, 4.0, 6.0]
+    assert len(rec.replicas[0].columns()["start_s"]) == 3
+
+
+def test_unbalanced_micro_batches_wait_on_each_other():
+    # stage time 0.1 s per token. A: 10-token prompt (1 s a stage), B: 2-token prompt
+    # (0.2 s). Batch 1 = A [0,1] [1,2]; batch 2 = B: stage 0 [1, 1.2], then stage 1 is busy
+    # until 2: [2, 2.2] -> B's first token at 2.2 (alone it would have been at 0.4)
+    specs = [RequestSpec(0, 0.0, 10, 1), RequestSpec(1, 0.0, 2, 1)]
+    _, times = run(specs, PerToken(2, per_token_s=0.1))
+    assert times[0] == [pytest.approx(2.0)]
+    assert times[1] == [pytest.approx(2.2)]
+
+
+def test_sends_delay_the_receiver_only():
+    # stage 1 s, send 0.5 s: batch 1 out at 0+1+0.5+1 = 2.5; batch 2 (scheduled at 0) leaves
+    # stage 0 at 2 (it waited for it until 1), reaches stage 1 at 2.5 = when batch 1 leaves:
+    # out 3.5. The sender's stage is not held by the send.
+    specs = [RequestSpec(0, 0.0, 10, 1), RequestSpec(1, 0.0, 10, 1)]
+    _, times = run(specs, PerToken(2, stage_s=1.0, send_s=0.5))
+    assert times == {0: [2.5], 1: [3.5]}
+
+
+def test_sarathi_and_orca_and_vllm_v0_pipeline_too():
+    specs = [RequestSpec(0, 0.0, 10, 3), RequestSpec(1, 0.0, 10, 3)]
+    for policy in ("sarathi", "vllm_v0", "orca"):
+        _, times = run(specs, PerToken(2, stage_s=1.0), policy=policy)
+        # the same schedule as vllm_v1's above: the budget puts each prompt in its own batch
+        assert times == {0: [2.0, 4.0, 6.0], 1: [3.0, 5.0, 7.0]}, policy
+
+
+def test_max_num_seqs_counts_requests_in_flight():
+    # max_num_seqs 1: B cannot be admitted while A is in flight, though A is out of the
+    # running list: it runs only after A finishes (A's tokens at 2, 4; B's at 6, 8)
+    sched = make_scheduler("vllm_v1", budget=10, max_num_seqs=1, num_blocks=100)
+    sched.record_tokens = True
+    r = Replica(0, sched, PerToken(2, stage_s=1.0), 10_000, depth=2)
+    rec = simulate([RequestSpec(0, 0.0, 10, 2), RequestSpec(1, 0.0, 10, 2)], [r],
+                   make_router("round_robin"))
+    times = {q.id: q.token_times for q in rec.requests}
+    assert times == {0: [2.0, 4.0], 1: [6.0, 8.0]}
+
+
+# -- pricing ---------------------------------------------------------------------------------
+
+LLAMA70 = load_model("Llama-3.1-70B")
+H100 = load_hardware("H100-SXM")
+
+
+def decode_plan(b: int, ctx: int = 100) -> StepPlan:
+    ids = tuple(range(b))
+    return StepPlan(request_ids=ids, num_new_tokens=(1,) * b, prefill_lens=(), prefill_ctx=(),
+                    decode_ctx=(ctx,) * b, num_sampled=b)
+
+
+def test_roofline_split_over_stages_by_hand():
+    base = RooflineModel(LLAMA70, H100, tensor_parallel_size=4)
+    pp = PipelineLatency(base, LLAMA70, H100, pipeline_parallel_size=2, tensor_parallel_size=4)
+    plan = decode_plan(100)
+    parts = base.breakdown(plan)
+    times, sends = pp.stages(plan)
+    layered = sum(v for k, v in parts.items() if k not in ("overhead", "lm_head"))
+    # 80 layers, 40 a stage: half the per-layer parts each; the overhead on stage 0, the LM
+    # head on stage 1
+    assert times[0] == pytest.approx(layered / 2 + parts["overhead"])
+    assert times[1] == pytest.approx(layered / 2 + parts["lm_head"])
+    # the send: stages on GPUs 0-3 and 4-7 of one 8-GPU node (NVLink 450 GB/s a direction).
+    # 100 tokens · (hidden states + residual) 2 · 8192 · 2 B = 3,276,800 B; each rank sends a
+    # quarter (819,200 B / 450e9 = 1.820 µs), the receivers all-gather 3/4 of it (2,457,600 B /
+    # 450e9 = 5.461 µs), plus 10 µs latency: 17.28 µs
+    assert sends == [pytest.approx(819_200 / 450e9 + 2_457_600 / 450e9 + 10e-6)]
+    assert pp.step_time(plan) == pytest.approx(sum(times) + sends[0])
+    assert "PP 2" in pp.label
+
+
+def test_send_across_nodes_uses_the_scaleout_rate():
+    # TP 8, PP 2 on 8-GPU nodes: stage 1 starts node 2 -> 50 GB/s; 10 tokens: 10 · 32,768 B
+    # / 8 = 40,960 B per rank at 50e9 + all-gather 7/8 · 327,680 B at 450e9 + 10 µs
+    base = RooflineModel(LLAMA70, H100, tensor_parallel_size=8)
+    pp = PipelineLatency(base, LLAMA70, H100, pipeline_parallel_size=2, tensor_parallel_size=8)
+    _, sends = pp.stages(decode_plan(10))
+    assert sends == [pytest.approx(40_960 / 50e9 + 7 / 8 * 327_680 / 450e9 + 10e-6)]
+
+
+def test_pipeline_layers_follow_vllm():
+    # vLLM get_pp_indices: even split, the remainder one each to the stages before the last
+    assert pipeline_layers(80, 2) == [40, 40]
+    assert pipeline_layers(80, 3) == [27, 27, 26]
+    assert pipeline_layers(5, 4) == [1, 1, 2, 1]
+    assert pipeline_layers(7, 4) == [2, 2, 2, 1]     # 7 // 4 = 1; 3 left: stages -2, -3, -4
+
+
+def test_stage_weights_and_kv_blocks_by_hand():
+    m = LLAMA70                         # untied: the LM head is its own matrix
+    tp, pp = 4, 2
+    w = stage_weight_bytes(m, tp, 1, pp)
+    assert sum(w) == pytest.approx(m.weight_bytes_per_rank(tp))
+    emb = m.embedding_params * m.dtype_bytes / tp          # 128,256 · 8192 · 2 B / 4
+    assert w[0] - w[1] == pytest.approx(emb - emb - m.norm_params * m.dtype_bytes / tp)
+    # KV of a block per rank: 16 tokens · 2 · 40 layers · (8 KV heads / 4) · 128 · 2 B
+    assert stage_block_bytes(m, 16, tp, pp) == [16 * 2 * 40 * 2 * 128 * 2] * 2
+    assert 2 * stage_block_bytes(m, 16, tp, pp)[0] == kv_block_bytes(m, 16, tp)
+    kw = dict(block_size=16, gpu_memory_utilization=0.9, tensor_parallel_size=tp,
+              max_num_batched_tokens=8192)
+    one = kv_capacity_blocks(m, H100, **kw)
+    two = kv_capacity_blocks(m, H100, pipeline_parallel_size=2, **kw)
+    # free memory per GPU grows (half the weights) and a block holds half the layers: more
+    # than twice the blocks
+    assert two > 2 * one
+
+
+def test_tied_embeddings_put_a_head_copy_on_the_last_stage():
+    m = load_model("Falcon-180B")      # tie_word_embeddings: true
+    w = stage_weight_bytes(m, 4, 1, 2)
+    head = m.embedding_params * m.dtype_bytes / 4
+    assert sum(w) == pytest.approx(m.weight_bytes_per_rank(4) + head)
+
+
+# -- the knob --------------------------------------------------------------------------------
+
+BASE = {"model": "Llama-3.1-70B", "hardware": "H100-SXM",
+        "engine": {"tensor_parallel_size": 4, "pipeline_parallel_size": 2},
+        "scheduler": {"policy": "vllm_v1"},
+        "workload": {"arrival": "poisson", "rate": 2.0, "num_requests": 20,
+                     "prompt": {"dist": "fixed", "value": 200},
+                     "output": {"dist": "fixed", "value": 20}}}
+
+
+def scenario(**sections):
+    raw = copy.deepcopy(BASE)
+    for k, v in sections.items():
+        raw[k] = {**raw.get(k, {}), **v} if isinstance(v, dict) else v
+    return parse_scenario(raw)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"scheduler": {"policy": "static"}}, "does not model pipeline parallelism"),
+    ({"engine": {"pipeline_parallel_size": 81}}, "at most one stage per layer"),
+    ({"latency": {"model": "constant", "step_ms": 10}}, "no per-layer costs"),
+    ({"engine": {"pipeline_parallel_size": 0}}, ">= 1"),
+    ({"engine": {"pipeline_parallel_size": "two"}}, ""),
+    ({"cluster": {"replicas": 2, "faults": {"mtbf_s": 100, "restart_s": 1}}}, "failures"),
+])
+def test_bad_pipeline_settings_name_the_field(change, message):
+    with pytest.raises(ConfigError) as e:
+        scenario(**change)
+    assert "engine.pipeline_parallel_size" in str(e.value)
+    assert message in str(e.value)
+
+
+def test_default_is_not_written_and_a_set_value_round_trips():
+    one = scenario(engine={"pipeline_parallel_size": 1})
+    assert "pipeline_parallel_size" not in one.to_dict()["engine"]
+    two = scenario()
+    assert two.to_dict()["engine"]["pipeline_parallel_size"] == 2
+    assert parse_scenario(two.to_dict()).engine.pipeline_parallel_size == 2
+    # KV per replica: the stage arithmetic, not TP 4's
+    assert two.replica.num_gpu_blocks > 2 * one.replica.num_gpu_blocks
+    assert two.replica.kv_block_bytes * 2 == one.replica.kv_block_bytes
+
+
+def test_a_pipelined_run_is_deterministic_and_steps():
+    import simserve
+    s = scenario()
+    a, b = simserve.run(s), simserve.run(s)
+    assert a.summary == b.summary
+    assert a.summary["completed"] == 20
+    assert "PP 2" in a.summary["latency_model"]
+
+
+# -- invariants on random workloads ------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=st.integers(1, 3), policy=st.sampled_from(["vllm_v1", "sarathi", "vllm_v0", "orca"]),
+       reqs=st.lists(st.tuples(st.floats(0, 5), st.integers(1, 30), st.integers(1, 6)),
+                     min_size=1, max_size=12))
+def test_pipelined_runs_keep_their_invariants(p, policy, reqs):
+    # every stage 1 s, no sends. Each of a request's tokens needs its own pass through all p
+    # stages after the previous one came back: consecutive tokens are >= p s apart. The last
+    # stage finishes one micro-batch at a time: outputs are >= 1 s apart. Every request
+    # finishes with exactly its tokens; the step rows tile the time without overlap.
+    specs = [RequestSpec(i, a, n, o) for i, (a, n, o) in
+             enumerate(sorted(reqs, key=lambda r: r[0]))]
+    sched = make_scheduler(policy, budget=32, max_num_seqs=4, num_blocks=200)
+    sched.record_tokens = True
+    r = Replica(0, sched, PerToken(p, stage_s=1.0), 10_000, depth=p)
+    rec = simulate(specs, [r], make_router("round_robin"))
+    for q in rec.requests:
+        times = q.token_times
+        assert len(times) == q.num_output_tokens
+        assert all(b - a >= p - 1e-9 for a, b in zip(times, times[1:]))
+        assert times[0] >= q.spec.arrival_s + p - 1e-9
+    log = rec.replicas[0].columns()
+    ends = log["start_s"] + log["duration_s"]
+    assert all(b - a >= 1 - 1e-9 for a, b in zip(ends, ends[1:]))
+    assert all(s >= e - 1e-9 for s, e in zip(log["start_s"][1:], ends[:-1]))
+    assert sched.num_parked == 0 and sched.blocks.num_used == 0
+
+
+def test_profile_split_over_stages_by_hand():
+    # a measured profile: its per-layer parts (linear, attention) times the stage's share of
+    # the 32 layers, the embedding and overhead on stage 0, the LM head on stage 1
+    from simserve.latency.profile import PROFILES_DIR, ProfileLatency
+    m = load_model("Llama-3.1-8B")
+    base = ProfileLatency.from_file(PROFILES_DIR / "Llama-3.1-8B_H100-SXM_bf16.json", m,
+                                    step_overhead_s=1e-3)
+    pp = PipelineLatency(base, m, H100, pipeline_parallel_size=2)
+    plan = decode_plan(8, ctx=500)
+    parts = base.breakdown(plan)
+    times, sends = pp.stages(plan)
+    layered = parts["linear"] + parts["attn_prefill"] + parts["attn_decode"] + parts["swap"]
+    assert times[0] == pytest.approx(layered / 2 + parts["overhead"] + parts["embedding"]
+                                     + parts["admission"] + parts["output_tokens"])
+    assert times[1] == pytest.approx(layered / 2 + parts["lm_head"])
+    # TP 1: 8 tokens · 2 · 4096 · 2 B over NVLink (450 GB/s), no all-gather, + 10 µs
+    assert sends == [pytest.approx(8 * 2 * 4096 * 2 / 450e9 + 10e-6)]
