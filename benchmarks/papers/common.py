@@ -17,7 +17,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT))
 
 import simserve  # noqa: E402
-from simserve.capacity import capacity  # noqa: E402
+from simserve.plan.capacity import capacity  # noqa: E402
 from simserve.config import load_variants  # noqa: E402
 
 
