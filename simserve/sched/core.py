@@ -171,6 +171,9 @@ class Scheduler:
         self._batch: Batch | None = None
         # requests the last plan schedules for the first time (each with a prefill chunk)
         self.newly_scheduled: list[Request] = []
+        # the replica's latency model (engine/replica.py binds it), for policies that decide by
+        # predicted time (FastServe's time quanta and skip-join); None until bound
+        self.latency: Any = None
 
     # -- queue state -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
