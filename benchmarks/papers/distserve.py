@@ -38,17 +38,13 @@ def main() -> None:
     print()
     print("2P1D / colocated: " + verdict(
         ratio, 2.0, 4.6, "with DistServe's own chatbot lengths (fitted to its artifact's "
-        "measured vLLM run) and its vLLM flags the ratio moved from 0.54x to 1.28x. The "
-        "colocated vLLM is still too good, measured on DistServe's own requests "
-        "(benchmarks/RESULTS.md, 2026-11-25): replaying its measured vLLM runs, SLO "
-        "attainment is 0.94 in simserve vs 0.86 measured at 1 req/s, 0.89 vs 0.58 at 2 req/s. "
-        "Two measured causes, not modelled: the client-observed TTFT carries ~24 ms more "
-        "than simserve's (least-squares intercept 59 vs 35 ms; adding it gives 0.85 at 1 "
-        "req/s), and under load the 2023 vLLM's decode steps slow down more than the roofline's "
-        "(median TPOT 1.26x simserve's at 1 req/s, 1.82x at 2 req/s, same requests). On the "
-        "2P1D side, DistServe's measured prefill instance serves a 1,717-token prompt in "
-        "145 ms (its vLLM: 263 ms; simserve's 1-GPU prefill replica: 231 ms), which two "
-        "1-GPU replicas do not reproduce", TOLERANCE))
+        "measured vLLM run), its vLLM flags and that vLLM's measured 23.8 ms front-end delay "
+        "the ratio moved from 0.54x to 1.73x. Still missing, measured on DistServe's own "
+        "requests (benchmarks/RESULTS.md, 2026-11-25): under load the 2023 vLLM's decode "
+        "steps slow down more than the roofline's (median TPOT 1.26x simserve's at 1 req/s, "
+        "1.82x at 2 req/s, same requests), and DistServe's prefill instance serves a "
+        "1,717-token prompt in 145 ms (simserve's 1-GPU prefill replica: 231 ms), which "
+        "two 1-GPU prefill replicas, the stand-in for its 2-GPU instance, cannot", TOLERANCE))
 
 if __name__ == "__main__":
     main()
