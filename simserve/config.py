@@ -20,7 +20,7 @@ from simserve.cluster import ClusterConfig
 from simserve.errors import ConfigError, DataError
 from simserve.fields import Fields
 from simserve.paths import folder_name
-from simserve.limits import MAX_COUNT, MAX_INT64, MAX_TOKENS, SWAP_SPACE_GB_MAX
+from simserve.limits import MAX_COUNT, MAX_INT64, MAX_SECONDS, MAX_TOKENS, SWAP_SPACE_GB_MAX
 from simserve.metrics.slo import SloConfig
 from simserve.cluster.spec import ReplicaSpec, resolve
 from simserve.sched import describe, policy_names
@@ -35,7 +35,7 @@ DEFAULT_PERCENTILES = (50, 90, 99)
 LATENCY_MODELS = ("roofline", "profile", "constant", "linear")
 ROOFLINE_EFFICIENCY = ("curves", "constant")
 _LATENCY_FIELDS = {"roofline": ("step_overhead_ms", "efficiency", "flops_efficiency",
-                                "bandwidth_efficiency"),
+                                "bandwidth_efficiency", "frontend_delay_ms"),
                    "profile": ("path", "step_overhead_ms"), "constant": ("step_ms",),
                    "linear": ("base_ms", "per_token_ms", "per_seq_ms")}
 
@@ -132,6 +132,9 @@ class LatencyConfig:
     bandwidth_efficiency: float | None = None   # roofline: achieved fraction of peak bandwidth
     efficiency: str | None = None               # roofline: "curves" | "constant" (None: curves
                                                 # if the hardware has a set and no constant given)
+    # roofline: a constant per-request delay outside the engine (the HTTP server's hand-off
+    # and the stream back, as a calibrated profile's frontend_delay_s): TTFT and E2EL grow by it
+    frontend_delay_ms: float | None = None
     step_ms: float | None = None                # constant
     base_ms: float = 0.0                        # linear: base + per token + per sequence
     per_token_ms: float = 0.0
@@ -146,7 +149,9 @@ class LatencyConfig:
                       efficiency=f.str("efficiency", None, choices=ROOFLINE_EFFICIENCY),
                       flops_efficiency=f.float("flops_efficiency", None, positive=True, max=1.0),
                       bandwidth_efficiency=f.float("bandwidth_efficiency", None, positive=True,
-                                                   max=1.0))
+                                                   max=1.0),
+                      frontend_delay_ms=f.float("frontend_delay_ms", None, min=0.0,
+                                                max=MAX_SECONDS * 1000.0))
             if cfg.efficiency == "curves":
                 for key in ("flops_efficiency", "bandwidth_efficiency"):
                     if getattr(cfg, key) is not None:

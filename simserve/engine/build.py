@@ -100,8 +100,11 @@ def _base_latency(s: Scenario) -> LatencyModel:
     if lat.bandwidth_efficiency is not None:
         kwargs["bandwidth_efficiency"] = lat.bandwidth_efficiency
     kwargs.update(_moe_options(s))
-    return RooflineModel(s.model, s.hardware, tensor_parallel_size=s.engine.tensor_parallel_size,
+    roof = RooflineModel(s.model, s.hardware, tensor_parallel_size=s.engine.tensor_parallel_size,
                          block_size=s.engine.block_size, **kwargs)
+    if lat.frontend_delay_ms:   # a per-request front-end delay, applied by runner.collect
+        roof.frontend_delay_s = lat.frontend_delay_ms / 1000.0
+    return roof
 
 
 def _moe_options(s: Scenario) -> dict[str, Any]:

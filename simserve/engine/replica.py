@@ -41,6 +41,10 @@ class Replica:
                                                                  repr=False)
     tokens: TokenLog | None = field(default=None, repr=False)   # its token log, while running
 
+    def __post_init__(self) -> None:
+        # policies that decide by predicted step time (FastServe's time quanta) read it
+        self.scheduler.latency = self.latency
+
     @property
     def blocks(self) -> BlockManager:
         return self.scheduler.blocks

@@ -429,6 +429,7 @@ def _fresh(old: Scheduler, factory: Callable[[], Scheduler]) -> Scheduler:
     """A restarted replica's scheduler: empty queues and KV cache (its token log goes on)."""
     new = factory()
     new.record_tokens = old.record_tokens
+    new.latency = old.latency
     return new
 
 

@@ -55,6 +55,10 @@ class RooflineModel:
     lockstep; the busiest rank's batch is not known to one rank's plan).
     """
 
+    # a constant per-request delay outside the engine steps (latency.frontend_delay_ms; read
+    # by runner.frontend_delays, as a calibrated profile's): 0 unless the scenario gives one
+    frontend_delay_s: float = 0.0
+
     def __init__(self, model: ModelCard, hw: HardwareSpec, *, tensor_parallel_size: int = 1,
                  block_size: int = 16, step_overhead_s: float | None = None,
                  flops_efficiency: float = DEFAULT_FLOPS_EFFICIENCY,

@@ -66,6 +66,11 @@ class SpeculativeLatency:
         what = "n-gram" if card is None else f"{cfg.method} drafter on the roofline"
         self.label = f"{base.label} + {what} (k={cfg.k})"
 
+    @property
+    def frontend_delay_s(self) -> float:
+        """The target model's per-request front-end delay (runner.frontend_delays)."""
+        return float(getattr(self.base, "frontend_delay_s", 0.0) or 0.0)
+
     def step_time(self, plan: StepPlan) -> float:
         t = self.base.step_time(plan)
         return t + self.draft_s(plan) if t else t

@@ -179,6 +179,9 @@ class Scheduler:
         # micro-batch is in flight (``park``); they count against max_num_seqs all the same
         self.num_parked = 0
         self._run_seq = 0
+        # the replica's latency model (engine/replica.py binds it), for policies that decide by
+        # predicted time (FastServe's time quanta and skip-join); None until bound
+        self.latency: Any = None
 
     # -- queue state -----------------------------------------------------------------------
     def add(self, req: Request) -> None:

@@ -1,13 +1,25 @@
 """FastServe: skip-join multi-level feedback queue with iteration-level preemption and KV swap.
 
 From the FastServe paper (Wu et al., "Fast Distributed Inference Serving for Large Language
-Models", arXiv 2305.05920, §4): jobs live in ``num_queues`` priority queues; queue ``i`` has a
-quantum of ``base_quantum · quantum_ratio^i`` iterations. A new job *skip-joins* the highest
-queue whose quantum covers its first (prefill) iteration — here by prompt length: queue ``i``
-takes prompts up to ``skip_join_tokens · quantum_ratio^i`` tokens. Every iteration the scheduler
-runs up to ``max_num_seqs`` jobs from the highest queues (FIFO within a queue), so a job can be
-preempted at any iteration boundary; a job that has used its queue's quantum drops one queue
-(to the tail), and a job left waiting ``starvation_steps`` iterations is promoted to the top.
+Models", arXiv 2305.05920, §4) and its artifact (LLMServe/FastServe, ``fastserve/scheduler.py``,
+class ``MLFQ``; read, not copied): jobs live in ``num_queues`` priority queues; queue ``i`` has
+a time quantum of ``base_quantum_ms · quantum_ratio^i`` of processing time (the artifact's
+10 ms, doubling). A new job *skip-joins* the highest queue whose quantum covers its first
+(prefill) iteration, that iteration's time predicted at batch size 1 (the artifact's profiled
+prefill time; here the replica's own latency model prices the lone prefill). Every iteration
+the scheduler runs up to ``max_num_seqs`` jobs from the highest queues (FIFO within a queue), so
+a job can be preempted at any iteration boundary. Each job that runs is charged the
+iteration's time (the step as the latency model prices it); a job whose charge exceeds its
+queue's quantum drops one queue with its charge reset. Every ``starvation_period`` iterations
+(the artifact's 1,000) a job that has not run for ``starvation_ms`` (the artifact's 3 s) is
+promoted to the top queue.
+
+``quantum_unit: iterations`` is the older, iteration-counted form (kept for hand-computable
+cases and for comparison with earlier results): quanta of ``base_quantum · quantum_ratio^i``
+iterations, skip-join by prompt length (queue ``i`` takes prompts up to
+``skip_join_tokens · quantum_ratio^i`` tokens), starvation after ``starvation_steps``
+iterations. ``base_quantum_ms`` and ``starvation_ms`` are read only with ``seconds``;
+``base_quantum``, ``skip_join_tokens`` and ``starvation_steps`` only with ``iterations``.
 
 Preempted jobs keep their KV on the device while it fits; when a job about to run needs blocks,
 the lowest-priority jobs not running this iteration are swapped out to host memory (dropped, to
@@ -25,10 +37,10 @@ picked. These transfers run on separate streams alongside the step's compute
 (``StepPlan.overlapped_swap_blocks``): a step pays only what they outlast it by, sharing the
 host link's bandwidth with each other.
 
-Not modelled: time-based quanta (the artifact's 10 ms, doubling) from a prefill-time model
-(quanta count iterations and the prompt length stands in for the prefill time), its
-starvation timer in seconds (``starvation_steps`` counts iterations), and distributed
-pipeline execution.
+A job demoted with time quanta goes to the head of its new queue, as the artifact's
+``pop_finished_requests`` pushes returning jobs to the front (the iteration form puts it at the
+tail, as before). Differences from the artifact, kept on purpose: the queues are capped at
+``num_queues`` (the artifact adds queues as needed). Not modelled: distributed pipeline execution.
 """
 
 from __future__ import annotations
@@ -44,11 +56,19 @@ from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
 
 
+QUANTUM_UNITS = ("seconds", "iterations")
+
+
 @dataclass(frozen=True)
 class FastServeParams:
     num_queues: int = knob(8, min=1)
-    base_quantum: int = knob(1, min=1)             # iterations in the top queue
+    quantum_unit: str = knob("seconds", choices=QUANTUM_UNITS)
+    base_quantum_ms: float = knob(10.0, positive=True, max=1e9)   # top queue's time quantum
+    starvation_ms: float = knob(3000.0, min=0.0, max=1e12)        # 0: never promote
+    starvation_period: int = knob(1000, min=1)     # iterations between starvation checks
     quantum_ratio: float = knob(2.0, min=1.0)
+    # quantum_unit: iterations
+    base_quantum: int = knob(1, min=1)             # iterations in the top queue
     skip_join_tokens: int = knob(512, min=1)       # prompt tokens the top queue's quantum covers
     starvation_steps: int = knob(1000, min=0)      # 0: never promote
     proactive_swap: bool = knob(True)              # keep a reserve free, prefetch alongside
@@ -59,24 +79,42 @@ class FastServe(Scheduler):
     name = "fastserve"
     chunked = False
     params_type = FastServeParams
-    # quanta and starvation are counted in iterations: every step must be scheduled
+    # quanta and starvation are charged every iteration: every step must be scheduled
     monotone_admission = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.paused: list[Request] = []     # KV on the device, not running this iteration
         self.level: dict[int, int] = {}
-        self.used: dict[int, int] = {}      # iterations run in the current queue
+        # charge in the current queue: seconds of processing (or iterations)
+        self.used: dict[int, float] = {}
         self.seq: dict[int, int] = {}       # FIFO position within a queue
-        self.last_run: dict[int, int] = {}
+        self.last_run: dict[int, float] = {}   # when each job last ran (s, or iteration)
         self.step = 0
+        self.now = 0.0                      # end of the last completed step (s)
         self._enqueued = count()
+        self._to_front = count(1)           # head insertions: ever more negative positions
+
+    @property
+    def timed(self) -> bool:
+        return bool(self.params.quantum_unit == "seconds")
+
+    def _latency(self) -> Any:
+        if self.latency is None:
+            raise RuntimeError("fastserve's time quanta need the replica's latency model "
+                               "(Scheduler.latency, bound by engine.replica.Replica)")
+        return self.latency
 
     # -- queue state -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
         super().add(req)
-        self._enqueue(req, self._join_level(req.num_prompt_tokens))
-        self.last_run[req.id] = self.step
+        if self.timed:
+            level = self._join_level_time(self._prefill_time(req.num_prompt_tokens))
+            self.last_run[req.id] = max(self.now, req.spec.arrival_s)
+        else:
+            level = self._join_level(req.num_prompt_tokens)
+            self.last_run[req.id] = self.step
+        self._enqueue(req, level)
 
     @property
     def has_work(self) -> bool:
@@ -90,8 +128,23 @@ class FastServe(Scheduler):
         return [*super().held_requests(), *self.paused]
 
     def quantum(self, level: int) -> float:
+        """Queue ``level``'s quantum: seconds of processing, or iterations."""
         p: FastServeParams = self.params
-        return p.base_quantum * p.quantum_ratio ** level
+        base = p.base_quantum_ms / 1e3 if self.timed else p.base_quantum
+        return float(base * p.quantum_ratio ** level)
+
+    def _prefill_time(self, prompt: int) -> float:
+        """The job's first iteration alone (batch size 1), as the latency model prices it."""
+        plan = StepPlan((-1,), (prompt,), (prompt,), (0,), (), 1)
+        return float(self._latency().step_time(plan))
+
+    def _join_level_time(self, prefill_s: float) -> int:
+        """Skip-join by time: the highest queue whose quantum covers the first iteration."""
+        last = self.params.num_queues - 1
+        level = 0
+        while level < last and self.quantum(level) < prefill_s:
+            level += 1
+        return level
 
     def _join_level(self, prompt: int) -> int:
         """Skip-join: the highest queue whose quantum covers the prefill."""
@@ -102,10 +155,12 @@ class FastServe(Scheduler):
             if p.quantum_ratio > 1 else p.num_queues - 1
         return min(level, p.num_queues - 1)
 
-    def _enqueue(self, req: Request, level: int) -> None:
+    def _enqueue(self, req: Request, level: int, front: bool = False) -> None:
+        """Put ``req`` in queue ``level`` with its charge reset: at the tail, or at the head
+        (``front``: ahead of every job already there)."""
         self.level[req.id] = level
         self.used[req.id] = 0
-        self.seq[req.id] = next(self._enqueued)
+        self.seq[req.id] = -next(self._to_front) if front else next(self._enqueued)
 
     # -- one iteration ---------------------------------------------------------------------
     def schedule(self) -> StepPlan:
@@ -120,7 +175,10 @@ class FastServe(Scheduler):
                 break
             if req.id not in evicted:
                 self._try_run(batch, req, evicted)
-        self._account(batch)
+        # charged (and demoted) before the proactive swaps rank the paused jobs; the time
+        # charged is the step's compute and critical-path swaps (the overlapped ones rarely
+        # outlast it)
+        self._account(batch, batch.freeze())
         if self.params.proactive_swap:
             self._proactive(batch)
         return batch.freeze()
@@ -217,9 +275,21 @@ class FastServe(Scheduler):
         req.status = Status.WAITING
         self.waiting.append(req)
 
-    def _account(self, batch: Batch) -> None:
-        """Charge the quantum of every job that ran; demote those that used it up."""
+    def _account(self, batch: Batch, plan: StepPlan) -> None:
+        """Charge every job that ran: the iteration's time (priced as the engine prices it)
+        or one iteration; demote those past their quantum (time: strictly past it, as the
+        artifact's ``get_process_time() > quantum``; iterations: on reaching it)."""
         last = self.params.num_queues - 1
+        if self.timed:
+            if not batch.entries:
+                return
+            cost = float(self._latency().step_time(plan))
+            for req, _ in batch.entries:
+                self.used[req.id] += cost
+                level = self.level[req.id]
+                if self.used[req.id] > self.quantum(level) and level < last:
+                    self._enqueue(req, level + 1, front=True)
+            return
         for req, _ in batch.entries:
             self.last_run[req.id] = self.step
             self.used[req.id] += 1
@@ -228,15 +298,25 @@ class FastServe(Scheduler):
                 self._enqueue(req, level + 1)
 
     def _promote_starved(self) -> None:
-        limit = self.params.starvation_steps
+        p: FastServeParams = self.params
+        if self.timed:
+            if self.step % p.starvation_period:
+                return
+            limit, now = p.starvation_ms / 1e3, self.now
+        else:
+            limit, now = float(p.starvation_steps), float(self.step)
         if not limit:
             return
         for req in (*self.paused, *self.swapped, *self.waiting):
-            if self.step - self.last_run[req.id] >= limit and self.level[req.id] > 0:
+            if now - self.last_run[req.id] >= limit and self.level[req.id] > 0:
                 self._enqueue(req, 0)
-                self.last_run[req.id] = self.step
+                self.last_run[req.id] = now
 
     def complete(self, plan: StepPlan, t_end: float) -> list[Request]:
+        self.now = t_end
+        if self.timed:
+            for rid in plan.request_ids:
+                self.last_run[rid] = t_end
         finished = super().complete(plan, t_end)
         for req in finished:
             for table in (self.level, self.used, self.seq, self.last_run):

@@ -1,17 +1,29 @@
 """Static (request-level) batching: a batch runs until its last member finishes.
 
 The pre-Orca way (FasterTransformer-style serving, a padded ``generate()`` loop): when the
-engine is idle it forms a batch of up to ``max_num_seqs`` waiting requests, reserving KV for
-each one's full length (prompt + output). The batch's whole prompts are prefilled first, packed
-into steps of at most ``max_num_batched_tokens`` (a prompt is never split), then all members
-decode in lockstep until every one is done. New arrivals wait for the whole batch to drain.
-With ``padding: true`` (the default) the batch is priced as a padded tensor computes it: every
-decode step also computes a row for each member that has already finished, at the step's
-longest context (``StepPlan.padding``: priced by the latency models, never counted as work;
-Orca §2.2: "early-finished requests cannot return"; the Anyscale continuous-batching post).
-``padding: false`` is the optimistic bound (finished members stop costing compute). Not
-modelled: prompts padded to the longest in the batch (each prompt is priced at its own length),
-and results held back until the batch ends (a request finishes at its own last token).
+engine is idle it forms a batch of up to ``max_num_seqs`` waiting requests (FIFO, stopping at
+the first that does not fit). The batch's whole prompts are prefilled first, packed into steps
+of at most ``max_num_batched_tokens`` (a prompt is never split), then all members decode in
+lockstep until every one is done. New arrivals wait for the whole batch to drain.
+
+With ``padding: true`` (the default) the batch is a padded tensor, priced and sized as one:
+
+* every decode step also computes a row for each member that has already finished, at the
+  step's longest context (``StepPlan.padding``: priced by the latency models, never counted as
+  work; Orca §2.2: "early-finished requests cannot return"; the Anyscale continuous-batching
+  post);
+* its KV cache is dense: every row holds the batch's longest prompt plus its longest output
+  (HF ``generate``'s ``[batch, heads, length, head_dim]`` past-key-values; FasterTransformer
+  allocates ``[batch, max_seq_len]`` up front). A batch is formed only while
+  ``rows × (longest prompt + longest output)`` fits the KV cache, and each member reserves
+  that padded length.
+
+``padding: false`` is the optimistic bound: finished members stop costing compute and each
+member reserves only its own prompt + output. Not modelled: the compute of padded prompt
+positions (each prompt and each live row's context are priced at their own length; with
+equal prompts, as in the Anyscale throughput test, there is none), and results held back until
+the batch ends (a request finishes at its own last token; in a burst this leaves the batch's
+end, and so throughput, unchanged).
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ from simserve.kv.blocks import BlockManager
 from simserve.sched.core import Scheduler, SchedulerLimits
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan
-from simserve.sched.request import Status
+from simserve.sched.request import Request, Status
 
 
 @dataclass(frozen=True)
@@ -64,10 +76,35 @@ class Static(Scheduler):
 
     def _form_batch(self) -> None:
         self._rows = 0
+        if self.params.padding:
+            self._form_padded_batch()
+            return
         while self.waiting and len(self.running) < self.limits.max_num_seqs:
             req = self.waiting[0]
             if self.blocks.allocate(req.id, req.max_tokens) is None:
                 return
+            self.waiting.popleft()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            self._rows += 1
+
+    def _form_padded_batch(self) -> None:
+        """FIFO members while ``rows × blocks(longest prompt + longest output)`` fits the free
+        blocks; each then reserves that padded length."""
+        blocks = self.blocks
+        members: list[Request] = []
+        prompt = output = 0
+        for req in self.waiting:
+            if len(members) == self.limits.max_num_seqs:
+                break
+            p, o = max(prompt, req.num_prompt_tokens), max(output, req.num_output_tokens)
+            if (len(members) + 1) * blocks.blocks_for(p + o) > blocks.num_free:
+                break
+            members.append(req)
+            prompt, output = p, o
+        for req in members:
+            added = blocks.allocate(req.id, prompt + output)
+            assert added is not None            # checked to fit above
             self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)

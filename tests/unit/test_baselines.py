@@ -232,7 +232,8 @@ def test_fastserve_keeps_a_reserve_and_prefetches_alongside():
                              enable_chunked_prefill=False, preemption_mode="swap")
     # 10 device blocks of 4 tokens, 20 on the host; keep 3 free
     s = FastServe(limits, BlockManager(10, 4, 20),
-                  FastServeParams(skip_join_tokens=4, reserve_blocks=3))
+                  FastServeParams(quantum_unit="iterations", skip_join_tokens=4,
+                                  reserve_blocks=3))
     a, b = make_request(0, 12, 8), make_request(1, 12, 8)   # 12 > 4·2: skip-join level 2
     s.add(a), s.add(b)
     p = step(s)                       # A, B prefill: 3 blocks each, 4 free >= 3: nothing moved

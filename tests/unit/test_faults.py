@@ -39,7 +39,8 @@ def test_a_failure_also_evacuates_fastserve_paused_jobs():
     # the paused job must be retried with the running one, not lost with the replica.
     raw = faults_raw(replicas=1, events=[{"replica": 0, "at_s": 0.025, "restart_s": 0.05}])
     raw["engine"]["max_num_seqs"] = 1
-    raw["scheduler"] = {"policy": "fastserve", "num_queues": 2, "base_quantum": 1}
+    raw["scheduler"] = {"policy": "fastserve", "num_queues": 2, "quantum_unit": "iterations",
+                        "base_quantum": 1}
     raw["workload"]["num_requests"] = 2
     sm = simserve.run(parse_scenario(raw)).summary
     assert sm["completed"] == 2 and sm["num_failed"] == 0 and sm["num_rejected"] == 0

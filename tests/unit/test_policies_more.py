@@ -124,7 +124,8 @@ def test_latency_models_add_the_plans_extra_seconds():
 
 # -- FastServe ---------------------------------------------------------------------------------
 
-FS = FastServeParams(num_queues=3, base_quantum=1, quantum_ratio=2.0, skip_join_tokens=4,
+FS = FastServeParams(num_queues=3, quantum_unit="iterations", base_quantum=1, quantum_ratio=2.0,
+                     skip_join_tokens=4,
                      starvation_steps=0)
 
 
@@ -409,3 +410,76 @@ def test_traces_carry_priority_and_class_columns(tmp_path):
     moon = load({"trace": "m.jsonl", "format": "mooncake",
                  "classes": [{"name": "chat", "priority": 3, "slo": {"ttft_ms": 100}}]})
     assert [(r.priority, r.klass) for r in moon] == [(3, "chat"), (0, "")]
+
+
+# -- FastServe with time quanta (the default) ---------------------------------------------------
+
+def _timed(params: FastServeParams, **kw) -> Scheduler:
+    from simserve.latency import LinearLatency
+    s = make("fastserve", params, **kw)
+    # every step costs 10 ms + 1 ms per batched token: a lone prefill of p tokens, 10 + p ms
+    s.latency = LinearLatency(0.010, per_token_s=0.001)
+    return s
+
+
+def test_fastserve_time_quanta_skip_join_by_predicted_prefill_time():
+    # quanta 10, 20, 40, 80 ms (base 10 ms, ratio 2); prefill alone = 10 + p ms:
+    #   p = 0 -> ... p = 4: 14 ms > 10 -> queue 1 (20 ms); p = 25: 35 ms -> queue 2 (40 ms);
+    #   p = 100: 110 ms > 80 -> the last queue, 3
+    s = _timed(FastServeParams(num_queues=4, base_quantum_ms=10.0))
+    add(s, req(0, 4, 5), req(1, 25, 5), req(2, 100, 5))
+    assert s.level == {0: 1, 1: 2, 2: 3}
+    assert s.quantum(0) == pytest.approx(0.010) and s.quantum(3) == pytest.approx(0.080)
+
+
+def test_fastserve_time_quanta_charge_the_iteration_and_demote_past_the_quantum():
+    # one job per iteration; queue 1's quantum 20 ms, queue 2's 40 ms
+    s = _timed(FastServeParams(num_queues=4, base_quantum_ms=10.0), max_num_seqs=1)
+    a, b = req(0, 4, 8), req(1, 4, 8)      # both skip-join queue 1 (14 ms > 10 ms)
+    add(s, a, b)
+    # step 1: A prefills 4 tokens, charged 10 + 4 = 14 ms <= 20 ms: stays in queue 1
+    assert tokens(step(s)) == {0: 4} and s.level[0] == 1
+    assert s.used[0] == pytest.approx(0.014)
+    # step 2: A (ahead of B in queue 1) decodes: 14 + 11 = 25 ms > 20 ms -> queue 2, reset
+    assert tokens(step(s)) == {0: 1} and s.level[0] == 2 and s.used[0] == 0
+    # step 3: B (queue 1 now ranks first) prefills, 14 ms; A waits, KV held
+    assert tokens(step(s)) == {1: 4} and a.status is Status.RUNNING and a in s.paused
+    # step 4: B decodes: 25 ms > 20 ms -> queue 2, at its head (the artifact's push_front):
+    # ahead of A, which entered queue 2 earlier
+    assert tokens(step(s)) == {1: 1} and s.level[1] == 2
+    assert s._rank(b) < s._rank(a)
+    assert tokens(step(s)) == {1: 1}       # B first in queue 2 (11 ms charged of 40)
+
+
+def test_fastserve_starvation_in_seconds_checked_every_period():
+    # starvation: promote jobs idle >= 50 ms, checked every 2 iterations. A (queue 1) runs
+    # alone on 1 slot while B (a 100-token prompt: 110 ms, last queue) waits from t = 0.
+    s = _timed(FastServeParams(num_queues=4, base_quantum_ms=10.0, starvation_ms=50.0,
+                               starvation_period=2), max_num_seqs=1)
+    a, b = req(0, 4, 50), req(1, 100, 5)
+    add(s, a, b)
+    assert s.level[1] == 3
+    t = 0.0
+    p = s.schedule()                       # iteration 1 (not a check): A, 14 ms
+    t += s.latency.step_time(p)
+    s.complete(p, t)
+    assert s.level[1] == 3
+    p = s.schedule()                       # iteration 2 is a check, but B idled 14 ms < 50
+    t += s.latency.step_time(p)
+    s.complete(p, t)                       # t = 14 + 11 = 25 ms
+    assert s.level[1] == 3 and tokens(p) == {0: 1}
+    for _ in range(3):                     # iterations 3-5: A decodes, 11 ms each: t = 58 ms
+        p = s.schedule()
+        t += s.latency.step_time(p)
+        s.complete(p, t)
+    assert s.level[1] == 3                 # iteration 5 was not a check
+    p = s.schedule()                       # iteration 6 checks: B idle 58 ms >= 50 -> top
+    # B, now in queue 0, runs ahead of A; charged 10 + 100 = 110 ms > 10 ms: down to queue 1
+    assert tokens(p) == {1: 100}
+    assert s.level[1] == 1 and s.used[1] == 0
+
+
+def test_fastserve_time_quanta_need_the_latency_model():
+    s = make("fastserve", FastServeParams())
+    with pytest.raises(RuntimeError, match="latency model"):
+        s.add(req(0, 4, 4))

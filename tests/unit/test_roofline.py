@@ -274,3 +274,29 @@ def test_scenario_efficiency_field():
         build_latency(s)
     with pytest.raises(ConfigError, match=r"hardware\.efficiency"):
         parse_scenario({**base, "hardware": {"spec": "H100-SXM", "efficiency": "nope"}})
+
+
+def test_frontend_delay_moves_ttft_and_e2el_not_tpot():
+    # latency.frontend_delay_ms: the request reaches the engine 24 ms after it is sent, so
+    # every engine time is 24 ms later on the client's clock: TTFT and E2EL +24 ms exactly,
+    # TPOT unchanged, the schedule itself unchanged (docs/fidelity.md, runner.collect)
+    import simserve
+    from simserve.config import parse_scenario
+    raw = {"model": "OPT-13B", "hardware": "A100-80GB",
+           "workload": {"arrival": "poisson", "rate": 2, "num_requests": 20,
+                        "prompt": {"dist": "fixed", "value": 300},
+                        "output": {"dist": "fixed", "value": 20}}}
+    plain = simserve.run(parse_scenario(raw)).requests
+    raw["latency"] = {"model": "roofline", "frontend_delay_ms": 24}
+    r = simserve.run(parse_scenario(raw))
+    delayed = r.requests
+    assert r.summary["frontend_delay_ms"] == pytest.approx(24.0)
+    assert (delayed.ttft_s - plain.ttft_s).to_numpy() == pytest.approx([0.024] * 20)
+    assert (delayed.e2el_s - plain.e2el_s).to_numpy() == pytest.approx([0.024] * 20)
+    assert delayed.tpot_s.to_numpy() == pytest.approx(plain.tpot_s.to_numpy())
+    raw["latency"]["frontend_delay_ms"] = -1
+    with pytest.raises(ConfigError, match="latency.frontend_delay_ms"):
+        parse_scenario(raw)
+    raw["latency"] = {"model": "constant", "step_ms": 10, "frontend_delay_ms": 5}
+    with pytest.raises(ConfigError, match="frontend_delay_ms"):
+        parse_scenario(raw)

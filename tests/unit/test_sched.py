@@ -321,3 +321,23 @@ def test_padding_is_priced_as_decodes_at_the_longest_context():
     assert roof.step_time(padded) == roof.step_time(full)
     assert roof.decode_stretch(padded)(0, 3) == [
         roof.step_time(padded._replace(decode_ctx=(700 + i,))) for i in range(3)]
+
+
+def test_static_padded_batch_reserves_rows_times_the_longest_prompt_plus_output():
+    # 12 blocks of 4 tokens. A (prompt 4, out 2), B (8, 6), C (4, 10), FIFO:
+    #   A alone: 1 row x ceil((4 + 2) / 4) = 2 blocks <= 12
+    #   + B: longest prompt 8 + longest output 6 = 14 -> 2 rows x 4 blocks = 8 <= 12
+    #   + C: 8 + 10 = 18 -> 3 rows x 5 blocks = 15 > 12: C waits for the next batch
+    s = make_scheduler("static", num_blocks=12)
+    a, b, c = make_request(0, 4, 2), make_request(1, 8, 6), make_request(2, 4, 10)
+    s.add(a), s.add(b), s.add(c)
+    assert tokens(step(s)) == {0: 4, 1: 8}
+    assert s.blocks.held(0) == s.blocks.held(1) == 4 and s.waiting[0] is c
+    # padding: false reserves each member's own length: 2 + 4 + ceil(14 / 4) = 10 <= 12
+    from simserve.sched.static import StaticParams
+    s = make_scheduler("static", num_blocks=12)
+    s.params = StaticParams(padding=False)
+    for r in (make_request(0, 4, 2), make_request(1, 8, 6), make_request(2, 4, 10)):
+        s.add(r)
+    assert tokens(step(s)) == {0: 4, 1: 8, 2: 4}
+    assert [s.blocks.held(i) for i in range(3)] == [2, 4, 4]
