@@ -77,7 +77,8 @@ def resolve(s: Scenario) -> ReplicaSpec:
                              preemption_mode=e.preemption_mode,
                              max_model_len=max_model_len,
                              reserve_full_sequence=e.scheduler_reserve_full_isl,
-                             speculative_config=e.speculative_config)
+                             speculative_config=e.speculative_config,
+                             async_scheduling=e.async_scheduling)
     tp = e.tensor_parallel_size
     block_bytes = kv_block_bytes(s.model, e.block_size, tp)
     # an EAGLE / MTP / draft-model drafter keeps its own layers' KV in the same blocks and

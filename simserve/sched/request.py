@@ -55,6 +55,11 @@ class Request:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] | None = None
+    # async scheduling (Scheduler.launch/deliver): steps in flight that include it (launched,
+    # their output not yet delivered), and of its ``num_generated`` the tokens those steps
+    # will sample (vLLM's num_output_placeholders: counted when the step is scheduled)
+    num_in_flight: int = 0
+    num_pending: int = 0
     # copies of the spec's fields, read on every step (plain attributes are cheapest)
     id: int = field(init=False)
     num_prompt_tokens: int = field(init=False)
