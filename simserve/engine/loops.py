@@ -53,6 +53,7 @@ from typing import Any
 from simserve.engine.clock import Clock, Interrupt
 from simserve.engine.replica import Flight, Replica
 from simserve.engine.runtime import Runtime, pull_arrivals
+from simserve.latency.base import cpu_overhead_s
 from simserve.sched.core import InFlight, Scheduler
 from simserve.sched.plan import StepPlan
 from simserve.sched.stretch import Stretch
@@ -159,10 +160,16 @@ def batch_queue_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     n starts, right after the output of n-1 is delivered: it sees the arrivals and the frees
     up to then, and not those of step n. An empty plan is not queued (vLLM queues it, and
     its output, with nothing scheduled, is taken at once: the same order). Depth 1 is the
-    synchronous engine, stepped. Every step is its own event: no fast-forward."""
+    synchronous engine, stepped. Every step is its own event: no fast-forward.
+
+    The CPU part of a step (the latency model's ``step_overhead_s``: scheduling, input
+    preparation) runs from the moment it is scheduled, overlapping the device's work on the
+    step before; the device starts the step when both are done. With depth 1 nothing overlaps
+    and a step takes ``step_time``, as in the other loops."""
     depth = r.batch_queue_depth
     queue: deque[tuple[InFlight, float]] = deque()
     sched = r.scheduler
+    cpu = cpu_overhead_s(r.latency)
     now = env.now
     free_at = now            # when the device is done with the steps launched so far
     while True:
@@ -172,10 +179,15 @@ def batch_queue_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
             if plan.prefill_lens:   # requests scheduled for the first time: their first step
                 for req in sched.newly_scheduled:
                     req.first_scheduled_s = start
+            # the step's CPU part (the latency model's per-step overhead) runs from now, while
+            # the device may still compute the step before; its device part follows both
             duration = r.latency.step_time(plan)
-            c.rec.step(r, start, duration, plan)
-            free_at = start + duration
-            queue.append((sched.launch(plan), free_at))
+            overhead = cpu if cpu < duration else duration
+            ready = now + overhead
+            end = (free_at if free_at > ready else ready) + (duration - overhead)
+            c.rec.step(r, start, end - start, plan)
+            free_at = end
+            queue.append((sched.launch(plan), end))
             if len(queue) < depth:
                 continue     # room for another: schedule it now
         if not queue:

@@ -12,9 +12,10 @@ few shared verbs on a :class:`Batch` under construction:
 * ``resume_swapped(batch)``    swap requests back in, oldest first
 
 ``complete(plan, t_end)`` is shared: it advances the counters, samples tokens and frees
-finished requests. With async scheduling it comes in two halves, ``launch(plan)`` when the
-step is scheduled and ``deliver(step, t_end)`` when its output is processed (see ``launch``). So static batching, Orca, vLLM v0/v1 and Sarathi differ only in admission,
-ordering and clipping rules, each in a short module.
+finished requests (with async scheduling in two halves: ``launch(plan)`` when the step is
+scheduled, ``deliver(step, t_end)`` when its output is processed). So static batching, Orca,
+vLLM v0/v1 and Sarathi differ only in admission, ordering and clipping rules, each in a short
+module.
 """
 
 from __future__ import annotations

@@ -265,3 +265,40 @@ def test_off_by_default_and_not_written_unless_set():
     assert on.to_dict()["engine"]["async_scheduling"] is True
     assert Replica(0, POLICIES["vllm_v1"](on.replica.limits, BlockManager(10, 4)), None,
                    512).batch_queue_depth == 2   # type: ignore[arg-type]
+
+
+class OverheadLatency:
+    """10 ms a step, of which ``step_overhead_s`` is the engine's CPU work."""
+
+    label = "10 ms a step"
+
+    def __init__(self, overhead_s: float):
+        self.step_overhead_s = overhead_s
+
+    def step_time(self, plan):
+        return 0.010
+
+
+@pytest.mark.parametrize("overhead, times", [
+    # 3 ms CPU + 7 ms device. Step 0: scheduled at 0, CPU 0-3, device 3-10. Step 1: scheduled
+    # at 0 too, CPU 0-3, device after step 0: 10-17. Step 2: scheduled at 10 (step 0's output
+    # in), CPU 10-13, device 17-24. Step 3: scheduled at 17, device 24-31.
+    (0.003, [0.010, 0.017, 0.024, 0.031]),
+    # 8 ms CPU + 2 ms device: the CPU binds. Step 1: CPU 0-8, device 10-12; step 2: scheduled
+    # at 10, CPU 10-18, device 18-20; step 3: scheduled at 12, CPU 12-20, device 20-22.
+    (0.008, [0.010, 0.012, 0.020, 0.022]),
+    # no CPU part: the device back to back, as synchronously
+    (0.0, [0.010, 0.020, 0.030, 0.040]),
+])
+def test_the_cpu_part_of_a_step_overlaps_the_device_work_of_the_one_before(overhead, times):
+    # one request, prompt 8, 4 outputs: a prefill and three decodes
+    s = v1()
+    s.record_tokens = True
+    replica = Replica(0, s, OverheadLatency(overhead), 512)
+    rec = simulate([RequestSpec(0, 0.0, 8, 4)], [replica], round_robin())
+    assert rec.requests[0].token_times == pytest.approx(times)
+    sync = v1(overlap=False)
+    sync.record_tokens = True
+    rec = simulate([RequestSpec(0, 0.0, 8, 4)], [Replica(0, sync, OverheadLatency(overhead),
+                                                         512)], round_robin())
+    assert rec.requests[0].token_times == pytest.approx([0.010, 0.020, 0.030, 0.040])
