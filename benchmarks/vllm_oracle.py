@@ -14,9 +14,12 @@ Cases: ``--cases`` random scenarios (knobs, lengths, arrival bursts, KV so small
 preemption is frequent, shared prefixes with prefix caching, priorities; ``--requests`` each)
 and, with ``--shipped``, every shipped scenario whose policy is ``vllm_v1`` or ``priority``.
 
+``--async`` runs every case with ``engine.async_scheduling`` (vLLM's AsyncScheduler driven in
+its engine core's batch-queue order: step n+1 scheduled before step n's output is applied).
+
 Needs vLLM importable beside simserve (``make oracle`` builds that environment):
 
-    python benchmarks/vllm_oracle.py --cases 200 --requests 300 --shipped
+    python benchmarks/vllm_oracle.py --cases 200 --requests 300 --shipped [--async]
 """
 
 from __future__ import annotations
@@ -56,30 +59,41 @@ class Step(NamedTuple):
 
 
 def traced(sched, log: list[Step], replica: int = 0) -> None:
-    """Record every non-empty step the engine runs on ``sched`` into ``log``."""
-    schedule, complete = sched.schedule, sched.complete
-    pending: list = []
+    """Record every non-empty step the engine runs on ``sched`` into ``log``: what was decided
+    when it was scheduled, what finished and the free blocks when its output was applied
+    (``complete``; with async scheduling ``launch`` then ``deliver``, a step later)."""
+    schedule = sched.schedule
+    decided: list[list] = []       # steps scheduled, output not yet applied, oldest first
+    before: list = []              # running ids before the first schedule since the last step
 
     def traced_schedule():
-        before = {r.id for r in sched.running}
+        if not before:
+            before.append({r.id for r in sched.running})
         plan = schedule()
-        if plan.is_empty:
+        if plan.is_empty:          # (preemptions in it are counted with the next step)
             return plan
+        was = before.pop()
         after = [r for r in sched.running]
-        pending[:] = [
+        decided.append([
             replica,
             tuple(zip(plan.request_ids, plan.num_new_tokens)),
-            tuple(sorted(before - {r.id for r in after})),
-            tuple(sorted((r.id, r.num_computed_tokens) for r in after if r.id not in before)),
-        ]
+            tuple(sorted(was - {r.id for r in after})),
+            tuple(sorted((r.id, r.num_computed_tokens) for r in after if r.id not in was)),
+        ])
         return plan
 
-    def traced_complete(plan, t_end):
-        finished = complete(plan, t_end)
-        log.append(Step(*pending, tuple(sorted(r.id for r in finished)), sched.blocks.num_free))
+    def applied(finished):
+        log.append(Step(*decided.pop(0), tuple(sorted(r.id for r in finished)),
+                        sched.blocks.num_free))
         return finished
 
-    sched.schedule, sched.complete = traced_schedule, traced_complete
+    sched.schedule = traced_schedule
+    if sched.overlap:
+        deliver = sched.deliver
+        sched.deliver = lambda step, t_end: applied(deliver(step, t_end))
+    else:
+        complete = sched.complete
+        sched.complete = lambda plan, t_end: applied(complete(plan, t_end))
 
 
 def run_policy(s, specs: list[RequestSpec], policy: str, params=None):
@@ -155,7 +169,7 @@ def check(name: str, s, specs: list[RequestSpec]) -> Outcome:
 
 # -- cases --------------------------------------------------------------------------------------
 
-def random_case(seed: int, num_requests: int):
+def random_case(seed: int, num_requests: int, async_scheduling: bool = False):
     """A scenario and its requests, drawn so that KV memory binds often."""
     rng = np.random.default_rng(seed)
     policy = str(rng.choice(CHECKED, p=[0.7, 0.3]))
@@ -210,7 +224,8 @@ def random_case(seed: int, num_requests: int):
                    "block_size": block_size, "num_gpu_blocks": num_blocks,
                    "enable_chunked_prefill": chunked,
                    "long_prefill_token_threshold": long_threshold,
-                   "max_model_len": max_model_len, "enable_prefix_caching": prefix},
+                   "max_model_len": max_model_len, "enable_prefix_caching": prefix,
+                   "async_scheduling": async_scheduling},
         "scheduler": {"policy": policy},
         "latency": {"model": "linear", "base_ms": 4.0, "per_token_ms": 0.05, "per_seq_ms": 0.2},
         # (the requests are drawn above; this section only has to parse)
@@ -221,8 +236,9 @@ def random_case(seed: int, num_requests: int):
     return parse_scenario(raw), specs
 
 
-def shipped_cases():
-    """Every shipped scenario (and compare-file variant) whose policy is a checked one."""
+def shipped_cases(async_scheduling: bool = False):
+    """Every shipped scenario (and compare-file variant) whose policy is a checked one (with
+    ``engine.async_scheduling`` set as asked)."""
     for path in sorted((ROOT / "scenarios").glob("*.yaml")):
         try:
             variants = load_variants(path)
@@ -232,6 +248,21 @@ def shipped_cases():
         for label, s in variants:
             if s.policy not in CHECKED or s.cluster.disaggregated:
                 continue
+            # vllm_native builds no drafter and no KV connector: vLLM's scheduler with
+            # speculative decoding or KV offloading is not what it drives
+            unexpressed = [k for k in ("speculative_config", "kv_offloading_size")
+                           if getattr(s.engine, k) is not None]
+            if unexpressed:
+                print(f"  (skipping {path.stem}:{label}: engine.{unexpressed[0]} is not "
+                      f"driven by vllm_native)")
+                continue
+            if async_scheduling:
+                if s.cluster.faults is not None and s.cluster.faults.enabled \
+                        or s.engine.preemption_mode == "swap":
+                    print(f"  (skipping {path.stem}:{label}: not modelled with async "
+                          f"scheduling)")
+                    continue
+                s = s.replace(engine=dataclasses.replace(s.engine, async_scheduling=True))
             specs = build_workload(s.workload, s.seed, s.base_dir)
             yield f"{path.stem}:{label}", s, specs
 
@@ -243,6 +274,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="first random scenario's seed")
     ap.add_argument("--shipped", action="store_true", help="also the shipped scenarios")
     ap.add_argument("--show", type=int, default=3, help="differences printed in full")
+    ap.add_argument("--async", dest="async_scheduling", action="store_true",
+                    help="every case with engine.async_scheduling (vLLM's AsyncScheduler)")
     args = ap.parse_args(argv)
 
     from simserve.sched.vllm_native import vllm_version
@@ -251,12 +284,15 @@ def main(argv=None) -> int:
         print("error: vLLM is not installed here (make oracle builds an environment with it)",
               file=sys.stderr)
         return 2
+    mode = "async scheduling (AsyncScheduler, batch queue of 2)" if args.async_scheduling \
+        else "synchronous scheduling"
     print(f"vLLM oracle: simserve {', '.join(CHECKED)} against vLLM {version}'s own scheduler "
-          f"(offline, fake forward pass), one step per event")
-    cases = [(f"random-{args.seed + i}", *random_case(args.seed + i, args.requests))
+          f"(offline, fake forward pass), one step per event, {mode}")
+    cases = [(f"random-{args.seed + i}",
+              *random_case(args.seed + i, args.requests, args.async_scheduling))
              for i in range(args.cases)]
     if args.shipped:
-        cases += list(shipped_cases())
+        cases += list(shipped_cases(args.async_scheduling))
     outcomes: list[Outcome] = []
     shown = 0
     print(f"{'case':28s} {'policy':9s} {'steps':>6s} {'same':>7s}  preemptions ours/vLLM  "

@@ -77,6 +77,11 @@ class EngineConfig:
     # vLLM's KV offloading to host memory (kv/offload.py): GiB over all TP ranks, None: off
     kv_offloading_size: float | None = None
     kv_offloading_backend: str = "native"
+    # vLLM's --async-scheduling (on by default on GPUs in vLLM 0.32): the next step is
+    # scheduled while this one runs, one step ahead of the model's outputs (engine/loops.py,
+    # sched/core.py ``launch``/``deliver``; docs/scenario.md#engine). Off: vLLM's
+    # synchronous engine step, as before
+    async_scheduling: bool = False
 
     @classmethod
     def from_fields(cls, f: Fields) -> EngineConfig:
@@ -109,6 +114,7 @@ class EngineConfig:
                                        max=SWAP_SPACE_GB_MAX),
             kv_offloading_backend=f.str("kv_offloading_backend", "native",
                                         choices=("native", "lmcache")),
+            async_scheduling=f.bool("async_scheduling", False),
         )
         f.done()
         return cfg
@@ -118,6 +124,7 @@ _ENGINE_OPTIONAL = {"pipeline_parallel_size": 1, "quantization": None, "kv_cache
                     "enable_expert_parallel": False, "expert_balancedness": 1.0,
                     "data_parallel_size": 1, "all2all_backend": "allgather_reducescatter",
                     "speculative_config": None, "kv_offloading_size": None,
+                    "async_scheduling": False,
                     "kv_offloading_backend": "native"}
 
 
@@ -363,6 +370,8 @@ def _check_consistency(s: Scenario) -> None:
             raise ConfigError("engine.kv_offloading_size",
                               "KV offloading serves prefix hits from host memory: it needs "
                               "engine.enable_prefix_caching (as vLLM's connector)")
+    if s.engine.async_scheduling:
+        _check_async(s)
     from simserve.kv.capacity import check_expert_parallel
     if s.engine.data_parallel_size > 1:
         if not s.engine.enable_expert_parallel:
@@ -402,6 +411,35 @@ def _check_pipeline(s: Scenario) -> None:
     if c.disaggregated or (c.faults is not None and c.faults.enabled) or c.groups:
         raise ConfigError(field, "pipeline parallelism runs on colocated replicas without "
                                  "failures or replica groups")
+
+
+ASYNC_POLICIES = ("vllm_v1", "priority", "vllm_native")
+
+
+def _check_async(s: Scenario) -> None:
+    """What ``engine.async_scheduling`` models (vLLM v1's AsyncScheduler), and what it does
+    not yet: one clear error for the rest."""
+    where = "engine.async_scheduling"
+    if s.policy not in ASYNC_POLICIES:
+        raise ConfigError(where, f"models vLLM v1's AsyncScheduler; policy {s.policy!r} has "
+                                 f"none (use one of: {', '.join(ASYNC_POLICIES)})")
+    if s.engine.speculative_config is not None:
+        raise ConfigError(where, "with speculative decoding is not modelled (draft "
+                                 "placeholders); remove engine.speculative_config")
+    if s.engine.kv_offloading_size is not None:
+        raise ConfigError(where, "with KV offloading is not modelled; remove "
+                                 "engine.kv_offloading_size")
+    if s.engine.preemption_mode == "swap":
+        raise ConfigError(where, "preempts by recompute only (as vLLM v1); remove "
+                                 "engine.preemption_mode: swap")
+    if s.engine.pipeline_parallel_size > 1:
+        raise ConfigError(where, "with engine.pipeline_parallel_size > 1 is not modelled "
+                                 "(vLLM v1 does not combine them either)")
+    if s.cluster.disaggregated:
+        raise ConfigError(where, "with disaggregated prefill/decode is not modelled")
+    if s.cluster.faults is not None and s.cluster.faults.enabled:
+        raise ConfigError(where, "with failure injection is not modelled; remove "
+                                 "cluster.faults")
 
 
 def _check_budget(s: Scenario) -> None:

@@ -6,7 +6,9 @@ whoever gives it work triggers. Which loop runs a replica depends on what else c
 (``loop_for``): :func:`solo_loop` for one replica with nothing else going on,
 :func:`run_ahead_loop` for replicas that only arrivals and failures can disturb,
 :func:`stepping_loop` when a stretch in flight may be cut back (disaggregated prefill/decode)
-or when every step is its own event (``fast_forward=False``).
+or when every step is its own event (``fast_forward=False``); :func:`batch_queue_loop` when a
+replica keeps more than one step in flight (``engine.async_scheduling``: it schedules a step
+while the one before runs; stepped, never fast-forwarded).
 
 Fast-forward (sched/stretch.py): when a plan is the start of a *decode stretch* (every running
 request decodes, nothing else happens, and the policy's admission is monotone), the replica
@@ -44,6 +46,7 @@ that finishes the newcomers' prefills while the others decode or wait (a segment
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -51,7 +54,8 @@ from simserve.engine.clock import Clock, Interrupt
 from simserve.engine.pipeline import pipeline_loop
 from simserve.engine.replica import Flight, Replica
 from simserve.engine.runtime import Runtime, pull_arrivals
-from simserve.sched.core import Scheduler
+from simserve.latency.base import cpu_overhead_s
+from simserve.sched.core import InFlight, Scheduler
 from simserve.sched.plan import StepPlan
 from simserve.sched.stretch import Stretch
 
@@ -67,6 +71,8 @@ def loop_for(c: Runtime) -> Callable[[Clock, Runtime, Replica], Loop]:
     """The loop that runs each replica of ``c``."""
     if c.pipelined:
         return pipeline_loop
+    if c.batch_queue:
+        return batch_queue_loop
     if c.pull:
         return solo_loop
     return run_ahead_loop if c.run_ahead else stepping_loop
@@ -145,6 +151,58 @@ def stepping_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
             now, sched = env.now, r.scheduler
             continue
         now = c.finish_steps(r, sched, plan, stretch, ends, held)
+
+
+def batch_queue_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
+    """vLLM's engine core with a batch queue (``vllm/v1/engine/core.py``,
+    ``step_with_batch_queue``): up to ``depth`` steps in flight (``Replica.batch_queue_depth``:
+    2 with async scheduling). The replica schedules and launches steps while the queue has
+    room; when it is full, or nothing more can be scheduled, it waits for the oldest step's
+    output and delivers it (``Scheduler.launch``/``deliver``). A launched step starts on the
+    device when the one before it ends. With depth 2 the step n+1 is thus scheduled when step
+    n starts, right after the output of n-1 is delivered: it sees the arrivals and the frees
+    up to then, and not those of step n. An empty plan is not queued (vLLM queues it, and
+    its output, with nothing scheduled, is taken at once: the same order). Depth 1 is the
+    synchronous engine, stepped. Every step is its own event: no fast-forward.
+
+    The CPU part of a step (the latency model's ``step_overhead_s``: scheduling, input
+    preparation) runs from the moment it is scheduled, overlapping the device's work on the
+    step before; the device starts the step when both are done. With depth 1 nothing overlaps
+    and a step takes ``step_time``, as in the other loops."""
+    depth = r.batch_queue_depth
+    queue: deque[tuple[InFlight, float]] = deque()
+    sched = r.scheduler
+    cpu = cpu_overhead_s(r.latency)
+    now = env.now
+    free_at = now            # when the device is done with the steps launched so far
+    while True:
+        plan = sched.schedule() if sched.has_work else None
+        if plan is not None and not plan.is_empty:
+            start = free_at if free_at > now else now
+            if plan.prefill_lens:   # requests scheduled for the first time: their first step
+                for req in sched.newly_scheduled:
+                    req.first_scheduled_s = start
+            # the step's CPU part (the latency model's per-step overhead) runs from now, while
+            # the device may still compute the step before; its device part follows both
+            duration = r.latency.step_time(plan)
+            overhead = cpu if cpu < duration else duration
+            ready = now + overhead
+            end = (free_at if free_at > ready else ready) + (duration - overhead)
+            c.rec.step(r, start, end - start, plan)
+            free_at = end
+            queue.append((sched.launch(plan), end))
+            if len(queue) < depth:
+                continue     # room for another: schedule it now
+        if not queue:
+            woken = yield from _sleep(env, c, r, now)
+            if woken is None:
+                return
+            now = woken
+            continue
+        step, end = queue.popleft()
+        yield env.at(end)
+        now = end
+        c.deliver_step(r, sched, step, now)
 
 
 # -- the pieces the loops share -------------------------------------------------------------

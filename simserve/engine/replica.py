@@ -49,6 +49,13 @@ class Replica:
     def blocks(self) -> BlockManager:
         return self.scheduler.blocks
 
+    @property
+    def batch_queue_depth(self) -> int:
+        """Steps in flight at once (vLLM's ``max_concurrent_batches``): 1 is the synchronous
+        engine; more runs the replica in ``engine/loops.py``'s ``batch_queue_loop``, whose
+        scheduler splits each step into ``launch`` and ``deliver`` (sched/core.py)."""
+        return self.scheduler.limits.batch_queue_depth
+
 
 @dataclass(slots=True)
 class Flight:

@@ -39,7 +39,7 @@ from simserve.metrics.recorder import Recorder
 from simserve.metrics.tokens import moved
 from simserve.sched.plan import StepPlan
 from simserve.sched.stretch import Stretch
-from simserve.sched.core import Scheduler
+from simserve.sched.core import InFlight, Scheduler
 from simserve.sched.request import Request, Status
 from simserve.workload.spec import RequestSpec
 
@@ -91,6 +91,14 @@ class Runtime:
         # a disaggregated run has both (checked above); a colocated one never calls either
         self.decode_router: Router = decode_router or _no_decode_pool
         self.transfer_s: Callable[..., float] = transfer_s or _no_decode_pool
+        # a replica with more than one step in flight (async scheduling) is stepped in
+        # loops.batch_queue_loop: arrivals come from the arrival process, never pulled
+        self.batch_queue = any(r.batch_queue_depth > 1 for r in self.replicas)
+        if self.batch_queue:
+            fast_forward = False
+            if self.disaggregated or faults is not None:
+                raise ValueError("a batch queue (async scheduling) is not modelled with "
+                                 "disaggregation or failures")
         self.fast_forward = fast_forward
         # pipeline-parallel replicas (engine/pipeline.py) step, each micro-batch an event
         self.pipelined = any(r.depth > 1 for r in replicas)
@@ -158,6 +166,17 @@ class Runtime:
         if finished:
             self.done_steps(r, finished, now)
         return now
+
+    def deliver_step(self, r: Replica, sched: Scheduler, step: InFlight, now: float) -> None:
+        """The output of a replica's launched step (async scheduling) is processed at ``now``:
+        its tokens reach the client, the requests it finished are done."""
+        tokens = r.tokens
+        assert tokens is not None
+        finished = sched.deliver(step, now)
+        tokens.step(now, sched.sampled, None)
+        r.num_outstanding -= len(finished)
+        if finished:
+            self.done_steps(r, finished, now)
 
     def done_steps(self, r: Replica, finished: list[Request], now: float) -> None:
         """Requests that a replica's step just finished."""

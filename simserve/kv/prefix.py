@@ -66,6 +66,9 @@ class PrefixBlockManager(BlockManager):
         self._content: dict[int, tuple[int, Sequence[int] | None]] = {}
         self._keys: dict[int, list[int]] = {}           # request id -> keys computed so far
         self.num_evicted = 0                            # cached blocks reused for other content
+        # async scheduling: request id -> its tokens whose content is known (sampled and
+        # delivered); blocks past them are not cached yet (limit_cache)
+        self._limit: dict[int, int] = {}
 
     # -- content ---------------------------------------------------------------------------
     def register(self, request_id: int, num_prompt_tokens: int,
@@ -195,7 +198,26 @@ class PrefixBlockManager(BlockManager):
         self._num_keyed.pop(request_id, None)
         self._keys.pop(request_id, None)
         self._content.pop(request_id, None)
+        if self._limit:
+            self._limit.pop(request_id, None)
         return len(table)
+
+    def limit_cache(self, request_id: int, num_tokens: int | None) -> None:
+        """Cache no block of the request past its first ``num_tokens`` tokens (None: no limit).
+        With async scheduling a step is scheduled before the token it feeds has been
+        sampled; vLLM caches a block only once its tokens are known (``allocate_slots`` caps
+        at ``request.num_tokens``, which holds no output placeholders)."""
+        if num_tokens is None:
+            self._limit.pop(request_id, None)
+        else:
+            self._limit[request_id] = num_tokens
+
+    def cache_upto(self, request_id: int, num_tokens: int) -> None:
+        """Cache the request's blocks that its first ``num_tokens`` tokens fill (vLLM's
+        AsyncScheduler, when a step's output is processed)."""
+        table = self._tables.get(request_id)
+        if table:
+            self._register_full(request_id, table, num_tokens)
 
     def swap_out(self, request_id: int) -> int | None:
         return None   # prefix caching preempts by recompute only (as vLLM v1)
@@ -221,6 +243,10 @@ class PrefixBlockManager(BlockManager):
 
     def _register_full(self, request_id: int, table: list[int], num_tokens: int) -> None:
         """Cache the blocks that ``num_tokens`` fills (their KV is computed this step)."""
+        if self._limit:
+            limit = self._limit.get(request_id)
+            if limit is not None and limit < num_tokens:
+                num_tokens = limit
         full = min(num_tokens // self.block_size, len(table))
         start = self._num_keyed.get(request_id, 0)
         if full <= start:

@@ -21,8 +21,17 @@ class LatencyModel(Protocol):
     depends on the contexts only through their sum may also offer ``decode_stretch_sum(b,
     total_ctx)``, the same for ``b`` decoding requests whose contexts sum to ``total_ctx``. Both
     must give values bit-identical to ``step_time`` of each step.
+
+    Optional, for async scheduling: ``step_overhead_s``, the part of every step's time that is
+    the engine's CPU work (scheduling, input preparation, output processing) rather than the
+    device's: the roofline and profile models have it (``latency.step_overhead_ms``).
     """
 
     label: str
 
     def step_time(self, plan: StepPlan) -> float: ...
+
+
+def cpu_overhead_s(model: LatencyModel) -> float:
+    """The per-step CPU time within ``model.step_time`` (0 for a model that prices none)."""
+    return float(getattr(model, "step_overhead_s", 0.0) or 0.0)

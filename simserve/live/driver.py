@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from simserve.engine.build import build_replicas, engine_options
 from simserve.engine.clock import URGENT, Clock
-from simserve.engine.loops import stepping_loop
+from simserve.engine.loops import batch_queue_loop, stepping_loop
 from simserve.engine.pipeline import pipeline_loop
 from simserve.engine.replica import Replica
 from simserve.engine.runtime import Runtime
@@ -190,8 +190,10 @@ class WallClockSimulation:
         self.rt = _LiveRuntime(self, self.env, _LiveRecorder(self), [], self.replicas, router,
                                False, opts.get("decode_router"), opts.get("transfer_s"), None,
                                "retry", 0)
-        for r in self.replicas:   # (pipeline parallelism: micro-batches in flight, stepped too)
-            replica_loop = pipeline_loop if r.depth > 1 else stepping_loop
+        for r in self.replicas:   # (pipeline parallelism and async scheduling: steps in
+            # flight, stepped as well)
+            replica_loop = (pipeline_loop if r.depth > 1 else
+                            batch_queue_loop if r.batch_queue_depth > 1 else stepping_loop)
             r.proc = self.env.process(replica_loop(self.env, self.rt, r))
         self._outputs = _output_lengths(s)
         self._num_submitted = 0
@@ -312,7 +314,8 @@ class WallClockSimulation:
             c.itl.observe(t - stream.last_token_s)
         stream.emit(n, t)
         c.generation_tokens += n
-        if req.num_generated >= req.num_output_tokens:
+        # (with async scheduling num_generated already counts the tokens of steps in flight)
+        if req.num_generated - req.num_pending >= req.num_output_tokens:
             c.finished += 1
             c.e2el.observe(t - stream.arrival_s)
             self._end(req, "", replica)

@@ -12,8 +12,10 @@ few shared verbs on a :class:`Batch` under construction:
 * ``resume_swapped(batch)``    swap requests back in, oldest first
 
 ``complete(plan, t_end)`` is shared: it advances the counters, samples tokens and frees
-finished requests. So static batching, Orca, vLLM v0/v1 and Sarathi differ only in admission,
-ordering and clipping rules, each in a short module.
+finished requests (with async scheduling in two halves: ``launch(plan)`` when the step is
+scheduled, ``deliver(step, t_end)`` when its output is processed). So static batching, Orca,
+vLLM v0/v1 and Sarathi differ only in admission, ordering and clipping rules, each in a short
+module.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from heapq import merge
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, NamedTuple, cast
 
 from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
@@ -46,6 +48,15 @@ class SchedulerLimits:
     reserve_full_sequence: bool = False
     # speculative decoding (#18; sched/spec.py): k drafts verified per decode, KV lookahead
     speculative_config: SpeculativeConfig | None = None
+    # vLLM's async scheduling: the engine schedules the next step while this one runs
+    # (``Scheduler.launch``/``deliver``; engine/loops.py's batch queue, depth 2)
+    async_scheduling: bool = False
+
+    @property
+    def batch_queue_depth(self) -> int:
+        """Steps the engine keeps in flight (vLLM's ``max_concurrent_batches``): 2 with async
+        scheduling, else 1 (schedule, run, apply). Pipeline parallelism would set its own."""
+        return 2 if self.async_scheduling else 1
 
 
 class Batch:
@@ -120,6 +131,20 @@ class Batch:
         return self.plan
 
 
+class InFlight(NamedTuple):
+    """A launched step whose output is not yet delivered (async scheduling)."""
+
+    plan: StepPlan
+    entries: list[tuple[Request, int]]      # (request, new tokens), in plan order
+    sampled: list[Request]                  # the requests whose token it samples
+
+
+def done_in_flight(req: Request) -> bool:
+    """Its last token is being sampled by a step in flight: vLLM's AsyncScheduler schedules it
+    no more (it keeps its blocks and its place in ``running`` until that output is in)."""
+    return bool(req.num_pending) and req.num_generated >= req.num_output_tokens
+
+
 class Scheduler:
     """Queues, the block manager and the shared verbs; subclasses implement ``schedule``."""
 
@@ -182,6 +207,9 @@ class Scheduler:
         # the replica's latency model (engine/replica.py binds it), for policies that decide by
         # predicted time (FastServe's time quanta and skip-join); None until bound
         self.latency: Any = None
+        # async scheduling: steps launched and not yet delivered (launch/deliver)
+        self.overlap = limits.async_scheduling
+        self.steps_in_flight = 0
 
     # -- queue state -----------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -300,10 +328,14 @@ class Scheduler:
         entries, scheduled, decode_ctx = batch.entries, batch.scheduled, batch.decode_ctx
         i = 0
         running = self.running
+        overlap = self.overlap
         while i < len(running):
             if batch.token_budget <= 0 or batch.seq_budget <= 0:
                 return True
             req = running[i]
+            if overlap and done_in_flight(req):
+                i += 1
+                continue
             c = req.num_computed_tokens
             if req.num_generated == 0 or c + 1 != req.num_prompt_tokens + req.num_generated:
                 # not a decode (a prefill in progress): the general path
@@ -348,7 +380,7 @@ class Scheduler:
         n = len(running)
         blocks = self.blocks
         if not n or n > batch.token_budget or n > batch.seq_budget or blocks.caches_prefixes \
-                or self.speculative is not None:
+                or self.speculative is not None or self.overlap:
             return False
         ctx = [r.num_computed_tokens for r in running]
         # each decoding: it has sampled a token and computed all but that one (-1: it has not)
@@ -383,6 +415,10 @@ class Scheduler:
         # recompute (or swap space full): drop the KV and start over from the waiting head
         self.blocks.free(req.id)
         req.num_computed_tokens = 0
+        # (async scheduling: a token its step in flight samples is still delivered, so it
+        # stays in num_generated, but it is no longer this request's pending output; it
+        # waits until that step drains: ``stale``)
+        req.num_pending = 0
         req.status = Status.WAITING
         self.waiting.appendleft(req)
 
@@ -503,17 +539,80 @@ class Scheduler:
             n = threshold
         return max(0, min(n, batch.token_budget))
 
+    # -- async scheduling: a step in two halves ---------------------------------------------
+    def launch(self, plan: StepPlan) -> InFlight:
+        """The half of ``complete`` that happens when a step is scheduled, with async
+        scheduling (vLLM's ``_update_after_schedule`` and AsyncScheduler's output
+        placeholders): counters advance now, so the next ``schedule()`` can run while this step
+        computes. A request whose catch-up this step completes counts the token it will sample
+        in ``num_generated`` at once and as ``num_pending`` until ``deliver``::
+
+            schedule n+1 ─ launch n+1 ─┐            (step n on the device)
+                                        deliver n ─ schedule n+2 ─ launch n+2 ─┐
+                                                       (step n+1 on the device)  deliver n+1
+
+        Returns what ``deliver`` needs: the step's requests, and those it samples.
+        """
+        entries = self._entries(plan)
+        sampled: list[Request] = []
+        for req, n in entries:
+            req.num_computed_tokens += n
+            req.num_in_flight += 1
+            if req.num_computed_tokens == req.num_prompt_tokens + req.num_generated:
+                req.num_generated += 1
+                req.num_pending += 1
+                sampled.append(req)
+                self._cache_limit(req)
+        self.steps_in_flight += 1
+        return InFlight(plan, entries, sampled)
+
+    def deliver(self, step: InFlight, t_end: float) -> list[Request]:
+        """The other half: the step's output is processed at ``t_end`` (vLLM's
+        ``update_from_output``). Every token it sampled reaches the client now, a preempted
+        request's too (its *stale* output, which it waited for); a request whose last token it
+        was finishes and frees its blocks only now, so the step scheduled meanwhile did not see
+        them free. Returns the finished requests (``sampled`` lists the tokens' owners)."""
+        self.steps_in_flight -= 1
+        for req, _ in step.entries:
+            req.num_in_flight -= 1
+        self.sampled = step.sampled
+        finished: list[Request] = []
+        blocks = self.blocks
+        prefix = blocks if isinstance(blocks, PrefixBlockManager) else None
+        for req in step.sampled:
+            if req.status is Status.RUNNING:
+                req.num_pending -= 1
+                if prefix is not None:   # AsyncScheduler caches the blocks its output fills
+                    self._cache_limit(req)
+                    prefix.cache_upto(req.id, req.num_computed_tokens - req.num_pending)
+            if req.num_generated >= req.num_output_tokens and not req.num_pending:
+                finished.append(req)
+        self.retire(finished, t_end)
+        return finished
+
+    def _cache_limit(self, req: Request) -> None:
+        """With prefix caching, the tokens of ``req`` whose blocks may become cached: those
+        sampled and delivered (vLLM caches up to ``request.num_tokens``, which has no
+        placeholders)."""
+        blocks = self.blocks
+        if isinstance(blocks, PrefixBlockManager):
+            blocks.limit_cache(req.id, req.num_tokens - req.num_pending if req.num_pending
+                               else None)
+
+    def _entries(self, plan: StepPlan) -> list[tuple[Request, int]]:
+        """The plan's requests and their new tokens (the batch's, if ``plan`` is its)."""
+        batch = self._batch
+        if batch is not None and batch.plan is plan:
+            return batch.entries
+        by_id = {r.id: r for r in self.running}
+        return [(by_id[rid], n) for rid, n in zip(plan.request_ids, plan.num_new_tokens)]
+
     # -- after the step --------------------------------------------------------------------
     def complete(self, plan: StepPlan, t_end: float) -> list[Request]:
         """Advance counters for ``plan``, sample tokens at ``t_end``; return finished requests
         (``sampled`` lists every request that sampled a token)."""
         finished: list[Request] = []
-        batch = self._batch
-        if batch is not None and batch.plan is plan:
-            entries = batch.entries
-        else:   # a plan built outside new_batch(): look its requests up
-            by_id = {r.id: r for r in self.running}
-            entries = [(by_id[rid], n) for rid, n in zip(plan.request_ids, plan.num_new_tokens)]
+        entries = self._entries(plan)
         self.sampled = sampled = []
         if self.acceptance is not None:
             return self._complete_verifying(entries, t_end)
@@ -572,10 +671,18 @@ class Scheduler:
     def retire(self, finished: list[Request], t: float | None) -> None:
         """Free finished requests, each done at its last token's time ``t`` (None: the caller
         set ``finish_s``)."""
-        if len(finished) == 1:
-            self.running.remove(finished[0])
-        elif finished:
-            done = {id(r) for r in finished}
+        if self.overlap and any(r.status is not Status.RUNNING for r in finished):
+            # a request preempted while its last token was in flight: that token finished it
+            # in the waiting queue (vLLM's stopped_preempted_reqs)
+            gone = {id(r) for r in finished if r.status is not Status.RUNNING}
+            self.waiting = deque(r for r in self.waiting if id(r) not in gone)
+            finished_running = [r for r in finished if id(r) not in gone]
+        else:
+            finished_running = finished
+        if len(finished_running) == 1:
+            self.running.remove(finished_running[0])
+        elif finished_running:
+            done = {id(r) for r in finished_running}
             self.running = [r for r in self.running if id(r) not in done]
         for req in finished:
             self.blocks.free(req.id)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from bisect import insort
 
-from simserve.sched.core import Batch
+from simserve.sched.core import Batch, done_in_flight
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
 from simserve.sched.vllm_v1 import VllmV1
@@ -46,9 +46,12 @@ class Priority(VllmV1):
     def schedule(self) -> StepPlan:
         plan = super().schedule()
         preempted = 0
-        while plan.is_empty and plan.num_preempted and self.has_work:
+        while plan.is_empty and plan.num_preempted and self.has_work \
+                and not self.steps_in_flight:
             # The lowest-priority request preempted itself first in the running list: vLLM runs
             # this step with nothing scheduled and goes on at the next, which costs no time.
+            # (With async scheduling and a step in flight the engine waits for that step's
+            # output instead: the empty plan goes back to the engine loop.)
             preempted += plan.num_preempted
             plan = super().schedule()
         if preempted:
@@ -73,6 +76,8 @@ class Priority(VllmV1):
                 return
             if req.status is not Status.RUNNING:
                 continue                   # preempted earlier in this walk
+            if self.overlap and done_in_flight(req):
+                continue                   # its last token is in flight (async scheduling)
             n = self.clip(req, req.num_remaining, batch)
             if not self.grow_or_preempt(batch, req, n):
                 return

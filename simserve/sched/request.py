@@ -58,6 +58,11 @@ class Request:
     # its place in the running list (stamped when it joins it): where a request held out of
     # the list while its micro-batch is in flight goes back (pipeline parallelism)
     run_seq: int = 0
+    # async scheduling (Scheduler.launch/deliver): steps in flight that include it (launched,
+    # their output not yet delivered), and of its ``num_generated`` the tokens those steps
+    # will sample (vLLM's num_output_placeholders: counted when the step is scheduled)
+    num_in_flight: int = 0
+    num_pending: int = 0
     # copies of the spec's fields, read on every step (plain attributes are cheapest)
     id: int = field(init=False)
     num_prompt_tokens: int = field(init=False)

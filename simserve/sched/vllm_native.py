@@ -35,7 +35,7 @@ import numpy as np
 
 from simserve.errors import ConfigError
 from simserve.kv.blocks import BlockManager
-from simserve.sched.core import Scheduler, SchedulerLimits
+from simserve.sched.core import InFlight, Scheduler, SchedulerLimits
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
@@ -70,6 +70,7 @@ class BackendConfig:
     enable_prefix_caching: bool
     scheduler_reserve_full_isl: bool
     scheduling_policy: str = "fcfs"
+    async_scheduling: bool = False     # vLLM's AsyncScheduler, driven as its engine core does
 
 
 class Backend(Protocol):
@@ -87,7 +88,8 @@ class Backend(Protocol):
         """A request's computed tokens *after* ``schedule()`` (vLLM advances them there)."""
 
     def update(self, sampled: dict[str, list[int]]) -> set[str]:
-        """Feed the step's sampled tokens back; the ids that finished."""
+        """Feed the sampled tokens of the oldest step not yet updated back (one step per
+        ``schedule()`` that scheduled something, in order); the ids that finished."""
 
     def running(self) -> list[str]: ...
 
@@ -170,11 +172,13 @@ class VllmNative(Scheduler):
                 num_gpu_blocks=blocks.num_blocks + self.reserved_blocks,
                 enable_prefix_caching=blocks.caches_prefixes,
                 scheduler_reserve_full_isl=limits.reserve_full_sequence,
-                scheduling_policy=self.params.scheduling_policy))
+                scheduling_policy=self.params.scheduling_policy,
+                async_scheduling=limits.async_scheduling))
         self.backend = backend
         self.blocks = _BackendBlocks(backend, blocks.num_blocks, blocks.block_size,
                                      blocks.caches_prefixes)
         self._reqs: dict[str, Request] = {}
+        self._outputs: deque[dict[str, list[int]]] = deque()   # launched steps' fake outputs
 
     def add(self, req: Request) -> None:
         super().add(req)
@@ -190,12 +194,14 @@ class VllmNative(Scheduler):
             for rid in preempted:
                 req = self._reqs[rid]
                 req.num_computed_tokens = 0
+                req.num_pending = 0      # (async: its in-flight token is stale, still due)
                 req.num_preemptions += 1
                 req.status = Status.WAITING
                 batch.num_preempted += 1
             # vLLM may preempt every running request and schedule nothing: it then runs an
-            # empty step, which costs no model time, and goes on (as sched/priority.py)
-            if scheduled or not preempted:
+            # empty step, which costs no model time, and goes on (as sched/priority.py); with
+            # a step in flight (async scheduling) its engine waits for that step's output first
+            if scheduled or not preempted or self.steps_in_flight:
                 break
         for rid, n in scheduled.items():
             req = self._reqs[rid]
@@ -212,16 +218,36 @@ class VllmNative(Scheduler):
         self._sync_queues()
         return batch.freeze()
 
-    def complete(self, plan: StepPlan, t_end: float) -> list[Request]:
+    def _fake_output(self, plan: StepPlan) -> dict[str, list[int]]:
+        """The fake forward pass: one token for each request whose catch-up the step ends
+        (decided before counters move), none for a prefill chunk that leaves some."""
         reqs = self._reqs
         sampled: dict[str, list[int]] = {}
         for req_id, n in zip(plan.request_ids, plan.num_new_tokens):
             rid = vllm_id(req_id)
             req = reqs[rid]
-            # the step ends the request's catch-up: it samples (before counters move)
             sampled[rid] = [output_token(req)] if req.num_computed_tokens + n == req.num_tokens \
                 else []
+        return sampled
+
+    def complete(self, plan: StepPlan, t_end: float) -> list[Request]:
+        sampled = self._fake_output(plan)
         finished = super().complete(plan, t_end)
+        return self._update(sampled, finished)
+
+    def launch(self, plan: StepPlan) -> InFlight:
+        """Async scheduling: the fake output is decided when the step is scheduled (the model
+        runs on the state it was given, even for a request preempted before its output is
+        processed) and fed back at ``deliver``, in order, as vLLM's engine core does."""
+        self._outputs.append(self._fake_output(plan))
+        return super().launch(plan)
+
+    def deliver(self, step: InFlight, t_end: float) -> list[Request]:
+        finished = super().deliver(step, t_end)
+        return self._update(self._outputs.popleft(), finished)
+
+    def _update(self, sampled: dict[str, list[int]], finished: list[Request]) -> list[Request]:
+        reqs = self._reqs
         done = self.backend.update(sampled)
         mine = {vllm_id(r.id) for r in finished}
         if done != mine:
@@ -325,7 +351,8 @@ class _VllmBackend:
             max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_model_len=cfg.max_model_len, enable_chunked_prefill=cfg.enable_chunked_prefill,
             long_prefill_token_threshold=cfg.long_prefill_token_threshold,
-            is_encoder_decoder=False, policy=cfg.scheduling_policy, async_scheduling=False)
+            is_encoder_decoder=False, policy=cfg.scheduling_policy,
+            async_scheduling=cfg.async_scheduling)
         # (a vLLM older than the knob runs its own admission, which is the point of the policy)
         if "scheduler_reserve_full_isl" in getattr(SchedulerConfig, "__dataclass_fields__", {}):
             knobs["scheduler_reserve_full_isl"] = cfg.scheduler_reserve_full_isl
@@ -334,11 +361,16 @@ class _VllmBackend:
                             enable_prefix_caching=cfg.enable_prefix_caching)
         cache.num_gpu_blocks = cfg.num_gpu_blocks
         vcfg = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache)
+        # vLLM's CPU platform switches async scheduling off (vllm/platforms/cpu.py: "not
+        # required on CPU"); the scheduler itself is the same Python on every platform, so it
+        # is switched back on here before the scheduler (and max_concurrent_batches) read it
+        vcfg.scheduler_config.async_scheduling = cfg.async_scheduling
         kv = KVCacheConfig(num_blocks=cfg.num_gpu_blocks, kv_cache_tensors=[], kv_cache_groups=[
             KVCacheGroupSpec(["layer.0"], FullAttentionSpec(
                 block_size=cfg.block_size, num_kv_heads=8, head_size=64, dtype=torch.bfloat16))])
-        self._sched = VScheduler(vcfg, kv, StructuredOutputManager(vcfg),
-                                 block_size=cfg.block_size)
+        # (vLLM's engine core picks the class: AsyncScheduler with async_scheduling)
+        cls = sched.get_scheduler_cls() if cfg.async_scheduling else VScheduler
+        self._sched = cls(vcfg, kv, StructuredOutputManager(vcfg), block_size=cfg.block_size)
         self._hasher = None
         if cfg.enable_prefix_caching:
             from vllm.utils.hashing import get_hash_fn_by_name
@@ -346,7 +378,9 @@ class _VllmBackend:
             fn = get_hash_fn_by_name(cache.prefix_caching_hash_algo)
             init_none_hash(fn)
             self._hasher = get_request_block_hasher(cfg.block_size, fn)
-        self._out = None
+        # scheduler outputs launched and not yet updated, oldest first (vLLM's batch queue;
+        # one at a time without async scheduling); an empty one is never run
+        self._outs: deque[Any] = deque()
 
     def add(self, rid: str, prompt: list[int], max_tokens: int, arrival_s: float,
             priority: int) -> None:
@@ -357,7 +391,9 @@ class _VllmBackend:
             priority=priority, block_hasher=self._hasher))
 
     def schedule(self) -> tuple[dict[str, int], list[str]]:
-        out = self._out = self._sched.schedule()
+        out = self._sched.schedule()
+        if out.total_num_scheduled_tokens:
+            self._outs.append(out)
         preempted = [r for r in self._sched.requests.values()
                      if out.preempted_req_ids and r.request_id in out.preempted_req_ids]
         return dict(out.num_scheduled_tokens), [r.request_id for r in preempted]
@@ -369,7 +405,7 @@ class _VllmBackend:
         ids = list(sampled)
         output = self._Output(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                               sampled_token_ids=[sampled[r] for r in ids])
-        outputs = self._sched.update_from_output(self._out, output)
+        outputs = self._sched.update_from_output(self._outs.popleft(), output)
         return {o.request_id for eco in outputs.values() for o in eco.outputs
                 if o.finish_reason is not None}
 

@@ -16,6 +16,11 @@ the budget left waits). The details that decide who runs under KV pressure:
 * the block pool keeps one block back (the "null block"): ``reserved_blocks``;
 * the threshold caps a chunk whether or not chunked prefill is on, and is lifted when only one
   request is running or waiting ("nobody to starve").
+
+With ``engine.async_scheduling`` (vLLM's AsyncScheduler, vllm/v1/core/sched/async_scheduler.py)
+the step is planned while the previous one runs (``Scheduler.launch``): a running request whose
+last token is in flight is skipped (it keeps its blocks and slot until that output is in), and
+a request preempted with a step in flight is not admitted until that step's output drains.
 """
 
 from __future__ import annotations
@@ -69,8 +74,15 @@ class VllmV1(Scheduler):
 
     def _admit_waiting(self, batch: Batch) -> None:
         gate = self.limits.reserve_full_sequence
+        skipped: list[Request] = []
         while self.may_admit(batch):
             req = self.waiting[0]
+            if req.num_in_flight:
+                # async scheduling: preempted while a step of it was in flight, whose output
+                # (still delivered) it waits for; the next in line goes on (vLLM's
+                # skip_request), and it keeps its place
+                skipped.append(self.waiting.popleft())
+                continue
             # what is left after the cache hit (looked up only for a request with nothing
             # computed: one landing from a prefill replica brings its KV with it)
             n = self.joining_tokens(
@@ -78,3 +90,5 @@ class VllmV1(Scheduler):
             if n is None or not self.admit(batch, req, n,
                                            gate_tokens=req.num_tokens if gate else None):
                 break
+        if skipped:
+            self.waiting.extendleft(reversed(skipped))

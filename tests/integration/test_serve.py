@@ -114,19 +114,23 @@ def test_driver_rejects_what_can_never_run_and_pins_replicas(tmp_path):
     assert [st.requests_finished for st in stats] == [0, 3]
 
 
-def test_the_same_arrivals_give_the_same_schedule_as_simserve_run(tmp_path):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_same_arrivals_give_the_same_schedule_as_simserve_run(tmp_path, async_scheduling):
     """The live schedule is the engine's: ``simserve run`` of a trace of the arrivals it saw
-    gives the very same token times."""
+    gives the very same token times (also with vLLM's async scheduling: a batch queue)."""
     from simserve.live.serve import write_record
     from simserve.runner import run
 
-    s = load_scenario(write_scenario(tmp_path))
+    text = SCENARIO.replace("max_model_len: 4096}", "max_model_len: 4096, "
+                            "async_scheduling: true}") if async_scheduling else SCENARIO
+    s = load_scenario(write_scenario(tmp_path, text))
+    assert s.engine.async_scheduling is async_scheduling
     rng = np.random.default_rng(1)
     plan = [(float(rng.exponential(0.02)), int(rng.integers(50, 1500)),
              int(rng.integers(2, 40)), None) for _ in range(30)]
     sim, streams, counts, _ = run_live(s, plan, record=True)
     write_record(sim.served, tmp_path / "rec")
-    replayed = load_scenario(write_scenario(tmp_path, SCENARIO.split("workload:")[0] + (
+    replayed = load_scenario(write_scenario(tmp_path, text.split("workload:")[0] + (
         f"workload: {{trace: {tmp_path / 'rec' / 'trace.csv'}, format: csv}}\n"), "t.yaml"))
     offline = run(replayed).requests.sort_values("request_id")
     served = pd.read_csv(tmp_path / "rec" / "served.csv")

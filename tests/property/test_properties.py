@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import dataclasses
 
 from simserve.cards import load_hardware, load_model
 from simserve.engine import Replica, round_robin, simulate
@@ -129,8 +129,36 @@ def run_checked(policy, limits, block_size, num_blocks, host_blocks, max_model_l
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_invariants_hold_for_every_policy(case):
+    rec, replicas, _ = run_checked(*case)
+    check_invariants(case, rec, replicas)
+
+
+def as_async(case):
+    """The case with engine.async_scheduling: a vLLM v1 policy (the drawn one if it is one),
+    recompute preemption."""
+    policy, limits, *rest = case
+    if policy not in ("vllm_v1", "priority"):
+        policy = "vllm_v1"
+        rest[7] = None                      # (the drawn policy's params)
+    limits = dataclasses.replace(limits, preemption_mode="recompute", async_scheduling=True)
+    return (policy, limits, *rest)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_invariants_hold_with_async_scheduling(case):
+    """A batch queue of two (sched/core.py launch/deliver, engine/loops.py batch_queue_loop):
+    the same conservation and KV accounting; and nothing is left in flight at the end."""
+    case = as_async(case)
+    rec, replicas, _ = run_checked(*case)
+    check_invariants(case, rec, replicas)
+    for r in replicas:
+        assert r.scheduler.steps_in_flight == 0
+        assert all(q.num_in_flight == q.num_pending == 0 for q in rec.requests)
+
+
+def check_invariants(case, rec, replicas):
     policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs, nrep, *_ = case
-    rec, replicas, plans = run_checked(*case)
     # every arrived request ends finished or rejected, and none is lost
     assert len(rec.requests) == len(specs)
     assert {r.id for r in rec.requests} == {s.request_id for s in specs}

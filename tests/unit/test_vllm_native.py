@@ -187,3 +187,125 @@ def test_prompt_ids_are_the_documented_function_of_ids_and_positions():
     expect = [native._token(((3, 4)[t // 512] * 2 + 1) if t < 1024 else own, t)
               for t in range(1300)]
     assert ids == expect
+
+
+# -- async scheduling: the driver in vLLM's batch-queue order ------------------------------------
+
+class AsyncStandIn(StandIn):
+    """The stand-in with vLLM's AsyncScheduler bookkeeping: a step's counters move when it is
+    scheduled, a request whose catch-up it ends gets an output placeholder, one whose last
+    token is in flight is skipped; ``update`` takes the oldest step not yet updated, and a
+    request preempted with a step in flight still gets that step's token (stale) and is not
+    admitted until it is in. It checks that the driver feeds outputs in schedule order."""
+
+    def __init__(self, max_running: int = 2, preempt_at: int | None = None):
+        super().__init__(max_running, preempt_at)
+        self.queue: list[dict[str, int]] = []
+
+    def add(self, rid, prompt, max_tokens, arrival_s, priority):
+        super().add(rid, prompt, max_tokens, arrival_s, priority)
+        self.reqs[rid].update(ph=0, inflight=0)
+
+    def _want(self, rid):
+        r = self.reqs[rid]
+        return self._total(rid) + r["ph"] - r["computed"]
+
+    def schedule(self):
+        self.steps += 1
+        preempted = []
+        if self.steps == self.preempt_at and self.run:
+            victim = self.run.pop()
+            self.reqs[victim].update(computed=0, ph=0)
+            self.wait.insert(0, victim)
+            preempted.append(victim)
+        out = {}
+        for rid in self.run:
+            r = self.reqs[rid]
+            if r["ph"] and len(r["out"]) + r["ph"] >= r["max"]:
+                continue                                  # its last token is in flight
+            out[rid] = self._want(rid)
+        skipped = []
+        while not preempted and self.wait and len(self.run) < self.max_running:
+            rid = self.wait.pop(0)
+            if self.reqs[rid]["inflight"]:
+                skipped.append(rid)                       # stale output still due
+                continue
+            self.run.append(rid)
+            out[rid] = self._want(rid)
+        self.wait[:0] = skipped
+        for rid, n in out.items():
+            r = self.reqs[rid]
+            r["computed"] += n
+            r["inflight"] += 1
+            if r["computed"] == self._total(rid) + r["ph"]:
+                r["ph"] += 1
+        if out:
+            self.queue.append(out)
+        return out, preempted
+
+    def update(self, sampled):
+        oldest = self.queue.pop(0)
+        assert list(sampled) == list(oldest), "outputs fed back out of schedule order"
+        done = set()
+        for rid, toks in sampled.items():
+            self.fed.setdefault(rid, []).extend(toks)
+            r = self.reqs[rid]
+            r["inflight"] -= 1
+            r["out"] += toks
+            if rid in self.run:
+                r["ph"] -= len(toks)
+            if len(r["out"]) >= r["max"]:
+                done.add(rid)
+                (self.run if rid in self.run else self.wait).remove(rid)
+        return done
+
+
+def run_native_async(specs, backend, max_running=2):
+    limits = SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=512,
+                             enable_chunked_prefill=True, max_model_len=512,
+                             async_scheduling=True)
+    sched = VllmNative(limits, BlockManager(100, 4), backend=backend)
+    sched.record_tokens = True
+    replica = Replica(0, sched, StepLatency(), 512)
+    assert replica.batch_queue_depth == 2
+    rec = simulate(specs, [replica], round_robin())
+    return sched, {r.id: r for r in rec.requests}
+
+
+def test_async_the_driver_schedules_ahead_and_feeds_outputs_back_in_order():
+    # A (prompt 5, 3 out), B (prompt 3, 2 out) at 0; C (prompt 2, 1 out) at 5 ms; 10 ms a step.
+    # schedule 0 at 0: A 5, B 3 (runs 0-10); schedule 1 at 0 too (the queue has room): A and
+    #   B decode their placeholders (runs 10-20; B's 2nd token is its last)
+    # at 10: output 0 (1st tokens), then schedule 2: A decodes (its last), B is skipped (last
+    #   token in flight), C (arrived at 5 ms) is admitted with 2 tokens (runs 20-30)
+    # at 20: output 1 (A's 2nd, B's 2nd: B done); schedule 3: A and C skipped: nothing
+    # at 30: output 2 (A's 3rd, C's only): done. Synchronously C would run 10-20.
+    specs = [RequestSpec(0, 0.0, 5, 3), RequestSpec(1, 0.0, 3, 2), RequestSpec(2, 0.005, 2, 1)]
+    backend = AsyncStandIn(max_running=3)
+    sched, reqs = run_native_async(specs, backend)
+    a, b, c = reqs[0], reqs[1], reqs[2]
+    assert all(r.status is Status.FINISHED for r in (a, b, c))
+    assert a.token_times == pytest.approx([0.010, 0.020, 0.030])
+    assert b.token_times == pytest.approx([0.010, 0.020])
+    assert c.first_scheduled_s == pytest.approx(0.020) and c.token_times == pytest.approx([0.030])
+    assert backend.fed[vllm_id(0)] == [output_token(_at(a, i)) for i in range(3)]
+    assert not backend.queue and sched.steps_in_flight == 0
+    assert not sched.running and not sched.waiting
+
+
+def test_async_a_request_preempted_in_flight_gets_its_stale_token_then_recomputes():
+    # schedule 1 at 0: A 5, B 3 (both sample: placeholders); schedule 2 at 0 preempts B (the
+    #   newest) with its 1st token in flight; A decodes alone (runs 10-20)
+    # at 10: output 1 delivers A's 1st and B's stale 1st token; schedule 3: A decodes (its 3rd,
+    #   last); B is admitted again with prompt + 1 token = 4 and samples its 2nd (last)
+    # at 20: output 2 (A's 2nd); schedule 4: A and B both have their last token in flight
+    # at 30: output 3 (A's 3rd, B's 2nd): both done
+    specs = [RequestSpec(0, 0.0, 5, 3), RequestSpec(1, 0.0, 3, 2)]
+    backend = AsyncStandIn(preempt_at=2)
+    sched, reqs = run_native_async(specs, backend)
+    a, b = reqs[0], reqs[1]
+    assert b.num_preemptions == 1 and a.num_preemptions == 0
+    assert a.token_times == pytest.approx([0.010, 0.020, 0.030])
+    assert b.token_times == pytest.approx([0.010, 0.030])
+    assert b.status is Status.FINISHED and b.num_computed_tokens == 3 + 2 - 1
+    assert len(backend.fed[vllm_id(1)]) == 2
