@@ -254,6 +254,17 @@ def test_async_scheduling_refuses_what_it_does_not_model():
         assert e.value.field == "engine.async_scheduling"
 
 
+def test_async_scheduling_refuses_pipeline_parallelism():
+    # both are vLLM's batch queue (async: depth 2; PP: depth p), which vLLM v1 does not combine
+    raw = _scenario(True, pipeline_parallel_size=2)
+    raw["latency"] = {"model": "roofline"}
+    with pytest.raises(ConfigError, match="pipeline_parallel_size") as e:
+        parse_scenario(raw)
+    assert e.value.field == "engine.async_scheduling"
+    raw["engine"]["async_scheduling"] = False
+    assert parse_scenario(raw).engine.pipeline_parallel_size == 2
+
+
 def test_off_by_default_and_not_written_unless_set():
     raw = _scenario(False)
     del raw["engine"]["async_scheduling"]
