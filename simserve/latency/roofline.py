@@ -18,6 +18,7 @@ Also two hand-computable models for tests and quick what-ifs: :class:`ConstantLa
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 
 from simserve.cards import HardwareSpec, ModelCard
 from simserve.errors import ConfigError
@@ -180,6 +181,8 @@ class RooflineModel:
         self._swap_block_s = kv_block_bytes(model, block_size, tp) / hw.host_link_bandwidth
         self._kv_heads = kv_heads_per_rank(model, tp)
         self._decode_rows: dict = {}       # decode η by context, per batch size (curves)
+        self._curve_sum_terms: dict = {}   # _curve_stretch_sum's terms by batch size
+        self._curve_lm_at: dict[int, float] = {}   # _curve_lm_s by rows sampled
         self._moe = None
         if model.is_moe:
             self._moe = self._moe_setup(model, hw, flops, lin_flops, bw, expert_balancedness,
@@ -478,10 +481,12 @@ class RooflineModel:
         return self._pw_fixed_s + n * self._pw_tok_s / self.curves.pointwise_eta if n else 0.0
 
     def _curve_lm_s(self, r: int) -> float:
-        if not r:
-            return 0.0
-        return (max(r * self._lm_flop_s, self._lm_weight_s + r * self._lm_row_s)
-                / self.curves.lm_head(r))
+        lm = self._curve_lm_at.get(r)
+        if lm is None:                     # (memoised by rows: every step prices its LM head)
+            lm = self._curve_lm_at[r] = (
+                max(r * self._lm_flop_s, self._lm_weight_s + r * self._lm_row_s)
+                / self.curves.lm_head(r)) if r else 0.0
+        return lm
 
     def _decode_eta(self, b: int, kv_toks: float) -> float:
         """η of decode attention for ``b`` sequences reading ``kv_toks`` K/V tokens in all:
@@ -535,27 +540,89 @@ class RooflineModel:
         linear, prefill, _, lm_head, comm, swap, pw = self._curve_parts(plan)
         before, overhead, extra = linear + prefill, self.step_overhead_s, plan.extra_s
         base = sum(plan.decode_ctx) + b    # Σ (c + i + 1) = base + b·i: exact integers
-        dec = self._curve_decode_s
+        if not b:
+            dec = self._curve_decode_s
 
-        def prices(i: int, n: int) -> list[float]:
-            return [((((((before + dec(b, base + b * k)) + lm_head) + comm) + swap) + pw)
-                     + overhead) + extra for k in range(i, i + n)]
+            def prices(i: int, n: int) -> list[float]:
+                return [((((((before + dec(b, base + b * k)) + lm_head) + comm) + swap) + pw)
+                         + overhead) + extra for k in range(i, i + n)]
 
-        return prices
+            return prices
+        return self._curve_decode_prices(b, base, before, (lm_head, comm, swap, pw, overhead,
+                                                           extra))
 
     def _curve_stretch_sum(self, b: int, total_ctx: int):
         # a plain decode step: n = b tokens, b rows sampled, no prefill, swap or extra cost
-        linear = self._linear_s(b)
-        lm_head = self._curve_lm_s(b)
-        comm = b * self._ar_tok_s + self._ar_fixed_s if b else 0.0
-        pw = self._curve_pointwise_s(b)
-        before, overhead = linear + 0.0, self.step_overhead_s
+        terms = self._curve_sum_terms.get(b)
+        if terms is None:                  # the terms that depend on b alone (memoised)
+            linear = self._linear_s(b)
+            lm_head = self._curve_lm_s(b)
+            comm = b * self._ar_tok_s + self._ar_fixed_s if b else 0.0
+            pw = self._curve_pointwise_s(b)
+            terms = self._curve_sum_terms[b] = (linear + 0.0,
+                                                (lm_head, comm, 0.0, pw, self.step_overhead_s,
+                                                 0.0))
+        before, after = terms
         base = total_ctx + b
-        dec = self._curve_decode_s
+        if not b:
+            dec = self._curve_decode_s
+            lm_head, comm, _, pw, overhead, _ = after
+
+            def prices(i: int, n: int) -> list[float]:
+                return [((((((before + dec(b, base + b * k)) + lm_head) + comm) + 0.0) + pw)
+                         + overhead) + 0.0 for k in range(i, i + n)]
+
+            return prices
+        return self._curve_decode_prices(b, base, before, after)
+
+    def _curve_decode_prices(self, b: int, base: int, before: float,
+                             after: tuple[float, float, float, float, float, float]):
+        """Prices of steps i .. i + n - 1 of a decode stretch of ``b`` (>= 1) sequences whose
+        step k attends ``base + b·k`` tokens in all: ``before`` + the decode attention
+        (:meth:`_curve_decode_s`) + ``after``'s terms (LM head, all-reduce, swap, pointwise,
+        overhead, extra cost), added left to right as ``step_time`` adds them.
+
+        :meth:`_curve_decode_s`, :meth:`_decode_eta`, ``Curve1D.at_log2`` and ``_locate``
+        written out in one loop, operation for operation (the same values, bit for bit):
+        this runs for every step of every stretch."""
+        lm_head, comm, swap, pw, overhead, extra = after
+        row = self._decode_rows.get(b)
+        if row is None:
+            row = self._decode_rows[b] = self.curves.attn_decode.row(b * self._kv_heads)
+        xs, ys = row.xs, row.eta
+        flop_s, kv_s, q_part = self._dec_flop_s, self._kv_tok_s, b * self._q_tok_s
+        log2 = math.log2
+        if len(xs) == 1:
+            eta0 = ys[0]
+
+            def flat(i: int, n: int) -> list[float]:
+                out = []
+                for a in range(base + b * i, base + b * (i + n), b):
+                    f, m = a * flop_s, a * kv_s + q_part
+                    out.append(((((((before + (m if m > f else f) / eta0) + lm_head) + comm)
+                                  + swap) + pw) + overhead) + extra)
+                return out
+
+            return flat
+        x0, x1, last = xs[0], xs[-1], len(xs) - 2
 
         def prices(i: int, n: int) -> list[float]:
-            return [((((((before + dec(b, base + b * k)) + lm_head) + comm) + 0.0) + pw)
-                     + overhead) + 0.0 for k in range(i, i + n)]
+            out = []
+            for a in range(base + b * i, base + b * (i + n), b):
+                x = log2(a / b)            # log2(1 + mean context)
+                if x <= x0:
+                    j, w = 0, 0.0
+                elif x >= x1:
+                    j, w = last, 1.0
+                else:
+                    j = bisect_right(xs, x) - 1
+                    w = (x - xs[j]) / (xs[j + 1] - xs[j])
+                y = ys[j]
+                eta = y + w * (ys[j + 1] - y)
+                f, m = a * flop_s, a * kv_s + q_part     # max(f, m)
+                out.append(((((((before + (m if m > f else f) / eta) + lm_head) + comm) + swap)
+                             + pw) + overhead) + extra)
+            return out
 
         return prices
 

@@ -61,6 +61,7 @@ Segment = tuple[int, int, int]
 # A plain tuple, unpacked by name in every loop over the members (Python unpacks an exact
 # tuple fastest; a stretch is planned at about every arrival).
 Member = tuple["Request", int, int, int, int]
+_ctx = itemgetter(1)    # a Member's ctx
 _stop = itemgetter(3)   # a Member's stop
 
 
@@ -172,29 +173,41 @@ class Stretch:
         out as they finish. Step i of a decode segment starting at i0 decodes its requests
         with every context grown by i - i0 (:meth:`segment_plan` gives its plan; the sum is
         what a latency model with ``decode_stretch_sum`` needs)."""
-        k = self.num_steps
-        total = 0
-        drops: dict[int, list[int]] = {}      # step -> [members, sum of ctx] gone by then
-        past = self.past_finish
-        for _, c, _, e, _ in self.members:
-            total += c
-            if past and e < k:
-                d = drops.get(e)
-                if d is None:
-                    drops[e] = [1, c]
-                else:
-                    d[0] += 1
-                    d[1] += c
-        if self.mixed and 1 not in drops:
-            drops[1] = [0, 0]
-        m = len(self.members)
+        members = self.members
+        m = len(members)
+        total = sum(map(_ctx, members))
         segments = [(0, m, total)]
-        for i0 in sorted(drops):
-            gone, ctx = drops[i0]
-            m -= gone
+        # members that drop out before step k, in order of the step they are gone by (only
+        # those: most of a long stretch's members run to its end)
+        gone = self.gone()
+        if self.mixed and (not gone or gone[0][0] != 1):
+            gone.insert(0, (1, 0, 0))
+        for i0, n, ctx in gone:
+            m -= n
             total -= ctx
             segments.append((i0, m, total + m * i0))
         return segments
+
+    def gone(self) -> list[tuple[int, int, int]]:
+        """``(step, members, sum of their ctx)`` of the members that finish before the last
+        step, grouped by the step they are gone by (a stretch past finishes), in step order."""
+        if not self.past_finish:
+            return []
+        k = self.num_steps
+        ends = [(e, c) for _, c, _, e, _ in self.members if e < k]
+        if not ends:
+            return []
+        ends.sort()
+        out = []
+        e0, n, ctx = ends[0][0], 0, 0
+        for e, c in ends:
+            if e != e0:
+                out.append((e0, n, ctx))
+                e0, n, ctx = e, 0, 0
+            n += 1
+            ctx += c
+        out.append((e0, n, ctx))
+        return out
 
     def segment_plan(self, i0: int) -> StepPlan:
         """The plan of step ``i0``: exactly what ``schedule()`` would make then (the requests
@@ -274,15 +287,21 @@ class Stretch:
             # step i holds ceil((c + i + 1) / bs) blocks: it first needs block h + 1 at step
             # h * bs - c (>= 1, since step 0 fits in h blocks), then every bs steps; a member
             # that finishes at step e - 1 frees all it holds before step e
-            last = e if e < k else k
             first = h * bs - c
+            if e >= k:                 # (most members: it runs to the end)
+                if first < k:
+                    if first + bs >= k:
+                        extra[first] += 1
+                    else:
+                        for i in range(first, k, bs):
+                            extra[i] += 1
+                continue
             grown = 0
-            if first < last:
-                for i in range(first, last, bs):
+            if first < e:
+                for i in range(first, e, bs):
                     extra[i] += 1
-                grown = (last - 1 - first) // bs + 1
-            if e < k:
-                extra[e] -= h + grown
+                grown = (e - 1 - first) // bs + 1
+            extra[e] -= h + grown
         used = accumulate(extra, initial=blocks.num_used)
         next(used)                  # (the blocks before step 0)
         return list(used)
@@ -296,21 +315,17 @@ class Stretch:
         grown = []                    # (request id, blocks it holds after the steps)
         bs = self.sched.blocks.block_size
         for req, c, h, e, o in self.members:
-            if e < k:
+            if e > k:                 # (most members: it runs on)
+                c += k
+                req.num_generated += k - o
+            else:
                 c += e
                 req.num_generated += e - o
                 req.finish_s = ends[e - 1]
                 finished.append(req)
-            else:
-                c += k
-                req.num_generated += k - o
-                if e == k:
-                    req.finish_s = ends[k - 1]
-                    finished.append(req)
             req.num_computed_tokens = c
-            need = -(-c // bs)
-            if need > h:
-                grown.append((req.id, need))
+            if c > h * bs:            # it needs more than the h blocks it holds
+                grown.append((req.id, -(-c // bs)))
         sched = self.sched
         added = sched.blocks.grow_to(grown)   # fits: plan() checked the total
         assert added is not None
