@@ -32,7 +32,7 @@ The property tests hold fast-forwarded runs to stepped ones, step for step.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import accumulate
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -173,41 +173,35 @@ class Stretch:
         out as they finish. Step i of a decode segment starting at i0 decodes its requests
         with every context grown by i - i0 (:meth:`segment_plan` gives its plan; the sum is
         what a latency model with ``decode_stretch_sum`` needs)."""
+        segments = list(self._segments())
+        segments.pop()                       # (the end marker)
+        return segments
+
+    def _segments(self) -> Iterator[Segment]:
+        """:meth:`segments` one by one, then ``(num_steps, 0, 0)`` (an end marker): only the
+        members that finish before the last step are sorted, and segments are made as far as
+        they are asked for (a stretch is usually cut at an arrival long before its last
+        planned step)."""
         members = self.members
         m = len(members)
         total = sum(map(_ctx, members))
-        segments = [(0, m, total)]
-        # members that drop out before step k, in order of the step they are gone by (only
-        # those: most of a long stretch's members run to its end)
-        gone = self.gone()
-        if self.mixed and (not gone or gone[0][0] != 1):
-            gone.insert(0, (1, 0, 0))
-        for i0, n, ctx in gone:
-            m -= n
-            total -= ctx
-            segments.append((i0, m, total + m * i0))
-        return segments
-
-    def gone(self) -> list[tuple[int, int, int]]:
-        """``(step, members, sum of their ctx)`` of the members that finish before the last
-        step, grouped by the step they are gone by (a stretch past finishes), in step order."""
-        if not self.past_finish:
-            return []
         k = self.num_steps
-        ends = [(e, c) for _, c, _, e, _ in self.members if e < k]
-        if not ends:
-            return []
+        yield (0, m, total)
+        # (the step a member is gone by, its ctx, 1); a mixed first step: a boundary at step 1
+        ends = [(e, c, 1) for _, c, _, e, _ in members if e < k] if self.past_finish else []
+        if self.mixed:
+            ends.append((1, 0, 0))
         ends.sort()
-        out = []
-        e0, n, ctx = ends[0][0], 0, 0
-        for e, c in ends:
-            if e != e0:
-                out.append((e0, n, ctx))
-                e0, n, ctx = e, 0, 0
-            n += 1
-            ctx += c
-        out.append((e0, n, ctx))
-        return out
+        j, num_ends = 0, len(ends)
+        while j < num_ends:
+            i0 = ends[j][0]
+            while j < num_ends and ends[j][0] == i0:
+                _, c, n = ends[j]
+                m -= n
+                total -= c
+                j += 1
+            yield (i0, m, total + m * i0)
+        yield (k, 0, 0)
 
     def segment_plan(self, i0: int) -> StepPlan:
         """The plan of step ``i0``: exactly what ``schedule()`` would make then (the requests
@@ -233,14 +227,17 @@ class Stretch:
         not, the loop prices on).
         """
         k, plan = self.num_steps, self.first_plan
-        segs = self.segments()
+        segs = self._segments()
         by_sum = None if plan.extra_s else getattr(latency, "decode_stretch_sum", None)
         acc = [start]            # acc[m]: start of step m; acc[-1]: end of the last priced
         durations: list[float] = []
         begun: list[Segment] = []
-        for j, seg in enumerate(segs):
+        nxt = next(segs)
+        while nxt[0] < k:
+            seg = nxt
             i0, m, total = seg
-            i1 = segs[j + 1][0] if j + 1 < len(segs) else k
+            nxt = next(segs)
+            i1 = nxt[0]
             begun.append(seg)
             if i1 == 1:                      # step 0 alone (a mixed first step, usually)
                 d = latency.step_time(plan)
