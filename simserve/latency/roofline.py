@@ -41,6 +41,8 @@ CURVE_PARTS = PARTS + ("pointwise",)
 
 ALL2ALL_BACKENDS = ("allgather_reducescatter", "deepep_low_latency", "deepep_high_throughput")
 DEFAULT_ALL2ALL_LATENCY_S = 10e-6
+# entries a memo of prefill chunk prices holds before it starts over (bounds its memory)
+_MEMO_MAX = 1 << 16
 
 
 class RooflineModel:
@@ -183,6 +185,7 @@ class RooflineModel:
         self._decode_rows: dict = {}       # decode η by context, per batch size (curves)
         self._curve_sum_terms: dict = {}   # _curve_stretch_sum's terms by batch size
         self._curve_lm_at: dict[int, float] = {}   # _curve_lm_s by rows sampled
+        self._prefill_at: dict[tuple[int, int], float] = {}   # _curve_chunk_s by (q, c)
         self._moe = None
         if model.is_moe:
             self._moe = self._moe_setup(model, hw, flops, lin_flops, bw, expert_balancedness,
@@ -291,9 +294,13 @@ class RooflineModel:
             return lambda i, n: [self.step_time(plan)] if (i, n) == (0, 1) else _no_stretch()
         if plan.padding or plan.overlapped_swap_blocks:    # rare shapes: step by step
             return self._stepwise(plan)
-        if self.curves is not None:
-            return self._curve_stretch(plan)
         b = len(plan.decode_ctx)
+        if self.curves is not None:
+            if not (plan.prefill_lens or plan.swap_in_blocks or plan.swap_out_blocks
+                    or plan.num_sampled != b or plan.extra_s):
+                # a plain decode step: _curve_parts' terms are the sum's (swap 0 * rate = 0.0)
+                return self._curve_stretch_sum(b, sum(plan.decode_ctx))
+            return self._curve_stretch(plan)
         if not (plan.prefill_lens or plan.swap_in_blocks or plan.swap_out_blocks
                 or plan.num_sampled != b or plan.extra_s):
             return self.decode_stretch_sum(b, sum(plan.decode_ctx))
@@ -477,6 +484,16 @@ class RooflineModel:
     # values are bit-identical (fast-forward relies on it). The GEMMs (dense, MoE, MLA's
     # projections, FP8 at lin_flops) go through _linear_s, which divides by the GEMM curve.
 
+    def _curve_chunk_s(self, q: int, c: int) -> float:
+        """Prefill attention of one chunk of ``q`` tokens after ``c`` cached ones: causal
+        pairs q · (c + (q + 1) / 2) (MLA: plus the up-projection of its c + q latents); K, V of
+        c + q tokens read; at the prefill curve's η for (q, c)."""
+        flops = q * (c + (q + 1) / 2) * self._attn_flop_s
+        if self._ctx_flop_s:
+            flops += (c + q) * self._ctx_flop_s
+        roof = max(flops, (c + q) * self._kv_tok_s + q * self._q_tok_s)
+        return roof / self.curves.attn_prefill(q, c)
+
     def _curve_pointwise_s(self, n: int) -> float:
         return self._pw_fixed_s + n * self._pw_tok_s / self.curves.pointwise_eta if n else 0.0
 
@@ -510,15 +527,16 @@ class RooflineModel:
             plan = plan.as_computed()
         n = plan.num_batched_tokens
         prefill = 0.0
-        eta = self.curves.attn_prefill
-        for q, c in zip(plan.prefill_lens, plan.prefill_ctx):
-            # one chunk: causal pairs q · (c + (q + 1) / 2) (MLA: plus the up-projection of
-            # its c + q latents); K, V of c + q tokens read
-            flops = q * (c + (q + 1) / 2) * self._attn_flop_s
-            if self._ctx_flop_s:
-                flops += (c + q) * self._ctx_flop_s
-            roof = max(flops, (c + q) * self._kv_tok_s + q * self._q_tok_s)
-            prefill += roof / eta(q, c)
+        if plan.prefill_lens:
+            chunks = self._prefill_at
+            for q, c in zip(plan.prefill_lens, plan.prefill_ctx):
+                s = chunks.get((q, c))
+                if s is None:
+                    s = self._curve_chunk_s(q, c)
+                    if len(chunks) >= _MEMO_MAX:
+                        chunks.clear()
+                    chunks[q, c] = s
+                prefill += s
         b = len(plan.decode_ctx)
         if plan.decode_q:
             # verifies: q-token chunks on the decode kernel (as _verify_parts), at the decode
