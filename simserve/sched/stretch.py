@@ -157,7 +157,7 @@ class Stretch:
                     return None   # a prefill left undone: the next step is no decode step
         past = (past_finish and sched.continues_past_finish
                 and not sched.waiting and not sched.swapped)
-        k = min(max_steps, (max if past else min)(members, key=_stop)[3])
+        k = min(max_steps, (max if past else min)(map(_stop, members)))
         if k <= 1:
             return None
         bs, free = sched.blocks.block_size, sched.blocks.num_free
@@ -222,9 +222,10 @@ class Stretch:
 
         Step i starts at s_i = (...((s_0 + d_0) + d_1) ...), summed in order exactly as
         stepping would (a cumulative sum adds left to right). Each segment is priced from its
-        own plan, and only as far as the cut needs: a segment's first step, then as many as
-        would reach the cut at the last price (step times grow along a segment; if they do
-        not, the loop prices on).
+        own plan, and only as far as the cut needs: as many steps as would reach the cut at
+        the last price (the first step alone before any is priced), then on the same way (step
+        times grow along a segment; if they do not, the loop prices on). Pricing steps past
+        the cut costs time only: they are dropped.
         """
         k, plan = self.num_steps, self.first_plan
         segs = self._segments()
@@ -250,7 +251,13 @@ class Stretch:
                     prices = by_sum(m, total)
                 else:
                     prices = stretch_prices(latency, self.segment_plan(i0))
-                i, n = i0, (1 if cut < INF else i1 - i0)
+                # as many steps as would reach the cut at the last price (a segment's first
+                # step alone if nothing is priced yet)
+                n = i1 - i0
+                if cut < INF:
+                    d = durations[-1] if durations else 0.0
+                    n = min(n, int((cut - acc[-1]) / d) + 1) if d > 0 else 1
+                i = i0
                 while True:
                     chunk = prices(i - i0, n)
                     durations += chunk
