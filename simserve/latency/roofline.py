@@ -511,8 +511,20 @@ class RooflineModel:
         row = self._decode_rows.get(b)
         if row is None:                    # η by context at this batch (memo: stretches)
             row = self._decode_rows[b] = self.curves.attn_decode.row(b * self._kv_heads)
-        # mean context c = kv_toks / b - 1, on the axis as log2(1 + c) = log2(kv_toks / b)
-        return row.at_log2(math.log2(kv_toks / b))
+        # mean context c = kv_toks / b - 1, on the axis as log2(1 + c) = log2(kv_toks / b);
+        # row.at_log2(x) written out (the same operations: _curve_decode_prices does so too)
+        xs, ys = row.xs, row.eta
+        if len(xs) == 1:
+            return ys[0]
+        x = math.log2(kv_toks / b)
+        if x <= xs[0]:
+            i, w = 0, 0.0
+        elif x >= xs[-1]:
+            i, w = len(xs) - 2, 1.0
+        else:
+            i = bisect_right(xs, x) - 1
+            w = (x - xs[i]) / (xs[i + 1] - xs[i])
+        return ys[i] + w * (ys[i + 1] - ys[i])
 
     def _curve_decode_s(self, b: int, attended: int) -> float:
         """Decode attention of ``b`` sequences attending ``attended`` tokens in all, priced at
