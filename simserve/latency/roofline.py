@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from functools import partial
 
 from simserve.cards import HardwareSpec, ModelCard
 from simserve.errors import ConfigError
@@ -183,7 +184,7 @@ class RooflineModel:
         self._swap_block_s = kv_block_bytes(model, block_size, tp) / hw.host_link_bandwidth
         self._kv_heads = kv_heads_per_rank(model, tp)
         self._decode_rows: dict = {}       # decode η by context, per batch size (curves)
-        self._curve_sum_terms: dict = {}   # _curve_stretch_sum's terms by batch size
+        self._curve_sum_prices: dict = {}  # _curve_stretch_sum's prices by batch size
         self._curve_lm_at: dict[int, float] = {}   # _curve_lm_s by rows sampled
         self._prefill_at: dict[tuple[int, int], float] = {}   # _curve_chunk_s by (q, c)
         self._moe = None
@@ -578,37 +579,33 @@ class RooflineModel:
                          + overhead) + extra for k in range(i, i + n)]
 
             return prices
-        return self._curve_decode_prices(b, base, before, (lm_head, comm, swap, pw, overhead,
-                                                           extra))
+        return partial(self._curve_decode_prices(b, before, (lm_head, comm, swap, pw,
+                                                             overhead, extra)), base)
 
     def _curve_stretch_sum(self, b: int, total_ctx: int):
         # a plain decode step: n = b tokens, b rows sampled, no prefill, swap or extra cost
-        terms = self._curve_sum_terms.get(b)
-        if terms is None:                  # the terms that depend on b alone (memoised)
+        by_base = self._curve_sum_prices.get(b)
+        if by_base is None:                # the terms that depend on b alone (memoised)
             linear = self._linear_s(b)
             lm_head = self._curve_lm_s(b)
             comm = b * self._ar_tok_s + self._ar_fixed_s if b else 0.0
             pw = self._curve_pointwise_s(b)
-            terms = self._curve_sum_terms[b] = (linear + 0.0,
-                                                (lm_head, comm, 0.0, pw, self.step_overhead_s,
-                                                 0.0))
-        before, after = terms
-        base = total_ctx + b
-        if not b:
-            dec = self._curve_decode_s
-            lm_head, comm, _, pw, overhead, _ = after
+            before, after = linear + 0.0, (lm_head, comm, 0.0, pw, self.step_overhead_s, 0.0)
+            if b:
+                by_base = self._curve_decode_prices(b, before, after)
+            else:
+                def by_base(base: int, i: int, n: int) -> list[float]:
+                    return [((((((before + 0.0) + lm_head) + comm) + 0.0) + pw) + overhead)
+                            + 0.0 for _ in range(i, i + n)]   # _curve_decode_s(0, ·) = 0.0
+                overhead = self.step_overhead_s
+            self._curve_sum_prices[b] = by_base
+        return partial(by_base, total_ctx + b)
 
-            def prices(i: int, n: int) -> list[float]:
-                return [((((((before + dec(b, base + b * k)) + lm_head) + comm) + 0.0) + pw)
-                         + overhead) + 0.0 for k in range(i, i + n)]
-
-            return prices
-        return self._curve_decode_prices(b, base, before, after)
-
-    def _curve_decode_prices(self, b: int, base: int, before: float,
+    def _curve_decode_prices(self, b: int, before: float,
                              after: tuple[float, float, float, float, float, float]):
-        """Prices of steps i .. i + n - 1 of a decode stretch of ``b`` (>= 1) sequences whose
-        step k attends ``base + b·k`` tokens in all: ``before`` + the decode attention
+        """``(base, i, n) -> list``: the prices of steps i .. i + n - 1 of a decode stretch of
+        ``b`` (>= 1) sequences whose step k attends ``base + b·k`` tokens in all: ``before`` +
+        the decode attention
         (:meth:`_curve_decode_s`) + ``after``'s terms (LM head, all-reduce, swap, pointwise,
         overhead, extra cost), added left to right as ``step_time`` adds them.
 
@@ -625,7 +622,7 @@ class RooflineModel:
         if len(xs) == 1:
             eta0 = ys[0]
 
-            def flat(i: int, n: int) -> list[float]:
+            def flat(base: int, i: int, n: int) -> list[float]:
                 out = []
                 for a in range(base + b * i, base + b * (i + n), b):
                     f, m = a * flop_s, a * kv_s + q_part
@@ -636,7 +633,7 @@ class RooflineModel:
             return flat
         x0, x1, last = xs[0], xs[-1], len(xs) - 2
 
-        def prices(i: int, n: int) -> list[float]:
+        def prices(base: int, i: int, n: int) -> list[float]:
             out = []
             for a in range(base + b * i, base + b * (i + n), b):
                 x = log2(a / b)            # log2(1 + mean context)
