@@ -276,7 +276,7 @@ class RooflineModel:
         if plan.is_empty:
             return 0.0
         parts = self._parts(plan) if self.curves is None else self._curve_parts(plan)
-        t = sum(parts) + self.step_overhead_s
+        t = _left_to_right(parts) + self.step_overhead_s
         if plan.overlapped_swap_blocks:
             t += self._hidden_swap(plan, t)
         return t + plan.extra_s
@@ -377,7 +377,7 @@ class RooflineModel:
         parts = self._parts(plan) if self.curves is None else self._curve_parts(plan)
         out = {**dict(zip(names, parts)), "overhead": self.step_overhead_s}
         if plan.overlapped_swap_blocks:
-            out["swap"] += self._hidden_swap(plan, sum(parts) + self.step_overhead_s)
+            out["swap"] += self._hidden_swap(plan, _left_to_right(parts) + self.step_overhead_s)
         return out
 
     def _linear_s(self, n: int) -> float:
@@ -652,6 +652,16 @@ class RooflineModel:
             return out
 
         return prices
+
+
+def _left_to_right(values: tuple[float, ...]) -> float:
+    """The terms of a step added left to right from 0, as the stretch prices add them. (Not
+    ``sum()``: from Python 3.12 on it compensates rounding for floats, and a step priced one
+    at a time would then differ in its last bit from the same step priced in a stretch.)"""
+    t = 0.0
+    for v in values:
+        t += v
+    return t
 
 
 def _no_stretch():
