@@ -17,7 +17,8 @@ For each (policy, size), ``--repeat`` times, medians printed:
   files it wrote;
 * **phases**, in another fresh process doing what ``simserve run`` does: start-up (interpreter
   to the scenario loaded: imports, YAML, model card), ``simserve.run`` (workload, simulation,
-  metrics), ``Result.save`` (writing the outputs).
+  metrics), of which the metrics (``runner.collect``: the tables, the summary, importing
+  pandas), ``Result.save`` (writing the outputs).
 
 The load average is printed at the start and the end: timings inflate when the machine is busy
 (compare ratios within one run; benchmarks/sim_instructions.py counts instructions instead).
@@ -72,12 +73,23 @@ PHASES = textwrap.dedent("""
     path, out, fast_forward = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
     s = load_scenario(path)
     t1, c1 = time.perf_counter(), time.process_time()
+    spent = [0.0, 0.0]                  # the metrics (runner.collect), timed inside the run
+    collect = simserve.runner.collect
+    def timed_collect(*a, **k):
+        m0, n0 = time.perf_counter(), time.process_time()
+        try:
+            return collect(*a, **k)
+        finally:
+            spent[0] += time.perf_counter() - m0
+            spent[1] += time.process_time() - n0
+    simserve.runner.collect = timed_collect
     r = simserve.runner.run(s, fast_forward=fast_forward)
     t2, c2 = time.perf_counter(), time.process_time()
     r.save(out)
     t3, c3 = time.perf_counter(), time.process_time()
     print(json.dumps({"startup": t1 - t0, "simulate": t2 - t1, "write": t3 - t2,
                       "startup_cpu": c1 - c0, "simulate_cpu": c2 - c1, "write_cpu": c3 - c2,
+                      "metrics": spent[0], "metrics_cpu": spent[1],
                       "steps": r.num_steps, "completed": r.summary["completed"],
                       "mean_ttft_ms": r.summary["mean_ttft_ms"],
                       "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
@@ -138,10 +150,10 @@ def main() -> None:
           f"medians of {args.repeat}")
     print("whole process: `simserve run --no-report --quiet`, wall and CPU seconds, peak RSS, "
           "output size;\nphases (wall / CPU seconds): start-up to the scenario loaded, "
-          "simserve.run, Result.save")
+          "simserve.run, of which the metrics (tables, summary, pandas import), Result.save")
     print(f"{'policy':8s} {'requests':>9s} | {'whole s':>7s} {'cpu s':>6s} {'RSS MB':>6s} "
-          f"{'out MB':>6s} | {'start-up s':>11s} {'simulate s':>11s} {'write s':>11s} "
-          f"{'steps':>10s} | {'stepwise':>8s}")
+          f"{'out MB':>6s} | {'start-up s':>11s} {'simulate s':>11s} {'metrics s':>11s} "
+          f"{'write s':>11s} {'steps':>10s} | {'stepwise':>8s}")
     with tempfile.TemporaryDirectory() as tmp:
         for policy in policies:
             for n in sizes:
@@ -166,7 +178,8 @@ def main() -> None:
                       f"{median(whole, 'cpu'):6.2f} {median(whole, 'rss') / 2**20:6.0f} "
                       f"{median(whole, 'bytes') / 2**20:6.1f} | "
                       f"{pair(parts, 'startup')} {pair(parts, 'simulate')} "
-                      f"{pair(parts, 'write')} {parts[0]['steps']:10,d} | {step_col:>8s}",
+                      f"{pair(parts, 'metrics')} {pair(parts, 'write')} "
+                      f"{parts[0]['steps']:10,d} | {step_col:>8s}",
                       flush=True)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 

@@ -24,18 +24,25 @@ class _Parser(argparse.ArgumentParser):
                      f"(see {self.prog} --help)\n")
 
 
-def _parser() -> argparse.ArgumentParser:
+# the commands defined here; the others live in modules that import asyncio or numpy
+BUILTIN_COMMANDS = ("run", "report", "sweep", "capacity", "validate", "list")
+
+
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
     """Every subcommand is registered the same way: a ``register(subparsers)`` function adds its
     parser and sets ``handler`` (the built-in ones below; the live-server and profiler commands
-    in their own modules, whose imports stay cheap)."""
-    from simserve import profiling
-    from simserve.live import calibrate, fidelity, replay, serve
-
+    in their own modules). For one of the built-in ``command`` s only those are registered:
+    the live-server modules import asyncio (a tenth of a second of a `simserve run`)."""
     p = _Parser(prog="simserve", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for register in (_register_run, _register_report, _register_sweep, _register_capacity,
-                     _register_validate, _register_list, replay.register, fidelity.register,
-                     calibrate.register, profiling.register, serve.register):
+    registers = [_register_run, _register_report, _register_sweep, _register_capacity,
+                 _register_validate, _register_list]
+    if command not in BUILTIN_COMMANDS:
+        from simserve import profiling
+        from simserve.live import calibrate, fidelity, replay, serve
+        registers += [replay.register, fidelity.register, calibrate.register,
+                      profiling.register, serve.register]
+    for register in registers:
         register(sub)
     return p
 
@@ -330,7 +337,13 @@ def _cmd_list(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    command = words[0] if words else None
+    if command in BUILTIN_COMMANDS and "numpy" not in sys.modules:
+        # NumPy's BLAS threads (started when numpy is imported, spinning a while) cost these
+        # commands CPU time and do nothing for them: no large matrix products here
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    args = _parser(command).parse_args(argv)
     try:
         return args.handler(args)
     except SimserveError as e:

@@ -18,6 +18,8 @@ Also two hand-computable models for tests and quick what-ifs: :class:`ConstantLa
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
+from functools import partial
 
 from simserve.cards import HardwareSpec, ModelCard
 from simserve.errors import ConfigError
@@ -40,6 +42,8 @@ CURVE_PARTS = PARTS + ("pointwise",)
 
 ALL2ALL_BACKENDS = ("allgather_reducescatter", "deepep_low_latency", "deepep_high_throughput")
 DEFAULT_ALL2ALL_LATENCY_S = 10e-6
+# entries a memo of prefill chunk prices holds before it starts over (bounds its memory)
+_MEMO_MAX = 1 << 16
 
 
 class RooflineModel:
@@ -184,6 +188,9 @@ class RooflineModel:
         self._swap_block_s = kv_block_bytes(model, block_size, tp) / hw.host_link_bandwidth
         self._kv_heads = kv_heads_per_rank(model, tp)
         self._decode_rows: dict = {}       # decode η by context, per batch size (curves)
+        self._curve_sum_prices: dict = {}  # _curve_stretch_sum's prices by batch size
+        self._curve_lm_at: dict[int, float] = {}   # _curve_lm_s by rows sampled
+        self._prefill_at: dict[tuple[int, int], float] = {}   # _curve_chunk_s by (q, c)
         self._moe = None
         if model.is_moe:
             self._moe = self._moe_setup(model, hw, flops, lin_flops, bw, expert_balancedness,
@@ -273,7 +280,7 @@ class RooflineModel:
         if plan.is_empty:
             return 0.0
         parts = self._parts(plan) if self.curves is None else self._curve_parts(plan)
-        t = sum(parts) + self.step_overhead_s
+        t = _left_to_right(parts) + self.step_overhead_s
         if plan.overlapped_swap_blocks:
             t += self._hidden_swap(plan, t)
         return t + plan.extra_s
@@ -292,9 +299,13 @@ class RooflineModel:
             return lambda i, n: [self.step_time(plan)] if (i, n) == (0, 1) else _no_stretch()
         if plan.padding or plan.overlapped_swap_blocks:    # rare shapes: step by step
             return self._stepwise(plan)
-        if self.curves is not None:
-            return self._curve_stretch(plan)
         b = len(plan.decode_ctx)
+        if self.curves is not None:
+            if not (plan.prefill_lens or plan.swap_in_blocks or plan.swap_out_blocks
+                    or plan.num_sampled != b or plan.extra_s):
+                # a plain decode step: _curve_parts' terms are the sum's (swap 0 * rate = 0.0)
+                return self._curve_stretch_sum(b, sum(plan.decode_ctx))
+            return self._curve_stretch(plan)
         if not (plan.prefill_lens or plan.swap_in_blocks or plan.swap_out_blocks
                 or plan.num_sampled != b or plan.extra_s):
             return self.decode_stretch_sum(b, sum(plan.decode_ctx))
@@ -370,7 +381,7 @@ class RooflineModel:
         parts = self._parts(plan) if self.curves is None else self._curve_parts(plan)
         out = {**dict(zip(names, parts)), "overhead": self.step_overhead_s}
         if plan.overlapped_swap_blocks:
-            out["swap"] += self._hidden_swap(plan, sum(parts) + self.step_overhead_s)
+            out["swap"] += self._hidden_swap(plan, _left_to_right(parts) + self.step_overhead_s)
         return out
 
     def _linear_s(self, n: int) -> float:
@@ -478,14 +489,26 @@ class RooflineModel:
     # values are bit-identical (fast-forward relies on it). The GEMMs (dense, MoE, MLA's
     # projections, FP8 at lin_flops) go through _linear_s, which divides by the GEMM curve.
 
+    def _curve_chunk_s(self, q: int, c: int) -> float:
+        """Prefill attention of one chunk of ``q`` tokens after ``c`` cached ones: causal
+        pairs q · (c + (q + 1) / 2) (MLA: plus the up-projection of its c + q latents); K, V of
+        c + q tokens read; at the prefill curve's η for (q, c)."""
+        flops = q * (c + (q + 1) / 2) * self._attn_flop_s
+        if self._ctx_flop_s:
+            flops += (c + q) * self._ctx_flop_s
+        roof = max(flops, (c + q) * self._kv_tok_s + q * self._q_tok_s)
+        return roof / self.curves.attn_prefill(q, c)
+
     def _curve_pointwise_s(self, n: int) -> float:
         return self._pw_fixed_s + n * self._pw_tok_s / self.curves.pointwise_eta if n else 0.0
 
     def _curve_lm_s(self, r: int) -> float:
-        if not r:
-            return 0.0
-        return (max(r * self._lm_flop_s, self._lm_weight_s + r * self._lm_row_s)
-                / self.curves.lm_head(r))
+        lm = self._curve_lm_at.get(r)
+        if lm is None:                     # (memoised by rows: every step prices its LM head)
+            lm = self._curve_lm_at[r] = (
+                max(r * self._lm_flop_s, self._lm_weight_s + r * self._lm_row_s)
+                / self.curves.lm_head(r)) if r else 0.0
+        return lm
 
     def _decode_eta(self, b: int, kv_toks: float) -> float:
         """η of decode attention for ``b`` sequences reading ``kv_toks`` K/V tokens in all:
@@ -493,8 +516,20 @@ class RooflineModel:
         row = self._decode_rows.get(b)
         if row is None:                    # η by context at this batch (memo: stretches)
             row = self._decode_rows[b] = self.curves.attn_decode.row(b * self._kv_heads)
-        # mean context c = kv_toks / b - 1, on the axis as log2(1 + c) = log2(kv_toks / b)
-        return row.at_log2(math.log2(kv_toks / b))
+        # mean context c = kv_toks / b - 1, on the axis as log2(1 + c) = log2(kv_toks / b);
+        # row.at_log2(x) written out (the same operations: _curve_decode_prices does so too)
+        xs, ys = row.xs, row.eta
+        if len(xs) == 1:
+            return ys[0]
+        x = math.log2(kv_toks / b)
+        if x <= xs[0]:
+            i, w = 0, 0.0
+        elif x >= xs[-1]:
+            i, w = len(xs) - 2, 1.0
+        else:
+            i = bisect_right(xs, x) - 1
+            w = (x - xs[i]) / (xs[i + 1] - xs[i])
+        return ys[i] + w * (ys[i + 1] - ys[i])
 
     def _curve_decode_s(self, b: int, attended: int) -> float:
         """Decode attention of ``b`` sequences attending ``attended`` tokens in all, priced at
@@ -509,15 +544,16 @@ class RooflineModel:
             plan = plan.as_computed()
         n = plan.num_batched_tokens
         prefill = 0.0
-        eta = self.curves.attn_prefill
-        for q, c in zip(plan.prefill_lens, plan.prefill_ctx):
-            # one chunk: causal pairs q · (c + (q + 1) / 2) (MLA: plus the up-projection of
-            # its c + q latents); K, V of c + q tokens read
-            flops = q * (c + (q + 1) / 2) * self._attn_flop_s
-            if self._ctx_flop_s:
-                flops += (c + q) * self._ctx_flop_s
-            roof = max(flops, (c + q) * self._kv_tok_s + q * self._q_tok_s)
-            prefill += roof / eta(q, c)
+        if plan.prefill_lens:
+            chunks = self._prefill_at
+            for q, c in zip(plan.prefill_lens, plan.prefill_ctx):
+                s = chunks.get((q, c))
+                if s is None:
+                    s = self._curve_chunk_s(q, c)
+                    if len(chunks) >= _MEMO_MAX:
+                        chunks.clear()
+                    chunks[q, c] = s
+                prefill += s
         b = len(plan.decode_ctx)
         if plan.decode_q:
             # verifies: q-token chunks on the decode kernel (as _verify_parts), at the decode
@@ -539,29 +575,97 @@ class RooflineModel:
         linear, prefill, _, lm_head, comm, swap, pw = self._curve_parts(plan)
         before, overhead, extra = linear + prefill, self.step_overhead_s, plan.extra_s
         base = sum(plan.decode_ctx) + b    # Σ (c + i + 1) = base + b·i: exact integers
-        dec = self._curve_decode_s
+        if not b:
+            dec = self._curve_decode_s
 
-        def prices(i: int, n: int) -> list[float]:
-            return [((((((before + dec(b, base + b * k)) + lm_head) + comm) + swap) + pw)
-                     + overhead) + extra for k in range(i, i + n)]
+            def prices(i: int, n: int) -> list[float]:
+                return [((((((before + dec(b, base + b * k)) + lm_head) + comm) + swap) + pw)
+                         + overhead) + extra for k in range(i, i + n)]
 
-        return prices
+            return prices
+        return partial(self._curve_decode_prices(b, before, (lm_head, comm, swap, pw,
+                                                             overhead, extra)), base)
 
     def _curve_stretch_sum(self, b: int, total_ctx: int):
         # a plain decode step: n = b tokens, b rows sampled, no prefill, swap or extra cost
-        linear = self._linear_s(b)
-        lm_head = self._curve_lm_s(b)
-        comm = b * self._ar_tok_s + self._ar_fixed_s if b else 0.0
-        pw = self._curve_pointwise_s(b)
-        before, overhead = linear + 0.0, self.step_overhead_s
-        base = total_ctx + b
-        dec = self._curve_decode_s
+        by_base = self._curve_sum_prices.get(b)
+        if by_base is None:                # the terms that depend on b alone (memoised)
+            linear = self._linear_s(b)
+            lm_head = self._curve_lm_s(b)
+            comm = b * self._ar_tok_s + self._ar_fixed_s if b else 0.0
+            pw = self._curve_pointwise_s(b)
+            before, after = linear + 0.0, (lm_head, comm, 0.0, pw, self.step_overhead_s, 0.0)
+            if b:
+                by_base = self._curve_decode_prices(b, before, after)
+            else:
+                def by_base(base: int, i: int, n: int) -> list[float]:
+                    return [((((((before + 0.0) + lm_head) + comm) + 0.0) + pw) + overhead)
+                            + 0.0 for _ in range(i, i + n)]   # _curve_decode_s(0, ·) = 0.0
+                overhead = self.step_overhead_s
+            self._curve_sum_prices[b] = by_base
+        return partial(by_base, total_ctx + b)
 
-        def prices(i: int, n: int) -> list[float]:
-            return [((((((before + dec(b, base + b * k)) + lm_head) + comm) + 0.0) + pw)
-                     + overhead) + 0.0 for k in range(i, i + n)]
+    def _curve_decode_prices(self, b: int, before: float,
+                             after: tuple[float, float, float, float, float, float]):
+        """``(base, i, n) -> list``: the prices of steps i .. i + n - 1 of a decode stretch of
+        ``b`` (>= 1) sequences whose step k attends ``base + b·k`` tokens in all: ``before`` +
+        the decode attention
+        (:meth:`_curve_decode_s`) + ``after``'s terms (LM head, all-reduce, swap, pointwise,
+        overhead, extra cost), added left to right as ``step_time`` adds them.
+
+        :meth:`_curve_decode_s`, :meth:`_decode_eta`, ``Curve1D.at_log2`` and ``_locate``
+        written out in one loop, operation for operation (the same values, bit for bit):
+        this runs for every step of every stretch."""
+        lm_head, comm, swap, pw, overhead, extra = after
+        row = self._decode_rows.get(b)
+        if row is None:
+            row = self._decode_rows[b] = self.curves.attn_decode.row(b * self._kv_heads)
+        xs, ys = row.xs, row.eta
+        flop_s, kv_s, q_part = self._dec_flop_s, self._kv_tok_s, b * self._q_tok_s
+        log2 = math.log2
+        if len(xs) == 1:
+            eta0 = ys[0]
+
+            def flat(base: int, i: int, n: int) -> list[float]:
+                out = []
+                for a in range(base + b * i, base + b * (i + n), b):
+                    f, m = a * flop_s, a * kv_s + q_part
+                    out.append(((((((before + (m if m > f else f) / eta0) + lm_head) + comm)
+                                  + swap) + pw) + overhead) + extra)
+                return out
+
+            return flat
+        x0, x1, last = xs[0], xs[-1], len(xs) - 2
+
+        def prices(base: int, i: int, n: int) -> list[float]:
+            out = []
+            for a in range(base + b * i, base + b * (i + n), b):
+                x = log2(a / b)            # log2(1 + mean context)
+                if x <= x0:
+                    j, w = 0, 0.0
+                elif x >= x1:
+                    j, w = last, 1.0
+                else:
+                    j = bisect_right(xs, x) - 1
+                    w = (x - xs[j]) / (xs[j + 1] - xs[j])
+                y = ys[j]
+                eta = y + w * (ys[j + 1] - y)
+                f, m = a * flop_s, a * kv_s + q_part     # max(f, m)
+                out.append(((((((before + (m if m > f else f) / eta) + lm_head) + comm) + swap)
+                             + pw) + overhead) + extra)
+            return out
 
         return prices
+
+
+def _left_to_right(values: tuple[float, ...]) -> float:
+    """The terms of a step added left to right from 0, as the stretch prices add them. (Not
+    ``sum()``: from Python 3.12 on it compensates rounding for floats, and a step priced one
+    at a time would then differ in its last bit from the same step priced in a stretch.)"""
+    t = 0.0
+    for v in values:
+        t += v
+    return t
 
 
 def _no_stretch():

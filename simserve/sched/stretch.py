@@ -32,7 +32,7 @@ The property tests hold fast-forwarded runs to stepped ones, step for step.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import accumulate
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -61,6 +61,7 @@ Segment = tuple[int, int, int]
 # A plain tuple, unpacked by name in every loop over the members (Python unpacks an exact
 # tuple fastest; a stretch is planned at about every arrival).
 Member = tuple["Request", int, int, int, int]
+_ctx = itemgetter(1)    # a Member's ctx
 _stop = itemgetter(3)   # a Member's stop
 
 
@@ -156,7 +157,7 @@ class Stretch:
                     return None   # a prefill left undone: the next step is no decode step
         past = (past_finish and sched.continues_past_finish
                 and not sched.waiting and not sched.swapped)
-        k = min(max_steps, (max if past else min)(members, key=_stop)[3])
+        k = min(max_steps, (max if past else min)(map(_stop, members)))
         if k <= 1:
             return None
         bs, free = sched.blocks.block_size, sched.blocks.num_free
@@ -172,29 +173,35 @@ class Stretch:
         out as they finish. Step i of a decode segment starting at i0 decodes its requests
         with every context grown by i - i0 (:meth:`segment_plan` gives its plan; the sum is
         what a latency model with ``decode_stretch_sum`` needs)."""
-        k = self.num_steps
-        total = 0
-        drops: dict[int, list[int]] = {}      # step -> [members, sum of ctx] gone by then
-        past = self.past_finish
-        for _, c, _, e, _ in self.members:
-            total += c
-            if past and e < k:
-                d = drops.get(e)
-                if d is None:
-                    drops[e] = [1, c]
-                else:
-                    d[0] += 1
-                    d[1] += c
-        if self.mixed and 1 not in drops:
-            drops[1] = [0, 0]
-        m = len(self.members)
-        segments = [(0, m, total)]
-        for i0 in sorted(drops):
-            gone, ctx = drops[i0]
-            m -= gone
-            total -= ctx
-            segments.append((i0, m, total + m * i0))
+        segments = list(self._segments())
+        segments.pop()                       # (the end marker)
         return segments
+
+    def _segments(self) -> Iterator[Segment]:
+        """:meth:`segments` one by one, then ``(num_steps, 0, 0)`` (an end marker): only the
+        members that finish before the last step are sorted, and segments are made as far as
+        they are asked for (a stretch is usually cut at an arrival long before its last
+        planned step)."""
+        members = self.members
+        m = len(members)
+        total = sum(map(_ctx, members))
+        k = self.num_steps
+        yield (0, m, total)
+        # (the step a member is gone by, its ctx, 1); a mixed first step: a boundary at step 1
+        ends = [(e, c, 1) for _, c, _, e, _ in members if e < k] if self.past_finish else []
+        if self.mixed:
+            ends.append((1, 0, 0))
+        ends.sort()
+        j, num_ends = 0, len(ends)
+        while j < num_ends:
+            i0 = ends[j][0]
+            while j < num_ends and ends[j][0] == i0:
+                _, c, n = ends[j]
+                m -= n
+                total -= c
+                j += 1
+            yield (i0, m, total + m * i0)
+        yield (k, 0, 0)
 
     def segment_plan(self, i0: int) -> StepPlan:
         """The plan of step ``i0``: exactly what ``schedule()`` would make then (the requests
@@ -215,19 +222,23 @@ class Stretch:
 
         Step i starts at s_i = (...((s_0 + d_0) + d_1) ...), summed in order exactly as
         stepping would (a cumulative sum adds left to right). Each segment is priced from its
-        own plan, and only as far as the cut needs: a segment's first step, then as many as
-        would reach the cut at the last price (step times grow along a segment; if they do
-        not, the loop prices on).
+        own plan, and only as far as the cut needs: as many steps as would reach the cut at
+        the last price (the first step alone before any is priced), then on the same way (step
+        times grow along a segment; if they do not, the loop prices on). Pricing steps past
+        the cut costs time only: they are dropped.
         """
         k, plan = self.num_steps, self.first_plan
-        segs = self.segments()
+        segs = self._segments()
         by_sum = None if plan.extra_s else getattr(latency, "decode_stretch_sum", None)
         acc = [start]            # acc[m]: start of step m; acc[-1]: end of the last priced
         durations: list[float] = []
         begun: list[Segment] = []
-        for j, seg in enumerate(segs):
+        nxt = next(segs)
+        while nxt[0] < k:
+            seg = nxt
             i0, m, total = seg
-            i1 = segs[j + 1][0] if j + 1 < len(segs) else k
+            nxt = next(segs)
+            i1 = nxt[0]
             begun.append(seg)
             if i1 == 1:                      # step 0 alone (a mixed first step, usually)
                 d = latency.step_time(plan)
@@ -240,7 +251,13 @@ class Stretch:
                     prices = by_sum(m, total)
                 else:
                     prices = stretch_prices(latency, self.segment_plan(i0))
-                i, n = i0, (1 if cut < INF else i1 - i0)
+                # as many steps as would reach the cut at the last price (a segment's first
+                # step alone if nothing is priced yet)
+                n = i1 - i0
+                if cut < INF:
+                    d = durations[-1] if durations else 0.0
+                    n = min(n, int((cut - acc[-1]) / d) + 1) if d > 0 else 1
+                i = i0
                 while True:
                     chunk = prices(i - i0, n)
                     durations += chunk
@@ -274,15 +291,21 @@ class Stretch:
             # step i holds ceil((c + i + 1) / bs) blocks: it first needs block h + 1 at step
             # h * bs - c (>= 1, since step 0 fits in h blocks), then every bs steps; a member
             # that finishes at step e - 1 frees all it holds before step e
-            last = e if e < k else k
             first = h * bs - c
+            if e >= k:                 # (most members: it runs to the end)
+                if first < k:
+                    if first + bs >= k:
+                        extra[first] += 1
+                    else:
+                        for i in range(first, k, bs):
+                            extra[i] += 1
+                continue
             grown = 0
-            if first < last:
-                for i in range(first, last, bs):
+            if first < e:
+                for i in range(first, e, bs):
                     extra[i] += 1
-                grown = (last - 1 - first) // bs + 1
-            if e < k:
-                extra[e] -= h + grown
+                grown = (e - 1 - first) // bs + 1
+            extra[e] -= h + grown
         used = accumulate(extra, initial=blocks.num_used)
         next(used)                  # (the blocks before step 0)
         return list(used)
@@ -296,21 +319,17 @@ class Stretch:
         grown = []                    # (request id, blocks it holds after the steps)
         bs = self.sched.blocks.block_size
         for req, c, h, e, o in self.members:
-            if e < k:
+            if e > k:                 # (most members: it runs on)
+                c += k
+                req.num_generated += k - o
+            else:
                 c += e
                 req.num_generated += e - o
                 req.finish_s = ends[e - 1]
                 finished.append(req)
-            else:
-                c += k
-                req.num_generated += k - o
-                if e == k:
-                    req.finish_s = ends[k - 1]
-                    finished.append(req)
             req.num_computed_tokens = c
-            need = -(-c // bs)
-            if need > h:
-                grown.append((req.id, need))
+            if c > h * bs:            # it needs more than the h blocks it holds
+                grown.append((req.id, -(-c // bs)))
         sched = self.sched
         added = sched.blocks.grow_to(grown)   # fits: plan() checked the total
         assert added is not None

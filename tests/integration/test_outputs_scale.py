@@ -109,6 +109,7 @@ def test_startup_imports_no_pandas_asyncio_or_matplotlib():
     """What `simserve run` imports before its simulation starts (the CLI, the runner, the
     scenario) must not include pandas (a third of a second), asyncio or the report."""
     code = ("import sys; import simserve.cli, simserve.runner; "
+            "simserve.cli._parser('run'); "             # (the parser `simserve run` builds)
             "from simserve.config import load_scenario; "
             f"load_scenario({str(DATA / 'tiny.yaml')!r}); "
             "print(' '.join(m for m in ('pandas', 'asyncio', 'matplotlib', 'aiohttp') "

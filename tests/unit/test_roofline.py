@@ -214,20 +214,29 @@ def test_curves_are_slower_than_the_constant_roofline_on_small_work():
     assert sum(b.values()) == pytest.approx(CURVED.step_time(small), rel=1e-12)
 
 
-@settings(max_examples=40, deadline=None)
+# a curve set whose decode attention has one context column: η by batch alone
+ONE_COLUMN = dataclasses.replace(H100_CURVES, attn_decode=Curve2D(
+    H100_CURVES.attn_decode.rows, (0.0,), tuple((r[3],) for r in H100_CURVES.attn_decode.eta)))
+
+
+@settings(max_examples=60, deadline=None)
 @given(decode=st.lists(st.integers(0, 5000), min_size=1, max_size=40),
        tp=st.sampled_from([1, 2, 4]), steps=st.integers(1, 30),
        prefill=st.sampled_from([(), ((64, 0),), ((700, 300),)]),
-       extra_s=st.sampled_from([0.0, 0.0031]))
+       extra_s=st.sampled_from([0.0, 0.0031]),
+       start=st.sampled_from([0, 0, 7, 40_000, 300_000]),   # past the grid: clamped η
+       curves=st.sampled_from([H100_CURVES, H100_CURVES, ONE_COLUMN]))
 def test_curves_decode_stretch_is_bit_identical_to_step_time(decode, tp, steps, prefill,
-                                                             extra_s):
-    model = RooflineModel(LLAMA, H100, tensor_parallel_size=tp, curves=H100_CURVES)
+                                                             extra_s, start, curves):
+    """The stretch prices (decode η, roofline and step sum written out in one loop) equal
+    step_time step for step, from any step of the stretch on."""
+    model = RooflineModel(LLAMA, H100, tensor_parallel_size=tp, curves=curves)
     p = plan(prefill=prefill, decode=decode)._replace(extra_s=extra_s)
     expected = [model.step_time(p._replace(decode_ctx=tuple(c + i for c in decode)))
-                for i in range(steps)]
-    assert model.decode_stretch(p)(0, steps) == expected
+                for i in range(start, start + steps)]
+    assert model.decode_stretch(p)(start, steps) == expected
     if not prefill and not extra_s:
-        assert model.decode_stretch_sum(len(decode), sum(decode))(0, steps) == expected
+        assert model.decode_stretch_sum(len(decode), sum(decode))(start, steps) == expected
 
 
 def test_shipped_curves_are_valid_and_bad_ones_are_refused():
@@ -300,3 +309,29 @@ def test_frontend_delay_moves_ttft_and_e2el_not_tpot():
     raw["latency"] = {"model": "constant", "step_ms": 10, "frontend_delay_ms": 5}
     with pytest.raises(ConfigError, match="frontend_delay_ms"):
         parse_scenario(raw)
+
+
+@settings(max_examples=60, deadline=None)
+@given(b=st.integers(1, 512), mean_ctx=st.floats(0, 400_000),
+       curves=st.sampled_from([H100_CURVES, ONE_COLUMN]))
+def test_decode_eta_is_the_curves_own_lookup(b, mean_ctx, curves):
+    """_decode_eta (the curve lookup written out, as the stretch prices write it) gives the
+    curve's own value: the row at b × KV heads, at log2(1 + mean context)."""
+    import math
+    model = RooflineModel(LLAMA, H100, curves=curves)
+    kv_toks = max(b, round(b * (1 + mean_ctx)))
+    row = curves.attn_decode.row(b * model._kv_heads)
+    assert model._decode_eta(b, kv_toks) == row.at_log2(math.log2(kv_toks / b))
+
+
+def test_step_terms_add_left_to_right_on_every_python():
+    """step_time adds its terms left to right, as the stretch prices do: plain float
+    additions. sum() would compensate rounding from Python 3.12 on (1e16 + 1.0 - 1e16 is 0.0
+    in doubles, 1.0 compensated), and fast-forward would part from stepping in the last bit."""
+    from simserve.latency.roofline import _left_to_right
+    assert _left_to_right((1e16, 1.0, -1e16, 0.5, 0.25)) == 0.75   # (sum(): 1.75 on 3.12)
+    p = plan(prefill=((300, 0),), decode=[100, 2000, 5])
+    t = 0.0
+    for v in CURVED._curve_parts(p):
+        t += v
+    assert CURVED.step_time(p) == t + CURVED.step_overhead_s
