@@ -115,7 +115,7 @@ def main() -> None:
         f"2 inter-node steps, bytes at 12.5 GB/s. The paper's > 2x needs about "
         f"{need * 1e3:.0f} us each, which only a ring paying the TCP hop on every one of its "
         f"14 steps reaches (" + "; ".join(sens) + "); not modelled: what else vLLM's "
-        f"cross-node TP paid in the paper's runs (not in its text)"))
+        "cross-node TP paid in the paper's runs (not in its text)"))
     tp8_cap = max_rate(variants("sarathi_pp", TP8)["vllm"])
     s_over_tp8 = rates["strict (P99 TBT <= 1 s)"]["sarathi-512"] / tp8_cap
     print(f"strict: capacity (req/s) vllm TP8 (cross-node) {tp8_cap:.3g}")
