@@ -550,6 +550,11 @@ class HardwareSpec:
     # all-to-all that spans nodes runs at the scale-out rate
     scaleout_bandwidth: float | None = None
     devices_per_node: int = 8
+    # seconds of one message's hop on the scale-out link (NCCL's network hop latency): a
+    # tensor-parallel all-reduce whose ranks span nodes pays it on each of its inter-node ring
+    # steps, a pipeline stage's send across nodes once; None: the NVLink-class fixed latency
+    # of the roofline only (latency/roofline.py, latency/pipeline.py)
+    scaleout_latency: float | None = None
     efficiency: str = ""           # the roofline's efficiency curve set (latency/efficiency.py)
 
     @property
@@ -569,6 +574,8 @@ class HardwareSpec:
             out["scaleout_bandwidth"] = self.scaleout_bandwidth
         if self.devices_per_node != 8:
             out["devices_per_node"] = self.devices_per_node
+        if self.scaleout_latency is not None:
+            out["scaleout_latency"] = self.scaleout_latency
         if self.efficiency:
             out["efficiency"] = self.efficiency
         return out
@@ -589,6 +596,7 @@ def _parse_hardware(raw: Any, path: str) -> HardwareSpec:
         peak_flops_fp8=f.float("peak_flops_fp8", None, min=flops[0], max=flops[1]),
         scaleout_bandwidth=f.float("scaleout_bandwidth", None, min=bw[0], max=bw[1]),
         devices_per_node=f.int("devices_per_node", 8, min=1, max=MAX_COUNT),
+        scaleout_latency=f.float("scaleout_latency", None, min=0.0, max=1.0),
         efficiency=f.str("efficiency", default="", choices=("", *efficiency_curve_sets())))
     f.done()
     return spec

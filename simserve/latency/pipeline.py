@@ -18,6 +18,9 @@ sends its 1/TP slice of the hidden states and the residual, ``isend_tensor_dict`
     send_j = 2 · tokens · hidden · dtype / TP / link_j + latency
              + (TP − 1) / TP · 2 · tokens · hidden · dtype / interconnect   (the all-gather)
 
+``latency`` is the NVLink-class fixed latency, or across a node boundary the hardware's
+``scaleout_latency`` (one hop on the scale-out link) where it gives one.
+
 ``link_j`` is the hardware's ``interconnect_bandwidth`` within a node and its
 ``scaleout_bandwidth`` where the boundary between the stages' GPUs (stage j on GPUs
 ``j·TP .. (j+1)·TP − 1``) is a node boundary (``devices_per_node``). The send is asynchronous
@@ -62,8 +65,9 @@ class PipelineLatency:
         self.shares = [n / model.num_layers for n in layers]
         msg = 2 * model.hidden_size * model.dtype_bytes     # hidden states + residual, a token
         self._send_tok_s: list[float] = []
+        self._send_fixed_s: list[float] = []
         for j in range(pp - 1):
-            link = hw.interconnect_bandwidth
+            link, fixed = hw.interconnect_bandwidth, send_latency_s
             if (j + 1) * tp % hw.devices_per_node == 0:     # stage j + 1 starts a new node
                 if hw.scaleout_bandwidth is None:
                     raise ConfigError("hardware.scaleout_bandwidth",
@@ -71,6 +75,9 @@ class PipelineLatency:
                                       f"{hw.devices_per_node} devices; {hw.name} gives no "
                                       "scale-out rate between nodes")
                 link = hw.scaleout_bandwidth
+                if hw.scaleout_latency is not None:     # one hop on the scale-out link
+                    fixed = hw.scaleout_latency
+            self._send_fixed_s.append(fixed)
             gather = (tp - 1) / tp * msg / hw.interconnect_bandwidth
             self._send_tok_s.append(msg / tp / link + gather)
         self.send_latency_s = send_latency_s
@@ -94,7 +101,7 @@ class PipelineLatency:
         times[0] += first + plan.extra_s
         times[-1] += last
         n = plan.num_batched_tokens + plan.padding
-        sends = [n * s + self.send_latency_s for s in self._send_tok_s]
+        sends = [n * s + f for s, f in zip(self._send_tok_s, self._send_fixed_s)]
         return times, sends
 
     def step_time(self, plan: StepPlan) -> float:

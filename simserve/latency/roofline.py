@@ -46,6 +46,31 @@ DEFAULT_ALL2ALL_LATENCY_S = 10e-6
 _MEMO_MAX = 1 << 16
 
 
+def allreduce_collective(hw: HardwareSpec, tp: int, latency_s: float) -> tuple[float, float]:
+    """The link rate (B/s) and the fixed seconds of one ring all-reduce over ``tp`` ranks.
+
+    Within a node (``tp <= devices_per_node``): the interconnect's rate and ``latency_s`` (the
+    NVLink-class cost of a small collective). A group spanning ``N = ceil(tp / devices_per_node)``
+    nodes where the hardware declares a scale-out link: the ring's bytes go at its slowest hop,
+    ``scaleout_bandwidth``, and of the ring's ``2 (tp − 1)`` steps the ``2 (N − 1)`` that cross
+    a node boundary each add the link's hop latency ``scaleout_latency`` (0 where not given)::
+
+        fixed = latency_s + 2 (N − 1) · scaleout_latency
+
+    That split is NCCL's own ring latency model (NVIDIA/nccl ``src/graph/tuning.cc``,
+    ``ncclTopoTuneModel``: ``(nsteps − nInterSteps) · intraLat + nInterSteps · interLat``, with
+    ``nsteps = 2 (nRanks − 1)``, ``nInterSteps = 2 (nNodes − 1)`` for an all-reduce): the
+    data of a step is forwarded as it arrives, so only the inter-node steps pay the network's
+    latency; the intra-node steps are inside ``latency_s``. Without ``scaleout_bandwidth`` a
+    group spanning nodes is priced as within one (the behaviour before the scale-out fields).
+    """
+    if tp <= hw.devices_per_node or hw.scaleout_bandwidth is None:
+        return hw.interconnect_bandwidth, latency_s
+    nodes = -(-tp // hw.devices_per_node)
+    hop = hw.scaleout_latency or 0.0
+    return hw.scaleout_bandwidth, latency_s + 2 * (nodes - 1) * hop
+
+
 class RooflineModel:
     """Prices a :class:`StepPlan` from model shapes and a hardware spec (per TP rank).
 
@@ -179,10 +204,12 @@ class RooflineModel:
         self._lm_row_s = (h * d + vv * (d + 4)) / bw
 
         # Two all-reduces per layer (after attention's O and after the MLP's down): ring cost
-        # 2 (TP − 1) / TP · bytes / link, plus a fixed latency per collective.
+        # 2 (TP − 1) / TP · bytes / link, plus a fixed latency per collective
+        # (allreduce_collective, which prices a group spanning nodes).
         if tp > 1:
-            self._ar_tok_s = 2 * L * 2 * (tp - 1) / tp * h * d / hw.interconnect_bandwidth
-            self._ar_fixed_s = 2 * L * allreduce_latency_s
+            link, fixed = allreduce_collective(hw, tp, allreduce_latency_s)
+            self._ar_tok_s = 2 * L * 2 * (tp - 1) / tp * h * d / link
+            self._ar_fixed_s = 2 * L * fixed
         else:
             self._ar_tok_s = self._ar_fixed_s = 0.0
         self._swap_block_s = kv_block_bytes(model, block_size, tp) / hw.host_link_bandwidth

@@ -173,6 +173,8 @@ def test_hardware_override():
     ({"peak_flops": 0}, "hardware.peak_flops"),
     ({"mem_bandwidth": "fast"}, "hardware.mem_bandwidth"),
     ({"nvlink": 1}, "hardware.nvlink"),
+    ({"scaleout_latency": -1e-6}, "hardware.scaleout_latency"),
+    ({"scaleout_latency": 2.0}, "hardware.scaleout_latency"),
 ])
 def test_bad_hardware_field_is_named(change, field):
     with pytest.raises(ConfigError) as e:

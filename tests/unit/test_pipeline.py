@@ -171,6 +171,22 @@ def test_send_across_nodes_uses_the_scaleout_rate():
     assert sends == [pytest.approx(40_960 / 50e9 + 7 / 8 * 327_680 / 450e9 + 10e-6)]
 
 
+def test_send_across_nodes_pays_the_scaleout_hop_latency():
+    # as above, with a scale-out hop of 42 µs: the cross-node send pays it instead of the
+    # NVLink-class 10 µs; a send within a node (TP 4, PP 2 on one 8-GPU node) keeps 10 µs
+    import dataclasses
+    hw = dataclasses.replace(H100, scaleout_latency=42e-6)
+    base = RooflineModel(LLAMA70, hw, tensor_parallel_size=8)
+    pp = PipelineLatency(base, LLAMA70, hw, pipeline_parallel_size=2, tensor_parallel_size=8)
+    _, sends = pp.stages(decode_plan(10))
+    assert sends == [pytest.approx(40_960 / 50e9 + 7 / 8 * 327_680 / 450e9 + 42e-6)]
+    base4 = RooflineModel(LLAMA70, hw, tensor_parallel_size=4)
+    pp4 = PipelineLatency(base4, LLAMA70, hw, pipeline_parallel_size=2, tensor_parallel_size=4)
+    _, sends4 = pp4.stages(decode_plan(10))
+    # 10 · 32,768 B / 4 = 81,920 B at 450e9, all-gather 3/4 · 327,680 B at 450e9, + 10 µs
+    assert sends4 == [pytest.approx(81_920 / 450e9 + 245_760 / 450e9 + 10e-6)]
+
+
 def test_pipeline_layers_follow_vllm():
     # vLLM get_pp_indices: even split, the remainder one each to the stages before the last
     assert pipeline_layers(80, 2) == [40, 40]

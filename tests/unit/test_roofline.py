@@ -335,3 +335,34 @@ def test_step_terms_add_left_to_right_on_every_python():
     for v in CURVED._curve_parts(p):
         t += v
     assert CURVED.step_time(p) == t + CURVED.step_overhead_s
+
+
+def test_allreduce_across_nodes_by_hand():
+    # allreduce_collective: a TP group within a node keeps NVLink and the fixed latency; one
+    # spanning N nodes goes at the scale-out rate and adds 2 (N - 1) scale-out hops (NCCL's
+    # ring model: only the inter-node steps pay the network latency)
+    from simserve.latency.roofline import allreduce_collective
+    pcie = dataclasses.replace(load_hardware("A100-80GB-PCIe"), devices_per_node=4,
+                               scaleout_bandwidth=12.5e9)
+    assert pcie.scaleout_latency == pytest.approx(42e-6)      # the preset's (nccl-tests #82)
+    assert allreduce_collective(pcie, 4, 10e-6) == (300e9, 10e-6)          # one node
+    link, fixed = allreduce_collective(pcie, 8, 10e-6)                      # 2 nodes
+    assert link == 12.5e9 and fixed == pytest.approx(10e-6 + 2 * 1 * 42e-6)   # 94 µs
+    _, fixed16 = allreduce_collective(pcie, 16, 10e-6)                      # 4 nodes
+    assert fixed16 == pytest.approx(10e-6 + 2 * 3 * 42e-6)                 # 262 µs
+    # no scale-out link declared: priced as within a node (the behaviour before the field)
+    bare = dataclasses.replace(pcie, scaleout_bandwidth=None)
+    assert allreduce_collective(bare, 8, 10e-6) == (300e9, 10e-6)
+    # a scale-out rate without a hop latency (the H100 preset): the rate only
+    assert H100.scaleout_latency is None
+    assert allreduce_collective(H100, 16, 10e-6) == (50e9, 10e-6)
+    # the whole term, Falcon-180B (80 layers, hidden 14,848, bf16) at TP 8 over the 2 nodes,
+    # a step of 10 tokens: each all-reduce moves 2 · 7/8 · 10 · 14,848 · 2 B = 519,680 B at
+    # 12.5 GB/s = 41.574 µs, + 94 µs fixed = 135.574 µs; 2 a layer: 160 · 135.574 µs
+    falcon = load_model("Falcon-180B")
+    m = RooflineModel(falcon, pcie, tensor_parallel_size=8, allreduce_latency_s=10e-6)
+    assert m.allreduce_s(10) == pytest.approx(160 * (519_680 / 12.5e9 + 94e-6))
+    # within a node of 8 (the preset's default devices_per_node), NVLink and 10 µs only
+    m8 = RooflineModel(falcon, load_hardware("A100-80GB-PCIe"), tensor_parallel_size=8,
+                       allreduce_latency_s=10e-6)
+    assert m8.allreduce_s(10) == pytest.approx(160 * (519_680 / 300e9 + 10e-6))
