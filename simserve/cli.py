@@ -175,6 +175,7 @@ def _cmd_run(args) -> int:
         t0 = time.perf_counter()
         try:
             result = run(scenario, record_tokens=args.tokens, fast_forward=not args.stepwise,
+                         keep_steps=bool(args.steps),
                          progress=False if args.quiet else
                          (f"{label} ({len(results) + len(failed) + 1}/{len(variants)})"
                           if several else True))

@@ -24,7 +24,7 @@ from simserve.engine import Replica, simulate
 from simserve.engine.build import build_replicas, engine_options
 from simserve.errors import SimserveError
 from simserve.latency.base import LatencyModel
-from simserve.metrics.recorder import Recorder
+from simserve.metrics.recorder import FOLD_STEPS, Recorder
 from simserve.metrics.slo import SloConfig
 from simserve.metrics.tokens import itl_sample
 from simserve.paths import rebase_paths
@@ -60,10 +60,23 @@ class Result:
 
     @property
     def steps(self) -> pd.DataFrame:
-        """One row per engine iteration (built on first use: a long run has millions)."""
+        """One row per engine iteration (built on first use: a long run has millions). A run
+        of more than ``FOLD_STEPS`` steps on a replica keeps them only when asked
+        (``run(..., keep_steps=True)``, CLI ``--steps``): its summary needs only their sums."""
         if self._steps is None:
+            if not self.has_steps:
+                raise SimserveError(
+                    f"the per-step table of this run ({self.num_steps:,} steps) was not kept: "
+                    f"a replica ran more than {FOLD_STEPS:,} steps and its oldest were folded "
+                    f"into the summary's sums; run with keep_steps=True (CLI: --steps)")
             self._steps = steps_frame(self._recorder)
         return self._steps
+
+    @property
+    def has_steps(self) -> bool:
+        """Whether every step is still there to build ``steps`` from (not folded away)."""
+        return self._steps is not None or self._recorder is None or not any(
+            log.num_folded for log in self._recorder.replicas.values())
 
     @property
     def num_steps(self) -> int:
@@ -71,7 +84,7 @@ class Result:
         building the table)."""
         if self._steps is not None or self._recorder is None:
             return len(self.steps)
-        return sum(len(log.steps["start_s"]) for log in self._recorder.replicas.values())
+        return sum(log.num_steps for log in self._recorder.replicas.values())
 
     @property
     def has_token_times(self) -> bool:
@@ -188,7 +201,8 @@ def class_slos(s: Scenario) -> dict[str, SloConfig]:
 
 def run(scenario: Scenario | str | Path, *, latency: LatencyModel | None = None,
         overrides: list[str] | None = None, fast_forward: bool = True,
-        record_tokens: bool = False, progress: bool | str = False) -> Result:
+        record_tokens: bool = False, progress: bool | str = False,
+        keep_steps: bool = False) -> Result:
     """Simulate a scenario (a Scenario, or a path to its YAML) and summarise it.
 
     ``fast_forward=False`` steps one iteration per event; the results are the same (the
@@ -196,11 +210,13 @@ def run(scenario: Scenario | str | Path, *, latency: LatencyModel | None = None,
     token's time (``Result.token_times``, ``tokens.csv``); the summary never needs them.
     ``progress`` shows a bar with an ETA on stderr (or in Jupyter) for a run that takes more
     than a second, counting requests resolved; a string is its label (default the scenario's
-    name).
+    name). ``keep_steps`` keeps every step for ``Result.steps`` however long the run (by
+    default a replica's steps past ``FOLD_STEPS`` are folded into the summary's sums as the
+    run goes, and the ITL percentiles come from a sketch within 0.5 %: docs/metrics.md).
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     with _no_cyclic_gc():
-        return _run(s, latency, fast_forward, record_tokens, progress)
+        return _run(s, latency, fast_forward, record_tokens, progress, keep_steps)
 
 
 @contextmanager
@@ -218,7 +234,7 @@ def _no_cyclic_gc():
 
 
 def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
-         record_tokens: bool, progress: bool | str = False) -> Result:
+         record_tokens: bool, progress: bool | str = False, keep_steps: bool = False) -> Result:
     if latency is None:        # a model passed in is the caller's to vouch for
         deployment.check(s)
     specs = build_workload(s.workload, s.seed, s.base_dir)
@@ -235,7 +251,7 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
     try:
         rec = simulate(specs, replicas, fast_forward=fast_forward,
                        max_concurrency=s.workload.max_concurrency, compact_requests=True,
-                       progress=on_progress, **engine_options(s, replicas))
+                       keep_steps=keep_steps, progress=on_progress, **engine_options(s, replicas))
     finally:
         if bar is not None:
             bar.close()
@@ -278,6 +294,8 @@ def coinciding(results: dict[str, Result]) -> list[list[str]]:
     import pandas as pd
     groups: dict[tuple, list[str]] = {}
     for label, r in results.items():
+        if not r.has_steps:          # a long run's steps were folded: nothing to compare
+            continue
         key = (int(pd.util.hash_pandas_object(r.steps.drop(columns="step"), index=False).sum()),
                int(pd.util.hash_pandas_object(r.requests[["first_token_s", "finish_s"]],
                                               index=False).sum()))
@@ -330,11 +348,11 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     logs = [rec.replicas[i] for i in sorted(rec.replicas)]
 
     def levels(t0: float, t1: float) -> dict:
-        groups = [{**log.step_arrays(), **log.group_columns()} for log in logs]
-        return grouped_levels(groups, t0, t1)
+        return grouped_levels([log.level_columns() for log in logs], t0, t1)
 
+    sketch = rec.itl()              # a long run's ITL, folded as it went; else exact
     summary = summarize(requests, None, None, s.slo, percentiles=s.metric_percentiles,
-                        itl=itl_sample(rec),
+                        itl=sketch if sketch is not None else itl_sample(rec),
                         class_slos=class_slos(s) if any(cols["class"]) else None,
                         prefix_caching=s.engine.enable_prefix_caching, levels=levels)
     summary.update(cluster_summary(rec, replicas, requests))

@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from simserve.metrics.levels import replica_chunks
 from simserve.metrics.sample import WeightedSample
+from simserve.metrics.sketch import LogHistogram
 from simserve.metrics.slo import SloConfig
 
 MS_PER_S = 1000.0
@@ -23,14 +25,15 @@ LATENCIES = ("ttft", "tpot", "itl", "e2el")
 def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
               steps: pd.DataFrame, slo: SloConfig = SloConfig(),
               percentiles: Sequence[float] = (50, 90, 99),
-              itl: WeightedSample | None = None,
+              itl: WeightedSample | LogHistogram | None = None,
               class_slos: Mapping[str, SloConfig] | None = None,
               prefix_caching: bool = False,
               levels: Callable[[float, float], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Summarise a run as a flat, JSON-serialisable dict (NaN becomes None).
 
     ITL comes from ``token_times`` (every token's time, per request) or, equivalently and
-    without per-token arrays, from ``itl`` as a :class:`WeightedSample` of gaps.
+    without per-token arrays, from ``itl`` as a :class:`WeightedSample` of gaps (or, for a
+    long run, a :class:`LogHistogram` of them: percentiles within 0.5 %, metrics.sketch).
     With ``class_slos`` (request classes present: the ``class`` column) each request is judged
     by its class's SLO (``slo`` for classes not in the mapping) and ``per_class`` breaks the
     numbers down by class; with ``prefix_caching`` the prefix-cache hit rate is added.
@@ -48,7 +51,7 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     out = done["num_output_tokens"].to_numpy(int)
     multi = out > 1
     tpot = (e2el[multi] - ttft[multi]) / (out[multi] - 1)
-    itl_values: WeightedSample | np.ndarray
+    itl_values: WeightedSample | LogHistogram | np.ndarray
     if itl is None:
         assert token_times is not None          # checked above
         gaps = [np.diff(np.asarray(t, float)) for t, ok in zip(token_times, finished) if ok]
@@ -213,7 +216,7 @@ def _aggregates(slo: SloConfig, itl: Any, norm: np.ndarray, delay: np.ndarray,
     met = summary.get("slo_met") is not False
     if slo.tbt_ms is not None:
         q = slo.tbt_percentile
-        if isinstance(itl, WeightedSample):
+        if isinstance(itl, (WeightedSample, LogHistogram)):
             value = itl.percentiles([q])[0] if len(itl) else 0.0
         else:
             value = float(np.percentile(itl, q)) if len(itl) else 0.0
@@ -234,7 +237,7 @@ def _aggregates(slo: SloConfig, itl: Any, norm: np.ndarray, delay: np.ndarray,
 
 def _latency_stats(name: str, values_s: np.ndarray, percentiles: Sequence[float]) -> dict[str, Any]:
     """mean/median/std/pXX in ms; an empty list gives 0.0 (vllm's ``np.mean(x or 0)``)."""
-    if isinstance(values_s, WeightedSample) and len(values_s):
+    if isinstance(values_s, (WeightedSample, LogHistogram)) and len(values_s):
         w = values_s
         qs = [50, *percentiles]
         pct = dict(zip(qs, (x * MS_PER_S for x in w.percentiles(qs))))
@@ -288,40 +291,34 @@ def _levels(steps: pd.DataFrame, num_replicas: int, t0: float, t1: float) -> dic
 
 
 def grouped_levels(groups: list[dict[str, Any]], t0: float, t1: float,
-                   chunk: int = 1 << 20) -> dict[str, Any]:
+                   chunk: int | None = None) -> dict[str, Any]:
     """``_levels`` for steps stored in groups (a fast-forwarded stretch is one group of k steps
     sharing every count): the same numbers without expanding every column to every step, and
-    in chunks of steps so that a long run needs little extra memory.
+    in chunks of steps so that a long run needs little extra memory (``metrics.levels``).
 
     Each item of ``groups`` is one replica: arrays ``start_s``, ``duration_s``,
     ``kv_blocks_used`` per step, and ``num_steps``, ``num_running``, ``num_waiting``,
-    ``num_batched_tokens``, ``kv_blocks_total`` per group (any integer type).
+    ``num_batched_tokens``, ``kv_blocks_total`` per group (any integer type); and, for a long
+    run's replica, ``folded``: the ``ChunkSums`` of its steps folded away during the run (the
+    chunks before those given).
     """
     width = t1 - t0
-    num_steps = sum(len(g["start_s"]) for g in groups)
+    parts = [replica_chunks(g, t0, t1, chunk) if width > 0 else [] for g in groups]
+    num_steps = sum(len(g["start_s"]) + sum(c.num_steps for c in g.get("folded", ()))
+                    for g in groups)
     if not num_steps or width <= 0:
         return {"num_steps": num_steps, "mean_running": 0.0, "mean_waiting": 0.0,
                 "mean_kv_utilization": 0.0, "max_kv_utilization": 0.0,
                 "mean_batched_tokens": 0.0}
     running = waiting = kv = batched = 0.0
     kv_max = 0.0
-    for g in groups:
-        counts = g["num_steps"]
-        group_of = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
-        start_all, dur_all, used_all = g["start_s"], g["duration_s"], g["kv_blocks_used"]
-        for a in range(0, len(start_all), chunk):
-            b = min(a + chunk, len(start_all))
-            start = start_all[a:b]
-            overlap = np.clip(start + dur_all[a:b], t0, t1) - np.clip(start, t0, t1)
-            gi = group_of[a:b]
-            running += float(np.dot(g["num_running"][gi], overlap))
-            waiting += float(np.dot(g["num_waiting"][gi], overlap))
-            total = g["kv_blocks_total"][gi].astype(float)
-            frac = np.divide(used_all[a:b], total, out=np.zeros(b - a), where=total > 0)
-            kv += float(np.dot(frac, overlap))
-            kv_max = max(kv_max, float(frac.max()))
-        batched += float(np.dot(g["num_batched_tokens"].astype(np.int64),
-                                counts.astype(np.int64)))   # may exceed int32
+    for chunks in parts:
+        for c in chunks:
+            running += c.running
+            waiting += c.waiting
+            kv += c.kv
+            kv_max = max(kv_max, c.kv_max)
+        batched += float(sum(c.batched for c in chunks))        # may exceed int32
     return {
         "num_steps": num_steps,
         "mean_running": running / width,
