@@ -24,7 +24,8 @@ from simserve.engine import Replica, simulate
 from simserve.engine.build import build_replicas, engine_options
 from simserve.errors import SimserveError
 from simserve.latency.base import LatencyModel
-from simserve.metrics.recorder import FOLD_STEPS, Recorder
+from simserve.metrics import recorder as _recorder
+from simserve.metrics.recorder import Recorder
 from simserve.metrics.slo import SloConfig
 from simserve.metrics.tokens import itl_sample
 from simserve.paths import rebase_paths
@@ -67,7 +68,8 @@ class Result:
             if not self.has_steps:
                 raise SimserveError(
                     f"the per-step table of this run ({self.num_steps:,} steps) was not kept: "
-                    f"a replica ran more than {FOLD_STEPS:,} steps and its oldest were folded "
+                    f"a replica ran more than {_recorder.FOLD_STEPS:,} steps and its oldest "
+                    f"were folded "
                     f"into the summary's sums; run with keep_steps=True (CLI: --steps)")
             self._steps = steps_frame(self._recorder)
         return self._steps
@@ -151,7 +153,7 @@ class Result:
             for ext in OUTPUT_FORMATS:
                 (out / f"{name}.{ext}").unlink(missing_ok=True)
         _write_table(self.requests, out / "requests", fmt)
-        if steps or (steps is None and self.num_steps <= STEPS_ROWS):
+        if steps or (steps is None and self.has_steps and self.num_steps <= STEPS_ROWS):
             _write_table(self.steps, out / "steps", fmt)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
         if tokens and self.has_token_times:
@@ -344,7 +346,7 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
         **{c: cols[c] for c in REQUEST_COLUMNS if c in cols},
         "first_token_s": first, "finish_s": finish,
         "ttft_s": ttft, "e2el_s": e2el, "tpot_s": tpot,
-    }, columns=list(REQUEST_COLUMNS))
+    }, columns=list(REQUEST_COLUMNS), copy=False)     # (the columns as they are: no copy)
     logs = [rec.replicas[i] for i in sorted(rec.replicas)]
 
     def levels(t0: float, t1: float) -> dict:

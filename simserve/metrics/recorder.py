@@ -221,10 +221,9 @@ class Recorder:
         latest finish: clipping to the final window cannot change them). Their level sums
         are kept (``StepLog.folded``), their gaps go to ``itl_sketch``."""
         log, tokens = self.replicas[index], self.tokens.get(index)
-        if tokens is None or tokens.record or self.first_arrival is None:
-            return
         c = levels.LEVEL_CHUNK
-        while log.num_steps - log.num_folded > FOLD_STEPS:
+        while (log.num_steps - log.num_folded > FOLD_STEPS and tokens is not None
+               and not tokens.record and self.first_arrival is not None):
             assert tokens.base == log.num_folded
             sums = self._chunk(log, tokens.num_steps)
             if sums is None:
@@ -233,7 +232,10 @@ class Recorder:
                 self.itl_sketch = LogHistogram()
             tokens.fold(self.itl_sketch, log.engine_ends(c + 1), c)
             log.drop(c, sums)
-        log.fold_at = log.num_steps - log.num_folded + c // 4
+        kept = log.num_steps - log.num_folded
+        # next try (Recorder.stretch): past FOLD_STEPS again, or, if some steps could not be
+        # folded yet, a quarter chunk later (each try compacts: not at every stretch)
+        log.fold_at = FOLD_STEPS if kept <= FOLD_STEPS else kept + c // 4
 
     def _chunk(self, log: StepLog, completed: int) -> ChunkSums | None:
         """The sums of ``log``'s first LEVEL_CHUNK kept steps if they can be folded

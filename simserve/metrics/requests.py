@@ -54,6 +54,7 @@ class RequestColumns:
 
     def __init__(self, keep_tracks: bool = False) -> None:
         self.chunks: list[dict[str, np.ndarray]] = []
+        self.num_batches = 0                     # takes of at least one request
         self.words: dict[str, dict[str, int]] = {c: {} for c in _TEXT}
         self.keep_tracks = keep_tracks          # each row's TokenTrack (tokens.csv)
         self.tracks: list[Any] = []
@@ -75,6 +76,7 @@ class RequestColumns:
             chunk[c] = np.fromiter((codes.setdefault(w, len(codes)) for w in map(read, reqs)),
                                    dtype=np.int32, count=n)
         self.chunks.append(chunk)
+        self.num_batches += 1
         totals, per = self.spec_totals, self.spec_per_position
         for r in reqs:
             if r.num_drafts:
@@ -92,17 +94,27 @@ class RequestColumns:
 
     def table(self) -> tuple[dict[str, np.ndarray], list[Any] | None]:
         """Every column in request-id order (text columns as object arrays of their strings),
-        and each row's token track where kept."""
+        and each row's token track where kept. The chunks become one, sorted by id, column by
+        column as they are joined (memory: the chunks and two columns at a time)."""
         if not self.chunks:
             self.take([])
-        cols = {c: np.concatenate([ch[c] for ch in self.chunks]) if self.chunks
-                else np.empty(0, dtype=_NUMERIC[c][0] if c in _NUMERIC else np.int32)
-                for c in (*_NUMERIC, *_TEXT)}
-        order = np.argsort(cols["request_id"], kind="stable")
+        chunks = self.chunks
+        ids = np.concatenate([ch.pop("request_id") for ch in chunks]) if chunks \
+            else np.empty(0, dtype=np.int64)
+        order = np.argsort(ids, kind="stable")
         in_order = bool(np.all(order == np.arange(len(order))))
+        whole: dict[str, np.ndarray] = {"request_id": ids if in_order else ids[order]}
+        del ids
+        for c in (*_NUMERIC, *_TEXT):
+            if c == "request_id":
+                continue
+            v = np.concatenate([ch.pop(c) for ch in chunks]) if chunks \
+                else np.empty(0, dtype=_NUMERIC[c][0] if c in _NUMERIC else np.int32)
+            whole[c] = v if in_order else v[order]
+            del v
+        self.chunks = [whole]
         out: dict[str, np.ndarray] = {}
-        for c, v in cols.items():
-            v = v if in_order else v[order]
+        for c, v in whole.items():
             if c in _TEXT:
                 words = np.empty(len(self.words[c]), dtype=object)
                 words[:] = list(self.words[c])
@@ -110,7 +122,9 @@ class RequestColumns:
             out[c] = v
         tracks = None
         if self.keep_tracks:
-            tracks = self.tracks if in_order else [self.tracks[i] for i in order]
+            if not in_order:
+                self.tracks = [self.tracks[i] for i in order]
+            tracks = self.tracks
         return out, tracks
 
 

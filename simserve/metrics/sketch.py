@@ -11,8 +11,10 @@ memory is fixed (about 90 KB):
   value in ``[TINY, HUGE]`` = [2**-40 s, 2**40 s] (about 0.9 ps to 35,000 years); values below
   ``TINY`` (zero gaps) are kept exactly, by value; the minimum and the maximum are exact;
 * **count** exact; **mean** the correctly rounded sum of per-chunk sums (``math.fsum``) over the
-  exact count: exact up to floating-point rounding; **std** from the sums of values and of
-  squares (population, ``np.std``'s definition), relative error about 1e-16 · (mean / std)².
+  exact count, and **std** (population, ``np.std``'s definition) from each chunk's count, sum
+  and sum of squared deviations from its own mean (Chan et al.'s pairwise combination, summed
+  with ``math.fsum``): both exact up to floating-point rounding, and independent of the order
+  in which chunks arrive (a run's replicas fold theirs in any order).
 
 Bin ``k`` holds ``[GAMMA**k, GAMMA**(k + 1))`` and answers with ``2 GAMMA**(k + 1) / (1 + GAMMA)``,
 the point of the bin at the same relative distance from both ends (clamped to the exact minimum
@@ -46,8 +48,7 @@ class LogHistogram:
         self.counts = np.zeros(_NBINS, dtype=np.int64)
         self.small: dict[float, int] = {}       # values below TINY, exactly
         self.n = 0
-        self._sums: list[float] = []
-        self._squares: list[float] = []
+        self._chunks: list[tuple[int, float, float]] = []   # (count, sum, squared deviations)
         self.lo, self.hi = math.inf, -math.inf
 
     def __len__(self) -> int:
@@ -59,11 +60,12 @@ class LogHistogram:
             return
         v = np.asarray(values, dtype=np.float64)
         w = np.asarray(weights, dtype=np.int64)
-        self.n += int(w.sum())
+        n = int(w.sum())
+        self.n += n
         wf = w.astype(np.float64)
-        vw = v * wf
-        self._sums.append(float(vw.sum()))
-        self._squares.append(float(np.dot(vw, v)))
+        total = float(np.dot(v, wf))
+        dev = v - total / n
+        self._chunks.append((n, total, float(np.dot(wf * dev, dev))))
         self.lo, self.hi = min(self.lo, float(v.min())), max(self.hi, float(v.max()))
         small = v < TINY
         if small.any():
@@ -76,11 +78,13 @@ class LogHistogram:
         self.counts += np.bincount(k, weights=w, minlength=_NBINS).astype(np.int64)
 
     def mean(self) -> float:
-        return math.fsum(self._sums) / self.n
+        return math.fsum(s for _, s, _ in self._chunks) / self.n
 
     def std(self) -> float:
         mean = self.mean()
-        return math.sqrt(max(math.fsum(self._squares) / self.n - mean * mean, 0.0))
+        terms = [m2 for _, _, m2 in self._chunks]
+        terms += [n * (s / n - mean) ** 2 for n, s, _ in self._chunks]
+        return math.sqrt(max(math.fsum(terms) / self.n, 0.0))
 
     def percentile(self, q: float) -> float:
         return self.percentiles([q])[0]

@@ -40,15 +40,21 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     """
     if itl is None and (token_times is None or len(token_times) != len(requests)):
         raise ValueError("token_times must have one entry per request (or pass itl)")
-    finished = (requests["status"] == "finished").to_numpy()
-    done = requests[finished]
-    rejected = requests[requests["status"] == "rejected"]
+    status = requests["status"].to_numpy()
+    finished = status == "finished"
+    num_done = int(finished.sum())
+
+    def done(column: str, dtype: Any = None) -> np.ndarray:
+        """A column over the finished requests (one column copied at a time, never the
+        frame: a run of millions of requests)."""
+        values: np.ndarray = requests[column].to_numpy(dtype)[finished]
+        return values
 
     # Per finished request i: TTFT_i, E2EL_i, and TPOT_i for out_i > 1.
-    arrival = done["arrival_s"].to_numpy(float)
-    ttft = done["first_token_s"].to_numpy(float) - arrival
-    e2el = done["finish_s"].to_numpy(float) - arrival
-    out = done["num_output_tokens"].to_numpy(int)
+    arrival = done("arrival_s", float)
+    ttft = done("first_token_s", float) - arrival
+    e2el = done("finish_s", float) - arrival
+    out = done("num_output_tokens", int)
     multi = out > 1
     tpot = (e2el[multi] - ttft[multi]) / (out[multi] - 1)
     itl_values: WeightedSample | LogHistogram | np.ndarray
@@ -61,25 +67,23 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
 
     # The benchmark runs from the first send to the last completion.
     t0 = float(requests["arrival_s"].min()) if len(requests) else 0.0
-    t1 = float(done["finish_s"].max()) if len(done) else t0
+    t1 = float(done("finish_s").max()) if num_done else t0
     duration = t1 - t0
 
     def per_s(x: float) -> float:
         return x / duration if duration > 0 else 0.0
 
-    total_in = int(done["num_prompt_tokens"].sum())
+    total_in = int(done("num_prompt_tokens").sum())
     total_out = int(out.sum())
     summary: dict[str, Any] = {
         "num_requests": len(requests),
-        "completed": len(done),
-        "num_rejected": len(rejected),
-        "rejected_by_reason": {str(k): int(v) for k, v in
-                               sorted(rejected["reject_reason"].value_counts().items())},
-        **_failed(requests),
+        "completed": num_done,
+        **_by_reason(requests, status, "rejected", "num_rejected", "rejected_by_reason"),
+        **_by_reason(requests, status, "failed", "num_failed", "failed_by_reason"),
         "duration_s": duration,
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
-        "request_throughput": per_s(len(done)),
+        "request_throughput": per_s(num_done),
         "output_throughput": per_s(total_out),
         "total_token_throughput": per_s(total_in + total_out),
     }
@@ -89,7 +93,7 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     # the papers' run-level numbers: mean E2EL per output token; arrival -> first scheduled
     norm = e2el / np.maximum(out, 1)
     summary["mean_normalized_latency_ms"] = float(norm.mean()) * MS_PER_S if len(norm) else None
-    delay = (done["first_scheduled_s"].to_numpy(float) - arrival) if len(done) else np.empty(0)
+    delay = (done("first_scheduled_s", float) - arrival) if num_done else np.empty(0)
     delay = delay[~np.isnan(delay)]            # a replayed run has no scheduling times
     for key, q in (("median", 50), ("p99", 99)):
         summary[f"{key}_scheduling_delay_ms"] = \
@@ -102,16 +106,18 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     if slo.has_aggregates:                     # after the per-class verdict, which they join
         summary.update(_aggregates(slo, itl_values, norm, delay, summary))
     if prefix_caching:
-        summary.update(_prefix_cache(done))
+        summary.update(_prefix_cache(done("num_cached_tokens"), done("num_prompt_tokens")))
     return {k: _plain(v) for k, v in summary.items()}
 
 
-def _failed(requests: pd.DataFrame) -> dict[str, Any]:
-    """Requests lost to a replica failure (status ``failed``, reason in ``reject_reason``)."""
-    failed = requests[requests["status"] == "failed"]
-    return {"num_failed": len(failed),
-            "failed_by_reason": {str(k): int(v) for k, v in
-                                 sorted(failed["reject_reason"].value_counts().items())}}
+def _by_reason(requests: pd.DataFrame, status: np.ndarray, which: str, count: str,
+               by_reason: str) -> dict[str, Any]:
+    """Requests of status ``which`` (rejected; failed: lost to a replica failure), counted
+    and by ``reject_reason``."""
+    mask = status == which
+    reasons = requests["reject_reason"][mask]
+    return {count: int(mask.sum()),
+            by_reason: {str(k): int(v) for k, v in sorted(reasons.value_counts().items())}}
 
 
 def _good(done: pd.DataFrame, slo: SloConfig) -> np.ndarray:
@@ -183,10 +189,10 @@ def spec_decode_summary(totals: Mapping[str, int], per_position: Sequence[int],
             "per_position_acceptance_rate": [a / drafts if drafts else 0.0 for a in per]}
 
 
-def _prefix_cache(done: pd.DataFrame) -> dict[str, Any]:
+def _prefix_cache(cached: np.ndarray, prompt: np.ndarray) -> dict[str, Any]:
     """Prompt tokens of finished requests found in the prefix cache at first admission."""
-    hits = int(done["num_cached_tokens"].sum())
-    queries = int(done["num_prompt_tokens"].sum())
+    hits = int(cached.sum())
+    queries = int(prompt.sum())
     return {"prefix_cache_hit_tokens": hits, "prefix_cache_query_tokens": queries,
             "prefix_cache_hit_rate": hits / queries if queries else 0.0}
 

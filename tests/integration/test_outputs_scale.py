@@ -142,7 +142,7 @@ def test_resolved_requests_as_columns_give_the_same_results(monkeypatch, record_
     nothing a run reports, and keeps only the requests in flight as objects."""
     from simserve.metrics import recorder
     whole = simserve.run(DATA / "tiny.yaml", record_tokens=record_tokens)
-    assert len(whole._recorder.resolved.chunks) == 1      # a few hundred requests: one, at the end
+    assert whole._recorder.resolved.num_batches == 1     # a few hundred requests: one, at the end
     monkeypatch.setattr(recorder, "COMPACT_MIN", 4)
     live: list[int] = []
     real = recorder.Recorder.compact
@@ -152,7 +152,7 @@ def test_resolved_requests_as_columns_give_the_same_results(monkeypatch, record_
         live.append(len(self.requests))
     monkeypatch.setattr(recorder.Recorder, "compact", compact)
     often = simserve.run(DATA / "tiny.yaml", record_tokens=record_tokens)
-    assert len(often._recorder.resolved.chunks) > 5
+    assert often._recorder.resolved.num_batches > 5
     assert max(live[:-1]) < len(whole.requests) / 4 and live[-1] == 0
     pd.testing.assert_frame_equal(whole.requests, often.requests)
     assert json.dumps(whole.summary, sort_keys=True) == json.dumps(often.summary, sort_keys=True)
