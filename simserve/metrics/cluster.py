@@ -26,7 +26,7 @@ def replica_summary(requests: pd.DataFrame, logs: dict[int, Any], replicas: Sequ
     decode), and of busy time over the prefill pool when there is one.
     """
     width = t1 - t0
-    status = requests["status"].to_numpy()
+    finished = (requests["status"] == "finished").to_numpy()
     where = requests["replica"].to_numpy()
     rows = []
     for r in replicas:
@@ -38,7 +38,7 @@ def replica_summary(requests: pd.DataFrame, logs: dict[int, Any], replicas: Sequ
                 steps += c.num_steps
             levels = grouped_levels([g], t0, t1)
             running, kv = levels["mean_running"], levels["mean_kv_utilization"]
-        done = int(((status == "finished") & (where == r.index)).sum())
+        done = int((finished & (where == r.index)).sum())
         rows.append({"replica": r.index, "group": r.group, "role": r.role, "completed": done,
                      "request_throughput": done / width if width > 0 else 0.0,
                      "busy_s": busy, "busy_fraction": busy / width if width > 0 else 0.0,

@@ -14,7 +14,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-LEVEL_CHUNK = 1 << 20
+# (more than runner.STEPS_ROWS: a run whose steps.csv is written by default sums its steps in
+# one chunk, as whole arrays; a chunk's temporaries are a few MB)
+LEVEL_CHUNK = 1 << 17
 
 
 class ChunkSums(NamedTuple):

@@ -153,8 +153,9 @@ _DTYPES = {"d": np.float64, "q": np.int64, "i": np.int32}
 # least twice those in flight, so that each request is looked at a bounded number of times).
 COMPACT_MIN = 4096
 # A replica keeps every step up to this many; past it (a long run: ITL from the sketch) the
-# recorder folds its oldest steps, LEVEL_CHUNK at a time (the module docstring).
-FOLD_STEPS = 2 * levels.LEVEL_CHUNK
+# recorder folds its oldest steps, LEVEL_CHUNK at a time, back to this many (the module
+# docstring). Up to it, ITL is exact.
+FOLD_STEPS = 1 << 21
 
 
 @dataclass
@@ -191,10 +192,10 @@ class Recorder:
         if self.first_arrival is None and self.requests:
             self.first_arrival = min(r.spec.arrival_s for r in self.requests)
         done, self.requests = resolved(self.requests)
-        self.resolved.take(done)
+        rows = self.resolved.take(done)
         self.compact_at = max(COMPACT_MIN, 2 * len(self.requests))
         if done:
-            self._note_finishes(self.resolved.chunks[-1])
+            self._note_finishes(rows)
         if self.folding:
             for index, log in self.replicas.items():
                 if log.num_steps - log.num_folded > FOLD_STEPS:

@@ -40,8 +40,8 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     """
     if itl is None and (token_times is None or len(token_times) != len(requests)):
         raise ValueError("token_times must have one entry per request (or pass itl)")
-    status = requests["status"].to_numpy()
-    finished = status == "finished"
+    status = requests["status"]
+    finished = (status == "finished").to_numpy()
     num_done = int(finished.sum())
 
     def done(column: str, dtype: Any = None) -> np.ndarray:
@@ -110,11 +110,11 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     return {k: _plain(v) for k, v in summary.items()}
 
 
-def _by_reason(requests: pd.DataFrame, status: np.ndarray, which: str, count: str,
+def _by_reason(requests: pd.DataFrame, status: pd.Series, which: str, count: str,
                by_reason: str) -> dict[str, Any]:
     """Requests of status ``which`` (rejected; failed: lost to a replica failure), counted
     and by ``reject_reason``."""
-    mask = status == which
+    mask = (status == which).to_numpy()
     reasons = requests["reject_reason"][mask]
     return {count: int(mask.sum()),
             by_reason: {str(k): int(v) for k, v in sorted(reasons.value_counts().items())}}

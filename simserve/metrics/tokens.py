@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from simserve.metrics.levels import LEVEL_CHUNK
 from simserve.metrics.sample import WeightedSample
 from simserve.metrics.sketch import LogHistogram
 
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from simserve.sched.request import Request
     from simserve.sched.stretch import Stretch
 
-CHUNK = 1 << 20   # steps read at a time after a run: bounds the memory of long runs
+CHUNK = LEVEL_CHUNK   # steps read at a time after a run: bounds the memory of long runs
 
 
 class TokenTrack:
