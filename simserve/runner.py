@@ -257,6 +257,7 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
     finally:
         if bar is not None:
             bar.close()
+    del specs                       # (the workload's columns: not needed by the tables)
     result = collect(s, rec, replicas)
     latency_models = {id(r.latency): r.latency for r in replicas}.values()
     result.latency_label = replicas[0].latency.label
@@ -347,6 +348,8 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
         "first_token_s": first, "finish_s": finish,
         "ttft_s": ttft, "e2el_s": e2el, "tpot_s": tpot,
     }, columns=list(REQUEST_COLUMNS), copy=False)     # (the columns as they are: no copy)
+    has_classes = any(cols["class"])
+    del cols, status                # (text columns as objects: the frame holds them as strings)
     logs = [rec.replicas[i] for i in sorted(rec.replicas)]
 
     def levels(t0: float, t1: float) -> dict:
@@ -355,7 +358,7 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     sketch = rec.itl()              # a long run's ITL, folded as it went; else exact
     summary = summarize(requests, None, None, s.slo, percentiles=s.metric_percentiles,
                         itl=sketch if sketch is not None else itl_sample(rec),
-                        class_slos=class_slos(s) if any(cols["class"]) else None,
+                        class_slos=class_slos(s) if has_classes else None,
                         prefix_caching=s.engine.enable_prefix_caching, levels=levels)
     summary.update(cluster_summary(rec, replicas, requests))
     if s.engine.speculative_config is not None:
