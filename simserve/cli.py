@@ -63,9 +63,10 @@ def _register_run(sub) -> None:
                             "default only for runs of at most 100,000 steps)")
     steps.add_argument("--no-steps", dest="steps", action="store_false",
                        help="do not write steps.csv")
-    run.add_argument("--format", dest="fmt", choices=("csv", "parquet"), default="csv",
+    run.add_argument("--format", dest="fmt", choices=("csv", "parquet"), default=None,
                      help="table format of requests, steps and tokens (parquet needs pyarrow: "
-                          "pip install 'simserve[parquet]')")
+                          "pip install 'simserve[parquet]'); by default CSV, Parquet for runs "
+                          "of more than 1,000,000 requests when pyarrow is installed")
     run.add_argument("--metric-percentiles", metavar="P,P,...",
                      help="latency percentiles to report, e.g. 25,50,99 (as vllm bench serve; "
                           "same as --set metric_percentiles=[25,50,99])")

@@ -128,7 +128,7 @@ class Result:
         })
 
     def save(self, out_dir: str | Path, *, tokens: bool = False, steps: bool | None = None,
-             fmt: str = "csv") -> Path:
+             fmt: str | None = None) -> Path:
         """Write scenario.yaml, requests, steps, summary.json (and tokens when asked); the same
         scenario and seed give byte-identical files.
 
@@ -136,7 +136,11 @@ class Result:
         only when the run has at most ``STEPS_ROWS`` of them: a long run's per-step table is
         millions of rows nobody asked for (its time-weighted levels are in the summary either
         way, and ``Result.steps`` still builds it in memory). ``fmt``: ``csv``, or ``parquet``
-        (columnar, typed; needs pyarrow: ``pip install 'simserve[parquet]'``)."""
+        (columnar, typed; needs pyarrow: ``pip install 'simserve[parquet]'``); by default CSV,
+        and Parquet for a run of more than ``CSV_ROWS`` requests when pyarrow is installed
+        (a run of millions of requests: a gigabyte of CSV nobody asked for)."""
+        if fmt is None:
+            fmt = "parquet" if len(self.requests) > CSV_ROWS and has_pyarrow() else "csv"
         if fmt not in OUTPUT_FORMATS:
             raise SimserveError(f"output format {fmt!r}: choose one of {', '.join(OUTPUT_FORMATS)}")
         if fmt == "parquet":
@@ -165,12 +169,18 @@ class Result:
 # CSV; a run of a few thousand requests): past it, only when asked (`simserve run --steps`).
 STEPS_ROWS = 100_000
 OUTPUT_FORMATS = ("csv", "parquet")
+# ... and its tables as CSV up to this many requests, as Parquet past it (if pyarrow is there)
+CSV_ROWS = 1_000_000
+
+
+def has_pyarrow() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("pyarrow") is not None
 
 
 def need_pyarrow() -> None:
     """A SimserveError (exit 2) naming the extra to install when pyarrow is missing."""
-    import importlib.util
-    if importlib.util.find_spec("pyarrow") is None:
+    if not has_pyarrow():
         raise SimserveError("output format parquet needs pyarrow, which is not installed "
                             "(pip install 'simserve[parquet]')")
 

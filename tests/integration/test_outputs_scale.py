@@ -177,3 +177,20 @@ def test_progress_bar_of_a_run_and_its_log_interval(monkeypatch, capsys):
     quiet = simserve.run(DATA / "tiny.yaml")       # no bar unless asked
     assert capsys.readouterr().err == ""
     assert quiet.summary == r.summary
+
+
+def test_default_format_is_csv_up_to_csv_rows_and_parquet_past_it(tiny, tmp_path, monkeypatch):
+    """A run of more than CSV_ROWS requests writes Parquet unless asked (pyarrow there), CSV
+    otherwise; an explicit format always wins."""
+    n = len(tiny.requests)
+    out = tiny.save(tmp_path / "small")
+    assert (out / "requests.csv").exists() and not (out / "requests.parquet").exists()
+    monkeypatch.setattr(runner, "CSV_ROWS", n - 1)         # the same run counted as large
+    monkeypatch.setattr(runner, "has_pyarrow", lambda: False)
+    assert (tiny.save(tmp_path / "nopa") / "requests.csv").exists()     # no pyarrow: CSV
+    pytest.importorskip("pyarrow")
+    monkeypatch.setattr(runner, "has_pyarrow", lambda: True)
+    out = tiny.save(tmp_path / "large")
+    assert (out / "requests.parquet").exists() and not (out / "requests.csv").exists()
+    assert len(pd.read_parquet(out / "requests.parquet")) == n
+    assert (tiny.save(tmp_path / "asked", fmt="csv") / "requests.csv").exists()
