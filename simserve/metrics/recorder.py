@@ -104,9 +104,9 @@ class StepLog:
         return (np.frombuffer(self.steps["start_s"], dtype=np.float64, count=n)
                 + np.frombuffer(self.steps["duration_s"], dtype=np.float64, count=n))
 
-    def drop(self, k: int, sums: ChunkSums) -> None:
-        """Fold the first ``k`` kept steps away, keeping their ``sums``; a group they end
-        inside keeps its remaining steps."""
+    def drop(self, k: int, sums: list[ChunkSums]) -> None:
+        """Fold the first ``k`` kept steps away, keeping their chunks' ``sums``; a group they
+        end inside keeps its remaining steps."""
         for a in self.steps.values():
             del a[:k]
         g = self.group_records
@@ -118,7 +118,7 @@ class StepLog:
         if left:
             g[0] -= left
         self.num_folded += k
-        self.folded.append(sums)
+        self.folded.extend(sums)
 
     def trim(self, keep: int) -> None:
         """Keep only the first ``keep`` steps of the last group (a stretch cut short, or a
@@ -215,7 +215,8 @@ class Recorder:
         self.last_finish = max(self.last_finish, float(finish.max()))
 
     def fold(self, index: int) -> None:
-        """Fold replica ``index``'s oldest steps, LEVEL_CHUNK at a time, while they can be:
+        """Fold replica ``index``'s oldest steps, whole LEVEL_CHUNKs of them, back to half of
+        FOLD_STEPS kept (one resize of its arrays for many chunks), as far as they can be:
         completed (its token log has counted them, so no cut or failure trims them), the
         next step too (a gap needs both ends), none in the last group, and all inside the
         summary's window as known so far (starting after the first arrival, ending by the
@@ -223,37 +224,45 @@ class Recorder:
         are kept (``StepLog.folded``), their gaps go to ``itl_sketch``."""
         log, tokens = self.replicas[index], self.tokens.get(index)
         c = levels.LEVEL_CHUNK
-        while (log.num_steps - log.num_folded > FOLD_STEPS and tokens is not None
-               and not tokens.record and self.first_arrival is not None):
-            assert tokens.base == log.num_folded
-            sums = self._chunk(log, tokens.num_steps)
-            if sums is None:
-                break
-            if self.itl_sketch is None:
-                self.itl_sketch = LogHistogram()
-            tokens.fold(self.itl_sketch, log.engine_ends(c + 1), c)
-            log.drop(c, sums)
         kept = log.num_steps - log.num_folded
+        if (kept > FOLD_STEPS and tokens is not None and not tokens.record
+                and self.first_arrival is not None):
+            assert tokens.base == log.num_folded
+            sums = self._chunks(log, tokens.num_steps, (kept - FOLD_STEPS // 2) // c)
+            if sums:
+                if self.itl_sketch is None:
+                    self.itl_sketch = LogHistogram()
+                k = len(sums) * c
+                tokens.fold(self.itl_sketch, log.engine_ends(k + 1), c, len(sums))
+                log.drop(k, sums)
+                kept -= k
         # next try (Recorder.stretch): past FOLD_STEPS again, or, if some steps could not be
         # folded yet, a quarter chunk later (each try compacts: not at every stretch)
         log.fold_at = FOLD_STEPS if kept <= FOLD_STEPS else kept + c // 4
 
-    def _chunk(self, log: StepLog, completed: int) -> ChunkSums | None:
-        """The sums of ``log``'s first LEVEL_CHUNK kept steps if they can be folded
-        (``fold``), else None. (The arrays' views end with this call: a folded log resizes.)"""
+    def _chunks(self, log: StepLog, completed: int, most: int) -> list[ChunkSums]:
+        """The sums of ``log``'s first chunks of LEVEL_CHUNK kept steps, up to ``most``, as
+        long as they can be folded (``fold``). A chunk's sums depend on its steps alone: the
+        same as if the chunks before it had been folded already. (The arrays' views end with
+        this call: a folded log resizes.)"""
         c = levels.LEVEL_CHUNK
         assert self.first_arrival is not None
         counts = log.group_columns()["num_steps"]
-        if (completed < log.num_folded + c + 2
-                or len(log.steps["start_s"]) - int(counts[-1]) <= c):
-            return None
+        last_group = len(log.steps["start_s"]) - int(counts[-1])   # its first step
         g = log.level_columns()
-        start = g["start_s"][:c]                  # (client clock: offset added)
-        if start[0] < self.first_arrival or \
-                float((start + g["duration_s"][:c]).max()) > self.last_finish:
-            return None
-        return chunk_sums(g, group_of_steps(counts), 0, c, self.first_arrival,
-                          self.last_finish)
+        start, duration = g["start_s"], g["duration_s"]            # (client clock: offset added)
+        group_of = None
+        out: list[ChunkSums] = []
+        for a in range(0, most * c, c):
+            b = a + c
+            if (completed < log.num_folded + b + 2 or last_group <= b
+                    or start[a] < self.first_arrival
+                    or float((start[a:b] + duration[a:b]).max()) > self.last_finish):
+                break
+            if group_of is None:
+                group_of = group_of_steps(counts)
+            out.append(chunk_sums(g, group_of, a, b, self.first_arrival, self.last_finish))
+        return out
 
     def itl(self) -> LogHistogram | None:
         """A long run's inter-token gaps, all of them folded into the sketch (None for a run

@@ -174,13 +174,14 @@ class TokenLog:
                 # (recording gives every request a track)
                 self._extend(req.tokens, a + o, (e if e < k else k) - o)  # type: ignore[arg-type]
 
-    def fold(self, sketch: LogHistogram, ends: np.ndarray, chunk: int) -> None:
-        """Fold gaps base .. base + chunk - 1 (their steps' ends: ``ends``, chunk + 1 of them,
-        engine clock) into ``sketch`` and drop them (a long run: ``Recorder.fold``), with every
-        whole chunk of the gaps that spanned skipped steps."""
-        self._gaps(sketch, ends, chunk)
-        del self.itl_diff[:chunk]
-        self.base += chunk
+    def fold(self, sketch: LogHistogram, ends: np.ndarray, chunk: int, m: int = 1) -> None:
+        """Fold gaps base .. base + m * chunk - 1 (their steps' ends: ``ends``, m * chunk + 1
+        of them, engine clock), a chunk at a time, into ``sketch`` and drop them (a long run:
+        ``Recorder.fold``), with every whole chunk of the gaps that spanned skipped steps."""
+        for a in range(0, m * chunk, chunk):
+            self._gaps(sketch, ends[a:a + chunk + 1], chunk, a)
+        del self.itl_diff[:m * chunk]
+        self.base += m * chunk
         extra = self.itl_extra
         while len(extra) >= chunk:
             sketch.add(np.frombuffer(extra, dtype=np.float64, count=chunk),

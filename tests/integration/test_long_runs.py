@@ -24,9 +24,9 @@ SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 ITL_PERCENTILES = ("median_itl_ms", "p50_itl_ms", "p90_itl_ms", "p99_itl_ms")
 
 
-def small_folds(monkeypatch, chunk: int) -> None:
+def small_folds(monkeypatch, chunk: int, fold_steps: int | None = None) -> None:
     monkeypatch.setattr(levels, "LEVEL_CHUNK", chunk)
-    monkeypatch.setattr(recorder, "FOLD_STEPS", 2 * chunk)
+    monkeypatch.setattr(recorder, "FOLD_STEPS", fold_steps or 2 * chunk)
 
 
 def dumps(summary: dict) -> str:
@@ -42,15 +42,22 @@ def check_itl_close(exact: dict, sketched: dict) -> None:
         assert sketched[key] == pytest.approx(exact[key], rel=1e-12), key
 
 
-@pytest.mark.parametrize("scenario", [DATA / "tiny.yaml", SCENARIOS / "quickstart.yaml"])
-def test_folded_run_equals_the_kept_one_and_stepping(monkeypatch, scenario):
+@pytest.mark.parametrize("scenario, chunk, fold_steps", [
+    (DATA / "tiny.yaml", 64, 128), (SCENARIOS / "quickstart.yaml", 64, 128),
+    (SCENARIOS / "quickstart.yaml", 16, 256)])       # (16, 256): 8 chunks at a time
+def test_folded_run_equals_the_kept_one_and_stepping(monkeypatch, scenario, chunk, fold_steps):
     exact = simserve.run(scenario)
     assert exact.has_steps and exact._recorder.itl_sketch is None
-    small_folds(monkeypatch, 64)
+    small_folds(monkeypatch, chunk, fold_steps)
+    folds: list[int] = []
+    real = recorder.StepLog.drop
+    monkeypatch.setattr(recorder.StepLog, "drop",
+                        lambda self, k, sums: (folds.append(len(sums)), real(self, k, sums)))
     folded = simserve.run(scenario)
     log = folded._recorder.replicas[0]
-    assert log.num_folded >= 3 * 64 and len(log.folded) == log.num_folded // 64
-    assert len(log.steps["start_s"]) <= 2 * 64 + 64            # at most FOLD_STEPS + a bit kept
+    assert log.num_folded >= 3 * chunk and len(log.folded) == log.num_folded // chunk
+    assert sum(folds) == len(log.folded) and max(folds) >= fold_steps // 2 // chunk - 1
+    assert len(log.steps["start_s"]) <= fold_steps + 64         # at most FOLD_STEPS + a bit
     assert folded.num_steps == exact.num_steps == folded.summary["num_steps"]
     # keeping every step (the same sizes: the same sketch and chunks) gives the same bits,
     # and so does stepping one iteration per event (its folds fall at other moments)
