@@ -153,7 +153,7 @@ _DTYPES = {"d": np.float64, "q": np.int64, "i": np.int32}
 # least twice those in flight, so that each request is looked at a bounded number of times).
 COMPACT_MIN = 4096
 # A replica keeps every step up to this many; past it (a long run: ITL from the sketch) the
-# recorder folds its oldest steps, LEVEL_CHUNK at a time, back to this many (the module
+# recorder folds its oldest steps, in whole LEVEL_CHUNKs, back to half this many (the module
 # docstring). Up to it, ITL is exact.
 FOLD_STEPS = 1 << 21
 
