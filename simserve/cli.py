@@ -70,9 +70,10 @@ def _register_run(sub) -> None:
                             "default only for runs of at most 100,000 steps)")
     steps.add_argument("--no-steps", dest="steps", action="store_false",
                        help="do not write steps.csv")
-    run.add_argument("--format", dest="fmt", choices=("csv", "parquet"), default="csv",
+    run.add_argument("--format", dest="fmt", choices=("csv", "parquet"), default=None,
                      help="table format of requests, steps and tokens (parquet needs pyarrow: "
-                          "pip install 'simserve[parquet]')")
+                          "pip install 'simserve[parquet]'); by default CSV, Parquet for runs "
+                          "of more than 1,000,000 requests when pyarrow is installed")
     run.add_argument("--metric-percentiles", metavar="P,P,...",
                      help="latency percentiles to report, e.g. 25,50,99 (as vllm bench serve; "
                           "same as --set metric_percentiles=[25,50,99])")
@@ -182,6 +183,7 @@ def _cmd_run(args) -> int:
         t0 = time.perf_counter()
         try:
             result = run(scenario, record_tokens=args.tokens, fast_forward=not args.stepwise,
+                         keep_steps=bool(args.steps),
                          progress=False if args.quiet else
                          (f"{label} ({len(results) + len(failed) + 1}/{len(variants)})"
                           if several else True))

@@ -24,6 +24,7 @@ from simserve.engine import Replica, simulate
 from simserve.engine.build import build_replicas, engine_options
 from simserve.errors import SimserveError
 from simserve.latency.base import LatencyModel
+from simserve.metrics import recorder as _recorder
 from simserve.metrics.recorder import Recorder
 from simserve.metrics.slo import SloConfig
 from simserve.metrics.tokens import itl_sample
@@ -60,10 +61,24 @@ class Result:
 
     @property
     def steps(self) -> pd.DataFrame:
-        """One row per engine iteration (built on first use: a long run has millions)."""
+        """One row per engine iteration (built on first use: a long run has millions). A run
+        of more than ``FOLD_STEPS`` steps on a replica keeps them only when asked
+        (``run(..., keep_steps=True)``, CLI ``--steps``): its summary needs only their sums."""
         if self._steps is None:
+            if not self.has_steps:
+                raise SimserveError(
+                    f"the per-step table of this run ({self.num_steps:,} steps) was not kept: "
+                    f"a replica ran more than {_recorder.FOLD_STEPS:,} steps and its oldest "
+                    f"were folded "
+                    f"into the summary's sums; run with keep_steps=True (CLI: --steps)")
             self._steps = steps_frame(self._recorder)
         return self._steps
+
+    @property
+    def has_steps(self) -> bool:
+        """Whether every step is still there to build ``steps`` from (not folded away)."""
+        return self._steps is not None or self._recorder is None or not any(
+            log.num_folded for log in self._recorder.replicas.values())
 
     @property
     def num_steps(self) -> int:
@@ -71,7 +86,7 @@ class Result:
         building the table)."""
         if self._steps is not None or self._recorder is None:
             return len(self.steps)
-        return sum(len(log.steps["start_s"]) for log in self._recorder.replicas.values())
+        return sum(log.num_steps for log in self._recorder.replicas.values())
 
     @property
     def has_token_times(self) -> bool:
@@ -113,7 +128,7 @@ class Result:
         })
 
     def save(self, out_dir: str | Path, *, tokens: bool = False, steps: bool | None = None,
-             fmt: str = "csv") -> Path:
+             fmt: str | None = None) -> Path:
         """Write scenario.yaml, requests, steps, summary.json (and tokens when asked); the same
         scenario and seed give byte-identical files.
 
@@ -121,7 +136,11 @@ class Result:
         only when the run has at most ``STEPS_ROWS`` of them: a long run's per-step table is
         millions of rows nobody asked for (its time-weighted levels are in the summary either
         way, and ``Result.steps`` still builds it in memory). ``fmt``: ``csv``, or ``parquet``
-        (columnar, typed; needs pyarrow: ``pip install 'simserve[parquet]'``)."""
+        (columnar, typed; needs pyarrow: ``pip install 'simserve[parquet]'``); by default CSV,
+        and Parquet for a run of more than ``CSV_ROWS`` requests when pyarrow is installed
+        (a run of millions of requests: a gigabyte of CSV nobody asked for)."""
+        if fmt is None:
+            fmt = "parquet" if len(self.requests) > CSV_ROWS and has_pyarrow() else "csv"
         if fmt not in OUTPUT_FORMATS:
             raise SimserveError(f"output format {fmt!r}: choose one of {', '.join(OUTPUT_FORMATS)}")
         if fmt == "parquet":
@@ -138,7 +157,7 @@ class Result:
             for ext in OUTPUT_FORMATS:
                 (out / f"{name}.{ext}").unlink(missing_ok=True)
         _write_table(self.requests, out / "requests", fmt)
-        if steps or (steps is None and self.num_steps <= STEPS_ROWS):
+        if steps or (steps is None and self.has_steps and self.num_steps <= STEPS_ROWS):
             _write_table(self.steps, out / "steps", fmt)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
         if tokens and self.has_token_times:
@@ -150,12 +169,18 @@ class Result:
 # CSV; a run of a few thousand requests): past it, only when asked (`simserve run --steps`).
 STEPS_ROWS = 100_000
 OUTPUT_FORMATS = ("csv", "parquet")
+# ... and its tables as CSV up to this many requests, as Parquet past it (if pyarrow is there)
+CSV_ROWS = 1_000_000
+
+
+def has_pyarrow() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("pyarrow") is not None
 
 
 def need_pyarrow() -> None:
     """A SimserveError (exit 2) naming the extra to install when pyarrow is missing."""
-    import importlib.util
-    if importlib.util.find_spec("pyarrow") is None:
+    if not has_pyarrow():
         raise SimserveError("output format parquet needs pyarrow, which is not installed "
                             "(pip install 'simserve[parquet]')")
 
@@ -188,7 +213,8 @@ def class_slos(s: Scenario) -> dict[str, SloConfig]:
 
 def run(scenario: Scenario | str | Path, *, latency: LatencyModel | None = None,
         overrides: list[str] | None = None, fast_forward: bool = True,
-        record_tokens: bool = False, progress: bool | str = False) -> Result:
+        record_tokens: bool = False, progress: bool | str = False,
+        keep_steps: bool = False) -> Result:
     """Simulate a scenario (a Scenario, or a path to its YAML) and summarise it.
 
     ``fast_forward=False`` steps one iteration per event; the results are the same (the
@@ -196,11 +222,13 @@ def run(scenario: Scenario | str | Path, *, latency: LatencyModel | None = None,
     token's time (``Result.token_times``, ``tokens.csv``); the summary never needs them.
     ``progress`` shows a bar with an ETA on stderr (or in Jupyter) for a run that takes more
     than a second, counting requests resolved; a string is its label (default the scenario's
-    name).
+    name). ``keep_steps`` keeps every step for ``Result.steps`` however long the run (by
+    default a replica's steps past ``FOLD_STEPS`` are folded into the summary's sums as the
+    run goes, and the ITL percentiles come from a sketch within 0.5 %: docs/metrics.md).
     """
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     with _no_cyclic_gc():
-        return _run(s, latency, fast_forward, record_tokens, progress)
+        return _run(s, latency, fast_forward, record_tokens, progress, keep_steps)
 
 
 @contextmanager
@@ -218,7 +246,7 @@ def _no_cyclic_gc():
 
 
 def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
-         record_tokens: bool, progress: bool | str = False) -> Result:
+         record_tokens: bool, progress: bool | str = False, keep_steps: bool = False) -> Result:
     if latency is None:        # a model passed in is the caller's to vouch for
         deployment.check(s)
     specs = build_workload(s.workload, s.seed, s.base_dir)
@@ -235,10 +263,11 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
     try:
         rec = simulate(specs, replicas, fast_forward=fast_forward,
                        max_concurrency=s.workload.max_concurrency, compact_requests=True,
-                       progress=on_progress, **engine_options(s, replicas))
+                       keep_steps=keep_steps, progress=on_progress, **engine_options(s, replicas))
     finally:
         if bar is not None:
             bar.close()
+    del specs                       # (the workload's columns: not needed by the tables)
     result = collect(s, rec, replicas)
     latency_models = {id(r.latency): r.latency for r in replicas}.values()
     result.latency_label = replicas[0].latency.label
@@ -278,6 +307,8 @@ def coinciding(results: dict[str, Result]) -> list[list[str]]:
     import pandas as pd
     groups: dict[tuple, list[str]] = {}
     for label, r in results.items():
+        if not r.has_steps:          # a long run's steps were folded: nothing to compare
+            continue
         key = (int(pd.util.hash_pandas_object(r.steps.drop(columns="step"), index=False).sum()),
                int(pd.util.hash_pandas_object(r.requests[["first_token_s", "finish_s"]],
                                               index=False).sum()))
@@ -326,16 +357,18 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
         **{c: cols[c] for c in REQUEST_COLUMNS if c in cols},
         "first_token_s": first, "finish_s": finish,
         "ttft_s": ttft, "e2el_s": e2el, "tpot_s": tpot,
-    }, columns=list(REQUEST_COLUMNS))
+    }, columns=list(REQUEST_COLUMNS), copy=False)     # (the columns as they are: no copy)
+    has_classes = any(cols["class"])
+    del cols, status                # (text columns as objects: the frame holds them as strings)
     logs = [rec.replicas[i] for i in sorted(rec.replicas)]
 
     def levels(t0: float, t1: float) -> dict:
-        groups = [{**log.step_arrays(), **log.group_columns()} for log in logs]
-        return grouped_levels(groups, t0, t1)
+        return grouped_levels([log.level_columns() for log in logs], t0, t1)
 
+    sketch = rec.itl()              # a long run's ITL, folded as it went; else exact
     summary = summarize(requests, None, None, s.slo, percentiles=s.metric_percentiles,
-                        itl=itl_sample(rec),
-                        class_slos=class_slos(s) if any(cols["class"]) else None,
+                        itl=sketch if sketch is not None else itl_sample(rec),
+                        class_slos=class_slos(s) if has_classes else None,
                         prefix_caching=s.engine.enable_prefix_caching, levels=levels)
     summary.update(cluster_summary(rec, replicas, requests))
     if s.engine.speculative_config is not None:

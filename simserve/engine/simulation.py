@@ -20,6 +20,7 @@ def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: 
              transfer_s: Callable[[int, Replica, Replica], float] | None = None,
              faults: Any = None, on_failure: str = "retry", max_retries: int = 3,
              max_concurrency: int | None = None, compact_requests: bool = False,
+             keep_steps: bool = False,
              progress: Callable[[int], None] | None = None) -> Recorder:
     """Run the workload to completion; return what was recorded.
 
@@ -30,11 +31,13 @@ def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: 
     failed replica held. Every request ends finished, rejected or failed. ``max_concurrency``
     limits the requests in flight as a benchmark client does (simserve/clients.py; stepped).
     ``compact_requests`` keeps only the requests in flight as objects (``Recorder.requests``),
-    the resolved ones as columns (``Recorder.resolved``): memory O(requests in flight).
+    the resolved ones as columns (``Recorder.resolved``): memory O(requests in flight); with
+    it, a long run's oldest steps are folded into their sums (``Recorder.fold``) unless
+    ``keep_steps``.
     ``progress`` is called with the number of requests resolved so far, as they are.
     """
     env = Clock()
-    rec = Recorder(compacting=compact_requests)
+    rec = Recorder(compacting=compact_requests, folding=compact_requests and not keep_steps)
     rec.resolved.keep_tracks = all(r.scheduler.record_tokens for r in replicas)
     if max_concurrency is not None:
         fast_forward = False       # an arrival that waits on a finish is not known ahead

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from simserve.metrics.levels import replica_chunks
 from simserve.metrics.summary import grouped_levels
 
 if TYPE_CHECKING:
@@ -25,19 +26,19 @@ def replica_summary(requests: pd.DataFrame, logs: dict[int, Any], replicas: Sequ
     decode), and of busy time over the prefill pool when there is one.
     """
     width = t1 - t0
-    status = requests["status"].to_numpy()
+    finished = (requests["status"] == "finished").to_numpy()
     where = requests["replica"].to_numpy()
     rows = []
     for r in replicas:
         g = logs.get(r.index)
         busy, steps, running, kv = 0.0, 0, 0.0, 0.0
-        if g is not None and len(g["start_s"]):
-            start = g["start_s"]
-            busy = float((np.clip(start + g["duration_s"], t0, t1) - np.clip(start, t0, t1)).sum())
-            steps = len(start)
+        if g is not None and (len(g["start_s"]) or g.get("folded")):
+            for c in replica_chunks(g, t0, t1):     # (summed chunk by chunk, as the levels)
+                busy += c.busy
+                steps += c.num_steps
             levels = grouped_levels([g], t0, t1)
             running, kv = levels["mean_running"], levels["mean_kv_utilization"]
-        done = int(((status == "finished") & (where == r.index)).sum())
+        done = int((finished & (where == r.index)).sum())
         rows.append({"replica": r.index, "group": r.group, "role": r.role, "completed": done,
                      "request_throughput": done / width if width > 0 else 0.0,
                      "busy_s": busy, "busy_fraction": busy / width if width > 0 else 0.0,
@@ -72,11 +73,9 @@ def cluster_summary(rec: Recorder, replicas: Sequence[Any],
         out.update(num_kv_transfers=len(x), mean_kv_transfer_ms=float(x.mean()) * 1e3,
                    max_kv_transfer_ms=float(x.max()) * 1e3)
     if len(replicas) > 1:
-        done = requests[requests["status"] == "finished"]
+        finished = (requests["status"] == "finished").to_numpy()
         t0 = float(requests["arrival_s"].min()) if len(requests) else 0.0
-        t1 = float(done["finish_s"].max()) if len(done) else t0
-        logs = {}
-        for i, log in rec.replicas.items():
-            logs[i] = {**log.step_arrays(), **log.group_columns()}
+        t1 = float(requests["finish_s"].to_numpy()[finished].max()) if finished.any() else t0
+        logs = {i: log.level_columns() for i, log in rec.replicas.items()}
         out.update(replica_summary(requests, logs, replicas, t0, t1))
     return out

@@ -5,17 +5,29 @@ a fast-forwarded stretch is one group of k steps that share every count but thei
 blocks used (``Stretch.segments``: one group per segment). Cluster events are kept beside:
 retries per request, KV transfer times, replica failures. Output tokens are recorded by each
 replica's token log (``metrics.tokens``).
+
+A long run (a replica past ``FOLD_STEPS`` steps) keeps memory bounded by folding: its oldest
+``LEVEL_CHUNK`` steps at a time (completed, and inside the summary's window: ``Recorder.fold``)
+are reduced to their time-weighted sums (``metrics.levels.ChunkSums``, the very numbers the
+summary would compute from them) and their inter-token gaps to a log histogram
+(``metrics.sketch``), and dropped. Runs with at most ``FOLD_STEPS`` steps on every replica fold
+nothing and their ITL percentiles are exact; longer runs' are within 0.5 % (docs/metrics.md).
+The per-step table of a folded run is gone: ``simserve run --steps`` (``keep_steps``) keeps it.
 """
 
 from __future__ import annotations
 
+import math
 from array import array
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from simserve.metrics import levels
+from simserve.metrics.levels import ChunkSums, chunk_sums, group_of_steps
 from simserve.metrics.requests import RequestColumns, resolved
+from simserve.metrics.sketch import LogHistogram
 from simserve.metrics.tokens import TokenLog
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request
@@ -41,12 +53,27 @@ _G = len(GROUP_FIELDS)
 class StepLog:
     """One replica's steps, in its own order (step i here is its i-th step)."""
 
-    def __init__(self) -> None:
+    def __init__(self, offset: float = 0.0) -> None:
         self.steps: dict[str, array[Any]] = {c: array(t) for c, t in STEP_ARRAYS.items()}
         self.group_records = array("i")      # GROUP_FIELDS of each group, one after another
         # added to start times read back (a front-end delay puts the engine's clock behind
         # the client's: runner.collect); the engine itself never reads it
-        self.offset = 0.0
+        self.offset = offset
+        # a long run's steps folded away (Recorder.fold): how many, and each chunk's sums;
+        # the arrays above hold the steps from ``num_folded`` on
+        self.num_folded = 0
+        self.folded: list[ChunkSums] = []
+        self.fold_at = FOLD_STEPS            # (Recorder.stretch: steps kept before trying)
+
+    @property
+    def num_steps(self) -> int:
+        """Every step of the replica, folded ones included."""
+        return self.num_folded + len(self.steps["start_s"])
+
+    def level_columns(self) -> dict[str, Any]:
+        """What ``metrics.summary.grouped_levels`` takes for this replica: the kept steps'
+        arrays and group columns, and the folded chunks' sums."""
+        return {**self.step_arrays(), **self.group_columns(), "folded": self.folded}
 
     @property
     def num_groups(self) -> int:
@@ -71,6 +98,28 @@ class StepLog:
         return (np.frombuffer(self.steps["start_s"], dtype=np.float64)
                 + np.frombuffer(self.steps["duration_s"], dtype=np.float64))
 
+    def engine_ends(self, n: int) -> np.ndarray:
+        """The end times of the first ``n`` kept steps on the engine's clock (no offset: the
+        inter-token gaps are differences of these, as ``metrics.tokens.itl_sample`` reads)."""
+        return (np.frombuffer(self.steps["start_s"], dtype=np.float64, count=n)
+                + np.frombuffer(self.steps["duration_s"], dtype=np.float64, count=n))
+
+    def drop(self, k: int, sums: list[ChunkSums]) -> None:
+        """Fold the first ``k`` kept steps away, keeping their chunks' ``sums``; a group they
+        end inside keeps its remaining steps."""
+        for a in self.steps.values():
+            del a[:k]
+        g = self.group_records
+        counts = np.frombuffer(g, dtype=np.int32)[::_G]
+        whole = int(np.searchsorted(np.cumsum(counts, dtype=np.int64), k, side="right"))
+        left = k - int(counts[:whole].sum(dtype=np.int64))     # steps of group ``whole`` gone
+        del counts
+        del g[:whole * _G]
+        if left:
+            g[0] -= left
+        self.num_folded += k
+        self.folded.extend(sums)
+
     def trim(self, keep: int) -> None:
         """Keep only the first ``keep`` steps of the last group (a stretch cut short, or a
         step lost to a failure: ``keep = 0`` drops the group)."""
@@ -87,6 +136,9 @@ class StepLog:
             del g[last:]
 
     def columns(self) -> dict[str, np.ndarray]:
+        if self.num_folded:
+            raise ValueError("the steps of a long run were folded away (keep_steps=True, "
+                             "CLI --steps, keeps them)")
         groups = self.group_columns()
         group_of_step = np.repeat(np.arange(len(groups["num_steps"])), groups["num_steps"])
         steps = self.step_arrays()
@@ -100,6 +152,10 @@ _DTYPES = {"d": np.float64, "q": np.int64, "i": np.int32}
 # Requests kept as objects before the recorder moves the resolved ones into columns (and at
 # least twice those in flight, so that each request is looked at a bounded number of times).
 COMPACT_MIN = 4096
+# A replica keeps every step up to this many; past it (a long run: ITL from the sketch) the
+# recorder folds its oldest steps, in whole LEVEL_CHUNKs, back to half this many (the module
+# docstring). Up to it, ITL is exact.
+FOLD_STEPS = 1 << 21
 
 
 @dataclass
@@ -113,6 +169,12 @@ class Recorder:
     resolved: RequestColumns = field(default_factory=RequestColumns)
     compacting: bool = False
     compact_at: int = field(default_factory=lambda: COMPACT_MIN)
+    # fold a long run's oldest steps (needs ``compacting``: resolved requests bound the window)
+    folding: bool = False
+    itl_sketch: LogHistogram | None = None     # the folded inter-token gaps (a long run)
+    itl_done: bool = False                     # every gap folded (``itl``: after the run)
+    first_arrival: float | None = None         # of the requests seen by the first compaction
+    last_finish: float = -math.inf             # latest finish resolved so far (client clock)
     replicas: dict[int, StepLog] = field(default_factory=dict)
     tokens: dict[int, TokenLog] = field(default_factory=dict)     # output tokens per replica
     retries: dict[int, int] = field(default_factory=dict)        # request id -> times retried
@@ -126,15 +188,104 @@ class Recorder:
             self.compact()
 
     def compact(self) -> None:
-        """Move the resolved requests into ``resolved``."""
+        """Move the resolved requests into ``resolved`` (and fold what a long run can)."""
+        if self.first_arrival is None and self.requests:
+            self.first_arrival = min(r.spec.arrival_s for r in self.requests)
         done, self.requests = resolved(self.requests)
-        self.resolved.take(done)
+        rows = self.resolved.take(done)
         self.compact_at = max(COMPACT_MIN, 2 * len(self.requests))
+        if done:
+            self._note_finishes(rows)
+        if self.folding:
+            for index, log in self.replicas.items():
+                if log.num_steps - log.num_folded > FOLD_STEPS:
+                    self.fold(index)
+
+    def _note_finishes(self, chunk: dict[str, np.ndarray]) -> None:
+        """The latest finish among newly resolved requests, on the client's clock (as
+        ``runner.collect`` shifts it by the replica's front-end delay)."""
+        finish = chunk["finish_s"]
+        ok = ~np.isnan(finish)
+        if not ok.any():
+            return
+        finish, where = finish[ok], chunk["replica"][ok]
+        shifts = {i: log.offset for i, log in self.replicas.items() if log.offset}
+        if shifts:
+            finish = finish + np.array([shifts.get(int(i), 0.0) for i in where])
+        self.last_finish = max(self.last_finish, float(finish.max()))
+
+    def fold(self, index: int) -> None:
+        """Fold replica ``index``'s oldest steps, whole LEVEL_CHUNKs of them, back to half of
+        FOLD_STEPS kept (one resize of its arrays for many chunks), as far as they can be:
+        completed (its token log has counted them, so no cut or failure trims them), the
+        next step too (a gap needs both ends), none in the last group, and all inside the
+        summary's window as known so far (starting after the first arrival, ending by the
+        latest finish: clipping to the final window cannot change them). Their level sums
+        are kept (``StepLog.folded``), their gaps go to ``itl_sketch``."""
+        log, tokens = self.replicas[index], self.tokens.get(index)
+        c = levels.LEVEL_CHUNK
+        kept = log.num_steps - log.num_folded
+        if (kept > FOLD_STEPS and tokens is not None and not tokens.record
+                and self.first_arrival is not None):
+            assert tokens.base == log.num_folded
+            sums = self._chunks(log, tokens.num_steps, (kept - FOLD_STEPS // 2) // c)
+            if sums:
+                if self.itl_sketch is None:
+                    self.itl_sketch = LogHistogram()
+                k = len(sums) * c
+                tokens.fold(self.itl_sketch, log.engine_ends(k + 1), c, len(sums))
+                log.drop(k, sums)
+                kept -= k
+        # next try (Recorder.stretch): past FOLD_STEPS again, or, if some steps could not be
+        # folded yet, a quarter chunk later (each try compacts: not at every stretch)
+        log.fold_at = FOLD_STEPS if kept <= FOLD_STEPS else kept + c // 4
+
+    def _chunks(self, log: StepLog, completed: int, most: int) -> list[ChunkSums]:
+        """The sums of ``log``'s first chunks of LEVEL_CHUNK kept steps, up to ``most``, as
+        long as they can be folded (``fold``). A chunk's sums depend on its steps alone: the
+        same as if the chunks before it had been folded already. (The arrays' views end with
+        this call: a folded log resizes.)"""
+        c = levels.LEVEL_CHUNK
+        assert self.first_arrival is not None
+        counts = log.group_columns()["num_steps"]
+        last_group = len(log.steps["start_s"]) - int(counts[-1])   # its first step
+        g = log.level_columns()
+        start, duration = g["start_s"], g["duration_s"]            # (client clock: offset added)
+        group_of = None
+        out: list[ChunkSums] = []
+        for a in range(0, most * c, c):
+            b = a + c
+            if (completed < log.num_folded + b + 2 or last_group <= b
+                    or start[a] < self.first_arrival
+                    or float((start[a:b] + duration[a:b]).max()) > self.last_finish):
+                break
+            if group_of is None:
+                group_of = group_of_steps(counts)
+            out.append(chunk_sums(g, group_of, a, b, self.first_arrival, self.last_finish))
+        return out
+
+    def itl(self) -> LogHistogram | None:
+        """A long run's inter-token gaps, all of them folded into the sketch (None for a run
+        that keeps exact ITL: no replica past ``FOLD_STEPS`` steps)."""
+        if not any(log.num_steps > FOLD_STEPS for log in self.replicas.values()):
+            return None
+        if self.itl_done:
+            return self.itl_sketch
+        sketch = self.itl_sketch if self.itl_sketch is not None else LogHistogram()
+        for index in sorted(self.tokens):
+            log = self.replicas.get(index)
+            tokens = self.tokens[index]
+            n = tokens.num_steps - tokens.base if log is not None else 0
+            ends = log.engine_ends(n) if log is not None and n else np.empty(0)
+            tokens.fold_rest(sketch, ends, levels.LEVEL_CHUNK)
+        self.itl_sketch, self.itl_done = sketch, True
+        return sketch
 
     def log(self, replica: Replica) -> StepLog:
         log = self.replicas.get(replica.index)
         if log is None:
-            log = self.replicas[replica.index] = StepLog()
+            delay = float(getattr(replica.latency, "frontend_delay_s", 0.0) or 0.0)
+            log = self.replicas[replica.index] = StepLog(delay)
         return log
 
     def token_log(self, replica: Replica) -> TokenLog:
@@ -187,6 +338,8 @@ class Recorder:
             else:   # _group_row(i1 - i0, index, 0, 0, m, m, waiting, num_blocks, 0, 0, 0), inline
                 rows += (i1 - i0, index, 0, 0, m, m, m, waiting, num_blocks, 0, 0, 0)
         log.group_records.fromlist(rows)
+        if len(s["start_s"]) > log.fold_at and self.folding:
+            self.compact()                  # (the latest finishes; folds what it can)
 
     def columns(self) -> dict[str, np.ndarray]:
         """Every step column as an array: replicas one after another, each in step order."""

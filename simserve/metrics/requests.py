@@ -11,6 +11,7 @@ not all the requests ever seen (the recorder hands it its resolved requests from
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 RESOLVED = (Status.FINISHED, Status.REJECTED, Status.FAILED)
 _NAN = float("nan")
+_TYPECODES = {"q": "q", "l": "q", "d": "d", "i": "i"}   # NumPy type char -> array typecode
 
 # column -> (dtype, how it is read off a Request); the times are NaN where they do not apply
 _NUMERIC: dict[str, tuple[Any, Any]] = {
@@ -53,7 +55,13 @@ class RequestColumns:
     """Resolved requests, column by column (see the module docstring)."""
 
     def __init__(self, keep_tracks: bool = False) -> None:
-        self.chunks: list[dict[str, np.ndarray]] = []
+        # one growing typed array per column (appended to in place: no chunks to join, and a
+        # large array's memory goes back to the system when it is freed)
+        self.columns: dict[str, array[Any]] = {
+            c: array(_TYPECODES[np.dtype(dtype).char]) for c, (dtype, _) in _NUMERIC.items()}
+        self.columns.update({c: array("i") for c in _TEXT})
+        self.sorted: dict[str, np.ndarray] = {}     # the rows ``table`` has sorted already
+        self.num_batches = 0                     # takes of at least one request
         self.words: dict[str, dict[str, int]] = {c: {} for c in _TEXT}
         self.keep_tracks = keep_tracks          # each row's TokenTrack (tokens.csv)
         self.tracks: list[Any] = []
@@ -63,18 +71,20 @@ class RequestColumns:
         self.spec_totals = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
         self.spec_per_position: list[int] = []
 
-    def take(self, reqs: Sequence[Request]) -> None:
-        """Add resolved requests (their order does not matter: ``table`` sorts by id)."""
+    def take(self, reqs: Sequence[Request]) -> dict[str, np.ndarray]:
+        """Add resolved requests (their order does not matter: ``table`` sorts by id); returns
+        their rows as arrays (numeric columns)."""
         n = len(reqs)
         if not n:
-            return
+            return {}
         chunk = {c: np.fromiter(map(read, reqs), dtype=dtype, count=n)
                  for c, (dtype, read) in _NUMERIC.items()}
+        for c, values in chunk.items():
+            self.columns[c].frombytes(values.tobytes())
         for c, read in _TEXT.items():
             codes = self.words[c]
-            chunk[c] = np.fromiter((codes.setdefault(w, len(codes)) for w in map(read, reqs)),
-                                   dtype=np.int32, count=n)
-        self.chunks.append(chunk)
+            self.columns[c].extend(codes.setdefault(w, len(codes)) for w in map(read, reqs))
+        self.num_batches += 1
         totals, per = self.spec_totals, self.spec_per_position
         for r in reqs:
             if r.num_drafts:
@@ -89,20 +99,22 @@ class RequestColumns:
         if self.keep_tracks:
             self.tracks.extend(r.tokens if r.status is Status.FINISHED else None for r in reqs)
         self.num_rows += n
+        return chunk
 
     def table(self) -> tuple[dict[str, np.ndarray], list[Any] | None]:
         """Every column in request-id order (text columns as object arrays of their strings),
-        and each row's token track where kept."""
-        if not self.chunks:
-            self.take([])
-        cols = {c: np.concatenate([ch[c] for ch in self.chunks]) if self.chunks
-                else np.empty(0, dtype=_NUMERIC[c][0] if c in _NUMERIC else np.int32)
-                for c in (*_NUMERIC, *_TEXT)}
-        order = np.argsort(cols["request_id"], kind="stable")
+        and each row's token track where kept. Sorted one column at a time, each column's
+        array freed as its sorted copy is made (the sorted columns are kept: ``sorted``)."""
+        ids = self._joined("request_id")
+        order = np.argsort(ids, kind="stable")
         in_order = bool(np.all(order == np.arange(len(order))))
+        for c in self.columns:
+            v = ids if c == "request_id" else self._joined(c)
+            self.sorted[c] = v if in_order else v[order]
+            del v
+        del ids
         out: dict[str, np.ndarray] = {}
-        for c, v in cols.items():
-            v = v if in_order else v[order]
+        for c, v in self.sorted.items():
             if c in _TEXT:
                 words = np.empty(len(self.words[c]), dtype=object)
                 words[:] = list(self.words[c])
@@ -110,8 +122,19 @@ class RequestColumns:
             out[c] = v
         tracks = None
         if self.keep_tracks:
-            tracks = self.tracks if in_order else [self.tracks[i] for i in order]
+            if not in_order:
+                self.tracks = [self.tracks[i] for i in order]
+            tracks = self.tracks
         return out, tracks
+
+    def _joined(self, c: str) -> np.ndarray:
+        """Column ``c``: the rows sorted before, then those taken since (their array emptied)."""
+        a = self.columns[c]
+        self.columns[c] = array(a.typecode)
+        dtype = _NUMERIC[c][0] if c in _NUMERIC else np.int32
+        new = np.frombuffer(a, dtype=dtype) if len(a) else np.empty(0, dtype=dtype)
+        old = self.sorted.get(c)
+        return new if old is None else np.concatenate([old, new])
 
 
 def resolved(reqs: Iterable[Request]) -> tuple[list[Request], list[Request]]:

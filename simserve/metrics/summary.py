@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from simserve.metrics.levels import replica_chunks
 from simserve.metrics.sample import WeightedSample
+from simserve.metrics.sketch import LogHistogram
 from simserve.metrics.slo import SloConfig
 
 MS_PER_S = 1000.0
@@ -23,32 +25,39 @@ LATENCIES = ("ttft", "tpot", "itl", "e2el")
 def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
               steps: pd.DataFrame, slo: SloConfig = SloConfig(),
               percentiles: Sequence[float] = (50, 90, 99),
-              itl: WeightedSample | None = None,
+              itl: WeightedSample | LogHistogram | None = None,
               class_slos: Mapping[str, SloConfig] | None = None,
               prefix_caching: bool = False,
               levels: Callable[[float, float], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Summarise a run as a flat, JSON-serialisable dict (NaN becomes None).
 
     ITL comes from ``token_times`` (every token's time, per request) or, equivalently and
-    without per-token arrays, from ``itl`` as a :class:`WeightedSample` of gaps.
+    without per-token arrays, from ``itl`` as a :class:`WeightedSample` of gaps (or, for a
+    long run, a :class:`LogHistogram` of them: percentiles within 0.5 %, metrics.sketch).
     With ``class_slos`` (request classes present: the ``class`` column) each request is judged
     by its class's SLO (``slo`` for classes not in the mapping) and ``per_class`` breaks the
     numbers down by class; with ``prefix_caching`` the prefix-cache hit rate is added.
     """
     if itl is None and (token_times is None or len(token_times) != len(requests)):
         raise ValueError("token_times must have one entry per request (or pass itl)")
-    finished = (requests["status"] == "finished").to_numpy()
-    done = requests[finished]
-    rejected = requests[requests["status"] == "rejected"]
+    status = requests["status"]
+    finished = (status == "finished").to_numpy()
+    num_done = int(finished.sum())
+
+    def done(column: str, dtype: Any = None) -> np.ndarray:
+        """A column over the finished requests (one column copied at a time, never the
+        frame: a run of millions of requests)."""
+        values: np.ndarray = requests[column].to_numpy(dtype)[finished]
+        return values
 
     # Per finished request i: TTFT_i, E2EL_i, and TPOT_i for out_i > 1.
-    arrival = done["arrival_s"].to_numpy(float)
-    ttft = done["first_token_s"].to_numpy(float) - arrival
-    e2el = done["finish_s"].to_numpy(float) - arrival
-    out = done["num_output_tokens"].to_numpy(int)
+    arrival = done("arrival_s", float)
+    ttft = done("first_token_s", float) - arrival
+    e2el = done("finish_s", float) - arrival
+    out = done("num_output_tokens", int)
     multi = out > 1
     tpot = (e2el[multi] - ttft[multi]) / (out[multi] - 1)
-    itl_values: WeightedSample | np.ndarray
+    itl_values: WeightedSample | LogHistogram | np.ndarray
     if itl is None:
         assert token_times is not None          # checked above
         gaps = [np.diff(np.asarray(t, float)) for t, ok in zip(token_times, finished) if ok]
@@ -58,25 +67,23 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
 
     # The benchmark runs from the first send to the last completion.
     t0 = float(requests["arrival_s"].min()) if len(requests) else 0.0
-    t1 = float(done["finish_s"].max()) if len(done) else t0
+    t1 = float(done("finish_s").max()) if num_done else t0
     duration = t1 - t0
 
     def per_s(x: float) -> float:
         return x / duration if duration > 0 else 0.0
 
-    total_in = int(done["num_prompt_tokens"].sum())
+    total_in = int(done("num_prompt_tokens").sum())
     total_out = int(out.sum())
     summary: dict[str, Any] = {
         "num_requests": len(requests),
-        "completed": len(done),
-        "num_rejected": len(rejected),
-        "rejected_by_reason": {str(k): int(v) for k, v in
-                               sorted(rejected["reject_reason"].value_counts().items())},
-        **_failed(requests),
+        "completed": num_done,
+        **_by_reason(requests, status, "rejected", "num_rejected", "rejected_by_reason"),
+        **_by_reason(requests, status, "failed", "num_failed", "failed_by_reason"),
         "duration_s": duration,
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,
-        "request_throughput": per_s(len(done)),
+        "request_throughput": per_s(num_done),
         "output_throughput": per_s(total_out),
         "total_token_throughput": per_s(total_in + total_out),
     }
@@ -86,7 +93,7 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     # the papers' run-level numbers: mean E2EL per output token; arrival -> first scheduled
     norm = e2el / np.maximum(out, 1)
     summary["mean_normalized_latency_ms"] = float(norm.mean()) * MS_PER_S if len(norm) else None
-    delay = (done["first_scheduled_s"].to_numpy(float) - arrival) if len(done) else np.empty(0)
+    delay = (done("first_scheduled_s", float) - arrival) if num_done else np.empty(0)
     delay = delay[~np.isnan(delay)]            # a replayed run has no scheduling times
     for key, q in (("median", 50), ("p99", 99)):
         summary[f"{key}_scheduling_delay_ms"] = \
@@ -99,16 +106,18 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     if slo.has_aggregates:                     # after the per-class verdict, which they join
         summary.update(_aggregates(slo, itl_values, norm, delay, summary))
     if prefix_caching:
-        summary.update(_prefix_cache(done))
+        summary.update(_prefix_cache(done("num_cached_tokens"), done("num_prompt_tokens")))
     return {k: _plain(v) for k, v in summary.items()}
 
 
-def _failed(requests: pd.DataFrame) -> dict[str, Any]:
-    """Requests lost to a replica failure (status ``failed``, reason in ``reject_reason``)."""
-    failed = requests[requests["status"] == "failed"]
-    return {"num_failed": len(failed),
-            "failed_by_reason": {str(k): int(v) for k, v in
-                                 sorted(failed["reject_reason"].value_counts().items())}}
+def _by_reason(requests: pd.DataFrame, status: pd.Series, which: str, count: str,
+               by_reason: str) -> dict[str, Any]:
+    """Requests of status ``which`` (rejected; failed: lost to a replica failure), counted
+    and by ``reject_reason``."""
+    mask = (status == which).to_numpy()
+    reasons = requests["reject_reason"][mask]
+    return {count: int(mask.sum()),
+            by_reason: {str(k): int(v) for k, v in sorted(reasons.value_counts().items())}}
 
 
 def _good(done: pd.DataFrame, slo: SloConfig) -> np.ndarray:
@@ -180,10 +189,10 @@ def spec_decode_summary(totals: Mapping[str, int], per_position: Sequence[int],
             "per_position_acceptance_rate": [a / drafts if drafts else 0.0 for a in per]}
 
 
-def _prefix_cache(done: pd.DataFrame) -> dict[str, Any]:
+def _prefix_cache(cached: np.ndarray, prompt: np.ndarray) -> dict[str, Any]:
     """Prompt tokens of finished requests found in the prefix cache at first admission."""
-    hits = int(done["num_cached_tokens"].sum())
-    queries = int(done["num_prompt_tokens"].sum())
+    hits = int(cached.sum())
+    queries = int(prompt.sum())
     return {"prefix_cache_hit_tokens": hits, "prefix_cache_query_tokens": queries,
             "prefix_cache_hit_rate": hits / queries if queries else 0.0}
 
@@ -213,7 +222,7 @@ def _aggregates(slo: SloConfig, itl: Any, norm: np.ndarray, delay: np.ndarray,
     met = summary.get("slo_met") is not False
     if slo.tbt_ms is not None:
         q = slo.tbt_percentile
-        if isinstance(itl, WeightedSample):
+        if isinstance(itl, (WeightedSample, LogHistogram)):
             value = itl.percentiles([q])[0] if len(itl) else 0.0
         else:
             value = float(np.percentile(itl, q)) if len(itl) else 0.0
@@ -234,7 +243,7 @@ def _aggregates(slo: SloConfig, itl: Any, norm: np.ndarray, delay: np.ndarray,
 
 def _latency_stats(name: str, values_s: np.ndarray, percentiles: Sequence[float]) -> dict[str, Any]:
     """mean/median/std/pXX in ms; an empty list gives 0.0 (vllm's ``np.mean(x or 0)``)."""
-    if isinstance(values_s, WeightedSample) and len(values_s):
+    if isinstance(values_s, (WeightedSample, LogHistogram)) and len(values_s):
         w = values_s
         qs = [50, *percentiles]
         pct = dict(zip(qs, (x * MS_PER_S for x in w.percentiles(qs))))
@@ -288,40 +297,34 @@ def _levels(steps: pd.DataFrame, num_replicas: int, t0: float, t1: float) -> dic
 
 
 def grouped_levels(groups: list[dict[str, Any]], t0: float, t1: float,
-                   chunk: int = 1 << 20) -> dict[str, Any]:
+                   chunk: int | None = None) -> dict[str, Any]:
     """``_levels`` for steps stored in groups (a fast-forwarded stretch is one group of k steps
     sharing every count): the same numbers without expanding every column to every step, and
-    in chunks of steps so that a long run needs little extra memory.
+    in chunks of steps so that a long run needs little extra memory (``metrics.levels``).
 
     Each item of ``groups`` is one replica: arrays ``start_s``, ``duration_s``,
     ``kv_blocks_used`` per step, and ``num_steps``, ``num_running``, ``num_waiting``,
-    ``num_batched_tokens``, ``kv_blocks_total`` per group (any integer type).
+    ``num_batched_tokens``, ``kv_blocks_total`` per group (any integer type); and, for a long
+    run's replica, ``folded``: the ``ChunkSums`` of its steps folded away during the run (the
+    chunks before those given).
     """
     width = t1 - t0
-    num_steps = sum(len(g["start_s"]) for g in groups)
+    parts = [replica_chunks(g, t0, t1, chunk) if width > 0 else [] for g in groups]
+    num_steps = sum(len(g["start_s"]) + sum(c.num_steps for c in g.get("folded", ()))
+                    for g in groups)
     if not num_steps or width <= 0:
         return {"num_steps": num_steps, "mean_running": 0.0, "mean_waiting": 0.0,
                 "mean_kv_utilization": 0.0, "max_kv_utilization": 0.0,
                 "mean_batched_tokens": 0.0}
     running = waiting = kv = batched = 0.0
     kv_max = 0.0
-    for g in groups:
-        counts = g["num_steps"]
-        group_of = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
-        start_all, dur_all, used_all = g["start_s"], g["duration_s"], g["kv_blocks_used"]
-        for a in range(0, len(start_all), chunk):
-            b = min(a + chunk, len(start_all))
-            start = start_all[a:b]
-            overlap = np.clip(start + dur_all[a:b], t0, t1) - np.clip(start, t0, t1)
-            gi = group_of[a:b]
-            running += float(np.dot(g["num_running"][gi], overlap))
-            waiting += float(np.dot(g["num_waiting"][gi], overlap))
-            total = g["kv_blocks_total"][gi].astype(float)
-            frac = np.divide(used_all[a:b], total, out=np.zeros(b - a), where=total > 0)
-            kv += float(np.dot(frac, overlap))
-            kv_max = max(kv_max, float(frac.max()))
-        batched += float(np.dot(g["num_batched_tokens"].astype(np.int64),
-                                counts.astype(np.int64)))   # may exceed int32
+    for chunks in parts:
+        for c in chunks:
+            running += c.running
+            waiting += c.waiting
+            kv += c.kv
+            kv_max = max(kv_max, c.kv_max)
+        batched += float(sum(c.batched for c in chunks))        # may exceed int32
     return {
         "num_steps": num_steps,
         "mean_running": running / width,

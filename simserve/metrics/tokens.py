@@ -27,14 +27,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from simserve.metrics.levels import LEVEL_CHUNK
 from simserve.metrics.sample import WeightedSample
+from simserve.metrics.sketch import LogHistogram
 
 if TYPE_CHECKING:
     from simserve.metrics.recorder import Recorder
     from simserve.sched.request import Request
     from simserve.sched.stretch import Stretch
 
-CHUNK = 1 << 20   # steps read at a time after a run: bounds the memory of long runs
+CHUNK = LEVEL_CHUNK   # steps read at a time after a run: bounds the memory of long runs
 
 
 class TokenTrack:
@@ -77,11 +79,13 @@ class TokenLog:
     """One replica's output tokens (it outlives the replica's schedulers: a restart after a
     failure goes on counting steps)."""
 
-    __slots__ = ("num_steps", "itl_diff", "itl_extra", "record", "step_ends")
+    __slots__ = ("num_steps", "itl_diff", "itl_extra", "record", "step_ends", "base", "carry")
 
     def __init__(self, record: bool = False):
         self.num_steps = 0                 # steps completed so far (the next step's index)
-        self.itl_diff = array("i", [0])
+        self.itl_diff = array("i", [0])    # entry g - base: gap g (a long run folds: fold())
+        self.base = 0                      # gaps folded into the recorder's sketch
+        self.carry = 0                     # the multiplicity of gap base - 1
         self.itl_extra = array("d")
         self.record = record               # keep every token's time
         self.step_ends = array("d")        # (record) each step's end
@@ -94,6 +98,7 @@ class TokenLog:
         index = self.num_steps
         self.num_steps = index + 1
         diff, record = self.itl_diff, self.record
+        local = index - self.base               # (tracks keep step indices; diff is local)
         diff.append(0)
         if record:
             self.step_ends.append(t_end)
@@ -112,8 +117,8 @@ class TokenLog:
             if record:
                 self._extend(tr, index, 1)
         if adjacent:                                    # one gap each: the previous step's
-            diff[index - 1] += adjacent
-            diff[index] -= adjacent
+            diff[local - 1] += adjacent
+            diff[local] -= adjacent
         if record and counts is not None:
             for req, c in zip(sampled, counts):
                 if c > 1:
@@ -137,6 +142,7 @@ class TokenLog:
         if self.record:
             self.step_ends.extend(ends)
         extra, diff = self.itl_extra, self.itl_diff
+        d = a - self.base                        # step a's entry in diff
         members = stretch.members
         last, t_last = a + k - 1, ends[-1]       # where members that run to the end stop
         adjacent = stays = late = 0
@@ -151,22 +157,60 @@ class TokenLog:
                 extra.append(ends[o] - tr.last_s)
             if e < k:                            # its last token at step e - 1
                 tr.last_step, tr.last_s = a + e - 1, ends[e - 1]
-                diff[a + e - 1] -= 1             # its gaps a + o .. a + e - 2 (the start: below)
+                diff[d + e - 1] -= 1             # its gaps a + o .. a + e - 2 (the start: below)
             else:
                 tr.last_step, tr.last_s = last, t_last
                 stays += 1
             late += o
-        diff[last] -= stays
-        diff[a] += len(members) - late
+        diff[d + k - 1] -= stays
+        diff[d] += len(members) - late
         if late:
-            diff[a + 1] += late
+            diff[d + 1] += late
         if adjacent:
-            diff[a - 1] += adjacent
-            diff[a] -= adjacent
+            diff[d - 1] += adjacent
+            diff[d] -= adjacent
         if self.record:
             for req, _, _, e, o in members:
                 # (recording gives every request a track)
                 self._extend(req.tokens, a + o, (e if e < k else k) - o)  # type: ignore[arg-type]
+
+    def fold(self, sketch: LogHistogram, ends: np.ndarray, chunk: int, m: int = 1) -> None:
+        """Fold gaps base .. base + m * chunk - 1 (their steps' ends: ``ends``, m * chunk + 1
+        of them, engine clock), a chunk at a time, into ``sketch`` and drop them (a long run:
+        ``Recorder.fold``), with every whole chunk of the gaps that spanned skipped steps."""
+        for a in range(0, m * chunk, chunk):
+            self._gaps(sketch, ends[a:a + chunk + 1], chunk, a)
+        del self.itl_diff[:m * chunk]
+        self.base += m * chunk
+        extra = self.itl_extra
+        while len(extra) >= chunk:
+            sketch.add(np.frombuffer(extra, dtype=np.float64, count=chunk),
+                       np.ones(chunk, dtype=np.int64))
+            del extra[:chunk]
+
+    def fold_rest(self, sketch: LogHistogram, ends: np.ndarray, chunk: int) -> None:
+        """Fold every gap left into ``sketch`` (the run is over; ``ends``: the kept steps'
+        ends), in the chunks ``fold`` folds: the sketch does not depend on when folds
+        happened. Leaves nothing to fold."""
+        n = len(ends)
+        for a in range(0, max(n - 1, 0), chunk):
+            b = min(a + chunk, n - 1)
+            self._gaps(sketch, ends[a:b + 1], b - a, a)
+        extra = self.itl_extra
+        for a in range(0, len(extra), chunk):
+            v = np.frombuffer(extra, dtype=np.float64)[a:a + chunk]
+            sketch.add(v, np.ones(len(v), dtype=np.int64))
+        self.itl_diff, self.itl_extra = array("i", [0]), array("d")
+        self.base, self.carry = self.num_steps, 0
+
+    def _gaps(self, sketch: LogHistogram, ends: np.ndarray, k: int, at: int = 0) -> None:
+        """Gaps base + at .. base + at + k - 1 (``ends``: their k + 1 steps' ends) into
+        ``sketch``, as ``itl_sample`` reads them; ``carry`` moves on past them."""
+        w = np.cumsum(np.frombuffer(self.itl_diff, dtype=np.int32, count=k, offset=4 * at),
+                      dtype=np.int64) + self.carry
+        self.carry = int(w[-1])
+        keep = w > 0
+        sketch.add(np.diff(ends)[keep], w[keep])
 
     def delivered(self, req: Request, t: float) -> None:
         """A token produced on another replica (a disaggregated prefill's) reaches the client

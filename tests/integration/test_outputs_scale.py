@@ -143,7 +143,7 @@ def test_resolved_requests_as_columns_give_the_same_results(monkeypatch, record_
     nothing a run reports, and keeps only the requests in flight as objects."""
     from simserve.metrics import recorder
     whole = simserve.run(DATA / "tiny.yaml", record_tokens=record_tokens)
-    assert len(whole._recorder.resolved.chunks) == 1      # a few hundred requests: one, at the end
+    assert whole._recorder.resolved.num_batches == 1     # a few hundred requests: one, at the end
     monkeypatch.setattr(recorder, "COMPACT_MIN", 4)
     live: list[int] = []
     real = recorder.Recorder.compact
@@ -153,7 +153,7 @@ def test_resolved_requests_as_columns_give_the_same_results(monkeypatch, record_
         live.append(len(self.requests))
     monkeypatch.setattr(recorder.Recorder, "compact", compact)
     often = simserve.run(DATA / "tiny.yaml", record_tokens=record_tokens)
-    assert len(often._recorder.resolved.chunks) > 5
+    assert often._recorder.resolved.num_batches > 5
     assert max(live[:-1]) < len(whole.requests) / 4 and live[-1] == 0
     pd.testing.assert_frame_equal(whole.requests, often.requests)
     assert json.dumps(whole.summary, sort_keys=True) == json.dumps(often.summary, sort_keys=True)
@@ -178,3 +178,20 @@ def test_progress_bar_of_a_run_and_its_log_interval(monkeypatch, capsys):
     quiet = simserve.run(DATA / "tiny.yaml")       # no bar unless asked
     assert capsys.readouterr().err == ""
     assert quiet.summary == r.summary
+
+
+def test_default_format_is_csv_up_to_csv_rows_and_parquet_past_it(tiny, tmp_path, monkeypatch):
+    """A run of more than CSV_ROWS requests writes Parquet unless asked (pyarrow there), CSV
+    otherwise; an explicit format always wins."""
+    n = len(tiny.requests)
+    out = tiny.save(tmp_path / "small")
+    assert (out / "requests.csv").exists() and not (out / "requests.parquet").exists()
+    monkeypatch.setattr(runner, "CSV_ROWS", n - 1)         # the same run counted as large
+    monkeypatch.setattr(runner, "has_pyarrow", lambda: False)
+    assert (tiny.save(tmp_path / "nopa") / "requests.csv").exists()     # no pyarrow: CSV
+    pytest.importorskip("pyarrow")
+    monkeypatch.setattr(runner, "has_pyarrow", lambda: True)
+    out = tiny.save(tmp_path / "large")
+    assert (out / "requests.parquet").exists() and not (out / "requests.csv").exists()
+    assert len(pd.read_parquet(out / "requests.parquet")) == n
+    assert (tiny.save(tmp_path / "asked", fmt="csv") / "requests.csv").exists()

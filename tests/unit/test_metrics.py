@@ -325,3 +325,36 @@ def test_weighted_percentiles_of_many_ranks_in_crowded_chunks():
     expanded = np.repeat(values, weights)
     assert WeightedSample(chunks=chunks).percentiles(qs) == \
         [float(np.percentile(expanded, q)) for q in qs]
+
+
+def test_request_columns_sorted_by_id_across_takes_and_tables():
+    """Resolved requests taken in any order come back in id order, column by column; rows
+    taken after a table join the sorted ones the next time."""
+    from simserve.metrics.requests import RequestColumns
+    from simserve.sched.request import Request, Status
+    from simserve.workload import RequestSpec
+
+    def req(i: int, status: Status) -> Request:
+        r = Request(RequestSpec(i, 0.5 * i, 10 + i, 3))
+        r.status = status
+        if status is Status.FINISHED:
+            r.first_token_s, r.finish_s, r.replica = 1.0 + i, 2.0 + i, 0
+        else:
+            r.reject_reason = "too_long"
+        return r
+
+    cols = RequestColumns()
+    rows = cols.take([req(3, Status.FINISHED), req(0, Status.REJECTED)])
+    assert list(rows["request_id"]) == [3, 0] and rows["finish_s"][0] == 5.0
+    cols.take([req(1, Status.FINISHED)])
+    first, _ = cols.table()
+    assert list(first["request_id"]) == [0, 1, 3]
+    assert list(first["status"]) == ["rejected", "finished", "finished"]
+    assert first["num_prompt_tokens"].dtype == np.int64 and first["arrival_s"].dtype == np.float64
+    assert np.isnan(first["finish_s"][0]) and list(first["finish_s"][1:]) == [3.0, 5.0]
+    cols.take([req(2, Status.FINISHED)])               # after a table: joins the sorted rows
+    again, _ = cols.table()
+    assert list(again["request_id"]) == [0, 1, 2, 3]
+    assert list(again["reject_reason"]) == ["too_long", "", "", ""]
+    assert list(again["num_prompt_tokens"]) == [10, 11, 12, 13]
+    assert cols.num_rows == 4 and cols.num_batches == 3
