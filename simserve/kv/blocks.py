@@ -92,13 +92,17 @@ class BlockManager:
         held.update(grow)
         return added
 
-    def grow_to(self, requests: list[tuple[int, int]]) -> int | None:
+    def grow_to(self, requests: list[tuple[int, int]], added: int | None = None) -> int | None:
         """Bulk growth in blocks: each ``(request id, blocks)`` to hold that many (no fewer than
-        now); all or nothing. The blocks added, or None (nothing changed) if they do not fit."""
+        now); all or nothing. The blocks added, or None (nothing changed) if they do not fit.
+        ``added``: that number, when the caller has counted it already (a fast-forward stretch
+        knows each member's blocks before and after: sched/stretch.py), sparing the pass that
+        counts it."""
         held = self._held
-        added = 0
-        for rid, n in requests:
-            added += n - held.get(rid, 0)
+        if added is None:
+            added = 0
+            for rid, n in requests:
+                added += n - held.get(rid, 0)
         if added > self.num_free:
             return None
         self.num_free -= added

@@ -317,6 +317,7 @@ class Stretch:
         k = len(ends)
         finished = []
         grown = []                    # (request id, blocks it holds after the steps)
+        added = 0                     # the blocks they add (h each held when it was planned)
         bs = self.sched.blocks.block_size
         for req, c, h, e, o in self.members:
             if e > k:                 # (most members: it runs on)
@@ -329,10 +330,12 @@ class Stretch:
                 finished.append(req)
             req.num_computed_tokens = c
             if c > h * bs:            # it needs more than the h blocks it holds
-                grown.append((req.id, -(-c // bs)))
+                need = -(-c // bs)
+                grown.append((req.id, need))
+                added += need - h
         sched = self.sched
-        added = sched.blocks.grow_to(grown)   # fits: plan() checked the total
-        assert added is not None
+        fitted = sched.blocks.grow_to(grown, added)   # fits: plan() checked the total
+        assert fitted is not None
         if finished:
             sched.retire(finished, None)
         return finished
