@@ -47,7 +47,7 @@ class BlockManager:
 
     def num_new_blocks(self, request_id: int, num_tokens: int) -> int:
         """Blocks that must be added so ``request_id`` can hold ``num_tokens`` tokens."""
-        return max(0, self.blocks_for(num_tokens) - self._held.get(request_id, 0))
+        return max(0, -(-num_tokens // self.block_size) - self._held.get(request_id, 0))
 
     def can_allocate(self, request_id: int, num_tokens: int, reserve: int = 0) -> bool:
         """True if the request could grow to ``num_tokens`` leaving ``reserve`` blocks free."""
@@ -56,7 +56,8 @@ class BlockManager:
     def can_hold(self, request_id: int, num_tokens: int, cached_tokens: int = 0) -> bool:
         """True if the request could hold ``num_tokens`` tokens now (its first
         ``cached_tokens`` being prefix-cache hits, which only a prefix cache has)."""
-        return self.num_new_blocks(request_id, num_tokens) <= self.num_free
+        # (num_new_blocks written out: checked at every admission; a shrink, < 0, always fits)
+        return -(-num_tokens // self.block_size) - self._held.get(request_id, 0) <= self.num_free
 
     # -- commands --------------------------------------------------------------------------
     def allocate(self, request_id: int, num_tokens: int) -> int | None:

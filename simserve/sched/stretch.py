@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from simserve.sched.request import Request
 
 INF = float("inf")
+_NEAR = 64     # Stretch._segments: the steps whose finishes are sorted first
 Prices = Callable[[int, int], list[float]]
 
 
@@ -187,20 +188,25 @@ class Stretch:
         total = sum(map(_ctx, members))
         k = self.num_steps
         yield (0, m, total)
-        # (the step a member is gone by, its ctx, 1); a mixed first step: a boundary at step 1
-        ends = [(e, c, 1) for _, c, _, e, _ in members if e < k] if self.past_finish else []
-        if self.mixed:
-            ends.append((1, 0, 0))
-        ends.sort()
-        j, num_ends = 0, len(ends)
-        while j < num_ends:
-            i0 = ends[j][0]
-            while j < num_ends and ends[j][0] == i0:
-                _, c, n = ends[j]
-                m -= n
-                total -= c
-                j += 1
-            yield (i0, m, total + m * i0)
+        # (the step a member is gone by, its ctx, 1); a mixed first step: a boundary at step 1.
+        # With past_finish the finishes before step NEAR are sorted first and the rest only
+        # if asked for: an arrival usually cuts the stretch within a few dozen steps
+        near = min(k, _NEAR)
+        tiers = ((0, near), (near, k)) if self.past_finish else ((0, 0),)
+        for lo, hi in tiers:
+            ends = [(e, c, 1) for _, c, _, e, _ in members if lo <= e < hi] if lo < hi else []
+            if self.mixed and not lo:
+                ends.append((1, 0, 0))
+            ends.sort()
+            j, num_ends = 0, len(ends)
+            while j < num_ends:
+                i0 = ends[j][0]
+                while j < num_ends and ends[j][0] == i0:
+                    _, c, n = ends[j]
+                    m -= n
+                    total -= c
+                    j += 1
+                yield (i0, m, total + m * i0)
         yield (k, 0, 0)
 
     def segment_plan(self, i0: int) -> StepPlan:
