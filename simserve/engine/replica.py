@@ -72,8 +72,10 @@ Router = Callable[[Request, Sequence[Replica]], Replica]
 
 def rejection_reason(req: Request, replica: Replica) -> str:
     """Why a request can never run on this replica, or "" if it can."""
-    if req.max_tokens > replica.max_model_len:
+    max_tokens = req.max_tokens
+    if max_tokens > replica.max_model_len:
         return "exceeds_max_model_len"
-    if replica.blocks.blocks_for(req.max_tokens) > replica.blocks.num_blocks:
+    blocks = replica.scheduler.blocks
+    if blocks.blocks_for(max_tokens) > blocks.num_blocks:
         return "exceeds_kv_capacity"
     return ""

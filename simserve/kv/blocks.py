@@ -47,7 +47,7 @@ class BlockManager:
 
     def num_new_blocks(self, request_id: int, num_tokens: int) -> int:
         """Blocks that must be added so ``request_id`` can hold ``num_tokens`` tokens."""
-        return max(0, self.blocks_for(num_tokens) - self._held.get(request_id, 0))
+        return max(0, -(-num_tokens // self.block_size) - self._held.get(request_id, 0))
 
     def can_allocate(self, request_id: int, num_tokens: int, reserve: int = 0) -> bool:
         """True if the request could grow to ``num_tokens`` leaving ``reserve`` blocks free."""
@@ -56,7 +56,8 @@ class BlockManager:
     def can_hold(self, request_id: int, num_tokens: int, cached_tokens: int = 0) -> bool:
         """True if the request could hold ``num_tokens`` tokens now (its first
         ``cached_tokens`` being prefix-cache hits, which only a prefix cache has)."""
-        return self.num_new_blocks(request_id, num_tokens) <= self.num_free
+        # (num_new_blocks written out: checked at every admission; a shrink, < 0, always fits)
+        return -(-num_tokens // self.block_size) - self._held.get(request_id, 0) <= self.num_free
 
     # -- commands --------------------------------------------------------------------------
     def allocate(self, request_id: int, num_tokens: int) -> int | None:
@@ -92,13 +93,17 @@ class BlockManager:
         held.update(grow)
         return added
 
-    def grow_to(self, requests: list[tuple[int, int]]) -> int | None:
+    def grow_to(self, requests: list[tuple[int, int]], added: int | None = None) -> int | None:
         """Bulk growth in blocks: each ``(request id, blocks)`` to hold that many (no fewer than
-        now); all or nothing. The blocks added, or None (nothing changed) if they do not fit."""
+        now); all or nothing. The blocks added, or None (nothing changed) if they do not fit.
+        ``added``: that number, when the caller has counted it already (a fast-forward stretch
+        knows each member's blocks before and after: sched/stretch.py), sparing the pass that
+        counts it."""
         held = self._held
-        added = 0
-        for rid, n in requests:
-            added += n - held.get(rid, 0)
+        if added is None:
+            added = 0
+            for rid, n in requests:
+                added += n - held.get(rid, 0)
         if added > self.num_free:
             return None
         self.num_free -= added

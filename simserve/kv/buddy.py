@@ -108,7 +108,7 @@ class BuddyBlockManager(BlockManager):
             return self.allocate(*requests[0])
         return None
 
-    def grow_to(self, requests: list[tuple[int, int]]) -> int | None:
+    def grow_to(self, requests: list[tuple[int, int]], added: int | None = None) -> int | None:
         return 0 if all(n <= self._held.get(r, 0) for r, n in requests) else None
 
     def grow_decodes(self, request_ids: Sequence[int], num_tokens: Sequence[int]) -> bool:

@@ -171,7 +171,7 @@ class PrefixBlockManager(BlockManager):
             self.allocate(rid, n)
         return need
 
-    def grow_to(self, requests: list[tuple[int, int]]) -> int | None:
+    def grow_to(self, requests: list[tuple[int, int]], added: int | None = None) -> int | None:
         return self.allocate_all((rid, n * self.block_size) for rid, n in requests)
 
     def grow_decodes(self, request_ids: Sequence[int], num_tokens: Sequence[int]) -> bool:

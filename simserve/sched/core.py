@@ -126,8 +126,8 @@ class Batch:
             tuple(self.ids), tuple(self.new_tokens), tuple(self.prefill_lens),
             tuple(self.prefill_ctx), tuple(self.decode_ctx), self.num_sampled,
             self.swap_out_blocks, self.swap_in_blocks, self.num_preempted, 0.0,
-            tuple(self.decode_q) if self.decode_q is not None else (),
-            overlapped_swap_blocks=self.overlapped_swap_blocks)
+            tuple(self.decode_q) if self.decode_q is not None else (), 0,
+            self.overlapped_swap_blocks)
         return self.plan
 
 
@@ -391,11 +391,16 @@ class Scheduler:
         if not blocks.grow_decodes(ids, ctx):   # (a running request's blocks hold its ctx)
             return False
         ones = [1] * n
-        batch.entries.extend(zip(running, ones))
-        batch.ids.extend(ids)
-        batch.new_tokens.extend(ones)
-        batch.scheduled.update(ids)
-        batch.decode_ctx.extend(ctx)
+        if batch.entries:
+            batch.entries.extend(zip(running, ones))
+            batch.ids.extend(ids)
+            batch.new_tokens.extend(ones)
+            batch.scheduled.update(ids)
+            batch.decode_ctx.extend(ctx)
+        else:   # (the usual: the step's first verb) the lists just made become the batch's
+            batch.entries = list(zip(running, ones))
+            batch.ids, batch.new_tokens, batch.decode_ctx = ids, ones, ctx
+            batch.scheduled = set(ids)
         batch.token_budget -= n
         batch.seq_budget -= n
         batch.num_sampled += n

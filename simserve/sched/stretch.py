@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from simserve.sched.request import Request
 
 INF = float("inf")
+_NEAR = 64     # Stretch._segments: the steps whose finishes are sorted first
 Prices = Callable[[int, int], list[float]]
 
 
@@ -187,20 +188,25 @@ class Stretch:
         total = sum(map(_ctx, members))
         k = self.num_steps
         yield (0, m, total)
-        # (the step a member is gone by, its ctx, 1); a mixed first step: a boundary at step 1
-        ends = [(e, c, 1) for _, c, _, e, _ in members if e < k] if self.past_finish else []
-        if self.mixed:
-            ends.append((1, 0, 0))
-        ends.sort()
-        j, num_ends = 0, len(ends)
-        while j < num_ends:
-            i0 = ends[j][0]
-            while j < num_ends and ends[j][0] == i0:
-                _, c, n = ends[j]
-                m -= n
-                total -= c
-                j += 1
-            yield (i0, m, total + m * i0)
+        # (the step a member is gone by, its ctx, 1); a mixed first step: a boundary at step 1.
+        # With past_finish the finishes before step NEAR are sorted first and the rest only
+        # if asked for: an arrival usually cuts the stretch within a few dozen steps
+        near = min(k, _NEAR)
+        tiers = ((0, near), (near, k)) if self.past_finish else ((0, 0),)
+        for lo, hi in tiers:
+            ends = [(e, c, 1) for _, c, _, e, _ in members if lo <= e < hi] if lo < hi else []
+            if self.mixed and not lo:
+                ends.append((1, 0, 0))
+            ends.sort()
+            j, num_ends = 0, len(ends)
+            while j < num_ends:
+                i0 = ends[j][0]
+                while j < num_ends and ends[j][0] == i0:
+                    _, c, n = ends[j]
+                    m -= n
+                    total -= c
+                    j += 1
+                yield (i0, m, total + m * i0)
         yield (k, 0, 0)
 
     def segment_plan(self, i0: int) -> StepPlan:
@@ -317,6 +323,7 @@ class Stretch:
         k = len(ends)
         finished = []
         grown = []                    # (request id, blocks it holds after the steps)
+        added = 0                     # the blocks they add (h each held when it was planned)
         bs = self.sched.blocks.block_size
         for req, c, h, e, o in self.members:
             if e > k:                 # (most members: it runs on)
@@ -329,10 +336,12 @@ class Stretch:
                 finished.append(req)
             req.num_computed_tokens = c
             if c > h * bs:            # it needs more than the h blocks it holds
-                grown.append((req.id, -(-c // bs)))
+                need = -(-c // bs)
+                grown.append((req.id, need))
+                added += need - h
         sched = self.sched
-        added = sched.blocks.grow_to(grown)   # fits: plan() checked the total
-        assert added is not None
+        fitted = sched.blocks.grow_to(grown, added)   # fits: plan() checked the total
+        assert fitted is not None
         if finished:
             sched.retire(finished, None)
         return finished
