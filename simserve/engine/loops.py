@@ -166,8 +166,12 @@ def batch_queue_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     synchronous engine, stepped. Every step is its own event: no fast-forward.
 
     The CPU part of a step (the latency model's ``step_overhead_s``: scheduling, input
-    preparation) runs from the moment it is scheduled, overlapping the device's work on the
-    step before; the device starts the step when both are done. With depth 1 nothing overlaps
+    preparation) runs from the moment it is scheduled, or once the CPU has finished the step
+    before's CPU part (the engine core is one thread: ``step_with_batch_queue`` calls
+    ``schedule`` and ``execute_model`` one step after the other, so the CPU parts never
+    overlap each other), overlapping the device's work on the step before; the device starts
+    the step when both are done. A CPU-bound engine thus makes at most one step per
+    ``step_overhead_s``. With depth 1 nothing overlaps
     and a step takes ``step_time``, as in the other loops."""
     depth = r.batch_queue_depth
     queue: deque[tuple[InFlight, float]] = deque()
@@ -175,6 +179,7 @@ def batch_queue_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     cpu = cpu_overhead_s(r.latency)
     now = env.now
     free_at = now            # when the device is done with the steps launched so far
+    cpu_free = now           # when the CPU is done with the CPU parts of the steps so far
     while True:
         plan = sched.schedule() if sched.has_work else None
         if plan is not None and not plan.is_empty:
@@ -182,11 +187,14 @@ def batch_queue_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
             if plan.prefill_lens:   # requests scheduled for the first time: their first step
                 for req in sched.newly_scheduled:
                     req.first_scheduled_s = start
-            # the step's CPU part (the latency model's per-step overhead) runs from now, while
-            # the device may still compute the step before; its device part follows both
+            # the step's CPU part (the latency model's per-step overhead) runs from now, or
+            # once the CPU is done with the step before's (one engine-core thread: the CPU
+            # parts are serial), while the device may still compute the step before; its
+            # device part follows both
             duration = r.latency.step_time(plan)
             overhead = cpu if cpu < duration else duration
-            ready = now + overhead
+            ready = (cpu_free if cpu_free > now else now) + overhead
+            cpu_free = ready
             end = (free_at if free_at > ready else ready) + (duration - overhead)
             c.rec.step(r, start, end - start, plan)
             free_at = end
