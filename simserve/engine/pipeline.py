@@ -30,7 +30,9 @@ micro-batch followed by a small one: the small one waits on the large one stage 
 What the step log records: a micro-batch's row spans from the previous micro-batch's output (or
 its own scheduling, if later) to its own output, so the rows tile the replica's time without
 overlap and the sums the metrics make (busy time, time-weighted levels) stay meaningful; a
-row's duration is the replica's output cadence, not the micro-batch's latency. Pipelined
+row's duration is the replica's output cadence, not the micro-batch's latency. A request is
+first scheduled when its first micro-batch enters stage 0 (``enter_0``), as the other loops
+stamp the device's start. Pipelined
 replicas step (no fast-forward): every micro-batch is its own event.
 """
 
@@ -52,18 +54,23 @@ class Stages:
     def __init__(self, p: int):
         self.free = [0.0] * p
 
-    def push(self, start: float, times: list[float], sends: list[float]) -> float:
-        """The time a micro-batch scheduled at ``start`` leaves the last stage."""
+    def push(self, start: float, times: list[float], sends: list[float]
+             ) -> tuple[float, float]:
+        """When a micro-batch scheduled at ``start`` enters the first stage (it waits for the
+        stage to be free) and when it leaves the last."""
         free, t = self.free, start
         last = len(free) - 1
+        entered = start
         for j, stage in enumerate(times):
             if free[j] > t:
                 t = free[j]
+            if j == 0:
+                entered = t
             t += stage
             free[j] = t
             if j < last:
                 t += sends[j]
-        return t
+        return entered, t
 
 
 def pipeline_loop(env: Clock, c: Runtime, r: Replica) -> Generator[Any, Any, None]:
@@ -78,10 +85,10 @@ def pipeline_loop(env: Clock, c: Runtime, r: Replica) -> Generator[Any, Any, Non
         if len(flight) < depth and sched.has_work:
             plan = sched.schedule()
             if not plan.is_empty:
-                if plan.prefill_lens:
+                entered, out = stages.push(now, *latency.stages(plan))
+                if plan.prefill_lens:          # first scheduled: when the device starts it
                     for req in sched.newly_scheduled:
-                        req.first_scheduled_s = now
-                out = stages.push(now, *latency.stages(plan))
+                        req.first_scheduled_s = entered
                 start = max(now, last_end)     # the row: from the previous output to this one
                 duration = out - start
                 c.rec.step(r, start, duration, plan)

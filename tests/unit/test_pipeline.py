@@ -55,10 +55,10 @@ def run(specs, latency, p=2, budget=10, policy="vllm_v1"):
 def test_stages_push_by_hand():
     s = Stages(2)
     # micro-batch 1 at t=0: stage 0 [0, 1], send 0.5, stage 1 [1.5, 2.5]
-    assert s.push(0.0, [1.0, 1.0], [0.5]) == 2.5
-    # micro-batch 2 also at t=0: stage 0 free at 1 -> [1, 1.2]; +0.5 -> 1.7, but stage 1 is
-    # busy until 2.5 -> [2.5, 2.7]
-    assert s.push(0.0, [0.2, 0.2], [0.5]) == pytest.approx(2.7)
+    assert s.push(0.0, [1.0, 1.0], [0.5]) == (0.0, 2.5)
+    # micro-batch 2 also at t=0: stage 0 free at 1 -> [1, 1.2] (it enters at 1); +0.5 -> 1.7,
+    # but stage 1 is busy until 2.5 -> [2.5, 2.7]
+    assert s.push(0.0, [0.2, 0.2], [0.5]) == (1.0, pytest.approx(2.7))
     assert s.free == [pytest.approx(1.2), pytest.approx(2.7)]
 
 
@@ -80,6 +80,9 @@ def test_two_micro_batches_in_flight_one_output_per_stage_time():
     # running requests when each is scheduled, those in flight included: B still waits when
     # batch 1 is formed; at t=5 A's last decode is in flight while B's is scheduled
     assert list(log["num_running"]) == [1, 2, 2, 2, 2, 2]
+    # first scheduled: when the device starts the micro-batch, as the other loops stamp it:
+    # A's batch 1 enters stage 0 at 0; B's batch 2, scheduled at 0, waits for it until 1
+    assert {q.id: q.first_scheduled_s for q in rec.requests} == {0: 0.0, 1: 1.0}
 
 
 def test_one_request_leaves_a_bubble():
