@@ -390,7 +390,8 @@ def _check_consistency(s: Scenario) -> None:
 def _check_pipeline(s: Scenario) -> None:
     """What pipeline parallelism (engine/pipeline.py) is built for: a policy whose queues the
     engine can hold micro-batches out of, a stage per layer at most, a colocated cluster
-    without failures or a client concurrency gate, a latency model with per-layer costs."""
+    without failures or replica groups, a latency model with per-layer costs. (A client
+    concurrency gate works with it: the pipelined loop steps, as a gate needs.)"""
     from simserve.sched import POLICIES
     pp, field = s.engine.pipeline_parallel_size, "engine.pipeline_parallel_size"
     if not POLICIES[s.policy].pipelines:

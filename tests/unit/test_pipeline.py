@@ -307,3 +307,16 @@ def test_profile_split_over_stages_by_hand():
     assert times[1] == pytest.approx(layered / 2 + parts["lm_head"])
     # TP 1: 8 tokens · 2 · 4096 · 2 B over NVLink (450 GB/s), no all-gather, + 10 µs
     assert sends == [pytest.approx(8 * 2 * 4096 * 2 / 450e9 + 10e-6)]
+
+
+def test_a_client_concurrency_gate_with_a_pipeline():
+    # max_concurrency 1 (config.py's _check_pipeline lets it through): B, due at 0, is sent
+    # only when A ends. A alone: each step through both 1 s stages, tokens at 2, 4 (finish
+    # 4); B sent at 4: tokens at 6, 8
+    sched = make_scheduler("vllm_v1", budget=10, max_num_seqs=8, num_blocks=100)
+    sched.record_tokens = True
+    r = Replica(0, sched, PerToken(2, stage_s=1.0), 10_000, depth=2)
+    rec = simulate([RequestSpec(0, 0.0, 10, 2), RequestSpec(1, 0.0, 10, 2)], [r],
+                   make_router("round_robin"), max_concurrency=1)
+    assert {q.id: q.token_times for q in rec.requests} == {0: [2.0, 4.0], 1: [6.0, 8.0]}
+    assert {q.id: q.spec.arrival_s for q in rec.requests} == {0: 0.0, 1: 4.0}
