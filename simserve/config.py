@@ -272,6 +272,10 @@ def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario")
     policy = sched.str("policy", "vllm_v1", choices=policy_names())
     params_type = describe(policy).params_type
     policy_params = read_params(params_type, sched) if params_type is not None else None
+    ignored = getattr(policy_params, "ignored", None)
+    bad = ignored() if ignored is not None else None   # a knob the policy would not read
+    if bad is not None:
+        raise ConfigError(f"scheduler.{bad[0]}", bad[1])
     sched.done()
     workload = WorkloadConfig.from_fields(Fields(f.any("workload"), "workload"))
     slo = SloConfig.from_fields(f.section("slo"))
