@@ -320,3 +320,17 @@ def test_a_client_concurrency_gate_with_a_pipeline():
                    make_router("round_robin"), max_concurrency=1)
     assert {q.id: q.token_times for q in rec.requests} == {0: [2.0, 4.0], 1: [6.0, 8.0]}
     assert {q.id: q.spec.arrival_s for q in rec.requests} == {0: 0.0, 1: 4.0}
+
+
+def test_pipeline_capacity_refuses_a_drafters_bytes():
+    # kv_capacity_blocks' block_bytes / extra_weight_bytes (a speculative drafter's KV and
+    # weights) have no stage to go to: refused rather than ignored (config refuses
+    # speculative decoding with PP, so no scenario gets here)
+    kw = dict(block_size=16, gpu_memory_utilization=0.9, tensor_parallel_size=4,
+              max_num_batched_tokens=8192, pipeline_parallel_size=2)
+    plain = kv_capacity_blocks(LLAMA70, H100, **kw)
+    assert plain > 0
+    for extra in ({"block_bytes": 2 * kv_block_bytes(LLAMA70, 16, 4)},
+                  {"extra_weight_bytes": 1e9}):
+        with pytest.raises(ValueError, match="pipeline_parallel_size"):
+            kv_capacity_blocks(LLAMA70, H100, **kw, **extra)
