@@ -416,6 +416,27 @@ def _check_pipeline(s: Scenario) -> None:
     if c.disaggregated or (c.faults is not None and c.faults.enabled) or c.groups:
         raise ConfigError(field, "pipeline parallelism runs on colocated replicas without "
                                  "failures or replica groups")
+    straddles = _straddling_replica(s.engine.tensor_parallel_size * pp,
+                                    s.hardware.devices_per_node, c.replicas)
+    if straddles is not None:
+        i, first = straddles
+        raise ConfigError(field, f"replica {i}'s {s.engine.tensor_parallel_size} × {pp} "
+                                 f"devices would start at device {first}, inside a node of "
+                                 f"{s.hardware.devices_per_node}, and reach into the next: its "
+                                 "stages' sends are priced as if it started a node; use a "
+                                 "tensor × pipeline size that tiles the nodes, or one replica")
+
+
+def _straddling_replica(size: int, per_node: int, replicas: int) -> tuple[int, int] | None:
+    """The first replica (and its first device) whose ``size`` devices, replicas packed one
+    after another, start inside a node and run past its end; None if there is none. The
+    pipeline's sends are priced by where each stage starts relative to its replica's first
+    device (latency/pipeline.py), which holds when a replica starts a node or fits in one."""
+    for i in range(1, min(replicas, per_node + 1)):   # the offsets repeat within per_node
+        offset = i * size % per_node
+        if offset and offset + size > per_node:
+            return i, i * size
+    return None
 
 
 ASYNC_POLICIES = ("vllm_v1", "priority", "vllm_native")

@@ -334,3 +334,24 @@ def test_pipeline_capacity_refuses_a_drafters_bytes():
                   {"extra_weight_bytes": 1e9}):
         with pytest.raises(ValueError, match="pipeline_parallel_size"):
             kv_capacity_blocks(LLAMA70, H100, **kw, **extra)
+
+
+def test_replicas_that_straddle_nodes_are_refused():
+    # H100-SXM: 8 devices a node, replicas packed one after another. TP 2 × PP 3 = 6
+    # devices: replica 0 on 0-5, replica 1 on 6-11: its stage 1 (devices 8-9) starts a new
+    # node, which latency/pipeline.py (stage j+1 at (j+1)·TP from the replica's start: 2, not
+    # a multiple of 8) would price as an in-node send: refused
+    with pytest.raises(ConfigError, match="replica 1's 2 × 3 devices would start at device 6") \
+            as e:
+        scenario(engine={"tensor_parallel_size": 2, "pipeline_parallel_size": 3},
+                 cluster={"replicas": 2})
+    assert e.value.field == "engine.pipeline_parallel_size"
+    # one replica starts at device 0: priced right
+    assert scenario(engine={"tensor_parallel_size": 2, "pipeline_parallel_size": 3}
+                    ).engine.pipeline_parallel_size == 3
+    # TP 2 × PP 2 = 4: replicas at 0, 4, 8, 12, each within a node (4 + 4 = 8 <= 8)
+    assert scenario(engine={"tensor_parallel_size": 2, "pipeline_parallel_size": 2},
+                    cluster={"replicas": 4}).cluster.replicas == 4
+    # TP 4 × PP 4 = 16: every replica starts a node (16, 32: multiples of 8)
+    assert scenario(engine={"tensor_parallel_size": 4, "pipeline_parallel_size": 4},
+                    cluster={"replicas": 3}).cluster.replicas == 3
