@@ -11,6 +11,12 @@ arrival (:meth:`admits`, or :meth:`wait` for the next free slot), moves the requ
 to the time it is sent (:meth:`send`), and tells it when requests end (:meth:`release`).
 Runs with a gate are stepped one iteration at a time: an arrival that depends on a finish
 cannot be known ahead, which fast-forward needs.
+
+With a front-end delay ``h`` (``latency.frontend_delay_ms``, a calibrated profile's
+``frontend_delay_s``: the engine's clock runs ``h`` behind the client's, ``runner.collect``)
+the client learns that a request ended ``h`` after the engine ends it, so a slot frees ``h``
+later on the engine's clock (``delay_s``), and the next request, sent then, reaches the engine
+``h`` after it is sent, as every request does.
 """
 
 from __future__ import annotations
@@ -25,10 +31,11 @@ from simserve.workload.spec import RequestSpec
 class ClientGate:
     """At most ``limit`` requests in flight (sent and not yet finished, rejected or failed)."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, delay_s: float = 0.0):
         if limit < 1:
             raise ValueError("max_concurrency must be >= 1")
         self.limit = limit
+        self.delay_s = delay_s    # the front-end delay: a slot frees this long after the end
         self.in_flight = 0
         self._freed: simpy.Event | None = None
 

@@ -272,6 +272,10 @@ def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario")
     policy = sched.str("policy", "vllm_v1", choices=policy_names())
     params_type = describe(policy).params_type
     policy_params = read_params(params_type, sched) if params_type is not None else None
+    ignored = getattr(policy_params, "ignored", None)
+    bad = ignored() if ignored is not None else None   # a knob the policy would not read
+    if bad is not None:
+        raise ConfigError(f"scheduler.{bad[0]}", bad[1])
     sched.done()
     workload = WorkloadConfig.from_fields(Fields(f.any("workload"), "workload"))
     slo = SloConfig.from_fields(f.section("slo"))
@@ -390,7 +394,8 @@ def _check_consistency(s: Scenario) -> None:
 def _check_pipeline(s: Scenario) -> None:
     """What pipeline parallelism (engine/pipeline.py) is built for: a policy whose queues the
     engine can hold micro-batches out of, a stage per layer at most, a colocated cluster
-    without failures or a client concurrency gate, a latency model with per-layer costs."""
+    without failures or replica groups, a latency model with per-layer costs. (A client
+    concurrency gate works with it: the pipelined loop steps, as a gate needs.)"""
     from simserve.sched import POLICIES
     pp, field = s.engine.pipeline_parallel_size, "engine.pipeline_parallel_size"
     if not POLICIES[s.policy].pipelines:
@@ -411,6 +416,27 @@ def _check_pipeline(s: Scenario) -> None:
     if c.disaggregated or (c.faults is not None and c.faults.enabled) or c.groups:
         raise ConfigError(field, "pipeline parallelism runs on colocated replicas without "
                                  "failures or replica groups")
+    straddles = _straddling_replica(s.engine.tensor_parallel_size * pp,
+                                    s.hardware.devices_per_node, c.replicas)
+    if straddles is not None:
+        i, first = straddles
+        raise ConfigError(field, f"replica {i}'s {s.engine.tensor_parallel_size} × {pp} "
+                                 f"devices would start at device {first}, inside a node of "
+                                 f"{s.hardware.devices_per_node}, and reach into the next: its "
+                                 "stages' sends are priced as if it started a node; use a "
+                                 "tensor × pipeline size that tiles the nodes, or one replica")
+
+
+def _straddling_replica(size: int, per_node: int, replicas: int) -> tuple[int, int] | None:
+    """The first replica (and its first device) whose ``size`` devices, replicas packed one
+    after another, start inside a node and run past its end; None if there is none. The
+    pipeline's sends are priced by where each stage starts relative to its replica's first
+    device (latency/pipeline.py), which holds when a replica starts a node or fits in one."""
+    for i in range(1, min(replicas, per_node + 1)):   # the offsets repeat within per_node
+        offset = i * size % per_node
+        if offset and offset + size > per_node:
+            return i, i * size
+    return None
 
 
 ASYNC_POLICIES = ("vllm_v1", "priority", "vllm_native")

@@ -22,7 +22,7 @@ from simserve import deployment
 from simserve.config import Scenario, load_scenario, load_variants
 from simserve.engine import Replica, simulate
 from simserve.engine.build import build_replicas, engine_options
-from simserve.errors import SimserveError
+from simserve.errors import ConfigError, SimserveError
 from simserve.latency.base import LatencyModel
 from simserve.metrics import recorder as _recorder
 from simserve.metrics.recorder import Recorder
@@ -253,6 +253,12 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
     replicas = build_replicas(s, latency)
     for replica in replicas:
         replica.scheduler.record_tokens = record_tokens
+    if s.workload.max_concurrency is not None and len(set(frontend_delays(replicas).values())) > 1:
+        # the client's gate frees a slot one front-end delay after a request ends (clients.py),
+        # one delay for the whole client
+        raise ConfigError("workload.max_concurrency", "a client concurrency gate needs one "
+                          "front-end delay for every replica (latency.frontend_delay_ms or the "
+                          "profiles' frontend_delay_s differ between replica groups)")
     on_progress = bar = None
     if progress:
         from simserve.progress import bar as make_bar
@@ -342,13 +348,15 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
         # a front-end delay h (calibrated, docs/fidelity.md): the request reaches the engine
         # h after the client sends it, so the engine's clock runs h behind the client's. Every
         # engine time (tokens, finishes, steps) moves onto the client's clock, as a real
-        # server is measured; arrivals are the client's send times already.
+        # server is measured; arrivals are the client's send times already (with a client
+        # concurrency gate too: a slot frees a delay after the engine's end, clients.py).
         for r in replicas:
             if r.index in rec.replicas:
                 rec.replicas[r.index].offset = delays[r.index]
         shift = np.array([delays.get(int(i), 0.0) for i in range(int(replica_of.max()) + 1)]
                          if n else [0.0])[replica_of]
         first, finish = first + shift, finish + shift
+        cols["first_scheduled_s"] = cols["first_scheduled_s"] + shift
     out = cols["num_output_tokens"]
     ttft, e2el = first - arrival, finish - arrival
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -104,7 +104,8 @@ def resolve(s: Scenario) -> ReplicaSpec:
                                         tensor_parallel_size=tp, max_num_batched_tokens=budget,
                                         expert_parallel_size=tp * e.data_parallel_size
                                         if e.enable_expert_parallel else 1,
-                                        block_bytes=block_bytes,
+                                        # the model's own block unless a drafter adds
+                                        block_bytes=block_bytes if drafter else None,
                                         extra_weight_bytes=extra_weights,
                                         pipeline_parallel_size=pp)
         except ConfigError as err:

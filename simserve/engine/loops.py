@@ -8,7 +8,8 @@ whoever gives it work triggers. Which loop runs a replica depends on what else c
 :func:`stepping_loop` when a stretch in flight may be cut back (disaggregated prefill/decode)
 or when every step is its own event (``fast_forward=False``); :func:`batch_queue_loop` when a
 replica keeps more than one step in flight (``engine.async_scheduling``: it schedules a step
-while the one before runs; stepped, never fast-forwarded).
+while the one before runs; stepped, never fast-forwarded; the loop itself is
+``engine/queue.py``'s ``queue_loop``, shared with the pipeline).
 
 Fast-forward (sched/stretch.py): when a plan is the start of a *decode stretch* (every running
 request decodes, nothing else happens, and the policy's admission is monotone), the replica
@@ -46,12 +47,13 @@ that finishes the newcomers' prefills while the others decode or wait (a segment
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any
 
 from simserve.engine.clock import Clock, Interrupt
 from simserve.engine.pipeline import pipeline_loop
+from simserve.engine.queue import queue_loop
+from simserve.engine.queue import sleep as _sleep
 from simserve.engine.replica import Flight, Replica
 from simserve.engine.runtime import Runtime, pull_arrivals
 from simserve.latency.base import cpu_overhead_s
@@ -166,43 +168,54 @@ def batch_queue_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     synchronous engine, stepped. Every step is its own event: no fast-forward.
 
     The CPU part of a step (the latency model's ``step_overhead_s``: scheduling, input
-    preparation) runs from the moment it is scheduled, overlapping the device's work on the
-    step before; the device starts the step when both are done. With depth 1 nothing overlaps
+    preparation) runs from the moment it is scheduled, or once the CPU has finished the step
+    before's CPU part (the engine core is one thread: ``step_with_batch_queue`` calls
+    ``schedule`` and ``execute_model`` one step after the other, so the CPU parts never
+    overlap each other), overlapping the device's work on the step before; the device starts
+    the step when both are done. A CPU-bound engine thus makes at most one step per
+    ``step_overhead_s``. With depth 1 nothing overlaps
     and a step takes ``step_time``, as in the other loops."""
-    depth = r.batch_queue_depth
-    queue: deque[tuple[InFlight, float]] = deque()
-    sched = r.scheduler
-    cpu = cpu_overhead_s(r.latency)
-    now = env.now
-    free_at = now            # when the device is done with the steps launched so far
-    while True:
-        plan = sched.schedule() if sched.has_work else None
-        if plan is not None and not plan.is_empty:
-            start = free_at if free_at > now else now
-            if plan.prefill_lens:   # requests scheduled for the first time: their first step
-                for req in sched.newly_scheduled:
-                    req.first_scheduled_s = start
-            # the step's CPU part (the latency model's per-step overhead) runs from now, while
-            # the device may still compute the step before; its device part follows both
-            duration = r.latency.step_time(plan)
-            overhead = cpu if cpu < duration else duration
-            ready = now + overhead
-            end = (free_at if free_at > ready else ready) + (duration - overhead)
-            c.rec.step(r, start, end - start, plan)
-            free_at = end
-            queue.append((sched.launch(plan), end))
-            if len(queue) < depth:
-                continue     # room for another: schedule it now
-        if not queue:
-            woken = yield from _sleep(env, c, r, now)
-            if woken is None:
-                return
-            now = woken
-            continue
-        step, end = queue.popleft()
-        yield env.at(end)
-        now = end
-        c.deliver_step(r, sched, step, now)
+    return queue_loop(env, c, r, r.batch_queue_depth, AsyncTiming(c, r))
+
+
+class AsyncTiming:
+    """:func:`batch_queue_loop`'s timing (:func:`~simserve.engine.queue.queue_loop`): a step
+    starts on the device when the one before it ends and its own CPU part is done; the
+    scheduler holds it with ``launch``/``deliver``."""
+
+    always_wait = True
+
+    def __init__(self, c: Runtime, r: Replica):
+        self.rec, self.r = c.rec, r
+        self.deliver_step = c.deliver_step
+        self.cpu = cpu_overhead_s(r.latency)
+        self.free_at = c.env.now    # when the device is done with the steps launched so far
+        self.cpu_free = c.env.now   # when the CPU is done with the CPU parts of the steps so far
+
+    def launch(self, sched: Scheduler, plan: StepPlan, now: float) -> tuple[InFlight, float]:
+        free_at = self.free_at
+        start = free_at if free_at > now else now
+        if plan.prefill_lens:   # requests scheduled for the first time: their first step
+            for req in sched.newly_scheduled:
+                req.first_scheduled_s = start
+        # the step's CPU part (the latency model's per-step overhead) runs from now, or
+        # once the CPU is done with the step before's (one engine-core thread: the CPU
+        # parts are serial), while the device may still compute the step before; its
+        # device part follows both
+        r = self.r
+        duration = r.latency.step_time(plan)
+        cpu = self.cpu
+        overhead = cpu if cpu < duration else duration
+        cpu_free = self.cpu_free
+        ready = (cpu_free if cpu_free > now else now) + overhead
+        self.cpu_free = ready
+        end = (free_at if free_at > ready else ready) + (duration - overhead)
+        self.rec.step(r, start, end - start, plan)
+        self.free_at = end
+        return sched.launch(plan), end
+
+    def land(self, sched: Scheduler, step: InFlight, now: float) -> None:
+        self.deliver_step(self.r, sched, step, now)
 
 
 # -- the pieces the loops share -------------------------------------------------------------
@@ -256,19 +269,6 @@ def _take(c: Runtime, r: Replica, sched: Scheduler, plan: StepPlan, start: float
         duration = r.latency.step_time(plan)
     c.rec.step(r, start, duration, plan)
     return None, _NO_ENDS, start + duration
-
-
-def _sleep(env: Clock, c: Runtime, r: Replica, now: float) -> Generator[Any, Any, float | None]:
-    """Idle: catch the SimPy clock up, then sleep until someone gives the replica work; the
-    time woken, or None when the run is over."""
-    if env.now < now:
-        yield env.at(now)
-    if c.finished:
-        return None
-    r.wakeup = env.event()
-    yield r.wakeup
-    r.wakeup = None
-    return env.now
 
 
 def _hold(env: Clock, c: Runtime, r: Replica, stretch: Stretch | None, start: float,

@@ -30,20 +30,23 @@ micro-batch followed by a small one: the small one waits on the large one stage 
 What the step log records: a micro-batch's row spans from the previous micro-batch's output (or
 its own scheduling, if later) to its own output, so the rows tile the replica's time without
 overlap and the sums the metrics make (busy time, time-weighted levels) stay meaningful; a
-row's duration is the replica's output cadence, not the micro-batch's latency. Pipelined
+row's duration is the replica's output cadence, not the micro-batch's latency. A request is
+first scheduled when its first micro-batch enters stage 0 (``enter_0``), as the other loops
+stamp the device's start. Pipelined
 replicas step (no fast-forward): every micro-batch is its own event.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Generator
 from typing import Any
 
 from simserve.engine.clock import Clock
+from simserve.engine.queue import queue_loop
 from simserve.engine.replica import Replica
 from simserve.engine.runtime import Runtime
-from simserve.sched.core import Batch
+from simserve.sched.core import Batch, Scheduler
+from simserve.sched.plan import StepPlan
 
 
 class Stages:
@@ -52,63 +55,55 @@ class Stages:
     def __init__(self, p: int):
         self.free = [0.0] * p
 
-    def push(self, start: float, times: list[float], sends: list[float]) -> float:
-        """The time a micro-batch scheduled at ``start`` leaves the last stage."""
+    def push(self, start: float, times: list[float], sends: list[float]
+             ) -> tuple[float, float]:
+        """When a micro-batch scheduled at ``start`` enters the first stage (it waits for the
+        stage to be free) and when it leaves the last."""
         free, t = self.free, start
         last = len(free) - 1
+        entered = start
         for j, stage in enumerate(times):
             if free[j] > t:
                 t = free[j]
+            if j == 0:
+                entered = t
             t += stage
             free[j] = t
             if j < last:
                 t += sends[j]
-        return t
+        return entered, t
+
+
+class PipelineTiming:
+    """:func:`~simserve.engine.queue.queue_loop`'s timing for a pipelined replica: a
+    micro-batch runs through :class:`Stages`, its requests parked while it is in flight."""
+
+    always_wait = False
+
+    def __init__(self, c: Runtime, r: Replica):
+        self.rec, self.r = c.rec, r
+        self.finish_steps = c.finish_steps
+        self.stages = Stages(r.depth)
+        self.latency: Any = r.latency           # a PipelineLatency (engine/build.py)
+        self.last_end = 0.0                     # the latest output time scheduled so far
+
+    def launch(self, sched: Scheduler, plan: StepPlan, now: float) -> tuple[Batch, float]:
+        entered, out = self.stages.push(now, *self.latency.stages(plan))
+        if plan.prefill_lens:                  # first scheduled: when the device starts it
+            for req in sched.newly_scheduled:
+                req.first_scheduled_s = entered
+        start = max(now, self.last_end)        # the row: from the previous output to this one
+        duration = out - start
+        self.rec.step(self.r, start, duration, plan)
+        self.last_end = start + duration
+        return sched.park(), self.last_end
+
+    def land(self, sched: Scheduler, batch: Batch, now: float) -> None:
+        sched.unpark(batch)
+        assert batch.plan is not None
+        self.finish_steps(self.r, sched, batch.plan, None, [], now)
 
 
 def pipeline_loop(env: Clock, c: Runtime, r: Replica) -> Generator[Any, Any, None]:
     """Run a replica of ``r.depth`` stages (the module docstring)."""
-    sched, depth = r.scheduler, r.depth
-    stages = Stages(depth)
-    flight: deque[tuple[Batch, float]] = deque()   # parked micro-batches and their output times
-    latency: Any = r.latency                       # a PipelineLatency (engine/build.py)
-    last_end = 0.0                                 # the latest output time scheduled so far
-    now = env.now
-    while True:
-        if len(flight) < depth and sched.has_work:
-            plan = sched.schedule()
-            if not plan.is_empty:
-                if plan.prefill_lens:
-                    for req in sched.newly_scheduled:
-                        req.first_scheduled_s = now
-                out = stages.push(now, *latency.stages(plan))
-                start = max(now, last_end)     # the row: from the previous output to this one
-                duration = out - start
-                c.rec.step(r, start, duration, plan)
-                last_end = start + duration
-                flight.append((sched.park(), last_end))
-                continue                       # fill the queue before waiting on it
-        if not flight:
-            woken = yield from _idle(env, c, r, now)
-            if woken is None:
-                return
-            now = woken
-            continue
-        batch, end = flight.popleft()          # wait for the oldest micro-batch's output
-        if env.now < end:
-            yield env.at(end)
-        now = end
-        sched.unpark(batch)
-        assert batch.plan is not None
-        c.finish_steps(r, sched, batch.plan, None, [], now)
-
-
-def _idle(env: Clock, c: Runtime, r: Replica, now: float) -> Generator[Any, Any, float | None]:
-    if env.now < now:
-        yield env.at(now)
-    if c.finished:
-        return None
-    r.wakeup = env.event()
-    yield r.wakeup
-    r.wakeup = None
-    return env.now
+    return queue_loop(env, c, r, r.depth, PipelineTiming(c, r))

@@ -31,7 +31,7 @@ from heapq import heapify, heappop, heappush
 from typing import Any, cast
 
 from simserve.clients import ClientGate
-from simserve.engine.clock import LATE, URGENT, Clock
+from simserve.engine.clock import LATE, NORMAL, URGENT, Clock
 from simserve.engine.replica import Replica, Router, rejection_reason
 from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
@@ -142,8 +142,12 @@ class Runtime:
 
     def resolve(self, n: int) -> None:
         self.pending -= n
-        if self.gate is not None:
-            self.gate.release(n)
+        gate = self.gate
+        if gate is not None:
+            if gate.delay_s:    # the client learns of the end a front-end delay later
+                self.env.call_at(self.env.now + gate.delay_s, NORMAL, lambda: gate.release(n))
+            else:
+                gate.release(n)
         if self.pending == 0:
             self.finished = True
         if self.progress is not None:

@@ -29,7 +29,8 @@ def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: 
     src, dst)`` prices a KV handoff. ``faults`` is a ``faults.FaultSchedule`` (replicas need a
     ``factory`` then); ``on_failure`` and ``max_retries`` say what happens to the requests a
     failed replica held. Every request ends finished, rejected or failed. ``max_concurrency``
-    limits the requests in flight as a benchmark client does (simserve/clients.py; stepped).
+    limits the requests in flight as a benchmark client does (simserve/clients.py; stepped),
+    a slot freeing the replicas' front-end delay (``latency.frontend_delay_s``) after the end.
     ``compact_requests`` keeps only the requests in flight as objects (``Recorder.requests``),
     the resolved ones as columns (``Recorder.resolved``): memory O(requests in flight); with
     it, a long run's oldest steps are folded into their sums (``Recorder.fold``) unless
@@ -43,7 +44,10 @@ def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: 
         fast_forward = False       # an arrival that waits on a finish is not known ahead
     c = Runtime(env, rec, specs, replicas, router, fast_forward, decode_router, transfer_s,
                  faults, on_failure, max_retries)
-    c.gate = ClientGate(max_concurrency) if max_concurrency is not None else None
+    if max_concurrency is not None:
+        # the replicas' front-end delay (one for all: runner.run refuses differing ones)
+        delay = max(float(getattr(r.latency, "frontend_delay_s", 0.0) or 0.0) for r in replicas)
+        c.gate = ClientGate(max_concurrency, delay)
     c.progress = progress
     loop = loop_for(c)
     for r in replicas:

@@ -147,6 +147,11 @@ def kv_capacity_blocks(model: ModelCard, hw: HardwareSpec, *, block_size: int,
     """
     tp = tensor_parallel_size
     if pipeline_parallel_size > 1:
+        if block_bytes is not None or extra_weight_bytes:
+            # a speculative drafter's KV and weights: which stage holds them is not modelled
+            # (config refuses speculative decoding with pipeline_parallel_size > 1)
+            raise ValueError("kv_capacity_blocks: block_bytes and extra_weight_bytes (a "
+                             "drafter's) are not modelled with pipeline_parallel_size > 1")
         return _pipeline_blocks(model, hw, block_size, gpu_memory_utilization, tp,
                                 max_num_batched_tokens, max_num_seqs, expert_parallel_size,
                                 pipeline_parallel_size)

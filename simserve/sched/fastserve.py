@@ -19,7 +19,8 @@ cases and for comparison with earlier results): quanta of ``base_quantum · quan
 iterations, skip-join by prompt length (queue ``i`` takes prompts up to
 ``skip_join_tokens · quantum_ratio^i`` tokens), starvation after ``starvation_steps``
 iterations. ``base_quantum_ms`` and ``starvation_ms`` are read only with ``seconds``;
-``base_quantum``, ``skip_join_tokens`` and ``starvation_steps`` only with ``iterations``.
+``base_quantum``, ``skip_join_tokens`` and ``starvation_steps`` only with ``iterations``; one of
+the other unit set to anything but its default is refused (:meth:`FastServeParams.ignored`).
 
 Preempted jobs keep their KV on the device while it fits; when a job about to run needs blocks,
 the lowest-priority jobs not running this iteration are swapped out to host memory (dropped, to
@@ -73,6 +74,22 @@ class FastServeParams:
     starvation_steps: int = knob(1000, min=0)      # 0: never promote
     proactive_swap: bool = knob(True)              # keep a reserve free, prefetch alongside
     reserve_blocks: int | None = knob(None, min=0)  # None: max_num_seqs (the artifact's)
+
+    def ignored(self) -> tuple[str, str] | None:
+        """A knob of the other ``quantum_unit`` set to anything but its default (it would be
+        silently ignored): its name and why, or None. A default is let through, so a written
+        scenario (every knob in it) parses back."""
+        other = _ITERATION_KNOBS if self.quantum_unit == "seconds" else _SECOND_KNOBS
+        for name in other:
+            if getattr(self, name) != FastServeParams.__dataclass_fields__[name].default:
+                return name, (f"read only with quantum_unit: {_UNIT_OF[name]} (this is "
+                              f"quantum_unit: {self.quantum_unit}); remove it or change the unit")
+        return None
+
+
+_SECOND_KNOBS = ("base_quantum_ms", "starvation_ms")
+_ITERATION_KNOBS = ("base_quantum", "skip_join_tokens", "starvation_steps")
+_UNIT_OF = {**{k: "seconds" for k in _SECOND_KNOBS}, **{k: "iterations" for k in _ITERATION_KNOBS}}
 
 
 class FastServe(Scheduler):

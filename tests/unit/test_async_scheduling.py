@@ -295,9 +295,12 @@ class OverheadLatency:
     # at 0 too, CPU 0-3, device after step 0: 10-17. Step 2: scheduled at 10 (step 0's output
     # in), CPU 10-13, device 17-24. Step 3: scheduled at 17, device 24-31.
     (0.003, [0.010, 0.017, 0.024, 0.031]),
-    # 8 ms CPU + 2 ms device: the CPU binds. Step 1: CPU 0-8, device 10-12; step 2: scheduled
-    # at 10, CPU 10-18, device 18-20; step 3: scheduled at 12, CPU 12-20, device 20-22.
-    (0.008, [0.010, 0.012, 0.020, 0.022]),
+    # 8 ms CPU + 2 ms device: the CPU binds, and it does one step's CPU part at a time.
+    # Step 0: scheduled at 0, CPU 0-8, device 8-10. Step 1: scheduled at 0, CPU once free:
+    # 8-16, device 16-18. Step 2: scheduled at 10 (step 0's output in), CPU 16-24, device
+    # 24-26. Step 3: scheduled at 18, CPU 24-32, device 32-34. Tokens at 10, 18, 26, 34 ms:
+    # one per 8 ms of CPU once the CPU is the bottleneck.
+    (0.008, [0.010, 0.018, 0.026, 0.034]),
     # no CPU part: the device back to back, as synchronously
     (0.0, [0.010, 0.020, 0.030, 0.040]),
 ])
@@ -313,3 +316,21 @@ def test_the_cpu_part_of_a_step_overlaps_the_device_work_of_the_one_before(overh
     rec = simulate([RequestSpec(0, 0.0, 8, 4)], [Replica(0, sync, OverheadLatency(overhead),
                                                          512)], round_robin())
     assert rec.requests[0].token_times == pytest.approx([0.010, 0.020, 0.030, 0.040])
+
+
+def test_a_cpu_bound_engine_makes_one_step_per_cpu_part():
+    # one request, prompt 8, 201 outputs: a prefill and 200 decodes, 10 ms a step of which
+    # 9 ms is CPU. The CPU parts are serial: step k's CPU part runs (9k, 9k+9] ms, its device
+    # part (9k+9, 9k+10] ms (the device, 1 ms a step, is always free by then), so the tokens
+    # come 9 ms apart: the first at 10 ms, the last (step 200) at 9*200+10 = 1810 ms, and
+    # TPOT = (1.810-0.010)/200 = 9 ms >= the 9 ms of CPU a step. (With the CPU parts
+    # overlapping, two steps a 10 ms cycle, TPOT was about 5 ms.)
+    s = v1()
+    s.record_tokens = True
+    rec = simulate([RequestSpec(0, 0.0, 8, 201)], [Replica(0, s, OverheadLatency(0.009), 512)],
+                   round_robin())
+    times = rec.requests[0].token_times
+    assert len(times) == 201
+    assert times[0] == pytest.approx(0.010) and times[-1] == pytest.approx(1.810)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert min(gaps) == pytest.approx(0.009) and max(gaps) == pytest.approx(0.009)

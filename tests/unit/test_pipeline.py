@@ -55,10 +55,10 @@ def run(specs, latency, p=2, budget=10, policy="vllm_v1"):
 def test_stages_push_by_hand():
     s = Stages(2)
     # micro-batch 1 at t=0: stage 0 [0, 1], send 0.5, stage 1 [1.5, 2.5]
-    assert s.push(0.0, [1.0, 1.0], [0.5]) == 2.5
-    # micro-batch 2 also at t=0: stage 0 free at 1 -> [1, 1.2]; +0.5 -> 1.7, but stage 1 is
-    # busy until 2.5 -> [2.5, 2.7]
-    assert s.push(0.0, [0.2, 0.2], [0.5]) == pytest.approx(2.7)
+    assert s.push(0.0, [1.0, 1.0], [0.5]) == (0.0, 2.5)
+    # micro-batch 2 also at t=0: stage 0 free at 1 -> [1, 1.2] (it enters at 1); +0.5 -> 1.7,
+    # but stage 1 is busy until 2.5 -> [2.5, 2.7]
+    assert s.push(0.0, [0.2, 0.2], [0.5]) == (1.0, pytest.approx(2.7))
     assert s.free == [pytest.approx(1.2), pytest.approx(2.7)]
 
 
@@ -80,6 +80,9 @@ def test_two_micro_batches_in_flight_one_output_per_stage_time():
     # running requests when each is scheduled, those in flight included: B still waits when
     # batch 1 is formed; at t=5 A's last decode is in flight while B's is scheduled
     assert list(log["num_running"]) == [1, 2, 2, 2, 2, 2]
+    # first scheduled: when the device starts the micro-batch, as the other loops stamp it:
+    # A's batch 1 enters stage 0 at 0; B's batch 2, scheduled at 0, waits for it until 1
+    assert {q.id: q.first_scheduled_s for q in rec.requests} == {0: 0.0, 1: 1.0}
 
 
 def test_one_request_leaves_a_bubble():
@@ -320,3 +323,51 @@ def test_profile_split_over_stages_by_hand():
     assert times[1] == pytest.approx(layered / 2 + parts["lm_head"])
     # TP 1: 8 tokens · 2 · 4096 · 2 B over NVLink (450 GB/s), no all-gather, + 10 µs
     assert sends == [pytest.approx(8 * 2 * 4096 * 2 / 450e9 + 10e-6)]
+
+
+def test_a_client_concurrency_gate_with_a_pipeline():
+    # max_concurrency 1 (config.py's _check_pipeline lets it through): B, due at 0, is sent
+    # only when A ends. A alone: each step through both 1 s stages, tokens at 2, 4 (finish
+    # 4); B sent at 4: tokens at 6, 8
+    sched = make_scheduler("vllm_v1", budget=10, max_num_seqs=8, num_blocks=100)
+    sched.record_tokens = True
+    r = Replica(0, sched, PerToken(2, stage_s=1.0), 10_000, depth=2)
+    rec = simulate([RequestSpec(0, 0.0, 10, 2), RequestSpec(1, 0.0, 10, 2)], [r],
+                   make_router("round_robin"), max_concurrency=1)
+    assert {q.id: q.token_times for q in rec.requests} == {0: [2.0, 4.0], 1: [6.0, 8.0]}
+    assert {q.id: q.spec.arrival_s for q in rec.requests} == {0: 0.0, 1: 4.0}
+
+
+def test_pipeline_capacity_refuses_a_drafters_bytes():
+    # kv_capacity_blocks' block_bytes / extra_weight_bytes (a speculative drafter's KV and
+    # weights) have no stage to go to: refused rather than ignored (config refuses
+    # speculative decoding with PP, so no scenario gets here)
+    kw = dict(block_size=16, gpu_memory_utilization=0.9, tensor_parallel_size=4,
+              max_num_batched_tokens=8192, pipeline_parallel_size=2)
+    plain = kv_capacity_blocks(LLAMA70, H100, **kw)
+    assert plain > 0
+    for extra in ({"block_bytes": 2 * kv_block_bytes(LLAMA70, 16, 4)},
+                  {"extra_weight_bytes": 1e9}):
+        with pytest.raises(ValueError, match="pipeline_parallel_size"):
+            kv_capacity_blocks(LLAMA70, H100, **kw, **extra)
+
+
+def test_replicas_that_straddle_nodes_are_refused():
+    # H100-SXM: 8 devices a node, replicas packed one after another. TP 2 × PP 3 = 6
+    # devices: replica 0 on 0-5, replica 1 on 6-11: its stage 1 (devices 8-9) starts a new
+    # node, which latency/pipeline.py (stage j+1 at (j+1)·TP from the replica's start: 2, not
+    # a multiple of 8) would price as an in-node send: refused
+    with pytest.raises(ConfigError, match="replica 1's 2 × 3 devices would start at device 6") \
+            as e:
+        scenario(engine={"tensor_parallel_size": 2, "pipeline_parallel_size": 3},
+                 cluster={"replicas": 2})
+    assert e.value.field == "engine.pipeline_parallel_size"
+    # one replica starts at device 0: priced right
+    assert scenario(engine={"tensor_parallel_size": 2, "pipeline_parallel_size": 3}
+                    ).engine.pipeline_parallel_size == 3
+    # TP 2 × PP 2 = 4: replicas at 0, 4, 8, 12, each within a node (4 + 4 = 8 <= 8)
+    assert scenario(engine={"tensor_parallel_size": 2, "pipeline_parallel_size": 2},
+                    cluster={"replicas": 4}).cluster.replicas == 4
+    # TP 4 × PP 4 = 16: every replica starts a node (16, 32: multiples of 8)
+    assert scenario(engine={"tensor_parallel_size": 4, "pipeline_parallel_size": 4},
+                    cluster={"replicas": 3}).cluster.replicas == 3

@@ -483,3 +483,22 @@ def test_fastserve_time_quanta_need_the_latency_model():
     s = make("fastserve", FastServeParams())
     with pytest.raises(RuntimeError, match="latency model"):
         s.add(req(0, 4, 4))
+
+
+@pytest.mark.parametrize("unit, knob, value", [
+    ("iterations", "base_quantum_ms", 5.0), ("iterations", "starvation_ms", 100.0),
+    ("seconds", "base_quantum", 2), ("seconds", "skip_join_tokens", 64),
+    ("seconds", "starvation_steps", 5)])
+def test_fastserve_refuses_a_knob_of_the_other_quantum_unit(unit, knob, value):
+    # the knob would be silently ignored: one error naming it
+    with pytest.raises(ConfigError, match="read only with quantum_unit") as e:
+        parse_scenario(scenario("fastserve", quantum_unit=unit, **{knob: value}))
+    assert e.value.field == f"scheduler.{knob}"
+
+
+def test_fastserve_knobs_at_their_defaults_round_trip():
+    # a written scenario carries every knob (the other unit's at its default): it parses back
+    s = parse_scenario(scenario("fastserve", quantum_unit="iterations", base_quantum=2))
+    assert parse_scenario(s.to_dict()).policy_params == s.policy_params
+    s = parse_scenario(scenario("fastserve", base_quantum_ms=5.0))
+    assert parse_scenario(s.to_dict()).policy_params == s.policy_params

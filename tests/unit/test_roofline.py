@@ -366,3 +366,50 @@ def test_allreduce_across_nodes_by_hand():
     m8 = RooflineModel(falcon, load_hardware("A100-80GB-PCIe"), tensor_parallel_size=8,
                        allreduce_latency_s=10e-6)
     assert m8.allreduce_s(10) == pytest.approx(160 * (519_680 / 300e9 + 10e-6))
+
+
+def test_frontend_delay_with_a_client_concurrency_gate():
+    # max_concurrency 1, every request due at once: the client sends request k+1 when it has
+    # request k's last token, i.e. h = 24 ms after the engine ends it (the engine's clock runs
+    # h behind the client's), and request k+1 reaches the engine h after that. So on the
+    # client's clock, arrival[k+1] = finish[k] exactly (before: finish[k] - 24 ms, a slot
+    # freed at the engine's end), each request runs alone as without the delay (TTFT, E2EL
+    # +24 ms, the same engine times), and the scheduling delay (first scheduled - arrival)
+    # is the plain one + 24 ms: the engine sees the request h after it is sent.
+    import numpy as np
+
+    import simserve
+    from simserve.config import parse_scenario
+    raw = {"model": "OPT-13B", "hardware": "A100-80GB",
+           "workload": {"arrival": "poisson", "rate": "inf", "num_requests": 4,
+                        "max_concurrency": 1,
+                        "prompt": {"dist": "fixed", "value": 300},
+                        "output": {"dist": "fixed", "value": 20}}}
+    plain = simserve.run(parse_scenario(raw)).requests.sort_values("arrival_s")
+    raw["latency"] = {"model": "roofline", "frontend_delay_ms": 24}
+    r = simserve.run(parse_scenario(raw)).requests.sort_values("arrival_s")
+    assert np.allclose(r.arrival_s.to_numpy()[1:], r.finish_s.to_numpy()[:-1])
+    assert np.allclose(plain.arrival_s.to_numpy()[1:], plain.finish_s.to_numpy()[:-1])
+    assert np.allclose(r.ttft_s, plain.ttft_s + 0.024)
+    assert np.allclose(r.e2el_s, plain.e2el_s + 0.024)
+    assert np.allclose(r.first_scheduled_s - r.arrival_s,
+                       plain.first_scheduled_s - plain.arrival_s + 0.024)
+
+
+def test_a_concurrency_gate_refuses_differing_frontend_delays():
+    # the client's gate frees a slot one front-end delay after an end: one delay for all
+    import simserve
+    from simserve.config import parse_scenario
+    raw = {"model": "OPT-13B", "hardware": "A100-80GB",
+           "cluster": {"groups": [
+               {"name": "a", "latency": {"model": "roofline", "frontend_delay_ms": 24}},
+               {"name": "b", "latency": {"model": "roofline", "frontend_delay_ms": 10}}]},
+           "workload": {"arrival": "poisson", "rate": "inf", "num_requests": 4,
+                        "max_concurrency": 2,
+                        "prompt": {"dist": "fixed", "value": 300},
+                        "output": {"dist": "fixed", "value": 20}}}
+    with pytest.raises(ConfigError, match="one front-end delay") as e:
+        simserve.run(parse_scenario(raw))
+    assert e.value.field == "workload.max_concurrency"
+    raw["cluster"]["groups"][1]["latency"]["frontend_delay_ms"] = 24
+    assert len(simserve.run(parse_scenario(raw)).requests) == 4
