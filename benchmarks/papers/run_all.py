@@ -1,6 +1,6 @@
-"""Run the five seed-paper reproductions and save what each prints under results/.
+"""Run the seed-paper reproductions and save what each prints under results/.
 
-    .venv/bin/python benchmarks/papers/run_all.py            # all five
+    .venv/bin/python benchmarks/papers/run_all.py            # all six
     .venv/bin/python benchmarks/papers/run_all.py sarathi    # some
 
 Each script prints the paper's number, simserve's and their ratio, and whether the ratio lands

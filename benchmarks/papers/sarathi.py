@@ -10,17 +10,11 @@ not reproduced: simserve has no pipeline-parallel engine yet.
 
 from __future__ import annotations
 
-import dataclasses
-
-from common import TOLERANCE, max_rate, table, variants, verdict
+from common import strict_and_relaxed, TOLERANCE, max_rate, table, verdict
 
 
 def main() -> None:
-    strict = variants("sarathi")
-    relaxed = variants("sarathi", ["slo.tbt_ms=500"])
-    s512 = relaxed.pop("sarathi-512")
-    relaxed["sarathi-2048"] = s512.replace(
-        engine=dataclasses.replace(s512.engine, max_num_batched_tokens=2048))
+    strict, relaxed = strict_and_relaxed("sarathi", 500)
     rows, notes = [], []
     for name, v, budget in (("strict (P99 TBT <= 100 ms)", strict, "sarathi-512"),
                             ("relaxed (P99 TBT <= 500 ms)", relaxed, "sarathi-2048")):
@@ -43,7 +37,7 @@ def main() -> None:
     print(table(rows))
     print()
     print("\n".join(notes))
-    print("PP case (Falcon-180B TP4-PP2): not run — pipeline parallelism is not modelled.")
+    print("PP case (Falcon-180B TP4-PP2): benchmarks/papers/sarathi_pp.py.")
 
 
 if __name__ == "__main__":

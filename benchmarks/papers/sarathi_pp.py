@@ -20,9 +20,7 @@ ring's 2 (nodes - 1) inter-node steps (NCCL's own latency model), one hop of NCC
 
 from __future__ import annotations
 
-import dataclasses
-
-from common import TOLERANCE, max_rate, run, table, verdict, variants
+from common import strict_and_relaxed, TOLERANCE, max_rate, run, table, verdict, variants
 
 from simserve.engine.build import build_latency
 from simserve.sched.plan import StepPlan
@@ -49,11 +47,7 @@ def orca_cause(cap: float, ratio: float) -> str:
 
 
 def main() -> None:
-    strict = variants("sarathi_pp")
-    relaxed = variants("sarathi_pp", ["slo.tbt_ms=5000"])
-    s512 = relaxed.pop("sarathi-512")
-    relaxed["sarathi-2048"] = s512.replace(
-        engine=dataclasses.replace(s512.engine, max_num_batched_tokens=2048))
+    strict, relaxed = strict_and_relaxed("sarathi_pp", 5000)
     rows, notes = [], []
     rates = {}
     for name, v, budget in (("strict (P99 TBT <= 1 s)", strict, "sarathi-512"),

@@ -114,27 +114,36 @@ def test_driver_rejects_what_can_never_run_and_pins_replicas(tmp_path):
     assert [st.requests_finished for st in stats] == [0, 3]
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_the_same_arrivals_give_the_same_schedule_as_simserve_run(tmp_path, async_scheduling):
-    """The live schedule is the engine's: ``simserve run`` of a trace of the arrivals it saw
-    gives the very same token times (also with vLLM's async scheduling: a batch queue)."""
+def live_and_offline(tmp_path: Path, text: str):
+    """Serve 30 random requests live under the scenario ``text``, record the arrivals it saw,
+    and run them offline (``simserve run`` of the recorded trace): (served, offline) tables,
+    both sorted by request id and checked to hold all 30."""
     from simserve.live.serve import write_record
     from simserve.runner import run
 
-    text = SCENARIO.replace("max_model_len: 4096}", "max_model_len: 4096, "
-                            "async_scheduling: true}") if async_scheduling else SCENARIO
     s = load_scenario(write_scenario(tmp_path, text))
-    assert s.engine.async_scheduling is async_scheduling
     rng = np.random.default_rng(1)
     plan = [(float(rng.exponential(0.02)), int(rng.integers(50, 1500)),
              int(rng.integers(2, 40)), None) for _ in range(30)]
-    sim, streams, counts, _ = run_live(s, plan, record=True)
+    sim, _, _, _ = run_live(s, plan, record=True)
     write_record(sim.served, tmp_path / "rec")
     replayed = load_scenario(write_scenario(tmp_path, text.split("workload:")[0] + (
         f"workload: {{trace: {tmp_path / 'rec' / 'trace.csv'}, format: csv}}\n"), "t.yaml"))
     offline = run(replayed).requests.sort_values("request_id")
     served = pd.read_csv(tmp_path / "rec" / "served.csv")
     assert len(served) == len(offline) == 30
+    return served, offline
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_same_arrivals_give_the_same_schedule_as_simserve_run(tmp_path, async_scheduling):
+    """The live schedule is the engine's: ``simserve run`` of a trace of the arrivals it saw
+    gives the very same token times (also with vLLM's async scheduling: a batch queue)."""
+    text = SCENARIO.replace("max_model_len: 4096}", "max_model_len: 4096, "
+                            "async_scheduling: true}") if async_scheduling else SCENARIO
+    assert load_scenario(write_scenario(tmp_path, text)).engine.async_scheduling \
+        is async_scheduling
+    served, offline = live_and_offline(tmp_path, text)
     np.testing.assert_allclose(served["arrival_s"], offline["arrival_s"], rtol=0, atol=1e-12)
     np.testing.assert_allclose(served["first_token_s"], offline["first_token_s"], rtol=0,
                                atol=1e-9)
