@@ -170,3 +170,26 @@ def test_stepwise_switch_gives_identical_outputs(tmp_path, capsys):
                    capsys)[0] == 0
     for name in ("requests.csv", "steps.csv", "summary.json"):
         assert (tmp_path / "ff" / name).read_bytes() == (tmp_path / "st" / name).read_bytes()
+
+
+@pytest.mark.parametrize("setting, field", [
+    ("engine.async_scheduling=maybe", "engine.async_scheduling"),
+    ("engine.async_scheduling=1", "engine.async_scheduling"),
+    ("engine.pipeline_parallel_size=true", "engine.pipeline_parallel_size"),
+    ("engine.pipeline_parallel_size=2.5", "engine.pipeline_parallel_size"),
+    ("engine.pipeline_parallel_size=1000000000000000000000000000000",
+     "engine.pipeline_parallel_size"),
+    ("engine.pipeline_parallel_size=-1", "engine.pipeline_parallel_size"),
+    ("latency.frontend_delay_ms=-5", "latency.frontend_delay_ms"),
+    ("latency.frontend_delay_ms=abc", "latency.frontend_delay_ms"),
+    ("latency.frontend_delay_ms=.nan", "latency.frontend_delay_ms"),
+])
+def test_garbage_in_the_new_engine_knobs_is_one_error(tmp_path, capsys, setting, field):
+    # async scheduling, pipeline parallelism and the front-end delay (2026-11-25): exit 2, one
+    # line naming the field, no traceback, nothing written
+    out = tmp_path / "r"
+    code, _, err = run_cli(["run", DATA / "tiny.yaml", "--set", setting, "--out", out], capsys)
+    assert code == 2
+    assert field in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists()
