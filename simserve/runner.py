@@ -1,7 +1,10 @@
 """The Python API: ``simserve.run(scenario) -> Result`` with pandas DataFrames.
 
 Builds replicas (block manager + policy + latency model) from a scenario, runs the engine, and
-turns what the recorder saw into tables. Writing files is ``Result.save``'s job alone.
+turns what the recorder saw into columns and the summary. The DataFrames (``Result.requests``,
+``steps``, ``tokens()``) are built from those columns on first use: a caller that needs only
+the summary (a capacity search, a sweep) never imports pandas. Writing files is
+``Result.save``'s job alone.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from simserve.workload import build_workload
 if TYPE_CHECKING:
     import pandas as pd
 
-# pandas and the summary (which imports it) are imported where the tables are built, after the
-# simulation: `simserve run` starts simulating without paying for them.
+# pandas is imported where a DataFrame is first asked for (Result.requests, steps, tokens(),
+# save): neither the simulation nor the summary needs it.
 
 REQUEST_COLUMNS = (
     "request_id", "replica", "arrival_s", "num_prompt_tokens", "num_output_tokens", "status",
@@ -50,7 +53,7 @@ class Result:
     """One simulated run: per-request and per-step tables, token times and the summary."""
 
     scenario: Scenario
-    requests: pd.DataFrame
+    _requests: pd.DataFrame | None          # None: not built yet (from _columns)
     _steps: pd.DataFrame | None
     summary: dict
     latency_label: str = ""
@@ -58,6 +61,32 @@ class Result:
     _recorder: Recorder | None = field(default=None, repr=False)
     _tracks: list | None = field(default=None, repr=False)   # (TokenTrack, delay) per row
     _token_times: list | None = field(default=None, repr=False)
+    # the per-request columns (REQUEST_COLUMNS, in order; NumPy arrays) until ``requests`` is
+    # built from them
+    _columns: dict[str, np.ndarray] | None = field(default=None, repr=False)
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        """One row per request, ``REQUEST_COLUMNS`` (built on first use: the summary is
+        computed from the run's columns without pandas)."""
+        if self._requests is None:
+            import pandas as pd
+            assert self._columns is not None, "a Result has its requests or their columns"
+            self._requests = pd.DataFrame(self._columns, columns=list(REQUEST_COLUMNS),
+                                          copy=False)   # (the columns as they are: no copy)
+            self._columns = None    # (text columns as objects: the frame holds them as strings)
+        return self._requests
+
+    @requests.setter
+    def requests(self, frame: pd.DataFrame) -> None:
+        self._requests, self._columns = frame, None
+
+    @property
+    def num_requests(self) -> int:
+        """Rows of ``requests`` (without building the table)."""
+        if self._columns is not None:
+            return len(self._columns["request_id"])
+        return len(self.requests)
 
     @property
     def steps(self) -> pd.DataFrame:
@@ -119,7 +148,8 @@ class Result:
     def tokens(self) -> pd.DataFrame:
         """Every output token: ``request_id``, ``token_index`` (0-based), ``time_s``."""
         import pandas as pd
-        ids = self.requests["request_id"].to_numpy()
+        ids = self._columns["request_id"] if self._columns is not None \
+            else self.requests["request_id"].to_numpy()
         counts = [len(t) for t in self.token_times]
         return pd.DataFrame({
             "request_id": np.repeat(ids, counts),
@@ -140,7 +170,7 @@ class Result:
         and Parquet for a run of more than ``CSV_ROWS`` requests when pyarrow is installed
         (a run of millions of requests: a gigabyte of CSV nobody asked for)."""
         if fmt is None:
-            fmt = "parquet" if len(self.requests) > CSV_ROWS and has_pyarrow() else "csv"
+            fmt = "parquet" if self.num_requests > CSV_ROWS and has_pyarrow() else "csv"
         if fmt not in OUTPUT_FORMATS:
             raise SimserveError(f"output format {fmt!r}: choose one of {', '.join(OUTPUT_FORMATS)}")
         if fmt == "parquet":
@@ -330,8 +360,8 @@ def frontend_delays(replicas: list[Replica]) -> dict[int, float]:
 
 
 def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
-    import pandas as pd
-
+    """The run's per-request columns and its summary, from what the recorder saw (NumPy only:
+    ``Result.requests`` becomes a DataFrame on first use)."""
     from simserve.metrics.cluster import cluster_summary
     from simserve.metrics.summary import grouped_levels, spec_decode_summary, summarize
     rec.compact()                   # every request is resolved by now: all into columns
@@ -361,13 +391,10 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     ttft, e2el = first - arrival, finish - arrival
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(finished & (out > 1), (e2el - ttft) / (out - 1), nan)
-    requests = pd.DataFrame({
-        **{c: cols[c] for c in REQUEST_COLUMNS if c in cols},
-        "first_token_s": first, "finish_s": finish,
-        "ttft_s": ttft, "e2el_s": e2el, "tpot_s": tpot,
-    }, columns=list(REQUEST_COLUMNS), copy=False)     # (the columns as they are: no copy)
+    cols.update(first_token_s=first, finish_s=finish, ttft_s=ttft, e2el_s=e2el, tpot_s=tpot)
+    requests = {c: cols[c] for c in REQUEST_COLUMNS}
     has_classes = any(cols["class"])
-    del cols, status                # (text columns as objects: the frame holds them as strings)
+    del cols, status
     logs = [rec.replicas[i] for i in sorted(rec.replicas)]
 
     def levels(t0: float, t1: float) -> dict:
@@ -397,7 +424,7 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     if row_tracks is not None:
         tracks = [(t, delays.get(int(i), 0.0)) if t is not None else (None, 0.0)
                   for t, i in zip(row_tracks, replica_of)]
-    return Result(s, requests, None, summary, _recorder=rec, _tracks=tracks)
+    return Result(s, None, None, summary, _recorder=rec, _tracks=tracks, _columns=requests)
 
 
 def steps_frame(rec: Recorder) -> pd.DataFrame:

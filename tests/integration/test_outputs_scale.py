@@ -119,6 +119,71 @@ def test_startup_imports_no_pandas_asyncio_or_matplotlib():
     assert proc.stdout.strip() == ""
 
 
+def _busy_tiny(path: Path) -> Path:
+    """tests/data/tiny.yaml with what every part of the summary reads: two replicas (the
+    per-replica figures), request classes with their own SLO (per-class figures), prefix
+    caching, and prompts past max_model_len (rejections by reason)."""
+    import yaml
+    raw = yaml.safe_load((DATA / "tiny.yaml").read_text())
+    raw["engine"]["enable_prefix_caching"] = True
+    raw["workload"]["prompt"] = {"dist": "uniform", "low": 16, "high": 600}
+    raw["workload"]["classes"] = [
+        {"name": "interactive", "priority": 0, "weight": 1, "slo": {"ttft_ms": 50}},
+        {"name": "batch", "priority": 1, "weight": 3}]
+    raw["cluster"] = {"replicas": 2, "router": "least_outstanding"}
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_summary_of_a_run_imports_no_pandas(tmp_path):
+    """A run whose caller needs only the summary (a capacity search, a sweep, `simserve run`
+    before it writes) builds no DataFrame and never imports pandas; the requests table is
+    built on first use, REQUEST_COLUMNS in order."""
+    code = ("import json, sys; import simserve; "
+            f"r = simserve.run({str(_busy_tiny(tmp_path / 's.yaml'))!r}); r.table(); "
+            "before = 'pandas' in sys.modules; "
+            "frame = r.requests; "
+            "print(json.dumps({'before': before, 'after': 'pandas' in sys.modules, "
+            "'columns': list(frame.columns), 'rows': len(frame), "
+            "'summary': r.summary}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, check=True)
+    out = json.loads(proc.stdout)
+    assert out["before"] is False and out["after"] is True
+    assert out["columns"] == list(runner.REQUEST_COLUMNS) and out["rows"] == 60
+    s = out["summary"]      # (the parts that read the columns were there to be read)
+    assert s["num_rejected"] > 0 and set(s["per_class"]) == {"interactive", "batch"}
+    assert len(s["per_replica"]) == 2 and s["prefix_cache_query_tokens"] > 0
+
+
+def test_summary_from_columns_equals_summary_from_a_frame(tmp_path, monkeypatch):
+    """The summary computed from the run's NumPy columns is the one computed from the
+    requests DataFrame (what runner.collect handed the summary before), bit for bit."""
+    from simserve.metrics import cluster, summary
+    path = _busy_tiny(tmp_path / "s.yaml")
+    columns = simserve.run(path)
+    frames: list[pd.DataFrame] = []
+
+    def as_frame(f, i):
+        """``f`` with its argument ``i`` (the requests) made a DataFrame."""
+        def call(*args, **kwargs):
+            args = list(args)
+            assert isinstance(args[i], dict)               # collect hands over columns
+            args[i] = pd.DataFrame(args[i], columns=list(runner.REQUEST_COLUMNS))
+            frames.append(args[i])
+            return f(*args, **kwargs)
+        return call
+    monkeypatch.setattr(summary, "summarize", as_frame(summary.summarize, 0))
+    monkeypatch.setattr(cluster, "cluster_summary",                 # (rec, replicas, requests)
+                        as_frame(cluster.cluster_summary, 2))
+    framed = simserve.run(path)
+    assert len(frames) == 2
+    assert json.dumps(columns.summary, sort_keys=True) == json.dumps(framed.summary,
+                                                                   sort_keys=True)
+    pd.testing.assert_frame_equal(columns.requests, frames[0])
+    pd.testing.assert_frame_equal(columns.requests, framed.requests)
+
+
 def test_sweep_parquet_keeps_nested_figures_as_json(tmp_path):
     """sweep.parquet (written beside sweep.csv when pyarrow is installed) holds the summary's
     mappings (failed_by_reason: {} on a clean run, which Parquet cannot store) as JSON text."""
