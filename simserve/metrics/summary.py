@@ -113,7 +113,7 @@ def summarize(requests: Table, token_times: Sequence[np.ndarray] | None,
     delay = delay[~np.isnan(delay)]            # a replayed run has no scheduling times
     for key, q in (("median", 50), ("p99", 99)):
         summary[f"{key}_scheduling_delay_ms"] = \
-            float(np.percentile(delay, q)) * MS_PER_S if len(delay) else None
+            percentile(delay, q) * MS_PER_S if len(delay) else None
     summary["total_preemptions"] = int(column(requests, "num_preemptions").sum())
     if callable(levels):
         summary.update(levels(t0, t1))
@@ -262,12 +262,12 @@ def _aggregates(slo: SloConfig, itl: Any, norm: np.ndarray, delay: np.ndarray,
         if isinstance(itl, (WeightedSample, LogHistogram)):
             value = itl.percentiles([q])[0] if len(itl) else 0.0
         else:
-            value = float(np.percentile(itl, q)) if len(itl) else 0.0
+            value = percentile(itl, q) if len(itl) else 0.0
         out["slo_tbt_ms"] = value * MS_PER_S
         met &= out["slo_tbt_ms"] <= slo.tbt_ms
     if slo.scheduling_delay_ms is not None:
         q = slo.scheduling_delay_percentile
-        out["slo_scheduling_delay_ms"] = float(np.percentile(delay, q)) * MS_PER_S \
+        out["slo_scheduling_delay_ms"] = percentile(delay, q) * MS_PER_S \
             if len(delay) else float("inf")
         met &= out["slo_scheduling_delay_ms"] <= slo.scheduling_delay_ms
     if slo.normalized_latency_ms is not None:
@@ -290,11 +290,50 @@ def _latency_stats(name: str, values_s: np.ndarray, percentiles: Sequence[float]
             stats[f"p{_pct_word(p)}_{name}_ms"] = pct[p]
         return stats
     x = values_s * MS_PER_S if len(values_s) else np.zeros(1)
-    stats = {f"mean_{name}_ms": np.mean(x), f"median_{name}_ms": np.median(x),
+    stats = {f"mean_{name}_ms": np.mean(x), f"median_{name}_ms": median(x),
              f"std_{name}_ms": np.std(x)}
     for p in percentiles:
-        stats[f"p{_pct_word(p)}_{name}_ms"] = np.percentile(x, p)
+        stats[f"p{_pct_word(p)}_{name}_ms"] = percentile(x, p)
     return stats
+
+
+# np.median and np.percentile import numpy.ma on first use (np.unique, the NaN check): a
+# hundredth of a second of every run's summary. These two give their bits without it
+# (tests/unit/test_metrics.py holds them to NumPy's on random samples).
+
+def median(x: np.ndarray) -> Any:
+    """``np.median(x)`` of a non-empty 1-D float array: the middle element, or ``np.mean`` of
+    the two middle ones; NaN if ``x`` holds one."""
+    n = len(x)
+    h = n // 2
+    part = np.partition(x, [h, -1] if n % 2 else [h - 1, h, -1])
+    if math.isnan(part[-1]):
+        return part[-1]
+    return np.mean(part[h:h + 1] if n % 2 else part[h - 1:h + 1])
+
+
+def percentile(x: np.ndarray, q: float) -> float:
+    """``float(np.percentile(x, q))`` of a non-empty 1-D float array (the linear method, as
+    NumPy computes it: the virtual index (n - 1) * (q / 100) and its floor i, the fraction g
+    between x(i) and x(i+1), interpolated from the nearer end); NaN if ``x`` holds one."""
+    n = len(x)
+    v = (n - 1) * (q / 100)
+    if v >= n - 1:
+        lo = hi = n - 1
+        g = v + 1.0                 # (NumPy's index -1: irrelevant, x(i) = x(i+1))
+    elif v < 0:
+        lo = hi = 0
+        g = v
+    else:
+        lo = math.floor(v)
+        hi = lo + 1
+        g = v - lo
+    part = np.partition(x, sorted({0, lo, hi, n - 1}))
+    if math.isnan(part[-1]):
+        return math.nan
+    a, b = float(part[lo]), float(part[hi])
+    d = b - a
+    return b - d * (1 - g) if g >= 0.5 else a + d * g
 
 
 def _pct_word(p: float) -> str:
