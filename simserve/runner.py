@@ -9,14 +9,16 @@ the summary (a capacity search, a sweep) never imports pandas. Writing files is
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import gc
 import json
 import math
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -148,14 +150,17 @@ class Result:
     def tokens(self) -> pd.DataFrame:
         """Every output token: ``request_id``, ``token_index`` (0-based), ``time_s``."""
         import pandas as pd
+        return pd.DataFrame(self._token_columns())
+
+    def _token_columns(self) -> dict:
         ids = self._columns["request_id"] if self._columns is not None \
             else self.requests["request_id"].to_numpy()
         counts = [len(t) for t in self.token_times]
-        return pd.DataFrame({
+        return {
             "request_id": np.repeat(ids, counts),
             "token_index": np.concatenate([np.arange(c) for c in counts]) if counts else [],
             "time_s": np.concatenate(self.token_times) if counts else [],
-        })
+        }
 
     def save(self, out_dir: str | Path, *, tokens: bool = False, steps: bool | None = None,
              fmt: str | None = None) -> Path:
@@ -186,12 +191,18 @@ class Result:
         for name in ("requests", "steps", "tokens"):
             for ext in OUTPUT_FORMATS:
                 (out / f"{name}.{ext}").unlink(missing_ok=True)
-        _write_table(self.requests, out / "requests", fmt)
+        # CSV from the run's columns where no DataFrame was built (pandas' bytes, without
+        # pandas: _write_csv); Parquet, and a table already built, through pandas
+        columns = self._columns
+        _write(out / "requests", fmt, (lambda: columns) if columns is not None else None,
+               lambda: self.requests)
         if steps or (steps is None and self.has_steps and self.num_steps <= STEPS_ROWS):
-            _write_table(self.steps, out / "steps", fmt)
+            rec = self._recorder
+            _write(out / "steps", fmt, (lambda: steps_columns(rec))
+                   if self._steps is None and rec is not None else None, lambda: self.steps)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
         if tokens and self.has_token_times:
-            _write_table(self.tokens(), out / "tokens", fmt)
+            _write(out / "tokens", fmt, self._token_columns, self.tokens)
         return out
 
 
@@ -220,6 +231,53 @@ def _write_table(df: pd.DataFrame, stem: Path, fmt: str) -> None:
         df.to_csv(stem.with_suffix(".csv"), index=False, float_format="%.9g")
     else:
         df.to_parquet(stem.with_suffix(".parquet"), index=False, engine="pyarrow")
+
+
+def _write(stem: Path, fmt: str, columns: Callable[[], Mapping[str, Any]] | None,
+           frame: Callable[[], pd.DataFrame]) -> None:
+    """A table as CSV from its ``columns`` where they are given and ``_write_csv`` takes their
+    types, else from its DataFrame (``_write_table``)."""
+    if fmt == "csv" and columns is not None and _write_csv(columns(), stem.with_suffix(".csv")):
+        return
+    _write_table(frame(), stem, fmt)
+
+
+# rows formatted at a time by _write_csv (its memory: a few MB of strings)
+CSV_CHUNK = 8192
+
+
+def _write_csv(columns: Mapping[str, Any], path: Path) -> bool:
+    """Write columns (equally long; numbers, or text with None for missing) as CSV, byte for
+    byte what ``pd.DataFrame(columns).to_csv(path, index=False, float_format="%.9g")`` writes:
+    the header, floats as ``"%.9g" % x`` and NaN as an empty cell, integers as ``str``, text
+    as is, minimally quoted by the csv module with ``\\n`` line ends (tests/integration/
+    test_outputs_scale.py compares the two). Returns False, writing nothing, for a column of
+    another type (the caller goes through pandas)."""
+    arrays = [np.asarray(v) for v in columns.values()]
+    if not all(v.dtype.kind in "fiu" or (v.dtype.kind == "O" and _all_text(v)) for v in arrays):
+        return False
+    n = len(arrays[0]) if arrays else 0
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(list(columns))
+        for a in range(0, n, CSV_CHUNK):
+            writer.writerows(zip(*(_csv_cells(v[a:a + CSV_CHUNK]) for v in arrays)))
+    return True
+
+
+def _all_text(v: np.ndarray) -> bool:
+    return all(x is None or type(x) is str for x in v.tolist())
+
+
+def _csv_cells(v: np.ndarray) -> list[str]:
+    if v.dtype.kind == "f":
+        cells = list(map("%.9g".__mod__, v.tolist()))     # (pandas' float_format, as it does)
+        for i in np.flatnonzero(np.isnan(v)).tolist():
+            cells[i] = ""
+        return cells
+    if v.dtype.kind == "O":
+        return ["" if x is None else x for x in v.tolist()]
+    return [str(x) for x in v.tolist()]
 
 
 def scenario_yaml(s: Scenario, out: Path) -> str:
@@ -430,6 +488,11 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
 def steps_frame(rec: Recorder) -> pd.DataFrame:
     """The per-step table, ordered by start time then replica, numbered from 0."""
     import pandas as pd
+    return pd.DataFrame(steps_columns(rec), copy=False)
+
+
+def steps_columns(rec: Recorder) -> dict[str, np.ndarray]:
+    """The per-step table's columns (``steps_frame``)."""
     cols = rec.columns()
     start, replica = cols["start_s"], cols["replica"]
     in_order = bool(np.all((start[1:] > start[:-1]) | (
@@ -437,4 +500,4 @@ def steps_frame(rec: Recorder) -> pd.DataFrame:
     if not in_order:   # several replicas record their steps interleaved
         order = np.lexsort((replica, start))
         cols = {c: v[order] for c, v in cols.items()}
-    return pd.DataFrame({"step": np.arange(len(start), dtype=np.int64), **cols}, copy=False)
+    return {"step": np.arange(len(start), dtype=np.int64), **cols}
