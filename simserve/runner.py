@@ -197,9 +197,9 @@ class Result:
         _write(out / "requests", fmt, (lambda: columns) if columns is not None else None,
                lambda: self.requests)
         if steps or (steps is None and self.has_steps and self.num_steps <= STEPS_ROWS):
-            rec = self._recorder
-            _write(out / "steps", fmt, (lambda: steps_columns(rec))
-                   if self._steps is None and rec is not None else None, lambda: self.steps)
+            rec = self._recorder     # (steps folded away: self.steps says so, exit 2)
+            _write(out / "steps", fmt, (lambda: steps_columns(rec)) if self._steps is None
+                   and rec is not None and self.has_steps else None, lambda: self.steps)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
         if tokens and self.has_token_times:
             _write(out / "tokens", fmt, self._token_columns, self.tokens)
