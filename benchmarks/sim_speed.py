@@ -17,8 +17,8 @@ For each (policy, size), ``--repeat`` times, medians printed:
   files it wrote;
 * **phases**, in another fresh process doing what ``simserve run`` does: start-up (interpreter
   to the scenario loaded: imports, YAML, model card), ``simserve.run`` (workload, simulation,
-  metrics), of which the metrics (``runner.collect``: the tables, the summary, importing
-  pandas), ``Result.save`` (writing the outputs).
+  metrics), of which the metrics (``runner.collect``: the request columns and the summary,
+  NumPy only), ``Result.save`` (writing the outputs: CSV from the columns, no pandas).
 
 The load average is printed at the start and the end: timings inflate when the machine is busy
 (compare ratios within one run; benchmarks/sim_instructions.py counts instructions instead).
@@ -150,7 +150,7 @@ def main() -> None:
           f"medians of {args.repeat}")
     print("whole process: `simserve run --no-report --quiet`, wall and CPU seconds, peak RSS, "
           "output size;\nphases (wall / CPU seconds): start-up to the scenario loaded, "
-          "simserve.run, of which the metrics (tables, summary, pandas import), Result.save")
+          "simserve.run, of which the metrics (columns, summary), Result.save")
     print(f"{'policy':8s} {'requests':>9s} | {'whole s':>7s} {'cpu s':>6s} {'RSS MB':>6s} "
           f"{'out MB':>6s} | {'start-up s':>11s} {'simulate s':>11s} {'metrics s':>11s} "
           f"{'write s':>11s} {'steps':>10s} | {'stepwise':>8s}")

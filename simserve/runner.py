@@ -1,19 +1,24 @@
 """The Python API: ``simserve.run(scenario) -> Result`` with pandas DataFrames.
 
 Builds replicas (block manager + policy + latency model) from a scenario, runs the engine, and
-turns what the recorder saw into tables. Writing files is ``Result.save``'s job alone.
+turns what the recorder saw into columns and the summary. The DataFrames (``Result.requests``,
+``steps``, ``tokens()``) are built from those columns on first use: a caller that needs only
+the summary (a capacity search, a sweep) never imports pandas. Writing files is
+``Result.save``'s job alone.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import gc
 import json
 import math
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -35,8 +40,8 @@ from simserve.workload import build_workload
 if TYPE_CHECKING:
     import pandas as pd
 
-# pandas and the summary (which imports it) are imported where the tables are built, after the
-# simulation: `simserve run` starts simulating without paying for them.
+# pandas is imported where a DataFrame is first asked for (Result.requests, steps, tokens(),
+# save): neither the simulation nor the summary needs it.
 
 REQUEST_COLUMNS = (
     "request_id", "replica", "arrival_s", "num_prompt_tokens", "num_output_tokens", "status",
@@ -50,7 +55,7 @@ class Result:
     """One simulated run: per-request and per-step tables, token times and the summary."""
 
     scenario: Scenario
-    requests: pd.DataFrame
+    _requests: pd.DataFrame | None          # None: not built yet (from _columns)
     _steps: pd.DataFrame | None
     summary: dict
     latency_label: str = ""
@@ -58,6 +63,32 @@ class Result:
     _recorder: Recorder | None = field(default=None, repr=False)
     _tracks: list | None = field(default=None, repr=False)   # (TokenTrack, delay) per row
     _token_times: list | None = field(default=None, repr=False)
+    # the per-request columns (REQUEST_COLUMNS, in order; NumPy arrays) until ``requests`` is
+    # built from them
+    _columns: dict[str, np.ndarray] | None = field(default=None, repr=False)
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        """One row per request, ``REQUEST_COLUMNS`` (built on first use: the summary is
+        computed from the run's columns without pandas)."""
+        if self._requests is None:
+            import pandas as pd
+            assert self._columns is not None, "a Result has its requests or their columns"
+            self._requests = pd.DataFrame(self._columns, columns=list(REQUEST_COLUMNS),
+                                          copy=False)   # (the columns as they are: no copy)
+            self._columns = None    # (text columns as objects: the frame holds them as strings)
+        return self._requests
+
+    @requests.setter
+    def requests(self, frame: pd.DataFrame) -> None:
+        self._requests, self._columns = frame, None
+
+    @property
+    def num_requests(self) -> int:
+        """Rows of ``requests`` (without building the table)."""
+        if self._columns is not None:
+            return len(self._columns["request_id"])
+        return len(self.requests)
 
     @property
     def steps(self) -> pd.DataFrame:
@@ -119,13 +150,17 @@ class Result:
     def tokens(self) -> pd.DataFrame:
         """Every output token: ``request_id``, ``token_index`` (0-based), ``time_s``."""
         import pandas as pd
-        ids = self.requests["request_id"].to_numpy()
+        return pd.DataFrame(self._token_columns())
+
+    def _token_columns(self) -> dict:
+        ids = self._columns["request_id"] if self._columns is not None \
+            else self.requests["request_id"].to_numpy()
         counts = [len(t) for t in self.token_times]
-        return pd.DataFrame({
+        return {
             "request_id": np.repeat(ids, counts),
             "token_index": np.concatenate([np.arange(c) for c in counts]) if counts else [],
             "time_s": np.concatenate(self.token_times) if counts else [],
-        })
+        }
 
     def save(self, out_dir: str | Path, *, tokens: bool = False, steps: bool | None = None,
              fmt: str | None = None) -> Path:
@@ -140,7 +175,7 @@ class Result:
         and Parquet for a run of more than ``CSV_ROWS`` requests when pyarrow is installed
         (a run of millions of requests: a gigabyte of CSV nobody asked for)."""
         if fmt is None:
-            fmt = "parquet" if len(self.requests) > CSV_ROWS and has_pyarrow() else "csv"
+            fmt = "parquet" if self.num_requests > CSV_ROWS and has_pyarrow() else "csv"
         if fmt not in OUTPUT_FORMATS:
             raise SimserveError(f"output format {fmt!r}: choose one of {', '.join(OUTPUT_FORMATS)}")
         if fmt == "parquet":
@@ -156,12 +191,18 @@ class Result:
         for name in ("requests", "steps", "tokens"):
             for ext in OUTPUT_FORMATS:
                 (out / f"{name}.{ext}").unlink(missing_ok=True)
-        _write_table(self.requests, out / "requests", fmt)
+        # CSV from the run's columns where no DataFrame was built (pandas' bytes, without
+        # pandas: _write_csv); Parquet, and a table already built, through pandas
+        columns = self._columns
+        _write(out / "requests", fmt, (lambda: columns) if columns is not None else None,
+               lambda: self.requests)
         if steps or (steps is None and self.has_steps and self.num_steps <= STEPS_ROWS):
-            _write_table(self.steps, out / "steps", fmt)
+            rec = self._recorder     # (steps folded away: self.steps says so, exit 2)
+            _write(out / "steps", fmt, (lambda: steps_columns(rec)) if self._steps is None
+                   and rec is not None and self.has_steps else None, lambda: self.steps)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
         if tokens and self.has_token_times:
-            _write_table(self.tokens(), out / "tokens", fmt)
+            _write(out / "tokens", fmt, self._token_columns, self.tokens)
         return out
 
 
@@ -190,6 +231,53 @@ def _write_table(df: pd.DataFrame, stem: Path, fmt: str) -> None:
         df.to_csv(stem.with_suffix(".csv"), index=False, float_format="%.9g")
     else:
         df.to_parquet(stem.with_suffix(".parquet"), index=False, engine="pyarrow")
+
+
+def _write(stem: Path, fmt: str, columns: Callable[[], Mapping[str, Any]] | None,
+           frame: Callable[[], pd.DataFrame]) -> None:
+    """A table as CSV from its ``columns`` where they are given and ``_write_csv`` takes their
+    types, else from its DataFrame (``_write_table``)."""
+    if fmt == "csv" and columns is not None and _write_csv(columns(), stem.with_suffix(".csv")):
+        return
+    _write_table(frame(), stem, fmt)
+
+
+# rows formatted at a time by _write_csv (its memory: a few MB of strings)
+CSV_CHUNK = 8192
+
+
+def _write_csv(columns: Mapping[str, Any], path: Path) -> bool:
+    """Write columns (equally long; numbers, or text with None for missing) as CSV, byte for
+    byte what ``pd.DataFrame(columns).to_csv(path, index=False, float_format="%.9g")`` writes:
+    the header, floats as ``"%.9g" % x`` and NaN as an empty cell, integers as ``str``, text
+    as is, minimally quoted by the csv module with ``\\n`` line ends (tests/integration/
+    test_outputs_scale.py compares the two). Returns False, writing nothing, for a column of
+    another type (the caller goes through pandas)."""
+    arrays = [np.asarray(v) for v in columns.values()]
+    if not all(v.dtype.kind in "fiu" or (v.dtype.kind == "O" and _all_text(v)) for v in arrays):
+        return False
+    n = len(arrays[0]) if arrays else 0
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(list(columns))
+        for a in range(0, n, CSV_CHUNK):
+            writer.writerows(zip(*(_csv_cells(v[a:a + CSV_CHUNK]) for v in arrays)))
+    return True
+
+
+def _all_text(v: np.ndarray) -> bool:
+    return all(x is None or type(x) is str for x in v.tolist())
+
+
+def _csv_cells(v: np.ndarray) -> list[str]:
+    if v.dtype.kind == "f":
+        cells = list(map("%.9g".__mod__, v.tolist()))     # (pandas' float_format, as it does)
+        for i in np.flatnonzero(np.isnan(v)).tolist():
+            cells[i] = ""
+        return cells
+    if v.dtype.kind == "O":
+        return ["" if x is None else x for x in v.tolist()]
+    return [str(x) for x in v.tolist()]
 
 
 def scenario_yaml(s: Scenario, out: Path) -> str:
@@ -330,8 +418,8 @@ def frontend_delays(replicas: list[Replica]) -> dict[int, float]:
 
 
 def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
-    import pandas as pd
-
+    """The run's per-request columns and its summary, from what the recorder saw (NumPy only:
+    ``Result.requests`` becomes a DataFrame on first use)."""
     from simserve.metrics.cluster import cluster_summary
     from simserve.metrics.summary import grouped_levels, spec_decode_summary, summarize
     rec.compact()                   # every request is resolved by now: all into columns
@@ -361,13 +449,10 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     ttft, e2el = first - arrival, finish - arrival
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(finished & (out > 1), (e2el - ttft) / (out - 1), nan)
-    requests = pd.DataFrame({
-        **{c: cols[c] for c in REQUEST_COLUMNS if c in cols},
-        "first_token_s": first, "finish_s": finish,
-        "ttft_s": ttft, "e2el_s": e2el, "tpot_s": tpot,
-    }, columns=list(REQUEST_COLUMNS), copy=False)     # (the columns as they are: no copy)
+    cols.update(first_token_s=first, finish_s=finish, ttft_s=ttft, e2el_s=e2el, tpot_s=tpot)
+    requests = {c: cols[c] for c in REQUEST_COLUMNS}
     has_classes = any(cols["class"])
-    del cols, status                # (text columns as objects: the frame holds them as strings)
+    del cols, status
     logs = [rec.replicas[i] for i in sorted(rec.replicas)]
 
     def levels(t0: float, t1: float) -> dict:
@@ -397,12 +482,17 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     if row_tracks is not None:
         tracks = [(t, delays.get(int(i), 0.0)) if t is not None else (None, 0.0)
                   for t, i in zip(row_tracks, replica_of)]
-    return Result(s, requests, None, summary, _recorder=rec, _tracks=tracks)
+    return Result(s, None, None, summary, _recorder=rec, _tracks=tracks, _columns=requests)
 
 
 def steps_frame(rec: Recorder) -> pd.DataFrame:
     """The per-step table, ordered by start time then replica, numbered from 0."""
     import pandas as pd
+    return pd.DataFrame(steps_columns(rec), copy=False)
+
+
+def steps_columns(rec: Recorder) -> dict[str, np.ndarray]:
+    """The per-step table's columns (``steps_frame``)."""
     cols = rec.columns()
     start, replica = cols["start_s"], cols["replica"]
     in_order = bool(np.all((start[1:] > start[:-1]) | (
@@ -410,4 +500,4 @@ def steps_frame(rec: Recorder) -> pd.DataFrame:
     if not in_order:   # several replicas record their steps interleaved
         order = np.lexsort((replica, start))
         cols = {c: v[order] for c, v in cols.items()}
-    return pd.DataFrame({"step": np.arange(len(start), dtype=np.int64), **cols}, copy=False)
+    return {"step": np.arange(len(start), dtype=np.int64), **cols}

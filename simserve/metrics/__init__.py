@@ -1,7 +1,8 @@
 """Metrics computed after a run from the recorder's tables (see docs/metrics.md).
 
 The names below are imported on first use: ``simserve.metrics.slo`` is read while a scenario
-is parsed, and the summary's pandas import must not be paid before a simulation starts.
+is parsed, and the summary is not needed before a simulation ends. No module here imports
+pandas: the summary reads NumPy columns (or a DataFrame's, when given one).
 """
 
 from typing import Any

@@ -7,16 +7,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from simserve.metrics.levels import replica_chunks
-from simserve.metrics.summary import grouped_levels
+from simserve.metrics.summary import Table, column, grouped_levels
 
 if TYPE_CHECKING:
     from simserve.metrics.recorder import Recorder
 
 
-def replica_summary(requests: pd.DataFrame, logs: dict[int, Any], replicas: Sequence[Any],
+def replica_summary(requests: Table, logs: dict[int, Any], replicas: Sequence[Any],
                     t0: float, t1: float) -> dict[str, Any]:
     """Per-replica table and load-imbalance figures (docs/cluster.md, "Per-replica figures").
 
@@ -26,8 +25,8 @@ def replica_summary(requests: pd.DataFrame, logs: dict[int, Any], replicas: Sequ
     decode), and of busy time over the prefill pool when there is one.
     """
     width = t1 - t0
-    finished = (requests["status"] == "finished").to_numpy()
-    where = requests["replica"].to_numpy()
+    finished = np.asarray(column(requests, "status") == "finished", dtype=bool)
+    where = column(requests, "replica")
     rows = []
     for r in replicas:
         g = logs.get(r.index)
@@ -62,7 +61,7 @@ def _imbalance(name: str, values: list[float]) -> dict[str, Any]:
 
 
 def cluster_summary(rec: Recorder, replicas: Sequence[Any],
-                    requests: pd.DataFrame) -> dict[str, Any]:
+                    requests: Table) -> dict[str, Any]:
     """Cluster figures for the summary: retries and replica failures always; KV transfers for
     a disaggregated cluster; the per-replica table and load imbalance with several replicas."""
     out: dict[str, Any] = {"num_retries": int(sum(rec.retries.values())),
@@ -73,9 +72,9 @@ def cluster_summary(rec: Recorder, replicas: Sequence[Any],
         out.update(num_kv_transfers=len(x), mean_kv_transfer_ms=float(x.mean()) * 1e3,
                    max_kv_transfer_ms=float(x.max()) * 1e3)
     if len(replicas) > 1:
-        finished = (requests["status"] == "finished").to_numpy()
-        t0 = float(requests["arrival_s"].min()) if len(requests) else 0.0
-        t1 = float(requests["finish_s"].to_numpy()[finished].max()) if finished.any() else t0
+        finished = np.asarray(column(requests, "status") == "finished", dtype=bool)
+        t0 = float(np.nanmin(column(requests, "arrival_s", float))) if len(finished) else 0.0
+        t1 = float(column(requests, "finish_s")[finished].max()) if finished.any() else t0
         logs = {i: log.level_columns() for i, log in rec.replicas.items()}
         out.update(replica_summary(requests, logs, replicas, t0, t1))
     return out

@@ -1,35 +1,50 @@
 """One run's headline numbers, with the meaning ``vllm bench serve`` gives them.
 
 Every metric is defined once, with notation, in ``docs/metrics.md``; the names below follow it.
+NumPy only: the tables come in as columns (a mapping of column name to array, as
+``runner.collect`` hands them over) or as a pandas DataFrame (a replayed run, a table read
+back), read one column at a time, so a run whose caller needs only the summary (a capacity
+search, a sweep) never imports pandas.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
-import pandas as pd
 
 from simserve.metrics.levels import replica_chunks
 from simserve.metrics.sample import WeightedSample
 from simserve.metrics.sketch import LogHistogram
 from simserve.metrics.slo import SloConfig
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+# A table: its columns by name (NumPy arrays, or anything ``np.asarray`` takes: a DataFrame's
+# Series); every column as long as the others.
+Table = Union[Mapping[str, Any], "pd.DataFrame"]
+
 MS_PER_S = 1000.0
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 
 
-def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
-              steps: pd.DataFrame, slo: SloConfig = SloConfig(),
+def summarize(requests: Table, token_times: Sequence[np.ndarray] | None,
+              steps: Table | None, slo: SloConfig = SloConfig(),
               percentiles: Sequence[float] = (50, 90, 99),
               itl: WeightedSample | LogHistogram | None = None,
               class_slos: Mapping[str, SloConfig] | None = None,
               prefix_caching: bool = False,
               levels: Callable[[float, float], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Summarise a run as a flat, JSON-serialisable dict (NaN becomes None).
+
+    ``requests`` (and ``steps``): a table, its columns by name (``runner.REQUEST_COLUMNS``,
+    ``recorder.STEP_COLUMNS``) as arrays or a DataFrame; ``steps`` is read only without
+    ``levels`` (a callable giving the time-weighted levels over a window).
 
     ITL comes from ``token_times`` (every token's time, per request) or, equivalently and
     without per-token arrays, from ``itl`` as a :class:`WeightedSample` of gaps (or, for a
@@ -38,16 +53,17 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     by its class's SLO (``slo`` for classes not in the mapping) and ``per_class`` breaks the
     numbers down by class; with ``prefix_caching`` the prefix-cache hit rate is added.
     """
-    if itl is None and (token_times is None or len(token_times) != len(requests)):
+    status = column(requests, "status")
+    num_requests = len(status)
+    if itl is None and (token_times is None or len(token_times) != num_requests):
         raise ValueError("token_times must have one entry per request (or pass itl)")
-    status = requests["status"]
-    finished = (status == "finished").to_numpy()
+    finished = np.asarray(status == "finished", dtype=bool)
     num_done = int(finished.sum())
 
-    def done(column: str, dtype: Any = None) -> np.ndarray:
+    def done(name: str, dtype: Any = None) -> np.ndarray:
         """A column over the finished requests (one column copied at a time, never the
-        frame: a run of millions of requests)."""
-        values: np.ndarray = requests[column].to_numpy(dtype)[finished]
+        table: a run of millions of requests)."""
+        values: np.ndarray = column(requests, name, dtype)[finished]
         return values
 
     # Per finished request i: TTFT_i, E2EL_i, and TPOT_i for out_i > 1.
@@ -66,7 +82,7 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
         itl_values = itl
 
     # The benchmark runs from the first send to the last completion.
-    t0 = float(requests["arrival_s"].min()) if len(requests) else 0.0
+    t0 = float(np.nanmin(column(requests, "arrival_s", float))) if num_requests else 0.0
     t1 = float(done("finish_s").max()) if num_done else t0
     duration = t1 - t0
 
@@ -76,7 +92,7 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     total_in = int(done("num_prompt_tokens").sum())
     total_out = int(out.sum())
     summary: dict[str, Any] = {
-        "num_requests": len(requests),
+        "num_requests": num_requests,
         "completed": num_done,
         **_by_reason(requests, status, "rejected", "num_rejected", "rejected_by_reason"),
         **_by_reason(requests, status, "failed", "num_failed", "failed_by_reason"),
@@ -87,7 +103,7 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
         "output_throughput": per_s(total_out),
         "total_token_throughput": per_s(total_in + total_out),
     }
-    summary.update(_goodput(slo, ttft, e2el, out, len(requests), per_s))
+    summary.update(_goodput(slo, ttft, e2el, out, num_requests, per_s))
     for name, values in zip(LATENCIES, (ttft, tpot, itl_values, e2el)):
         summary.update(_latency_stats(name, values, percentiles))
     # the papers' run-level numbers: mean E2EL per output token; arrival -> first scheduled
@@ -97,10 +113,14 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     delay = delay[~np.isnan(delay)]            # a replayed run has no scheduling times
     for key, q in (("median", 50), ("p99", 99)):
         summary[f"{key}_scheduling_delay_ms"] = \
-            float(np.percentile(delay, q)) * MS_PER_S if len(delay) else None
-    summary["total_preemptions"] = int(requests["num_preemptions"].sum())
-    summary.update(levels(t0, t1) if callable(levels)
-                   else _levels(steps, _replicas(requests, steps), t0, t1))
+            percentile(delay, q) * MS_PER_S if len(delay) else None
+    summary["total_preemptions"] = int(column(requests, "num_preemptions").sum())
+    if callable(levels):
+        summary.update(levels(t0, t1))
+    else:
+        if steps is None:
+            raise ValueError("steps must be given (or pass levels)")
+        summary.update(_levels(steps, _replicas(requests, steps), t0, t1))
     if class_slos is not None:
         summary.update(_by_class(requests, class_slos, slo, per_s, percentiles))
     if slo.has_aggregates:                     # after the per-class verdict, which they join
@@ -110,31 +130,43 @@ def summarize(requests: pd.DataFrame, token_times: Sequence[np.ndarray] | None,
     return {k: _plain(v) for k, v in summary.items()}
 
 
-def _by_reason(requests: pd.DataFrame, status: pd.Series, which: str, count: str,
+def column(table: Table, name: str, dtype: Any = None) -> np.ndarray:
+    """One column of a table as an array (no copy where it has that dtype already)."""
+    values: np.ndarray = np.asarray(table[name], dtype=dtype)
+    return values
+
+
+def _missing(v: Any) -> bool:
+    """None, NaN or pandas' NA: what ``Series.value_counts`` leaves out."""
+    return v is None or (isinstance(v, float) and math.isnan(v)) or type(v).__name__ == "NAType"
+
+
+def _by_reason(requests: Table, status: np.ndarray, which: str, count: str,
                by_reason: str) -> dict[str, Any]:
     """Requests of status ``which`` (rejected; failed: lost to a replica failure), counted
     and by ``reject_reason``."""
-    mask = (status == which).to_numpy()
-    reasons = requests["reject_reason"][mask]
+    mask = np.asarray(status == which, dtype=bool)
+    reasons = Counter(v for v in column(requests, "reject_reason")[mask].tolist()
+                      if not _missing(v))
     return {count: int(mask.sum()),
-            by_reason: {str(k): int(v) for k, v in sorted(reasons.value_counts().items())}}
+            by_reason: {str(k): int(v) for k, v in sorted(reasons.items())}}
 
 
-def _good(done: pd.DataFrame, slo: SloConfig) -> np.ndarray:
-    """Finished requests within every limit of ``slo`` (as ``_goodput``)."""
-    arrival = done["arrival_s"].to_numpy(float)
-    ttft = done["first_token_s"].to_numpy(float) - arrival
-    e2el = done["finish_s"].to_numpy(float) - arrival
-    out = done["num_output_tokens"].to_numpy(int)
+def _good(arrival: np.ndarray, first: np.ndarray, finish: np.ndarray, out: np.ndarray,
+          slo: SloConfig) -> np.ndarray:
+    """Finished requests (their arrival, first token and finish times, output tokens) within
+    every limit of ``slo`` (as ``_goodput``)."""
+    ttft = first - arrival
+    e2el = finish - arrival
     tpot = np.where(out > 1, (e2el - ttft) / np.maximum(out - 1, 1), 0.0)
-    good = np.ones(len(done), dtype=bool)
+    good = np.ones(len(out), dtype=bool)
     for values, limit_ms in ((ttft, slo.ttft_ms), (tpot, slo.tpot_ms), (e2el, slo.e2el_ms)):
         if limit_ms is not None:
             good &= values <= limit_ms / MS_PER_S
     return good
 
 
-def _by_class(requests: pd.DataFrame, class_slos: Mapping[str, SloConfig], slo: SloConfig,
+def _by_class(requests: Table, class_slos: Mapping[str, SloConfig], slo: SloConfig,
               per_s: Callable[[float], float], percentiles: Sequence[float]
               ) -> dict[str, Any]:
     """Goodput with each request judged by its class's SLO, and the headline numbers per class.
@@ -142,22 +174,27 @@ def _by_class(requests: pd.DataFrame, class_slos: Mapping[str, SloConfig], slo: 
     The overall goodput keys are replaced (a request is good when it meets its own class's
     limits); they stay None when no class and not the scenario give any limit.
     """
-    klass = requests["class"].astype(str)
+    klass = column(requests, "class").astype(str)
+    finished = np.asarray(column(requests, "status") == "finished", dtype=bool)
+    arrival, first = column(requests, "arrival_s", float), column(requests, "first_token_s", float)
+    finish, tokens = column(requests, "finish_s", float), column(requests, "num_output_tokens", int)
+    tpot_all, priority = column(requests, "tpot_s", float), column(requests, "priority")
     per_class: dict[str, dict[str, Any]] = {}
     total_good, any_limits = 0, not slo.is_empty
-    for name in sorted(klass.unique()):
-        rows = requests[klass == name]
-        done = rows[rows["status"] == "finished"]
+    for name in sorted(set(klass.tolist())):
+        rows = klass == name
+        done = rows & finished
+        num_rows = int(rows.sum())
         own = class_slos.get(name, slo)
         any_limits = any_limits or not own.is_empty
-        num_good = int(_good(done, own).sum())
+        num_good = int(_good(arrival[done], first[done], finish[done], tokens[done], own).sum())
         total_good += num_good
-        ttft = done["first_token_s"].to_numpy(float) - done["arrival_s"].to_numpy(float)
-        tpot = done["tpot_s"].to_numpy(float)
-        stats: dict[str, Any] = {"num_requests": len(rows), "completed": len(done),
-                 "priority": int(rows["priority"].min()) if len(rows) else 0}
+        ttft = first[done] - arrival[done]
+        tpot = tpot_all[done]
+        stats: dict[str, Any] = {"num_requests": num_rows, "completed": int(done.sum()),
+                 "priority": int(priority[rows].min()) if num_rows else 0}
         if not own.is_empty:
-            stats.update(num_good=num_good, slo_attainment=num_good / len(rows),
+            stats.update(num_good=num_good, slo_attainment=num_good / num_rows,
                          request_goodput=per_s(num_good))
         stats.update(_latency_stats("ttft", ttft, percentiles))
         stats.update(_latency_stats("tpot", tpot[~np.isnan(tpot)], percentiles))
@@ -165,7 +202,7 @@ def _by_class(requests: pd.DataFrame, class_slos: Mapping[str, SloConfig], slo: 
                            if not k.startswith(("std_", "median_"))}
     out: dict[str, Any] = {"per_class": per_class}
     if any_limits:
-        attainment = total_good / len(requests) if len(requests) else None
+        attainment = total_good / len(klass) if len(klass) else None
         out.update(request_goodput=per_s(total_good), num_good=total_good,
                    slo_attainment=attainment, slo_attainment_target=slo.attainment,
                    slo_met=attainment is not None and attainment >= slo.attainment)
@@ -225,12 +262,12 @@ def _aggregates(slo: SloConfig, itl: Any, norm: np.ndarray, delay: np.ndarray,
         if isinstance(itl, (WeightedSample, LogHistogram)):
             value = itl.percentiles([q])[0] if len(itl) else 0.0
         else:
-            value = float(np.percentile(itl, q)) if len(itl) else 0.0
+            value = percentile(itl, q) if len(itl) else 0.0
         out["slo_tbt_ms"] = value * MS_PER_S
         met &= out["slo_tbt_ms"] <= slo.tbt_ms
     if slo.scheduling_delay_ms is not None:
         q = slo.scheduling_delay_percentile
-        out["slo_scheduling_delay_ms"] = float(np.percentile(delay, q)) * MS_PER_S \
+        out["slo_scheduling_delay_ms"] = percentile(delay, q) * MS_PER_S \
             if len(delay) else float("inf")
         met &= out["slo_scheduling_delay_ms"] <= slo.scheduling_delay_ms
     if slo.normalized_latency_ms is not None:
@@ -253,46 +290,87 @@ def _latency_stats(name: str, values_s: np.ndarray, percentiles: Sequence[float]
             stats[f"p{_pct_word(p)}_{name}_ms"] = pct[p]
         return stats
     x = values_s * MS_PER_S if len(values_s) else np.zeros(1)
-    stats = {f"mean_{name}_ms": np.mean(x), f"median_{name}_ms": np.median(x),
+    stats = {f"mean_{name}_ms": np.mean(x), f"median_{name}_ms": median(x),
              f"std_{name}_ms": np.std(x)}
     for p in percentiles:
-        stats[f"p{_pct_word(p)}_{name}_ms"] = np.percentile(x, p)
+        stats[f"p{_pct_word(p)}_{name}_ms"] = percentile(x, p)
     return stats
+
+
+# np.median and np.percentile import numpy.ma on first use (np.unique, the NaN check): a
+# hundredth of a second of every run's summary. These two give their bits without it
+# (tests/unit/test_metrics.py holds them to NumPy's on random samples).
+
+def median(x: np.ndarray) -> Any:
+    """``np.median(x)`` of a non-empty 1-D float array: the middle element, or ``np.mean`` of
+    the two middle ones; NaN if ``x`` holds one."""
+    n = len(x)
+    h = n // 2
+    part = np.partition(x, [h, -1] if n % 2 else [h - 1, h, -1])
+    if math.isnan(part[-1]):
+        return part[-1]
+    return np.mean(part[h:h + 1] if n % 2 else part[h - 1:h + 1])
+
+
+def percentile(x: np.ndarray, q: float) -> float:
+    """``float(np.percentile(x, q))`` of a non-empty 1-D float array (the linear method, as
+    NumPy computes it: the virtual index (n - 1) * (q / 100) and its floor i, the fraction g
+    between x(i) and x(i+1), interpolated from the nearer end); NaN if ``x`` holds one."""
+    n = len(x)
+    v = (n - 1) * (q / 100)
+    if v >= n - 1:
+        lo = hi = n - 1
+        g = v + 1.0                 # (NumPy's index -1: irrelevant, x(i) = x(i+1))
+    elif v < 0:
+        lo = hi = 0
+        g = v
+    else:
+        lo = math.floor(v)
+        hi = lo + 1
+        g = v - lo
+    part = np.partition(x, sorted({0, lo, hi, n - 1}))
+    if math.isnan(part[-1]):
+        return math.nan
+    a, b = float(part[lo]), float(part[hi])
+    d = b - a
+    return b - d * (1 - g) if g >= 0.5 else a + d * g
 
 
 def _pct_word(p: float) -> str:
     return str(int(p)) if float(p).is_integer() else str(p)
 
 
-def _replicas(requests: pd.DataFrame, steps: pd.DataFrame) -> int:
-    ids = set(steps["replica"].tolist()) | set(requests["replica"].tolist())
+def _replicas(requests: Table, steps: Table) -> int:
+    ids = set(column(steps, "replica").tolist()) | set(column(requests, "replica").tolist())
     return len({r for r in ids if r >= 0})
 
 
-def _levels(steps: pd.DataFrame, num_replicas: int, t0: float, t1: float) -> dict[str, Any]:
+def _levels(steps: Table, num_replicas: int, t0: float, t1: float) -> dict[str, Any]:
     """Time-weighted levels over [t0, t1]; a step's values hold over [start, start + duration].
 
     Idle gaps contribute zero. All replicas share the window, so the sum over replicas of their
     time averages is the pooled integral divided by (t1 - t0); KV use is then averaged per replica.
     """
     width = t1 - t0
-    kv_total = steps["kv_blocks_total"].to_numpy(float)
-    kv_frac = np.divide(steps["kv_blocks_used"].to_numpy(float), kv_total,
-                        out=np.zeros(len(steps)), where=kv_total > 0)
-    start = steps["start_s"].to_numpy(float)
-    end = start + steps["duration_s"].to_numpy(float)
+    kv_total = column(steps, "kv_blocks_total", float)
+    n = len(kv_total)
+    kv_frac = np.divide(column(steps, "kv_blocks_used", float), kv_total,
+                        out=np.zeros(n), where=kv_total > 0)
+    start = column(steps, "start_s", float)
+    end = start + column(steps, "duration_s", float)
     overlap = np.clip(end, t0, t1) - np.clip(start, t0, t1)
 
     def time_avg(values: np.ndarray) -> float:
-        return float(np.dot(values, overlap) / width) if width > 0 and len(steps) else 0.0
+        return float(np.dot(values, overlap) / width) if width > 0 and n else 0.0
 
     return {
-        "num_steps": len(steps),
-        "mean_running": time_avg(steps["num_running"].to_numpy(float)),
-        "mean_waiting": time_avg(steps["num_waiting"].to_numpy(float)),
+        "num_steps": n,
+        "mean_running": time_avg(column(steps, "num_running", float)),
+        "mean_waiting": time_avg(column(steps, "num_waiting", float)),
         "mean_kv_utilization": time_avg(kv_frac) / num_replicas if num_replicas else 0.0,
-        "max_kv_utilization": float(kv_frac.max()) if len(steps) else 0.0,
-        "mean_batched_tokens": float(steps["num_batched_tokens"].mean()) if len(steps) else 0.0,
+        "max_kv_utilization": float(kv_frac.max()) if n else 0.0,
+        # (the column's own mean: a DataFrame's Series or an array)
+        "mean_batched_tokens": float(steps["num_batched_tokens"].mean()) if n else 0.0,
     }
 
 

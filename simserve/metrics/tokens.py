@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     from simserve.sched.stretch import Stretch
 
 CHUNK = LEVEL_CHUNK   # steps read at a time after a run: bounds the memory of long runs
+# a run of at most this many steps (all replicas) keeps its gaps while they are read (a few MB);
+# a longer one makes them again, chunk by chunk, for each pass over them
+KEEP_STEPS = 4 * CHUNK
 
 
 class TokenTrack:
@@ -275,4 +278,7 @@ def itl_sample(rec: Recorder) -> WeightedSample:
                 yield np.diff(ends)[keep], w[keep]
             yield extra, np.ones(len(extra), dtype=np.int64)
 
+    if sum(n for _, _, _, n, _ in sources) <= KEEP_STEPS:
+        pieces = list(chunks())         # (a short run: made once, not for each of four passes)
+        return WeightedSample(chunks=lambda: pieces)
     return WeightedSample(chunks=chunks)

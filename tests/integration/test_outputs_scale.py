@@ -119,6 +119,104 @@ def test_startup_imports_no_pandas_asyncio_or_matplotlib():
     assert proc.stdout.strip() == ""
 
 
+def _busy_tiny(path: Path) -> Path:
+    """tests/data/tiny.yaml with what every part of the summary reads: two replicas (the
+    per-replica figures), request classes with their own SLO (per-class figures), prefix
+    caching, and prompts past max_model_len (rejections by reason)."""
+    import yaml
+    raw = yaml.safe_load((DATA / "tiny.yaml").read_text())
+    raw["engine"]["enable_prefix_caching"] = True
+    raw["workload"]["prompt"] = {"dist": "uniform", "low": 16, "high": 600}
+    raw["workload"]["classes"] = [
+        {"name": "interactive", "priority": 0, "weight": 1, "slo": {"ttft_ms": 50}},
+        {"name": "batch", "priority": 1, "weight": 3}]
+    raw["cluster"] = {"replicas": 2, "router": "least_outstanding"}
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_summary_of_a_run_imports_no_pandas(tmp_path):
+    """A run whose caller needs only the summary (a capacity search, a sweep, `simserve run`)
+    builds no DataFrame and never imports pandas, nor does writing its CSV tables; the
+    requests table is built on first use, REQUEST_COLUMNS in order. The CSV files are those
+    pandas writes from the tables, byte for byte."""
+    scenario = _busy_tiny(tmp_path / "s.yaml")
+    code = ("import json, sys; import simserve; "
+            f"r = simserve.run({str(scenario)!r}, record_tokens=True); r.table(); "
+            "before = 'pandas' in sys.modules; "
+            f"r.save({str(tmp_path / 'cols')!r}, tokens=True, steps=True); "
+            "saved = 'pandas' in sys.modules; "
+            "frame = r.requests; "
+            "print(json.dumps({'before': before, 'saved': saved, 'after': 'pandas' in "
+            "sys.modules, 'columns': list(frame.columns), 'rows': len(frame), "
+            "'summary': r.summary}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, check=True)
+    out = json.loads(proc.stdout)
+    assert out["before"] is False and out["saved"] is False and out["after"] is True
+    assert out["columns"] == list(runner.REQUEST_COLUMNS) and out["rows"] == 60
+    s = out["summary"]      # (the parts that read the columns were there to be read)
+    assert s["num_rejected"] > 0 and set(s["per_class"]) == {"interactive", "batch"}
+    assert len(s["per_replica"]) == 2 and s["prefix_cache_query_tokens"] > 0
+    r = simserve.run(scenario, record_tokens=True)       # the tables through pandas
+    for name, frame in (("requests", r.requests), ("steps", r.steps), ("tokens", r.tokens())):
+        runner._write_table(frame, tmp_path / name, "csv")
+        assert (tmp_path / "cols" / f"{name}.csv").read_bytes() == \
+            (tmp_path / f"{name}.csv").read_bytes(), name
+
+
+def test_csv_from_columns_is_what_pandas_writes(tmp_path):
+    """runner._write_csv against DataFrame.to_csv(float_format="%.9g") on awkward values:
+    NaN, infinities, -0.0, tiny and huge floats, 32- and 64-bit integers, text with commas,
+    quotes, line breaks, empty and missing; no rows; a lone text column of empty cells."""
+    nan, inf = float("nan"), float("inf")
+    cases = [
+        {"f": np.array([nan, inf, -inf, -0.0, 1e-300, 1e20, 0.1 + 0.2, 1 / 3, 123456789.5]),
+         "i32": np.array([0, -1, 2**31 - 1, -2**31, 7, 8, 9, 10, 11], dtype=np.int32),
+         "i64": np.array([2**62, -2**63, 0, 1, 2, 3, 4, 5, 6], dtype=np.int64),
+         "text": np.array(["a,b", 'say "hi"', "two\nlines", "", None, "ünï", " x", "x ", "-"],
+                          dtype=object)},
+        {"f": np.empty(0), "text": np.empty(0, dtype=object), "n": np.empty(0, dtype=np.int64)},
+        {"only": np.array(["", "", None], dtype=object)},
+    ]
+    for i, cols in enumerate(cases):
+        assert runner._write_csv(cols, tmp_path / f"ours{i}.csv")
+        pd.DataFrame(cols).to_csv(tmp_path / f"pandas{i}.csv", index=False, float_format="%.9g")
+        assert (tmp_path / f"ours{i}.csv").read_bytes() == \
+            (tmp_path / f"pandas{i}.csv").read_bytes(), cols
+    # a column of another type (numbers among text objects): left to pandas, nothing written
+    assert not runner._write_csv({"x": np.array([1, "a"], dtype=object)}, tmp_path / "no.csv")
+    assert not (tmp_path / "no.csv").exists()
+
+
+def test_summary_from_columns_equals_summary_from_a_frame(tmp_path, monkeypatch):
+    """The summary computed from the run's NumPy columns is the one computed from the
+    requests DataFrame (what runner.collect handed the summary before), bit for bit."""
+    from simserve.metrics import cluster, summary
+    path = _busy_tiny(tmp_path / "s.yaml")
+    columns = simserve.run(path)
+    frames: list[pd.DataFrame] = []
+
+    def as_frame(f, i):
+        """``f`` with its argument ``i`` (the requests) made a DataFrame."""
+        def call(*args, **kwargs):
+            args = list(args)
+            assert isinstance(args[i], dict)               # collect hands over columns
+            args[i] = pd.DataFrame(args[i], columns=list(runner.REQUEST_COLUMNS))
+            frames.append(args[i])
+            return f(*args, **kwargs)
+        return call
+    monkeypatch.setattr(summary, "summarize", as_frame(summary.summarize, 0))
+    monkeypatch.setattr(cluster, "cluster_summary",                 # (rec, replicas, requests)
+                        as_frame(cluster.cluster_summary, 2))
+    framed = simserve.run(path)
+    assert len(frames) == 2
+    assert json.dumps(columns.summary, sort_keys=True) == json.dumps(framed.summary,
+                                                                   sort_keys=True)
+    pd.testing.assert_frame_equal(columns.requests, frames[0])
+    pd.testing.assert_frame_equal(columns.requests, framed.requests)
+
+
 def test_sweep_parquet_keeps_nested_figures_as_json(tmp_path):
     """sweep.parquet (written beside sweep.csv when pyarrow is installed) holds the summary's
     mappings (failed_by_reason: {} on a clean run, which Parquet cannot store) as JSON text."""

@@ -358,3 +358,56 @@ def test_request_columns_sorted_by_id_across_takes_and_tables():
     assert list(again["reject_reason"]) == ["too_long", "", "", ""]
     assert list(again["num_prompt_tokens"]) == [10, 11, 12, 13]
     assert cols.num_rows == 4 and cols.num_batches == 3
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=1,
+                max_size=60),
+       st.sampled_from([1e-3, 1.0, 1e3]), st.booleans())
+def test_median_is_numpys_bit_for_bit(values, scale, with_nan):
+    """summary.median (which spares the summary numpy.ma's import) gives np.median's bits:
+    odd and even lengths, repeated values, a NaN anywhere."""
+    from simserve.metrics.summary import median
+    x = np.asarray(values) * scale
+    if with_nan:
+        x[len(x) // 3] = NAN
+    got, want = median(x.copy()), np.median(x)
+    assert (np.isnan(got) and np.isnan(want)) or got.tobytes() == want.tobytes()
+    assert isinstance(got, np.float64)
+
+
+def test_median_of_two_middle_values_is_their_mean():
+    # even length: sorted 0.1, 0.2, 0.3, 9.0 -> the mean of 0.2 and 0.3, (0.2 + 0.3) / 2 = 0.25
+    from simserve.metrics.summary import median
+    assert median(np.array([0.3, 0.1, 9.0, 0.2])) == (0.2 + 0.3) / 2 == 0.25
+    assert median(np.array([5.0, 1.0, 3.0])) == 3.0
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False), min_size=1,
+                max_size=60),
+       st.one_of(st.sampled_from([0, 1, 25, 50, 90, 99, 99.9, 100]),
+                 st.floats(min_value=0, max_value=100)),
+       st.booleans(), st.booleans())
+def test_percentile_is_numpys_bit_for_bit(values, q, repeat, with_nan):
+    """summary.percentile gives np.percentile's bits (linear method): any q in [0, 100],
+    lengths 1 to 60, repeated values, a NaN anywhere."""
+    from simserve.metrics.summary import percentile
+    x = np.asarray(values)
+    if repeat:
+        x = np.repeat(x, 3)
+    if with_nan:
+        x[len(x) // 2] = NAN
+    got, want = percentile(x.copy(), q), float(np.percentile(x, q))
+    assert (np.isnan(got) and np.isnan(want)) or \
+        np.float64(got).tobytes() == np.float64(want).tobytes()
+
+
+def test_percentile_interpolates_from_the_nearer_end():
+    # x = 0, 10, 20, 30: q = 50 -> index 1.5, between 10 and 20, g = 0.5 -> 20 - 10 * 0.5 = 15;
+    # q = 10 -> index 0.3 -> 0 + 10 * 0.3 = 3; q = 100 -> the largest, 30
+    from simserve.metrics.summary import percentile
+    x = np.array([30.0, 0.0, 20.0, 10.0])
+    assert percentile(x, 50) == 15.0
+    assert percentile(x, 10) == 10 * ((4 - 1) * (10 / 100))
+    assert percentile(x, 100) == 30.0 and percentile(x, 0) == 0.0
