@@ -313,10 +313,11 @@ class Recorder:
             sched.blocks.num_blocks, plan.num_preempted, plan.swap_out_blocks, plan.swap_in_blocks))
 
     def stretch(self, replica: Replica, stretch: Stretch) -> None:
-        """A priced stretch's steps, one group per segment begun (``Stretch.segments``): the
+        """A priced stretch's steps, one group per segment begun (``Stretch.begun``): the
         steps of a segment differ only in their times and KV blocks used; every running
         request is in it. The first segment has the stretch plan's counts (a mixed first step
-        is a segment of its own); the others decode."""
+        is a segment of its own); a step at which requests joined is one too; the others
+        decode."""
         log = self.replicas.get(replica.index) or self.log(replica)
         s = log.steps
         s["start_s"].fromlist(stretch.starts)          # (fromlist: twice as fast as extend)
@@ -328,6 +329,7 @@ class Recorder:
         index, sched = replica.index, replica.scheduler
         waiting, num_blocks = sched.num_waiting, sched.blocks.num_blocks
         rows: list[int] = []
+        joins = stretch.joins
         for j, (i0, m, _) in enumerate(segments):
             if i0 >= k:
                 break
@@ -335,6 +337,10 @@ class Recorder:
             if i0 == 0:
                 rows += _group_row(i1, index, plan.num_prefill_tokens, len(plan.prefill_lens),
                                    len(plan.decode_ctx), m, waiting, num_blocks, 0, 0, 0)
+            elif i0 in joins:   # requests joined: their prompts beside the m decodes
+                tokens, seqs = joins[i0]
+                rows += _group_row(1, index, tokens, seqs, m, m + seqs, waiting, num_blocks,
+                                   0, 0, 0)
             else:   # _group_row(i1 - i0, index, 0, 0, m, m, waiting, num_blocks, 0, 0, 0), inline
                 rows += (i1 - i0, index, 0, 0, m, m, m, waiting, num_blocks, 0, 0, 0)
         log.group_records.fromlist(rows)
