@@ -393,6 +393,19 @@ class RooflineModel:
 
         return prices
 
+    def mixed_step_sum(self, b: int, total_ctx: int, prefill_lens: tuple[int, ...],
+                       prefill_ctx: tuple[int, ...]) -> float:
+        """``step_time`` of a step of ``b`` plain decodes whose contexts sum to ``total_ctx``
+        and the prefill chunks ``prefill_lens`` after ``prefill_ctx``, each of which samples
+        (their last chunks), without the requests' contexts one by one: a roofline step
+        reads the decodes only through their count and context sum, so the plan priced has
+        ``b`` decodes of that sum (the same value, bit for bit). What a stretch prices the
+        steps at which requests join it with (sched/stretch.py)."""
+        plan = StepPlan((), (), prefill_lens, prefill_ctx,
+                        (total_ctx,) + (0,) * (b - 1) if b else (), b + len(prefill_lens))
+        parts = self._parts(plan) if self.curves is None else self._curve_parts(plan)
+        return (_left_to_right(parts) + self.step_overhead_s) + 0.0   # step_time's, extra 0
+
     def allreduce_s(self, num_tokens: int) -> float:
         """Tensor-parallel communication of a step of ``num_tokens`` tokens: two ring
         all-reduces per layer of ``num_tokens · hidden · dtype`` bytes each, every rank sending

@@ -214,6 +214,7 @@ class Stretch:
         k, plan = self.num_steps, self.first_plan
         members = self.members
         by_sum = None if plan.extra_s else getattr(latency, "decode_stretch_sum", None)
+        mixed_sum = getattr(latency, "mixed_step_sum", None)
         acc = [start]            # acc[m]: start of step m; acc[-1]: end of the last priced
         durations: list[float] = []
         begun: list[Segment] = []
@@ -234,7 +235,11 @@ class Stretch:
                 if got is None:
                     break
                 joined, cut = got
-                d = latency.step_time(self._join_plan(i0, joined))
+                if mixed_sum is not None:        # (a model that reads Σ ctx of the decodes)
+                    d = mixed_sum(m, ctx_sum + m * i0, tuple([p for _, p, _ in joined]),
+                                  (0,) * len(joined))
+                else:
+                    d = latency.step_time(self._join_plan(i0, joined))
                 durations.append(d)
                 acc.append(acc[-1] + d)
                 begun.append((i0, m, ctx_sum + m * i0))
