@@ -165,6 +165,7 @@ class RooflineModel:
         self._layers = L
         self._linear_at: dict[int, float] = {}   # linear time by tokens in the step (memo)
         self._decode_terms: dict[int, tuple] = {}   # decode_stretch's terms by batch size
+        self._join_terms: dict[tuple[int, int], tuple] = {}   # mixed_step_sum's, (b, prompt)
 
         # Attention, all layers together. GQA FLOPs per (query token · attended token):
         # QKᵀ and PV each 2 · head_dim per query head.
@@ -400,11 +401,51 @@ class RooflineModel:
         (their last chunks), without the requests' contexts one by one: a roofline step
         reads the decodes only through their count and context sum, so the plan priced has
         ``b`` decodes of that sum (the same value, bit for bit). What a stretch prices the
-        steps at which requests join it with (sched/stretch.py)."""
+        steps at which requests join it with (sched/stretch.py). The usual case, one whole
+        prompt beside the decodes, adds its terms as ``step_time`` does, those that depend
+        on (b, prompt) alone memoised."""
+        if len(prefill_lens) == 1 and not prefill_ctx[0]:
+            p = prefill_lens[0]
+            n = b + p
+            if self.curves is not None:
+                # _curve_parts' terms one by one (each memoised as there), added as step_time
+                # adds them: linear, prefill, decode, LM head (b + 1 rows), all-reduce, swap
+                # (none), pointwise; then the overhead and the extra cost (0.0)
+                chunks = self._prefill_at
+                prefill = chunks.get((p, 0))
+                if prefill is None:
+                    prefill = self._curve_chunk_s(p, 0)
+                    if len(chunks) >= _MEMO_MAX:
+                        chunks.clear()
+                    chunks[p, 0] = prefill
+                t = (0.0 + self._linear_s(n)) + (0.0 + prefill)
+                t += self._curve_decode_s(b, total_ctx + b)
+                t += self._curve_lm_s(b + 1)
+                t += n * self._ar_tok_s + self._ar_fixed_s
+                t += 0 * self._swap_block_s
+                t += self._curve_pointwise_s(n)
+                return (t + self.step_overhead_s) + 0.0
+            key = (b, p)
+            terms = self._join_terms.get(key)
+            if terms is None:
+                plan = StepPlan((), (), prefill_lens, prefill_ctx, (0,) * b, b + 1)
+                parts = self._parts(plan)
+                # (parts: linear, prefill, decode, then the rest, added left to right)
+                if len(self._join_terms) >= _MEMO_MAX:
+                    self._join_terms.clear()
+                terms = self._join_terms[key] = ((0.0 + parts[0]) + parts[1], parts[3:])
+            before, after = terms
+            attended = total_ctx + b
+            decode = max(attended * self._dec_flop_s,
+                         attended * self._kv_tok_s + b * self._q_tok_s) if b else 0.0
+            t = before + decode
+            for v in after:
+                t += v
+            return (t + self.step_overhead_s) + 0.0      # step_time's, its extra cost 0.0
         plan = StepPlan((), (), prefill_lens, prefill_ctx,
                         (total_ctx,) + (0,) * (b - 1) if b else (), b + len(prefill_lens))
         parts = self._parts(plan) if self.curves is None else self._curve_parts(plan)
-        return (_left_to_right(parts) + self.step_overhead_s) + 0.0   # step_time's, extra 0
+        return (_left_to_right(parts) + self.step_overhead_s) + 0.0
 
     def allreduce_s(self, num_tokens: int) -> float:
         """Tensor-parallel communication of a step of ``num_tokens`` tokens: two ring

@@ -35,7 +35,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from heapq import heapify, heappop, heappush
 from itertools import accumulate
-from operator import itemgetter
+from operator import add, itemgetter
 from typing import TYPE_CHECKING, Any
 
 from simserve.sched.plan import StepPlan
@@ -333,6 +333,9 @@ class Stretch:
         blocks = self.sched.blocks
         bs = blocks.block_size
         extra = [0] * k
+        # a member adds a block every bs steps from its first new one: counted once where it
+        # starts (and once less where it stops), then summed along each residue mod bs
+        every = [0] * (k + bs)
         base = blocks.num_used
         members = self.members
         for j in range(self.planned, len(members)):   # joined at step o, h blocks since
@@ -346,19 +349,19 @@ class Stretch:
             first = h * bs - c
             if e >= k:                 # (most members: it runs to the end)
                 if first < k:
-                    if first + bs >= k:
-                        extra[first] += 1
-                    else:
-                        for i in range(first, k, bs):
-                            extra[i] += 1
+                    every[first] += 1
                 continue
-            grown = 0
             if first < e:
-                for i in range(first, e, bs):
-                    extra[i] += 1
                 grown = (e - 1 - first) // bs + 1
-            extra[e] -= h + grown
-        used = accumulate(extra, initial=base)
+                every[first] += 1
+                every[first + grown * bs] -= 1        # (< e + bs: past its last new block)
+                extra[e] -= h + grown
+            else:
+                extra[e] -= h
+        if k > bs:                     # (else no residue repeats within the k steps)
+            for r in range(bs):
+                every[r::bs] = accumulate(every[r::bs])   # type: ignore[call-overload]
+        used = accumulate(map(add, extra, every), initial=base)
         next(used)                  # (the blocks before step 0)
         return list(used)
 

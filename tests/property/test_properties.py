@@ -252,21 +252,22 @@ def test_fast_forward_equals_stepping_on_the_roofline(case):
 def joining_scenarios(draw):
     """vLLM v1 on one replica (the solo loop, whose stretches let arrivals join them): arrivals
     while others decode, KV from tight to ample, budgets that sometimes cut a prompt."""
-    block_size = draw(st.sampled_from([1, 4, 16]))
+    block_size = draw(st.sampled_from([1, 4, 16, 16]))
     max_model_len = 512
     chunked = draw(st.booleans())
     budget = draw(st.integers(8, 700)) if chunked else draw(st.integers(max_model_len, 700))
     min_blocks = -(-max_model_len // block_size)
-    num_blocks = draw(st.integers(min_blocks, min_blocks * 12))
+    num_blocks = draw(st.integers(min_blocks, min_blocks * draw(st.sampled_from([4, 40]))))
     limits = SchedulerLimits(
-        max_num_seqs=draw(st.integers(1, 32)),
+        max_num_seqs=draw(st.integers(1, 64)),
         max_num_batched_tokens=budget,
         enable_chunked_prefill=chunked,
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 0, 5, 64])),
         reserve_full_sequence=draw(st.booleans()),
     )
     n = draw(st.integers(2, 60))
-    gaps = draw(st.lists(st.floats(0, 0.03), min_size=n, max_size=n))
+    scale = draw(st.sampled_from([0.03, 0.1, 0.1, 0.3]))     # from saturated to light
+    gaps = draw(st.lists(st.floats(0, scale), min_size=n, max_size=n))
     specs = []
     t = 0.0
     for i in range(n):
@@ -275,13 +276,22 @@ def joining_scenarios(draw):
     return "vllm_v1", limits, block_size, num_blocks, 0, max_model_len, specs, 1
 
 
+def _curved_roofline(name):
+    from simserve.latency.efficiency import load_curves
+    hw = {"h100": "H100-SXM", "a100": "A100-80GB"}[name]
+    return RooflineModel(load_model("Llama-3.1-8B"), load_hardware(hw), curves=load_curves(name))
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(joining_scenarios(), st.booleans())
-def test_stretches_that_arrivals_join_equal_stepping(case, roofline):
+@given(joining_scenarios(), st.sampled_from(["toy", "roofline", "h100", "a100"]))
+def test_stretches_that_arrivals_join_equal_stepping(case, prices):
     """Arrivals that join a stretch (sched/stretch.py, ``join``): the same steps, times and
-    tokens as stepping, whichever latency model prices them. That joins happen at all is
-    checked over the examples (``test_arrivals_join_stretches``)."""
-    latency = _roofline() if roofline else None
+    tokens as stepping, whichever latency model prices them (the toy model through
+    ``step_time`` of the join step's plan; the roofline, with or without efficiency curves,
+    through its ``mixed_step_sum``). That joins happen at all is checked over the examples
+    (``test_arrivals_join_stretches``)."""
+    latency = {"toy": lambda: None, "roofline": _roofline, "h100": lambda: _curved_roofline(
+        "h100"), "a100": lambda: _curved_roofline("a100")}[prices]()
     fast, _, _ = run_checked(*case, fast_forward=True, latency=latency)
     slow, _, _ = run_checked(*case, fast_forward=False, latency=latency)
     assert _by_replica(fast) == _by_replica(slow)
