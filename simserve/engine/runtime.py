@@ -518,7 +518,8 @@ def join_arrivals(c: Runtime, r: Replica, stretch: Stretch, j: int, start: float
         if total > limit or blocks.blocks_for(total) > blocks.num_blocks:
             return None                       # to be rejected (rejection_reason): step it
         need += blocks.blocks_for(p)
-    if not (stretch.room_to_join(need, len(specs)) and sched.stretch_admits(prompts, decoding)):
+    if not (stretch.room_to_join(need, len(specs), decoding)
+            and sched.stretch_admits(prompts, decoding)):
         return None
     c.arrivals.skip(len(specs))
     for spec in specs:

@@ -496,14 +496,14 @@ class Scheduler:
     def join_stretch(self, req: Request, n: int, start: float) -> int:
         """Admit the waiting head ``req`` with its ``n`` prompt tokens at a stretch's step
         starting at ``start`` (``stretch_admits`` said ``schedule()`` would); the KV blocks
-        allocated for it. Its counters are the stretch's to advance (``Stretch.apply``)."""
+        it holds then. Its counters, and those blocks, are the stretch's to apply
+        (``Stretch.apply``: the block manager still holds the blocks of members that finished
+        before this step)."""
         assert self.waiting[0] is req
         self.waiting.popleft()
-        held = self.blocks.allocate(req.id, self.slots(req, n))
-        assert held is not None                  # (Stretch.room_to_join checked them)
         self._join(req)
         req.first_scheduled_s = start
-        return held
+        return self.blocks.blocks_for(self.slots(req, n))
 
     def _join(self, req: Request) -> None:
         """A request joins the end of the running list."""

@@ -86,7 +86,8 @@ class Stretch:
     """
 
     __slots__ = ("sched", "first_plan", "members", "num_steps", "past_finish", "mixed",
-                 "starts", "durations", "begun", "end", "planned", "joins")
+                 "starts", "durations", "begun", "end", "planned", "joins", "freed",
+                 "joined_blocks")
 
     def __init__(self, sched: Scheduler, plan: StepPlan, members: list[Member], num_steps: int,
                  past_finish: bool, mixed: bool):
@@ -99,6 +100,11 @@ class Stretch:
         self.planned = len(members)      # members[planned:] joined while it was priced
         # the steps at which requests joined: step -> (their prompt tokens, how many)
         self.joins: dict[int, tuple[int, int]] = {}
+        # while it is priced (``room_to_join``): the blocks held (when planned or joining) by
+        # the members that finished before the step being priced, and the blocks the members
+        # that joined hold (allocated when the stretch is applied)
+        self.freed = 0
+        self.joined_blocks = 0
         # set by price(): the steps' starts and durations, the last one's end, and the
         # segments priced (some may lie past a cut)
         self.starts: list[float]
@@ -222,13 +228,15 @@ class Stretch:
         # (the step a member is gone by, its ctx), in a heap (a member runs past k otherwise)
         m = len(members)
         ctx_sum = sum(map(_ctx, members))
-        ahead = [(e, c) for _, c, _, e, _ in members if e < k] if self.past_finish else []
+        ahead = [(e, c, h) for _, c, h, e, _ in members if e < k] if self.past_finish else []
         heapify(ahead)
         i0 = 0
         while i0 < k:
             while ahead and ahead[0][0] <= i0:     # members that finished before step i0
+                _, c, h = heappop(ahead)
                 m -= 1
-                ctx_sum -= heappop(ahead)[1]
+                ctx_sum -= c
+                self.freed += h
             if i0 and acc[-1] >= cut:              # step i0 is the first at or past the cut
                 assert join is not None            # (the loop below stops otherwise)
                 got = join(self, i0, acc[-1], m)
@@ -247,10 +255,11 @@ class Stretch:
                 for req, p, h in joined:   # step i0 feeds its prompt: position p - 1 = c + i0
                     c, e = p - 1 - i0, i0 + req.num_output_tokens
                     members.append((req, c, h, e, i0))
+                    self.joined_blocks += h
                     m += 1
                     ctx_sum += c
                     if e < k:
-                        heappush(ahead, (e, c))
+                        heappush(ahead, (e, c, h))
                 i0 += 1
                 continue
             i1 = ahead[0][0] if ahead else k
@@ -306,15 +315,18 @@ class Stretch:
         self.num_steps = len(acc)
 
     # -- joining -----------------------------------------------------------------------------
-    def room_to_join(self, blocks: int, num: int) -> bool:
-        """True if ``num`` requests holding ``blocks`` new KV blocks in all may join at any step
-        and every member still fits every step of the stretch, however its finishes fall (a
-        member's blocks grow by at most k // bs + 1 over k steps; those of members that
-        finish are not counted back): then the blocks a joining request asks for are free at
-        its step whatever happened before, as stepping would find them."""
+    def room_to_join(self, blocks: int, num: int, decoding: int) -> bool:
+        """True if ``num`` requests holding ``blocks`` new KV blocks in all may join at the
+        step being priced, at which ``decoding`` members are left, and every member still
+        fits every later step of the stretch, however its finishes fall: then the blocks a
+        joining request asks for are free at its step whatever happened before, as stepping
+        would find them. (The members left hold what they held when planned or joining,
+        ``num_used`` and ``joined_blocks`` less what those that finished held, plus at most
+        k // bs + 1 blocks each grown over the stretch's k steps.)"""
         bm = self.sched.blocks
         grow = (self.num_steps - 1) // bm.block_size + 1
-        return bm.num_used + blocks + (len(self.members) + num) * grow <= bm.num_blocks
+        held = bm.num_used + self.joined_blocks - self.freed
+        return held + blocks + (decoding + num) * grow <= bm.num_blocks
 
     def _join_plan(self, j: int, joined: Joined) -> StepPlan:
         """The plan of a step ``j`` at which ``joined`` join: what ``schedule()`` makes then
@@ -336,12 +348,10 @@ class Stretch:
         # a member adds a block every bs steps from its first new one: counted once where it
         # starts (and once less where it stops), then summed along each residue mod bs
         every = [0] * (k + bs)
-        base = blocks.num_used
         members = self.members
         for j in range(self.planned, len(members)):   # joined at step o, h blocks since
             _, _, h, _, o = members[j]
             extra[o] += h
-            base -= h
         for _, c, h, e, _ in members:
             # step i holds ceil((c + i + 1) / bs) blocks: it first needs block h + 1 at step
             # h * bs - c (>= 1, since step 0 fits in h blocks), then every bs steps; a member
@@ -361,24 +371,30 @@ class Stretch:
         if k > bs:                     # (else no residue repeats within the k steps)
             for r in range(bs):
                 every[r::bs] = accumulate(every[r::bs])   # type: ignore[call-overload]
-        used = accumulate(map(add, extra, every), initial=base)
+        used = accumulate(map(add, extra, every), initial=blocks.num_used)
         next(used)                  # (the blocks before step 0)
         return list(used)
 
     def apply(self, ends: list[float]) -> list[Request]:
         """Apply its first ``len(ends)`` steps, which ended at ``ends`` (a member takes steps
         offset .. min(k, stop) - 1); the requests that finished. Their tokens are the metrics
-        layer's to record (``TokenLog.stretch``)."""
+        layer's to record (``TokenLog.stretch``). The blocks of those that joined are allocated
+        now, after those that finished are freed (as stepping had them)."""
         k = len(ends)
         finished = []
         grown = []                    # (request id, blocks it holds after the steps)
-        added = 0                     # the blocks they add (h each held when it was planned)
+        added = 0                     # the blocks they add to what the block manager has
         bs = self.sched.blocks.block_size
-        for req, c, h, e, o in self.members:
+        planned = self.planned
+        for j, (req, c, h, e, o) in enumerate(self.members):
             if e > k:                 # (most members: it runs on)
                 c += k
                 req.num_generated += k - o
-                if c > h * bs:        # it needs more than the h blocks it holds
+                if j >= planned:      # joined: the block manager has none of its blocks yet
+                    need = -(-c // bs)
+                    grown.append((req.id, need))
+                    added += need
+                elif c > h * bs:      # it needs more than the h blocks it holds
                     need = -(-c // bs)
                     grown.append((req.id, need))
                     added += need - h
