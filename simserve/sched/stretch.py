@@ -17,13 +17,19 @@ decoded at step 0); a request that waits in step 0 has c one less than its conte
 the stretch's steps from step 1 (its ``offset`` 1). With ``past_finish`` (nothing can look at
 the replica before the stretch is applied) it runs on past finishes: members drop out as they
 finish, and each run of one membership, a *segment*, is priced from the plan
-``schedule()`` would have made at its first step.
+``schedule()`` would have made at its first step. Requests that arrive meanwhile may *join* it
+(``price``'s ``join``: the solo loop's, for a policy with ``joins_stretch``): at the first step
+that sees them, if ``schedule()`` would admit their whole prompts there beside the decodes
+(``Scheduler.stretch_admits``) and their blocks surely fit (``room_to_join``), that step is a
+mixed step of the stretch, a segment of its own, and they are members from it on (offset j,
+c = p - 1 - j: step j feeds the prompt's last position); their blocks are allocated when the
+stretch is applied, after those of the members that finished are freed.
 
 The semantic code (the scheduler, the latency models) reads as if it stepped one iteration at a
 time; this module is the optimisation, with one object per stretch:
 
     stretch = Stretch.plan(sched, plan, max_steps, past_finish)   # None: just one step
-    stretch.price(latency, start, cut, cut_end)                   # its steps' times
+    stretch.price(latency, start, cut, cut_end, join)             # its steps' times
     finished = stretch.apply(ends)                                # counters, blocks, finishes
 
 The property tests hold fast-forwarded runs to stepped ones, step for step.
@@ -370,7 +376,7 @@ class Stretch:
                 extra[e] -= h
         if k > bs:                     # (else no residue repeats within the k steps)
             for r in range(bs):
-                every[r::bs] = accumulate(every[r::bs])   # type: ignore[call-overload]
+                every[r::bs] = accumulate(every[r::bs])
         used = accumulate(map(add, extra, every), initial=blocks.num_used)
         next(used)                  # (the blocks before step 0)
         return list(used)
