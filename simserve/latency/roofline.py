@@ -717,6 +717,36 @@ class RooflineModel:
 
             return flat
         x0, x1, last = xs[0], xs[-1], len(xs) - 2
+        terms = [v for v in after if v]
+        if kv_s >= flop_s and q_part >= 0 and len(terms) == 3:
+            # the usual step, in fewer operations but the same values: memory-bound at every
+            # context (a·kv_s + q_part >= a·flop_s, rounding being monotone), and of the
+            # terms after the attention only three are not zero (x + 0.0 is x for x > 0);
+            # the curve's bracket is kept from step to step (the mean context moves by one
+            # token a step) and looked up again only when x leaves it
+            t1, t2, t3 = terms
+            eta_lo = ys[0] + 0.0 * (ys[1] - ys[0])
+            eta_hi = ys[last] + 1.0 * (ys[last + 1] - ys[last])
+
+            def memory_bound(base: int, i: int, n: int) -> list[float]:
+                out = []
+                xl = xh = yl = dy = dx = 0.0
+                for a in range(base + b * i, base + b * (i + n), b):
+                    x = log2(a / b)
+                    if x <= x0:
+                        eta = eta_lo
+                    elif x >= x1:
+                        eta = eta_hi
+                    else:
+                        if not xl <= x < xh:
+                            j = bisect_right(xs, x) - 1
+                            xl, xh, yl = xs[j], xs[j + 1], ys[j]
+                            dx, dy = xh - xl, ys[j + 1] - yl
+                        eta = yl + (x - xl) / dx * dy
+                    out.append((((before + (a * kv_s + q_part) / eta) + t1) + t2) + t3)
+                return out
+
+            return memory_bound
 
         def prices(base: int, i: int, n: int) -> list[float]:
             out = []
