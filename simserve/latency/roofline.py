@@ -408,23 +408,29 @@ class RooflineModel:
             p = prefill_lens[0]
             n = b + p
             if self.curves is not None:
-                # _curve_parts' terms one by one (each memoised as there), added as step_time
-                # adds them: linear, prefill, decode, LM head (b + 1 rows), all-reduce, swap
-                # (none), pointwise; then the overhead and the extra cost (0.0)
-                chunks = self._prefill_at
-                prefill = chunks.get((p, 0))
-                if prefill is None:
-                    prefill = self._curve_chunk_s(p, 0)
-                    if len(chunks) >= _MEMO_MAX:
-                        chunks.clear()
-                    chunks[p, 0] = prefill
-                t = (0.0 + self._linear_s(n)) + (0.0 + prefill)
-                t += self._curve_decode_s(b, total_ctx + b)
-                t += self._curve_lm_s(b + 1)
-                t += n * self._ar_tok_s + self._ar_fixed_s
-                t += 0 * self._swap_block_s
-                t += self._curve_pointwise_s(n)
-                return (t + self.step_overhead_s) + 0.0
+                # _curve_parts' terms, added as step_time adds them: linear, prefill, decode,
+                # LM head (b + 1 rows), all-reduce, swap (none), pointwise; then the overhead
+                # and the extra cost (0.0). All but the decode depend on (b, p) alone: memoised
+                key = (b, p)
+                terms = self._join_terms.get(key)
+                if terms is None:
+                    chunks = self._prefill_at
+                    prefill = chunks.get((p, 0))
+                    if prefill is None:
+                        prefill = self._curve_chunk_s(p, 0)
+                        if len(chunks) >= _MEMO_MAX:
+                            chunks.clear()
+                        chunks[p, 0] = prefill
+                    if len(self._join_terms) >= _MEMO_MAX:
+                        self._join_terms.clear()
+                    terms = self._join_terms[key] = (
+                        (0.0 + self._linear_s(n)) + (0.0 + prefill), self._curve_lm_s(b + 1),
+                        n * self._ar_tok_s + self._ar_fixed_s, 0 * self._swap_block_s,
+                        self._curve_pointwise_s(n))
+                head, lm_head, comm, swap, pw = terms
+                t = head + self._curve_decode_s(b, total_ctx + b)
+                return ((((((t + lm_head) + comm) + swap) + pw) + self.step_overhead_s)
+                        + 0.0)
             key = (b, p)
             terms = self._join_terms.get(key)
             if terms is None:

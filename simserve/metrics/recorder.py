@@ -330,10 +330,14 @@ class Recorder:
         waiting, num_blocks = sched.num_waiting, sched.blocks.num_blocks
         rows: list[int] = []
         joins = stretch.joins
-        for j, (i0, m, _) in enumerate(segments):
+        ends = [seg[0] for seg in segments]     # (each segment ends where the next begins)
+        ends[0] = k
+        ends.append(ends.pop(0))
+        for (i0, m, _), i1 in zip(segments, ends):
             if i0 >= k:
                 break
-            i1 = min(segments[j + 1][0], k) if j + 1 < len(segments) else k
+            if i1 > k:
+                i1 = k
             if i0 == 0:
                 rows += _group_row(i1, index, plan.num_prefill_tokens, len(plan.prefill_lens),
                                    len(plan.decode_ctx), m, waiting, num_blocks, 0, 0, 0)

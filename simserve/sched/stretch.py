@@ -249,15 +249,17 @@ class Stretch:
                 if got is None:
                     break
                 joined, cut = got
+                total = ctx_sum + m * i0
+                prompts = (joined[0][1],) if len(joined) == 1 else \
+                    tuple([p for _, p, _ in joined])
                 if mixed_sum is not None:        # (a model that reads Σ ctx of the decodes)
-                    d = mixed_sum(m, ctx_sum + m * i0, tuple([p for _, p, _ in joined]),
-                                  (0,) * len(joined))
+                    d = mixed_sum(m, total, prompts, (0,) * len(joined))
                 else:
                     d = latency.step_time(self._join_plan(i0, joined))
                 durations.append(d)
                 acc.append(acc[-1] + d)
-                begun.append((i0, m, ctx_sum + m * i0))
-                self.joins[i0] = (sum([p for _, p, _ in joined]), len(joined))
+                begun.append((i0, m, total))
+                self.joins[i0] = (sum(prompts), len(joined))
                 for req, p, h in joined:   # step i0 feeds its prompt: position p - 1 = c + i0
                     c, e = p - 1 - i0, i0 + req.num_output_tokens
                     members.append((req, c, h, e, i0))
