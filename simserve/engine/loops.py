@@ -42,12 +42,16 @@ look at it, so a stretch may also run on past finishes (``Scheduler.continues_pa
 requests drop out as they finish, and each run of one membership (a *segment*) is priced from
 the plan ``schedule()`` would have made at its first step; and it may start with a mixed step
 that finishes the newcomers' prefills while the others decode or wait (a segment of its own).
+Requests that arrive during such a stretch join it at the first step that sees them when the
+policy would admit them whole there (``Scheduler.joins_stretch``; ``runtime.join_arrivals``):
+that step is then a mixed step of the stretch, and the stretch goes on instead of ending.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator
+from functools import partial
 from typing import Any
 
 from simserve.engine.clock import Clock, Interrupt
@@ -55,16 +59,19 @@ from simserve.engine.pipeline import pipeline_loop
 from simserve.engine.queue import queue_loop
 from simserve.engine.queue import sleep as _sleep
 from simserve.engine.replica import Flight, Replica
-from simserve.engine.runtime import Runtime, pull_arrivals
+from simserve.engine.runtime import Runtime, join_arrivals, pull_arrivals
 from simserve.latency.base import cpu_overhead_s
 from simserve.sched.core import InFlight, Scheduler
 from simserve.sched.plan import StepPlan
-from simserve.sched.stretch import Stretch
+from simserve.sched.stretch import Join, Stretch
 
 Loop = Generator[Any, Any, None]
 
 # Longest stretch priced at once: bounds the work wasted when an arrival cuts a stretch short.
 MAX_STRETCH = 256
+# The solo loop's: arrivals join its stretches rather than cut them, so longer ones waste
+# nothing and spare the work each stretch costs over its members (planning, applying).
+SOLO_STRETCH = 1024
 INF = math.inf
 _NO_ENDS: list[float] = []   # (a plain step's; never changed)
 
@@ -85,6 +92,8 @@ def solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     SimPy clock but to sleep until the next arrival; its stretches run past finishes and may
     start with a mixed step (the module docstring says why that is exact)."""
     arrivals, sched = c.arrivals, r.scheduler
+    # arrivals may join a stretch (sched/stretch.py) when the policy says when it admits them
+    join = partial(join_arrivals, c, r) if sched.joins_stretch else None
     now = env.now
     while True:
         if arrivals.next_time <= now:
@@ -98,7 +107,8 @@ def solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
             continue
         # one replica: the router has no choice to make, so only a step's start is cut
         stretch, ends, end = _take(c, r, sched, plan, now, arrivals.next_time, INF,
-                                   MAX_STRETCH, past_finish=True)
+                                   SOLO_STRETCH if join else MAX_STRETCH, past_finish=True,
+                                   join=join)
         now = c.finish_steps(r, sched, plan, stretch, ends, end)
 
 
@@ -248,17 +258,19 @@ def _outside_events(c: Runtime, r: Replica) -> Callable[[], tuple[float, float]]
 
 
 def _take(c: Runtime, r: Replica, sched: Scheduler, plan: StepPlan, start: float, cut: float,
-          cut_end: float, max_steps: int, past_finish: bool = False
-          ) -> tuple[Stretch | None, list[float], float]:
+          cut_end: float, max_steps: int, past_finish: bool = False,
+          join: Join | None = None) -> tuple[Stretch | None, list[float], float]:
     """Price and record the step that starts with ``plan`` at ``start``, fast-forwarded into a
-    stretch as far as the outside events allow: the stretch (None for one step), the end of
-    each of its steps (empty for one step), and its end."""
+    stretch as far as the outside events allow (arrivals may ``join`` it: the solo loop's):
+    the stretch (None for one step), the end of each of its steps (empty for one step), and
+    its end."""
     if plan.prefill_lens:        # requests scheduled for the first time (always a prefill)
         for req in sched.newly_scheduled:
             req.first_scheduled_s = start
     stretch = Stretch.plan(sched, plan, max_steps, past_finish) if max_steps > 1 else None
     if stretch is not None:
-        stretch.price(r.latency, start, cut, cut_end)
+        # requests join only a stretch past finishes (nothing else waits)
+        stretch.price(r.latency, start, cut, cut_end, join if stretch.past_finish else None)
         if stretch.num_steps > 1:
             c.rec.stretch(r, stretch)
             ends = stretch.starts[1:]

@@ -38,7 +38,7 @@ from simserve.kv.prefix import PrefixBlockManager
 from simserve.metrics.recorder import Recorder
 from simserve.metrics.tokens import moved
 from simserve.sched.plan import StepPlan
-from simserve.sched.stretch import Stretch
+from simserve.sched.stretch import Joined, Stretch
 from simserve.sched.core import InFlight, Scheduler
 from simserve.sched.request import Request, Status
 from simserve.workload.spec import RequestSpec
@@ -65,6 +65,23 @@ class Arrivals:
         self.next += 1
         self.next_time = self.times[self.next] if self.next < len(self.times) else INF
         return spec
+
+    def due(self, t: float) -> list[RequestSpec]:
+        """The specs of the arrivals due by ``t``, in order, without moving the cursor
+        (:meth:`skip` then moves it past them)."""
+        times, i = self.times, self.next
+        n = len(times)
+        specs = []
+        while i < n and times[i] <= t:
+            specs.append(self.specs[i])
+            i += 1
+        return specs
+
+    def skip(self, num: int) -> None:
+        """Move the cursor past the next ``num`` arrivals (read by :meth:`due`)."""
+        self.next += num
+        self.next_time = self.times[self.next] if self.next < len(self.times) else INF
+        self.done = self.next_time == INF
 
 
 class Runtime:
@@ -480,6 +497,38 @@ def _arrive(c: Runtime, spec: RequestSpec) -> None:
     req = Request(spec)
     c.rec.add_request(req)
     c.dispatch(req)
+
+
+def join_arrivals(c: Runtime, r: Replica, stretch: Stretch, j: int, start: float,
+                  decoding: int) -> tuple[Joined, float] | None:
+    """The solo loop's ``join`` (``Stretch.price``): the arrivals due by ``start``, the start
+    of the stretch's step ``j``, at which ``decoding`` members decode. If ``schedule()`` would
+    admit every one of them whole then (the policy's ``stretch_admits``; none rejected; their
+    blocks and every member's growth fit the stretch: ``Stretch.room_to_join``), they arrive
+    and are admitted as stepping would (all arrive, then each is admitted in turn) and join
+    the stretch; the next arrival's time is the new cut. Otherwise None, and nothing changed:
+    the stretch ends before step j and the loop takes them as it would have."""
+    specs = c.arrivals.due(start)
+    sched, limit = r.scheduler, r.max_model_len
+    blocks = sched.blocks
+    prompts = [s.num_prompt_tokens for s in specs]
+    need = 0
+    for spec, p in zip(specs, prompts):
+        total = p + spec.num_output_tokens
+        if total > limit or blocks.blocks_for(total) > blocks.num_blocks:
+            return None                       # to be rejected (rejection_reason): step it
+        need += blocks.blocks_for(p)
+    if not (stretch.room_to_join(need, len(specs), decoding)
+            and sched.stretch_admits(prompts, decoding)):
+        return None
+    c.arrivals.skip(len(specs))
+    for spec in specs:
+        _arrive(c, spec)
+    joined = []
+    for p in prompts:
+        req = sched.waiting[0]
+        joined.append((req, p, sched.join_stretch(req, p, start)))
+    return joined, c.arrivals.next_time
 
 
 def pull_arrivals(c: Runtime, now: float) -> None:

@@ -19,8 +19,10 @@ class LatencyModel(Protocol):
     function ``(i, n) -> list`` of the step times of steps i .. i + n - 1 of a decode stretch
     starting with ``plan`` (step i: every context grown by i); a model whose plain decode step
     depends on the contexts only through their sum may also offer ``decode_stretch_sum(b,
-    total_ctx)``, the same for ``b`` decoding requests whose contexts sum to ``total_ctx``. Both
-    must give values bit-identical to ``step_time`` of each step.
+    total_ctx)``, the same for ``b`` decoding requests whose contexts sum to ``total_ctx``, and
+    ``mixed_step_sum(b, total_ctx, prefill_lens, prefill_ctx)``, the price of a step of such
+    decodes beside prefill chunks that each end a prompt (a step at which requests join a
+    stretch). All must give values bit-identical to ``step_time`` of each step.
 
     Optional, for async scheduling: ``step_overhead_s``, the part of every step's time that is
     the engine's CPU work (scheduling, input preparation, output processing) rather than the

@@ -165,6 +165,7 @@ class RooflineModel:
         self._layers = L
         self._linear_at: dict[int, float] = {}   # linear time by tokens in the step (memo)
         self._decode_terms: dict[int, tuple] = {}   # decode_stretch's terms by batch size
+        self._join_terms: dict[tuple[int, int], tuple] = {}   # mixed_step_sum's, (b, prompt)
 
         # Attention, all layers together. GQA FLOPs per (query token · attended token):
         # QKᵀ and PV each 2 · head_dim per query head.
@@ -392,6 +393,65 @@ class RooflineModel:
                          + 0.0) + overhead for a in attended]
 
         return prices
+
+    def mixed_step_sum(self, b: int, total_ctx: int, prefill_lens: tuple[int, ...],
+                       prefill_ctx: tuple[int, ...]) -> float:
+        """``step_time`` of a step of ``b`` plain decodes whose contexts sum to ``total_ctx``
+        and the prefill chunks ``prefill_lens`` after ``prefill_ctx``, each of which samples
+        (their last chunks), without the requests' contexts one by one: a roofline step
+        reads the decodes only through their count and context sum, so the plan priced has
+        ``b`` decodes of that sum (the same value, bit for bit). What a stretch prices the
+        steps at which requests join it with (sched/stretch.py). The usual case, one whole
+        prompt beside the decodes, adds its terms as ``step_time`` does, those that depend
+        on (b, prompt) alone memoised."""
+        if len(prefill_lens) == 1 and not prefill_ctx[0]:
+            p = prefill_lens[0]
+            n = b + p
+            if self.curves is not None:
+                # _curve_parts' terms, added as step_time adds them: linear, prefill, decode,
+                # LM head (b + 1 rows), all-reduce, swap (none), pointwise; then the overhead
+                # and the extra cost (0.0). All but the decode depend on (b, p) alone: memoised
+                key = (b, p)
+                terms = self._join_terms.get(key)
+                if terms is None:
+                    chunks = self._prefill_at
+                    prefill = chunks.get((p, 0))
+                    if prefill is None:
+                        prefill = self._curve_chunk_s(p, 0)
+                        if len(chunks) >= _MEMO_MAX:
+                            chunks.clear()
+                        chunks[p, 0] = prefill
+                    if len(self._join_terms) >= _MEMO_MAX:
+                        self._join_terms.clear()
+                    terms = self._join_terms[key] = (
+                        (0.0 + self._linear_s(n)) + (0.0 + prefill), self._curve_lm_s(b + 1),
+                        n * self._ar_tok_s + self._ar_fixed_s, 0 * self._swap_block_s,
+                        self._curve_pointwise_s(n))
+                head, lm_head, comm, swap, pw = terms
+                t = head + self._curve_decode_s(b, total_ctx + b)
+                return ((((((t + lm_head) + comm) + swap) + pw) + self.step_overhead_s)
+                        + 0.0)
+            key = (b, p)
+            terms = self._join_terms.get(key)
+            if terms is None:
+                plan = StepPlan((), (), prefill_lens, prefill_ctx, (0,) * b, b + 1)
+                parts = self._parts(plan)
+                # (parts: linear, prefill, decode, then the rest, added left to right)
+                if len(self._join_terms) >= _MEMO_MAX:
+                    self._join_terms.clear()
+                terms = self._join_terms[key] = ((0.0 + parts[0]) + parts[1], parts[3:])
+            before, after = terms
+            attended = total_ctx + b
+            decode = max(attended * self._dec_flop_s,
+                         attended * self._kv_tok_s + b * self._q_tok_s) if b else 0.0
+            t = before + decode
+            for v in after:
+                t += v
+            return (t + self.step_overhead_s) + 0.0      # step_time's, its extra cost 0.0
+        plan = StepPlan((), (), prefill_lens, prefill_ctx,
+                        (total_ctx,) + (0,) * (b - 1) if b else (), b + len(prefill_lens))
+        parts = self._parts(plan) if self.curves is None else self._curve_parts(plan)
+        return (_left_to_right(parts) + self.step_overhead_s) + 0.0
 
     def allreduce_s(self, num_tokens: int) -> float:
         """Tensor-parallel communication of a step of ``num_tokens`` tokens: two ring
@@ -663,6 +723,36 @@ class RooflineModel:
 
             return flat
         x0, x1, last = xs[0], xs[-1], len(xs) - 2
+        terms = [v for v in after if v]
+        if kv_s >= flop_s and q_part >= 0 and len(terms) == 3:
+            # the usual step, in fewer operations but the same values: memory-bound at every
+            # context (a·kv_s + q_part >= a·flop_s, rounding being monotone), and of the
+            # terms after the attention only three are not zero (x + 0.0 is x for x > 0);
+            # the curve's bracket is kept from step to step (the mean context moves by one
+            # token a step) and looked up again only when x leaves it
+            t1, t2, t3 = terms
+            eta_lo = ys[0] + 0.0 * (ys[1] - ys[0])
+            eta_hi = ys[last] + 1.0 * (ys[last + 1] - ys[last])
+
+            def memory_bound(base: int, i: int, n: int) -> list[float]:
+                out = []
+                xl = xh = yl = dy = dx = 0.0
+                for a in range(base + b * i, base + b * (i + n), b):
+                    x = log2(a / b)
+                    if x <= x0:
+                        eta = eta_lo
+                    elif x >= x1:
+                        eta = eta_hi
+                    else:
+                        if not xl <= x < xh:
+                            j = bisect_right(xs, x) - 1
+                            xl, xh, yl = xs[j], xs[j + 1], ys[j]
+                            dx, dy = xh - xl, ys[j + 1] - yl
+                        eta = yl + (x - xl) / dx * dy
+                    out.append((((before + (a * kv_s + q_part) / eta) + t1) + t2) + t3)
+                return out
+
+            return memory_bound
 
         def prices(base: int, i: int, n: int) -> list[float]:
             out = []

@@ -313,10 +313,11 @@ class Recorder:
             sched.blocks.num_blocks, plan.num_preempted, plan.swap_out_blocks, plan.swap_in_blocks))
 
     def stretch(self, replica: Replica, stretch: Stretch) -> None:
-        """A priced stretch's steps, one group per segment begun (``Stretch.segments``): the
+        """A priced stretch's steps, one group per segment begun (``Stretch.begun``): the
         steps of a segment differ only in their times and KV blocks used; every running
         request is in it. The first segment has the stretch plan's counts (a mixed first step
-        is a segment of its own); the others decode."""
+        is a segment of its own); a step at which requests joined is one too; the others
+        decode."""
         log = self.replicas.get(replica.index) or self.log(replica)
         s = log.steps
         s["start_s"].fromlist(stretch.starts)          # (fromlist: twice as fast as extend)
@@ -328,13 +329,22 @@ class Recorder:
         index, sched = replica.index, replica.scheduler
         waiting, num_blocks = sched.num_waiting, sched.blocks.num_blocks
         rows: list[int] = []
-        for j, (i0, m, _) in enumerate(segments):
+        joins = stretch.joins
+        ends = [seg[0] for seg in segments]     # (each segment ends where the next begins)
+        ends[0] = k
+        ends.append(ends.pop(0))
+        for (i0, m, _), i1 in zip(segments, ends):
             if i0 >= k:
                 break
-            i1 = min(segments[j + 1][0], k) if j + 1 < len(segments) else k
+            if i1 > k:
+                i1 = k
             if i0 == 0:
                 rows += _group_row(i1, index, plan.num_prefill_tokens, len(plan.prefill_lens),
                                    len(plan.decode_ctx), m, waiting, num_blocks, 0, 0, 0)
+            elif i0 in joins:   # requests joined: their prompts beside the m decodes
+                tokens, seqs = joins[i0]
+                rows += _group_row(1, index, tokens, seqs, m, m + seqs, waiting, num_blocks,
+                                   0, 0, 0)
             else:   # _group_row(i1 - i0, index, 0, 0, m, m, waiting, num_blocks, 0, 0, 0), inline
                 rows += (i1 - i0, index, 0, 0, m, m, m, waiting, num_blocks, 0, 0, 0)
         log.group_records.fromlist(rows)

@@ -164,11 +164,11 @@ class TokenLog:
             else:
                 tr.last_step, tr.last_s = last, t_last
                 stays += 1
-            late += o
+            if o:                                # (waited in step 0, or joined at step o)
+                late += 1
+                diff[d + o] += 1
         diff[d + k - 1] -= stays
         diff[d] += len(members) - late
-        if late:
-            diff[d + 1] += late
         if adjacent:
             diff[d - 1] += adjacent
             diff[d] -= adjacent

@@ -163,6 +163,11 @@ class Scheduler:
     # after one in which every running request sampled decodes them all: a stretch may then
     # start with a mixed step that ends some prefills.
     continues_past_finish: ClassVar[bool] = False
+    # True if the policy says, by ``stretch_admits``, when requests that arrive during a
+    # stretch planned past finishes would be admitted whole at the step that first sees them;
+    # the solo loop then lets them join the stretch (``Stretch.price``'s ``join``) instead of
+    # ending it there
+    joins_stretch: ClassVar[bool] = False
     # the policy's knobs (a frozen dataclass read by sched.params.read_params), if it has any
     params_type: ClassVar[type | None] = None
     # KV blocks the engine keeps out of use (vLLM v1's block pool holds block 0 back as its
@@ -479,6 +484,26 @@ class Scheduler:
         self._join(req)
         batch.add(req, n)
         return True
+
+    def stretch_admits(self, prompts: list[int], decoding: int) -> bool:
+        """With ``joins_stretch``: True if ``schedule()``, at a step where the ``decoding``
+        running requests all decode and nothing else is running, swapped or waiting but
+        requests with ``prompts`` tokens that just arrived (in that order, none with anything
+        computed or cached), would admit every one of them with its whole prompt, KV blocks
+        aside (the stretch makes sure of those: ``Stretch.room_to_join``)."""
+        raise NotImplementedError
+
+    def join_stretch(self, req: Request, n: int, start: float) -> int:
+        """Admit the waiting head ``req`` with its ``n`` prompt tokens at a stretch's step
+        starting at ``start`` (``stretch_admits`` said ``schedule()`` would); the KV blocks
+        it holds then. Its counters, and those blocks, are the stretch's to apply
+        (``Stretch.apply``: the block manager still holds the blocks of members that finished
+        before this step)."""
+        assert self.waiting[0] is req
+        self.waiting.popleft()
+        self._join(req)
+        req.first_scheduled_s = start
+        return self.blocks.blocks_for(self.slots(req, n))
 
     def _join(self, req: Request) -> None:
         """A request joins the end of the running list."""

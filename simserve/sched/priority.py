@@ -42,6 +42,7 @@ class Priority(VllmV1):
     # its victims are taken back out of a step already planned and empty steps are folded:
     # not checked against micro-batches held in flight, so pipeline parallelism is refused
     pipelines = False
+    joins_stretch = False       # (arrivals are admitted in priority order: not modelled)
 
     def schedule(self) -> StepPlan:
         plan = super().schedule()

@@ -17,13 +17,19 @@ decoded at step 0); a request that waits in step 0 has c one less than its conte
 the stretch's steps from step 1 (its ``offset`` 1). With ``past_finish`` (nothing can look at
 the replica before the stretch is applied) it runs on past finishes: members drop out as they
 finish, and each run of one membership, a *segment*, is priced from the plan
-``schedule()`` would have made at its first step.
+``schedule()`` would have made at its first step. Requests that arrive meanwhile may *join* it
+(``price``'s ``join``: the solo loop's, for a policy with ``joins_stretch``): at the first step
+that sees them, if ``schedule()`` would admit their whole prompts there beside the decodes
+(``Scheduler.stretch_admits``) and their blocks surely fit (``room_to_join``), that step is a
+mixed step of the stretch, a segment of its own, and they are members from it on (offset j,
+c = p - 1 - j: step j feeds the prompt's last position); their blocks are allocated when the
+stretch is applied, after those of the members that finished are freed.
 
 The semantic code (the scheduler, the latency models) reads as if it stepped one iteration at a
 time; this module is the optimisation, with one object per stretch:
 
     stretch = Stretch.plan(sched, plan, max_steps, past_finish)   # None: just one step
-    stretch.price(latency, start, cut, cut_end)                   # its steps' times
+    stretch.price(latency, start, cut, cut_end, join)             # its steps' times
     finished = stretch.apply(ends)                                # counters, blocks, finishes
 
 The property tests hold fast-forwarded runs to stepped ones, step for step.
@@ -32,9 +38,10 @@ The property tests hold fast-forwarded runs to stepped ones, step for step.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from heapq import heapify, heappop, heappush
 from itertools import accumulate
-from operator import itemgetter
+from operator import add, itemgetter
 from typing import TYPE_CHECKING, Any
 
 from simserve.sched.plan import StepPlan
@@ -44,7 +51,6 @@ if TYPE_CHECKING:
     from simserve.sched.request import Request
 
 INF = float("inf")
-_NEAR = 64     # Stretch._segments: the steps whose finishes are sorted first
 Prices = Callable[[int, int], list[float]]
 
 
@@ -58,10 +64,17 @@ Segment = tuple[int, int, int]
 #   ctx      step i feeds its token at position ctx + i
 #   held     the KV blocks it holds at step 0
 #   stop     it takes steps offset .. stop - 1 (its last token at step stop - 1)
-#   offset   1 if it waits in step 0 (still decoding), else 0
+#   offset   1 if it waits in step 0 (still decoding), else 0; a request that joins the
+#            stretch at step j (``Stretch.price``'s ``join``): j
 # A plain tuple, unpacked by name in every loop over the members (Python unpacks an exact
 # tuple fastest; a stretch is planned at about every arrival).
 Member = tuple["Request", int, int, int, int]
+
+# Requests that join a stretch at one of its steps (``Join``): (request, prompt tokens, KV
+# blocks allocated for them); and what the engine's ``Join`` gives back: those, and the next
+# outside event's time (the new cut).
+Joined = list[tuple["Request", int, int]]
+Join = Callable[["Stretch", int, float, int], "tuple[Joined, float] | None"]
 _ctx = itemgetter(1)    # a Member's ctx
 _stop = itemgetter(3)   # a Member's stop
 
@@ -79,7 +92,8 @@ class Stretch:
     """
 
     __slots__ = ("sched", "first_plan", "members", "num_steps", "past_finish", "mixed",
-                 "starts", "durations", "begun", "end")
+                 "starts", "durations", "begun", "end", "planned", "joins", "freed",
+                 "joined_blocks")
 
     def __init__(self, sched: Scheduler, plan: StepPlan, members: list[Member], num_steps: int,
                  past_finish: bool, mixed: bool):
@@ -89,6 +103,14 @@ class Stretch:
         self.num_steps = num_steps
         self.past_finish = past_finish   # members drop out as they finish
         self.mixed = mixed               # step 0 completes some prefills
+        self.planned = len(members)      # members[planned:] joined while it was priced
+        # the steps at which requests joined: step -> (their prompt tokens, how many)
+        self.joins: dict[int, tuple[int, int]] = {}
+        # while it is priced (``room_to_join``): the blocks held (when planned or joining) by
+        # the members that finished before the step being priced, and the blocks the members
+        # that joined hold (allocated when the stretch is applied)
+        self.freed = 0
+        self.joined_blocks = 0
         # set by price(): the steps' starts and durations, the last one's end, and the
         # segments priced (some may lie past a cut)
         self.starts: list[float]
@@ -168,47 +190,6 @@ class Stretch:
                 return None
         return cls(sched, plan, members, k, past, mixed)
 
-    def segments(self) -> list[Segment]:
-        """The runs of one membership and shape among steps 0 .. num_steps - 1: one unless
-        the stretch starts with a mixed step, which is a segment of its own, or requests drop
-        out as they finish. Step i of a decode segment starting at i0 decodes its requests
-        with every context grown by i - i0 (:meth:`segment_plan` gives its plan; the sum is
-        what a latency model with ``decode_stretch_sum`` needs)."""
-        segments = list(self._segments())
-        segments.pop()                       # (the end marker)
-        return segments
-
-    def _segments(self) -> Iterator[Segment]:
-        """:meth:`segments` one by one, then ``(num_steps, 0, 0)`` (an end marker): only the
-        members that finish before the last step are sorted, and segments are made as far as
-        they are asked for (a stretch is usually cut at an arrival long before its last
-        planned step)."""
-        members = self.members
-        m = len(members)
-        total = sum(map(_ctx, members))
-        k = self.num_steps
-        yield (0, m, total)
-        # (the step a member is gone by, its ctx, 1); a mixed first step: a boundary at step 1.
-        # With past_finish the finishes before step NEAR are sorted first and the rest only
-        # if asked for: an arrival usually cuts the stretch within a few dozen steps
-        near = min(k, _NEAR)
-        tiers = ((0, near), (near, k)) if self.past_finish else ((0, 0),)
-        for lo, hi in tiers:
-            ends = [(e, c, 1) for _, c, _, e, _ in members if lo <= e < hi] if lo < hi else []
-            if self.mixed and not lo:
-                ends.append((1, 0, 0))
-            ends.sort()
-            j, num_ends = 0, len(ends)
-            while j < num_ends:
-                i0 = ends[j][0]
-                while j < num_ends and ends[j][0] == i0:
-                    _, c, n = ends[j]
-                    m -= n
-                    total -= c
-                    j += 1
-                yield (i0, m, total + m * i0)
-        yield (k, 0, 0)
-
     def segment_plan(self, i0: int) -> StepPlan:
         """The plan of step ``i0``: exactly what ``schedule()`` would make then (the requests
         left, in running order, each decoding; step 0 is the stretch's own plan)."""
@@ -221,31 +202,78 @@ class Stretch:
                         self.first_plan.extra_s)
 
     # -- pricing ---------------------------------------------------------------------------
-    def price(self, latency: Any, start: float, cut: float = INF, cut_end: float = INF) -> None:
+    def price(self, latency: Any, start: float, cut: float = INF, cut_end: float = INF,
+              join: Join | None = None) -> None:
         """Price the stretch's steps from ``start``: ``starts``, ``durations``, ``end``, and
         keep only the steps after the first that start before ``cut`` and end before
         ``cut_end`` (>= ``cut``): the next outside events (``num_steps`` shrinks to match).
 
         Step i starts at s_i = (...((s_0 + d_0) + d_1) ...), summed in order exactly as
-        stepping would (a cumulative sum adds left to right). Each segment is priced from its
-        own plan, and only as far as the cut needs: as many steps as would reach the cut at
-        the last price (the first step alone before any is priced), then on the same way (step
-        times grow along a segment; if they do not, the loop prices on). Pricing steps past
-        the cut costs time only: they are dropped.
+        stepping would (a cumulative sum adds left to right). Each segment (a run of steps of
+        one membership) is priced from its own plan, and only as far as the cut needs: as many
+        steps as would reach the cut at the last price (the first step alone before any is
+        priced), then on the same way (step times grow along a segment; if they do not, the
+        loop prices on). Pricing steps past the cut costs time only: they are dropped.
+
+        ``join`` (the solo loop's, for a policy with ``joins_stretch``; ``cut_end`` infinite):
+        when step j is the first to start at or after ``cut`` (an arrival), ``join(self, j,
+        s_j, m)`` (m: the members decoding at step j) either returns None, and the stretch
+        ends before step j as without it, or admits the requests that arrived, exactly as
+        ``schedule()`` at step j would (their whole prompts in step j, beside the m decodes)
+        and returns them with the next cut: step j becomes a mixed step (a segment of its
+        own), they are members from step j on (offset j), and pricing goes on.
         """
         k, plan = self.num_steps, self.first_plan
-        segs = self._segments()
+        members = self.members
         by_sum = None if plan.extra_s else getattr(latency, "decode_stretch_sum", None)
+        mixed_sum = getattr(latency, "mixed_step_sum", None)
         acc = [start]            # acc[m]: start of step m; acc[-1]: end of the last priced
         durations: list[float] = []
         begun: list[Segment] = []
-        nxt = next(segs)
-        while nxt[0] < k:
-            seg = nxt
-            i0, m, total = seg
-            nxt = next(segs)
-            i1 = nxt[0]
-            begun.append(seg)
+        # the membership: m members left, their ctx summing to ctx_sum; the finishes ahead,
+        # (the step a member is gone by, its ctx), in a heap (a member runs past k otherwise)
+        m = len(members)
+        ctx_sum = sum(map(_ctx, members))
+        ahead = [(e, c, h) for _, c, h, e, _ in members if e < k] if self.past_finish else []
+        heapify(ahead)
+        i0 = 0
+        while i0 < k:
+            while ahead and ahead[0][0] <= i0:     # members that finished before step i0
+                _, c, h = heappop(ahead)
+                m -= 1
+                ctx_sum -= c
+                self.freed += h
+            if i0 and acc[-1] >= cut:              # step i0 is the first at or past the cut
+                assert join is not None            # (the loop below stops otherwise)
+                got = join(self, i0, acc[-1], m)
+                if got is None:
+                    break
+                joined, cut = got
+                total = ctx_sum + m * i0
+                prompts = (joined[0][1],) if len(joined) == 1 else \
+                    tuple([p for _, p, _ in joined])
+                if mixed_sum is not None:        # (a model that reads Σ ctx of the decodes)
+                    d = mixed_sum(m, total, prompts, (0,) * len(joined))
+                else:
+                    d = latency.step_time(self._join_plan(i0, joined))
+                durations.append(d)
+                acc.append(acc[-1] + d)
+                begun.append((i0, m, total))
+                self.joins[i0] = (sum(prompts), len(joined))
+                for req, p, h in joined:   # step i0 feeds its prompt: position p - 1 = c + i0
+                    c, e = p - 1 - i0, i0 + req.num_output_tokens
+                    members.append((req, c, h, e, i0))
+                    self.joined_blocks += h
+                    m += 1
+                    ctx_sum += c
+                    if e < k:
+                        heappush(ahead, (e, c, h))
+                i0 += 1
+                continue
+            i1 = ahead[0][0] if ahead else k
+            if not i0 and self.mixed:
+                i1 = 1                             # a mixed first step: a segment of its own
+            begun.append((i0, m, ctx_sum + m * i0))
             if i1 == 1:                      # step 0 alone (a mixed first step, usually)
                 d = latency.step_time(plan)
                 durations.append(d)
@@ -254,7 +282,7 @@ class Stretch:
                 if i0 == 0:
                     prices = stretch_prices(latency, plan)
                 elif by_sum is not None:     # a decode segment: its requests, their ctx sum
-                    prices = by_sum(m, total)
+                    prices = by_sum(m, ctx_sum + m * i0)
                 else:
                     prices = stretch_prices(latency, self.segment_plan(i0))
                 # as many steps as would reach the cut at the last price (a segment's first
@@ -274,7 +302,15 @@ class Stretch:
                     d = chunk[-1]
                     n = min(i1 - i, int((cut - acc[-1]) / d) + 1) if d > 0 else i1 - i
             if acc[-1] >= cut:
-                break
+                if join is None:
+                    break
+                j = bisect_left(acc, cut, i0 + 1)   # the first step at or past the cut
+                if j >= k:
+                    break
+                del acc[j + 1:], durations[j:]      # (priced past it: dropped)
+                i0 = j
+            else:
+                i0 = i1
         n = len(durations)
         keep = bisect_left(acc, cut, 0, n) if cut < INF else n            # first start >= cut
         if cut_end < INF:
@@ -286,6 +322,30 @@ class Stretch:
         self.starts, self.durations, self.begun = acc, durations, begun
         self.num_steps = len(acc)
 
+    # -- joining -----------------------------------------------------------------------------
+    def room_to_join(self, blocks: int, num: int, decoding: int) -> bool:
+        """True if ``num`` requests holding ``blocks`` new KV blocks in all may join at the
+        step being priced, at which ``decoding`` members are left, and every member still
+        fits every later step of the stretch, however its finishes fall: then the blocks a
+        joining request asks for are free at its step whatever happened before, as stepping
+        would find them. (The members left hold what they held when planned or joining,
+        ``num_used`` and ``joined_blocks`` less what those that finished held, plus at most
+        k // bs + 1 blocks each grown over the stretch's k steps.)"""
+        bm = self.sched.blocks
+        grow = (self.num_steps - 1) // bm.block_size + 1
+        held = bm.num_used + self.joined_blocks - self.freed
+        return held + blocks + (decoding + num) * grow <= bm.num_blocks
+
+    def _join_plan(self, j: int, joined: Joined) -> StepPlan:
+        """The plan of a step ``j`` at which ``joined`` join: what ``schedule()`` makes then
+        (the members left decoding, in running order, then each newcomer's whole prompt)."""
+        left = [(r, c) for r, c, _, e, _ in self.members if e > j]
+        n = len(left)
+        return StepPlan(tuple([r.id for r, _ in left] + [r.id for r, _, _ in joined]),
+                        (1,) * n + tuple([p for _, p, _ in joined]),
+                        tuple([p for _, p, _ in joined]), (0,) * len(joined),
+                        tuple([c + j for _, c in left]), n + len(joined))
+
     # -- applying --------------------------------------------------------------------------
     def blocks_used(self) -> list[int]:
         """KV blocks in use after scheduling each of its steps (for the recorder)."""
@@ -293,57 +353,70 @@ class Stretch:
         blocks = self.sched.blocks
         bs = blocks.block_size
         extra = [0] * k
-        for _, c, h, e, _ in self.members:
+        # a member adds a block every bs steps from its first new one: counted once where it
+        # starts (and once less where it stops), then summed along each residue mod bs
+        every = [0] * (k + bs)
+        members = self.members
+        for j in range(self.planned, len(members)):   # joined at step o, h blocks since
+            _, _, h, _, o = members[j]
+            extra[o] += h
+        for _, c, h, e, _ in members:
             # step i holds ceil((c + i + 1) / bs) blocks: it first needs block h + 1 at step
             # h * bs - c (>= 1, since step 0 fits in h blocks), then every bs steps; a member
             # that finishes at step e - 1 frees all it holds before step e
             first = h * bs - c
             if e >= k:                 # (most members: it runs to the end)
                 if first < k:
-                    if first + bs >= k:
-                        extra[first] += 1
-                    else:
-                        for i in range(first, k, bs):
-                            extra[i] += 1
+                    every[first] += 1
                 continue
-            grown = 0
             if first < e:
-                for i in range(first, e, bs):
-                    extra[i] += 1
                 grown = (e - 1 - first) // bs + 1
-            extra[e] -= h + grown
-        used = accumulate(extra, initial=blocks.num_used)
+                every[first] += 1
+                every[first + grown * bs] -= 1        # (< e + bs: past its last new block)
+                extra[e] -= h + grown
+            else:
+                extra[e] -= h
+        if k > bs:                     # (else no residue repeats within the k steps)
+            for r in range(bs):
+                every[r::bs] = accumulate(every[r::bs])
+        used = accumulate(map(add, extra, every), initial=blocks.num_used)
         next(used)                  # (the blocks before step 0)
         return list(used)
 
     def apply(self, ends: list[float]) -> list[Request]:
         """Apply its first ``len(ends)`` steps, which ended at ``ends`` (a member takes steps
         offset .. min(k, stop) - 1); the requests that finished. Their tokens are the metrics
-        layer's to record (``TokenLog.stretch``)."""
+        layer's to record (``TokenLog.stretch``). The blocks of those that joined are allocated
+        now, after those that finished are freed (as stepping had them)."""
         k = len(ends)
         finished = []
         grown = []                    # (request id, blocks it holds after the steps)
-        added = 0                     # the blocks they add (h each held when it was planned)
+        added = 0                     # the blocks they add to what the block manager has
         bs = self.sched.blocks.block_size
-        for req, c, h, e, o in self.members:
+        planned = self.planned
+        for j, (req, c, h, e, o) in enumerate(self.members):
             if e > k:                 # (most members: it runs on)
                 c += k
                 req.num_generated += k - o
+                if j >= planned:      # joined: the block manager has none of its blocks yet
+                    need = -(-c // bs)
+                    grown.append((req.id, need))
+                    added += need
+                elif c > h * bs:      # it needs more than the h blocks it holds
+                    need = -(-c // bs)
+                    grown.append((req.id, need))
+                    added += need - h
             else:
                 c += e
                 req.num_generated += e - o
                 req.finish_s = ends[e - 1]
                 finished.append(req)
             req.num_computed_tokens = c
-            if c > h * bs:            # it needs more than the h blocks it holds
-                need = -(-c // bs)
-                grown.append((req.id, need))
-                added += need - h
         sched = self.sched
-        fitted = sched.blocks.grow_to(grown, added)   # fits: plan() checked the total
-        assert fitted is not None
-        if finished:
+        if finished:                  # (their blocks first: members may have joined since)
             sched.retire(finished, None)
+        fitted = sched.blocks.grow_to(grown, added)   # fits: plan() and joins checked it
+        assert fitted is not None
         return finished
 
 

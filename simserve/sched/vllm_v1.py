@@ -37,6 +37,7 @@ class VllmV1(Scheduler):
     speculates = True           # decodes through the shared verbs: they verify drafts
     reserved_blocks = 1         # vLLM's block pool holds block 0 back as its null block
     pipelines = True            # micro-batches in flight (engine/pipeline.py)
+    joins_stretch = True        # arrivals join a stretch when admitted whole (stretch_admits)
     _threshold = 0              # this step's long_prefill_token_threshold (see schedule)
 
     def schedule(self) -> StepPlan:
@@ -49,6 +50,23 @@ class VllmV1(Scheduler):
             self.resume_swapped(batch)
             self._admit_waiting(batch)
         return batch.freeze()
+
+    def stretch_admits(self, prompts: list[int], decoding: int) -> bool:
+        # schedule() then: the threshold (everyone eligible: the decoding and the arrived),
+        # decode_all for the running, then _admit_waiting while the budgets and max_num_seqs
+        # allow; a prompt is admitted whole if neither the threshold nor the budget left cuts
+        # it (without chunked prefill one that does not fit waits): any cut, and they do not
+        # all join
+        limits = self.limits
+        threshold = limits.long_prefill_token_threshold if decoding + len(prompts) > 1 else 0
+        budget = limits.max_num_batched_tokens - decoding
+        seqs = limits.max_num_seqs - decoding
+        for p in prompts:
+            if budget <= 0 or seqs <= 0 or 0 < threshold < p or p > budget:
+                return False
+            budget -= p
+            seqs -= 1
+        return True
 
     def clip(self, req: Request, n: int, batch: Batch) -> int:
         threshold = self._threshold

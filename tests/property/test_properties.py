@@ -246,3 +246,85 @@ def test_fast_forward_equals_stepping_on_the_roofline(case):
     for a, b in zip(fast.requests, slow.requests):
         assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s
         assert a.token_times == b.token_times
+
+
+@st.composite
+def joining_scenarios(draw):
+    """vLLM v1 on one replica (the solo loop, whose stretches let arrivals join them): arrivals
+    while others decode, KV from tight to ample, budgets that sometimes cut a prompt."""
+    block_size = draw(st.sampled_from([1, 4, 16, 16]))
+    max_model_len = 512
+    chunked = draw(st.booleans())
+    budget = draw(st.integers(8, 700)) if chunked else draw(st.integers(max_model_len, 700))
+    min_blocks = -(-max_model_len // block_size)
+    num_blocks = draw(st.integers(min_blocks, min_blocks * draw(st.sampled_from([4, 40]))))
+    limits = SchedulerLimits(
+        max_num_seqs=draw(st.integers(1, 64)),
+        max_num_batched_tokens=budget,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 0, 5, 64])),
+        reserve_full_sequence=draw(st.booleans()),
+    )
+    n = draw(st.integers(2, 60))
+    scale = draw(st.sampled_from([0.03, 0.1, 0.1, 0.3]))     # from saturated to light
+    gaps = draw(st.lists(st.floats(0, scale), min_size=n, max_size=n))
+    specs = []
+    t = 0.0
+    for i in range(n):
+        t += gaps[i]
+        specs.append(RequestSpec(i, t, draw(st.integers(1, 300)), draw(st.integers(1, 200))))
+    return "vllm_v1", limits, block_size, num_blocks, 0, max_model_len, specs, 1
+
+
+def _curved_roofline(name):
+    from simserve.latency.efficiency import load_curves
+    hw = {"h100": "H100-SXM", "a100": "A100-80GB"}[name]
+    return RooflineModel(load_model("Llama-3.1-8B"), load_hardware(hw), curves=load_curves(name))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(joining_scenarios(), st.sampled_from(["toy", "roofline", "h100", "a100"]))
+def test_stretches_that_arrivals_join_equal_stepping(case, prices):
+    """Arrivals that join a stretch (sched/stretch.py, ``join``): the same steps, times and
+    tokens as stepping, whichever latency model prices them (the toy model through
+    ``step_time`` of the join step's plan; the roofline, with or without efficiency curves,
+    through its ``mixed_step_sum``). That joins happen at all is checked over the examples
+    (``test_arrivals_join_stretches``)."""
+    latency = {"toy": lambda: None, "roofline": _roofline, "h100": lambda: _curved_roofline(
+        "h100"), "a100": lambda: _curved_roofline("a100")}[prices]()
+    fast, _, _ = run_checked(*case, fast_forward=True, latency=latency)
+    slow, _, _ = run_checked(*case, fast_forward=False, latency=latency)
+    assert _by_replica(fast) == _by_replica(slow)
+    for a, b in zip(fast.requests, slow.requests):
+        assert a.status == b.status and a.num_preemptions == b.num_preemptions
+        assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s
+        assert a.first_token_s == b.first_token_s
+        assert a.token_times == b.token_times
+
+
+def test_arrivals_join_stretches():
+    """The joining scenarios do exercise joins: many stretches take arrivals in, and a run
+    with them equals stepping (a fixed case with ample KV and budget)."""
+    from simserve.sched.stretch import Stretch
+    joins = []
+    price = Stretch.price
+
+    def counted(self, *args, **kwargs):
+        price(self, *args, **kwargs)
+        joins.append(len(self.joins))
+
+    limits = SchedulerLimits(max_num_seqs=32, max_num_batched_tokens=2048,
+                             enable_chunked_prefill=True)
+    specs = [RequestSpec(i, 0.03 * i, 50 + (37 * i) % 200, 40 + (53 * i) % 150)
+             for i in range(200)]
+    case = ("vllm_v1", limits, 16, 4000, 0, 512, specs, 1)
+    Stretch.price = counted
+    try:
+        fast, _, _ = run_checked(*case, fast_forward=True, latency=_roofline())
+    finally:
+        Stretch.price = price
+    slow, _, _ = run_checked(*case, fast_forward=False, latency=_roofline())
+    assert _by_replica(fast) == _by_replica(slow)
+    assert [r.token_times for r in fast.requests] == [r.token_times for r in slow.requests]
+    assert sum(joins) > 150            # most arrivals joined a stretch (200 requests)
+    assert len(joins) < 20             # ... so there are few stretches

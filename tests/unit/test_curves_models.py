@@ -186,6 +186,37 @@ def test_curved_moe_stretch_is_bit_identical_to_step_time(decode, tp, steps, pre
         assert roof.decode_stretch_sum(len(decode), sum(decode))(0, steps) == expected
 
 
+@settings(max_examples=40, deadline=None)
+@given(decode=st.lists(st.integers(0, 30000), min_size=1, max_size=40),
+       curves=st.sampled_from(["h100", "a100"]), tp=st.sampled_from([1, 1, 2]),
+       steps=st.integers(1, 300), prompt=st.integers(1, 5000))
+def test_dense_stretch_and_join_steps_are_bit_identical_to_step_time(decode, curves, tp, steps,
+                                                                     prompt):
+    """The dense roofline's fast paths (``_curve_decode_prices``' memory-bound loop, which
+    keeps the curve's bracket from step to step; ``mixed_step_sum``) against ``step_time``,
+    from contexts below the curve's first point to past its last."""
+    hw = load_hardware({"h100": "H100-SXM", "a100": "A100-80GB"}[curves])
+    roof = RooflineModel(load_model("Llama-2-7B"), hw, curves=load_curves(curves),
+                         tensor_parallel_size=tp)
+    b = len(decode)
+    p = StepPlan(tuple(range(b)), (1,) * b, (), (), tuple(decode), b)
+    expected = [roof.step_time(p._replace(decode_ctx=tuple(c + i for c in decode)))
+                for i in range(steps)]
+    fast = roof.decode_stretch_sum(b, sum(decode))
+    assert tp > 1 or fast.func.__name__ == "memory_bound"      # (the loop under test)
+    assert fast(0, steps) == expected
+    assert roof.decode_stretch_sum(b, sum(decode))(steps // 2, steps - steps // 2) == \
+        expected[steps // 2:]
+    mixed = StepPlan(tuple(range(b + 1)), (1,) * b + (prompt,), (prompt,), (0,), tuple(decode),
+                     b + 1)
+    assert roof.mixed_step_sum(b, sum(decode), (prompt,), (0,)) == roof.step_time(mixed)
+    plain = RooflineModel(load_model("Llama-2-7B"), hw, tensor_parallel_size=tp)
+    assert plain.mixed_step_sum(b, sum(decode), (prompt,), (0,)) == plain.step_time(mixed)
+    two = StepPlan(tuple(range(b + 2)), (1,) * b + (prompt, 7), (prompt, 7), (0, 0),
+                   tuple(decode), b + 2)
+    assert roof.mixed_step_sum(b, sum(decode), (prompt, 7), (0, 0)) == roof.step_time(two)
+
+
 # ---------------------------------------------------------------- fast-forward == stepping
 
 from tests.property.test_properties import _by_replica, run_checked, scenarios  # noqa: E402

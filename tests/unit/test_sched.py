@@ -263,8 +263,9 @@ def test_result_counts_steps_without_building_the_table():
 @pytest.mark.parametrize("policy", ["vllm_v0", "vllm_v1", "sarathi"])
 def test_stretches_start_with_mixed_steps_and_match_stepping(policy, monkeypatch):
     """Poisson arrivals while others decode: stretches start with the step that admits the
-    newcomer (for v0 a prefill-only step in which the running requests wait, offset 1); the
-    run equals stepping, step for step and in every metric (ITL included)."""
+    newcomer (for v0 a prefill-only step in which the running requests wait, offset 1), or,
+    with vLLM v1, the newcomer joins the stretch going on; the run equals stepping, step for
+    step and in every metric (ITL included)."""
     import simserve
     from simserve.config import parse_scenario
     from simserve.sched.stretch import Stretch
@@ -275,8 +276,8 @@ def test_stretches_start_with_mixed_steps_and_match_stepping(policy, monkeypatch
            "workload": {"arrival": "poisson", "rate": 4, "num_requests": 300,
                         "prompt": {"dist": "uniform", "low": 20, "high": 1500},
                         "output": {"dist": "uniform", "low": 1, "high": 300}}}
-    starts = []
-    plan_stretch = Stretch.plan
+    starts, joins = [], []
+    plan_stretch, price = Stretch.plan, Stretch.price
 
     def spy(sched, plan, max_steps, past_finish=False):
         stretch = plan_stretch(sched, plan, max_steps, past_finish)
@@ -284,16 +285,74 @@ def test_stretches_start_with_mixed_steps_and_match_stepping(policy, monkeypatch
             starts.append(len(sched.running) - len(plan.request_ids))   # requests that wait
         return stretch
 
+    def priced(self, *args, **kwargs):
+        price(self, *args, **kwargs)
+        joins.append(sum(n for _, n in self.joins.values()))
+
     monkeypatch.setattr(Stretch, "plan", staticmethod(spy))
+    monkeypatch.setattr(Stretch, "price", priced)
     fast = simserve.run(parse_scenario(raw))
     slow = simserve.run(parse_scenario(raw), fast_forward=False)
     assert fast.summary == slow.summary
     assert fast.steps.equals(slow.steps) and fast.requests.equals(slow.requests)
-    assert len(starts) > 100
+    # a newcomer's prefill starts a stretch or, with vLLM v1, joins one already going
+    assert len(starts) + sum(joins) > 100
+    assert (sum(joins) > 100) == (policy == "vllm_v1")
     if policy == "vllm_v0":
         assert sum(w > 0 for w in starts) > 50    # prefill-only first steps, others waiting
     else:
         assert not any(starts)                    # chunked: every running request takes part
+
+
+@pytest.mark.parametrize("budget, joins, a_end, b_times", [
+    (64, {3: (3, 1)}, 0.10, [0.04, 0.05, 0.06]), (3, {}, 0.11, [0.05, 0.06, 0.07])])
+def test_an_arrival_joins_the_stretch_it_arrives_in(budget, joins, a_end, b_times, monkeypatch):
+    """vLLM v1, 10 ms steps, block size 4. A (prompt 4, 10 tokens) arrives at 0; B (prompt 3,
+    3 tokens) at 25 ms. Step 0 [0, 10 ms) is A's prefill (its 1st token); a stretch starts
+    there. Step 3 is the first to start after B's arrival (30 ms >= 25 ms): schedule() would
+    decode A and admit B whole (budget 64 - 1 decode >= 3, 2 <= max_num_seqs), so B joins the
+    stretch at step 3, a mixed step (A's decode at ctx 3 + 3 = 6, B's prompt 3); B's tokens
+    end steps 3, 4, 5 (40, 50, 60 ms), A's steps 0 .. 9 (10 .. 100 ms): one stretch for all.
+    KV blocks after scheduling each step: A holds ceil((4 + i) / 4) at step i (1 2 2 2 2 3 3
+    3 3 4), B ceil(3 / 4) = 1 at step 3, 1 at step 4 (4 tokens), 2 at step 5 (5 tokens).
+    With a budget of 3, A's prompt takes steps 0 and 1 (3 + 1 tokens: its tokens end steps
+    1 .. 10, 20 .. 110 ms) and at step 3 B cannot come in whole (3 - 1 decode = 2 < 3: a chunk
+    of 2, its last token at step 4): the stretch ends before step 3 and B's tokens end steps
+    4, 5, 6 (50, 60, 70 ms), as stepping has them."""
+    from simserve.engine import Replica, round_robin, simulate
+    from simserve.latency import ConstantLatency
+    from simserve.sched.stretch import Stretch
+    from simserve.workload.spec import RequestSpec
+    priced = []
+    price = Stretch.price
+
+    def spy(self, *args, **kwargs):
+        price(self, *args, **kwargs)
+        priced.append(dict(self.joins))
+
+    monkeypatch.setattr(Stretch, "price", spy)
+    specs = [RequestSpec(0, 0.0, 4, 10), RequestSpec(1, 0.025, 3, 3)]
+    runs = {}
+    for fast in (True, False):
+        sched = make_scheduler("vllm_v1", budget=budget)
+        sched.record_tokens = True
+        rec = simulate(specs, [Replica(0, sched, ConstantLatency(0.01), 64)], round_robin(),
+                       fast_forward=fast)
+        runs[fast] = rec
+    fast, slow = runs[True], runs[False]
+    cols = {c: v.tolist() for c, v in fast.columns().items()}
+    assert cols == {c: v.tolist() for c, v in slow.columns().items()}
+    a, b = fast.requests
+    assert [r.token_times for r in fast.requests] == [r.token_times for r in slow.requests]
+    assert a.finish_s == pytest.approx(a_end) and b.token_times == pytest.approx(b_times)
+    if joins:
+        assert priced == [joins]                      # one stretch, B joined at step 3
+        assert b.first_scheduled_s == pytest.approx(0.03)
+        assert cols["kv_blocks_used"] == [1, 2, 2, 3, 3, 5, 3, 3, 3, 4]
+        assert cols["num_prefill_tokens"] == [4, 0, 0, 3, 0, 0, 0, 0, 0, 0]
+        assert cols["num_running"] == [1, 1, 1, 2, 2, 2, 1, 1, 1, 1]
+    else:
+        assert all(not j for j in priced) and len(priced) >= 2
 
 
 def test_static_prices_the_rows_of_finished_members():
