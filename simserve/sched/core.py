@@ -518,9 +518,11 @@ class Scheduler:
     # -- pipeline parallelism: micro-batches in flight -------------------------------------
     def park(self) -> Batch:
         """Hold the last plan's requests out of ``running`` while its micro-batch is in flight
-        (they are not scheduled again until its output returns: ``unpark``). Returns the batch,
-        which ``unpark`` takes back. The requests still count against ``max_num_seqs`` and are
-        never preemption victims (a deviation from vLLM v1, which may preempt one in flight)."""
+        (they are not scheduled again until its output returns: ``unpark``), as Sarathi-Serve's
+        pipeline engine does for every policy it runs (policies without ``pipeline_launch``).
+        Returns the batch, which ``unpark`` takes back. The requests still count against
+        ``max_num_seqs`` and are never preemption victims (a deviation: Sarathi-Serve's
+        schedulers may preempt a sequence still executing, ``base_sequence_manager.py``)."""
         batch = self._batch
         assert batch is not None and batch.plan is not None
         ids = batch.scheduled
