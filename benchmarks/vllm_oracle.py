@@ -17,6 +17,13 @@ and, with ``--shipped``, every shipped scenario whose policy is ``vllm_v1`` or `
 ``--async`` runs every case with ``engine.async_scheduling`` (vLLM's AsyncScheduler driven in
 its engine core's batch-queue order: step n+1 scheduled before step n's output is applied).
 
+``--pp P`` runs every case with ``engine.pipeline_parallel_size`` P (0: 2, 3 or 4, drawn per
+case): vLLM's synchronous scheduler built with that PP size, under simserve's pipeline loop
+(engine/pipeline.py: a batch queue of P micro-batches, each one's output applied when it leaves
+the last stage, an empty schedule holding a slot as in vLLM's ``step_with_batch_queue``),
+priced by the roofline split over the stages (the linear model has no layers to split).
+Shipped cases are not run with ``--pp`` (none is pipelined).
+
 Needs vLLM importable beside simserve (``make oracle`` builds that environment):
 
     python benchmarks/vllm_oracle.py --cases 200 --requests 300 --shipped [--async]
@@ -61,23 +68,28 @@ class Step(NamedTuple):
 def traced(sched, log: list[Step], replica: int = 0) -> None:
     """Record every non-empty step the engine runs on ``sched`` into ``log``: what was decided
     when it was scheduled, what finished and the free blocks when its output was applied
-    (``complete``; with async scheduling ``launch`` then ``deliver``, a step later)."""
+    (``complete``; with async scheduling or pipelining ``launch`` then ``deliver``, later).
+    A request leaves ``running`` inside ``schedule()`` only by preemption (finishing is applied
+    between schedules), so each call's preempted and admitted requests are its own running
+    list before and after; an empty schedule's preemptions are counted with the next step."""
     schedule = sched.schedule
     decided: list[list] = []       # steps scheduled, output not yet applied, oldest first
-    before: list = []              # running ids before the first schedule since the last step
+    carried: set = set()           # preempted by empty schedules since the last step
 
     def traced_schedule():
-        if not before:
-            before.append({r.id for r in sched.running})
+        was = {r.id for r in sched.running}
         plan = schedule()
-        if plan.is_empty:          # (preemptions in it are counted with the next step)
-            return plan
-        was = before.pop()
         after = [r for r in sched.running]
+        preempted = carried | (was - {r.id for r in after})
+        if plan.is_empty:
+            carried.clear()
+            carried.update(preempted)
+            return plan
+        carried.clear()
         decided.append([
             replica,
             tuple(zip(plan.request_ids, plan.num_new_tokens)),
-            tuple(sorted(was - {r.id for r in after})),
+            tuple(sorted(preempted)),
             tuple(sorted((r.id, r.num_computed_tokens) for r in after if r.id not in was)),
         ])
         return plan
@@ -169,8 +181,9 @@ def check(name: str, s, specs: list[RequestSpec]) -> Outcome:
 
 # -- cases --------------------------------------------------------------------------------------
 
-def random_case(seed: int, num_requests: int, async_scheduling: bool = False):
-    """A scenario and its requests, drawn so that KV memory binds often."""
+def random_case(seed: int, num_requests: int, async_scheduling: bool = False, pp: int = 1):
+    """A scenario and its requests, drawn so that KV memory binds often (with ``pp`` stages:
+    0 draws 2, 3 or 4 from the case's own stream, after everything else)."""
     rng = np.random.default_rng(seed)
     policy = str(rng.choice(CHECKED, p=[0.7, 0.3]))
     block_size = int(rng.choice([8, 16, 32]))
@@ -233,6 +246,9 @@ def random_case(seed: int, num_requests: int, async_scheduling: bool = False):
                      "prompt": {"dist": "fixed", "value": 1},
                      "output": {"dist": "fixed", "value": 1}},
     }
+    if pp != 1:   # (the linear model has no layers to split over stages: the roofline)
+        raw["engine"]["pipeline_parallel_size"] = int(rng.choice([2, 3, 4])) if pp == 0 else pp
+        raw["latency"] = {"model": "roofline"}
     return parse_scenario(raw), specs
 
 
@@ -276,7 +292,14 @@ def main(argv=None) -> int:
     ap.add_argument("--show", type=int, default=3, help="differences printed in full")
     ap.add_argument("--async", dest="async_scheduling", action="store_true",
                     help="every case with engine.async_scheduling (vLLM's AsyncScheduler)")
+    ap.add_argument("--pp", type=int, default=1, metavar="P",
+                    help="every random case with engine.pipeline_parallel_size P (0: 2, 3 or "
+                         "4 drawn per case); not with --async or --shipped")
     args = ap.parse_args(argv)
+    if args.pp != 1 and (args.async_scheduling or args.shipped or args.pp < 0):
+        print("error: --pp: a size >= 0 (not 1), without --async and --shipped",
+              file=sys.stderr)
+        return 2
 
     from simserve.sched.vllm_native import vllm_version
     version = vllm_version()
@@ -286,10 +309,13 @@ def main(argv=None) -> int:
         return 2
     mode = "async scheduling (AsyncScheduler, batch queue of 2)" if args.async_scheduling \
         else "synchronous scheduling"
+    if args.pp != 1:
+        mode += (f", pipeline parallelism ({'2-4' if args.pp == 0 else args.pp} stages: "
+                 f"a batch queue of that many micro-batches)")
     print(f"vLLM oracle: simserve {', '.join(CHECKED)} against vLLM {version}'s own scheduler "
           f"(offline, fake forward pass), one step per event, {mode}")
     cases = [(f"random-{args.seed + i}",
-              *random_case(args.seed + i, args.requests, args.async_scheduling))
+              *random_case(args.seed + i, args.requests, args.async_scheduling, args.pp))
              for i in range(args.cases)]
     if args.shipped:
         cases += list(shipped_cases(args.async_scheduling))
@@ -301,6 +327,8 @@ def main(argv=None) -> int:
         o = check(name, s, specs)
         outcomes.append(o)
         share = 100.0 * o.same / o.steps if o.steps else 100.0
+        if args.pp != 1:
+            name = f"{name} pp{s.engine.pipeline_parallel_size}"
         print(f"{name:28s} {o.policy:9s} {o.steps:6d} {share:6.2f}%  "
               f"{o.ours['preemptions']:6d} / {o.theirs['preemptions']:<6d}  "
               f"{o.ours['mean_ttft_ms']:10.1f} / {o.theirs['mean_ttft_ms']:<10.1f} "

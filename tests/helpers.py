@@ -9,10 +9,11 @@ from simserve.workload.spec import RequestSpec
 
 def make_scheduler(policy: str, *, budget: int = 100, max_num_seqs: int = 8, block_size: int = 4,
                    num_blocks: int = 100, chunked: bool = True, threshold: int = 0,
-                   mode: str = "recompute", host_blocks: int = 0) -> Scheduler:
+                   mode: str = "recompute", host_blocks: int = 0,
+                   pipeline_parallel_size: int = 1) -> Scheduler:
     limits = SchedulerLimits(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                              enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
-                             preemption_mode=mode)
+                             preemption_mode=mode, pipeline_parallel_size=pipeline_parallel_size)
     return POLICIES[policy](limits, BlockManager(num_blocks, block_size, host_blocks))
 
 

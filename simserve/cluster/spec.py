@@ -80,7 +80,8 @@ def resolve(s: Scenario) -> ReplicaSpec:
                              max_model_len=max_model_len,
                              reserve_full_sequence=e.scheduler_reserve_full_isl,
                              speculative_config=e.speculative_config,
-                             async_scheduling=e.async_scheduling)
+                             async_scheduling=e.async_scheduling,
+                             pipeline_parallel_size=e.pipeline_parallel_size)
     tp, pp = e.tensor_parallel_size, e.pipeline_parallel_size
     block_bytes = kv_block_bytes(s.model, e.block_size, tp)
     if pp > 1:    # a rank holds its stage's layers' K and V: the largest stage's share

@@ -194,6 +194,7 @@ class AsyncTiming:
     scheduler holds it with ``launch``/``deliver``."""
 
     always_wait = True
+    queues_empty = False    # (with a queue of 2 an empty schedule's slot changes nothing)
 
     def __init__(self, c: Runtime, r: Replica):
         self.rec, self.r = c.rec, r

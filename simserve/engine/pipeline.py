@@ -3,17 +3,38 @@
 Learned from vLLM v1 (``vllm/v1/engine/core.py``, ``step_with_batch_queue``; the queue's size
 is ``max_concurrent_batches`` = ``pipeline_parallel_size`` in ``vllm/config/vllm.py``). The
 engine keeps a FIFO of at most ``p`` scheduled micro-batches. While it is not full it schedules
-another at once, from the requests not in flight; when it is full, or nothing more can be
-scheduled, it waits for the oldest micro-batch's output, applies it, and tries again. A request
-in a micro-batch in flight is not scheduled again until that micro-batch's output is back
-(``Scheduler.park`` / ``unpark``): a decode needs the token it samples, which reaches the first
-stage only with the next schedule (vLLM v1 sends sampled tokens back through the scheduler under
-PP; Sarathi-Serve keeps a sequence "paused" while in flight, ``sarathi/core/scheduler/``).
-vLLM v1 would schedule the next prefill chunk of a request whose earlier chunk is still in
-flight; here the request waits (a deviation: it matters for a lone long prompt). Sarathi-Serve
-also caps the micro-batches in flight at the stages, but forms the next one when a micro-batch
-leaves the first stage (``pipeline_parallel_llm_engine.py``) rather than at once: here every
-policy forms it at once, vLLM's way (it then waits for the first stage).
+another at once; when it is full, or nothing more can be scheduled, it waits for the oldest
+micro-batch's output, applies it, and tries again. vLLM queues an empty schedule too, behind
+the micro-batches in flight: it holds a slot until the ones before it are out
+(:func:`~simserve.engine.queue.queue_loop`, ``queues_empty``; with ``p`` = 2 that changes
+nothing, with more stages it delays the next micro-batch).
+
+Which requests a micro-batch may take while others are in flight depends on the policy:
+
+* ``vllm_v1``, ``priority`` and ``vllm_native`` (``Scheduler.pipeline_launch``): as vLLM v1's
+  ``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``, 0.32), which advances a
+  scheduled request's ``num_computed_tokens`` at once. A request whose scheduled tokens reach
+  its ``num_tokens`` (a decode, or a prompt's last chunk) then asks for no tokens and is skipped
+  until its sampled token is back (``Scheduler.held_in_flight``; under PP the scheduler sends
+  sampled tokens back to the first stage, ``_make_cached_request_data``); a prompt chunk that
+  leaves some of the prompt samples nothing, so the prompt's next chunk is scheduled at once,
+  while the previous one is still in flight. Requests in flight stay in ``running`` (they count
+  against ``max_num_seqs`` and may be preempted; their output is then stale, still
+  delivered, and the request is not admitted again until it is: as async scheduling's).
+* ``vllm_v0``, ``sarathi`` and ``orca`` (Sarathi-Serve's pipeline engine, which the paper's
+  baselines ran on): a request in a micro-batch in flight is not scheduled again until that
+  micro-batch's output is back (``Scheduler.park`` / ``unpark``): Sarathi-Serve pauses a
+  sequence only when its step completes (``sarathi/core/sequence_manager/
+  base_sequence_manager.py``, ``on_step_completed``) and its schedulers skip sequences not
+  paused, a prompt's next chunk included (``sarathi/core/scheduler/sarathi_scheduler.py``).
+  Sarathi-Serve also forms the next micro-batch when one leaves the first stage
+  (``pipeline_parallel_llm_engine.py``) rather than at once, and queues no empty schedule:
+  here these policies form it at once (it then waits for the first stage).
+
+Not modelled: vLLM 0.32's default on GPUs with PP, its V2 model runner with async scheduling
+(``AsyncScheduler``, a queue of ``p + 1``, a decode scheduled again every ``p`` schedules before
+its output is back: ``next_decode_eligible_step``); simserve's PP is vLLM's with the V1 model
+runner (``VLLM_USE_V2_MODEL_RUNNER=0``) or ``--no-async-scheduling``.
 
 Timing: each stage works on one micro-batch at a time, in order; a micro-batch enters stage j
 when it has left stage j − 1 (plus the activations' send) and stage j is free::
@@ -24,7 +45,8 @@ when it has left stage j − 1 (plus the activations' send) and stage j is free:
 Its output is back at ``leave_{p-1}``. At steady state with every micro-batch alike (stage time
 s, sends negligible) one micro-batch completes every ``s`` and each takes ``p · s`` from
 scheduling to output; *bubbles* are stage time lost when fewer than ``p`` micro-batches can be
-formed (few requests: each waits for its own output) or stages are unbalanced (a large
+formed (few requests: a decode waits for its own output, as a parked request does) or
+stages are unbalanced (a large
 micro-batch followed by a small one: the small one waits on the large one stage after stage).
 
 What the step log records: a micro-batch's row spans from the previous micro-batch's output (or
@@ -45,7 +67,7 @@ from simserve.engine.clock import Clock
 from simserve.engine.queue import queue_loop
 from simserve.engine.replica import Replica
 from simserve.engine.runtime import Runtime
-from simserve.sched.core import Batch, Scheduler
+from simserve.sched.core import Batch, InFlight, Scheduler
 from simserve.sched.plan import StepPlan
 
 
@@ -76,18 +98,27 @@ class Stages:
 
 class PipelineTiming:
     """:func:`~simserve.engine.queue.queue_loop`'s timing for a pipelined replica: a
-    micro-batch runs through :class:`Stages`, its requests parked while it is in flight."""
+    micro-batch runs through :class:`Stages`; the scheduler holds it in flight with
+    ``launch``/``deliver`` (``pipeline_launch``: vLLM v1) or parks its requests."""
 
     always_wait = False
 
     def __init__(self, c: Runtime, r: Replica):
         self.rec, self.r = c.rec, r
         self.finish_steps = c.finish_steps
+        self.deliver_step = c.deliver_step
         self.stages = Stages(r.depth)
         self.latency: Any = r.latency           # a PipelineLatency (engine/build.py)
         self.last_end = 0.0                     # the latest output time scheduled so far
+        # vLLM v1's engine core (module docstring); Sarathi-Serve's skips empty schedules
+        sched = r.scheduler
+        self.launches = self.queues_empty = sched.pipeline_launch
+        if self.launches and sched.limits.pipeline_parallel_size != r.depth:
+            raise ValueError(f"replica {r.index}: {r.depth} stages, but its scheduler was built "
+                             f"for pipeline_parallel_size {sched.limits.pipeline_parallel_size}")
 
-    def launch(self, sched: Scheduler, plan: StepPlan, now: float) -> tuple[Batch, float]:
+    def launch(self, sched: Scheduler, plan: StepPlan, now: float
+               ) -> tuple[Batch | InFlight, float]:
         entered, out = self.stages.push(now, *self.latency.stages(plan))
         if plan.prefill_lens:                  # first scheduled: when the device starts it
             for req in sched.newly_scheduled:
@@ -96,12 +127,15 @@ class PipelineTiming:
         duration = out - start
         self.rec.step(self.r, start, duration, plan)
         self.last_end = start + duration
-        return sched.park(), self.last_end
+        return (sched.launch(plan) if self.launches else sched.park()), self.last_end
 
-    def land(self, sched: Scheduler, batch: Batch, now: float) -> None:
-        sched.unpark(batch)
-        assert batch.plan is not None
-        self.finish_steps(self.r, sched, batch.plan, None, [], now)
+    def land(self, sched: Scheduler, held: Batch | InFlight, now: float) -> None:
+        if isinstance(held, InFlight):
+            self.deliver_step(self.r, sched, held, now)
+            return
+        sched.unpark(held)
+        assert held.plan is not None
+        self.finish_steps(self.r, sched, held.plan, None, [], now)
 
 
 def pipeline_loop(env: Clock, c: Runtime, r: Replica) -> Generator[Any, Any, None]:

@@ -51,11 +51,15 @@ class SchedulerLimits:
     # vLLM's async scheduling: the engine schedules the next step while this one runs
     # (``Scheduler.launch``/``deliver``; engine/loops.py's batch queue, depth 2)
     async_scheduling: bool = False
+    # pipeline parallelism: micro-batches in flight (engine/pipeline.py); a policy that
+    # ``pipeline_launch``-es holds them in ``running`` with ``launch``/``deliver``
+    pipeline_parallel_size: int = 1
 
     @property
     def batch_queue_depth(self) -> int:
-        """Steps the engine keeps in flight (vLLM's ``max_concurrent_batches``): 2 with async
-        scheduling, else 1 (schedule, run, apply). Pipeline parallelism would set its own."""
+        """Steps the async engine keeps in flight (vLLM's ``max_concurrent_batches``): 2 with
+        async scheduling, else 1 (schedule, run, apply). A pipelined replica's queue is as deep
+        as its stages (``Replica.depth``, engine/pipeline.py)."""
         return 2 if self.async_scheduling else 1
 
 
@@ -179,6 +183,13 @@ class Scheduler:
     # True if the engine may hold a step's requests out of the queues while the step is in
     # flight and schedule the next micro-batch from the rest (pipeline parallelism: ``park``)
     pipelines: ClassVar[bool] = False
+    # True if, under pipeline parallelism, the policy keeps a micro-batch's requests in
+    # ``running`` as vLLM v1's scheduler does instead of being parked: counters advance when
+    # the micro-batch is scheduled (``launch``), its output is applied when it is back
+    # (``deliver``), and a request waits only while a token it samples is in flight
+    # (``held_in_flight``): a prompt's next chunk may be scheduled while its previous chunk is
+    # still in flight, and a request in flight may be preempted
+    pipeline_launch: ClassVar[bool] = False
 
     def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params: Any = None,
                  seed: int = 0):
@@ -212,8 +223,12 @@ class Scheduler:
         # the replica's latency model (engine/replica.py binds it), for policies that decide by
         # predicted time (FastServe's time quanta and skip-join); None until bound
         self.latency: Any = None
-        # async scheduling: steps launched and not yet delivered (launch/deliver)
-        self.overlap = limits.async_scheduling
+        # async scheduling, and pipeline parallelism for a policy that ``pipeline_launch``-es:
+        # steps launched and not yet delivered (launch/deliver)
+        pipelined = limits.pipeline_parallel_size > 1 and self.pipeline_launch
+        self.overlap = limits.async_scheduling or pipelined
+        # (pipelined: a request whose sampled token is in flight is not scheduled at all)
+        self.holds_sampled = pipelined
         self.steps_in_flight = 0
 
     # -- queue state -----------------------------------------------------------------------
@@ -308,6 +323,19 @@ class Scheduler:
         """
         return next(r for r in reversed(self.running) if r.id not in batch.scheduled)
 
+    def held_in_flight(self, req: Request) -> bool:
+        """A running request the step skips for a step in flight (only with ``overlap``).
+
+        Pipelined (vLLM v1's ``Scheduler.schedule`` under PP, vllm/v1/core/sched/scheduler.py,
+        0.32: a scheduled request's ``num_computed_tokens`` advances at once, so one whose
+        scheduled tokens reach its ``num_tokens`` asks for 0 new tokens and is skipped until
+        the token it samples is back; a chunk that leaves some of the prompt samples nothing,
+        and the next chunk is asked for at once): while a token it samples is in flight. With
+        async scheduling (AsyncScheduler: output placeholders) only when that token is its last
+        (:func:`done_in_flight`)."""
+        return bool(req.num_pending) and (self.holds_sampled
+                                          or req.num_generated >= req.num_output_tokens)
+
     def may_admit(self, batch: Batch) -> bool:
         """The admission guard: someone waits, the step has token and sequence budget left,
         and the running list is below ``max_num_seqs``."""
@@ -338,7 +366,7 @@ class Scheduler:
             if batch.token_budget <= 0 or batch.seq_budget <= 0:
                 return True
             req = running[i]
-            if overlap and done_in_flight(req):
+            if overlap and self.held_in_flight(req):
                 i += 1
                 continue
             c = req.num_computed_tokens
@@ -515,9 +543,11 @@ class Scheduler:
     # -- pipeline parallelism: micro-batches in flight -------------------------------------
     def park(self) -> Batch:
         """Hold the last plan's requests out of ``running`` while its micro-batch is in flight
-        (they are not scheduled again until its output returns: ``unpark``). Returns the batch,
-        which ``unpark`` takes back. The requests still count against ``max_num_seqs`` and are
-        never preemption victims (a deviation from vLLM v1, which may preempt one in flight)."""
+        (they are not scheduled again until its output returns: ``unpark``), as Sarathi-Serve's
+        pipeline engine does for every policy it runs (policies without ``pipeline_launch``).
+        Returns the batch, which ``unpark`` takes back. The requests still count against
+        ``max_num_seqs`` and are never preemption victims (a deviation: Sarathi-Serve's
+        schedulers may preempt a sequence still executing, ``base_sequence_manager.py``)."""
         batch = self._batch
         assert batch is not None and batch.plan is not None
         ids = batch.scheduled

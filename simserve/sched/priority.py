@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from bisect import insort
 
-from simserve.sched.core import Batch, done_in_flight
+from simserve.sched.core import Batch
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
 from simserve.sched.vllm_v1 import VllmV1
@@ -39,9 +39,10 @@ def victim_rank(req: Request) -> tuple[int, float]:
 class Priority(VllmV1):
     name = "priority"
     monotone_admission = True   # as vLLM v1: a stretch ends when blocks run out
-    # its victims are taken back out of a step already planned and empty steps are folded:
-    # not checked against micro-batches held in flight, so pipeline parallelism is refused
-    pipelines = False
+    # micro-batches in flight held in running as vLLM v1 holds them (Scheduler.launch): a
+    # victim may be one in flight (its output then stale), as in vLLM
+    pipelines = True
+    pipeline_launch = True
     joins_stretch = False       # (arrivals are admitted in priority order: not modelled)
 
     def schedule(self) -> StepPlan:
@@ -77,8 +78,8 @@ class Priority(VllmV1):
                 return
             if req.status is not Status.RUNNING:
                 continue                   # preempted earlier in this walk
-            if self.overlap and done_in_flight(req):
-                continue                   # its last token is in flight (async scheduling)
+            if self.overlap and self.held_in_flight(req):
+                continue                   # a token it samples is in flight (held_in_flight)
             n = self.clip(req, req.num_remaining, batch)
             if not self.grow_or_preempt(batch, req, n):
                 return

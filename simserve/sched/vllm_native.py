@@ -71,6 +71,8 @@ class BackendConfig:
     scheduler_reserve_full_isl: bool
     scheduling_policy: str = "fcfs"
     async_scheduling: bool = False     # vLLM's AsyncScheduler, driven as its engine core does
+    pipeline_parallel_size: int = 1    # vLLM's PP: its (synchronous) scheduler under a batch
+                                       # queue of this many micro-batches (engine/pipeline.py)
 
 
 class Backend(Protocol):
@@ -157,6 +159,8 @@ class VllmNative(Scheduler):
     name = "vllm_native"
     params_type = VllmNativeParams
     reserved_blocks = 1           # vLLM's block pool keeps block 0 back as its null block
+    pipelines = True              # micro-batches in flight (engine/pipeline.py), held in
+    pipeline_launch = True        # running by vLLM itself; the driver launches/delivers them
 
     def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params: Any = None,
                  seed: int = 0, backend: Backend | None = None):
@@ -173,7 +177,8 @@ class VllmNative(Scheduler):
                 enable_prefix_caching=blocks.caches_prefixes,
                 scheduler_reserve_full_isl=limits.reserve_full_sequence,
                 scheduling_policy=self.params.scheduling_policy,
-                async_scheduling=limits.async_scheduling))
+                async_scheduling=limits.async_scheduling,
+                pipeline_parallel_size=limits.pipeline_parallel_size))
         self.backend = backend
         self.blocks = _BackendBlocks(backend, blocks.num_blocks, blocks.block_size,
                                      blocks.caches_prefixes)
@@ -236,9 +241,10 @@ class VllmNative(Scheduler):
         return self._update(sampled, finished)
 
     def launch(self, plan: StepPlan) -> InFlight:
-        """Async scheduling: the fake output is decided when the step is scheduled (the model
-        runs on the state it was given, even for a request preempted before its output is
-        processed) and fed back at ``deliver``, in order, as vLLM's engine core does."""
+        """Async scheduling or pipeline parallelism: the fake output is decided when the step is
+        scheduled (the model runs on the state it was given, even for a request preempted
+        before its output is processed) and fed back at ``deliver``, in order, as vLLM's
+        engine core does."""
         self._outputs.append(self._fake_output(plan))
         return super().launch(plan)
 
@@ -323,7 +329,8 @@ class _VllmBackend:
 
     def __init__(self, cfg: BackendConfig):
         import torch
-        from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, \
+            VllmConfig
         from vllm.sampling_params import SamplingParams
         from vllm.v1.core.sched.scheduler import Scheduler as VScheduler
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, \
@@ -360,7 +367,11 @@ class _VllmBackend:
         cache = CacheConfig(block_size=cfg.block_size, cache_dtype="auto",
                             enable_prefix_caching=cfg.enable_prefix_caching)
         cache.num_gpu_blocks = cfg.num_gpu_blocks
-        vcfg = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache)
+        # (pipeline parallelism: the scheduler reads use_pp from it; vLLM's batch queue of
+        # max_concurrent_batches = pipeline_parallel_size is simserve's engine/pipeline.py)
+        parallel = ParallelConfig(pipeline_parallel_size=cfg.pipeline_parallel_size)
+        vcfg = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
+                          parallel_config=parallel)
         # vLLM's CPU platform switches async scheduling off (vllm/platforms/cpu.py: "not
         # required on CPU"); the scheduler itself is the same Python on every platform, so it
         # is switched back on here before the scheduler (and max_concurrent_batches) read it

@@ -21,6 +21,13 @@ With ``engine.async_scheduling`` (vLLM's AsyncScheduler, vllm/v1/core/sched/asyn
 the step is planned while the previous one runs (``Scheduler.launch``): a running request whose
 last token is in flight is skipped (it keeps its blocks and slot until that output is in), and
 a request preempted with a step in flight is not admitted until that step's output drains.
+
+With ``engine.pipeline_parallel_size`` p > 1 (vLLM's synchronous ``Scheduler`` under a batch
+queue of p, vllm/v1/engine/core.py ``step_with_batch_queue``) micro-batches are launched the
+same way, without placeholders: a running request whose sampled token is in flight asks for
+no tokens and is skipped (``Scheduler.held_in_flight``), while one whose prompt chunk in flight
+leaves some of the prompt gets its next chunk at once; requests in flight stay in ``running``
+(they count against ``max_num_seqs`` and may be preempted, their output then stale).
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ class VllmV1(Scheduler):
     continues_past_finish = True
     speculates = True           # decodes through the shared verbs: they verify drafts
     reserved_blocks = 1         # vLLM's block pool holds block 0 back as its null block
-    pipelines = True            # micro-batches in flight (engine/pipeline.py)
+    pipelines = True            # micro-batches in flight (engine/pipeline.py),
+    pipeline_launch = True      # held in running as vLLM v1 holds them (Scheduler.launch)
     joins_stretch = True        # arrivals join a stretch when admitted whole (stretch_admits)
     _threshold = 0              # this step's long_prefill_token_threshold (see schedule)
 

@@ -255,7 +255,8 @@ def test_async_scheduling_refuses_what_it_does_not_model():
 
 
 def test_async_scheduling_refuses_pipeline_parallelism():
-    # both are vLLM's batch queue (async: depth 2; PP: depth p), which vLLM v1 does not combine
+    # both are vLLM's batch queue (async: depth 2; PP: depth p). vLLM 0.32 combines them only
+    # with its V2 model runner (AsyncScheduler, p + 1 in flight), which is not modelled
     raw = _scenario(True, pipeline_parallel_size=2)
     raw["latency"] = {"model": "roofline"}
     with pytest.raises(ConfigError, match="pipeline_parallel_size") as e:

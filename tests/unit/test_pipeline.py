@@ -22,7 +22,7 @@ from simserve.latency.pipeline import PipelineLatency
 from simserve.latency.roofline import RooflineModel
 from simserve.sched.plan import StepPlan
 from simserve.workload.spec import RequestSpec
-from tests.helpers import make_scheduler
+from tests.helpers import make_request, make_scheduler, tokens
 
 
 class PerToken:
@@ -45,7 +45,8 @@ class PerToken:
 
 
 def run(specs, latency, p=2, budget=10, policy="vllm_v1"):
-    sched = make_scheduler(policy, budget=budget, max_num_seqs=8, num_blocks=100)
+    sched = make_scheduler(policy, budget=budget, max_num_seqs=8, num_blocks=100,
+                           pipeline_parallel_size=p)
     sched.record_tokens = True
     r = Replica(0, sched, latency, 10_000, depth=p)
     rec = simulate(specs, [r], make_router("round_robin"))
@@ -124,13 +125,126 @@ def test_sarathi_and_orca_and_vllm_v0_pipeline_too():
 def test_max_num_seqs_counts_requests_in_flight():
     # max_num_seqs 1: B cannot be admitted while A is in flight, though A is out of the
     # running list: it runs only after A finishes (A's tokens at 2, 4; B's at 6, 8)
-    sched = make_scheduler("vllm_v1", budget=10, max_num_seqs=1, num_blocks=100)
+    sched = make_scheduler("vllm_v1", budget=10, max_num_seqs=1, num_blocks=100,
+                           pipeline_parallel_size=2)
     sched.record_tokens = True
     r = Replica(0, sched, PerToken(2, stage_s=1.0), 10_000, depth=2)
     rec = simulate([RequestSpec(0, 0.0, 10, 2), RequestSpec(1, 0.0, 10, 2)], [r],
                    make_router("round_robin"))
     times = {q.id: q.token_times for q in rec.requests}
     assert times == {0: [2.0, 4.0], 1: [6.0, 8.0]}
+
+
+# -- vLLM v1's rule: a prompt's next chunk while its previous one is in flight ----------------
+
+def test_a_lone_prompt_sends_its_next_chunk_while_the_previous_is_in_flight():
+    # vllm_v1, p = 2, every stage 1 s, budget 10; A: 30-token prompt, 2 outputs (vLLM v1
+    # advances num_computed_tokens when it schedules: a chunk that leaves some of the prompt
+    # samples nothing, so the next chunk is asked for at once).
+    # t=0: b1 = A[0:10]: stage 0 [0,1], stage 1 [1,2] -> out 2. Room: b2 = A[10:20] at 0,
+    #      enters stage 0 at 1 -> [1,2], [2,3] -> out 3. Queue full: wait for b1.
+    # t=2: b1 back (no token). b3 = A[20:30]: stage 0 [2,3], stage 1 [3,4] -> out 4.
+    # t=3: b2 back. A's token is in flight (b3 samples it): A asks for 0 -> empty schedule,
+    #      which holds a slot behind b3. Wait for b3.
+    # t=4: A's first token. b4 = A's decode at 4 -> out 6: A's second token at 6.
+    # (Parked until each chunk's output is back it would be chunks out at 2, 4, 6: tokens at
+    # 6 and 8, as sarathi's test below.)
+    rec, times = run([RequestSpec(0, 0.0, 30, 2)], PerToken(2, stage_s=1.0))
+    assert times == {0: [4.0, 6.0]}
+    log = rec.replicas[0].columns()
+    assert list(log["num_batched_tokens"]) == [10, 10, 10, 1]
+    assert list(log["start_s"] + log["duration_s"]) == [2.0, 3.0, 4.0, 6.0]
+
+
+def test_sarathi_waits_for_a_chunk_in_flight():
+    # the same request under sarathi (Sarathi-Serve's engine pauses a sequence only when its
+    # step completes): chunks out at 2, 4, 6 (one pass of both stages each, the other stage
+    # idle), A's tokens at 6 and 8
+    _, times = run([RequestSpec(0, 0.0, 30, 2)], PerToken(2, stage_s=1.0), policy="sarathi")
+    assert times == {0: [6.0, 8.0]}
+
+
+def test_a_decode_waits_for_its_token_but_a_chunk_does_not_by_hand():
+    # the scheduler alone, p = 2 (no engine): launch = the micro-batch leaves for the stages,
+    # deliver = its output is back. Budget 8; A: 4-token prompt, 3 outputs; B: 12-token prompt.
+    sched = make_scheduler("vllm_v1", budget=8, num_blocks=100, pipeline_parallel_size=2)
+    a, b = make_request(0, 4, 3), make_request(1, 12, 2)
+    sched.add(a)
+    sched.add(b)
+    # step 1: A's prompt (4) + B's first chunk (8 - 4 = 4)
+    s1 = sched.schedule()
+    assert tokens(s1) == {0: 4, 1: 4}
+    f1 = sched.launch(s1)
+    # step 2 with step 1 in flight: A's token is in flight (its prompt ends in step 1): skipped;
+    # B's chunk leaves 8 of its prompt: its next chunk, the whole budget
+    s2 = sched.schedule()
+    assert tokens(s2) == {1: 8}
+    f2 = sched.launch(s2)
+    # step 1's output: A's first token (B's chunk sampled nothing)
+    assert sched.deliver(f1, 1.0) == [] and sched.sampled == [a]
+    # step 3 with step 2 in flight: A decodes; B's token (its prompt ends in step 2) in flight
+    s3 = sched.schedule()
+    assert tokens(s3) == {0: 1}
+    f3 = sched.launch(s3)
+    # nothing more until an output is back: A's and B's sampled tokens are both in flight
+    assert sched.schedule().is_empty
+    sched.deliver(f2, 2.0)
+    assert sched.sampled == [b]
+    s4 = sched.schedule()
+    assert tokens(s4) == {1: 1}                     # B decodes; A's token still in flight
+    sched.launch(s4)
+    sched.deliver(f3, 3.0)
+    # A has 2 tokens, none in flight; B's second is in flight (step 4)
+    assert (a.num_generated, a.num_pending, b.num_generated, b.num_pending) == (2, 0, 2, 1)
+
+
+def test_a_request_in_flight_may_be_preempted_by_hand():
+    # vLLM v1 keeps requests in flight in its running list, so one can be the victim
+    # (running[-1]). Block size 4, 2 blocks, budget 4; A and B: 4-token prompts, 2 outputs.
+    sched = make_scheduler("vllm_v1", budget=4, block_size=4, num_blocks=2,
+                           pipeline_parallel_size=2)
+    a, b = make_request(0, 4, 2), make_request(1, 4, 2)
+    sched.add(a)
+    sched.add(b)
+    f1 = sched.launch(sched.schedule())     # A's prompt: 1 block (the budget is full)
+    s2 = sched.schedule()                   # A held (its token in flight): B's prompt, 1 block
+    assert tokens(s2) == {1: 4} and sched.blocks.num_free == 0
+    f2 = sched.launch(s2)
+    sched.deliver(f1, 1.0)                  # A's first token: A has 5 tokens, 4 computed
+    # A's decode needs a 2nd block (token 5), none is free: the victim is running[-1] = B,
+    # whose prompt is in flight (step 2): its block freed, its output to come stale
+    s3 = sched.schedule()
+    assert tokens(s3) == {0: 1} and s3.num_preempted == 1
+    assert list(sched.waiting) == [b] and b.num_computed_tokens == 0
+    f3 = sched.launch(s3)
+    # B's stale output is still delivered (its first token), and until it is, B is not
+    # admitted again (vLLM's num_stale_output_tokens): with step 3 in flight nothing runs
+    assert sched.schedule().is_empty
+    sched.deliver(f2, 2.0)
+    assert b.num_generated == 1 and b.num_in_flight == 0
+    assert sched.schedule().is_empty          # (A's token in flight; no block free for B)
+    assert sched.deliver(f3, 3.0) == [a]      # A's second token: done, its 2 blocks freed
+    # B is recomputed: its prompt and its first token, 5 tokens in 2 blocks (budget 4: a chunk)
+    assert tokens(sched.schedule()) == {1: 4}
+
+
+def test_an_empty_schedule_holds_a_slot_in_a_deeper_pipeline():
+    # p = 3, every stage 1 s, budget 10. A, B: 10-token prompts, 2 outputs, at 0; X: 10-token
+    # prompt, 1 output, at 2. vLLM's engine core queues an empty schedule behind the
+    # micro-batches in flight, and it holds a slot until they are out.
+    # t=0: b1 = A[10]: stages [0,1] [1,2] [2,3] -> out 3. b2 = B[10]: [1,2] [2,3] [3,4] -> out 4.
+    #      A and B held (tokens in flight): empty schedule, queued -> full: wait for b1.
+    # t=3: A's token 1. b3 = A's decode + X's first chunk (9): [3,4] [4,5] [5,6] -> out 6.
+    #      The queue (b2, empty, b3) is full: wait for b2.
+    # t=4: B's token 1. b4 = B's decode + X's last token: [4,5] [5,6] [6,7] -> out 7.
+    #      (the empty slot leaves; A, B, X held: empty again; wait for b3)
+    # t=6: A's token 2 (A done). t=7: B's token 2, X's token.
+    # Without the empty slot X's last token would go alone at 3 and B's decode at 4 (stage 0
+    # then busy until 5): B's token 2 at 8.
+    specs = [RequestSpec(0, 0.0, 10, 2), RequestSpec(1, 0.0, 10, 2), RequestSpec(2, 2.0, 10, 1)]
+    rec, times = run(specs, PerToken(3, stage_s=1.0), p=3)
+    assert times == {0: [3.0, 6.0], 1: [4.0, 7.0], 2: [7.0]}
+    assert list(rec.replicas[0].columns()["num_batched_tokens"]) == [10, 10, 10, 2]
 
 
 # -- pricing ---------------------------------------------------------------------------------
@@ -276,11 +390,22 @@ def test_a_pipelined_run_is_deterministic_and_steps():
     assert "PP 2" in a.summary["latency_model"]
 
 
+def test_priority_pipelines_as_vllm_v1_does():
+    # vLLM's priority policy is its v1 scheduler with another order: micro-batches in flight
+    # held the same way (Scheduler.pipeline_launch); a run is deterministic and completes
+    import simserve
+    s = scenario(scheduler={"policy": "priority"})
+    assert s.replica.limits.pipeline_parallel_size == 2
+    a, b = simserve.run(s), simserve.run(s)
+    assert a.summary == b.summary and a.summary["completed"] == 20
+
+
 # -- invariants on random workloads ------------------------------------------------------------
 
 
 @settings(max_examples=40, deadline=None)
-@given(p=st.integers(1, 3), policy=st.sampled_from(["vllm_v1", "sarathi", "vllm_v0", "orca"]),
+@given(p=st.integers(1, 3),
+       policy=st.sampled_from(["vllm_v1", "priority", "sarathi", "vllm_v0", "orca"]),
        reqs=st.lists(st.tuples(st.floats(0, 5), st.integers(1, 30), st.integers(1, 6)),
                      min_size=1, max_size=12))
 def test_pipelined_runs_keep_their_invariants(p, policy, reqs):
@@ -290,7 +415,8 @@ def test_pipelined_runs_keep_their_invariants(p, policy, reqs):
     # finishes with exactly its tokens; the step rows tile the time without overlap.
     specs = [RequestSpec(i, a, n, o) for i, (a, n, o) in
              enumerate(sorted(reqs, key=lambda r: r[0]))]
-    sched = make_scheduler(policy, budget=32, max_num_seqs=4, num_blocks=200)
+    sched = make_scheduler(policy, budget=32, max_num_seqs=4, num_blocks=200,
+                           pipeline_parallel_size=p)
     sched.record_tokens = True
     r = Replica(0, sched, PerToken(p, stage_s=1.0), 10_000, depth=p)
     rec = simulate(specs, [r], make_router("round_robin"))
@@ -329,7 +455,8 @@ def test_a_client_concurrency_gate_with_a_pipeline():
     # max_concurrency 1 (config.py's _check_pipeline lets it through): B, due at 0, is sent
     # only when A ends. A alone: each step through both 1 s stages, tokens at 2, 4 (finish
     # 4); B sent at 4: tokens at 6, 8
-    sched = make_scheduler("vllm_v1", budget=10, max_num_seqs=8, num_blocks=100)
+    sched = make_scheduler("vllm_v1", budget=10, max_num_seqs=8, num_blocks=100,
+                           pipeline_parallel_size=2)
     sched.record_tokens = True
     r = Replica(0, sched, PerToken(2, stage_s=1.0), 10_000, depth=2)
     rec = simulate([RequestSpec(0, 0.0, 10, 2), RequestSpec(1, 0.0, 10, 2)], [r],

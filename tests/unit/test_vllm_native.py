@@ -198,6 +198,8 @@ class AsyncStandIn(StandIn):
     request preempted with a step in flight still gets that step's token (stale) and is not
     admitted until it is in. It checks that the driver feeds outputs in schedule order."""
 
+    placeholders = True
+
     def __init__(self, max_running: int = 2, preempt_at: int | None = None):
         super().__init__(max_running, preempt_at)
         self.queue: list[dict[str, int]] = []
@@ -252,7 +254,7 @@ class AsyncStandIn(StandIn):
             r = self.reqs[rid]
             r["inflight"] -= 1
             r["out"] += toks
-            if rid in self.run:
+            if rid in self.run and self.placeholders:
                 r["ph"] -= len(toks)
             if len(r["out"]) >= r["max"]:
                 done.add(rid)
@@ -309,3 +311,68 @@ def test_async_a_request_preempted_in_flight_gets_its_stale_token_then_recompute
     assert b.token_times == pytest.approx([0.010, 0.030])
     assert b.status is Status.FINISHED and b.num_computed_tokens == 3 + 2 - 1
     assert len(backend.fed[vllm_id(1)]) == 2
+
+
+# -- pipeline parallelism: the driver under the pipeline loop ------------------------------------
+
+class PipelineStandIn(AsyncStandIn):
+    """The stand-in with vLLM's synchronous scheduler's bookkeeping under PP: a step's counters
+    move when it is scheduled (no placeholders), each request gets at most ``chunk`` tokens,
+    and one that asks for none (its sampled token is in flight) is skipped; ``update`` as the
+    async stand-in's (oldest step first, checked)."""
+
+    chunk = 4
+    placeholders = False
+
+    def schedule(self):
+        self.steps += 1
+        out = {}
+        for rid in self.run:
+            n = min(self.chunk, self._total(rid) - self.reqs[rid]["computed"])
+            if n:                             # 0: its sampled token is in flight
+                out[rid] = n
+        while self.wait and len(self.run) < self.max_running:
+            rid = self.wait.pop(0)
+            self.run.append(rid)
+            out[rid] = min(self.chunk, self._total(rid))
+        for rid, n in out.items():
+            self.reqs[rid]["computed"] += n
+            self.reqs[rid]["inflight"] += 1
+        if out:
+            self.queue.append(out)
+        return out, []
+
+
+class StageLatency:
+    """Two stages of 5 ms each, whatever the micro-batch."""
+
+    label = "2 x 5 ms"
+
+    def stages(self, plan):
+        return [0.005, 0.005], [0.0]
+
+    def step_time(self, plan):
+        return 0.010
+
+
+def test_pipelined_the_driver_sends_a_prompts_chunks_back_to_back():
+    # p = 2, each stage 5 ms; A: 10-token prompt, 2 out; the stand-in's chunks are 4 tokens.
+    # t=0: s1 = A 4: stage 0 [0,5], stage 1 [5,10] -> out 10. The queue has room: s2 = A 4
+    #      (its counters moved at once), enters stage 0 at 5: [5,10], [10,15] -> out 15.
+    # t=10: s1 back (no token). s3 = A 2 (the prompt's last): [10,15], [15,20] -> out 20.
+    # t=15: s2 back; A's token in flight: an empty schedule (it holds a slot). t=20: A's 1st
+    #      token; s4 = A's decode: out 30 -> A's 2nd token at 30.
+    limits = SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=512,
+                             enable_chunked_prefill=True, max_model_len=512,
+                             pipeline_parallel_size=2)
+    backend = PipelineStandIn()
+    sched = VllmNative(limits, BlockManager(100, 4), backend=backend)
+    sched.record_tokens = True
+    rec = simulate([RequestSpec(0, 0.0, 10, 2)], [Replica(0, sched, StageLatency(), 512, depth=2)],
+                   round_robin())
+    a = rec.requests[0]
+    assert a.status is Status.FINISHED and a.first_scheduled_s == 0.0
+    assert a.token_times == pytest.approx([0.020, 0.030])
+    assert backend.steps >= 4 and not backend.queue and sched.steps_in_flight == 0
+    assert backend.fed[vllm_id(0)] == [output_token(_at(a, i)) for i in range(2)]
+    assert list(rec.replicas[0].columns()["num_batched_tokens"]) == [4, 4, 2, 1]
