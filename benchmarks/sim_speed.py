@@ -66,7 +66,8 @@ DEFAULT_POLICIES = {"bench": ["vllm_v1"], "vidur": ["vllm_v0", "vllm_v1", "sarat
 DEFAULT_SIZES = {"bench": [10000, 100000], "vidur": [10000, 50000]}
 
 PHASES = textwrap.dedent("""
-    import json, resource, sys, time
+    import json, os, resource, sys, time
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")   # (as `simserve run` sets it)
     t0, c0 = time.perf_counter(), time.process_time()
     import simserve.cli, simserve.runner
     from simserve.config import load_scenario

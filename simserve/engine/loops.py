@@ -20,7 +20,8 @@ that a stretch never runs past an *outside event* — something that changes or 
 replica from outside:
 
 * events known in advance — arrivals and fault injections/restarts — bound the stretch when it
-  is planned: a step after the first is kept only if it starts before the next such event, or,
+  is planned (but for the solo loop's arrivals that may *join* it, below): a step after the
+  first is kept only if it starts before the next such event, or,
   when the router looks at per-step state (KV use, tokens left, cached prefixes), only if it
   also *ends* before it, so that the state the router sees at that moment is exactly the state
   stepping shows (the step in flight scheduled, everything before it applied);

@@ -8,7 +8,7 @@ member j's token at position c_j + i, so it needs blocks for c_j + i + 1 tokens:
                                                  step 2 needs a third block, ...
 
 Until someone finishes, arrives, or the blocks run out, every step repeats the decision (for a
-policy whose admission is monotone: ``Scheduler.fast_forward``), so the engine can price and
+policy whose admission is monotone: ``Scheduler.monotone_admission``), so the engine can price and
 apply k steps at once. A stretch may also start with a step that completes the last prefill
 chunks of some requests while the others decode, or wait (vLLM v0's prefill-only steps): when
 nothing is left waiting, the next step decodes them all. A member's c is then chosen so that

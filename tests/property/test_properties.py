@@ -251,7 +251,8 @@ def test_fast_forward_equals_stepping_on_the_roofline(case):
 @st.composite
 def joining_scenarios(draw):
     """vLLM v1 on one replica (the solo loop, whose stretches let arrivals join them): arrivals
-    while others decode, KV from tight to ample, budgets that sometimes cut a prompt."""
+    while others decode, KV from tight to ample, budgets that sometimes cut a prompt, now and
+    then a request too long for max_model_len (rejected when it arrives)."""
     block_size = draw(st.sampled_from([1, 4, 16, 16]))
     max_model_len = 512
     chunked = draw(st.booleans())
@@ -272,7 +273,8 @@ def joining_scenarios(draw):
     t = 0.0
     for i in range(n):
         t += gaps[i]
-        specs.append(RequestSpec(i, t, draw(st.integers(1, 300)), draw(st.integers(1, 200))))
+        prompt = draw(st.integers(1, 300)) if draw(st.integers(0, 19)) else 520  # (rejected)
+        specs.append(RequestSpec(i, t, prompt, draw(st.integers(1, 200))))
     return "vllm_v1", limits, block_size, num_blocks, 0, max_model_len, specs, 1
 
 
