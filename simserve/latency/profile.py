@@ -230,7 +230,9 @@ class ProfileLatency:
                 decode_ctx=tuple(c + k for c in plan.decode_ctx))) for k in range(i, i + n)]
         before = Counter(self.extrapolated)
         base = self.breakdown(plan)
-        again = self.extrapolated - before           # this plan's lookups outside the grid
+        first = self.extrapolated - before           # this plan's lookups outside the grid,
+        self.extrapolated = before                   # counted when step 0 is priced
+        again = Counter(first)
         again.pop("attn_decode", None)
         ctx = sorted(plan.decode_ctx)
         prefix = [0, *accumulate(ctx)]
@@ -239,6 +241,8 @@ class ProfileLatency:
 
         def step(i: int) -> float:
             if i == 0 or not ctx:
+                if i == 0:
+                    self.extrapolated.update(first)
                 return sum(base.values()) + extra
             self.extrapolated.update(again)
             decode = self.layers * self._get("attn_decode", self.decode, ctx, prefix, i)
@@ -252,6 +256,17 @@ class ProfileLatency:
             return [step(j) for j in range(i, i + n)]
 
         return prices
+
+    def forget_prices(self, prices: Any, i: int, n: int) -> None:
+        """Take back the grid lookups counted when ``prices`` (a :meth:`decode_stretch`)
+        priced steps i .. i + n - 1, which the engine then dropped (a stretch prices a step
+        or two past the next event and stepping never prices them): the warnings count the
+        lookups of the steps that ran, fast-forwarded or not. They are priced again to see
+        what they counted, and that is taken off twice."""
+        before = Counter(self.extrapolated)
+        prices(i, n)
+        counted = self.extrapolated - before
+        self.extrapolated = before - counted
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         """Seconds per component (all layers together); they sum to :meth:`step_time` less the

@@ -227,6 +227,10 @@ class Stretch:
         members = self.members
         by_sum = None if plan.extra_s else getattr(latency, "decode_stretch_sum", None)
         mixed_sum = getattr(latency, "mixed_step_sum", None)
+        # a model that counts something as it prices (a profile's grid lookups) takes back
+        # what steps priced and then dropped counted: (segment start, its prices) to tell it
+        forget = getattr(latency, "forget_prices", None)
+        priced: list[tuple[int, Prices]] = []
         acc = [start]            # acc[m]: start of step m; acc[-1]: end of the last priced
         durations: list[float] = []
         begun: list[Segment] = []
@@ -285,6 +289,8 @@ class Stretch:
                     prices = by_sum(m, ctx_sum + m * i0)
                 else:
                     prices = stretch_prices(latency, self.segment_plan(i0))
+                if forget is not None:
+                    priced.append((i0, prices))
                 # as many steps as would reach the cut at the last price (a segment's first
                 # step alone if nothing is priced yet)
                 n = i1 - i0
@@ -307,6 +313,8 @@ class Stretch:
                 j = bisect_left(acc, cut, i0 + 1)   # the first step at or past the cut
                 if j >= k:
                     break
+                if forget is not None:
+                    _forget(forget, priced, j, len(durations))
                 del acc[j + 1:], durations[j:]      # (priced past it: dropped)
                 i0 = j
             else:
@@ -317,6 +325,8 @@ class Stretch:
             keep = min(keep, bisect_left(acc, cut_end, 1, n + 1) - 1)     # first end >= it
         keep = max(keep, 1)                                               # step 0 always runs
         if keep < n:
+            if forget is not None:
+                _forget(forget, priced, keep, n)
             del acc[keep + 1:], durations[keep:]
         self.end = acc.pop()
         self.starts, self.durations, self.begun = acc, durations, begun
@@ -418,6 +428,18 @@ class Stretch:
         fitted = sched.blocks.grow_to(grown, added)   # fits: plan() and joins checked it
         assert fitted is not None
         return finished
+
+
+def _forget(forget: Callable[[Prices, int, int], None], priced: list[tuple[int, Prices]],
+            a: int, b: int) -> None:
+    """Steps a .. b - 1, priced and now dropped: ``forget`` what each segment's prices counted
+    for those of its steps (``priced``: each segment's first step and prices, in order; a
+    segment runs to the next one's first step)."""
+    for j, (s0, prices) in enumerate(priced):
+        s1 = priced[j + 1][0] if j + 1 < len(priced) else b
+        lo, hi = max(a, s0), min(b, s1)
+        if lo < hi:
+            forget(prices, lo - s0, hi - lo)
 
 
 def _fit_blocks(members: list[Member], k: int, bs: int, free: int) -> int:

@@ -387,3 +387,45 @@ def test_model_section_is_written_from_the_card_as_the_shipped_profiles_have_it(
     assert set(MODEL_KEYS) < set(written) and "max_position_embeddings" not in written
     back = model_card(shipped["model"], max_position_embeddings=card.max_position_embeddings)
     assert model_shapes(back, written["dtype_bytes"]) == written
+
+
+def test_steps_a_stretch_prices_and_drops_are_not_counted():
+    """A stretch prices a step or two past the next arrival and drops them (stepping prices
+    them once, in the plan that admits the arrival): the grid lookups of the dropped steps
+    are taken back, so the warnings read the same fast-forwarded and stepped. A (prompt
+    12,000) decodes past the Llama-3.1-8B profile's contexts: every decode extrapolates; B
+    arrives exactly as A's step 5 starts, then at points inside steps."""
+    from simserve.engine import Replica, round_robin, simulate
+    from simserve.kv.blocks import BlockManager
+    from simserve.sched import POLICIES, SchedulerLimits
+    from simserve.workload.spec import RequestSpec
+    limits = SchedulerLimits(max_num_seqs=64, max_num_batched_tokens=16384,
+                             enable_chunked_prefill=True)
+    path = "simserve/data/profiles/Llama-3.1-8B_H100-SXM_bf16.json"
+
+    def run(specs, fast):
+        latency = ProfileLatency.from_file(path)
+        sched = POLICIES["vllm_v1"](limits, BlockManager(5000, 16), None, 0)
+        rec = simulate(specs, [Replica(0, sched, latency, 32768)], round_robin(),
+                       fast_forward=fast)
+        return rec.columns()["start_s"].tolist(), latency.extrapolated
+
+    a = RequestSpec(0, 0.0, 12000, 300)
+    starts, alone = run([a], False)
+    assert alone["attn_decode"] == 299          # every decode step of A's 300 tokens but one
+    for t in (starts[5], starts[5] + 1e-4, starts[40] - 1e-4, starts[41]):
+        specs = [a, RequestSpec(1, t, 9000, 5)]
+        (fast_starts, fast), (slow_starts, slow) = run(specs, True), run(specs, False)
+        assert fast_starts == slow_starts and fast == slow, t
+
+
+def test_forget_prices_takes_back_what_a_stretch_counted():
+    m = ProfileLatency(curved_decode_profile())
+    p = plan(decode=[1100, 1150], sampled=2)          # beyond the grid: each step counts
+    prices = m.decode_stretch(p)
+    prices(0, 5)
+    assert m.extrapolated["attn_decode"] == 5
+    m.forget_prices(prices, 3, 2)                     # steps 3 and 4 dropped
+    assert m.extrapolated["attn_decode"] == 3
+    m.forget_prices(prices, 0, 3)
+    assert not m.extrapolated and not m.warnings()
