@@ -20,7 +20,9 @@ For each (policy, size), ``--repeat`` times, medians printed:
   metrics), of which the metrics (``runner.collect``: the request columns and the summary,
   NumPy only), ``Result.save`` (writing the outputs: CSV from the columns, no pandas).
 
-The load average is printed at the start and the end: timings inflate when the machine is busy
+On the bench workload each size's row is followed by issue #21's targets for it (whole process
+wall time at 10k, 100k and 1M requests, the simulation at 10k, peak RSS at 1M and 10M, start-up),
+each marked met or not. The load average is printed at the start and the end: timings inflate when the machine is busy
 (compare ratios within one run; benchmarks/sim_instructions.py counts instructions instead).
 
     python benchmarks/sim_speed.py                         # bench workload, 10k and 100k
@@ -63,6 +65,15 @@ WORKLOADS = {
                                        "output_column": "GeneratedTokens"}}},
 }
 DEFAULT_POLICIES = {"bench": ["vllm_v1"], "vidur": ["vllm_v0", "vllm_v1", "sarathi"]}
+# issue #21's targets on the bench workload, by size: (what, the median's key, at most)
+TARGETS = {
+    10_000: [("whole process wall s", "wall", 1.2), ("simulation (simserve.run) wall s",
+                                                     "simulate", 0.6)],
+    100_000: [("whole process wall s", "wall", 12.0)],
+    1_000_000: [("whole process wall s", "wall", 30.0), ("peak RSS MB", "rss_mb", 500.0)],
+    10_000_000: [("peak RSS MB (finishes on a 24 GB machine)", "rss_mb", 24 * 1024.0)],
+}
+STARTUP_TARGET = 0.3    # `simserve run` start-up, wall seconds
 DEFAULT_SIZES = {"bench": [10000, 100000], "vidur": [10000, 50000]}
 
 PHASES = textwrap.dedent("""
@@ -130,6 +141,17 @@ def pair(rows: list[dict], key: str) -> str:
     return f"{median(rows, key):5.2f}/{median(rows, key + '_cpu'):5.2f}"
 
 
+def print_targets(n: int, whole: list[dict], parts: list[dict]) -> None:
+    """Issue #21's targets for this size against the medians just printed."""
+    got = {"wall": median(whole, "wall"), "rss_mb": median(whole, "rss") / 2**20,
+           "simulate": median(parts, "simulate")}
+    checks = [(what, got[key], limit) for what, key, limit in TARGETS.get(n, [])]
+    checks.append(("start-up wall s", median(parts, "startup"), STARTUP_TARGET))
+    print("    issue #21: " + "; ".join(
+        f"{what} {value:,.2f} <= {limit:,g}: {'met' if value <= limit else 'NOT met'}"
+        for what, value, limit in checks), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", choices=tuple(WORKLOADS), default="bench")
@@ -182,6 +204,8 @@ def main() -> None:
                       f"{pair(parts, 'metrics')} {pair(parts, 'write')} "
                       f"{parts[0]['steps']:10,d} | {step_col:>8s}",
                       flush=True)
+                if args.workload == "bench":
+                    print_targets(n, whole, parts)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
