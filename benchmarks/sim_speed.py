@@ -22,8 +22,9 @@ For each (policy, size), ``--repeat`` times, medians printed:
 
 On the bench workload each size's row is followed by issue #21's targets for it (whole process
 wall time at 10k, 100k and 1M requests, the simulation at 10k, peak RSS at 1M and 10M, start-up),
-each marked met or not. The load average is printed at the start and the end: timings inflate when the machine is busy
-(compare ratios within one run; benchmarks/sim_instructions.py counts instructions instead).
+each marked met or not. The load average is printed at the start and the end: timings
+inflate when the machine is busy (compare ratios within one run; benchmarks/sim_instructions.py
+counts instructions instead).
 
     python benchmarks/sim_speed.py                         # bench workload, 10k and 100k
     python benchmarks/sim_speed.py --sizes 10000 --repeat 5

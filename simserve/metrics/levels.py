@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from simserve.metrics.arith import dot
+
 # (more than runner.STEPS_ROWS: a run whose steps.csv is written by default sums its steps in
 # one chunk, as whole arrays; a chunk's temporaries are a few MB)
 LEVEL_CHUNK = 1 << 17
@@ -49,9 +51,9 @@ def chunk_sums(g: dict[str, Any], group_of: np.ndarray, a: int, b: int, t0: floa
     gi = group_of[a:b]
     total = g["kv_blocks_total"][gi].astype(float)
     frac = np.divide(g["kv_blocks_used"][a:b], total, out=np.zeros(b - a), where=total > 0)
-    return ChunkSums(float(np.dot(g["num_running"][gi], overlap)),
-                     float(np.dot(g["num_waiting"][gi], overlap)),
-                     float(np.dot(frac, overlap)), float(frac.max()), float(overlap.sum()),
+    return ChunkSums(dot(g["num_running"][gi], overlap),
+                     dot(g["num_waiting"][gi], overlap),
+                     dot(frac, overlap), float(frac.max()), float(overlap.sum()),
                      int(g["num_batched_tokens"][gi].sum(dtype=np.int64)), b - a)
 
 

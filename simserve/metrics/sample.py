@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from simserve.metrics.arith import dot
+
 Chunk = tuple[np.ndarray, np.ndarray]          # (values, weights)
 Pieces = Callable[[], Iterable[Chunk]]
 
@@ -33,7 +35,7 @@ class WeightedSample:
         self._n, self._sum, self._lo, self._hi = 0, 0.0, math.inf, -math.inf
         for v, w in self._pieces():
             self._n += int(w.sum())
-            self._sum += float(np.dot(v, w))
+            self._sum += dot(v, w)
             self._lo, self._hi = min(self._lo, float(v.min())), max(self._hi, float(v.max()))
 
     def __len__(self) -> int:
@@ -47,7 +49,7 @@ class WeightedSample:
 
     def std(self) -> float:
         mean = self.mean()
-        return float(np.sqrt(sum(float(np.dot(w, (v - mean) ** 2)) for v, w in self._pieces())
+        return float(np.sqrt(sum(dot(w, (v - mean) ** 2) for v, w in self._pieces())
                              / self._n))
 
     def percentiles(self, qs: Sequence[float]) -> list[float]:

@@ -31,6 +31,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from simserve.metrics.arith import dot
+
 GAMMA = 1.01
 REL_ERROR = 0.005                      # the stated bound: (GAMMA - 1) / (GAMMA + 1) = 0.004975
 TINY, HUGE = 2.0 ** -40, 2.0 ** 40
@@ -63,9 +65,9 @@ class LogHistogram:
         n = int(w.sum())
         self.n += n
         wf = w.astype(np.float64)
-        total = float(np.dot(v, wf))
+        total = dot(v, wf)
         dev = v - total / n
-        self._chunks.append((n, total, float(np.dot(wf * dev, dev))))
+        self._chunks.append((n, total, dot(wf * dev, dev)))
         self.lo, self.hi = min(self.lo, float(v.min())), max(self.hi, float(v.max()))
         small = v < TINY
         if small.any():

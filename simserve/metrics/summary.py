@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
+from simserve.metrics.arith import dot
 from simserve.metrics.levels import replica_chunks
 from simserve.metrics.sample import WeightedSample
 from simserve.metrics.sketch import LogHistogram
@@ -361,7 +362,7 @@ def _levels(steps: Table, num_replicas: int, t0: float, t1: float) -> dict[str, 
     overlap = np.clip(end, t0, t1) - np.clip(start, t0, t1)
 
     def time_avg(values: np.ndarray) -> float:
-        return float(np.dot(values, overlap) / width) if width > 0 and n else 0.0
+        return dot(values, overlap) / width if width > 0 and n else 0.0
 
     return {
         "num_steps": n,

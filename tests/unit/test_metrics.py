@@ -411,3 +411,27 @@ def test_percentile_interpolates_from_the_nearer_end():
     assert percentile(x, 50) == 15.0
     assert percentile(x, 10) == 10 * ((4 - 1) * (10 / 100))
     assert percentile(x, 100) == 30.0 and percentile(x, 0) == 0.0
+
+
+def test_summary_bits_do_not_depend_on_blas_threads(tmp_path):
+    """np.dot hands long float vectors to BLAS, whose sum order follows its thread count: the
+    summary of a run of 20,000+ steps came out different in its last bits with one OpenBLAS
+    thread (`simserve run`) and two (a notebook on this VM). The metrics' weighted sums no
+    longer use it: two processes with 1 and 4 BLAS threads write the same summary."""
+    import os
+    import subprocess
+    import sys
+    code = ("import json, simserve\n"
+            "from simserve.config import parse_scenario\n"
+            "raw = {'model': 'Llama-2-7B', 'hardware': 'A100-80GB', 'seed': 1,\n"
+            "       'latency': {'model': 'roofline'},\n"
+            "       'workload': {'arrival': 'poisson', 'rate': 3, 'num_requests': 2000,\n"
+            "                    'prompt': {'dist': 'uniform', 'low': 10, 'high': 900},\n"
+            "                    'output': {'dist': 'uniform', 'low': 10, 'high': 900}}}\n"
+            "print(json.dumps(simserve.run(parse_scenario(raw)).summary, sort_keys=True))\n")
+    out = []
+    for threads in ("1", "4"):
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
+        out.append(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  env=env, check=True).stdout)
+    assert out[0] == out[1] and '"num_steps"' in out[0]
