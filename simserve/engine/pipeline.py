@@ -67,6 +67,7 @@ from simserve.engine.clock import Clock
 from simserve.engine.queue import queue_loop
 from simserve.engine.replica import Replica
 from simserve.engine.runtime import Runtime
+from simserve.latency.base import cpu_overhead_s
 from simserve.sched.core import Batch, InFlight, Scheduler
 from simserve.sched.plan import StepPlan
 
@@ -116,10 +117,27 @@ class PipelineTiming:
         if self.launches and sched.limits.pipeline_parallel_size != r.depth:
             raise ValueError(f"replica {r.index}: {r.depth} stages, but its scheduler was built "
                              f"for pipeline_parallel_size {sched.limits.pipeline_parallel_size}")
+        # async scheduling (vLLM's V2 model runner): a queue of p + 1, and each micro-batch's
+        # CPU part (the base model's step overhead) ahead of stage 0, one at a time
+        self.async_cpu = self.launches and sched.limits.async_scheduling
+        if sched.limits.async_scheduling and not self.launches:
+            raise ValueError(f"replica {r.index}: async scheduling with pipeline parallelism "
+                             f"needs a policy that launches micro-batches (vLLM v1's)")
+        self.depth = sched.limits.pipeline_queue_depth if self.launches else r.depth
+        self.cpu = cpu_overhead_s(getattr(self.latency, "base", self.latency)) \
+            if self.async_cpu else 0.0
+        self.cpu_free = c.env.now               # when the CPU is done with the CPU parts so far
 
     def launch(self, sched: Scheduler, plan: StepPlan, now: float
                ) -> tuple[Batch | InFlight, float]:
-        entered, out = self.stages.push(now, *self.latency.stages(plan))
+        times, sends = self.latency.stages(plan)
+        ready = now
+        if self.async_cpu:      # the CPU part first (one engine thread), then the stages
+            cpu = self.cpu if self.cpu < times[0] else times[0]
+            times[0] -= cpu
+            ready = (self.cpu_free if self.cpu_free > now else now) + cpu
+            self.cpu_free = ready
+        entered, out = self.stages.push(ready, times, sends)
         if plan.prefill_lens:                  # first scheduled: when the device starts it
             for req in sched.newly_scheduled:
                 req.first_scheduled_s = entered
@@ -140,4 +158,5 @@ class PipelineTiming:
 
 def pipeline_loop(env: Clock, c: Runtime, r: Replica) -> Generator[Any, Any, None]:
     """Run a replica of ``r.depth`` stages (the module docstring)."""
-    return queue_loop(env, c, r, r.depth, PipelineTiming(c, r))
+    timing = PipelineTiming(c, r)
+    return queue_loop(env, c, r, timing.depth, timing)
