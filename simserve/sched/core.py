@@ -690,6 +690,11 @@ class Scheduler:
             blocks.limit_cache(req.id, req.num_tokens - req.num_pending if req.num_pending
                                else None)
 
+    def batch_entries(self, plan: StepPlan) -> list[tuple[Request, int]]:
+        """The requests of ``plan`` (the plan ``schedule()`` just made, or one of
+        ``running``'s) and their new tokens, in plan order."""
+        return self._entries(plan)
+
     def _entries(self, plan: StepPlan) -> list[tuple[Request, int]]:
         """The plan's requests and their new tokens (the batch's, if ``plan`` is its)."""
         batch = self._batch

@@ -67,6 +67,9 @@ class Request:
     # ``schedule()`` call, by the scheduler's count, at which it may run again once it has
     # sampled (vLLM's next_decode_eligible_step; ``Scheduler.launch``); kept across preemption
     next_decode_step: int = 0
+    # and when the token its latest launched micro-batch samples is out of the last stage: a
+    # decode that feeds it cannot enter the first stage before (engine/pipeline.py)
+    token_out_s: float = 0.0
     # copies of the spec's fields, read on every step (plain attributes are cheapest)
     id: int = field(init=False)
     num_prompt_tokens: int = field(init=False)
