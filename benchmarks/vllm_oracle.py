@@ -200,6 +200,8 @@ def random_case(seed: int, num_requests: int, async_scheduling: bool = False, pp
         int(rng.choice([max_model_len, 2 * max_model_len]))
     long_threshold = int(rng.choice([0, 0, 0, 32, 128, 512]))
     max_num_seqs = int(rng.choice([4, 8, 16, 32, 64, 128]))
+    # (vLLM refuses a token budget below max_num_seqs: a draw of 64 and 128 is held to 64)
+    max_num_seqs = min(max_num_seqs, budget)
     # lengths: short chat-like, long prompts, or long outputs
     shape = rng.choice(["chat", "long_prompt", "long_output"])
     if shape == "chat":
