@@ -60,7 +60,8 @@ Timing with async scheduling (what vLLM's code does not fix: assumptions, stated
 * a decode scheduled while its input token is in flight cannot enter stage 0 before that token
   is out of the last stage (``Request.token_out_s``: the output time of the micro-batch that
   samples it; the V2 runner hands sampled tokens from the last stage to the first directly, a
-  transfer priced at nothing here). Async scheduling thus hides the CPU part and the round trip
+  transfer priced at nothing here); the micro-batches keep their order, so those queued behind
+  it wait too (one stream a stage). Async scheduling thus hides the CPU part and the round trip
   through the scheduler, not the pipeline's own latency: a lone request still gets a token every
   ``p`` stage times, less the CPU part.
 
