@@ -24,6 +24,12 @@ the last stage, an empty schedule holding a slot as in vLLM's ``step_with_batch_
 priced by the roofline split over the stages (the linear model has no layers to split).
 Shipped cases are not run with ``--pp`` (none is pipelined).
 
+``--pp P --async`` runs vLLM 0.32's default with PP on GPUs: its ``AsyncScheduler`` built with
+that PP size and the V2 model runner's flag set after construction (the CPU build cannot
+configure that runner; sched/vllm_native.py), under simserve's pipeline loop with a batch queue
+of P + 1 (vLLM's ``max_concurrent_batches``): a request that samples may run again only P
+``schedule()`` calls later, its previous token still in flight.
+
 Needs vLLM importable beside simserve (``make oracle`` builds that environment):
 
     python benchmarks/vllm_oracle.py --cases 200 --requests 300 --shipped [--async]
@@ -194,6 +200,8 @@ def random_case(seed: int, num_requests: int, async_scheduling: bool = False, pp
         int(rng.choice([max_model_len, 2 * max_model_len]))
     long_threshold = int(rng.choice([0, 0, 0, 32, 128, 512]))
     max_num_seqs = int(rng.choice([4, 8, 16, 32, 64, 128]))
+    # (vLLM refuses a token budget below max_num_seqs: a draw of 64 and 128 is held to 64)
+    max_num_seqs = min(max_num_seqs, budget)
     # lengths: short chat-like, long prompts, or long outputs
     shape = rng.choice(["chat", "long_prompt", "long_output"])
     if shape == "chat":
@@ -294,11 +302,11 @@ def main(argv=None) -> int:
                     help="every case with engine.async_scheduling (vLLM's AsyncScheduler)")
     ap.add_argument("--pp", type=int, default=1, metavar="P",
                     help="every random case with engine.pipeline_parallel_size P (0: 2, 3 or "
-                         "4 drawn per case); not with --async or --shipped")
+                         "4 drawn per case); with --async vLLM's V2-runner async PP; not "
+                         "with --shipped")
     args = ap.parse_args(argv)
-    if args.pp != 1 and (args.async_scheduling or args.shipped or args.pp < 0):
-        print("error: --pp: a size >= 0 (not 1), without --async and --shipped",
-              file=sys.stderr)
+    if args.pp != 1 and (args.shipped or args.pp < 0):
+        print("error: --pp: a size >= 0 (not 1), without --shipped", file=sys.stderr)
         return 2
 
     from simserve.sched.vllm_native import vllm_version
@@ -310,8 +318,11 @@ def main(argv=None) -> int:
     mode = "async scheduling (AsyncScheduler, batch queue of 2)" if args.async_scheduling \
         else "synchronous scheduling"
     if args.pp != 1:
+        mode = "synchronous scheduling" if not args.async_scheduling else \
+            "async scheduling (AsyncScheduler, its V2-runner decode cadence)"
         mode += (f", pipeline parallelism ({'2-4' if args.pp == 0 else args.pp} stages: "
-                 f"a batch queue of that many micro-batches)")
+                 f"a batch queue of that many micro-batches"
+                 f"{', plus one' if args.async_scheduling else ''})")
     print(f"vLLM oracle: simserve {', '.join(CHECKED)} against vLLM {version}'s own scheduler "
           f"(offline, fake forward pass), one step per event, {mode}")
     cases = [(f"random-{args.seed + i}",

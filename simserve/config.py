@@ -458,11 +458,6 @@ def _check_async(s: Scenario) -> None:
     if s.engine.preemption_mode == "swap":
         raise ConfigError(where, "preempts by recompute only (as vLLM v1); remove "
                                  "engine.preemption_mode: swap")
-    if s.engine.pipeline_parallel_size > 1:
-        raise ConfigError(where, "with engine.pipeline_parallel_size > 1 is not modelled "
-                                 "(vLLM 0.32 combines them with its V2 model runner only); "
-                                 "simserve's pipeline is vLLM's synchronous scheduler, as "
-                                 "vLLM runs it with --no-async-scheduling")
     if s.cluster.disaggregated:
         raise ConfigError(where, "with disaggregated prefill/decode is not modelled")
     if s.cluster.faults is not None and s.cluster.faults.enabled:

@@ -10,10 +10,12 @@ from simserve.workload.spec import RequestSpec
 def make_scheduler(policy: str, *, budget: int = 100, max_num_seqs: int = 8, block_size: int = 4,
                    num_blocks: int = 100, chunked: bool = True, threshold: int = 0,
                    mode: str = "recompute", host_blocks: int = 0,
-                   pipeline_parallel_size: int = 1) -> Scheduler:
+                   pipeline_parallel_size: int = 1,
+                   async_scheduling: bool = False) -> Scheduler:
     limits = SchedulerLimits(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                              enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold,
-                             preemption_mode=mode, pipeline_parallel_size=pipeline_parallel_size)
+                             preemption_mode=mode, pipeline_parallel_size=pipeline_parallel_size,
+                             async_scheduling=async_scheduling)
     return POLICIES[policy](limits, BlockManager(num_blocks, block_size, host_blocks))
 
 

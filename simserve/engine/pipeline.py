@@ -1,8 +1,9 @@
 """A pipeline-parallel replica: up to ``p`` micro-batches in flight, one per stage.
 
 Learned from vLLM v1 (``vllm/v1/engine/core.py``, ``step_with_batch_queue``; the queue's size
-is ``max_concurrent_batches`` = ``pipeline_parallel_size`` in ``vllm/config/vllm.py``). The
-engine keeps a FIFO of at most ``p`` scheduled micro-batches. While it is not full it schedules
+is ``max_concurrent_batches`` = ``pipeline_parallel_size`` in ``vllm/config/vllm.py``, one more
+with async scheduling: below). The engine keeps a FIFO of at most ``p`` scheduled
+micro-batches. While it is not full it schedules
 another at once; when it is full, or nothing more can be scheduled, it waits for the oldest
 micro-batch's output, applies it, and tries again. vLLM queues an empty schedule too, behind
 the micro-batches in flight: it holds a slot until the ones before it are out
@@ -31,10 +32,38 @@ Which requests a micro-batch may take while others are in flight depends on the 
   (``pipeline_parallel_llm_engine.py``) rather than at once, and queues no empty schedule:
   here these policies form it at once (it then waits for the first stage).
 
-Not modelled: vLLM 0.32's default on GPUs with PP, its V2 model runner with async scheduling
-(``AsyncScheduler``, a queue of ``p + 1``, a decode scheduled again every ``p`` schedules before
-its output is back: ``next_decode_eligible_step``); simserve's PP is vLLM's with the V1 model
-runner (``VLLM_USE_V2_MODEL_RUNNER=0``) or ``--no-async-scheduling``.
+With ``engine.async_scheduling`` (``vllm_v1``, ``priority``, ``vllm_native``): vLLM 0.32's
+default with PP on GPUs, its V2 model runner with async scheduling. Learned from
+``vllm/config/vllm.py`` (``max_concurrent_batches``: ``p + 1`` with async scheduling on the V2
+runner), ``vllm/v1/core/sched/async_scheduler.py`` (``decode_stagger`` = p;
+``_update_after_schedule`` sets ``next_decode_eligible_step``) and ``scheduler.py``
+(``schedule`` counts its calls in ``current_step``, an empty schedule's too, and skips a
+running request before its eligible step):
+
+* the batch queue holds ``p + 1`` schedules (``SchedulerLimits.pipeline_queue_depth``), an
+  empty one taking a slot as above;
+* the scheduler counts output placeholders as async scheduling does (``Scheduler.launch``): a
+  request whose token is in flight asks for one more token (a decode ahead of its token), not
+  for none; but a request that samples in the micro-batch of ``schedule()`` call n is skipped
+  until call n + p (``Scheduler.held_in_flight``, ``decode_stagger``). So each running request
+  rides in every p-th schedule at most, the cadence of the V2 runner's ring of sampled-token
+  slots; a prompt's chunks that sample nothing are not throttled.
+
+Timing with async scheduling (what vLLM's code does not fix: assumptions, stated here):
+
+* each micro-batch's CPU part (the base latency model's ``step_overhead_s``: scheduling and
+  input preparation, which the synchronous pipeline prices inside stage 0) runs on one engine
+  thread, one micro-batch at a time, from its scheduling or once the CPU part before it is
+  done, overlapping the stages' work (as :class:`~simserve.engine.loops.AsyncTiming` without
+  PP); stage 0 then does the rest of its work. The extra slot of the queue is this: ``p``
+  micro-batches on the stages and one being prepared;
+* a decode scheduled while its input token is in flight cannot enter stage 0 before that token
+  is out of the last stage (``Request.token_out_s``: the output time of the micro-batch that
+  samples it; the V2 runner hands sampled tokens from the last stage to the first directly, a
+  transfer priced at nothing here); the micro-batches keep their order, so those queued behind
+  it wait too (one stream a stage). Async scheduling thus hides the CPU part and the round trip
+  through the scheduler, not the pipeline's own latency: a lone request still gets a token every
+  ``p`` stage times, less the CPU part.
 
 Timing: each stage works on one micro-batch at a time, in order; a micro-batch enters stage j
 when it has left stage j − 1 (plus the activations' send) and stage j is free::
@@ -67,6 +96,7 @@ from simserve.engine.clock import Clock
 from simserve.engine.queue import queue_loop
 from simserve.engine.replica import Replica
 from simserve.engine.runtime import Runtime
+from simserve.latency.base import cpu_overhead_s
 from simserve.sched.core import Batch, InFlight, Scheduler
 from simserve.sched.plan import StepPlan
 
@@ -116,18 +146,58 @@ class PipelineTiming:
         if self.launches and sched.limits.pipeline_parallel_size != r.depth:
             raise ValueError(f"replica {r.index}: {r.depth} stages, but its scheduler was built "
                              f"for pipeline_parallel_size {sched.limits.pipeline_parallel_size}")
+        # async scheduling (vLLM's V2 model runner): a queue of p + 1, and each micro-batch's
+        # CPU part (the base model's step overhead) ahead of stage 0, one at a time
+        self.async_cpu = self.launches and sched.limits.async_scheduling
+        if sched.limits.async_scheduling and not self.launches:
+            raise ValueError(f"replica {r.index}: async scheduling with pipeline parallelism "
+                             f"needs a policy that launches micro-batches (vLLM v1's)")
+        self.depth = sched.limits.pipeline_queue_depth if self.launches else r.depth
+        self.cpu = cpu_overhead_s(getattr(self.latency, "base", self.latency)) \
+            if self.async_cpu else 0.0
+        self.cpu_free = c.env.now               # when the CPU is done with the CPU parts so far
 
     def launch(self, sched: Scheduler, plan: StepPlan, now: float
                ) -> tuple[Batch | InFlight, float]:
-        entered, out = self.stages.push(now, *self.latency.stages(plan))
+        times, sends = self.latency.stages(plan)
+        if self.async_cpu:
+            return self._launch_async(sched, plan, now, times, sends)
+        entered, out = self.stages.push(now, times, sends)
         if plan.prefill_lens:                  # first scheduled: when the device starts it
             for req in sched.newly_scheduled:
                 req.first_scheduled_s = entered
-        start = max(now, self.last_end)        # the row: from the previous output to this one
+        end = self._row(plan, now, out)
+        return (sched.launch(plan) if self.launches else sched.park()), end
+
+    def _launch_async(self, sched: Scheduler, plan: StepPlan, now: float, times: list[float],
+                      sends: list[float]) -> tuple[InFlight, float]:
+        """With async scheduling (the module docstring): the CPU part, then the stages once
+        every input token of the micro-batch is out of the last stage."""
+        cpu = self.cpu if self.cpu < times[0] else times[0]
+        times[0] -= cpu
+        ready = self.cpu_free = (self.cpu_free if self.cpu_free > now else now) + cpu
+        entries = sched.batch_entries(plan)
+        for req, _ in entries:                 # (a token delivered already: in the past)
+            if req.token_out_s > ready:
+                ready = req.token_out_s
+        entered, out = self.stages.push(ready, times, sends)
+        if plan.prefill_lens:                  # first scheduled: when the device starts it
+            for req in sched.newly_scheduled:
+                req.first_scheduled_s = entered
+        end = self._row(plan, now, out)
+        step = sched.launch(plan)
+        for req in step.sampled:               # its next decode's input
+            req.token_out_s = end
+        return step, end
+
+    def _row(self, plan: StepPlan, now: float, out: float) -> float:
+        """Record the micro-batch's step-log row, from the previous output (or ``now``) to its
+        own; its output time."""
+        start = max(now, self.last_end)
         duration = out - start
         self.rec.step(self.r, start, duration, plan)
         self.last_end = start + duration
-        return (sched.launch(plan) if self.launches else sched.park()), self.last_end
+        return self.last_end
 
     def land(self, sched: Scheduler, held: Batch | InFlight, now: float) -> None:
         if isinstance(held, InFlight):
@@ -140,4 +210,5 @@ class PipelineTiming:
 
 def pipeline_loop(env: Clock, c: Runtime, r: Replica) -> Generator[Any, Any, None]:
     """Run a replica of ``r.depth`` stages (the module docstring)."""
-    return queue_loop(env, c, r, r.depth, PipelineTiming(c, r))
+    timing = PipelineTiming(c, r)
+    return queue_loop(env, c, r, timing.depth, timing)

@@ -59,8 +59,16 @@ class SchedulerLimits:
     def batch_queue_depth(self) -> int:
         """Steps the async engine keeps in flight (vLLM's ``max_concurrent_batches``): 2 with
         async scheduling, else 1 (schedule, run, apply). A pipelined replica's queue is as deep
-        as its stages (``Replica.depth``, engine/pipeline.py)."""
+        as its stages, one more with async scheduling (``pipeline_queue_depth``)."""
         return 2 if self.async_scheduling else 1
+
+    @property
+    def pipeline_queue_depth(self) -> int:
+        """A pipelined replica's batch queue (vLLM's ``max_concurrent_batches``,
+        vllm/config/vllm.py, 0.32): ``p`` micro-batches, ``p + 1`` with async scheduling (which
+        vLLM runs with PP on its V2 model runner only)."""
+        p = self.pipeline_parallel_size
+        return p + 1 if self.async_scheduling and p > 1 else p
 
 
 class Batch:
@@ -227,8 +235,17 @@ class Scheduler:
         # steps launched and not yet delivered (launch/deliver)
         pipelined = limits.pipeline_parallel_size > 1 and self.pipeline_launch
         self.overlap = limits.async_scheduling or pipelined
-        # (pipelined: a request whose sampled token is in flight is not scheduled at all)
-        self.holds_sampled = pipelined
+        # (pipelined, synchronous: a request whose sampled token is in flight is not
+        # scheduled at all)
+        self.holds_sampled = pipelined and not limits.async_scheduling
+        # pipelined with async scheduling (vLLM's AsyncScheduler on its V2 model runner): a
+        # request that samples in the step of ``schedule()`` call n may run again from call
+        # n + p on (``launch``, ``held_in_flight``); 0: no such rule
+        self.decode_stagger = limits.pipeline_parallel_size \
+            if pipelined and limits.async_scheduling else 0
+        # ``schedule()`` calls so far, an empty schedule's too (vLLM's current_step;
+        # ``new_batch`` counts them)
+        self.current_step = 0
         self.steps_in_flight = 0
 
     # -- queue state -----------------------------------------------------------------------
@@ -297,6 +314,7 @@ class Scheduler:
         """An empty batch for this step; ``complete`` reads its entries back."""
         self._batch = batch = Batch(self.limits)
         self.newly_scheduled = batch.first_scheduled
+        self.current_step += 1
         return batch
 
     def grow_or_preempt(self, batch: Batch, req: Request, n: int) -> bool:
@@ -326,6 +344,14 @@ class Scheduler:
     def held_in_flight(self, req: Request) -> bool:
         """A running request the step skips for a step in flight (only with ``overlap``).
 
+        Pipelined with async scheduling (``decode_stagger`` p; vLLM 0.32's AsyncScheduler with
+        its V2 model runner: ``_update_after_schedule`` in vllm/v1/core/sched/
+        async_scheduler.py sets ``next_decode_eligible_step``, ``Scheduler.schedule`` in
+        scheduler.py skips a running request before it): also until ``p`` ``schedule()`` calls
+        after the last one that made it sample, its output back or not (a decode then runs
+        with its previous token still in flight, as under async scheduling); the rule reads
+        only the counter, so it also holds back a request preempted and re-admitted since.
+
         Pipelined (vLLM v1's ``Scheduler.schedule`` under PP, vllm/v1/core/sched/scheduler.py,
         0.32: a scheduled request's ``num_computed_tokens`` advances at once, so one whose
         scheduled tokens reach its ``num_tokens`` asks for 0 new tokens and is skipped until
@@ -333,6 +359,8 @@ class Scheduler:
         and the next chunk is asked for at once): while a token it samples is in flight. With
         async scheduling (AsyncScheduler: output placeholders) only when that token is its last
         (:func:`done_in_flight`)."""
+        if self.current_step < req.next_decode_step:
+            return True
         return bool(req.num_pending) and (self.holds_sampled
                                           or req.num_generated >= req.num_output_tokens)
 
@@ -615,6 +643,7 @@ class Scheduler:
         """
         entries = self._entries(plan)
         sampled: list[Request] = []
+        stagger = self.decode_stagger
         for req, n in entries:
             req.num_computed_tokens += n
             req.num_in_flight += 1
@@ -623,6 +652,8 @@ class Scheduler:
                 req.num_pending += 1
                 sampled.append(req)
                 self._cache_limit(req)
+                if stagger:     # pipelined async: again from schedule() call n + p on
+                    req.next_decode_step = self.current_step + stagger
         self.steps_in_flight += 1
         return InFlight(plan, entries, sampled)
 
@@ -658,6 +689,11 @@ class Scheduler:
         if isinstance(blocks, PrefixBlockManager):
             blocks.limit_cache(req.id, req.num_tokens - req.num_pending if req.num_pending
                                else None)
+
+    def batch_entries(self, plan: StepPlan) -> list[tuple[Request, int]]:
+        """The requests of ``plan`` (the plan ``schedule()`` just made, or one of
+        ``running``'s) and their new tokens, in plan order."""
+        return self._entries(plan)
 
     def _entries(self, plan: StepPlan) -> list[tuple[Request, int]]:
         """The plan's requests and their new tokens (the batch's, if ``plan`` is its)."""

@@ -63,6 +63,13 @@ class Request:
     # will sample (vLLM's num_output_placeholders: counted when the step is scheduled)
     num_in_flight: int = 0
     num_pending: int = 0
+    # async scheduling with pipeline parallelism (vLLM's V2 model runner): the first
+    # ``schedule()`` call, by the scheduler's count, at which it may run again once it has
+    # sampled (vLLM's next_decode_eligible_step; ``Scheduler.launch``); kept across preemption
+    next_decode_step: int = 0
+    # and when the token its latest launched micro-batch samples is out of the last stage: a
+    # decode that feeds it cannot enter the first stage before (engine/pipeline.py)
+    token_out_s: float = 0.0
     # copies of the spec's fields, read on every step (plain attributes are cheapest)
     id: int = field(init=False)
     num_prompt_tokens: int = field(init=False)

@@ -71,8 +71,9 @@ class BackendConfig:
     scheduler_reserve_full_isl: bool
     scheduling_policy: str = "fcfs"
     async_scheduling: bool = False     # vLLM's AsyncScheduler, driven as its engine core does
-    pipeline_parallel_size: int = 1    # vLLM's PP: its (synchronous) scheduler under a batch
-                                       # queue of this many micro-batches (engine/pipeline.py)
+    pipeline_parallel_size: int = 1    # vLLM's PP: its scheduler under a batch queue of this
+                                       # many micro-batches, one more with async scheduling
+                                       # (the V2 model runner's; engine/pipeline.py)
 
 
 class Backend(Protocol):
@@ -368,7 +369,8 @@ class _VllmBackend:
                             enable_prefix_caching=cfg.enable_prefix_caching)
         cache.num_gpu_blocks = cfg.num_gpu_blocks
         # (pipeline parallelism: the scheduler reads use_pp from it; vLLM's batch queue of
-        # max_concurrent_batches = pipeline_parallel_size is simserve's engine/pipeline.py)
+        # max_concurrent_batches = pipeline_parallel_size, + 1 with async scheduling, is
+        # simserve's engine/pipeline.py)
         parallel = ParallelConfig(pipeline_parallel_size=cfg.pipeline_parallel_size)
         vcfg = VllmConfig(model_config=model, scheduler_config=sched, cache_config=cache,
                           parallel_config=parallel)
@@ -382,6 +384,13 @@ class _VllmBackend:
         # (vLLM's engine core picks the class: AsyncScheduler with async_scheduling)
         cls = sched.get_scheduler_cls() if cfg.async_scheduling else VScheduler
         self._sched = cls(vcfg, kv, StructuredOutputManager(vcfg), block_size=cfg.block_size)
+        if cfg.async_scheduling and cfg.pipeline_parallel_size > 1:
+            # vLLM 0.32 runs async scheduling with PP on its V2 model runner only (vllm/config/
+            # vllm.py, max_concurrent_batches: p + 1), which the CPU build cannot configure
+            # (no Triton); the scheduler reads the flag once, when built (scheduler.py), and
+            # with it throttles decodes to every p-th schedule (async_scheduler.py,
+            # next_decode_eligible_step): set here as the GPU build would have it
+            self._sched.use_v2_model_runner = True
         self._hasher = None
         if cfg.enable_prefix_caching:
             from vllm.utils.hashing import get_hash_fn_by_name

@@ -28,6 +28,11 @@ same way, without placeholders: a running request whose sampled token is in flig
 no tokens and is skipped (``Scheduler.held_in_flight``), while one whose prompt chunk in flight
 leaves some of the prompt gets its next chunk at once; requests in flight stay in ``running``
 (they count against ``max_num_seqs`` and may be preempted, their output then stale).
+
+With both (vLLM 0.32's default with PP on GPUs: AsyncScheduler on its V2 model runner, a batch
+queue of p + 1) a request whose token is in flight asks for its next decode at once, as under
+async scheduling, but a request that samples in ``schedule()`` call n is skipped until call
+n + p (``next_decode_eligible_step``, vllm/v1/core/sched/async_scheduler.py; engine/pipeline.py).
 """
 
 from __future__ import annotations

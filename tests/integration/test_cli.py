@@ -172,6 +172,26 @@ def test_stepwise_switch_gives_identical_outputs(tmp_path, capsys):
         assert (tmp_path / "ff" / name).read_bytes() == (tmp_path / "st" / name).read_bytes()
 
 
+PP_ASYNC = BASE.split("latency:")[0].replace(
+    "  max_model_len: 512\n",
+    "  max_model_len: 512\n  pipeline_parallel_size: 2\n  async_scheduling: true\n") \
+    + "latency:\n  model: roofline\nworkload:" + BASE.split("workload:")[1]
+
+
+def test_async_pipeline_runs_and_is_refused_for_a_policy_without_an_async_scheduler(
+        tmp_path, capsys):
+    # async scheduling with PP (vLLM 0.32's V2 model runner, 2026-11-25) runs for vllm_v1;
+    # for a policy without vLLM's AsyncScheduler it is one line naming the field, exit 2
+    path = scenario_with(tmp_path, PP_ASYNC)
+    code, _, err = run_cli(["run", path, "--out", tmp_path / "ok", "--quiet"], capsys)
+    assert code == 0, err
+    out = tmp_path / "bad"
+    code, _, err = run_cli(["run", path, "--set", "scheduler.policy=sarathi", "--out", out],
+                           capsys)
+    assert code == 2 and "engine.async_scheduling" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
 @pytest.mark.parametrize("setting, field", [
     ("engine.async_scheduling=maybe", "engine.async_scheduling"),
     ("engine.async_scheduling=1", "engine.async_scheduling"),

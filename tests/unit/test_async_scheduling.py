@@ -254,16 +254,22 @@ def test_async_scheduling_refuses_what_it_does_not_model():
         assert e.value.field == "engine.async_scheduling"
 
 
-def test_async_scheduling_refuses_pipeline_parallelism():
-    # both are vLLM's batch queue (async: depth 2; PP: depth p). vLLM 0.32 combines them only
-    # with its V2 model runner (AsyncScheduler, p + 1 in flight), which is not modelled
+def test_async_scheduling_with_pipeline_parallelism_is_vllms_v2_runner():
+    # both are vLLM's batch queue (async: depth 2; PP: depth p); vLLM 0.32 combines them on
+    # its V2 model runner with a queue of p + 1 (vllm/config/vllm.py max_concurrent_batches)
     raw = _scenario(True, pipeline_parallel_size=2)
     raw["latency"] = {"model": "roofline"}
-    with pytest.raises(ConfigError, match="pipeline_parallel_size") as e:
+    s = parse_scenario(raw)
+    assert s.engine.pipeline_parallel_size == 2 and s.engine.async_scheduling
+    assert s.replica.limits.pipeline_queue_depth == 3
+    raw["engine"]["async_scheduling"] = False
+    assert parse_scenario(raw).replica.limits.pipeline_queue_depth == 2
+    # only vLLM v1's policies have an AsyncScheduler, pipelined or not
+    raw["engine"]["async_scheduling"] = True
+    raw["scheduler"] = {"policy": "sarathi"}
+    with pytest.raises(ConfigError, match="AsyncScheduler") as e:
         parse_scenario(raw)
     assert e.value.field == "engine.async_scheduling"
-    raw["engine"]["async_scheduling"] = False
-    assert parse_scenario(raw).engine.pipeline_parallel_size == 2
 
 
 def test_off_by_default_and_not_written_unless_set():

@@ -247,6 +247,104 @@ def test_an_empty_schedule_holds_a_slot_in_a_deeper_pipeline():
     assert list(rec.replicas[0].columns()["num_batched_tokens"]) == [10, 10, 10, 2]
 
 
+# -- async scheduling with PP (vLLM 0.32's V2 model runner) -----------------------------------
+
+class WithCpu(PerToken):
+    """:class:`PerToken` whose stage 0 includes ``step_overhead_s`` of CPU work."""
+
+    def __init__(self, p: int, stage_s: float, overhead_s: float):
+        super().__init__(p, stage_s=stage_s)
+        self.step_overhead_s = overhead_s
+
+
+def run_async(specs, latency, p=2, budget=10, policy="vllm_v1"):
+    sched = make_scheduler(policy, budget=budget, max_num_seqs=8, num_blocks=100,
+                           pipeline_parallel_size=p, async_scheduling=True)
+    sched.record_tokens = True
+    r = Replica(0, sched, latency, 10_000, depth=p)
+    rec = simulate(specs, [r], make_router("round_robin"))
+    return rec, {q.id: q.token_times for q in rec.requests}
+
+
+@pytest.mark.parametrize("policy", ["vllm_v1", "priority"])
+def test_async_pp_a_decode_every_p_schedules_ahead_of_its_token_by_hand(policy):
+    # the scheduler alone, p = 2 with async scheduling: a queue of 3, each output applied once
+    # 3 schedules are queued (vLLM's step_with_batch_queue). A: 20-token prompt, 3 outputs.
+    # vLLM's AsyncScheduler sets next_decode_eligible_step = call + p when a request samples.
+    sched = make_scheduler(policy, budget=100, pipeline_parallel_size=2, async_scheduling=True)
+    a = make_request(0, 20, 3)
+    sched.add(a)
+    f1 = sched.launch(sched.schedule())     # call 1: the prompt; A samples: again from call 3
+    assert (sched.current_step, a.next_decode_step, a.num_pending) == (1, 3, 1)
+    assert sched.schedule().is_empty        # call 2: 2 < 3 (its token in flight or not)
+    s3 = sched.schedule()                   # call 3: a decode, its first token in flight
+    assert tokens(s3) == {0: 1}
+    f3 = sched.launch(s3)
+    assert (a.num_pending, a.next_decode_step) == (2, 5)     # two placeholders
+    sched.deliver(f1, 1.0)                  # queue (1, empty 2, 3) full: call 1's output
+    assert sched.sampled == [a] and a.num_pending == 1
+    assert sched.schedule().is_empty        # call 4: 4 < 5 (queue: empty 2, 3, empty 4 ->
+    s5 = sched.schedule()                   # the empty slot leaves) call 5: A's last decode
+    assert tokens(s5) == {0: 1}
+    f5 = sched.launch(s5)
+    sched.deliver(f3, 2.0)                  # (3, empty 4, 5): call 3's output
+    # calls 6, 7: A's last token is in flight (AsyncScheduler: nothing past max_tokens)
+    assert sched.schedule().is_empty and sched.schedule().is_empty
+    assert sched.deliver(f5, 3.0) == [a] and a.num_generated == 3
+
+
+def test_async_pp_hides_the_cpu_part_but_not_the_pipeline_by_hand():
+    # p = 2, each stage 1 s, of which 0.25 s of stage 0 is the CPU part; A alone: 10-token
+    # prompt, 3 outputs (budget 10).
+    # Synchronous: each step through both stages after the previous output: tokens 2, 4, 6.
+    _, sync = run([RequestSpec(0, 0.0, 10, 3)], WithCpu(2, 1.0, 0.25))
+    assert sync == {0: [2.0, 4.0, 6.0]}
+    # Async (queue of 3): call 1 at 0: CPU [0, .25], stage 0 [.25, 1], stage 1 [1, 2] -> 2.
+    # Call 2: empty (A again from call 3), queued. Call 3 at 0: A's decode, CPU [.25, .5],
+    # but its input token is out at 2: stage 0 [2, 2.75], stage 1 [2.75, 3.75] -> 3.75.
+    # Queue full: token 1 at 2. Call 4 at 2: empty (A from 5), queued; the empty 2 leaves.
+    # Call 5 at 2: A's last decode, CPU [2, 2.25], its token out at 3.75: stage 0
+    # [3.75, 4.5], stage 1 [4.5, 5.5]. Tokens 2, 3.75, 5.5: p stage times less the CPU part.
+    rec, over = run_async([RequestSpec(0, 0.0, 10, 3)], WithCpu(2, 1.0, 0.25))
+    assert over == {0: [2.0, 3.75, 5.5]}
+    log = rec.replicas[0].columns()
+    assert list(log["start_s"] + log["duration_s"]) == [2.0, 3.75, 5.5]
+    # without a CPU part there is nothing to hide: a token every p stage times, as synchronous
+    _, bare = run_async([RequestSpec(0, 0.0, 10, 3)], WithCpu(2, 1.0, 0.0))
+    assert bare == {0: [2.0, 4.0, 6.0]}
+
+
+def test_async_pp_schedules_ahead_and_sees_an_arrival_later_by_hand():
+    # test_an_empty_schedule_holds_a_slot_in_a_deeper_pipeline's case with async scheduling:
+    # p = 3 (queue of 4), stages 1 s, budget 10; A, B: 10-token prompts, 2 outputs, at 0;
+    # X: 10-token prompt, 1 output, at 2.
+    # t=0: c1 = A[10]: [0,1] [1,2] [2,3] -> 3 (A again from call 4).
+    #      c2 = B[10]: [1,2] [2,3] [3,4] -> 4 (B from call 5). c3: both throttled: empty.
+    #      c4 = A's last decode, its token out at 3: [3,4] [4,5] [5,6] -> 6. Queue full.
+    # t=3: A's token 1. c5 = B's decode (token out at 4) + X's first 9: [4,5] [5,6] [6,7] -> 7.
+    # t=4: B's token 1. c6 = X's last prompt token (a chunk that samples nothing goes on at
+    #      once): [5,6] [6,7] [7,8] -> 8. (The empty c3 leaves; c7: nothing.)
+    # t=6: A's token 2; t=7: B's token 2; t=8: X's token. Synchronous, X's token is at 7:
+    # there A's decode was formed at t=3, with X's first chunk.
+    specs = [RequestSpec(0, 0.0, 10, 2), RequestSpec(1, 0.0, 10, 2), RequestSpec(2, 2.0, 10, 1)]
+    rec, times = run_async(specs, PerToken(3, stage_s=1.0), p=3)
+    assert times == {0: [3.0, 6.0], 1: [4.0, 7.0], 2: [8.0]}
+    log = rec.replicas[0].columns()
+    assert list(log["num_batched_tokens"]) == [10, 10, 1, 10, 1]
+    assert list(log["start_s"] + log["duration_s"]) == [3.0, 4.0, 6.0, 7.0, 8.0]
+    assert {q.id: q.first_scheduled_s for q in rec.requests} == {0: 0.0, 1: 1.0, 2: 4.0}
+
+
+def test_async_pp_is_deterministic_and_refused_for_policies_without_an_async_scheduler():
+    import simserve
+    s = scenario(engine={"async_scheduling": True})
+    assert s.replica.limits.pipeline_queue_depth == 3
+    a, b = simserve.run(s), simserve.run(s)
+    assert a.summary == b.summary and a.summary["completed"] == 20
+    with pytest.raises(ConfigError, match="AsyncScheduler"):
+        scenario(engine={"async_scheduling": True}, scheduler={"policy": "sarathi"})
+
+
 # -- pricing ---------------------------------------------------------------------------------
 
 LLAMA70 = load_model("Llama-3.1-70B")
@@ -405,18 +503,22 @@ def test_priority_pipelines_as_vllm_v1_does():
 
 @settings(max_examples=40, deadline=None)
 @given(p=st.integers(1, 3),
-       policy=st.sampled_from(["vllm_v1", "priority", "sarathi", "vllm_v0", "orca"]),
+       policy=st.sampled_from(["vllm_v1", "priority", "sarathi", "vllm_v0", "orca",
+                               "vllm_v1 async", "priority async"]),
        reqs=st.lists(st.tuples(st.floats(0, 5), st.integers(1, 30), st.integers(1, 6)),
                      min_size=1, max_size=12))
 def test_pipelined_runs_keep_their_invariants(p, policy, reqs):
     # every stage 1 s, no sends. Each of a request's tokens needs its own pass through all p
-    # stages after the previous one came back: consecutive tokens are >= p s apart. The last
-    # stage finishes one micro-batch at a time: outputs are >= 1 s apart. Every request
-    # finishes with exactly its tokens; the step rows tile the time without overlap.
+    # stages after the previous one came back (with async scheduling too: a decode formed
+    # ahead of its token enters stage 0 once that token is out): consecutive tokens are >= p s
+    # apart. The last stage finishes one micro-batch at a time: outputs are >= 1 s apart.
+    # Every request finishes with exactly its tokens; the step rows tile the time without
+    # overlap.
+    policy, _, mode = policy.partition(" ")
     specs = [RequestSpec(i, a, n, o) for i, (a, n, o) in
              enumerate(sorted(reqs, key=lambda r: r[0]))]
     sched = make_scheduler(policy, budget=32, max_num_seqs=4, num_blocks=200,
-                           pipeline_parallel_size=p)
+                           pipeline_parallel_size=p, async_scheduling=mode == "async")
     sched.record_tokens = True
     r = Replica(0, sched, PerToken(p, stage_s=1.0), 10_000, depth=p)
     rec = simulate(specs, [r], make_router("round_robin"))
