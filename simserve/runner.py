@@ -478,11 +478,26 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
             "host_evicted_blocks": sum(b.num_host_evicted for b in tiers)}
     if any(delays.values()):
         summary["frontend_delay_ms"] = 1000.0 * max(delays.values())
+    if rec.stages:
+        summary["pipeline"] = pipeline_summary(rec.stages)
     tracks = None
     if row_tracks is not None:
         tracks = [(t, delays.get(int(i), 0.0)) if t is not None else (None, 0.0)
                   for t, i in zip(row_tracks, replica_of)]
     return Result(s, None, None, summary, _recorder=rec, _tracks=tracks, _columns=requests)
+
+
+def pipeline_summary(stages: dict[int, Any]) -> dict[str, Any]:
+    """Pipeline bubbles over the pipelined replicas (engine/pipeline.py, ``Stages``): the
+    fraction of stage time idle while the pipeline had work, over all stages and per stage
+    (stage j of every replica together), and the seconds the pipelines had work."""
+    per = [stages[i].bubbles() for i in sorted(stages)]
+    depth = max(len(idle) for _, idle in per)
+    idle = [sum(s[j] for _, s in per if j < len(s)) for j in range(depth)]
+    room = [sum(t for t, s in per if j < len(s)) for j in range(depth)]
+    return {"in_flight_s": sum(t for t, _ in per),
+            "bubble_fraction": sum(idle) / sum(room) if sum(room) > 0 else 0.0,
+            "stage_bubble_fraction": [i / r if r > 0 else 0.0 for i, r in zip(idle, room)]}
 
 
 def steps_frame(rec: Recorder) -> pd.DataFrame:

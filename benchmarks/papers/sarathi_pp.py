@@ -83,6 +83,18 @@ def main() -> None:
                  "previous chunk is in flight (Sarathi-Serve waits for it); the paper's baseline "
                  "is the 2023 vLLM (whole prompts, vllm_v0), so its ratio is the row above")
 
+    # pipeline bubbles (the summary's `pipeline` section) at one load for the three systems:
+    # the stage time lost while micro-batches are in flight (too few, or unbalanced ones)
+    load = ["workload.rate=0.5", "workload.num_requests=200"]
+    bubbles = {k: run(s)["pipeline"]["bubble_fraction"]
+               for k, s in variants("sarathi_pp", load).items()
+               if k in ("vllm", "sarathi-512", "orca")}
+    print("pipeline bubbles at 0.5 req/s (stage time idle while micro-batches are in flight): "
+          + ", ".join(f"{k} {b:.0%}" for k, b in bubbles.items()))
+    notes.append("pipeline bubbles at 0.5 req/s: " + ", ".join(
+        f"{k} {b:.0%}" for k, b in bubbles.items()) + " of stage time while the pipeline has "
+        "work (Orca's batch of 8 leaves the stages idle most; docs/metrics.md#pipeline-bubbles)")
+
     # hybrid parallelism: TP 8 across the nodes against TP 4 - PP 2, vLLM, at a light load
     light = ["workload.rate=0.2", "workload.num_requests=200"]
     pp = run(variants("sarathi_pp", light)["vllm"])

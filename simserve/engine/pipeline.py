@@ -102,16 +102,25 @@ from simserve.sched.plan import StepPlan
 
 
 class Stages:
-    """When each stage is next free; :meth:`push` runs one micro-batch through them."""
+    """When each stage is next free; :meth:`push` runs one micro-batch through them.
+
+    It also keeps the stages' *bubbles*: ``busy[j]``, the seconds stage j computed, and
+    ``in_flight``, the seconds at least one micro-batch was between entering the first stage
+    and leaving the last (the union of those spans: micro-batches enter and leave in order, so
+    they overlap only with the span before): stage j idled ``in_flight - busy[j]`` of the time
+    the pipeline had work (:meth:`bubbles`)."""
 
     def __init__(self, p: int):
         self.free = [0.0] * p
+        self.busy = [0.0] * p
+        self.in_flight = 0.0
+        self._span = (0.0, 0.0)      # the current run of overlapping spans: (start, end)
 
     def push(self, start: float, times: list[float], sends: list[float]
              ) -> tuple[float, float]:
         """When a micro-batch scheduled at ``start`` enters the first stage (it waits for the
         stage to be free) and when it leaves the last."""
-        free, t = self.free, start
+        free, busy, t = self.free, self.busy, start
         last = len(free) - 1
         entered = start
         for j, stage in enumerate(times):
@@ -120,10 +129,24 @@ class Stages:
             if j == 0:
                 entered = t
             t += stage
+            busy[j] += stage
             free[j] = t
             if j < last:
                 t += sends[j]
+        a, b = self._span
+        if entered <= b:              # overlaps the run so far: it grows
+            self._span = (a, t if t > b else b)
+        else:
+            self.in_flight += b - a
+            self._span = (entered, t)
         return entered, t
+
+    def bubbles(self) -> tuple[float, list[float]]:
+        """The seconds the pipeline had work (``in_flight``, the current run included) and
+        each stage's idle seconds within them."""
+        a, b = self._span
+        total = self.in_flight + (b - a)
+        return total, [total - s for s in self.busy]
 
 
 class PipelineTiming:
@@ -138,6 +161,7 @@ class PipelineTiming:
         self.finish_steps = c.finish_steps
         self.deliver_step = c.deliver_step
         self.stages = Stages(r.depth)
+        c.rec.stages[r.index] = self.stages     # (its bubbles: the summary's)
         self.latency: Any = r.latency           # a PipelineLatency (engine/build.py)
         self.last_end = 0.0                     # the latest output time scheduled so far
         # vLLM v1's engine core (module docstring); Sarathi-Serve's skips empty schedules

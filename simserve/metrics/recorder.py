@@ -180,6 +180,8 @@ class Recorder:
     retries: dict[int, int] = field(default_factory=dict)        # request id -> times retried
     transfer_s: list[float] = field(default_factory=list)         # one per KV handoff
     failures: list[tuple[int, float]] = field(default_factory=list)   # (replica, time)
+    # pipeline-parallel replicas' stages (engine/pipeline.py's Stages: their bubbles)
+    stages: dict[int, Any] = field(default_factory=dict)
 
     def add_request(self, req: Request) -> None:
         """A request that has arrived."""

@@ -95,6 +95,27 @@ def test_one_request_leaves_a_bubble():
     assert len(rec.replicas[0].columns()["start_s"]) == 3
 
 
+def test_bubbles_by_hand():
+    # the test above: A alone, 3 micro-batches each [t, t+1] on stage 0 and [t+1, t+2] on
+    # stage 1, t = 0, 2, 4: the pipeline has work 0..6 (6 s), each stage computes 3 s of it:
+    # each stage idles 3 s of 6, a bubble fraction of 1/2
+    rec, _ = run([RequestSpec(0, 0.0, 10, 3)], PerToken(2, stage_s=1.0))
+    assert rec.stages[0].bubbles() == (6.0, [3.0, 3.0])
+    from simserve.runner import pipeline_summary
+    assert pipeline_summary(rec.stages) == {"in_flight_s": 6.0, "bubble_fraction": 0.5,
+                                            "stage_bubble_fraction": [0.5, 0.5]}
+    # two requests (test_two_micro_batches_...): outputs 2, 3, 4, 5, 6, 7, six micro-batches
+    # of 1 s a stage: work 0..7; stage 0 busy [0, 6], stage 1 [1, 7]: 1 s idle each of 7
+    rec, _ = run([RequestSpec(0, 0.0, 10, 3), RequestSpec(1, 0.0, 10, 3)],
+                 PerToken(2, stage_s=1.0))
+    assert rec.stages[0].bubbles() == (7.0, [1.0, 1.0])
+    # spans apart: micro-batches [0, 2.5] and [5, 6] (a gap while nothing is in flight)
+    st = Stages(2)
+    st.push(0.0, [1.0, 1.0], [0.5])
+    st.push(5.0, [0.5, 0.5], [0.0])
+    assert st.bubbles() == (3.5, [2.0, 2.0])    # 2.5 + 1.0 s of work; stages busy 1.5 each
+
+
 def test_unbalanced_micro_batches_wait_on_each_other():
     # stage time 0.1 s per token. A: 10-token prompt (1 s a stage), B: 2-token prompt
     # (0.2 s). Batch 1 = A [0,1] [1,2]; batch 2 = B: stage 0 [1, 1.2], then stage 1 is busy
