@@ -549,6 +549,22 @@ class Scheduler:
         aside (the stretch makes sure of those: ``Stretch.room_to_join``)."""
         raise NotImplementedError
 
+    def admits_whole(self, prompts: list[int], decoding: int, threshold: int) -> bool:
+        """``stretch_admits`` for a policy that, after the ``decoding`` decodes, admits the
+        waiting head while ``may_admit`` allows, each with its prompt cut to ``threshold``
+        (0: none) and the token budget left (``clip``): all of ``prompts`` come in whole if
+        no cut falls on any of them and the budgets and ``max_num_seqs`` hold them all (a
+        prompt cut, and those behind it find the budget spent: they do not all join)."""
+        limits = self.limits
+        budget = limits.max_num_batched_tokens - decoding
+        seqs = limits.max_num_seqs - decoding
+        for p in prompts:
+            if budget <= 0 or seqs <= 0 or 0 < threshold < p or p > budget:
+                return False
+            budget -= p
+            seqs -= 1
+        return True
+
     def join_stretch(self, req: Request, n: int, start: float) -> int:
         """Admit the waiting head ``req`` with its ``n`` prompt tokens at a stretch's step
         starting at ``start`` (``stretch_admits`` said ``schedule()`` would); the KV blocks

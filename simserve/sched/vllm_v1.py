@@ -72,14 +72,7 @@ class VllmV1(Scheduler):
         # all join
         limits = self.limits
         threshold = limits.long_prefill_token_threshold if decoding + len(prompts) > 1 else 0
-        budget = limits.max_num_batched_tokens - decoding
-        seqs = limits.max_num_seqs - decoding
-        for p in prompts:
-            if budget <= 0 or seqs <= 0 or 0 < threshold < p or p > budget:
-                return False
-            budget -= p
-            seqs -= 1
-        return True
+        return self.admits_whole(prompts, decoding, threshold)
 
     def clip(self, req: Request, n: int, batch: Batch) -> int:
         threshold = self._threshold

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -250,9 +251,11 @@ def test_fast_forward_equals_stepping_on_the_roofline(case):
 
 @st.composite
 def joining_scenarios(draw):
-    """vLLM v1 on one replica (the solo loop, whose stretches let arrivals join them): arrivals
-    while others decode, KV from tight to ample, budgets that sometimes cut a prompt, now and
-    then a request too long for max_model_len (rejected when it arrives)."""
+    """vLLM v1 or Sarathi on one replica (the solo loop, whose stretches let arrivals join them,
+    for the policies with ``joins_stretch``): arrivals while others decode, KV from tight to
+    ample, budgets and thresholds that sometimes cut a prompt, now and then a request too long
+    for max_model_len (rejected when it arrives)."""
+    policy = draw(st.sampled_from(["vllm_v1", "sarathi"]))
     block_size = draw(st.sampled_from([1, 4, 16, 16]))
     max_model_len = 512
     chunked = draw(st.booleans())
@@ -275,7 +278,7 @@ def joining_scenarios(draw):
         t += gaps[i]
         prompt = draw(st.integers(1, 300)) if draw(st.integers(0, 19)) else 520  # (rejected)
         specs.append(RequestSpec(i, t, prompt, draw(st.integers(1, 200))))
-    return "vllm_v1", limits, block_size, num_blocks, 0, max_model_len, specs, 1
+    return policy, limits, block_size, num_blocks, 0, max_model_len, specs, 1
 
 
 def _curved_roofline(name):
@@ -304,9 +307,11 @@ def test_stretches_that_arrivals_join_equal_stepping(case, prices):
         assert a.token_times == b.token_times
 
 
-def test_arrivals_join_stretches():
+@pytest.mark.parametrize("policy", ["vllm_v1", "sarathi"])
+def test_arrivals_join_stretches(policy):
     """The joining scenarios do exercise joins: many stretches take arrivals in, and a run
-    with them equals stepping (a fixed case with ample KV and budget)."""
+    with them equals stepping (a fixed case with ample KV and budget), for each policy with
+    ``joins_stretch``."""
     from simserve.sched.stretch import Stretch
     joins = []
     price = Stretch.price
@@ -319,7 +324,7 @@ def test_arrivals_join_stretches():
                              enable_chunked_prefill=True)
     specs = [RequestSpec(i, 0.03 * i, 50 + (37 * i) % 200, 40 + (53 * i) % 150)
              for i in range(200)]
-    case = ("vllm_v1", limits, 16, 4000, 0, 512, specs, 1)
+    case = (policy, limits, 16, 4000, 0, 512, specs, 1)
     Stretch.price = counted
     try:
         fast, _, _ = run_checked(*case, fast_forward=True, latency=_roofline())

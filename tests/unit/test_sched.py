@@ -264,8 +264,8 @@ def test_result_counts_steps_without_building_the_table():
 def test_stretches_start_with_mixed_steps_and_match_stepping(policy, monkeypatch):
     """Poisson arrivals while others decode: stretches start with the step that admits the
     newcomer (for v0 a prefill-only step in which the running requests wait, offset 1), or,
-    with vLLM v1, the newcomer joins the stretch going on; the run equals stepping, step for
-    step and in every metric (ITL included)."""
+    with vLLM v1 and Sarathi, the newcomer joins the stretch going on; the run equals
+    stepping, step for step and in every metric (ITL included)."""
     import simserve
     from simserve.config import parse_scenario
     from simserve.sched.stretch import Stretch
@@ -295,18 +295,25 @@ def test_stretches_start_with_mixed_steps_and_match_stepping(policy, monkeypatch
     slow = simserve.run(parse_scenario(raw), fast_forward=False)
     assert fast.summary == slow.summary
     assert fast.steps.equals(slow.steps) and fast.requests.equals(slow.requests)
-    # a newcomer's prefill starts a stretch or, with vLLM v1, joins one already going
+    # a newcomer's prefill starts a stretch or, with vLLM v1 and Sarathi (joins_stretch),
+    # joins one already going (vLLM v0's never join: its prefill-only steps make decodes wait)
     assert len(starts) + sum(joins) > 100
-    assert (sum(joins) > 100) == (policy == "vllm_v1")
+    assert sum(joins) > 100 if policy != "vllm_v0" else sum(joins) == 0
     if policy == "vllm_v0":
         assert sum(w > 0 for w in starts) > 50    # prefill-only first steps, others waiting
     else:
         assert not any(starts)                    # chunked: every running request takes part
 
 
-@pytest.mark.parametrize("budget, joins, a_end, b_times", [
-    (64, {3: (3, 1)}, 0.10, [0.04, 0.05, 0.06]), (3, {}, 0.11, [0.05, 0.06, 0.07])])
-def test_an_arrival_joins_the_stretch_it_arrives_in(budget, joins, a_end, b_times, monkeypatch):
+@pytest.mark.parametrize("policy, budget, threshold, joins, a_end, b_times", [
+    ("vllm_v1", 64, 0, {3: (3, 1)}, 0.10, [0.04, 0.05, 0.06]),
+    ("sarathi", 64, 0, {3: (3, 1)}, 0.10, [0.04, 0.05, 0.06]),
+    ("vllm_v1", 3, 0, {}, 0.11, [0.05, 0.06, 0.07]),
+    ("sarathi", 3, 0, {}, 0.11, [0.05, 0.06, 0.07]),
+    ("vllm_v1", 64, 2, {}, 0.10, [0.05, 0.06, 0.07]),
+    ("sarathi", 64, 2, {}, 0.11, [0.05, 0.06, 0.07])])
+def test_an_arrival_joins_the_stretch_it_arrives_in(policy, budget, threshold, joins, a_end,
+                                                    b_times, monkeypatch):
     """vLLM v1, 10 ms steps, block size 4. A (prompt 4, 10 tokens) arrives at 0; B (prompt 3,
     3 tokens) at 25 ms. Step 0 [0, 10 ms) is A's prefill (its 1st token); a stretch starts
     there. Step 3 is the first to start after B's arrival (30 ms >= 25 ms): schedule() would
@@ -318,7 +325,12 @@ def test_an_arrival_joins_the_stretch_it_arrives_in(budget, joins, a_end, b_time
     With a budget of 3, A's prompt takes steps 0 and 1 (3 + 1 tokens: its tokens end steps
     1 .. 10, 20 .. 110 ms) and at step 3 B cannot come in whole (3 - 1 decode = 2 < 3: a chunk
     of 2, its last token at step 4): the stretch ends before step 3 and B's tokens end steps
-    4, 5, 6 (50, 60, 70 ms), as stepping has them."""
+    4, 5, 6 (50, 60, 70 ms), as stepping has them. Sarathi makes the same steps (A decodes
+    first, then B's prompt from the budget left). With long_prefill_token_threshold 2, B's
+    prompt 3 is cut to 2 at step 3 (two requests, so vLLM v1 applies it too): no join, B's
+    tokens end steps 4, 5, 6; A's prompt 4 alone at step 0 is whole for vLLM v1 (it lifts
+    the threshold with nobody else to starve: A ends at 100 ms) but chunked 2 + 2 by Sarathi
+    (steps 0 and 1: A ends at 110 ms)."""
     from simserve.engine import Replica, round_robin, simulate
     from simserve.latency import ConstantLatency
     from simserve.sched.stretch import Stretch
@@ -334,7 +346,7 @@ def test_an_arrival_joins_the_stretch_it_arrives_in(budget, joins, a_end, b_time
     specs = [RequestSpec(0, 0.0, 4, 10), RequestSpec(1, 0.025, 3, 3)]
     runs = {}
     for fast in (True, False):
-        sched = make_scheduler("vllm_v1", budget=budget)
+        sched = make_scheduler(policy, budget=budget, threshold=threshold)
         sched.record_tokens = True
         rec = simulate(specs, [Replica(0, sched, ConstantLatency(0.01), 64)], round_robin(),
                        fast_forward=fast)
