@@ -62,8 +62,9 @@ def verdict(ratio: float, low: float, high: float, missing: str, tolerance: floa
     return f"OUTSIDE the paper's range [{low:g}, {high:g}]: {missing}"
 
 
-def table(rows: list[tuple[str, str, str, str]]) -> str:
-    head = ("comparison", "paper", "simserve", "simserve / paper")
+def table(rows: list[tuple[str, str, str, str]],
+          head: tuple[str, str, str, str] = ("comparison", "paper", "simserve",
+                                             "simserve / paper")) -> str:
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(4)]
     line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))   # noqa: E731
     return "\n".join([line(head), line(tuple("-" * w for w in widths)), *map(line, rows)])
