@@ -268,7 +268,9 @@ def joining_scenarios(draw):
         enable_chunked_prefill=chunked,
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 0, 5, 64])),
         reserve_full_sequence=draw(st.booleans()),
+        preemption_mode=draw(st.sampled_from(["recompute", "recompute", "swap"])),
     )
+    host_blocks = draw(st.integers(0, 64)) if limits.preemption_mode == "swap" else 0
     n = draw(st.integers(2, 60))
     scale = draw(st.sampled_from([0.03, 0.1, 0.1, 0.3]))     # from saturated to light
     gaps = draw(st.lists(st.floats(0, scale), min_size=n, max_size=n))
@@ -278,7 +280,7 @@ def joining_scenarios(draw):
         t += gaps[i]
         prompt = draw(st.integers(1, 300)) if draw(st.integers(0, 19)) else 520  # (rejected)
         specs.append(RequestSpec(i, t, prompt, draw(st.integers(1, 200))))
-    return policy, limits, block_size, num_blocks, 0, max_model_len, specs, 1
+    return policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs, 1
 
 
 def _curved_roofline(name):
