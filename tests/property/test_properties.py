@@ -253,8 +253,9 @@ def test_fast_forward_equals_stepping_on_the_roofline(case):
 def joining_scenarios(draw):
     """vLLM v1 or Sarathi on one replica (the solo loop, whose stretches let arrivals join them,
     for the policies with ``joins_stretch``): arrivals while others decode, KV from tight to
-    ample, budgets and thresholds that sometimes cut a prompt, now and then a request too long
-    for max_model_len (rejected when it arrives)."""
+    ample, budgets and thresholds that sometimes cut a prompt, swap preemption with a small
+    host tier now and then, and a request too long for max_model_len (rejected when it
+    arrives)."""
     policy = draw(st.sampled_from(["vllm_v1", "sarathi"]))
     block_size = draw(st.sampled_from([1, 4, 16, 16]))
     max_model_len = 512
