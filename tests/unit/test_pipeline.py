@@ -44,12 +44,12 @@ class PerToken:
         return sum(times) + sum(sends)
 
 
-def run(specs, latency, p=2, budget=10, policy="vllm_v1"):
-    sched = make_scheduler(policy, budget=budget, max_num_seqs=8, num_blocks=100,
+def run(specs, latency, p=2, budget=10, policy="vllm_v1", max_num_seqs=8, **options):
+    sched = make_scheduler(policy, budget=budget, max_num_seqs=max_num_seqs, num_blocks=100,
                            pipeline_parallel_size=p)
     sched.record_tokens = True
     r = Replica(0, sched, latency, 10_000, depth=p)
-    rec = simulate(specs, [r], make_router("round_robin"))
+    rec = simulate(specs, [r], make_router("round_robin"), **options)
     return rec, {q.id: q.token_times for q in rec.requests}
 
 
@@ -146,13 +146,8 @@ def test_sarathi_and_orca_and_vllm_v0_pipeline_too():
 def test_max_num_seqs_counts_requests_in_flight():
     # max_num_seqs 1: B cannot be admitted while A is in flight, though A is out of the
     # running list: it runs only after A finishes (A's tokens at 2, 4; B's at 6, 8)
-    sched = make_scheduler("vllm_v1", budget=10, max_num_seqs=1, num_blocks=100,
-                           pipeline_parallel_size=2)
-    sched.record_tokens = True
-    r = Replica(0, sched, PerToken(2, stage_s=1.0), 10_000, depth=2)
-    rec = simulate([RequestSpec(0, 0.0, 10, 2), RequestSpec(1, 0.0, 10, 2)], [r],
-                   make_router("round_robin"))
-    times = {q.id: q.token_times for q in rec.requests}
+    _, times = run([RequestSpec(0, 0.0, 10, 2), RequestSpec(1, 0.0, 10, 2)],
+                   PerToken(2, stage_s=1.0), max_num_seqs=1)
     assert times == {0: [2.0, 4.0], 1: [6.0, 8.0]}
 
 
@@ -578,13 +573,9 @@ def test_a_client_concurrency_gate_with_a_pipeline():
     # max_concurrency 1 (config.py's _check_pipeline lets it through): B, due at 0, is sent
     # only when A ends. A alone: each step through both 1 s stages, tokens at 2, 4 (finish
     # 4); B sent at 4: tokens at 6, 8
-    sched = make_scheduler("vllm_v1", budget=10, max_num_seqs=8, num_blocks=100,
-                           pipeline_parallel_size=2)
-    sched.record_tokens = True
-    r = Replica(0, sched, PerToken(2, stage_s=1.0), 10_000, depth=2)
-    rec = simulate([RequestSpec(0, 0.0, 10, 2), RequestSpec(1, 0.0, 10, 2)], [r],
-                   make_router("round_robin"), max_concurrency=1)
-    assert {q.id: q.token_times for q in rec.requests} == {0: [2.0, 4.0], 1: [6.0, 8.0]}
+    rec, times = run([RequestSpec(0, 0.0, 10, 2), RequestSpec(1, 0.0, 10, 2)],
+                     PerToken(2, stage_s=1.0), max_concurrency=1)
+    assert times == {0: [2.0, 4.0], 1: [6.0, 8.0]}
     assert {q.id: q.spec.arrival_s for q in rec.requests} == {0: 0.0, 1: 4.0}
 
 
