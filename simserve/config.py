@@ -34,9 +34,10 @@ PREEMPTION_MODES = ("recompute", "swap")
 DEFAULT_PERCENTILES = (50, 90, 99)
 LATENCY_MODELS = ("roofline", "profile", "constant", "linear")
 ROOFLINE_EFFICIENCY = ("curves", "constant")
-_LATENCY_FIELDS = {"roofline": ("step_overhead_ms", "efficiency", "flops_efficiency",
-                                "bandwidth_efficiency", "frontend_delay_ms"),
-                   "profile": ("path", "step_overhead_ms"), "constant": ("step_ms",),
+_LATENCY_FIELDS = {"roofline": ("step_overhead_ms", "per_output_token_ms", "efficiency",
+                                "flops_efficiency", "bandwidth_efficiency", "frontend_delay_ms"),
+                   "profile": ("path", "step_overhead_ms", "per_output_token_ms"),
+                   "constant": ("step_ms",),
                    "linear": ("base_ms", "per_token_ms", "per_seq_ms")}
 
 
@@ -135,6 +136,8 @@ class LatencyConfig:
     model: str = "roofline"
     path: str | None = None                     # profile: the profile file (JSON)
     step_overhead_ms: float | None = None       # roofline/profile: per-step CPU/scheduling cost
+    # roofline/profile: the engine's CPU cost per sequence sampled in a step (added to the step)
+    per_output_token_ms: float = 0.0
     flops_efficiency: float | None = None       # roofline: achieved fraction of peak FLOP/s
     bandwidth_efficiency: float | None = None   # roofline: achieved fraction of peak bandwidth
     efficiency: str | None = None               # roofline: "curves" | "constant" (None: curves
@@ -153,6 +156,8 @@ class LatencyConfig:
         if model == "roofline":
             cfg = cls(model,
                       step_overhead_ms=f.float("step_overhead_ms", None, min=0.0),
+                      per_output_token_ms=f.float("per_output_token_ms", 0.0, min=0.0,
+                                                  max=MAX_SECONDS * 1000.0),
                       efficiency=f.str("efficiency", None, choices=ROOFLINE_EFFICIENCY),
                       flops_efficiency=f.float("flops_efficiency", None, positive=True, max=1.0),
                       bandwidth_efficiency=f.float("bandwidth_efficiency", None, positive=True,
@@ -166,7 +171,9 @@ class LatencyConfig:
                                                         "with efficiency: constant")
         elif model == "profile":
             cfg = cls(model, path=f.str("path"),
-                      step_overhead_ms=f.float("step_overhead_ms", 0.0, min=0.0))
+                      step_overhead_ms=f.float("step_overhead_ms", 0.0, min=0.0),
+                      per_output_token_ms=f.float("per_output_token_ms", 0.0, min=0.0,
+                                                  max=MAX_SECONDS * 1000.0))
         elif model == "constant":
             cfg = cls(model, step_ms=f.float("step_ms", positive=True))
         else:

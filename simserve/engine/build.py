@@ -76,6 +76,7 @@ def _base_latency(s: Scenario) -> LatencyModel:
         tp = s.engine.tensor_parallel_size
         return ProfileLatency.from_file(path, s.model,
                                         step_overhead_s=(lat.step_overhead_ms or 0.0) / 1000.0,
+                                        per_output_token_s=lat.per_output_token_ms / 1000.0,
                                         host_link_bandwidth=s.hardware.host_link_bandwidth,
                                         # a swapped block is the scenario's, not the profile's
                                         swap_block_bytes=s.replica.kv_block_bytes,
@@ -95,6 +96,8 @@ def _base_latency(s: Scenario) -> LatencyModel:
         kwargs["curves"] = load_curves(s.hardware.efficiency)
     if lat.step_overhead_ms is not None:
         kwargs["step_overhead_s"] = lat.step_overhead_ms / 1000.0
+    if lat.per_output_token_ms:
+        kwargs["per_output_token_s"] = lat.per_output_token_ms / 1000.0
     if lat.flops_efficiency is not None:
         kwargs["flops_efficiency"] = lat.flops_efficiency
     if lat.bandwidth_efficiency is not None:

@@ -140,7 +140,8 @@ class ProfileLatency:
     """A :class:`~simserve.latency.base.LatencyModel` backed by a measured profile."""
 
     def __init__(self, profile: dict[str, Any], *, source: str = "<profile>",
-                 step_overhead_s: float = 0.0, host_link_bandwidth: float | None = None,
+                 step_overhead_s: float = 0.0, per_output_token_s: float = 0.0,
+                 host_link_bandwidth: float | None = None,
                  swap_block_bytes: int | None = None, tensor_parallel_size: int = 1,
                  allreduce_s=None, enable_expert_parallel: bool = False,
                  expert_balancedness: float = 1.0):
@@ -155,7 +156,7 @@ class ProfileLatency:
         # engine's own costs the kernels cannot see and scales the measured parts
         cal = _calibration(profile.get("calibration"), source)
         self.step_overhead_s = step_overhead_s + cal["step_overhead_s"]
-        self.per_output_token_s = cal["per_output_token_s"]
+        self.per_output_token_s = per_output_token_s + cal["per_output_token_s"]
         self.scale = cal["scale"]                         # GEMM parts: embedding, linear, LM head
         # attention: prefill and decode run different kernels in a serving engine, so each has
         # its own scale; an older block's single attention_scale (or none: GEMM scale) for both

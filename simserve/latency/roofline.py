@@ -90,6 +90,7 @@ class RooflineModel:
 
     def __init__(self, model: ModelCard, hw: HardwareSpec, *, tensor_parallel_size: int = 1,
                  block_size: int = 16, step_overhead_s: float | None = None,
+                 per_output_token_s: float = 0.0,
                  flops_efficiency: float = DEFAULT_FLOPS_EFFICIENCY,
                  bandwidth_efficiency: float = DEFAULT_BANDWIDTH_EFFICIENCY,
                  allreduce_latency_s: float | None = None,
@@ -100,13 +101,18 @@ class RooflineModel:
                  all2all_latency_s: float = DEFAULT_ALL2ALL_LATENCY_S):
         """``curves``: price each operation at its class's measured efficiency by size (the
         constant ``flops_efficiency`` / ``bandwidth_efficiency`` are then unused and must be
-        left at their defaults); None: constant efficiencies for every operation."""
+        left at their defaults); None: constant efficiencies for every operation.
+        ``per_output_token_s``: the engine's CPU cost per sequence sampled in a step (its
+        inputs, sampling bookkeeping, detokenisation, output shipped to the front end), added
+        to the step overhead as a calibrated profile's ``per_output_token_s`` is."""
         tp, dp = tensor_parallel_size, data_parallel_size
         check_tensor_parallel(model, tp)
         if not (0 < flops_efficiency <= 1 and 0 < bandwidth_efficiency <= 1):
             raise ValueError("flops_efficiency and bandwidth_efficiency must be in (0, 1]")
         if not 0 < expert_balancedness <= 1:
             raise ValueError("expert_balancedness must be in (0, 1]")
+        if not per_output_token_s >= 0:
+            raise ValueError("per_output_token_s must be >= 0")
         if all2all_backend not in ALL2ALL_BACKENDS:
             raise ValueError(f"all2all_backend must be one of {ALL2ALL_BACKENDS}")
         ep = tp * dp if enable_expert_parallel else 1
@@ -117,6 +123,7 @@ class RooflineModel:
                       f"roofline ({hw.name} spec, {curves.name} efficiency curves; estimate)")
         self.step_overhead_s = (DEFAULT_STEP_OVERHEAD_S[hw.kind] if step_overhead_s is None
                                 else step_overhead_s)
+        self.per_output_token_s = float(per_output_token_s)
         if allreduce_latency_s is None:
             allreduce_latency_s = (DEFAULT_ALLREDUCE_LATENCY_S if curves is None
                                    else curves.allreduce_latency_s)
@@ -308,10 +315,18 @@ class RooflineModel:
         if plan.is_empty:
             return 0.0
         parts = self._parts(plan) if self.curves is None else self._curve_parts(plan)
-        t = _left_to_right(parts) + self.step_overhead_s
+        t = _left_to_right(parts) + self._cpu_s(plan.num_sampled)
         if plan.overlapped_swap_blocks:
             t += self._hidden_swap(plan, t)
         return t + plan.extra_s
+
+    def _cpu_s(self, num_sampled: int) -> float:
+        """The engine's CPU time in a step that samples ``num_sampled`` sequences: the step
+        overhead, plus ``per_output_token_s`` for each (one term of the step's sum, the same
+        value in every path that prices a step)."""
+        if self.per_output_token_s:
+            return self.step_overhead_s + self.per_output_token_s * num_sampled
+        return self.step_overhead_s
 
     def _hidden_swap(self, plan: StepPlan, step_s: float) -> float:
         """What overlapped swaps add to a step of ``step_s`` seconds: their transfer time on
@@ -339,7 +354,7 @@ class RooflineModel:
             return self.decode_stretch_sum(b, sum(plan.decode_ctx))
         base = sum(plan.decode_ctx) + b    # Σ (c + i) + b = base + b·i: exact integers
         flop_s, kv_s, overhead, extra = (self._dec_flop_s, self._kv_tok_s,
-                                         self.step_overhead_s, plan.extra_s)
+                                         self._cpu_s(plan.num_sampled), plan.extra_s)
         linear, prefill, _, lm_head, comm, swap = self._parts(plan)
         before = linear + prefill          # sum(parts) adds left to right: 0 + linear + ...
         q_part = b * self._q_tok_s
@@ -377,7 +392,7 @@ class RooflineModel:
             terms = self._decode_terms[b] = (linear + 0.0, lm_head, comm, b * self._q_tok_s,
                                              fast)
         before, lm_head, comm, q_part, fast = terms
-        flop_s, kv_s, overhead = self._dec_flop_s, self._kv_tok_s, self.step_overhead_s
+        flop_s, kv_s, overhead = self._dec_flop_s, self._kv_tok_s, self._cpu_s(b)
 
         if fast:
             # the usual decode step, in fewer operations but the same values: a·kv_s + q_part
@@ -429,7 +444,7 @@ class RooflineModel:
                         self._curve_pointwise_s(n))
                 head, lm_head, comm, swap, pw = terms
                 t = head + self._curve_decode_s(b, total_ctx + b)
-                return ((((((t + lm_head) + comm) + swap) + pw) + self.step_overhead_s)
+                return ((((((t + lm_head) + comm) + swap) + pw) + self._cpu_s(b + 1))
                         + 0.0)
             key = (b, p)
             terms = self._join_terms.get(key)
@@ -447,11 +462,11 @@ class RooflineModel:
             t = before + decode
             for v in after:
                 t += v
-            return (t + self.step_overhead_s) + 0.0      # step_time's, its extra cost 0.0
+            return (t + self._cpu_s(b + 1)) + 0.0      # step_time's, its extra cost 0.0
         plan = StepPlan((), (), prefill_lens, prefill_ctx,
                         (total_ctx,) + (0,) * (b - 1) if b else (), b + len(prefill_lens))
         parts = self._parts(plan) if self.curves is None else self._curve_parts(plan)
-        return (_left_to_right(parts) + self.step_overhead_s) + 0.0
+        return (_left_to_right(parts) + self._cpu_s(plan.num_sampled)) + 0.0
 
     def allreduce_s(self, num_tokens: int) -> float:
         """Tensor-parallel communication of a step of ``num_tokens`` tokens: two ring
@@ -466,9 +481,10 @@ class RooflineModel:
         if plan.is_empty:
             return dict.fromkeys(names + ("overhead",), 0.0)
         parts = self._parts(plan) if self.curves is None else self._curve_parts(plan)
-        out = {**dict(zip(names, parts)), "overhead": self.step_overhead_s}
+        cpu = self._cpu_s(plan.num_sampled)
+        out = {**dict(zip(names, parts)), "overhead": cpu}
         if plan.overlapped_swap_blocks:
-            out["swap"] += self._hidden_swap(plan, _left_to_right(parts) + self.step_overhead_s)
+            out["swap"] += self._hidden_swap(plan, _left_to_right(parts) + cpu)
         return out
 
     def _linear_s(self, n: int) -> float:
@@ -660,7 +676,7 @@ class RooflineModel:
     def _curve_stretch(self, plan: StepPlan):
         b = len(plan.decode_ctx)
         linear, prefill, _, lm_head, comm, swap, pw = self._curve_parts(plan)
-        before, overhead, extra = linear + prefill, self.step_overhead_s, plan.extra_s
+        before, overhead, extra = linear + prefill, self._cpu_s(plan.num_sampled), plan.extra_s
         base = sum(plan.decode_ctx) + b    # Σ (c + i + 1) = base + b·i: exact integers
         if not b:
             dec = self._curve_decode_s
@@ -681,14 +697,14 @@ class RooflineModel:
             lm_head = self._curve_lm_s(b)
             comm = b * self._ar_tok_s + self._ar_fixed_s if b else 0.0
             pw = self._curve_pointwise_s(b)
-            before, after = linear + 0.0, (lm_head, comm, 0.0, pw, self.step_overhead_s, 0.0)
+            before, after = linear + 0.0, (lm_head, comm, 0.0, pw, self._cpu_s(b), 0.0)
             if b:
                 by_base = self._curve_decode_prices(b, before, after)
             else:
                 def by_base(base: int, i: int, n: int) -> list[float]:
                     return [((((((before + 0.0) + lm_head) + comm) + 0.0) + pw) + overhead)
                             + 0.0 for _ in range(i, i + n)]   # _curve_decode_s(0, ·) = 0.0
-                overhead = self.step_overhead_s
+                overhead = self._cpu_s(0)
             self._curve_sum_prices[b] = by_base
         return partial(by_base, total_ctx + b)
 

@@ -206,8 +206,9 @@ def test_same_input_same_schedule(case):
     assert [r.token_times for r in rec1.requests] == [r.token_times for r in rec2.requests]
 
 
-def _roofline():
-    return RooflineModel(load_model("Llama-3.1-8B"), load_hardware("H100-SXM"))
+def _roofline(per_output_token_s=0.0):
+    return RooflineModel(load_model("Llama-3.1-8B"), load_hardware("H100-SXM"),
+                         per_output_token_s=per_output_token_s)
 
 
 def _by_replica(rec):
@@ -237,12 +238,13 @@ def test_fast_forward_equals_stepping(case):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scenarios())
-def test_fast_forward_equals_stepping_on_the_roofline(case):
+@given(scenarios(), st.sampled_from([0.0, 7e-4]))
+def test_fast_forward_equals_stepping_on_the_roofline(case, per_token):
     """As above, priced by the roofline model, whose stretches take its own fast paths
-    (``decode_stretch``, and ``decode_stretch_sum`` for the segments after a finish)."""
-    fast, _, _ = run_checked(*case, fast_forward=True, latency=_roofline())
-    slow, _, _ = run_checked(*case, fast_forward=False, latency=_roofline())
+    (``decode_stretch``, and ``decode_stretch_sum`` for the segments after a finish), with
+    or without a CPU cost per sampled sequence."""
+    fast, _, _ = run_checked(*case, fast_forward=True, latency=_roofline(per_token))
+    slow, _, _ = run_checked(*case, fast_forward=False, latency=_roofline(per_token))
     assert _by_replica(fast) == _by_replica(slow)
     for a, b in zip(fast.requests, slow.requests):
         assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s
@@ -284,22 +286,26 @@ def joining_scenarios(draw):
     return policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs, 1
 
 
-def _curved_roofline(name):
+def _curved_roofline(name, per_output_token_s=0.0):
     from simserve.latency.efficiency import load_curves
     hw = {"h100": "H100-SXM", "a100": "A100-80GB"}[name]
-    return RooflineModel(load_model("Llama-3.1-8B"), load_hardware(hw), curves=load_curves(name))
+    return RooflineModel(load_model("Llama-3.1-8B"), load_hardware(hw), curves=load_curves(name),
+                         per_output_token_s=per_output_token_s)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(joining_scenarios(), st.sampled_from(["toy", "roofline", "h100", "a100"]))
+@given(joining_scenarios(),
+       st.sampled_from(["toy", "roofline", "h100", "a100", "roofline+cpu", "h100+cpu"]))
 def test_stretches_that_arrivals_join_equal_stepping(case, prices):
     """Arrivals that join a stretch (sched/stretch.py, ``join``): the same steps, times and
     tokens as stepping, whichever latency model prices them (the toy model through
-    ``step_time`` of the join step's plan; the roofline, with or without efficiency curves,
-    through its ``mixed_step_sum``). That joins happen at all is checked over the examples
-    (``test_arrivals_join_stretches``)."""
+    ``step_time`` of the join step's plan; the roofline, with or without efficiency curves and
+    a CPU cost per sampled sequence, through its ``mixed_step_sum``). That joins happen at
+    all is checked over the examples (``test_arrivals_join_stretches``)."""
     latency = {"toy": lambda: None, "roofline": _roofline, "h100": lambda: _curved_roofline(
-        "h100"), "a100": lambda: _curved_roofline("a100")}[prices]()
+        "h100"), "a100": lambda: _curved_roofline("a100"),
+        "roofline+cpu": lambda: _roofline(7e-4),
+        "h100+cpu": lambda: _curved_roofline("h100", 7e-4)}[prices]()
     fast, _, _ = run_checked(*case, fast_forward=True, latency=latency)
     slow, _, _ = run_checked(*case, fast_forward=False, latency=latency)
     assert _by_replica(fast) == _by_replica(slow)

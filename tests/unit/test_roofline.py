@@ -92,6 +92,52 @@ def test_bad_tensor_parallel_size():
         RooflineModel(LLAMA, H100, tensor_parallel_size=3)
 
 
+@pytest.mark.parametrize("curves", [None, "h100"])
+def test_per_output_token_cost_by_hand(curves):
+    """``per_output_token_s``: each sequence a step samples adds exactly that much CPU time (a
+    prompt chunk that does not end its prompt samples nothing), in ``step_time``, in the
+    breakdown's overhead, and in ``mixed_step_sum``'s price of a join step."""
+    from simserve.latency.efficiency import load_curves
+    kw = {"curves": load_curves(curves)} if curves else {}
+    base = RooflineModel(LLAMA, H100, **kw)
+    cpu = RooflineModel(LLAMA, H100, per_output_token_s=5e-4, **kw)
+    # three decodes and a prompt chunk that does not finish its prompt: 3 sampled
+    p = plan(prefill=[(256, 0)], decode=[100, 200, 300], sampled=3)
+    assert cpu.step_time(p) - base.step_time(p) == pytest.approx(3 * 5e-4, abs=1e-12)
+    assert cpu.breakdown(p)["overhead"] == pytest.approx(2e-3 + 3 * 5e-4, abs=1e-15)
+    assert sum(cpu.breakdown(p).values()) == pytest.approx(cpu.step_time(p), rel=1e-12)
+    # a join step: two decodes (contexts 100 + 300) and one whole prompt of 64 tokens
+    joined = plan(prefill=[(64, 0)], decode=[400, 0])
+    assert cpu.mixed_step_sum(2, 400, (64,), (0,)) == cpu.step_time(joined)
+    assert cpu.mixed_step_sum(2, 400, (64, 32), (0, 0)) == cpu.step_time(
+        plan(prefill=[(64, 0), (32, 0)], decode=[400, 0]))
+    assert cpu.step_time(joined) - base.step_time(joined) == pytest.approx(1.5e-3, abs=1e-12)
+    with pytest.raises(ValueError, match="per_output_token_s"):
+        RooflineModel(LLAMA, H100, per_output_token_s=-1e-3)
+
+
+def test_scenario_per_output_token_field():
+    """``latency.per_output_token_ms`` reaches the roofline and the profile model; a negative
+    or non-numeric value names the field."""
+    from simserve.config import parse_scenario
+    from simserve.engine.build import build_latency
+    base = {"model": "Llama-3.1-8B", "hardware": "H100-SXM",
+            "workload": {"num_requests": 1, "rate": 1.0, "prompt": {"dist": "fixed", "value": 10},
+                         "output": {"dist": "fixed", "value": 10}}}
+    assert build_latency(parse_scenario(base)).per_output_token_s == 0.0
+    s = parse_scenario({**base, "latency": {"per_output_token_ms": 0.7}})
+    assert build_latency(s).per_output_token_s == pytest.approx(7e-4)
+    s = parse_scenario({**base, "latency": {"model": "profile", "per_output_token_ms": 0.7,
+                                            "path": "Llama-3.1-8B_H100-SXM_bf16"}})
+    assert build_latency(s).per_output_token_s == pytest.approx(7e-4)
+    for bad in (-0.1, "fast"):
+        with pytest.raises(ConfigError, match=r"^latency\.per_output_token_ms"):
+            parse_scenario({**base, "latency": {"per_output_token_ms": bad}})
+    with pytest.raises(ConfigError, match=r"latency\.per_output_token_ms"):
+        parse_scenario({**base, "latency": {"model": "constant", "step_ms": 1,
+                                            "per_output_token_ms": 0.5}})
+
+
 def test_cpu_default_overhead_and_explicit_overhead():
     cpu = load_hardware("cpu-epyc-2core")
     tiny = load_model("tiny-llama-45m")
@@ -142,16 +188,17 @@ def test_linear_latency():
 @given(decode=st.lists(st.integers(0, 5000), min_size=1, max_size=40),
        tp=st.sampled_from([1, 2, 4]), steps=st.integers(1, 40),
        prefill=st.sampled_from([(), ((64, 0),)]), compute_bound=st.booleans(),
-       extra_s=st.sampled_from([0.0, 0.0031]))
+       extra_s=st.sampled_from([0.0, 0.0031]), per_token=st.sampled_from([0.0, 7e-4]))
 def test_decode_stretch_is_bit_identical_to_step_time(decode, tp, steps, prefill, compute_bound,
-                                                      extra_s):
+                                                      extra_s, per_token):
     """Step i of a stretch priced at once equals step_time of that step's own plan, to the
     bit, with and without tensor parallelism, on memory-bound decode attention (H100) and on
     compute-bound (a device with 1/1000 of its FLOP/s), where the formulas take other paths,
-    with and without a policy's extra step cost; and so does ``decode_stretch_sum`` of a
-    plain decode step (the fast-forward equivalence rests on it)."""
+    with and without a policy's extra step cost or a CPU cost per sampled sequence; and so
+    does ``decode_stretch_sum`` of a plain decode step (the fast-forward equivalence rests on
+    it)."""
     hw = dataclasses.replace(H100, peak_flops=H100.peak_flops / 1000) if compute_bound else H100
-    model = RooflineModel(LLAMA, hw, tensor_parallel_size=tp)
+    model = RooflineModel(LLAMA, hw, tensor_parallel_size=tp, per_output_token_s=per_token)
     assert (model._kv_tok_s < model._attn_flop_s) == compute_bound
     p = plan(prefill=prefill, decode=decode)._replace(extra_s=extra_s)
     prices = model.decode_stretch(p)
@@ -225,12 +272,15 @@ ONE_COLUMN = dataclasses.replace(H100_CURVES, attn_decode=Curve2D(
        prefill=st.sampled_from([(), ((64, 0),), ((700, 300),)]),
        extra_s=st.sampled_from([0.0, 0.0031]),
        start=st.sampled_from([0, 0, 7, 40_000, 300_000]),   # past the grid: clamped η
-       curves=st.sampled_from([H100_CURVES, H100_CURVES, ONE_COLUMN]))
+       curves=st.sampled_from([H100_CURVES, H100_CURVES, ONE_COLUMN]),
+       per_token=st.sampled_from([0.0, 7e-4]))
 def test_curves_decode_stretch_is_bit_identical_to_step_time(decode, tp, steps, prefill,
-                                                             extra_s, start, curves):
+                                                             extra_s, start, curves, per_token):
     """The stretch prices (decode η, roofline and step sum written out in one loop) equal
-    step_time step for step, from any step of the stretch on."""
-    model = RooflineModel(LLAMA, H100, tensor_parallel_size=tp, curves=curves)
+    step_time step for step, from any step of the stretch on, with or without a CPU cost
+    per sampled sequence."""
+    model = RooflineModel(LLAMA, H100, tensor_parallel_size=tp, curves=curves,
+                          per_output_token_s=per_token)
     p = plan(prefill=prefill, decode=decode)._replace(extra_s=extra_s)
     expected = [model.step_time(p._replace(decode_ctx=tuple(c + i for c in decode)))
                 for i in range(start, start + steps)]
