@@ -137,7 +137,7 @@ class LatencyConfig:
     path: str | None = None                     # profile: the profile file (JSON)
     step_overhead_ms: float | None = None       # roofline/profile: per-step CPU/scheduling cost
     # roofline/profile: the engine's CPU cost per sequence sampled in a step (added to the step)
-    per_output_token_ms: float = 0.0
+    per_output_token_ms: float | None = None    # (None: 0, and left out of the resolved file)
     flops_efficiency: float | None = None       # roofline: achieved fraction of peak FLOP/s
     bandwidth_efficiency: float | None = None   # roofline: achieved fraction of peak bandwidth
     efficiency: str | None = None               # roofline: "curves" | "constant" (None: curves
@@ -156,7 +156,7 @@ class LatencyConfig:
         if model == "roofline":
             cfg = cls(model,
                       step_overhead_ms=f.float("step_overhead_ms", None, min=0.0),
-                      per_output_token_ms=f.float("per_output_token_ms", 0.0, min=0.0,
+                      per_output_token_ms=f.float("per_output_token_ms", None, min=0.0,
                                                   max=MAX_SECONDS * 1000.0),
                       efficiency=f.str("efficiency", None, choices=ROOFLINE_EFFICIENCY),
                       flops_efficiency=f.float("flops_efficiency", None, positive=True, max=1.0),
@@ -172,7 +172,7 @@ class LatencyConfig:
         elif model == "profile":
             cfg = cls(model, path=f.str("path"),
                       step_overhead_ms=f.float("step_overhead_ms", 0.0, min=0.0),
-                      per_output_token_ms=f.float("per_output_token_ms", 0.0, min=0.0,
+                      per_output_token_ms=f.float("per_output_token_ms", None, min=0.0,
                                                   max=MAX_SECONDS * 1000.0))
         elif model == "constant":
             cfg = cls(model, step_ms=f.float("step_ms", positive=True))
