@@ -76,7 +76,8 @@ def _base_latency(s: Scenario) -> LatencyModel:
         tp = s.engine.tensor_parallel_size
         return ProfileLatency.from_file(path, s.model,
                                         step_overhead_s=(lat.step_overhead_ms or 0.0) / 1000.0,
-                                        per_output_token_s=(lat.per_output_token_ms or 0.0) / 1000.0,
+                                        per_output_token_s=(lat.per_output_token_ms
+                                                            or 0.0) / 1000.0,
                                         host_link_bandwidth=s.hardware.host_link_bandwidth,
                                         # a swapped block is the scenario's, not the profile's
                                         swap_block_bytes=s.replica.kv_block_bytes,
