@@ -61,7 +61,10 @@ def main() -> None:
             rows.append((f"Sarathi / Orca (TP4-PP2), {name}", "up to 5.6x", f"{orca:.2f}x",
                          f"{orca / 5.6:.2f}"))
             notes.append("Sarathi / vLLM strict: " + verdict(
-                ratio, 3.6, 4.69, "see docs/papers.md (Sarathi-Serve's PP case)", TOLERANCE))
+                ratio, 3.6, 4.69, "the range is two readings of its capacity figure, neither "
+                "checked against its text; the text itself bounds the PP case's gain at 5.6x "
+                "(OSDI abstract, no baseline named), which this ratio is under; see "
+                "docs/papers.md (Sarathi-Serve's PP case)", TOLERANCE))
             notes.append("Sarathi / Orca strict: " + verdict(
                 orca, 1.0, 5.6, orca_cause(r["orca"], orca), TOLERANCE))
         else:
