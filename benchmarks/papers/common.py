@@ -47,6 +47,9 @@ def max_rate(scenario, tolerance: float = TOLERANCE) -> float:
     return capacity(scenario, tolerance=tolerance, seeds=1).max_rate
 
 
+MAX_TIMED_REQUESTS = 1_000_000       # a timed probe larger than this is refused
+
+
 def max_rate_timed(scenario, tolerance: float = TOLERANCE) -> float:
     """The highest rate meeting the scenario's whole SLO when every probe runs the scenario's
     ``workload.duration`` of arrivals at its rate (so more requests at a higher rate), as a
@@ -65,6 +68,10 @@ def max_rate_timed(scenario, tolerance: float = TOLERANCE) -> float:
     met: dict[float, bool] = {}
 
     def meets(rate: float) -> bool:
+        if rate * arrival.duration_s > MAX_TIMED_REQUESTS:
+            raise ValueError(f"{scenario.name}: the SLO is still met at {rate / 2:.3g} req/s; "
+                             f"a probe at {rate:.3g} would send over {MAX_TIMED_REQUESTS:,} "
+                             f"requests")
         if rate not in met:
             met[rate] = bool(run_once(with_rate(scenario, rate)).summary.get("slo_met"))
         return met[rate]
@@ -87,6 +94,8 @@ def max_rate_timed(scenario, tolerance: float = TOLERANCE) -> float:
             if meets(hi / 2):
                 break
             hi /= 2
+        else:
+            raise ValueError(f"{scenario.name}: the SLO is missed even at {hi:.3g} req/s")
         lo = hi / 2
     while (hi - lo) / lo > tolerance:
         mid = math.sqrt(lo * hi)

@@ -87,7 +87,8 @@ def main() -> None:
         "docs/papers.md", TOLERANCE))
     print("Fig. 1: " + verdict(
         fig1, 2.1, 2.1, "its SLO values are not in the text and no TTFT/TPOT pair tried "
-        "(--fig1-sensitivity) gives both of its rates: at TPOT 40 ms the colocated vLLM "
+        "(--fig1-sensitivity) gives both of its rates (the ratio swings with the TPOT SLO, "
+        "its rates with it): at TPOT 40 ms the colocated vLLM "
         "serves near the figure's 1.6 req/s, but the decode GPU, priced with the CPU costs "
         "fitted to DistServe's chatbot runs, holds fewer of these requests than the figure's "
         "decode-only GPU (benchmarks/RESULTS.md, docs/papers.md)", TOLERANCE))

@@ -131,6 +131,7 @@ class Replay:
             st = st[st["replica"].isin(self.token_replicas)]
         start, dur = st["start_s"].to_numpy(), st["duration_s"].to_numpy()
         end = start + dur
+        # every prefill sequence samples: vllm_v0 (and DistServe's prefill) run whole prompts
         sampled = (st["num_decode_seqs"] + st["num_prefill_seqs"]).to_numpy()
         first, finish = q["first_token_s"].to_numpy(), q["finish_s"].to_numpy()
         ys, xs = [], []
@@ -166,12 +167,18 @@ def fit_cpu_costs(replays: dict[float, Replay], fit_rates: set[float], step0_ms:
         sol = np.linalg.lstsq(np.array(xs), np.array(ys), rcond=None)[0] * 1e3
         if it:          # halfway to the new solution: the step composition moves with (a, c)
             sol = (sol + (a, c)) / 2
+        if min(sol) < 0:    # a CPU cost cannot be negative (nor can the scenario's field be)
+            log(f"  fit {it + 1}: least squares gave {sol[0]:.3f} ms, {sol[1]:.3f} ms; the "
+                f"negative one held at 0")
+            sol = np.maximum(sol, 0.0)
         moved = max(abs(sol[0] - a), abs(sol[1] - c))
         a, c = float(sol[0]), float(sol[1])
         log(f"  fit {it + 1}: per step +{a:.3f} ms, per sampled sequence {c:.3f} ms "
             f"({len(ys)} requests)")
         if moved < TOL_MS:
             break
+    else:
+        log(f"  not converged in 30 rounds (last move {moved:.3f} ms): the last values used")
     if not front_end:
         return a, c, None
     gaps = []

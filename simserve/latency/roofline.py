@@ -315,7 +315,8 @@ class RooflineModel:
         if plan.is_empty:
             return 0.0
         parts = self._parts(plan) if self.curves is None else self._curve_parts(plan)
-        t = _left_to_right(parts) + self._cpu_s(plan.num_sampled)
+        # padded rows are computed and sampled too (plan.as_computed, as _parts prices them)
+        t = _left_to_right(parts) + self._cpu_s(plan.num_sampled + plan.padding)
         if plan.overlapped_swap_blocks:
             t += self._hidden_swap(plan, t)
         return t + plan.extra_s
@@ -481,7 +482,7 @@ class RooflineModel:
         if plan.is_empty:
             return dict.fromkeys(names + ("overhead",), 0.0)
         parts = self._parts(plan) if self.curves is None else self._curve_parts(plan)
-        cpu = self._cpu_s(plan.num_sampled)
+        cpu = self._cpu_s(plan.num_sampled + plan.padding)
         out = {**dict(zip(names, parts)), "overhead": cpu}
         if plan.overlapped_swap_blocks:
             out["swap"] += self._hidden_swap(plan, _left_to_right(parts) + cpu)

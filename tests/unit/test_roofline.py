@@ -112,6 +112,11 @@ def test_per_output_token_cost_by_hand(curves):
     assert cpu.mixed_step_sum(2, 400, (64, 32), (0, 0)) == cpu.step_time(
         plan(prefill=[(64, 0), (32, 0)], decode=[400, 0]))
     assert cpu.step_time(joined) - base.step_time(joined) == pytest.approx(1.5e-3, abs=1e-12)
+    # a padded plan (static batching's finished rows, still computed) pays for its padded
+    # rows as the plan the device computes does
+    padded = plan(decode=[100, 200])._replace(padding=6)
+    assert cpu.step_time(padded) == cpu.step_time(padded.as_computed())
+    assert cpu.breakdown(padded)["overhead"] == pytest.approx(2e-3 + 8 * 5e-4, abs=1e-15)
     with pytest.raises(ValueError, match="per_output_token_s"):
         RooflineModel(LLAMA, H100, per_output_token_s=-1e-3)
 
