@@ -120,6 +120,10 @@ def _register_capacity(sub) -> None:
                           "target (default 3)")
     cap.add_argument("--max-replicas", type=int, default=256,
                      help="largest replica count tried for --target-rate (default 256)")
+    cap.add_argument("--hold", choices=("requests", "duration"), default="requests",
+                     help="what every probe keeps fixed while the rate moves: the request "
+                          "count (default), or workload.duration's seconds of arrivals, as a "
+                          "harness that runs each rate for a fixed time")
     cap.add_argument("--set", dest="overrides", action="append", default=[],
                      metavar="FIELD=VALUE", help="override a scenario field (repeatable)")
     cap.add_argument("--out", help="output directory (default: runs/<scenario>-capacity)")
@@ -267,9 +271,10 @@ def _cmd_capacity(args) -> int:
     try:
         result = capacity(args.scenario, target_rate=args.target_rate,
                           tolerance=args.tolerance, seeds=args.seeds, overrides=args.overrides,
-                          max_replicas=args.max_replicas, log=log, progress=not args.quiet)
+                          max_replicas=args.max_replicas, log=log, progress=not args.quiet,
+                          hold=args.hold)
     except ConfigError as e:      # the API's argument names as the options the user typed
-        if e.field in ("tolerance", "seeds", "max_replicas", "target_rate"):
+        if e.field in ("tolerance", "seeds", "max_replicas", "target_rate", "hold"):
             raise ConfigError("--" + e.field.replace("_", "-"), e.message) from None
         raise
     print(result.table())

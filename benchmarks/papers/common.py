@@ -42,68 +42,11 @@ def strict_and_relaxed(name: str, relaxed_tbt_ms: int) -> tuple[dict, dict]:
 TOLERANCE = 0.08
 
 
-def max_rate(scenario, tolerance: float = TOLERANCE) -> float:
-    """The highest rate meeting the scenario's whole SLO (one seed; simserve.capacity)."""
-    return capacity(scenario, tolerance=tolerance, seeds=1).max_rate
-
-
-MAX_TIMED_REQUESTS = 1_000_000       # a timed probe larger than this is refused
-
-
-def max_rate_timed(scenario, tolerance: float = TOLERANCE) -> float:
-    """The highest rate meeting the scenario's whole SLO when every probe runs the scenario's
-    ``workload.duration`` of arrivals at its rate (so more requests at a higher rate), as a
-    harness that runs each rate for a fixed time measures it (DistServe's artifact: 100 s a
-    rate). ``simserve.capacity`` instead keeps the request count fixed while it searches.
-    Brackets by doubling or halving from the scenario's rate, then bisects geometrically to
-    ``tolerance``; one seed (the scenario's)."""
-    import math
-
-    from simserve.plan.capacity import with_rate
-    from simserve.runner import run as run_once
-
-    arrival = scenario.workload.arrival
-    if arrival is None or arrival.duration_s is None:
-        raise ValueError(f"{scenario.name}: max_rate_timed needs workload.duration")
-    met: dict[float, bool] = {}
-
-    def meets(rate: float) -> bool:
-        if rate * arrival.duration_s > MAX_TIMED_REQUESTS:
-            raise ValueError(f"{scenario.name}: the SLO is still met at {rate / 2:.3g} req/s; "
-                             f"a probe at {rate:.3g} would send over {MAX_TIMED_REQUESTS:,} "
-                             f"requests")
-        if rate not in met:
-            met[rate] = bool(run_once(with_rate(scenario, rate)).summary.get("slo_met"))
-        return met[rate]
-
-    rate = arrival.rate
-    if meets(rate):                          # double until a rate misses
-        lo = rate
-        for _ in range(30):
-            if not meets(lo * 2):
-                break
-            lo *= 2
-        else:
-            raise ValueError(f"{scenario.name}: the SLO is still met at {lo:.3g} req/s")
-        hi = lo * 2
-    else:                                    # halve until a rate meets
-        hi = rate
-        for _ in range(30):
-            if hi / 2 * arrival.duration_s < 2:
-                raise ValueError(f"{scenario.name}: the SLO is missed even at {hi:.3g} req/s")
-            if meets(hi / 2):
-                break
-            hi /= 2
-        else:
-            raise ValueError(f"{scenario.name}: the SLO is missed even at {hi:.3g} req/s")
-        lo = hi / 2
-    while (hi - lo) / lo > tolerance:
-        mid = math.sqrt(lo * hi)
-        if meets(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+def max_rate(scenario, tolerance: float = TOLERANCE, hold: str = "requests") -> float:
+    """The highest rate meeting the scenario's whole SLO (one seed; simserve.capacity).
+    ``hold="duration"``: every probe runs the workload's duration of arrivals at its rate, as
+    a harness that runs each rate for a fixed time (DistServe's artifact: 100 s a rate)."""
+    return capacity(scenario, tolerance=tolerance, seeds=1, hold=hold).max_rate
 
 
 def run(scenario) -> dict:

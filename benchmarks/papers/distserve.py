@@ -8,9 +8,9 @@ colocated "about 1.6 rps", 2P1D "3.3 rps per GPU, which is 2.1x higher" (its SLO
 only in the figure: the chatbot SLOs stand in, an assumption, so this case stays a rough one).
 
 Each capacity is searched as the artifact measured it, 100 s of arrivals at each rate (its
-runs hold 100 x rate requests; common.max_rate_timed), on five seeds (the arrivals and lengths),
-since a 100 s run at vLLM's rate is a sample of under a hundred requests; the medians are
-compared. The steady state (2,000 requests at every rate, simserve.capacity) is printed beside.
+runs hold 100 x rate requests; simserve capacity --hold duration), on five seeds (the arrivals
+and lengths), since a 100 s run at vLLM's rate is a sample of under a hundred requests; the
+medians are compared. The steady state (2,000 requests at every rate) is printed beside.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 import sys
 
-from common import TOLERANCE, max_rate, max_rate_timed, table, variants, verdict
+from common import TOLERANCE, max_rate, table, variants, verdict
 
 GPUS = {"colocated": 1, "2P1D": 3}
 SEEDS = (0, 1, 2, 3, 4)
@@ -36,10 +36,10 @@ def per_gpu(overrides: list[str], seeds=SEEDS) -> list[dict[str, float]]:
     out = []
     for seed in seeds:
         v = variants("distserve", overrides + [f"seed={seed}"])
-        # 100 s a rate (max_rate_timed) where the workload has a duration; else a fixed count
-        search = {label: max_rate_timed if s.workload.arrival.duration_s else max_rate
-                  for label, s in v.items()}
-        out.append({label: search[label](s) / GPUS[label] for label, s in v.items()})
+        # 100 s a rate where the workload has a duration; else a fixed count
+        out.append({label: max_rate(s, hold="duration" if s.workload.arrival.duration_s
+                                    else "requests") / GPUS[label]
+                    for label, s in v.items()})
     return out
 
 

@@ -16,7 +16,12 @@ the rate grows; the search is
 
 Seeds are aggregated by their **minimum** (a rate passes only if every seed meets the target, so
 a probe stops at its first missing seed); the spread (min/mean/max over seeds) at the answer is
-reported. ``num_requests`` stays fixed while the rate moves, so every probe sends the same work.
+reported. ``num_requests`` stays fixed while the rate moves, so every probe sends the same work
+(``hold="requests"``, the default). ``hold="duration"`` keeps the workload's ``duration``
+instead: every probe sends that many seconds of arrivals at its rate, so more requests at a
+higher rate, as a benchmark harness that runs each rate for a fixed time measures capacity
+(DistServe's artifact: 100 s a rate). Short runs at an overloaded rate may still pass before
+their queues build: the two answers differ most where a queue grows slowly.
 
 The fewest replicas for a target rate is a search over ``cluster.replicas`` at that rate (same
 seeds and aggregation), starting from the per-replica capacity found above.
@@ -36,7 +41,7 @@ import pandas as pd
 
 from simserve.config import Scenario, load_scenario
 from simserve.errors import ConfigError, SimserveError
-from simserve.limits import MAX_REPLICAS, MAX_SECONDS
+from simserve.limits import MAX_REPLICAS, MAX_REQUESTS, MAX_SECONDS
 
 PROBE_METRICS = (
     "slo_attainment", "num_requests", "num_good", "completed", "num_rejected", "request_throughput",
@@ -48,6 +53,7 @@ PROBE_METRICS = (
 MAX_STEPS = 30          # doublings/halvings before the bracket search gives up
 MIN_TOLERANCE = 1e-3    # bisection to a narrower bracket would outlast float precision
 MAX_SEEDS = 100         # runs per probe
+HOLDS = ("requests", "duration")    # what stays fixed while the rate moves
 
 
 @dataclass
@@ -72,6 +78,7 @@ class CapacityResult:
     notes: list[str] = field(default_factory=list)
     data_parallel_size: int = 1     # DP + EP (#18): ranks of a replica, each TP GPUs
     pipeline_parallel_size: int = 1  # stages of a replica, each TP GPUs
+    hold: str = "requests"          # what every probe kept fixed: the count, or the duration
 
     @property
     def gpus_per_replica(self) -> int:
@@ -138,6 +145,7 @@ class CapacityResult:
                if self.data_parallel_size > 1 else {}),
             **({"pipeline_parallel_size": self.pipeline_parallel_size}
                if self.pipeline_parallel_size > 1 else {}),
+            **({"hold": self.hold} if self.hold != "requests" else {}),
         }
 
     def save(self, out: str | Path) -> Path:
@@ -173,6 +181,13 @@ class _Prober:
     def attainment(self, rate: float, replicas: int, seed: int, phase: str) -> float:
         from simserve.runner import run
         key = (rate, replicas, seed)
+        arrival = self.base.workload.arrival
+        if arrival is not None and arrival.duration_s is not None \
+                and rate * arrival.duration_s > MAX_REQUESTS:
+            raise SimserveError(
+                f"capacity: a probe of {arrival.duration_s:g} s at {rate:.3g} req/s would send "
+                f"over {MAX_REQUESTS:,} requests; the SLO still holds below that rate (tighten "
+                f"the SLO or shorten workload.duration)")
         if key not in self.cache:
             summary = run(with_rate(self.base, rate, replicas, seed)).summary
             row = {"phase": phase, "rate": rate, "replicas": replicas, "seed": seed,
@@ -223,14 +238,19 @@ def with_rate(s: Scenario, rate: float, replicas: int | None = None,
     return s.replace(**changes)
 
 
-def _prepare(s: Scenario, notes: list[str]) -> tuple[Scenario, float]:
-    """Check the scenario can be searched over rate; fix num_requests; the start rate."""
+def _prepare(s: Scenario, notes: list[str], hold: str = "requests") -> tuple[Scenario, float]:
+    """Check the scenario can be searched over rate; fix num_requests (or, holding the
+    duration, check there is one); the start rate."""
     if s.slo.is_empty:
         raise ConfigError("slo", "capacity planning needs an SLO: give slo.ttft_ms, "
                                  "slo.tpot_ms, slo.e2el_ms, slo.tbt_ms, "
                                  "slo.scheduling_delay_ms and/or slo.normalized_latency_ms")
     w = s.workload
     if w.trace is not None:
+        if hold == "duration":
+            raise ConfigError("hold", "a trace replays its own requests at every rate: holding "
+                                      "the duration needs a synthetic workload with "
+                                      "workload.duration")
         if w.trace.rate is None:
             raise ConfigError("workload.rate", "capacity planning rescales a trace by its mean "
                                                "rate: give workload.rate (a starting rate)")
@@ -239,6 +259,15 @@ def _prepare(s: Scenario, notes: list[str]) -> tuple[Scenario, float]:
     if a.rate is None or a.rate == math.inf:
         raise ConfigError("workload.arrival", "capacity planning needs a finite arrival rate; "
                                               "arrival: burst and rate: inf have none")
+    if hold == "duration":
+        if a.duration_s is None:
+            raise ConfigError("workload.duration", "holding the duration while the rate is "
+                                                   "searched needs workload.duration (seconds "
+                                                   "of arrivals a probe) in place of "
+                                                   "num_requests")
+        notes.append(f"every probe: {a.duration_s:g} s of arrivals at its rate (hold: "
+                     f"duration)")
+        return s, a.rate
     if a.num_requests is None:
         # a fixed duration would send more requests at higher rates; fix the count instead
         n = max(1, round(a.rate * a.duration_s))
@@ -252,10 +281,12 @@ def _prepare(s: Scenario, notes: list[str]) -> tuple[Scenario, float]:
 def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = None,
              tolerance: float = 0.05, seeds: int = 3, overrides: Sequence[str] | None = None,
              max_replicas: int = 256, log: Log | None = None,
-             progress: bool = False) -> CapacityResult:
+             progress: bool = False, hold: str = "requests") -> CapacityResult:
     """Find the highest rate meeting the SLO attainment target (and, given ``target_rate``,
     the fewest replicas that serve it). ``log`` gets one line per probe; ``progress`` shows
-    a bar counting probes on stderr (a bisection's length is not known ahead: no ETA)."""
+    a bar counting probes on stderr (a bisection's length is not known ahead: no ETA).
+    ``hold``: what every probe keeps fixed, ``"requests"`` (the count) or ``"duration"`` (the
+    workload's seconds of arrivals; module docstring)."""
     # a bracket narrower than 1e-3 needs bisection steps past float precision (never ends)
     if not MIN_TOLERANCE <= tolerance < 1:
         raise ConfigError("tolerance", f"must be in [{MIN_TOLERANCE:g}, 1), got {tolerance:g}")
@@ -263,12 +294,14 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
         raise ConfigError("seeds", f"must be >= 1 and <= {MAX_SEEDS}, got {seeds}")
     if target_rate is not None and not 0 < target_rate < math.inf:
         raise ConfigError("target_rate", f"must be > 0 and finite, got {target_rate:g}")
+    if hold not in HOLDS:
+        raise ConfigError("hold", f"must be one of {', '.join(HOLDS)}, got {hold!r}")
     if not 1 <= max_replicas <= MAX_REPLICAS:
         raise ConfigError("max_replicas", f"must be >= 1 and <= {MAX_REPLICAS}, got "
                                           f"{max_replicas}")
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     notes: list[str] = []
-    s, start = _prepare(s, notes)
+    s, start = _prepare(s, notes, hold)
     seed_list = [s.seed + k for k in range(seeds)]
     if s.workload.trace is not None and seeds > 1:
         notes.append("a trace replays the same requests whatever the seed: one seed used")
@@ -315,7 +348,7 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
         target_rate=target_rate, replicas_needed=needed,
         slo={k: v for k, v in s.slo.to_dict().items() if k != "attainment"}, notes=notes,
         data_parallel_size=s.engine.data_parallel_size,
-        pipeline_parallel_size=s.engine.pipeline_parallel_size)
+        pipeline_parallel_size=s.engine.pipeline_parallel_size, hold=hold)
 
 
 def _bracket(prober: _Prober, rate: float, replicas: int, workload) -> tuple[float, float]:
@@ -329,15 +362,18 @@ def _bracket(prober: _Prober, rate: float, replicas: int, workload) -> tuple[flo
         raise SimserveError(
             f"capacity: SLO attainment still meets the target at {rate:.3g} req/s, where the "
             f"{n} requests arrive almost at once; raise workload.num_requests or tighten the SLO")
+    duration = workload.arrival.duration_s if workload.arrival is not None else None
     for _ in range(MAX_STEPS):
         n = _num_requests(workload)
         if isinstance(n, int) and (n - 1) / (rate / 2) > MAX_SECONDS:
             break                     # slower still would not fit a run's clock
+        if duration is not None and rate / 2 * duration < 1:
+            break                     # a timed probe slower still would hold no request
         if prober.passes(rate / 2, replicas, "bracket", all_seeds=False):
             return rate / 2, rate
         rate /= 2
     raise SimserveError(
-        f"capacity: SLO attainment is below the target even at {rate / 2:.3g} req/s, where "
+        f"capacity: SLO attainment is below the target even at {rate:.3g} req/s, where "
         f"requests rarely overlap; the SLO cannot be met by this deployment (check the limits "
         f"against one request's latency)")
 

@@ -114,6 +114,29 @@ def test_duration_workloads_get_a_fixed_request_count():
     assert any("num_requests 40" in note for note in cap.notes)
 
 
+def test_holding_the_duration_sends_more_requests_at_higher_rates():
+    """hold="duration": every probe runs the workload's 50 s of arrivals at its own rate (the
+    constant arrivals k / r with k / r < 50 s: about 50·r requests), so the knee is the one of
+    ~500 requests: the 451st (k = 450) must make 55 ms, 450·(100 − 1000/r) ≤ 45 ms →
+    r ≤ 1000 / 99.9 = 10.010 req/s (50 requests held fixed: 10.103)."""
+    s = scenario(workload__duration=50, workload__num_requests=None)
+    cap = capacity(s, seeds=1, tolerance=0.01, hold="duration")
+    n, rate = cap.probes["num_requests"], cap.probes["rate"]
+    assert ((n - 50 * rate).abs() <= 1).all() and n.nunique() > 1
+    knee = 1000 / 99.9
+    assert knee / 1.01 <= cap.max_rate <= knee < cap.first_failing_rate
+    assert any("50 s of arrivals" in note for note in cap.notes)
+    assert cap.to_dict()["hold"] == "duration" and "hold" not in capacity(
+        s, seeds=1, tolerance=0.1).to_dict()
+
+
+def test_holding_the_duration_needs_one():
+    with pytest.raises(ConfigError, match=r"^workload\.duration: holding the duration"):
+        capacity(scenario(), hold="duration")
+    with pytest.raises(ConfigError, match="^hold: must be one of requests, duration"):
+        capacity(scenario(), hold="time")
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"slo": {}}, "slo: capacity planning needs an SLO"),
     ({"workload": {"arrival": "burst", "num_requests": 5, "prompt": {"dist": "fixed", "value": 8},
@@ -157,6 +180,19 @@ def write(tmp_path: Path, raw: dict) -> Path:
     return path
 
 
+def test_cli_capacity_holds_the_duration(tmp_path, capsys):
+    raw = yaml.safe_load(yaml.safe_dump(CONSTANT))
+    raw["workload"].pop("num_requests")
+    raw["workload"]["duration"] = 20
+    code = main(["capacity", str(write(tmp_path, raw)), "--hold", "duration", "--seeds", "1",
+                 "--quiet", "--no-report", "--out", str(tmp_path / "cap")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "note: every probe: 20 s of arrivals at its rate (hold: duration)" in out
+    answer = json.loads((tmp_path / "cap" / "capacity.json").read_text())
+    assert answer["hold"] == "duration"
+
+
 def test_cli_capacity_prints_answer_and_writes_results(tmp_path, capsys):
     code = main(["capacity", str(write(tmp_path, CONSTANT)), "--target-rate", "25",
                  "--seeds", "1", "--out", str(tmp_path / "cap")])
@@ -175,6 +211,7 @@ def test_cli_capacity_prints_answer_and_writes_results(tmp_path, capsys):
     ({**CONSTANT, "slo": {}}, [], "error: slo: capacity planning needs an SLO"),
     (CONSTANT, ["--tolerance", "2"], "error: --tolerance: must be in [0.001, 1), got 2"),
     (CONSTANT, ["--set", "workload.rat=3"], "error: workload.rat: unknown field"),
+    (CONSTANT, ["--hold", "duration"], "error: workload.duration: holding the duration"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, raw, args, message):
     code = main(["capacity", str(write(tmp_path, raw)), "--quiet", "--no-report",
