@@ -61,7 +61,7 @@ from simserve.engine.queue import queue_loop
 from simserve.engine.queue import sleep as _sleep
 from simserve.engine.replica import Flight, Replica
 from simserve.engine.runtime import Runtime, join_arrivals, pull_arrivals
-from simserve.latency.base import cpu_overhead_s
+from simserve.latency.base import cpu_part_s
 from simserve.sched.core import InFlight, Scheduler
 from simserve.sched.plan import StepPlan
 from simserve.sched.stretch import Join, Stretch
@@ -178,14 +178,14 @@ def batch_queue_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     its output, with nothing scheduled, is taken at once: the same order). Depth 1 is the
     synchronous engine, stepped. Every step is its own event: no fast-forward.
 
-    The CPU part of a step (the latency model's ``step_overhead_s``: scheduling, input
-    preparation) runs from the moment it is scheduled, or once the CPU has finished the step
-    before's CPU part (the engine core is one thread: ``step_with_batch_queue`` calls
-    ``schedule`` and ``execute_model`` one step after the other, so the CPU parts never
-    overlap each other), overlapping the device's work on the step before; the device starts
-    the step when both are done. A CPU-bound engine thus makes at most one step per
-    ``step_overhead_s``. With depth 1 nothing overlaps
-    and a step takes ``step_time``, as in the other loops."""
+    The CPU part of a step (the latency model's ``cpu_s(plan)``, else its ``step_overhead_s``:
+    scheduling, input preparation, a cost per sampled sequence) runs from the moment it is
+    scheduled, or once the CPU has finished the step before's CPU part (the engine core is
+    one thread: ``step_with_batch_queue`` calls ``schedule`` and ``execute_model`` one step
+    after the other, so the CPU parts never overlap each other), overlapping the device's
+    work on the step before; the device starts the step when both are done. A CPU-bound
+    engine thus makes at most one step per CPU part. With depth 1 nothing overlaps and a
+    step takes ``step_time``, as in the other loops."""
     return queue_loop(env, c, r, r.batch_queue_depth, AsyncTiming(c, r))
 
 
@@ -200,7 +200,6 @@ class AsyncTiming:
     def __init__(self, c: Runtime, r: Replica):
         self.rec, self.r = c.rec, r
         self.deliver_step = c.deliver_step
-        self.cpu = cpu_overhead_s(r.latency)
         self.free_at = c.env.now    # when the device is done with the steps launched so far
         self.cpu_free = c.env.now   # when the CPU is done with the CPU parts of the steps so far
 
@@ -216,7 +215,7 @@ class AsyncTiming:
         # device part follows both
         r = self.r
         duration = r.latency.step_time(plan)
-        cpu = self.cpu
+        cpu = cpu_part_s(r.latency, plan)
         overhead = cpu if cpu < duration else duration
         cpu_free = self.cpu_free
         ready = (cpu_free if cpu_free > now else now) + overhead

@@ -51,8 +51,9 @@ running request before its eligible step):
 
 Timing with async scheduling (what vLLM's code does not fix: assumptions, stated here):
 
-* each micro-batch's CPU part (the base latency model's ``step_overhead_s``: scheduling and
-  input preparation, which the synchronous pipeline prices inside stage 0) runs on one engine
+* each micro-batch's CPU part (the base latency model's ``cpu_s(plan)``, else its
+  ``step_overhead_s``: scheduling, input preparation and a cost per sampled sequence, which
+  the synchronous pipeline prices inside stage 0) runs on one engine
   thread, one micro-batch at a time, from its scheduling or once the CPU part before it is
   done, overlapping the stages' work (as :class:`~simserve.engine.loops.AsyncTiming` without
   PP); stage 0 then does the rest of its work. The extra slot of the queue is this: ``p``
@@ -96,7 +97,7 @@ from simserve.engine.clock import Clock
 from simserve.engine.queue import queue_loop
 from simserve.engine.replica import Replica
 from simserve.engine.runtime import Runtime
-from simserve.latency.base import cpu_overhead_s
+from simserve.latency.base import cpu_part_s
 from simserve.sched.core import Batch, InFlight, Scheduler
 from simserve.sched.plan import StepPlan
 
@@ -177,8 +178,7 @@ class PipelineTiming:
             raise ValueError(f"replica {r.index}: async scheduling with pipeline parallelism "
                              f"needs a policy that launches micro-batches (vLLM v1's)")
         self.depth = sched.limits.pipeline_queue_depth if self.launches else r.depth
-        self.cpu = cpu_overhead_s(getattr(self.latency, "base", self.latency)) \
-            if self.async_cpu else 0.0
+        self.cpu_model = getattr(self.latency, "base", self.latency)
         self.cpu_free = c.env.now               # when the CPU is done with the CPU parts so far
 
     def launch(self, sched: Scheduler, plan: StepPlan, now: float
@@ -197,7 +197,8 @@ class PipelineTiming:
                       sends: list[float]) -> tuple[InFlight, float]:
         """With async scheduling (the module docstring): the CPU part, then the stages once
         every input token of the micro-batch is out of the last stage."""
-        cpu = self.cpu if self.cpu < times[0] else times[0]
+        cpu = cpu_part_s(self.cpu_model, plan)
+        cpu = cpu if cpu < times[0] else times[0]
         times[0] -= cpu
         ready = self.cpu_free = (self.cpu_free if self.cpu_free > now else now) + cpu
         entries = sched.batch_entries(plan)

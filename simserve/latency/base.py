@@ -26,7 +26,9 @@ class LatencyModel(Protocol):
 
     Optional, for async scheduling: ``step_overhead_s``, the part of every step's time that is
     the engine's CPU work (scheduling, input preparation, output processing) rather than the
-    device's: the roofline and profile models have it (``latency.step_overhead_ms``).
+    device's: the roofline and profile models have it (``latency.step_overhead_ms``); and
+    ``cpu_s(plan)``, that part for one plan where it grows with the plan (a CPU cost per
+    sampled sequence, ``latency.per_output_token_ms``).
     """
 
     label: str
@@ -37,3 +39,10 @@ class LatencyModel(Protocol):
 def cpu_overhead_s(model: LatencyModel) -> float:
     """The per-step CPU time within ``model.step_time`` (0 for a model that prices none)."""
     return float(getattr(model, "step_overhead_s", 0.0) or 0.0)
+
+
+def cpu_part_s(model: LatencyModel, plan: StepPlan) -> float:
+    """The CPU time within ``model.step_time(plan)``: the model's ``cpu_s(plan)`` (the
+    per-step overhead and a cost per sampled sequence), else its per-step overhead alone."""
+    cpu_s = getattr(model, "cpu_s", None)
+    return float(cpu_s(plan)) if cpu_s is not None else cpu_overhead_s(model)

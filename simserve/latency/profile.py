@@ -269,6 +269,13 @@ class ProfileLatency:
         counted = self.extrapolated - before
         self.extrapolated = before - counted
 
+    def cpu_s(self, plan: StepPlan) -> float:
+        """The engine's CPU time within ``step_time(plan)`` (what async scheduling overlaps
+        with the step before): the step overhead and ``per_output_token_s`` a sampled row."""
+        if plan.is_empty:
+            return 0.0
+        return self.step_overhead_s + self.per_output_token_s * plan.as_computed().num_sampled
+
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         """Seconds per component (all layers together); they sum to :meth:`step_time` less the
         plan's ``extra_s``."""

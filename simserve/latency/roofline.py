@@ -329,6 +329,11 @@ class RooflineModel:
             return self.step_overhead_s + self.per_output_token_s * num_sampled
         return self.step_overhead_s
 
+    def cpu_s(self, plan: StepPlan) -> float:
+        """The engine's CPU time within ``step_time(plan)`` (what async scheduling overlaps
+        with the step before): the step overhead and the cost of each sampled row."""
+        return 0.0 if plan.is_empty else self._cpu_s(plan.num_sampled + plan.padding)
+
     def _hidden_swap(self, plan: StepPlan, step_s: float) -> float:
         """What overlapped swaps add to a step of ``step_s`` seconds: their transfer time on
         the host link beyond the step's own (they run on a separate stream alongside)."""

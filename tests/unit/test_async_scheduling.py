@@ -325,6 +325,39 @@ def test_the_cpu_part_of_a_step_overlaps_the_device_work_of_the_one_before(overh
     assert rec.requests[0].token_times == pytest.approx([0.010, 0.020, 0.030, 0.040])
 
 
+class PerSequenceCpu:
+    """10 ms a step, of which the CPU part is 1 ms + 4 ms a sampled sequence (``cpu_s``, as
+    the roofline's with ``latency.per_output_token_ms``)."""
+
+    label = "10 ms a step, CPU by sequence"
+    step_overhead_s = 0.001
+
+    def step_time(self, plan):
+        return 0.010
+
+    def cpu_s(self, plan):
+        return 0.001 + 0.004 * plan.num_sampled
+
+
+@pytest.mark.parametrize("n, times", [
+    # one request: 5 ms of CPU a step, 5 of device. Step 0 CPU 0-5, device 5-10; step 1
+    # (scheduled at 0) CPU 5-10, device 10-15; step 2 (at 10) CPU 10-15, device 15-20; step 3
+    # (at 15) CPU 15-20, device 20-25
+    (1, [0.010, 0.015, 0.020, 0.025]),
+    # two requests in every step: 9 ms of CPU, 1 of device: the CPU binds, a step per 9 ms.
+    # Step 0 CPU 0-9, device 9-10; step 1 CPU 9-18, device 18-19; step 2 (at 10) CPU 18-27,
+    # device 27-28; step 3 (at 19) CPU 27-36, device 36-37
+    (2, [0.010, 0.019, 0.028, 0.037]),
+])
+def test_the_cpu_part_grows_with_the_sequences_a_step_samples(n, times):
+    s = v1()
+    s.record_tokens = True
+    rec = simulate([RequestSpec(i, 0.0, 8, 4) for i in range(n)],
+                   [Replica(0, s, PerSequenceCpu(), 512)], round_robin())
+    for req in rec.requests:
+        assert req.token_times == pytest.approx(times)
+
+
 def test_a_cpu_bound_engine_makes_one_step_per_cpu_part():
     # one request, prompt 8, 201 outputs: a prefill and 200 decodes, 10 ms a step of which
     # 9 ms is CPU. The CPU parts are serial: step k's CPU part runs (9k, 9k+9] ms, its device

@@ -106,6 +106,8 @@ def test_per_output_token_cost_by_hand(curves):
     assert cpu.step_time(p) - base.step_time(p) == pytest.approx(3 * 5e-4, abs=1e-12)
     assert cpu.breakdown(p)["overhead"] == pytest.approx(2e-3 + 3 * 5e-4, abs=1e-15)
     assert sum(cpu.breakdown(p).values()) == pytest.approx(cpu.step_time(p), rel=1e-12)
+    # the CPU part async scheduling overlaps with the step before: the same overhead
+    assert cpu.cpu_s(p) == cpu.breakdown(p)["overhead"] and base.cpu_s(p) == 2e-3
     # a join step: two decodes (contexts 100 + 300) and one whole prompt of 64 tokens
     joined = plan(prefill=[(64, 0)], decode=[400, 0])
     assert cpu.mixed_step_sum(2, 400, (64,), (0,)) == cpu.step_time(joined)
