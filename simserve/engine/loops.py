@@ -209,7 +209,8 @@ class AsyncTiming:
         if plan.prefill_lens:   # requests scheduled for the first time: their first step
             for req in sched.newly_scheduled:
                 req.first_scheduled_s = start
-        # the step's CPU part (the latency model's per-step overhead) runs from now, or
+        # the step's CPU part (the latency model's cpu_s: overhead, per-sequence costs) runs
+        # from now, or
         # once the CPU is done with the step before's (one engine-core thread: the CPU
         # parts are serial), while the device may still compute the step before; its
         # device part follows both

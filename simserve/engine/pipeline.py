@@ -172,7 +172,8 @@ class PipelineTiming:
             raise ValueError(f"replica {r.index}: {r.depth} stages, but its scheduler was built "
                              f"for pipeline_parallel_size {sched.limits.pipeline_parallel_size}")
         # async scheduling (vLLM's V2 model runner): a queue of p + 1, and each micro-batch's
-        # CPU part (the base model's step overhead) ahead of stage 0, one at a time
+        # CPU part (the base model's cpu_s: its overhead and per-sequence costs) ahead of
+        # stage 0, one at a time
         self.async_cpu = self.launches and sched.limits.async_scheduling
         if sched.limits.async_scheduling and not self.launches:
             raise ValueError(f"replica {r.index}: async scheduling with pipeline parallelism "

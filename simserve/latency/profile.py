@@ -271,10 +271,14 @@ class ProfileLatency:
 
     def cpu_s(self, plan: StepPlan) -> float:
         """The engine's CPU time within ``step_time(plan)`` (what async scheduling overlaps
-        with the step before): the step overhead and ``per_output_token_s`` a sampled row."""
+        with the step before): the step overhead, ``admission_s`` a request admitted and
+        ``per_output_token_s`` a sampled row (the breakdown's overhead, admission and
+        output_tokens)."""
         if plan.is_empty:
             return 0.0
-        return self.step_overhead_s + self.per_output_token_s * plan.as_computed().num_sampled
+        admitted = plan.prefill_ctx.count(0) if self.admission_s and plan.prefill_ctx else 0
+        return (self.step_overhead_s + self.admission_s * admitted
+                + self.per_output_token_s * plan.as_computed().num_sampled)
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         """Seconds per component (all layers together); they sum to :meth:`step_time` less the

@@ -302,6 +302,12 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     notes: list[str] = []
     s, start = _prepare(s, notes, hold)
+    if hold == "duration" and target_rate is not None:
+        duration = s.workload.arrival.duration_s
+        if target_rate * duration > MAX_REQUESTS:
+            raise ConfigError("target_rate", f"{target_rate:g} req/s for workload.duration "
+                                             f"{duration:g} s is over {MAX_REQUESTS:,} requests "
+                                             f"a probe")
     seed_list = [s.seed + k for k in range(seeds)]
     if s.workload.trace is not None and seeds > 1:
         notes.append("a trace replays the same requests whatever the seed: one seed used")
@@ -359,6 +365,11 @@ def _bracket(prober: _Prober, rate: float, replicas: int, workload) -> tuple[flo
                 return rate, rate * 2
             rate *= 2
         n = _num_requests(workload)
+        if n is None:            # holding the duration: the probe held rate × duration
+            raise SimserveError(
+                f"capacity: SLO attainment still meets the target at {rate:.3g} req/s, with "
+                f"{rate * workload.arrival.duration_s:.3g} requests a probe; lengthen "
+                f"workload.duration or tighten the SLO")
         raise SimserveError(
             f"capacity: SLO attainment still meets the target at {rate:.3g} req/s, where the "
             f"{n} requests arrive almost at once; raise workload.num_requests or tighten the SLO")
@@ -368,7 +379,7 @@ def _bracket(prober: _Prober, rate: float, replicas: int, workload) -> tuple[flo
         if isinstance(n, int) and (n - 1) / (rate / 2) > MAX_SECONDS:
             break                     # slower still would not fit a run's clock
         if duration is not None and rate / 2 * duration < 1:
-            break                     # a timed probe slower still would hold no request
+            break                     # a timed probe slower still would hold one request
         if prober.passes(rate / 2, replicas, "bracket", all_seeds=False):
             return rate / 2, rate
         rate /= 2
@@ -378,7 +389,7 @@ def _bracket(prober: _Prober, rate: float, replicas: int, workload) -> tuple[flo
         f"against one request's latency)")
 
 
-def _num_requests(workload) -> int | str:
+def _num_requests(workload) -> int | str | None:
     if workload.trace is not None:
         return workload.trace.num_requests or "trace's"
     return workload.arrival.num_requests

@@ -133,6 +133,11 @@ def test_holding_the_duration_sends_more_requests_at_higher_rates():
 def test_holding_the_duration_needs_one():
     with pytest.raises(ConfigError, match=r"^workload\.duration: holding the duration"):
         capacity(scenario(), hold="duration")
+    # a target rate whose timed probe would exceed the request limit: refused at once
+    timed = scenario(workload__duration=50, workload__num_requests=None)
+    with pytest.raises(ConfigError, match=r"^target_rate: 1e\+06 req/s for workload\.duration "
+                                          r"50 s is over 10,000,000 requests"):
+        capacity(timed, hold="duration", target_rate=1e6)
     with pytest.raises(ConfigError, match="^hold: must be one of requests, duration"):
         capacity(scenario(), hold="time")
 

@@ -429,3 +429,22 @@ def test_forget_prices_takes_back_what_a_stretch_counted():
     assert m.extrapolated["attn_decode"] == 3
     m.forget_prices(prices, 0, 3)
     assert not m.extrapolated and not m.warnings()
+
+
+def test_cpu_part_is_the_breakdowns_engine_costs():
+    """``cpu_s`` (what async scheduling overlaps with the step before) is the breakdown's
+    overhead + admission + output_tokens: the scenario's and the calibration's step overhead,
+    a request admitted (a chunk at context 0), a sampled row, padded rows included."""
+    prof = curved_decode_profile()
+    prof["calibration"] = {"step_overhead_s": 1e-3, "per_output_token_s": 2e-5,
+                           "admission_s": 3e-4}
+    m = ProfileLatency(prof, step_overhead_s=5e-4, per_output_token_s=1e-5)
+    for p in (plan(prefill=[(16, 0), (8, 40)], decode=[100, 200], sampled=3),
+              plan(decode=[100, 200], sampled=2)._replace(padding=3)):
+        parts = m.breakdown(p)
+        want = parts["overhead"] + parts["admission"] + parts["output_tokens"]
+        assert m.cpu_s(p) == pytest.approx(want, rel=1e-12)
+    # by hand: overhead 1.5 ms, one admission 0.3 ms, 3 sampled rows at 30 µs
+    assert m.cpu_s(plan(prefill=[(16, 0), (8, 40)], decode=[100, 200], sampled=3)) == \
+        pytest.approx(1.5e-3 + 3e-4 + 3 * 3e-5)
+    assert m.cpu_s(plan()) == 0.0
