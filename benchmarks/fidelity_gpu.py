@@ -58,6 +58,14 @@ G4          ``--stages profile --profile-backends vllm_fa --profile-grid full   
             re-measure (``--profile-backends flex``) is the next call's, if any
 ==========  =====================================================================  ========
 
+With 15 minutes of device time a task (the device tool's grant since 2026-11; the plan above
+needs about 30), split the campaign over sessions, each carrying the earlier calls' ``state-*.tgz``
+and ``compile-cache.tgz`` back with ``--resume`` (finished stages are skipped; the staging
+calls are repeated on each fresh machine): (A) staging, G1, G2 with ``--only light,moderate``;
+(B) staging, ``--stages serve,workloads --only saturating,trace`` (the server restarted from
+the compile cache), G3; (C) staging, G4. Each is an estimate of 12-15 minutes: check ``status``
+before each call and stop a session's plan where fewer than 4 minutes would be left.
+
 Then, here: ``--stages report --resume DIR`` with DIR holding the ``state-*.tgz`` files the
 calls brought back. The state lives in ``--state`` (default /tmp/fidelity-gpu/state on the
 device, kept while the machine is warm). If the machine went back between calls, the next call
