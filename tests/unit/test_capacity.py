@@ -224,3 +224,13 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, raw, args, messa
     out, err = capsys.readouterr()
     assert code == 2
     assert err.startswith(message) and err.count("\n") == 1
+
+
+def test_cli_bad_hold_is_one_line_and_exit_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["capacity", str(write(tmp_path, CONSTANT)), "--hold", "../x", "--quiet",
+              "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: simserve capacity: argument --hold: invalid choice")
+    assert not (tmp_path / "o").exists()

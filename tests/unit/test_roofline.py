@@ -137,7 +137,7 @@ def test_scenario_per_output_token_field():
     s = parse_scenario({**base, "latency": {"model": "profile", "per_output_token_ms": 0.7,
                                             "path": "Llama-3.1-8B_H100-SXM_bf16"}})
     assert build_latency(s).per_output_token_s == pytest.approx(7e-4)
-    for bad in (-0.1, "fast"):
+    for bad in (-0.1, "fast", 1e20, float("nan")):
         with pytest.raises(ConfigError, match=r"^latency\.per_output_token_ms"):
             parse_scenario({**base, "latency": {"per_output_token_ms": bad}})
     with pytest.raises(ConfigError, match=r"latency\.per_output_token_ms"):
