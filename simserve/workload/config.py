@@ -198,6 +198,42 @@ class ArrivalConfig:
 
 
 @dataclass(frozen=True)
+class SharedPrefix:
+    """inference-perf's ``shared_prefix`` data generator, with its names: ``G =
+    num_unique_system_prompts`` groups of ``U = num_users_per_system_prompt`` users; a user's
+    prompt is its group's system prompt (``system_prompt_len`` tokens, shared by the group)
+    followed by its own question (``question_len``); every request asks for ``output_len``
+    tokens. Request ``i`` is user ``i mod (G·U)``'s (groups in turn, a group's users in turn), so
+    each prompt recurs every ``G·U`` requests and prefix caching serves it from cache."""
+
+    num_unique_system_prompts: int
+    num_users_per_system_prompt: int
+    system_prompt_len: int
+    question_len: int
+    output_len: int
+
+    @property
+    def num_users(self) -> int:
+        return self.num_unique_system_prompts * self.num_users_per_system_prompt
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in _SHARED_PREFIX_KEYS}
+
+
+_SHARED_PREFIX_KEYS = ("num_unique_system_prompts", "num_users_per_system_prompt",
+                       "system_prompt_len", "question_len", "output_len")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One load stage (inference-perf's ``load.stages``): ``rate`` requests/s for ``duration``
+    seconds; stages run one after another."""
+
+    rate: float
+    duration_s: float
+
+
+@dataclass(frozen=True)
 class TraceConfig:
     """Replay of a recorded trace. Times are seconds; the window is on the original clock,
     measured from the trace's first request; the kept requests are shifted to start at 0 and
@@ -294,6 +330,10 @@ class WorkloadConfig:
     # at most this many requests in flight; one due while all are taken is sent when one ends
     # (vllm bench serve --max-concurrency; simserve/clients.py)
     max_concurrency: int | None = None
+    # inference-perf's shared_prefix prompts (instead of prompt/output) and its load stages
+    # (instead of one rate; arrival is then constant or poisson within each stage)
+    shared_prefix: SharedPrefix | None = None
+    stages: tuple[Stage, ...] = ()
 
     @property
     def type(self) -> str:
@@ -303,7 +343,12 @@ class WorkloadConfig:
     def hash_block_tokens(self) -> int:
         """Prompt tokens per ``hash_ids`` entry of this workload's requests: 512 for Mooncake
         traces; for a shared synthetic prefix, a block size that divides it (so the prefix
-        ends on a block boundary and every engine block inside it is shared exactly)."""
+        ends on a block boundary and every engine block inside it is shared exactly); for
+        ``shared_prefix`` prompts the system prompt's length (entry 0 names the group's system
+        prompt, the later ones the user's question, so an engine block that straddles the two
+        belongs to the user alone, as its content does)."""
+        if self.shared_prefix is not None:
+            return self.shared_prefix.system_prompt_len
         return math.gcd(self.prefix_len, 512) if self.prefix_len else 512
 
     @staticmethod
@@ -347,10 +392,15 @@ class WorkloadConfig:
             out["rate"] = a.rate
         if a.process == "gamma":
             out["burstiness"] = a.burstiness
-        if a.num_requests is not None:
+        if self.stages:
+            out["stages"] = [{"rate": st.rate, "duration": st.duration_s} for st in self.stages]
+        elif a.num_requests is not None:
             out["num_requests"] = a.num_requests
-        if a.duration_s is not None:
+        if a.duration_s is not None and not self.stages:
             out["duration"] = a.duration_s
+        if self.shared_prefix is not None:
+            out["shared_prefix"] = self.shared_prefix.to_dict()
+            return out
         if self.prefix_len:
             out["prefix_len"] = self.prefix_len
         if self.lengths is not None:
@@ -362,7 +412,54 @@ class WorkloadConfig:
         return out
 
 
+def _parse_stages(f: Fields) -> tuple[Stage, ...]:
+    raw = f.any("stages")
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f.where("stages"), "expected a non-empty list of {rate, duration}")
+    stages = []
+    for i, item in enumerate(raw):
+        g = Fields(item, f"{f.where('stages')}[{i}]")
+        rate = g.float("rate", positive=True, max=1e9)
+        duration = g.float("duration", positive=True, max=MAX_SECONDS)
+        g.done()
+        stages.append(Stage(rate, duration))
+    total = sum(st.duration_s for st in stages)
+    if total > MAX_SECONDS:
+        raise ConfigError(f.where("stages"), f"the stages last {total:.3g} s, more than the "
+                                             f"{MAX_SECONDS:g} s a run can represent")
+    count = sum(st.rate * st.duration_s for st in stages)
+    if count > MAX_REQUESTS:
+        raise ConfigError(f.where("stages"), f"the stages send about {count:.3g} requests, "
+                                             f"more than the {MAX_REQUESTS:,} a run can hold")
+    return tuple(stages)
+
+
+def _parse_shared_prefix(f: Fields) -> SharedPrefix:
+    g = f.section("shared_prefix")
+    sp = SharedPrefix(*(g.int(k, min=1, max=MAX_TOKENS if k.endswith("_len") else 1_000_000)
+                        for k in _SHARED_PREFIX_KEYS))
+    g.done()
+    return sp
+
+
 def _parse_synthetic(f: Fields) -> WorkloadConfig:
+    if f.has("stages"):
+        process = f.str("arrival", "constant", choices=("constant", "poisson"))
+        for key in ("rate", "num_requests", "duration", "burstiness"):
+            if f.has(key):
+                raise ConfigError(f.where(key), "give either stages or rate/num_requests/"
+                                                "duration, not both")
+        stages = _parse_stages(f)
+        arrival = ArrivalConfig(process, None, 1.0, None,
+                                sum(st.duration_s for st in stages))
+        if not f.has("shared_prefix"):
+            raise ConfigError(f.where("stages"), "stages apply to shared_prefix workloads; "
+                                                 "give shared_prefix")
+        for name in ("prompt", "output", "lengths", "prefix_len"):
+            if f.has(name):
+                raise ConfigError(f.where(name), "shared_prefix sets the lengths; remove it")
+        return WorkloadConfig(arrival=arrival, shared_prefix=_parse_shared_prefix(f),
+                              stages=stages)
     process = f.str("arrival", "poisson", choices=ARRIVALS)
     if process == "burst":
         if f.any("rate", None) is not None:
@@ -394,6 +491,11 @@ def _parse_synthetic(f: Fields) -> WorkloadConfig:
         _check_span(f, rate, num_requests, duration)
     arrival = ArrivalConfig(process, rate, burstiness, num_requests, duration)
     prefix_len = f.int("prefix_len", 0, min=0, max=MAX_TOKENS)
+    if f.has("shared_prefix"):
+        for name in ("prompt", "output", "lengths", "prefix_len"):
+            if f.has(name):
+                raise ConfigError(f.where(name), "shared_prefix sets the lengths; remove it")
+        return WorkloadConfig(arrival=arrival, shared_prefix=_parse_shared_prefix(f))
 
     if f.has("lengths"):
         for name in ("prompt", "output"):

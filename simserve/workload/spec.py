@@ -45,12 +45,14 @@ class SpecColumns(Sequence[RequestSpec]):
     or None; ``classes`` the (priority, name) of each request class, ``klass`` each request's
     index into it."""
 
-    __slots__ = ("arrival_s", "prompt", "output", "hash_ids", "klass", "classes")
+    __slots__ = ("arrival_s", "prompt", "output", "hash_ids", "klass", "classes", "table",
+                 "tables")
 
     def __init__(self, arrival_s: Sequence[float], prompt: Sequence[int],
                  output: Sequence[int], hash_ids: tuple[int, ...] | None = None,
                  klass: Sequence[int] | None = None,
-                 classes: Sequence[tuple[int, str]] = ()):
+                 classes: Sequence[tuple[int, str]] = (),
+                 hash_tables: tuple[Sequence[int], Sequence[tuple[int, ...]]] | None = None):
         # array.array: reading an element gives a Python number at once (no numpy scalar)
         self.arrival_s = _array("d", arrival_s)
         self.prompt = _array("q", prompt)
@@ -58,9 +60,13 @@ class SpecColumns(Sequence[RequestSpec]):
         self.hash_ids = hash_ids
         self.klass = _array("i", klass) if klass is not None else None
         self.classes = tuple(classes)
+        # per-request hash_ids: request i's are tables[table[i]] (a few shared tuples)
+        self.table = _array("i", hash_tables[0]) if hash_tables is not None else None
+        self.tables = tuple(hash_tables[1]) if hash_tables is not None else ()
         n = len(self.arrival_s)
         if len(self.prompt) != n or len(self.output) != n or (
-                self.klass is not None and len(self.klass) != n):
+                self.klass is not None and len(self.klass) != n) or (
+                self.table is not None and len(self.table) != n):
             raise ValueError("SpecColumns: columns of different lengths")
         # the checks RequestSpec makes, on whole columns; the first bad row raises its error
         for col, low in ((self.prompt, 1), (self.output, 1), (self.arrival_s, 0)):
@@ -81,11 +87,11 @@ class SpecColumns(Sequence[RequestSpec]):
             return [self[j] for j in range(*i.indices(len(self)))]
         if i < 0:
             i += len(self)
+        hash_ids = self.hash_ids if self.table is None else self.tables[self.table[i]]
         if self.klass is None:
-            return RequestSpec(i, self.arrival_s[i], self.prompt[i], self.output[i],
-                               self.hash_ids)
+            return RequestSpec(i, self.arrival_s[i], self.prompt[i], self.output[i], hash_ids)
         priority, name = self.classes[self.klass[i]]
-        return RequestSpec(i, self.arrival_s[i], self.prompt[i], self.output[i], self.hash_ids,
+        return RequestSpec(i, self.arrival_s[i], self.prompt[i], self.output[i], hash_ids,
                            priority, name)
 
     def __iter__(self) -> Iterator[RequestSpec]:

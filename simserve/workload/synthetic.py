@@ -25,13 +25,16 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> Sequence[Request
     assert cfg.arrival is not None, "generate() needs a synthetic workload"
     arrival_rng, prompt_rng, output_rng, class_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4))
-    arrival = arrival_times(cfg.arrival, arrival_rng)
+    arrival = (stage_arrivals(cfg, arrival_rng) if cfg.stages
+               else arrival_times(cfg.arrival, arrival_rng))
     n = len(arrival)
     if n and not arrival[-1] <= MAX_SECONDS:   # a heavy gamma tail can still overshoot
         raise ConfigError("workload.rate", f"the arrivals drawn span {arrival[-1]:.3g} s, more "
                                            f"than the {MAX_SECONDS:g} s a run can represent")
     if cfg.lengths is not None:   # (traces.py imports pandas: only a run that reads files pays)
         from simserve.workload.traces import read_length_columns, resolve_path
+    if cfg.shared_prefix is not None:
+        return shared_prefix_specs(cfg, arrival)
     if cfg.lengths is not None and cfg.lengths.format == "sharegpt":
         j = cfg.lengths
         prompts, outputs = read_sharegpt(resolve_path(j.path, base_dir, "workload.lengths.path"),
@@ -63,6 +66,38 @@ def generate(cfg: WorkloadConfig, seed: int, base_dir: Path) -> Sequence[Request
     drawn = class_rng.choice(len(cfg.classes), size=n, p=weights / weights.sum())
     return SpecColumns(arrival, prompt, output, shared, drawn,
                        [(c.priority, c.name) for c in cfg.classes])
+
+
+def stage_arrivals(cfg: WorkloadConfig, rng: np.random.Generator) -> np.ndarray:
+    """Arrivals of load stages run back to back: each stage sends at its rate for its
+    duration, from the time the previous stage's duration ended (a harness that waits for a
+    stage to drain starts the next one a little later: not modelled)."""
+    assert cfg.arrival is not None
+    parts, start = [], 0.0
+    for st in cfg.stages:
+        a = arrival_times(ArrivalConfig(cfg.arrival.process, st.rate, 1.0, None, st.duration_s),
+                          rng)
+        parts.append(a + start)
+        start += st.duration_s
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def shared_prefix_specs(cfg: WorkloadConfig, arrival: np.ndarray) -> SpecColumns:
+    """inference-perf's shared_prefix prompts: request i is user i mod (G·U)'s, its prompt the
+    group's system prompt then the user's question. Each user's ``hash_ids`` (one entry per
+    ``system_prompt_len`` tokens): the group's system prompt, then ids of the user's own."""
+    sp = cfg.shared_prefix
+    assert sp is not None
+    n, users = len(arrival), sp.num_users
+    prompt_len = sp.system_prompt_len + sp.question_len
+    per_user = -(-prompt_len // sp.system_prompt_len)           # entries covering the prompt
+    tables = [(u // sp.num_users_per_system_prompt,)
+              + tuple(sp.num_unique_system_prompts + u * per_user + j
+                      for j in range(per_user - 1))
+              for u in range(users)]
+    user = np.arange(n, dtype=np.int64) % users
+    return SpecColumns(arrival, np.full(n, prompt_len), np.full(n, sp.output_len),
+                       hash_tables=(user, tables))
 
 
 def arrival_times(cfg: ArrivalConfig, rng: np.random.Generator) -> np.ndarray:
