@@ -92,13 +92,22 @@ def _base_latency(s: Scenario) -> LatencyModel:
         return LinearLatency(lat.base_ms / 1000.0, lat.per_token_ms / 1000.0,
                              lat.per_seq_ms / 1000.0)
     kwargs: dict[str, Any] = {}
+    frontend_s = 0.0
     if roofline_uses_curves(s):
         from simserve.latency.efficiency import load_curves
-        kwargs["curves"] = load_curves(s.hardware.efficiency)
+        curves = kwargs["curves"] = load_curves(s.hardware.efficiency)
+        # the engine's CPU terms fitted with the curve set, unless the scenario gives its own
+        if curves.step_overhead_s is not None:
+            kwargs["step_overhead_s"] = curves.step_overhead_s
+        if curves.per_output_token_s is not None:
+            kwargs["per_output_token_s"] = curves.per_output_token_s
+        frontend_s = curves.frontend_delay_s or 0.0
     if lat.step_overhead_ms is not None:
         kwargs["step_overhead_s"] = lat.step_overhead_ms / 1000.0
-    if lat.per_output_token_ms:
+    if lat.per_output_token_ms is not None:
         kwargs["per_output_token_s"] = lat.per_output_token_ms / 1000.0
+    if lat.frontend_delay_ms is not None:
+        frontend_s = lat.frontend_delay_ms / 1000.0
     if lat.flops_efficiency is not None:
         kwargs["flops_efficiency"] = lat.flops_efficiency
     if lat.bandwidth_efficiency is not None:
@@ -106,8 +115,8 @@ def _base_latency(s: Scenario) -> LatencyModel:
     kwargs.update(_moe_options(s))
     roof = RooflineModel(s.model, s.hardware, tensor_parallel_size=s.engine.tensor_parallel_size,
                          block_size=s.engine.block_size, **kwargs)
-    if lat.frontend_delay_ms:   # a per-request front-end delay, applied by runner.collect
-        roof.frontend_delay_s = lat.frontend_delay_ms / 1000.0
+    if frontend_s:   # a per-request front-end delay, applied by runner.collect
+        roof.frontend_delay_s = frontend_s
     return roof
 
 

@@ -42,6 +42,8 @@ from simserve.errors import ConfigError, DataError
 
 EFFICIENCY_DIR = Path(__file__).resolve().parent.parent / "data" / "efficiency"
 CLASSES = ("gemm", "attn_prefill", "attn_decode", "lm_head", "pointwise")
+# an engine's CPU terms a set may carry (fitted with it to whole serving runs)
+ENGINE_TERMS = ("step_overhead_s", "per_output_token_s", "frontend_delay_s")
 
 
 def _axis(values: list[float], *, ctx: bool) -> tuple[float, ...]:
@@ -118,6 +120,11 @@ class EfficiencyCurves:
     pointwise_layer_s: float      # fixed seconds per layer of the pointwise ops
     pointwise_eta: float          # their bandwidth efficiency on top of that
     allreduce_latency_s: float    # fixed cost of one small all-reduce (TP)
+    # the engine's CPU terms fitted with the set (absent: the roofline's own defaults); a
+    # scenario's latency.step_overhead_ms / per_output_token_ms / frontend_delay_ms win
+    step_overhead_s: float | None = None
+    per_output_token_s: float | None = None
+    frontend_delay_s: float | None = None
 
 
 def _eta_list(values: Any, where: str) -> tuple[float, ...]:
@@ -166,8 +173,18 @@ def parse_curves(raw: Any, where: str) -> EfficiencyCurves:
     if not (0 <= layer_s < 1 and 0 < pw_eta <= 1 and 0 <= ar < 1):
         raise DataError(where, "pointwise.layer_s, pointwise.eta or allreduce_latency_s "
                                "out of range")
+    engine = raw.get("engine", {})
+    if not isinstance(engine, dict) or set(engine) - set(ENGINE_TERMS):
+        raise DataError(where, f"engine: expected an object with keys among {ENGINE_TERMS}")
+    terms = {}
+    for key in ENGINE_TERMS:
+        v = engine.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not 0 <= v < 1):
+            raise DataError(where, f"engine.{key}: expected seconds in [0, 1), got {v!r}")
+        terms[key] = None if v is None else float(v)
     return EfficiencyCurves(str(raw.get("name", where)), str(raw.get("source", "")), gemm,
-                            grids[0], grids[1], lm_head, layer_s, pw_eta, ar)
+                            grids[0], grids[1], lm_head, layer_s, pw_eta, ar, **terms)
 
 
 def list_curves() -> list[str]:
