@@ -61,7 +61,6 @@ from simserve.engine.queue import queue_loop
 from simserve.engine.queue import sleep as _sleep
 from simserve.engine.replica import Flight, Replica
 from simserve.engine.runtime import Runtime, join_arrivals, pull_arrivals
-from simserve.latency.base import cpu_part_s
 from simserve.sched.core import InFlight, Scheduler
 from simserve.sched.plan import StepPlan
 from simserve.sched.stretch import Join, Stretch
@@ -216,7 +215,7 @@ class AsyncTiming:
         # device part follows both
         r = self.r
         duration = r.latency.step_time(plan)
-        cpu = cpu_part_s(r.latency, plan)
+        cpu = r.pricing.cpu_s(plan)
         overhead = cpu if cpu < duration else duration
         cpu_free = self.cpu_free
         ready = (cpu_free if cpu_free > now else now) + overhead
@@ -272,7 +271,7 @@ def _take(c: Runtime, r: Replica, sched: Scheduler, plan: StepPlan, start: float
     stretch = Stretch.plan(sched, plan, max_steps, past_finish) if max_steps > 1 else None
     if stretch is not None:
         # requests join only a stretch past finishes (nothing else waits)
-        stretch.price(r.latency, start, cut, cut_end, join if stretch.past_finish else None)
+        stretch.price(r.pricing, start, cut, cut_end, join if stretch.past_finish else None)
         if stretch.num_steps > 1:
             c.rec.stretch(r, stretch)
             ends = stretch.starts[1:]

@@ -42,8 +42,9 @@ from collections.abc import Callable
 from heapq import heapify, heappop, heappush
 from itertools import accumulate
 from operator import add, itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from simserve.latency.base import Prices, Pricing
 from simserve.sched.plan import StepPlan
 
 if TYPE_CHECKING:
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
     from simserve.sched.request import Request
 
 INF = float("inf")
-Prices = Callable[[int, int], list[float]]
 
 
 # A run of steps of one membership and shape: (the stretch step it starts at, the requests
@@ -202,7 +202,7 @@ class Stretch:
                         self.first_plan.extra_s)
 
     # -- pricing ---------------------------------------------------------------------------
-    def price(self, latency: Any, start: float, cut: float = INF, cut_end: float = INF,
+    def price(self, latency: Pricing, start: float, cut: float = INF, cut_end: float = INF,
               join: Join | None = None) -> None:
         """Price the stretch's steps from ``start``: ``starts``, ``durations``, ``end``, and
         keep only the steps after the first that start before ``cut`` and end before
@@ -225,11 +225,12 @@ class Stretch:
         """
         k, plan = self.num_steps, self.first_plan
         members = self.members
-        by_sum = None if plan.extra_s else getattr(latency, "decode_stretch_sum", None)
-        mixed_sum = getattr(latency, "mixed_step_sum", None)
+        sums = latency.sums
+        by_sum = None if plan.extra_s or sums is None else sums.decode_stretch_sum
+        mixed_sum = None if sums is None else sums.mixed_step_sum
         # a model that counts something as it prices (a profile's grid lookups) takes back
         # what steps priced and then dropped counted: (segment start, its prices) to tell it
-        forget = getattr(latency, "forget_prices", None)
+        forget = latency.forget_prices
         priced: list[tuple[int, Prices]] = []
         acc = [start]            # acc[m]: start of step m; acc[-1]: end of the last priced
         durations: list[float] = []
@@ -467,17 +468,8 @@ def _fit_blocks(members: list[Member], k: int, bs: int, free: int) -> int:
     return lo
 
 
-def stretch_prices(latency: Any, plan: StepPlan) -> Prices:
+def stretch_prices(latency: Pricing, plan: StepPlan) -> Prices:
     """``(i, n) -> list`` of the seconds of steps i .. i + n - 1 of a decode stretch starting
-    with ``plan`` (step i: every context grown by i). Uses the model's own ``decode_stretch``
-    when it has one (its values must be bit-identical to ``step_time`` step by step);
-    otherwise prices each step's plan."""
-    fast = getattr(latency, "decode_stretch", None)
-    if fast is not None:
-        return fast(plan)   # type: ignore[no-any-return]
-
-    def prices(i: int, n: int) -> list[float]:
-        return [latency.step_time(plan._replace(decode_ctx=tuple(c + m for c in plan.decode_ctx)))
-                for m in range(i, i + n)]
-
-    return prices
+    with ``plan`` (step i: every context grown by i): the model's own ``decode_stretch`` (its
+    values bit-identical to ``step_time`` step by step), else each step's plan priced."""
+    return latency.decode_stretch(plan)
