@@ -39,12 +39,12 @@ Solo (:func:`solo_loop`, ``Runtime.pull``): one replica and no failures. Nothing
 happen between two of its step boundaries and the router has no choice to make, so the replica takes
 the arrivals due by each boundary itself (in order, as the URGENT arrival events would have)
 and yields to SimPy only to sleep while idle. Every stretch is then applied before anyone could
-look at it, so a stretch may also run on past finishes (``Scheduler.continues_past_finish``):
+look at it, so a stretch may also run on past finishes (``PolicyFacts.continues_past_finish``):
 requests drop out as they finish, and each run of one membership (a *segment*) is priced from
 the plan ``schedule()`` would have made at its first step; and it may start with a mixed step
 that finishes the newcomers' prefills while the others decode or wait (a segment of its own).
 Requests that arrive during such a stretch join it at the first step that sees them when the
-policy would admit them whole there (``Scheduler.joins_stretch``; ``runtime.join_arrivals``):
+policy would admit them whole there (``PolicyFacts.joins_stretch``; ``runtime.join_arrivals``):
 that step is then a mixed step of the stretch, and the stretch goes on instead of ending.
 """
 
@@ -61,7 +61,8 @@ from simserve.engine.queue import queue_loop
 from simserve.engine.queue import sleep as _sleep
 from simserve.engine.replica import Flight, Replica
 from simserve.engine.runtime import Runtime, join_arrivals, pull_arrivals
-from simserve.sched.core import InFlight, Scheduler
+from simserve.sched.core import Scheduler
+from simserve.sched.inflight import InFlight
 from simserve.sched.plan import StepPlan
 from simserve.sched.stretch import Join, Stretch
 
@@ -93,7 +94,7 @@ def solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     start with a mixed step (the module docstring says why that is exact)."""
     arrivals, sched = c.arrivals, r.scheduler
     # arrivals may join a stretch (sched/stretch.py) when the policy says when it admits them
-    join = partial(join_arrivals, c, r) if sched.joins_stretch else None
+    join = partial(join_arrivals, c, r) if sched.facts.joins_stretch else None
     now = env.now
     while True:
         if arrivals.next_time <= now:

@@ -12,7 +12,7 @@ nothing, with more stages it delays the next micro-batch).
 
 Which requests a micro-batch may take while others are in flight depends on the policy:
 
-* ``vllm_v1``, ``priority`` and ``vllm_native`` (``Scheduler.pipeline_launch``): as vLLM v1's
+* ``vllm_v1``, ``priority`` and ``vllm_native`` (``PolicyFacts.pipeline_launch``): as vLLM v1's
   ``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``, 0.32), which advances a
   scheduled request's ``num_computed_tokens`` at once. A request whose scheduled tokens reach
   its ``num_tokens`` (a decode, or a prompt's last chunk) then asks for no tokens and is skipped
@@ -97,7 +97,9 @@ from simserve.engine.clock import Clock
 from simserve.engine.queue import queue_loop
 from simserve.engine.replica import Replica
 from simserve.engine.runtime import Runtime
-from simserve.sched.core import Batch, InFlight, Scheduler
+from simserve.sched.core import Scheduler
+from simserve.sched.inflight import InFlight
+from simserve.sched.limits import Batch
 from simserve.sched.plan import StepPlan
 
 
@@ -170,7 +172,7 @@ class PipelineTiming:
         self.last_end = 0.0                     # the latest output time scheduled so far
         # vLLM v1's engine core (module docstring); Sarathi-Serve's skips empty schedules
         sched = r.scheduler
-        self.launches = self.queues_empty = sched.pipeline_launch
+        self.launches = self.queues_empty = sched.facts.pipeline_launch
         if self.launches and sched.limits.pipeline_parallel_size != r.depth:
             raise ValueError(f"replica {r.index}: {r.depth} stages, but its scheduler was built "
                              f"for pipeline_parallel_size {sched.limits.pipeline_parallel_size}")

@@ -39,7 +39,8 @@ from simserve.metrics.recorder import Recorder
 from simserve.metrics.tokens import moved
 from simserve.sched.plan import StepPlan
 from simserve.sched.stretch import Joined, Stretch
-from simserve.sched.core import InFlight, Scheduler
+from simserve.sched.core import Scheduler
+from simserve.sched.inflight import InFlight
 from simserve.sched.request import Request, Status
 from simserve.workload.spec import RequestSpec
 

@@ -8,7 +8,7 @@ member j's token at position c_j + i, so it needs blocks for c_j + i + 1 tokens:
                                                  step 2 needs a third block, ...
 
 Until someone finishes, arrives, or the blocks run out, every step repeats the decision (for a
-policy whose admission is monotone: ``Scheduler.monotone_admission``), so the engine can price and
+policy whose admission is monotone: ``PolicyFacts.monotone_admission``), so the engine can price and
 apply k steps at once. A stretch may also start with a step that completes the last prefill
 chunks of some requests while the others decode, or wait (vLLM v0's prefill-only steps): when
 nothing is left waiting, the next step decodes them all. A member's c is then chosen so that
@@ -136,7 +136,7 @@ class Stretch:
         """
         running = sched.running
         everyone = len(plan.request_ids) == len(running)
-        if (not sched.monotone_admission or plan.num_preempted
+        if (not sched.facts.monotone_admission or plan.num_preempted
                 or plan.swap_in_blocks or plan.swap_out_blocks
                 or plan.num_sampled != len(plan.request_ids) or max_steps <= 1
                 or sched.blocks.caches_prefixes    # blocks with identities: allocate() each
@@ -150,7 +150,7 @@ class Stretch:
         if not mixed and not everyone:
             return None
         batch = sched._batch
-        if mixed and (not past_finish or not sched.continues_past_finish or sched.waiting
+        if mixed and (not past_finish or not sched.facts.continues_past_finish or sched.waiting
                       or sched.swapped or batch is None or batch.plan is not plan
                       or len(running) > sched.limits.max_num_batched_tokens):
             return None
@@ -178,7 +178,7 @@ class Stretch:
                     members.append((r, c - 1, blocks_held[r.id], left + 1, 1))   # waits
                 else:
                     return None   # a prefill left undone: the next step is no decode step
-        past = (past_finish and sched.continues_past_finish
+        past = (past_finish and sched.facts.continues_past_finish
                 and not sched.waiting and not sched.swapped)
         k = min(max_steps, (max if past else min)(map(_stop, members)))
         if k <= 1:
