@@ -49,10 +49,10 @@ def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: 
         delay = max(r.pricing.frontend_delay_s for r in replicas)
         c.gate = ClientGate(max_concurrency, delay)
     c.progress = progress
-    loop = loop_for(c)
+    loop = loop_for(c.mode)
     for r in replicas:
         r.proc = env.process(loop(env, c, r))
-    if not c.pull:
+    if not c.mode.pull:
         env.process(arrival_process(env, c))
     if faults is not None:
         for t, i, restart in faults.initial():
