@@ -363,9 +363,8 @@ def _check_consistency(s: Scenario) -> None:
     if s.engine.pipeline_parallel_size > 1:
         _check_pipeline(s)
     if s.engine.speculative_config is not None:
-        from simserve.sched import POLICIES
-        if not POLICIES[s.policy].speculates:
-            able = [n for n, c in POLICIES.items() if c.speculates]
+        if not cls.speculates:
+            able = [n for n in policy_names() if describe(n).speculates]
             raise ConfigError("engine.speculative_config",
                               f"policy {s.policy!r} does not model speculative decoding; use "
                               f"one of: {', '.join(able)}")
@@ -403,10 +402,9 @@ def _check_pipeline(s: Scenario) -> None:
     engine can hold micro-batches out of, a stage per layer at most, a colocated cluster
     without failures or replica groups, a latency model with per-layer costs. (A client
     concurrency gate works with it: the pipelined loop steps, as a gate needs.)"""
-    from simserve.sched import POLICIES
     pp, field = s.engine.pipeline_parallel_size, "engine.pipeline_parallel_size"
-    if not POLICIES[s.policy].pipelines:
-        able = [n for n, c in POLICIES.items() if c.pipelines]
+    if not describe(s.policy).pipelines:
+        able = [n for n in policy_names() if describe(n).pipelines]
         raise ConfigError(field, f"policy {s.policy!r} does not model pipeline parallelism; "
                                  f"use one of: {', '.join(able)}")
     if pp > s.model.num_layers:

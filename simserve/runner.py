@@ -363,9 +363,9 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
             bar.close()
     del specs                       # (the workload's columns: not needed by the tables)
     result = collect(s, rec, replicas)
-    latency_models = {id(r.latency): r.latency for r in replicas}.values()
+    pricings = {id(r.latency): r.pricing for r in replicas}.values()
     result.latency_label = replicas[0].latency.label
-    result.warnings = [w for m in latency_models for w in getattr(m, "warnings", list)()]
+    result.warnings = [w for p in pricings for w in p.warnings()]
     result.summary["latency_model"] = result.latency_label
     result.summary["warnings"] = result.warnings
     return result
@@ -413,8 +413,7 @@ def coinciding(results: dict[str, Result]) -> list[list[str]]:
 def frontend_delays(replicas: list[Replica]) -> dict[int, float]:
     """Each replica's front-end delay in seconds (a calibrated profile's ``frontend_delay_s``;
     0 for every other latency model)."""
-    return {r.index: float(getattr(r.latency, "frontend_delay_s", 0.0) or 0.0)
-            for r in replicas}
+    return {r.index: r.pricing.frontend_delay_s for r in replicas}
 
 
 def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:

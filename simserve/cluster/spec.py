@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from simserve.errors import ConfigError
 from simserve.kv.capacity import kv_block_bytes, kv_capacity_blocks, stage_block_bytes
 from simserve.sched import describe
-from simserve.sched.core import SchedulerLimits
+from simserve.sched.limits import SchedulerLimits
 
 if TYPE_CHECKING:
     from simserve.config import Scenario

@@ -13,7 +13,7 @@ from simserve.engine.replica import Replica
 from simserve.errors import ConfigError
 from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
-from simserve.latency.base import LatencyModel
+from simserve.latency.base import LatencyModel, Pricing
 from simserve.sched import POLICIES, Scheduler
 
 if TYPE_CHECKING:
@@ -112,12 +112,11 @@ def _base_latency(s: Scenario) -> LatencyModel:
         kwargs["flops_efficiency"] = lat.flops_efficiency
     if lat.bandwidth_efficiency is not None:
         kwargs["bandwidth_efficiency"] = lat.bandwidth_efficiency
-    kwargs.update(_moe_options(s))
-    roof = RooflineModel(s.model, s.hardware, tensor_parallel_size=s.engine.tensor_parallel_size,
-                         block_size=s.engine.block_size, **kwargs)
     if frontend_s:   # a per-request front-end delay, applied by runner.collect
-        roof.frontend_delay_s = frontend_s
-    return roof
+        kwargs["frontend_delay_s"] = frontend_s
+    kwargs.update(_moe_options(s))
+    return RooflineModel(s.model, s.hardware, tensor_parallel_size=s.engine.tensor_parallel_size,
+                         block_size=s.engine.block_size, **kwargs)
 
 
 def _moe_options(s: Scenario) -> dict[str, Any]:
@@ -150,6 +149,7 @@ def _group_replicas(s: Scenario, g: GroupConfig, first: int,
     spec = s.replica
     spec.check_kv()
     latency = latency or build_latency(s)
+    pricing = Pricing.of(latency)      # what the model offers, asked once for its replicas
     policy = POLICIES[spec.policy]
 
     def kv() -> BlockManager:
@@ -169,7 +169,8 @@ def _group_replicas(s: Scenario, g: GroupConfig, first: int,
     # vLLM's DP + EP: each DP rank is an engine of its own (scheduler, KV), behind the router
     ranks = g.replicas * s.engine.data_parallel_size
     return [Replica(first + i, factory(), latency, spec.max_model_len, group=g.name,
-                    role=g.role, factory=factory, depth=s.engine.pipeline_parallel_size)
+                    role=g.role, factory=factory, depth=s.engine.pipeline_parallel_size,
+                    priced=pricing)
             for i in range(ranks)]
 
 

@@ -35,16 +35,16 @@ Run-ahead (:func:`run_ahead_loop`): when no unannounced events can happen (no
 disaggregation), a step or stretch that ends before the next outside event is applied at once,
 without a SimPy event; the replica runs ahead of the SimPy clock but never past that event.
 
-Solo (:func:`solo_loop`, ``Runtime.pull``): one replica and no failures. Nothing but arrivals can
+Solo (:func:`solo_loop`, ``Mode.pull``): one replica and no failures. Nothing but arrivals can
 happen between two of its step boundaries and the router has no choice to make, so the replica takes
 the arrivals due by each boundary itself (in order, as the URGENT arrival events would have)
 and yields to SimPy only to sleep while idle. Every stretch is then applied before anyone could
-look at it, so a stretch may also run on past finishes (``Scheduler.continues_past_finish``):
+look at it, so a stretch may also run on past finishes (``PolicyFacts.continues_past_finish``):
 requests drop out as they finish, and each run of one membership (a *segment*) is priced from
 the plan ``schedule()`` would have made at its first step; and it may start with a mixed step
 that finishes the newcomers' prefills while the others decode or wait (a segment of its own).
 Requests that arrive during such a stretch join it at the first step that sees them when the
-policy would admit them whole there (``Scheduler.joins_stretch``; ``runtime.join_arrivals``):
+policy would admit them whole there (``PolicyFacts.joins_stretch``; ``runtime.join_arrivals``):
 that step is then a mixed step of the stretch, and the stretch goes on instead of ending.
 """
 
@@ -56,13 +56,14 @@ from functools import partial
 from typing import Any
 
 from simserve.engine.clock import Clock, Interrupt
+from simserve.engine.mode import BATCH_QUEUE, PIPELINE, RUN_AHEAD, SOLO, STEPPING, Mode
 from simserve.engine.pipeline import pipeline_loop
 from simserve.engine.queue import queue_loop
 from simserve.engine.queue import sleep as _sleep
 from simserve.engine.replica import Flight, Replica
 from simserve.engine.runtime import Runtime, join_arrivals, pull_arrivals
-from simserve.latency.base import cpu_part_s
-from simserve.sched.core import InFlight, Scheduler
+from simserve.sched.core import Scheduler
+from simserve.sched.inflight import InFlight
 from simserve.sched.plan import StepPlan
 from simserve.sched.stretch import Join, Stretch
 
@@ -77,15 +78,10 @@ INF = math.inf
 _NO_ENDS: list[float] = []   # (a plain step's; never changed)
 
 
-def loop_for(c: Runtime) -> Callable[[Clock, Runtime, Replica], Loop]:
-    """The loop that runs each replica of ``c``."""
-    if c.pipelined:
-        return pipeline_loop
-    if c.batch_queue:
-        return batch_queue_loop
-    if c.pull:
-        return solo_loop
-    return run_ahead_loop if c.run_ahead else stepping_loop
+def loop_for(mode: Mode) -> Callable[[Clock, Runtime, Replica], Loop]:
+    """The loop that runs every replica of a run (``Runtime.mode``: engine/mode.py), for the
+    simulation and the live driver alike."""
+    return _LOOPS[mode.loop]
 
 
 def solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
@@ -94,7 +90,7 @@ def solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     start with a mixed step (the module docstring says why that is exact)."""
     arrivals, sched = c.arrivals, r.scheduler
     # arrivals may join a stretch (sched/stretch.py) when the policy says when it admits them
-    join = partial(join_arrivals, c, r) if sched.joins_stretch else None
+    join = partial(join_arrivals, c, r) if sched.facts.joins_stretch else None
     now = env.now
     while True:
         if arrivals.next_time <= now:
@@ -144,7 +140,7 @@ def stepping_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     disaggregated clusters, where a KV cache landing (the inbox) cuts a stretch in flight back
     to the steps that start before it."""
     cuts = _outside_events(c, r)
-    max_steps = MAX_STRETCH if c.fast_forward else 1
+    max_steps = MAX_STRETCH if c.mode.fast_forward else 1
     inbox, sched = r.inbox, r.scheduler
     now = env.now
     while True:
@@ -216,7 +212,7 @@ class AsyncTiming:
         # device part follows both
         r = self.r
         duration = r.latency.step_time(plan)
-        cpu = cpu_part_s(r.latency, plan)
+        cpu = r.pricing.cpu_s(plan)
         overhead = cpu if cpu < duration else duration
         cpu_free = self.cpu_free
         ready = (cpu_free if cpu_free > now else now) + overhead
@@ -238,7 +234,7 @@ def _outside_events(c: Runtime, r: Replica) -> Callable[[], tuple[float, float]]
     per-step state routes; failures and restarts; things already in its inbox)."""
     arrivals, faults, inbox = c.arrivals, c.fault_times, r.inbox
     arrival_cut, arrival_end = c.arrival_rules(r)
-    fault_end = c.fault_end_rule
+    fault_end = c.mode.fault_end_rule
 
     def cuts() -> tuple[float, float]:
         cut = cut_end = INF
@@ -272,7 +268,7 @@ def _take(c: Runtime, r: Replica, sched: Scheduler, plan: StepPlan, start: float
     stretch = Stretch.plan(sched, plan, max_steps, past_finish) if max_steps > 1 else None
     if stretch is not None:
         # requests join only a stretch past finishes (nothing else waits)
-        stretch.price(r.latency, start, cut, cut_end, join if stretch.past_finish else None)
+        stretch.price(r.pricing, start, cut, cut_end, join if stretch.past_finish else None)
         if stretch.num_steps > 1:
             c.rec.stretch(r, stretch)
             ends = stretch.starts[1:]
@@ -290,7 +286,7 @@ def _hold(env: Clock, c: Runtime, r: Replica, stretch: Stretch | None, start: fl
     """Hold the clock until the step or stretch ends; its end, which a KV landing may move
     earlier (the stretch cut back: ``ends`` shrinks), or None if the replica failed in flight.
     Without disaggregation or failures nothing can cut a flight short: a plain wait."""
-    if not c.tracked:
+    if not c.mode.tracked:
         yield env.at(end)
         return end
     r.flight = Flight(stretch.starts, ends, stretch) if stretch is not None \
@@ -305,3 +301,8 @@ def _hold(env: Clock, c: Runtime, r: Replica, stretch: Stretch | None, start: fl
             end = r.flight.ends[-1]
     r.flight = None
     return ends[-1] if stretch is not None else end
+
+
+_LOOPS: dict[str, Callable[[Clock, Runtime, Replica], Loop]] = {
+    SOLO: solo_loop, RUN_AHEAD: run_ahead_loop, STEPPING: stepping_loop,
+    BATCH_QUEUE: batch_queue_loop, PIPELINE: pipeline_loop}

@@ -12,7 +12,7 @@ nothing, with more stages it delays the next micro-batch).
 
 Which requests a micro-batch may take while others are in flight depends on the policy:
 
-* ``vllm_v1``, ``priority`` and ``vllm_native`` (``Scheduler.pipeline_launch``): as vLLM v1's
+* ``vllm_v1``, ``priority`` and ``vllm_native`` (``PolicyFacts.pipeline_launch``): as vLLM v1's
   ``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``, 0.32), which advances a
   scheduled request's ``num_computed_tokens`` at once. A request whose scheduled tokens reach
   its ``num_tokens`` (a decode, or a prompt's last chunk) then asks for no tokens and is skipped
@@ -97,8 +97,9 @@ from simserve.engine.clock import Clock
 from simserve.engine.queue import queue_loop
 from simserve.engine.replica import Replica
 from simserve.engine.runtime import Runtime
-from simserve.latency.base import cpu_part_s
-from simserve.sched.core import Batch, InFlight, Scheduler
+from simserve.sched.core import Scheduler
+from simserve.sched.inflight import InFlight
+from simserve.sched.limits import Batch
 from simserve.sched.plan import StepPlan
 
 
@@ -163,11 +164,15 @@ class PipelineTiming:
         self.deliver_step = c.deliver_step
         self.stages = Stages(r.depth)
         c.rec.stages[r.index] = self.stages     # (its bubbles: the summary's)
-        self.latency: Any = r.latency           # a PipelineLatency (engine/build.py)
+        stages = r.pricing.stages               # a PipelineLatency's (engine/build.py)
+        if stages is None:
+            raise ValueError(f"replica {r.index}: a pipeline-parallel replica's latency model "
+                             "prices stages (latency/pipeline.py)")
+        self.stage_times = stages
         self.last_end = 0.0                     # the latest output time scheduled so far
         # vLLM v1's engine core (module docstring); Sarathi-Serve's skips empty schedules
         sched = r.scheduler
-        self.launches = self.queues_empty = sched.pipeline_launch
+        self.launches = self.queues_empty = sched.facts.pipeline_launch
         if self.launches and sched.limits.pipeline_parallel_size != r.depth:
             raise ValueError(f"replica {r.index}: {r.depth} stages, but its scheduler was built "
                              f"for pipeline_parallel_size {sched.limits.pipeline_parallel_size}")
@@ -179,12 +184,12 @@ class PipelineTiming:
             raise ValueError(f"replica {r.index}: async scheduling with pipeline parallelism "
                              f"needs a policy that launches micro-batches (vLLM v1's)")
         self.depth = sched.limits.pipeline_queue_depth if self.launches else r.depth
-        self.cpu_model = getattr(self.latency, "base", self.latency)
+        self.cpu_s = r.pricing.cpu_s   # (a PipelineLatency's: its base model's CPU part)
         self.cpu_free = c.env.now               # when the CPU is done with the CPU parts so far
 
     def launch(self, sched: Scheduler, plan: StepPlan, now: float
                ) -> tuple[Batch | InFlight, float]:
-        times, sends = self.latency.stages(plan)
+        times, sends = self.stage_times(plan)
         if self.async_cpu:
             return self._launch_async(sched, plan, now, times, sends)
         entered, out = self.stages.push(now, times, sends)
@@ -198,7 +203,7 @@ class PipelineTiming:
                       sends: list[float]) -> tuple[InFlight, float]:
         """With async scheduling (the module docstring): the CPU part, then the stages once
         every input token of the micro-batch is out of the last stage."""
-        cpu = cpu_part_s(self.cpu_model, plan)
+        cpu = self.cpu_s(plan)
         cpu = cpu if cpu < times[0] else times[0]
         times[0] -= cpu
         ready = self.cpu_free = (self.cpu_free if self.cpu_free > now else now) + cpu

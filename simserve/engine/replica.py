@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from simserve.kv.blocks import BlockManager
-from simserve.latency.base import LatencyModel
+from simserve.latency.base import LatencyModel, Pricing
 from simserve.metrics.tokens import TokenLog
 from simserve.sched.core import Scheduler
 from simserve.sched.request import Request
@@ -40,8 +40,13 @@ class Replica:
     inbox: list[tuple[float, int, int, tuple[Any, ...]]] = field(default_factory=list,
                                                                  repr=False)
     tokens: TokenLog | None = field(default=None, repr=False)   # its token log, while running
+    # what its latency model offers (latency/base.py), resolved once: given by engine/build.py
+    # for the replicas that share a model, else asked of the model here
+    priced: InitVar[Pricing | None] = None
+    pricing: Pricing = field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, priced: Pricing | None) -> None:
+        self.pricing = priced if priced is not None else Pricing.of(self.latency)
         # policies that decide by predicted step time (FastServe's time quanta) read it
         self.scheduler.latency = self.latency
 

@@ -32,6 +32,7 @@ from typing import Any, cast
 
 from simserve.clients import ClientGate
 from simserve.engine.clock import LATE, NORMAL, URGENT, Clock
+from simserve.engine.mode import Mode
 from simserve.engine.replica import Replica, Router, rejection_reason
 from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
@@ -39,7 +40,8 @@ from simserve.metrics.recorder import Recorder
 from simserve.metrics.tokens import moved
 from simserve.sched.plan import StepPlan
 from simserve.sched.stretch import Joined, Stretch
-from simserve.sched.core import InFlight, Scheduler
+from simserve.sched.core import Scheduler
+from simserve.sched.inflight import InFlight
 from simserve.sched.request import Request, Status
 from simserve.workload.spec import RequestSpec
 
@@ -99,42 +101,19 @@ class Runtime:
             r.tokens = rec.token_log(r)
         self.entry = [r for r in replicas if r.role != "decode"]
         self.decode = [r for r in replicas if r.role == "decode"]
-        self.disaggregated = bool(self.decode)
-        if self.disaggregated and (decode_router is None or transfer_s is None
-                                   or any(r.role != "prefill" for r in self.entry)):
+        if self.decode and (decode_router is None or transfer_s is None
+                            or any(r.role != "prefill" for r in self.entry)):
             raise ValueError("decode replicas need prefill replicas (no mixed ones), a "
                              "decode_router and transfer_s")
         self.router = router
         # a disaggregated run has both (checked above); a colocated one never calls either
         self.decode_router: Router = decode_router or _no_decode_pool
         self.transfer_s: Callable[..., float] = transfer_s or _no_decode_pool
-        # a replica with more than one step in flight (async scheduling) is stepped in
-        # loops.batch_queue_loop: arrivals come from the arrival process, never pulled
-        self.batch_queue = any(r.batch_queue_depth > 1 for r in self.replicas)
-        if self.batch_queue:
-            fast_forward = False
-            if self.disaggregated or faults is not None:
-                raise ValueError("a batch queue (async scheduling) is not modelled with "
-                                 "disaggregation or failures")
-        self.fast_forward = fast_forward
-        # pipeline-parallel replicas (engine/pipeline.py) step, each micro-batch an event
-        self.pipelined = any(r.depth > 1 for r in replicas)
-        if self.pipelined and (self.disaggregated or faults is not None):
-            raise ValueError("pipeline-parallel replicas run colocated, without failures")
-        self.run_ahead = fast_forward and not self.disaggregated and not self.pipelined
-        # One replica, nothing else going on: nothing can happen between two of its step
-        # boundaries but arrivals, and where an arrival goes is forced, so the replica takes
-        # the arrivals due by each boundary itself (as the URGENT arrival events would have, in
-        # the same order) and never waits on the SimPy clock but to sleep while idle.
-        self.pull = self.run_ahead and len(self.replicas) == 1 and faults is None
-        self.tracked = self.disaggregated or faults is not None   # flights may be cut short
+        # how the replicas are stepped (engine/mode.py): the loop, what may cut a step short
+        self.mode = Mode.of(self.replicas, fast_forward, faults, router, decode_router)
         self.faults, self.on_failure, self.max_retries = faults, on_failure, max_retries
         if faults is not None and any(r.factory is None for r in replicas):
             raise ValueError("fault injection needs each replica's scheduler factory")
-        observes = getattr(router, "observes_state", True)
-        self.decode_observes = getattr(decode_router, "observes_state", True)
-        self.fault_end_rule = observes or (self.disaggregated and self.decode_observes)
-        self.entry_observes = observes
         self.pending = len(specs)     # requests not yet finished, rejected or failed
         # called with the number of requests resolved so far, each time some are (a progress
         # bar: simulate(progress=...)); None costs nothing
@@ -153,8 +132,8 @@ class Runtime:
         """Whether arrivals cut this replica's stretches (they add to it or observe it), and
         whether at the end of a step rather than its start (the router observes it)."""
         if r.role != "decode":
-            return True, self.entry_observes
-        observed = self.decode_observes
+            return True, self.mode.entry_observes
+        observed = self.mode.decode_observes
         return observed, observed
 
     def resolve(self, n: int) -> None:
@@ -219,7 +198,7 @@ class Runtime:
             return
         replica = self.router(req, pool)
         req.replica = replica.index
-        if self.disaggregated:
+        if self.mode.disaggregated:
             self._dispatch_split(req, replica)
             return
         reason = rejection_reason(req, replica)
@@ -532,7 +511,7 @@ def join_arrivals(c: Runtime, r: Replica, stretch: Stretch, j: int, start: float
 
 
 def pull_arrivals(c: Runtime, now: float) -> None:
-    """Every arrival due by ``now`` (``Runtime.pull``: the solo loop)."""
+    """Every arrival due by ``now`` (``Mode.pull``: the solo loop)."""
     arrivals = c.arrivals
     while arrivals.next_time <= now:
         _arrive(c, arrivals.advance())

@@ -46,13 +46,13 @@ def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: 
                  faults, on_failure, max_retries)
     if max_concurrency is not None:
         # the replicas' front-end delay (one for all: runner.run refuses differing ones)
-        delay = max(float(getattr(r.latency, "frontend_delay_s", 0.0) or 0.0) for r in replicas)
+        delay = max(r.pricing.frontend_delay_s for r in replicas)
         c.gate = ClientGate(max_concurrency, delay)
     c.progress = progress
-    loop = loop_for(c)
+    loop = loop_for(c.mode)
     for r in replicas:
         r.proc = env.process(loop(env, c, r))
-    if not c.pull:
+    if not c.mode.pull:
         env.process(arrival_process(env, c))
     if faults is not None:
         for t, i, restart in faults.initial():

@@ -38,6 +38,7 @@ from __future__ import annotations
 from simserve.cards import HardwareSpec, ModelCard
 from simserve.errors import ConfigError
 from simserve.kv.capacity import pipeline_layers
+from simserve.latency.base import Breakdown, LatencyModel, Pricing
 from simserve.latency.roofline import DEFAULT_ALLREDUCE_LATENCY_S
 from simserve.sched.plan import StepPlan
 
@@ -52,14 +53,17 @@ class PipelineLatency:
     gives a micro-batch's time on each stage and each inter-stage send; ``step_time`` is its
     latency through an idle pipeline (their sum)."""
 
-    def __init__(self, base, model: ModelCard, hw: HardwareSpec, *, pipeline_parallel_size: int,
+    def __init__(self, base: LatencyModel, model: ModelCard, hw: HardwareSpec, *,
+                 pipeline_parallel_size: int,
                  tensor_parallel_size: int = 1,
                  send_latency_s: float = DEFAULT_ALLREDUCE_LATENCY_S):
-        if not hasattr(base, "breakdown"):
+        if not isinstance(base, Breakdown):
             raise ConfigError("latency.model", "pipeline parallelism splits a step's per-layer "
                                                "costs over stages: use roofline or profile")
         pp, tp = pipeline_parallel_size, tensor_parallel_size
         self.base, self.pp, self.tp = base, pp, tp
+        self._base = Pricing.of(base)
+        self._breakdown = base.breakdown
         self.label = base.label[:-1] + f", PP {pp})"
         layers = pipeline_layers(model.num_layers, pp)
         self.shares = [n / model.num_layers for n in layers]
@@ -82,13 +86,13 @@ class PipelineLatency:
             self._send_tok_s.append(msg / tp / link + gather)
         self.send_latency_s = send_latency_s
         # a calibrated profile's per-request delay outside the steps (runner.collect)
-        self.frontend_delay_s = getattr(base, "frontend_delay_s", 0.0)
+        self.frontend_delay_s = self._base.frontend_delay_s
 
     def stages(self, plan: StepPlan) -> tuple[list[float], list[float]]:
         """Seconds of ``plan`` on each stage, and of each send between stages."""
         if plan.is_empty:
             return [0.0] * self.pp, [0.0] * (self.pp - 1)
-        parts = self.base.breakdown(plan)
+        parts = self._breakdown(plan)
         layered = first = last = 0.0
         for name, v in parts.items():
             if name in LAYER_PARTS:
@@ -108,6 +112,10 @@ class PipelineLatency:
         times, sends = self.stages(plan)
         return sum(times) + sum(sends)
 
+    def cpu_s(self, plan: StepPlan) -> float:
+        """The base model's CPU part of ``plan`` (its overhead and per-sequence costs, on the
+        first stage): what async scheduling runs ahead of stage 0."""
+        return self._base.cpu_s(plan)
+
     def warnings(self) -> list[str]:
-        w = getattr(self.base, "warnings", None)
-        return w() if w is not None else []
+        return self._base.warnings()

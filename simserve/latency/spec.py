@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from simserve.cards import HardwareSpec, ModelCard, load_model, serving_card
+from simserve.latency.base import LatencyModel, Pricing
 from simserve.sched.plan import StepPlan
 from simserve.sched.spec import SpeculativeConfig
 
@@ -53,12 +54,16 @@ def drafter_weight_bytes(drafter: ModelCard, cfg: SpeculativeConfig, tp: int) ->
 
 
 class SpeculativeLatency:
-    """A latency model plus the drafter's cost of each step."""
+    """A latency model plus the drafter's cost of each step. It offers the base model's CPU
+    part, front-end delay, warnings and breakdown (plus ``draft``), never its stretch pricing
+    (a speculative replica steps: sched/stretch.py)."""
 
-    def __init__(self, base, cfg: SpeculativeConfig, target: ModelCard, hw: HardwareSpec,
-                 *, tensor_parallel_size: int = 1, block_size: int = 16, **roofline_kw):
+    def __init__(self, base: LatencyModel, cfg: SpeculativeConfig, target: ModelCard,
+                 hw: HardwareSpec, *, tensor_parallel_size: int = 1, block_size: int = 16,
+                 **roofline_kw):
         from simserve.latency.roofline import RooflineModel
         self.base, self.cfg = base, cfg
+        self._base = Pricing.of(base)
         card = drafter_card(target, cfg)
         self.drafter = None if card is None else RooflineModel(
             card, hw, tensor_parallel_size=tensor_parallel_size, block_size=block_size,
@@ -69,7 +74,11 @@ class SpeculativeLatency:
     @property
     def frontend_delay_s(self) -> float:
         """The target model's per-request front-end delay (runner.frontend_delays)."""
-        return float(getattr(self.base, "frontend_delay_s", 0.0) or 0.0)
+        return self._base.frontend_delay_s
+
+    def cpu_s(self, plan: StepPlan) -> float:
+        """The target engine's CPU part of the step (the drafter's is priced with none)."""
+        return self._base.cpu_s(plan)
 
     def step_time(self, plan: StepPlan) -> float:
         t = self.base.step_time(plan)
@@ -96,13 +105,11 @@ class SpeculativeLatency:
         return first + (self.cfg.k - 1) * self.drafter.step_time(one)
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
-        parts = dict(self.base.breakdown(plan))
+        if self._base.breakdown is None:
+            raise TypeError(f"{self.base.label} gives no breakdown of a step")
+        parts = dict(self._base.breakdown(plan))
         parts["draft"] = self.draft_s(plan)
         return parts
 
     def warnings(self) -> list[str]:
-        return self.base.warnings() if hasattr(self.base, "warnings") else []
-
-    def __getattr__(self, name: str):
-        # the base model's own attributes (a profile's calibration terms, its counters)
-        return getattr(self.base, name)
+        return self._base.warnings()

@@ -35,8 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from simserve.engine.build import build_replicas, engine_options
 from simserve.engine.clock import URGENT, Clock
-from simserve.engine.loops import batch_queue_loop, stepping_loop
-from simserve.engine.pipeline import pipeline_loop
+from simserve.engine.loops import loop_for
 from simserve.engine.replica import Replica
 from simserve.engine.runtime import Runtime
 from simserve.errors import ConfigError
@@ -190,10 +189,8 @@ class WallClockSimulation:
         self.rt = _LiveRuntime(self, self.env, _LiveRecorder(self), [], self.replicas, router,
                                False, opts.get("decode_router"), opts.get("transfer_s"), None,
                                "retry", 0)
-        for r in self.replicas:   # (pipeline parallelism and async scheduling: steps in
-            # flight, stepped as well)
-            replica_loop = (pipeline_loop if r.depth > 1 else
-                            batch_queue_loop if r.batch_queue_depth > 1 else stepping_loop)
+        replica_loop = loop_for(self.rt.mode)   # stepped: fast_forward False (docstring)
+        for r in self.replicas:
             r.proc = self.env.process(replica_loop(self.env, self.rt, r))
         self._outputs = _output_lengths(s)
         self._num_submitted = 0

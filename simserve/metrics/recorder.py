@@ -286,7 +286,7 @@ class Recorder:
     def log(self, replica: Replica) -> StepLog:
         log = self.replicas.get(replica.index)
         if log is None:
-            delay = float(getattr(replica.latency, "frontend_delay_s", 0.0) or 0.0)
+            delay = replica.pricing.frontend_delay_s
             log = self.replicas[replica.index] = StepLog(delay)
         return log
 

@@ -1,11 +1,10 @@
 """Scheduling policies over one token-budget core. ``POLICIES`` maps scenario names to classes;
 configuration asks :func:`describe` for the few facts it needs of a policy, never the class."""
 
-import sys
-from dataclasses import dataclass
-
-from simserve.sched.core import Batch, Scheduler, SchedulerLimits
+from simserve.sched.core import Scheduler
+from simserve.sched.facts import PolicyFacts
 from simserve.sched.fastserve import FastServe
+from simserve.sched.limits import Batch, SchedulerLimits
 from simserve.sched.lmdeploy import Lmdeploy
 from simserve.sched.orca import Orca
 from simserve.sched.plan import StepPlan
@@ -27,30 +26,10 @@ POLICIES: dict[str, type[Scheduler]] = {
 
 # policies that drive an installed serving engine's own scheduler (an optional extra): the
 # property tests and the re-implementations' checks cover the others
-ENGINE_POLICIES = ("vllm_native",)
+ENGINE_POLICIES = tuple(n for n, cls in POLICIES.items() if cls.facts.engine)
 
 # policies that can run with engine.enable_prefix_caching (vLLM v1's KV cache manager)
-PREFIX_CACHING_POLICIES = ("vllm_v1", "sarathi", "priority", "vllm_native")
-
-
-@dataclass(frozen=True)
-class PolicyFacts:
-    """What a scenario needs to know of a policy to be resolved (config, cluster/spec.py)."""
-
-    name: str
-    chunked: bool | None          # True/False: fixed by the policy; None: enable_chunked_prefill
-    params_type: type | None      # its knobs, one frozen dataclass (sched.params), if any
-    prefix_caching: bool          # it models engine.enable_prefix_caching
-    summary: str                  # the first line of its module's docstring
-    reserved_blocks: int          # KV blocks its block pool keeps back (vLLM's null block)
-    engine: bool                  # it drives an installed engine's own scheduler
-
-    @classmethod
-    def of(cls, policy: type[Scheduler]) -> "PolicyFacts":
-        doc = (sys.modules[policy.__module__].__doc__ or "").strip()
-        return cls(policy.name, policy.chunked, policy.params_type,
-                   policy.name in PREFIX_CACHING_POLICIES, doc.splitlines()[0] if doc else "",
-                   policy.reserved_blocks, policy.name in ENGINE_POLICIES)
+PREFIX_CACHING_POLICIES = tuple(n for n, cls in POLICIES.items() if cls.facts.prefix_caching)
 
 
 def policy_names() -> tuple[str, ...]:
@@ -60,7 +39,7 @@ def policy_names() -> tuple[str, ...]:
 
 def describe(name: str) -> PolicyFacts:
     """The facts of the policy called ``name`` (one of :func:`policy_names`)."""
-    return PolicyFacts.of(POLICIES[name])
+    return POLICIES[name].facts
 
 
 __all__ = ["ENGINE_POLICIES", "POLICIES", "PREFIX_CACHING_POLICIES", "Batch", "PolicyFacts",

@@ -51,7 +51,9 @@ from dataclasses import dataclass
 from typing import Any
 from itertools import count
 
-from simserve.sched.core import Batch, Scheduler
+from simserve.sched.core import Scheduler
+from simserve.sched.limits import Batch
+from simserve.sched.facts import PolicyFacts
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
@@ -94,10 +96,8 @@ _UNIT_OF = {**{k: "seconds" for k in _SECOND_KNOBS}, **{k: "iterations" for k in
 
 class FastServe(Scheduler):
     name = "fastserve"
-    chunked = False
-    params_type = FastServeParams
     # quanta and starvation are charged every iteration: every step must be scheduled
-    monotone_admission = False
+    facts = PolicyFacts(chunked=False, params_type=FastServeParams, monotone_admission=False)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -26,7 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from simserve.sched.core import Batch, Scheduler
+from simserve.sched.core import Scheduler
+from simserve.sched.limits import Batch
+from simserve.sched.facts import PolicyFacts
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan
 
@@ -41,10 +43,8 @@ class LmdeployParams:
 
 class Lmdeploy(Scheduler):
     name = "lmdeploy"
-    chunked = False
-    params_type = LmdeployParams
     # reschedules are counted in decode steps: every step must be scheduled
-    monotone_admission = False
+    facts = PolicyFacts(chunked=False, params_type=LmdeployParams, monotone_admission=False)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

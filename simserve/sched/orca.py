@@ -25,7 +25,9 @@ from typing import Any
 
 from simserve.kv.buddy import BuddyBlockManager, pow2_at_least
 from simserve.kv.blocks import BlockManager
-from simserve.sched.core import Scheduler, SchedulerLimits
+from simserve.sched.core import Scheduler
+from simserve.sched.limits import SchedulerLimits
+from simserve.sched.facts import PolicyFacts
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request
@@ -42,11 +44,8 @@ class OrcaParams:
 
 class Orca(Scheduler):
     name = "orca"
-    monotone_admission = True   # see Scheduler.monotone_admission
-    chunked = False
-    reserves_full_length = True
-    pipelines = True            # micro-batches in flight (engine/pipeline.py)
-    params_type = OrcaParams
+    facts = PolicyFacts(chunked=False, params_type=OrcaParams, monotone_admission=True,
+                        pipelines=True)
 
     def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params: Any = None,
                  seed: int = 0) -> None:

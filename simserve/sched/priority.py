@@ -19,8 +19,9 @@ preempted for blocks.
 from __future__ import annotations
 
 from bisect import insort
+from dataclasses import replace
 
-from simserve.sched.core import Batch
+from simserve.sched.limits import Batch
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
 from simserve.sched.vllm_v1 import VllmV1
@@ -38,12 +39,9 @@ def victim_rank(req: Request) -> tuple[int, float]:
 
 class Priority(VllmV1):
     name = "priority"
-    monotone_admission = True   # as vLLM v1: a stretch ends when blocks run out
-    # micro-batches in flight held in running as vLLM v1 holds them (Scheduler.launch): a
-    # victim may be one in flight (its output then stale), as in vLLM
-    pipelines = True
-    pipeline_launch = True
-    joins_stretch = False       # (arrivals are admitted in priority order: not modelled)
+    # as vLLM v1's, but arrivals are admitted in priority order (joining a stretch: not
+    # modelled); micro-batches in flight stay in running, a victim may be one in flight
+    facts = replace(VllmV1.facts, joins_stretch=False)
 
     def schedule(self) -> StepPlan:
         plan = super().schedule()

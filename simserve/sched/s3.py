@@ -35,7 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from simserve.sched.core import Batch, Scheduler
+from simserve.sched.core import Scheduler
+from simserve.sched.limits import Batch
+from simserve.sched.facts import PolicyFacts
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
@@ -55,10 +57,8 @@ class S3Params:
 
 class S3(Scheduler):
     name = "s3"
-    chunked = False
-    params_type = S3Params
     # a request outgrowing its reservation is preempted, not grown: every step is scheduled
-    monotone_admission = False
+    facts = PolicyFacts(chunked=False, params_type=S3Params, monotone_admission=False)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -10,18 +10,20 @@ would otherwise be empty, which keeps two half-done prompts from deadlocking a f
 
 from __future__ import annotations
 
-from simserve.sched.core import Batch, Scheduler
+from simserve.sched.core import Scheduler
+from simserve.sched.limits import Batch
+from simserve.sched.facts import PolicyFacts
 from simserve.sched.plan import StepPlan
 
 
 class Sarathi(Scheduler):
     name = "sarathi"
-    monotone_admission = True   # see Scheduler.monotone_admission
-    continues_past_finish = True
-    speculates = True           # decodes through the shared verbs: they verify drafts
-    chunked = True
-    pipelines = True            # micro-batches in flight (engine/pipeline.py)
-    joins_stretch = True        # arrivals join a stretch when admitted whole (stretch_admits)
+    facts = PolicyFacts(
+        chunked=True, monotone_admission=True, continues_past_finish=True,
+        joins_stretch=True,         # arrivals join a stretch when admitted whole (stretch_admits)
+        speculates=True,            # decodes through the shared verbs: they verify drafts
+        pipelines=True,             # micro-batches in flight, parked (engine/pipeline.py)
+        prefix_caching=True)
 
     def schedule(self) -> StepPlan:
         batch = self.new_batch()

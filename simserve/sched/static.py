@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from simserve.kv.blocks import BlockManager
-from simserve.sched.core import Scheduler, SchedulerLimits
+from simserve.sched.core import Scheduler
+from simserve.sched.limits import SchedulerLimits
+from simserve.sched.facts import PolicyFacts
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
@@ -45,10 +47,7 @@ class StaticParams:
 
 class Static(Scheduler):
     name = "static"
-    monotone_admission = True   # see Scheduler.monotone_admission
-    chunked = False
-    reserves_full_length = True
-    params_type = StaticParams
+    facts = PolicyFacts(chunked=False, params_type=StaticParams, monotone_admission=True)
 
     def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params: Any = None,
                  seed: int = 0) -> None:

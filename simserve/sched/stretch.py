@@ -8,7 +8,7 @@ member j's token at position c_j + i, so it needs blocks for c_j + i + 1 tokens:
                                                  step 2 needs a third block, ...
 
 Until someone finishes, arrives, or the blocks run out, every step repeats the decision (for a
-policy whose admission is monotone: ``Scheduler.monotone_admission``), so the engine can price and
+policy whose admission is monotone: ``PolicyFacts.monotone_admission``), so the engine can price and
 apply k steps at once. A stretch may also start with a step that completes the last prefill
 chunks of some requests while the others decode, or wait (vLLM v0's prefill-only steps): when
 nothing is left waiting, the next step decodes them all. A member's c is then chosen so that
@@ -42,8 +42,9 @@ from collections.abc import Callable
 from heapq import heapify, heappop, heappush
 from itertools import accumulate
 from operator import add, itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from simserve.latency.base import Prices, Pricing
 from simserve.sched.plan import StepPlan
 
 if TYPE_CHECKING:
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
     from simserve.sched.request import Request
 
 INF = float("inf")
-Prices = Callable[[int, int], list[float]]
 
 
 # A run of steps of one membership and shape: (the stretch step it starts at, the requests
@@ -136,7 +136,7 @@ class Stretch:
         """
         running = sched.running
         everyone = len(plan.request_ids) == len(running)
-        if (not sched.monotone_admission or plan.num_preempted
+        if (not sched.facts.monotone_admission or plan.num_preempted
                 or plan.swap_in_blocks or plan.swap_out_blocks
                 or plan.num_sampled != len(plan.request_ids) or max_steps <= 1
                 or sched.blocks.caches_prefixes    # blocks with identities: allocate() each
@@ -150,7 +150,7 @@ class Stretch:
         if not mixed and not everyone:
             return None
         batch = sched._batch
-        if mixed and (not past_finish or not sched.continues_past_finish or sched.waiting
+        if mixed and (not past_finish or not sched.facts.continues_past_finish or sched.waiting
                       or sched.swapped or batch is None or batch.plan is not plan
                       or len(running) > sched.limits.max_num_batched_tokens):
             return None
@@ -178,7 +178,7 @@ class Stretch:
                     members.append((r, c - 1, blocks_held[r.id], left + 1, 1))   # waits
                 else:
                     return None   # a prefill left undone: the next step is no decode step
-        past = (past_finish and sched.continues_past_finish
+        past = (past_finish and sched.facts.continues_past_finish
                 and not sched.waiting and not sched.swapped)
         k = min(max_steps, (max if past else min)(map(_stop, members)))
         if k <= 1:
@@ -202,7 +202,7 @@ class Stretch:
                         self.first_plan.extra_s)
 
     # -- pricing ---------------------------------------------------------------------------
-    def price(self, latency: Any, start: float, cut: float = INF, cut_end: float = INF,
+    def price(self, latency: Pricing, start: float, cut: float = INF, cut_end: float = INF,
               join: Join | None = None) -> None:
         """Price the stretch's steps from ``start``: ``starts``, ``durations``, ``end``, and
         keep only the steps after the first that start before ``cut`` and end before
@@ -225,11 +225,12 @@ class Stretch:
         """
         k, plan = self.num_steps, self.first_plan
         members = self.members
-        by_sum = None if plan.extra_s else getattr(latency, "decode_stretch_sum", None)
-        mixed_sum = getattr(latency, "mixed_step_sum", None)
+        sums = latency.sums
+        by_sum = None if plan.extra_s or sums is None else sums.decode_stretch_sum
+        mixed_sum = None if sums is None else sums.mixed_step_sum
         # a model that counts something as it prices (a profile's grid lookups) takes back
         # what steps priced and then dropped counted: (segment start, its prices) to tell it
-        forget = getattr(latency, "forget_prices", None)
+        forget = latency.forget_prices
         priced: list[tuple[int, Prices]] = []
         acc = [start]            # acc[m]: start of step m; acc[-1]: end of the last priced
         durations: list[float] = []
@@ -467,17 +468,8 @@ def _fit_blocks(members: list[Member], k: int, bs: int, free: int) -> int:
     return lo
 
 
-def stretch_prices(latency: Any, plan: StepPlan) -> Prices:
+def stretch_prices(latency: Pricing, plan: StepPlan) -> Prices:
     """``(i, n) -> list`` of the seconds of steps i .. i + n - 1 of a decode stretch starting
-    with ``plan`` (step i: every context grown by i). Uses the model's own ``decode_stretch``
-    when it has one (its values must be bit-identical to ``step_time`` step by step);
-    otherwise prices each step's plan."""
-    fast = getattr(latency, "decode_stretch", None)
-    if fast is not None:
-        return fast(plan)   # type: ignore[no-any-return]
-
-    def prices(i: int, n: int) -> list[float]:
-        return [latency.step_time(plan._replace(decode_ctx=tuple(c + m for c in plan.decode_ctx)))
-                for m in range(i, i + n)]
-
-    return prices
+    with ``plan`` (step i: every context grown by i): the model's own ``decode_stretch`` (its
+    values bit-identical to ``step_time`` step by step), else each step's plan priced."""
+    return latency.decode_stretch(plan)

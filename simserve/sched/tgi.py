@@ -27,7 +27,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from simserve.sched.core import Batch, Scheduler
+from simserve.sched.core import Scheduler
+from simserve.sched.limits import Batch
+from simserve.sched.facts import PolicyFacts
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan
 
@@ -46,11 +48,8 @@ class TgiParams:
 
 class Tgi(Scheduler):
     name = "tgi"
-    chunked = False
-    reserves_full_length = True
-    params_type = TgiParams
     # joins depend on waiting_tokens, a count of decode steps: every step must be scheduled
-    monotone_admission = False
+    facts = PolicyFacts(chunked=False, params_type=TgiParams, monotone_admission=False)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

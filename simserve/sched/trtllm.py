@@ -26,7 +26,9 @@ delay of requests that could reuse a block being computed, the ``STATIC_BATCH`` 
 
 from __future__ import annotations
 
-from simserve.sched.core import Batch, Scheduler
+from simserve.sched.core import Scheduler
+from simserve.sched.limits import Batch
+from simserve.sched.facts import PolicyFacts
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
 
@@ -89,10 +91,9 @@ class _TrtLlm(Scheduler):
 
 class TrtllmGuaranteedNoEvict(_TrtLlm):
     name = "trtllm_guaranteed_no_evict"
-    reserves_full_length = True
     # free blocks minus those set aside stays constant while requests decode: admission is
     # decided the same way every step of a stretch
-    monotone_admission = True
+    facts = PolicyFacts(monotone_admission=True)
 
     def begin(self, batch: Batch) -> None:
         # blocks free once every started request has taken what its full length needs
@@ -112,7 +113,7 @@ class TrtllmGuaranteedNoEvict(_TrtLlm):
 
 class TrtllmMaxUtilization(_TrtLlm):
     name = "trtllm_max_utilization"
-    monotone_admission = True   # as vLLM v1: a stretch ends when blocks run out
+    facts = PolicyFacts(monotone_admission=True)   # as vLLM v1: a stretch ends when blocks run out
 
     def grow_started(self, batch: Batch, req: Request, n: int) -> bool:
         return self.grow_or_preempt(batch, req, n)          # pause the newest started request

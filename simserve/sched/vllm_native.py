@@ -35,7 +35,10 @@ import numpy as np
 
 from simserve.errors import ConfigError
 from simserve.kv.blocks import BlockManager
-from simserve.sched.core import InFlight, Scheduler, SchedulerLimits
+from simserve.sched.core import Scheduler
+from simserve.sched.inflight import InFlight
+from simserve.sched.limits import SchedulerLimits
+from simserve.sched.facts import PolicyFacts
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
@@ -158,10 +161,11 @@ class VllmNative(Scheduler):
     """vLLM's scheduler, driven step by step (see the module docstring)."""
 
     name = "vllm_native"
-    params_type = VllmNativeParams
-    reserved_blocks = 1           # vLLM's block pool keeps block 0 back as its null block
-    pipelines = True              # micro-batches in flight (engine/pipeline.py), held in
-    pipeline_launch = True        # running by vLLM itself; the driver launches/delivers them
+    facts = PolicyFacts(
+        params_type=VllmNativeParams,
+        reserved_blocks=1,          # vLLM's block pool keeps block 0 back as its null block
+        pipelines=True, pipeline_launch=True,   # held in running by vLLM itself
+        prefix_caching=True, engine=True)
 
     def __init__(self, limits: SchedulerLimits, blocks: BlockManager, params: Any = None,
                  seed: int = 0, backend: Backend | None = None):
@@ -174,7 +178,7 @@ class VllmNative(Scheduler):
                 long_prefill_token_threshold=limits.long_prefill_token_threshold,
                 max_model_len=limits.max_model_len,
                 block_size=blocks.block_size,
-                num_gpu_blocks=blocks.num_blocks + self.reserved_blocks,
+                num_gpu_blocks=blocks.num_blocks + self.facts.reserved_blocks,
                 enable_prefix_caching=blocks.caches_prefixes,
                 scheduler_reserve_full_isl=limits.reserve_full_sequence,
                 scheduling_policy=self.params.scheduling_policy,

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import math
 
-from simserve.sched.core import Batch, Scheduler
+from simserve.sched.core import Scheduler
+from simserve.sched.limits import Batch
+from simserve.sched.facts import PolicyFacts
 from simserve.sched.plan import StepPlan
 
 WATERMARK = 0.01   # vLLM v0 block_manager watermark: keep 1 % free when admitting prompts
@@ -19,10 +21,8 @@ WATERMARK = 0.01   # vLLM v0 block_manager watermark: keep 1 % free when admitti
 
 class VllmV0(Scheduler):
     name = "vllm_v0"
-    monotone_admission = True   # see Scheduler.monotone_admission
-    continues_past_finish = True
-    chunked = False
-    pipelines = True            # micro-batches in flight (engine/pipeline.py)
+    facts = PolicyFacts(chunked=False, monotone_admission=True, continues_past_finish=True,
+                        pipelines=True)
 
     def schedule(self) -> StepPlan:
         batch = self.new_batch()

@@ -37,20 +37,22 @@ n + p (``next_decode_eligible_step``, vllm/v1/core/sched/async_scheduler.py; eng
 
 from __future__ import annotations
 
-from simserve.sched.core import Batch, Scheduler  # noqa: F401
+from simserve.sched.core import Scheduler  # noqa: F401
+from simserve.sched.limits import Batch
+from simserve.sched.facts import PolicyFacts
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request
 
 
 class VllmV1(Scheduler):
     name = "vllm_v1"
-    monotone_admission = True   # see Scheduler.monotone_admission
-    continues_past_finish = True
-    speculates = True           # decodes through the shared verbs: they verify drafts
-    reserved_blocks = 1         # vLLM's block pool holds block 0 back as its null block
-    pipelines = True            # micro-batches in flight (engine/pipeline.py),
-    pipeline_launch = True      # held in running as vLLM v1 holds them (Scheduler.launch)
-    joins_stretch = True        # arrivals join a stretch when admitted whole (stretch_admits)
+    facts = PolicyFacts(
+        monotone_admission=True, continues_past_finish=True,
+        joins_stretch=True,         # arrivals join a stretch when admitted whole (stretch_admits)
+        speculates=True,            # decodes through the shared verbs: they verify drafts
+        reserved_blocks=1,          # vLLM's block pool holds block 0 back as its null block
+        pipelines=True, pipeline_launch=True,   # held in running as vLLM v1 holds them
+        prefix_caching=True)
     _threshold = 0              # this step's long_prefill_token_threshold (see schedule)
 
     def schedule(self) -> StepPlan:

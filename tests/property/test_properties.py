@@ -55,7 +55,7 @@ def scenarios(draw):
     policy = draw(st.sampled_from(sorted(set(POLICIES) - set(ENGINE_POLICIES))))
     block_size = draw(st.sampled_from([1, 4, 16]))
     max_model_len = draw(st.integers(16, 256))
-    chunked = POLICIES[policy].chunked
+    chunked = POLICIES[policy].facts.chunked
     if chunked is None:
         chunked = draw(st.booleans())
     budget = draw(st.integers(8, 512)) if chunked else draw(st.integers(max_model_len, 600))
@@ -84,7 +84,7 @@ def scenarios(draw):
                                   max_size=-(-prompt // 8)))) if prefix else None
         specs.append(RequestSpec(i, t, prompt, output, ids, draw(st.integers(0, 2))))
     replicas = draw(st.integers(1, 2))
-    params = draw_params(draw, POLICIES[policy].params_type, max_model_len)
+    params = draw_params(draw, POLICIES[policy].facts.params_type, max_model_len)
     return (policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs, replicas,
             params, prefix)
 

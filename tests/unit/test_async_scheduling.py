@@ -11,6 +11,7 @@ from simserve.config import parse_scenario
 from simserve.engine import Replica, round_robin, simulate
 from simserve.errors import ConfigError
 from simserve.kv.blocks import BlockManager
+from simserve.latency import ConstantLatency
 from simserve.kv.prefix import PrefixBlockManager
 from simserve.sched import POLICIES, SchedulerLimits, Status
 from simserve.workload.spec import RequestSpec
@@ -281,8 +282,8 @@ def test_off_by_default_and_not_written_unless_set():
     on = parse_scenario(_scenario(True))
     assert on.replica.limits.batch_queue_depth == 2
     assert on.to_dict()["engine"]["async_scheduling"] is True
-    assert Replica(0, POLICIES["vllm_v1"](on.replica.limits, BlockManager(10, 4)), None,
-                   512).batch_queue_depth == 2   # type: ignore[arg-type]
+    assert Replica(0, POLICIES["vllm_v1"](on.replica.limits, BlockManager(10, 4)),
+                   ConstantLatency(0.01), 512).batch_queue_depth == 2
 
 
 class OverheadLatency:

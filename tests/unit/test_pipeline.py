@@ -506,7 +506,7 @@ def test_a_pipelined_run_is_deterministic_and_steps():
 
 def test_priority_pipelines_as_vllm_v1_does():
     # vLLM's priority policy is its v1 scheduler with another order: micro-batches in flight
-    # held the same way (Scheduler.pipeline_launch); a run is deterministic and completes
+    # held the same way (PolicyFacts.pipeline_launch); a run is deterministic and completes
     import simserve
     s = scenario(scheduler={"policy": "priority"})
     assert s.replica.limits.pipeline_parallel_size == 2

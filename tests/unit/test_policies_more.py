@@ -502,3 +502,21 @@ def test_fastserve_knobs_at_their_defaults_round_trip():
     assert parse_scenario(s.to_dict()).policy_params == s.policy_params
     s = parse_scenario(scenario("fastserve", base_quantum_ms=5.0))
     assert parse_scenario(s.to_dict()).policy_params == s.policy_params
+
+
+def test_a_policy_is_one_record_of_facts():
+    """Every policy declares what it is in one frozen ``PolicyFacts`` (sched/facts.py), read
+    through ``describe``; no capability flag lives on a class any more."""
+    import dataclasses
+
+    from simserve.sched import PREFIX_CACHING_POLICIES, describe
+    from simserve.sched.facts import PolicyFacts
+    flags = {f.name for f in dataclasses.fields(PolicyFacts)} | {"reserves_full_length"}
+    for name, cls in POLICIES.items():
+        assert isinstance(cls.facts, PolicyFacts) and describe(name) is cls.facts
+        for klass in cls.__mro__:
+            assert not flags & set(vars(klass)), (name, klass, flags & set(vars(klass)))
+    assert describe("priority") == dataclasses.replace(describe("vllm_v1"), joins_stretch=False)
+    assert set(PREFIX_CACHING_POLICIES) == {"vllm_v1", "sarathi", "priority", "vllm_native"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        describe("vllm_v1").chunked = True  # type: ignore[misc]

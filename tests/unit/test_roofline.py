@@ -385,8 +385,8 @@ def test_step_terms_add_left_to_right_on_every_python():
     """step_time adds its terms left to right, as the stretch prices do: plain float
     additions. sum() would compensate rounding from Python 3.12 on (1e16 + 1.0 - 1e16 is 0.0
     in doubles, 1.0 compensated), and fast-forward would part from stepping in the last bit."""
-    from simserve.latency.roofline import _left_to_right
-    assert _left_to_right((1e16, 1.0, -1e16, 0.5, 0.25)) == 0.75   # (sum(): 1.75 on 3.12)
+    from simserve.latency.roofline_stretch import left_to_right
+    assert left_to_right((1e16, 1.0, -1e16, 0.5, 0.25)) == 0.75   # (sum(): 1.75 on 3.12)
     p = plan(prefill=((300, 0),), decode=[100, 2000, 5])
     t = 0.0
     for v in CURVED._curve_parts(p):

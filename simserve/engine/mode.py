@@ -1,0 +1,67 @@
+"""How a run's replicas are stepped, decided once from the cluster's shape: which loop runs
+them (engine/loops.py's ``loop_for``, for the simulation and the live driver alike) and what
+can disturb a step in flight. docs/architecture.md (the engine) says when each loop is used."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from simserve.engine.replica import Replica, Router
+
+# the loops (engine/loops.py, engine/pipeline.py)
+SOLO, RUN_AHEAD, STEPPING, BATCH_QUEUE, PIPELINE = (
+    "solo", "run_ahead", "stepping", "batch_queue", "pipeline")
+
+
+@dataclass(frozen=True, slots=True)
+class Mode:
+    loop: str               # which loop runs every replica (one of the names above)
+    fast_forward: bool      # decode stretches priced and applied at once
+    disaggregated: bool     # prefill and decode pools, the KV handed from one to the other
+    tracked: bool           # a step in flight may be cut short (a KV landing, a failure)
+    entry_observes: bool    # the entry router reads per-step state (KV use, tokens left...)
+    decode_observes: bool   # the decode router does
+
+    @property
+    def pull(self) -> bool:
+        """One replica takes its arrivals itself (the solo loop): no arrival process."""
+        return self.loop == SOLO
+
+    @property
+    def fault_end_rule(self) -> bool:
+        """A failure's time bounds a stretch at its end, not its start: a router observes."""
+        return self.entry_observes or (self.disaggregated and self.decode_observes)
+
+    @classmethod
+    def of(cls, replicas: Sequence[Replica], fast_forward: bool, faults: Any,
+           router: Router, decode_router: Router | None) -> Mode:
+        disaggregated = any(r.role == "decode" for r in replicas)
+        # a replica with more than one step in flight (async scheduling) or pipeline-parallel
+        # stages is stepped, each step its own event; arrivals come from the arrival process
+        batch_queue = any(r.batch_queue_depth > 1 for r in replicas)
+        pipelined = any(r.depth > 1 for r in replicas)
+        if batch_queue and (disaggregated or faults is not None):
+            raise ValueError("a batch queue (async scheduling) is not modelled with "
+                             "disaggregation or failures")
+        if pipelined and (disaggregated or faults is not None):
+            raise ValueError("pipeline-parallel replicas run colocated, without failures")
+        fast_forward = fast_forward and not batch_queue
+        run_ahead = fast_forward and not disaggregated and not pipelined
+        if pipelined:
+            loop = PIPELINE
+        elif batch_queue:
+            loop = BATCH_QUEUE
+        elif run_ahead and len(replicas) == 1 and faults is None:
+            # one replica, nothing else going on: nothing can happen between two of its step
+            # boundaries but arrivals, and where an arrival goes is forced, so the replica
+            # takes the arrivals due by each boundary itself (as the URGENT arrival events
+            # would have, in the same order) and never waits on the SimPy clock but to sleep
+            loop = SOLO
+        else:
+            loop = RUN_AHEAD if run_ahead else STEPPING
+        return cls(loop, fast_forward, disaggregated,
+                   tracked=disaggregated or faults is not None,
+                   entry_observes=getattr(router, "observes_state", True),
+                   decode_observes=getattr(decode_router, "observes_state", True))

@@ -1,0 +1,60 @@
+"""The loop a run's replicas get (engine/mode.py), chosen once, the same way for the simulation
+(``engine.simulate``) and the live driver (``simserve serve``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from simserve.cluster.routing import make_router
+from simserve.engine import Replica
+from simserve.engine.loops import batch_queue_loop, loop_for, solo_loop
+from simserve.engine.mode import BATCH_QUEUE, PIPELINE, RUN_AHEAD, SOLO, STEPPING, Mode
+from simserve.latency import ConstantLatency
+from tests.helpers import make_scheduler
+
+ROUND_ROBIN = make_router("round_robin", 0)
+LEAST_KV = make_router("least_kv", 0)
+
+
+def replica(i: int = 0, *, role: str = "mixed", async_scheduling: bool = False,
+            pp: int = 1) -> Replica:
+    sched = make_scheduler("vllm_v1", async_scheduling=async_scheduling,
+                           pipeline_parallel_size=pp)
+    return Replica(i, sched, ConstantLatency(0.01), 512, role=role, depth=pp,
+                   factory=lambda: sched)
+
+
+def test_one_replica_alone_pulls_its_arrivals():
+    m = Mode.of([replica()], True, None, ROUND_ROBIN, None)
+    assert (m.loop, m.pull, m.fast_forward, m.tracked) == (SOLO, True, True, False)
+    assert loop_for(m) is solo_loop
+
+
+def test_several_replicas_or_failures_run_ahead_and_stepwise_steps():
+    assert Mode.of([replica(0), replica(1)], True, None, ROUND_ROBIN, None).loop == RUN_AHEAD
+    m = Mode.of([replica()], True, object(), ROUND_ROBIN, None)     # a fault schedule
+    assert (m.loop, m.tracked) == (RUN_AHEAD, True)
+    assert Mode.of([replica()], False, None, ROUND_ROBIN, None).loop == STEPPING
+
+
+def test_disaggregation_steps_and_tracks_flights():
+    m = Mode.of([replica(0, role="prefill"), replica(1, role="decode")], True, None,
+                LEAST_KV, ROUND_ROBIN)
+    assert (m.loop, m.disaggregated, m.tracked, m.fast_forward) == (STEPPING, True, True, True)
+    # the entry router observes per-step state: a failure bounds a stretch at its end
+    assert m.entry_observes and not m.decode_observes and m.fault_end_rule
+
+
+def test_steps_in_flight_pick_the_queue_loops_for_every_replica():
+    # one async replica beside a synchronous one: both run the batch queue (depth 1: stepped)
+    m = Mode.of([replica(0, async_scheduling=True), replica(1)], True, None, ROUND_ROBIN, None)
+    assert (m.loop, m.fast_forward) == (BATCH_QUEUE, False)
+    assert loop_for(m) is batch_queue_loop
+    assert Mode.of([replica(pp=2)], True, None, ROUND_ROBIN, None).loop == PIPELINE
+
+
+def test_what_is_not_modelled_is_refused():
+    with pytest.raises(ValueError, match="batch queue"):
+        Mode.of([replica(async_scheduling=True)], False, object(), ROUND_ROBIN, None)
+    with pytest.raises(ValueError, match="pipeline-parallel"):
+        Mode.of([replica(pp=2)], False, object(), ROUND_ROBIN, None)
