@@ -66,6 +66,15 @@ class FakeServer:
         self._loop.run_until_complete(self._main())
 
     async def _main(self) -> None:
+        runner = await self.start_here()
+        self._stop = asyncio.Event()
+        self._ready.set()
+        await self._stop.wait()
+        await self.stop_here(runner)
+
+    async def start_here(self) -> web.AppRunner:
+        """Serve on the running event loop (instead of the server's own thread): what a test
+        on a simulated clock does (tests/integration/test_calibrate.py)."""
         # aiohttp wants coroutine handlers (bare functions are deprecated) and the shutdown
         # timeout on the runner, not the site
         async def health(request: web.Request) -> web.Response:
@@ -85,9 +94,10 @@ class FakeServer:
         runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
         await runner.setup()
         await web.SockSite(runner, self._sock).start()
-        self._stop = asyncio.Event()
-        self._ready.set()
-        await self._stop.wait()
+        return runner
+
+    @staticmethod
+    async def stop_here(runner: web.AppRunner) -> None:
         await runner.cleanup()
         others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         for task in others:            # e.g. a fake engine's loop

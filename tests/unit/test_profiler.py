@@ -367,13 +367,15 @@ def test_token_axis_caps_at_the_step_budget():
 
 @pytest.fixture(scope="module")
 def profile_file(tmp_path_factory) -> Path:
-    """The CLI, in process, on the toy model read from a YAML file, quick grid, 1 thread."""
+    """The CLI, in process, on the toy model read from a YAML file, quick grid, 1 thread;
+    contexts up to 512 (the quick grid's 2048 would double the time and test nothing more)."""
     d = tmp_path_factory.mktemp("prof")
     card = d / "toy.yaml"
     card.write_text(TOY_YAML)
     out = d / "toy.json"
     rc = main(["--model", str(card), "--device", "cpu", "--out", str(out), "--grid", "quick",
-               "--threads", "1", "--max-num-batched-tokens", "256", "--block-size", "16"])
+               "--threads", "1", "--max-num-batched-tokens", "256", "--block-size", "16",
+               "--max-model-len", "512"])
     assert rc == 0
     return out
 
@@ -397,6 +399,8 @@ def test_cli_quick_profile_validates(profile_file):
     assert lin["seconds"][-1] > lin["seconds"][0]
     dec = p["attn_decode"]["seconds"]
     assert dec[-1][-1] > dec[0][0]
+    # the context axes stop at --max-model-len, which is on them
+    assert p["attn_decode"]["ctx"] == [16, 256, 512] and p["attn_prefill"]["ctx"] == [0, 512]
     mem = p["memory"]
     assert mem["activation_peak_method"] == "estimated" and mem["num_gpu_blocks"] is None
     # K and V, 2 layers, 1 KV head of 32, bf16
