@@ -20,7 +20,6 @@ timing mean anything.
 from __future__ import annotations
 
 import json
-import math
 import time
 import uuid
 from collections.abc import Callable
@@ -29,89 +28,30 @@ from typing import Any
 from aiohttp import web
 
 from simserve.live.api import LiveSimulation, TokenStream
+from simserve.live.protocol import (
+    CHARS_PER_TOKEN,
+    MAX_BODY_BYTES,
+    GenerateRequest,
+    Limits,
+    RequestError,
+    count_text_tokens,
+    parse_json,
+    read_request,
+)
+
+__all__ = ["CHARS_PER_TOKEN", "Frontend", "RequestError", "count_text_tokens",
+           "prometheus_text"]
 
 FIRST_TOKEN_ID = 4            # ids 0-3 are special tokens in the usual tokenizers
 TEXT_TOKENS = ("chars", "words")
-CHARS_PER_TOKEN = 4.0         # OpenAI's rule of thumb for English text
-
-
-class RequestError(Exception):
-    """A request vLLM would refuse: becomes its error body (``ErrorResponse``) and status."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 kind: str = "BadRequestError"):
-        super().__init__(message)
-        self.message, self.param, self.status, self.kind = message, param, status, kind
 
 
 def error_response(e: RequestError) -> web.Response:
     body = {"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.status}}
-    return web.json_response(body, status=e.status)
-
-
-def count_text_tokens(text: str, mode: str) -> int:
-    """A tokenizer-free estimate of a text's token count: ``chars`` = ceil(characters / 4),
-    ``words`` = whitespace-separated words (exact for a word-level tokenizer)."""
-    if mode == "words":
-        return len(text.split())
-    return math.ceil(len(text) / CHARS_PER_TOKEN)
-
-
-# --------------------------------------------------------------------------------------------
-# Reading a request body
-
-
-def _int_field(body: dict[str, Any], name: str, low: int) -> int | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise RequestError(f"{name}: expected an integer, got {type(v).__name__}", name)
-    if v < low:
-        raise RequestError(f"{name}: must be at least {low}, got {v}", name)
-    return v
-
-
-def _prompt_len(prompt: Any, mode: str) -> int:
-    """Tokens in a completions ``prompt``: a string, a list of token ids, or a list of one."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        n = count_text_tokens(prompt, mode)
-    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool)
-                                          for t in prompt):
-        n = len(prompt)
-    elif isinstance(prompt, list):
-        raise RequestError("prompt: simserve serve takes one prompt per request (a string or "
-                           "a list of token ids), not a batch", "prompt")
-    else:
-        raise RequestError("prompt: expected a string or a list of token ids", "prompt")
-    if n == 0:
-        raise RequestError("The prompt cannot be empty.", "prompt")
-    return n
-
-
-def _messages_len(messages: Any, mode: str) -> int:
-    """Tokens in a chat ``messages`` list: its text contents, estimated (no chat template)."""
-    if not isinstance(messages, list) or not messages:
-        raise RequestError("messages: expected a non-empty list of messages", "messages")
-    parts: list[str] = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise RequestError(f"messages[{i}]: expected an object", "messages")
-        content = m.get("content")
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts += [p["text"] for p in content
-                      if isinstance(p, dict) and isinstance(p.get("text"), str)]
-        elif content is not None:
-            raise RequestError(f"messages[{i}].content: expected a string or a list of parts",
-                               "messages")
-    n = count_text_tokens(" ".join(parts), mode)
-    if n == 0:
-        raise RequestError("The prompt cannot be empty.", "messages")
-    return n
+    resp = web.json_response(body, status=e.status)
+    if e.status == 413:
+        resp.force_close()       # the rest of the body is not read: end the connection
+    return resp
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,7 +71,7 @@ class Frontend:
         self.created = int(clock())
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 << 20)
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.add_routes([
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),
@@ -177,24 +117,25 @@ class Frontend:
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         try:
-            body = await _json_body(request)
-            prompt_len, output_len, finish = self._lengths(body, chat)
+            body = parse_json(await _read_body(request))
+            req = read_request(body, chat, Limits(self.sim.model_name, self.sim.max_model_len,
+                                                  self.sim.vocab_size), self.text_tokens)
         except RequestError as e:
             return error_response(e)
+        except ConnectionError:         # the client left mid-body: nobody to answer
+            return web.Response(status=400)
         if self.sim.error is not None:
             return error_response(RequestError(f"the simulation stopped: {self.sim.error!r}",
                                                None, 500, "InternalServerError"))
-        stream = self.sim.submit(prompt_len, output_len, self.replica)
+        output_len, finish = self._output(req)
+        stream = self.sim.submit(req.prompt_len, output_len, self.replica)
         if stream.done and stream.reject_reason:
             return error_response(RequestError(
                 _rejection_message(stream, self.sim.max_model_len), "input_tokens"))
-        options = body.get("stream_options") if isinstance(body.get("stream_options"),
-                                                           dict) else {}
         fmt = _Format(chat, self.sim.model_name, int(self.clock()), stream.request_id,
-                      self.sim.vocab_size, bool(body.get("return_token_ids")))
-        if body.get("stream"):
-            return await self._stream(request, stream, fmt, finish,
-                                      bool(options.get("include_usage")))
+                      self.sim.vocab_size, req.return_token_ids)
+        if req.stream:
+            return await self._stream(request, stream, fmt, finish, req.include_usage)
         while await stream.take():
             pass
         if stream.taken < stream.num_output_tokens:
@@ -202,42 +143,16 @@ class Frontend:
                                                "ServiceUnavailableError"))
         return web.json_response(fmt.whole(stream, finish))
 
-    def _lengths(self, body: dict[str, Any], chat: bool) -> tuple[int, int, str]:
-        """Prompt tokens, output tokens and the finish reason the request will end with."""
-        model = body.get("model")
-        if model is not None and model != self.sim.model_name:
-            raise RequestError(f"The model `{model}` does not exist.", "model", 404,
-                               "NotFoundError")
-        if (_int_field(body, "n", 1) or 1) > 1:
-            raise RequestError("n: simserve serve returns one choice per request", "n")
-        if chat:
-            prompt_len = _messages_len(body.get("messages"), self.text_tokens)
-            max_tokens = _int_field(body, "max_completion_tokens", 1)
-            name = "max_completion_tokens"
-            if max_tokens is None:
-                max_tokens, name = _int_field(body, "max_tokens", 1), "max_tokens"
-        else:
-            if "prompt" not in body:
-                raise RequestError("prompt: a required field", "prompt")
-            prompt_len = _prompt_len(body["prompt"], self.text_tokens)
-            max_tokens, name = _int_field(body, "max_tokens", 1), "max_tokens"
-        min_tokens = _int_field(body, "min_tokens", 0) or 0
-        limit = self.sim.max_model_len
-        if max_tokens is not None and max_tokens > limit:
-            raise RequestError(f"{name}={max_tokens} cannot be greater than max_model_len="
-                               f"{limit}. Please request fewer output tokens.", name)
-        if prompt_len >= limit:
-            raise RequestError(
-                f"This model's maximum context length is {limit} tokens. However, your prompt "
-                f"contains {prompt_len} input tokens, which exceeds this limit even without any "
-                f"output tokens. Please reduce the length of the input prompt.", "input_tokens")
-        room = limit - prompt_len                  # vLLM clips max_tokens to the context left
-        if max_tokens is not None and (body.get("ignore_eos") or min_tokens >= max_tokens):
-            return prompt_len, min(max_tokens, room), "length"
+    def _output(self, req: GenerateRequest) -> tuple[int, str]:
+        """Output tokens and the finish reason the request will end with."""
+        room = self.sim.max_model_len - req.prompt_len   # vLLM clips max_tokens to the room
+        max_tokens, min_tokens = req.max_tokens, req.min_tokens
+        if max_tokens is not None and (req.ignore_eos or min_tokens >= max_tokens):
+            return min(max_tokens, room), "length"
         drawn = self.sim.draw_output_tokens()      # a model that stops by itself
         cap = room if max_tokens is None else min(max_tokens, room)
         drawn = max(drawn, min_tokens)
-        return prompt_len, min(drawn, cap), "length" if drawn >= cap else "stop"
+        return min(drawn, cap), "length" if drawn >= cap else "stop"
 
     async def _stream(self, request: web.Request, stream: TokenStream, fmt: _Format,
                       finish: str, include_usage: bool) -> web.StreamResponse:
@@ -263,14 +178,19 @@ class Frontend:
         return resp
 
 
-async def _json_body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.read())
-    except ValueError as e:
-        raise RequestError(f"JSON decode error: {e}") from None
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
-    return body
+async def _read_body(request: web.Request) -> bytes:
+    """The body, at most MAX_BODY_BYTES: refused by its Content-Length before any of it is
+    read, or (chunked) as soon as what has arrived passes the limit; never held whole."""
+    too_large = RequestError(f"the request body is larger than {MAX_BODY_BYTES >> 20} MiB",
+                             None, 413, "RequestEntityTooLargeError")
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise too_large
+    body = bytearray()
+    while chunk := await request.content.readany():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise too_large
+    return bytes(body)
 
 
 def _rejection_message(stream: TokenStream, max_model_len: int) -> str:

@@ -10,6 +10,7 @@ streams in flight are cut, and with ``--record DIR`` what was served is written 
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -67,7 +68,8 @@ async def serve(scenario: Scenario, host: str, port: int, *, port_per_replica: b
     try:
         for i, replica in enumerate(ports):
             app = Frontend(sim, replica=replica, text_tokens=text_tokens).app()
-            runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+            runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0,
+                                   logger=server_logger())
             await runner.setup()
             runners.append(runner)
             site = web.TCPSite(runner, host, port + i if port else 0, backlog=1024)
@@ -91,6 +93,49 @@ async def serve(scenario: Scenario, host: str, port: int, *, port_per_replica: b
     if record is not None and sim.served is not None:
         write_record(sim.served, record, sim.clock_origin)
     return sim.num_submitted
+
+
+class _ClientFaults(logging.Filter):
+    """aiohttp logs every malformed request it answers with a 400 (a 100 KB request line,
+    10,000 headers, a negative Content-Length) and every client that leaves mid-request with a
+    full traceback: those are the client's doing, so one line each instead. Anything else (a
+    bug in a handler: a 500) keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            what = f"malformed request answered {exc.code}: " + " ".join(
+                str(exc.message).split())[:200]
+        elif isinstance(exc, ConnectionError):
+            what = f"client disconnected ({exc})"
+        else:
+            return True
+        record.msg, record.args = "simserve serve: %s", (what,)
+        record.exc_info, record.exc_text = None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def server_logger() -> logging.Logger:
+    """The logger the HTTP server reports errors to (see :class:`_ClientFaults`)."""
+    log = logging.getLogger("simserve.serve")
+    if not any(isinstance(f, _ClientFaults) for f in log.filters):
+        log.addFilter(_ClientFaults())
+    return log
+
+
+def check_record_dir(out: Path) -> None:
+    """``--record DIR`` must be writable before anything is served: a record that cannot be
+    written at shutdown would lose every request served. Creates DIR (as the record would)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".simserve-record-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError("--record", f"cannot write into {out} ({e.strerror or e})") from None
 
 
 def write_record(served, out: Path, clock_origin: float | None = None) -> None:
@@ -158,6 +203,8 @@ def _cmd_serve(args) -> int:
     num_ports = scenario_replicas(scenario) if args.port_per_replica else 1
     check_bind(args.host, args.port, num_ports, args.allow_remote)
     record = Path(args.record) if args.record else None
+    if record is not None:
+        check_record_dir(record)
 
     def ready(urls: list[str]) -> None:
         for url in urls:

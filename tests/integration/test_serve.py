@@ -349,3 +349,59 @@ def test_sigint_stops_it_cleanly_mid_stream(tmp_path):
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "Traceback" not in err, err
     assert "stopped after 1 requests" in out
+
+
+def _send(url: str, data: bytes, read: bool = True) -> bytes:
+    """Raw bytes to the server; its answer's status line and headers ("" if not read)."""
+    import socket
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=20) as s:
+        s.sendall(data)
+        if not read:
+            return b""
+        out = b""
+        while b"\r\n\r\n" not in out:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+def test_malformed_requests_and_clients_that_leave_print_no_traceback(tmp_path):
+    # aiohttp answers these 400 itself but logged each with a traceback; a client that sent
+    # half its body and left made the handler raise (a traceback and a 500 for no one)
+    path = write_scenario(tmp_path)
+    proc, [url] = start_server(path, tmp_path)
+    try:
+        answers = [_send(url, data) for data in (
+            b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"".join(
+                b"X-%d: y\r\n" % i for i in range(10_000)) + b"\r\n",
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n{}",
+        )]
+        _send(url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+                   b'{"prompt": [1, 2', read=False)
+        time.sleep(0.5)
+        too_large = _send(url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                               b"Content-Length: 68157440\r\n\r\n")    # headers only
+        ok = _send(url, b'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 32\r\n'
+                        b'\r\n{"prompt": [5], "max_tokens": 1}')
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert all(a.split(b" ", 2)[1] == b"400" for a in answers), answers
+    assert too_large.startswith(b"HTTP/1.1 413 ") and ok.startswith(b"HTTP/1.1 200 ")
+    assert proc.returncode == 0
+    assert "Traceback" not in err, err
+    # one line for each malformed request, none for the client that left before the handler
+    lines = [ln for ln in err.splitlines() if ln.startswith("simserve serve: ")]
+    assert len(lines) == 3 and all("malformed request answered 400" in ln for ln in lines), err
+
+
+@pytest.mark.parametrize("where", ["s.yaml/rec", "/proc/simserve-no-such/rec"])
+def test_an_unwritable_record_folder_is_refused_before_serving(tmp_path, where):
+    path = write_scenario(tmp_path)
+    out = cli("serve", str(path), "--port", "0", "--record", where, cwd=tmp_path)  # 60 s cap
+    assert out.returncode == 2 and out.stderr.startswith("error: --record: cannot write into")
+    assert len(out.stderr.strip().splitlines()) == 1 and "serving" not in out.stdout

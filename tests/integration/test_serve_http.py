@@ -313,3 +313,159 @@ def test_histograms_are_cumulative_with_vllm_names():
     assert f'{name}_sum{{engine="0",model_name="m"}} 3000.5' in text
     assert 'vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 0.0' in text
     assert "# TYPE vllm:e2e_request_latency_seconds histogram" in text
+
+
+# -- the request body, checked as vLLM's server checks it (simserve/live/protocol.py) ---------
+
+P = {"prompt": [4, 5], "max_tokens": 2}           # a valid completion to spoil one field of
+M = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize("path, body, param, starts", [
+    # prompt token ids within the model card's vocabulary (ScriptedSim: 1000 ids)
+    ("/v1/completions", {"prompt": [10**30]}, "prompt", "Token id an integer of 31 digits is "
+                                                        "out of vocabulary"),
+    ("/v1/completions", {"prompt": [4, 1000]}, "prompt", "Token id 1000 is out of vocabulary"),
+    ("/v1/completions", {"prompt": [-1, 4]}, "prompt", "Token id -1 is out of vocabulary"),
+    ("/v1/completions", {"prompt": [1e30]}, "prompt", "prompt: token ids must be integers"),
+    ("/v1/completions", {"prompt": [[4, True]]}, "prompt", "prompt: expected a string or a list"),
+    # min_tokens: at most max_tokens, or the context left when max_tokens is not given
+    ("/v1/completions", {"prompt": [4], "min_tokens": 10**30}, "min_tokens",
+     "min_tokens must be less than or equal to max_tokens=99 (the context left"),
+    ("/v1/completions", {**P, "min_tokens": 3}, "min_tokens",
+     "min_tokens must be less than or equal to max_tokens=2, got 3."),
+    ("/v1/completions", {**P, "min_tokens": None}, "min_tokens", "min_tokens: expected an int"),
+    ("/v1/completions", {**P, "max_tokens": 0}, "max_tokens", "max_tokens must be at least 1"),
+    # sampling parameters: typed and bounded as SamplingParams bounds them
+    ("/v1/completions", {**P, "temperature": "hot"}, "temperature", "temperature: expected a "
+                                                                    "number, got 'hot'"),
+    ("/v1/completions", {**P, "temperature": "0.5"}, "temperature", "temperature: expected a"),
+    ("/v1/completions", {**P, "temperature": 2.5}, "temperature",
+     "temperature must be in [0, 2], got 2.5."),
+    ("/v1/completions", {**P, "temperature": -0.1}, "temperature", "temperature must be in"),
+    ("/v1/chat/completions", {**M, "temperature": [1]}, "temperature", "temperature: expected"),
+    ("/v1/completions", {**P, "top_p": 0}, "top_p", "top_p must be in (0, 1], got 0."),
+    ("/v1/completions", {**P, "top_k": -2}, "top_k", "top_k must be 0 (disable), or at least 1"),
+    ("/v1/completions", {**P, "top_k": 1.5}, "top_k", "top_k: expected an integer"),
+    ("/v1/completions", {**P, "min_p": 1.5}, "min_p", "min_p must be in [0, 1]"),
+    ("/v1/completions", {**P, "presence_penalty": 3}, "presence_penalty", "presence_penalty "
+                                                                          "must be in [-2, 2]"),
+    ("/v1/completions", {**P, "frequency_penalty": "0"}, "frequency_penalty", "frequency_pen"),
+    ("/v1/completions", {**P, "repetition_penalty": 0}, "repetition_penalty",
+     "repetition_penalty must be in (0, inf)"),
+    ("/v1/completions", {**P, "seed": 2**63}, "seed", "seed must be in"),
+    ("/v1/completions", {**P, "n": 0}, "n", "n must be at least 1, got 0."),
+    ("/v1/completions", {**P, "n": "1"}, "n", "n: expected an integer"),
+    ("/v1/completions", {**P, "logprobs": -3}, "logprobs", "logprobs must be non-negative"),
+    ("/v1/chat/completions", {**M, "logprobs": 5}, "logprobs", "logprobs: expected true or"),
+    ("/v1/completions", {**P, "stop": 3}, "stop", "stop: expected a string or a list of strings"),
+    ("/v1/completions", {**P, "stop": [""]}, "stop", "stop cannot contain an empty string."),
+    ("/v1/completions", {**P, "stop_token_ids": ["1"]}, "stop_token_ids", "stop_token_ids must"),
+    ("/v1/completions", {**P, "logit_bias": [1]}, "logit_bias", "logit_bias: expected"),
+    # flags and objects
+    ("/v1/completions", {**P, "ignore_eos": [1]}, "ignore_eos", "ignore_eos: expected true or "
+                                                                "false, got a list of 1 items"),
+    ("/v1/completions", {**P, "ignore_eos": "yes"}, "ignore_eos", "ignore_eos: expected true"),
+    ("/v1/completions", {**P, "stream": {"a": 1}}, "stream", "stream: expected true or false"),
+    ("/v1/completions", {**P, "stream": True, "stream_options": 3}, "stream_options",
+     "stream_options: expected an object, got 3"),
+    ("/v1/completions", {**P, "stream": True, "stream_options": {"include_usage": "x"}},
+     "include_usage", "include_usage: expected true or false"),
+    ("/v1/completions", {**P, "stream_options": {"include_usage": True}}, "stream_options",
+     "Stream options can only be defined when `stream=True`."),
+    ("/v1/completions", {**P, "return_token_ids": 1}, "return_token_ids", "return_token_ids:"),
+    ("/v1/completions", {**P, "model": 3}, "model", "model: expected a string, got 3"),
+    ("/v1/completions", {**P, "user": ["x"]}, "user", "user: expected a string"),
+    ("/v1/chat/completions", {"messages": [{"role": 3, "content": "hi"}]}, "messages",
+     "messages[0].role: expected a string"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages",
+     "messages[0].content[0]: expected a text part"),
+    ("/v1/chat/completions", {**M, "max_completion_tokens": 2.0}, "max_completion_tokens",
+     "max_completion_tokens: expected an integer, got 2.0"),
+])
+def test_bad_fields_are_refused_as_vllm_refuses_them(path, body, param, starts):
+    sim = ScriptedSim()
+
+    async def one(c):
+        resp = await c.post(path, json=body)
+        return resp.status, await resp.json()
+
+    status, out = call(sim, one)
+    assert status == 400, out
+    assert out == {"error": {"message": out["error"]["message"], "type": "BadRequestError",
+                             "param": param, "code": 400}}
+    assert out["error"]["message"].startswith(starts), out["error"]["message"]
+    assert len(out["error"]["message"]) < 300       # a huge value is described, not echoed
+    assert not sim.submitted                        # refused before the simulation sees it
+
+
+@pytest.mark.parametrize("raw, starts", [
+    (b'{"prompt": [4], "max_tokens": 2, "temperature": 1e400}', "temperature must be a finite"),
+    (b'{"prompt": [4], "max_tokens": 2, "top_p": NaN}', "top_p must be a finite number"),
+    (b'{"prompt": [4], "max_tokens": 2, "min_p": -Infinity}', "min_p must be a finite number"),
+    (b'{"prompt": ' + b"[" * 3000 + b"]" * 3000 + b"}", "JSON decode error: nested too deeply"),
+    (b'{"prompt": [4], "user": ' + b'{"a":' * 5000 + b"1" + b"}" * 5000 + b"}",
+     "JSON decode error: nested too deeply"),
+    (b'{"prompt": [4], "max_tokens": ' + b"9" * 5000 + b"}", "JSON decode error"),
+    (b"\xff\xfe{}", "JSON decode error"),
+])
+def test_json_that_python_reads_oddly_is_a_400(raw, starts):
+    sim = ScriptedSim()
+
+    async def one(c):
+        resp = await c.post("/v1/completions", data=raw,
+                            headers={"Content-Type": "application/json"})
+        return resp.status, await resp.json()
+
+    status, out = call(sim, one)
+    assert status == 400 and out["error"]["code"] == 400
+    assert out["error"]["message"].startswith(starts), out["error"]["message"]
+    assert not sim.submitted
+
+
+def test_empty_stream_options_include_usage_as_vllm_defaults():
+    # vLLM's StreamOptions: include_usage defaults to true once stream_options is given
+    sim = ScriptedSim()
+    body = {"prompt": "a b", "max_tokens": 2, "ignore_eos": True, "stream": True,
+            "stream_options": {}}
+    _, _, text = call(sim, lambda c: post(c, "/v1/completions", body))
+    assert sse(text)[-2]["usage"]["completion_tokens"] == 2
+
+
+async def _raw_exchange(client, head: bytes, body_chunks=(), read_first=False) -> bytes:
+    """Send ``head`` (and the chunks) over a plain socket; the status line and headers back."""
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    try:
+        writer.write(head)
+        await writer.drain()
+        if read_first:
+            return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        for chunk in body_chunks:
+            writer.write(chunk)
+            try:
+                await writer.drain()
+            except ConnectionError:
+                break
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    finally:
+        writer.close()
+
+
+def test_a_body_over_the_limit_is_refused_by_its_content_length_before_it_is_sent():
+    # the answer comes while the client has sent only the headers: nothing was buffered
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % (65 << 20))
+    got = call(ScriptedSim(), lambda c: _raw_exchange(c.server, head, read_first=True))
+    assert got.startswith(b"HTTP/1.1 413 ")
+
+
+def test_a_chunked_body_is_cut_off_at_the_limit(monkeypatch):
+    import simserve.live.http as http
+    monkeypatch.setattr(http, "MAX_BODY_BYTES", 1 << 20)
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n")
+    chunk = b"%x\r\n" % (64 << 10) + b" " * (64 << 10) + b"\r\n"
+    sim = ScriptedSim()
+    got = call(sim, lambda c: _raw_exchange(c.server, head, [chunk] * 40))   # 2.5 MiB
+    assert got.startswith(b"HTTP/1.1 413 ") and not sim.submitted
