@@ -95,7 +95,8 @@ def _register_report(sub) -> None:
 def _register_sweep(sub) -> None:
     swp = sub.add_parser("sweep", help="run a grid of scenario variants into one table")
     swp.add_argument("grid", help="sweep file: base: or scenario:, then grid: and/or zip:")
-    swp.add_argument("--out", help="output directory (default: runs/<sweep file name>)")
+    swp.add_argument("--out", help="output directory (default: runs/<sweep file name>, "
+                                   "+<overrides> with --set)")
     swp.add_argument("--set", dest="overrides", action="append", default=[],
                      metavar="FIELD=VALUE", help="override a field of the base scenario")
     swp.add_argument("--executor", choices=("local", "ray"), default="local",
@@ -126,7 +127,8 @@ def _register_capacity(sub) -> None:
                           "harness that runs each rate for a fixed time")
     cap.add_argument("--set", dest="overrides", action="append", default=[],
                      metavar="FIELD=VALUE", help="override a scenario field (repeatable)")
-    cap.add_argument("--out", help="output directory (default: runs/<scenario>-capacity)")
+    cap.add_argument("--out", help="output directory (default: runs/<scenario>-capacity, "
+                                   "+<overrides> with --set)")
     cap.add_argument("--quiet", action="store_true", help="do not print each probe")
     _report_flags(cap)
     cap.set_defaults(handler=_cmd_capacity)
@@ -156,6 +158,12 @@ def _report(args, out: Path) -> None:
         from simserve.report import write_report
         path = write_report([out], svg=args.svg)
         print(f"report: {path}")
+    else:       # a reused folder must not keep the report of the results it held before
+        from simserve.paths import clear_report
+        removed = clear_report(out)
+        if removed:
+            print(f"note: removed the earlier report in {out}/ ({', '.join(removed)}): "
+                  "it described other results", file=sys.stderr)
 
 
 def _cmd_run(args) -> int:
@@ -236,6 +244,7 @@ SWEEP_SHOWN = ("error", "request_throughput", "request_goodput", "slo_attainment
 
 def _cmd_sweep(args) -> int:
     from simserve.fmt import format_table
+    from simserve.paths import default_out
     from simserve.plan.sweep import load_sweep, save_sweep, sweep
 
     if args.workers is not None and args.workers < 1:
@@ -251,7 +260,8 @@ def _cmd_sweep(args) -> int:
         view = table[shown].copy()
         view["error"] = ["failed" if e else "ok" for e in table["error"].notna()]
         print(format_table(view, index=False))
-    out = Path(args.out) if args.out else Path("runs") / Path(args.grid).stem
+    out = Path(args.out) if args.out else default_out(Path("runs") / Path(args.grid).stem,
+                                                      args.overrides)
     save_sweep(table, spec, out)
     print(f"{len(table)} points ({len(failed)} failed) in {wall:.1f} s; table in "
           f"{out}/sweep.csv")
@@ -264,6 +274,7 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_capacity(args) -> int:
+    from simserve.paths import default_out
     from simserve.plan.capacity import capacity
 
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
@@ -279,7 +290,8 @@ def _cmd_capacity(args) -> int:
         raise
     print(result.table())
     print(f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
-    out = Path(args.out) if args.out else Path("runs") / f"{Path(args.scenario).stem}-capacity"
+    out = Path(args.out) if args.out else default_out(
+        Path("runs") / f"{Path(args.scenario).stem}-capacity", args.overrides)
     result.save(out)
     print(f"results in {out}/ (capacity.json, probes.csv)")
     _report(args, out)

@@ -339,6 +339,8 @@ def save_sweep(table: pd.DataFrame, spec: SweepSpec, out: str | Path) -> Path:
     table.to_csv(out / "sweep.csv", index=False, float_format="%.9g")
     if importlib.util.find_spec("pyarrow") is not None:   # optional, never a dependency
         _nested_as_json(table).to_parquet(out / "sweep.parquet", index=False)
+    elif (out / "sweep.parquet").is_file():     # an earlier sweep's, beside this one's CSV
+        (out / "sweep.parquet").unlink()
     # paths relative to `out`, so `simserve sweep OUT/sweep.yaml` reruns the same points
     d = spec.to_dict()
     d["scenario"] = rebase_paths(d["scenario"], spec.base_dir, out)

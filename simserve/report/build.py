@@ -18,6 +18,7 @@ import yaml
 from matplotlib.figure import Figure
 
 from simserve.errors import SimserveError
+from simserve.paths import clear_report
 from simserve.report import figures as F
 from simserve.report import html as H
 from simserve.report.load import CapacityData, Inputs, RunData, SweepData, load_inputs
@@ -61,6 +62,8 @@ def write_report(paths: Sequence[str | Path], out: str | Path | None = None, *,
 def render(inputs: Inputs, out: str | Path, *, svg: bool = False, title: str = "") -> Path:
     out = Path(out)
     fig_dir = out / "figures"
+    if (out / "report.html").is_file():     # a report written here before: none of its
+        clear_report(out)                   # figures may outlive it beside the new one
     try:
         fig_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
