@@ -252,8 +252,13 @@ def _prepare(s: Scenario, notes: list[str], hold: str = "requests") -> tuple[Sce
                                       "the duration needs a synthetic workload with "
                                       "workload.duration")
         if w.trace.rate is None:
+            raw = s.source.get("workload") if isinstance(s.source, dict) else None
+            scaled = isinstance(raw, dict) and raw.get("time_scale") is not None
             raise ConfigError("workload.rate", "capacity planning rescales a trace by its mean "
-                                               "rate: give workload.rate (a starting rate)")
+                                               "rate: give workload.rate (a starting rate)"
+                              + (" and drop workload.time_scale (a trace takes one or the "
+                                 "other), e.g. --set workload.time_scale=null --set "
+                                 "workload.rate=5" if scaled else ""))
         return s, w.trace.rate
     a = w.arrival
     if a.rate is None or a.rate == math.inf:

@@ -258,3 +258,19 @@ def test_cli_overrides_get_their_own_default_folder_and_no_report_clears_the_old
                  "--out", str(plain)]) == 0
     assert "removed the earlier report" in capsys.readouterr().err
     assert not (plain / "report.html").exists() and not (plain / "figures").exists()
+
+
+def test_cli_trace_with_time_scale_asks_for_both_changes_at_once(tmp_path, capsys):
+    """issue #33 item 4: the shipped Azure trace scenario sets time_scale; the first error says
+    both what to add (a rate) and what to drop (time_scale), and the changes it names work."""
+    scenario = Path(__file__).resolve().parents[2] / "scenarios" / "trace_azure.yaml"
+    code = main(["capacity", str(scenario), "--quiet", "--no-report", "--out",
+                 str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "give workload.rate" in err and "drop workload.time_scale" in err
+    assert not (tmp_path / "o").exists()
+    code = main(["capacity", str(scenario), "--quiet", "--no-report", "--seeds", "1",
+                 "--set", "workload.time_scale=null", "--set", "workload.rate=5",
+                 "--out", str(tmp_path / "o")])
+    assert code == 0, capsys.readouterr().err
