@@ -341,18 +341,53 @@ def _cmd_validate(args) -> int:
 
 
 def _cmd_list(args) -> int:
+    """One line per entry saying what it is: a policy's first docstring line, a model's size
+    and memory, a device's memory, peak FLOP/s and bandwidth."""
     if args.what == "policies":
         from simserve.sched import POLICIES
-        for name, cls in POLICIES.items():
-            doc = sys.modules[cls.__module__].__doc__ or ""
-            print(f"{name:10s} {doc.strip().splitlines()[0] if doc.strip() else ''}")
+        rows = [(name, policy_line(cls)) for name, cls in POLICIES.items()]
     elif args.what == "models":
-        from simserve.cards import list_models
-        print("\n".join(list_models()))
+        from simserve.cards import list_models, load_model
+        rows = []
+        for name in list_models():
+            m = load_model(name)
+            active = (f", {_count(m.active_params)} active" if m.active_params != m.num_params
+                      else "")
+            rows.append((name, f"{_count(m.num_params)} parameters{active}, weights "
+                               f"{m.weight_bytes / 1e9:.3g} GB, KV cache "
+                               f"{m.kv_bytes_per_token / 1024:.4g} KiB a token, "
+                               f"{m.num_layers} layers, up to {m.max_position_embeddings:,} "
+                               "tokens"))
     else:
-        from simserve.cards import list_hardware
-        print("\n".join(list_hardware()))
+        from simserve.cards import list_hardware, load_hardware
+        rows = []
+        for name in list_hardware():
+            h = load_hardware(name)
+            fp8 = f" ({h.peak_flops_fp8 / 1e12:.4g} FP8)" if h.peak_flops_fp8 else ""
+            rows.append((name, f"{h.kind}, {h.mem_bytes / 1e9:.4g} GB memory at "
+                               f"{h.mem_bandwidth / 1e12:.3g} TB/s, {h.peak_flops / 1e12:.4g} "
+                               f"TFLOP/s dense{fp8}, link {h.interconnect_bandwidth / 1e9:.3g} "
+                               "GB/s a direction"))
+    width = max(len(name) for name, _ in rows)
+    for name, line in rows:
+        print(f"{name:<{width}}  {line}")
     return 0
+
+
+def policy_line(cls) -> str:
+    """What a policy does in one line: its module docstring's first line, or its class's where
+    the module holds several policies."""
+    from simserve.sched import POLICIES
+    shared = sum(c.__module__ == cls.__module__ for c in POLICIES.values()) > 1
+    doc = (cls.__dict__.get("__doc__") if shared else None) \
+        or sys.modules[cls.__module__].__doc__ or ""
+    lines = doc.strip().splitlines()
+    line = lines[0].strip() if lines else ""
+    return line.split(": ", 1)[1] if line.startswith("``") and ": " in line else line
+
+
+def _count(n: float) -> str:
+    return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
 
 
 def main(argv: list[str] | None = None) -> int:

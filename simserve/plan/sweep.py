@@ -118,6 +118,11 @@ def load_sweep(path: str | Path, overrides: Sequence[str] | None = None) -> Swee
     path = Path(path)
     raw = load_yaml(path)
     f = Fields(raw, "")
+    if isinstance(raw, dict) and "model" in raw and not f.has("base") \
+            and not f.has("scenario"):
+        raise ConfigError(str(path), "is a scenario, not a sweep file: run it with `simserve "
+                                     f"run {path}` (a sweep file names base: or scenario: and "
+                                     "grid:/zip:)")
     if f.has("base") == f.has("scenario"):
         raise ConfigError("base", "give either base: (a scenario file) or scenario: (inline), "
                                   "exactly one")
