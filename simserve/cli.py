@@ -238,8 +238,8 @@ def _cmd_report(args) -> int:
     return 0
 
 
-SWEEP_SHOWN = ("error", "request_throughput", "request_goodput", "slo_attainment",
-               "p99_ttft_ms", "p99_tpot_ms")
+SWEEP_SHOWN = ("error", "completed", "num_rejected", "request_throughput", "request_goodput",
+               "slo_attainment", "p99_ttft_ms", "p99_tpot_ms")
 
 
 def _cmd_sweep(args) -> int:
