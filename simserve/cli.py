@@ -95,7 +95,8 @@ def _register_report(sub) -> None:
 def _register_sweep(sub) -> None:
     swp = sub.add_parser("sweep", help="run a grid of scenario variants into one table")
     swp.add_argument("grid", help="sweep file: base: or scenario:, then grid: and/or zip:")
-    swp.add_argument("--out", help="output directory (default: runs/<sweep file name>)")
+    swp.add_argument("--out", help="output directory (default: runs/<sweep file name>, "
+                                   "+<overrides> with --set)")
     swp.add_argument("--set", dest="overrides", action="append", default=[],
                      metavar="FIELD=VALUE", help="override a field of the base scenario")
     swp.add_argument("--executor", choices=("local", "ray"), default="local",
@@ -126,7 +127,8 @@ def _register_capacity(sub) -> None:
                           "harness that runs each rate for a fixed time")
     cap.add_argument("--set", dest="overrides", action="append", default=[],
                      metavar="FIELD=VALUE", help="override a scenario field (repeatable)")
-    cap.add_argument("--out", help="output directory (default: runs/<scenario>-capacity)")
+    cap.add_argument("--out", help="output directory (default: runs/<scenario>-capacity, "
+                                   "+<overrides> with --set)")
     cap.add_argument("--quiet", action="store_true", help="do not print each probe")
     _report_flags(cap)
     cap.set_defaults(handler=_cmd_capacity)
@@ -156,6 +158,12 @@ def _report(args, out: Path) -> None:
         from simserve.report import write_report
         path = write_report([out], svg=args.svg)
         print(f"report: {path}")
+    else:       # a reused folder must not keep the report of the results it held before
+        from simserve.paths import clear_report
+        removed = clear_report(out)
+        if removed:
+            print(f"note: removed the earlier report in {out}/ ({', '.join(removed)}): "
+                  "it described other results", file=sys.stderr)
 
 
 def _cmd_run(args) -> int:
@@ -230,12 +238,13 @@ def _cmd_report(args) -> int:
     return 0
 
 
-SWEEP_SHOWN = ("error", "request_throughput", "request_goodput", "slo_attainment",
-               "p99_ttft_ms", "p99_tpot_ms")
+SWEEP_SHOWN = ("error", "completed", "num_rejected", "request_throughput", "request_goodput",
+               "slo_attainment", "p99_ttft_ms", "p99_tpot_ms")
 
 
 def _cmd_sweep(args) -> int:
     from simserve.fmt import format_table
+    from simserve.paths import default_out
     from simserve.plan.sweep import load_sweep, save_sweep, sweep
 
     if args.workers is not None and args.workers < 1:
@@ -251,7 +260,8 @@ def _cmd_sweep(args) -> int:
         view = table[shown].copy()
         view["error"] = ["failed" if e else "ok" for e in table["error"].notna()]
         print(format_table(view, index=False))
-    out = Path(args.out) if args.out else Path("runs") / Path(args.grid).stem
+    out = Path(args.out) if args.out else default_out(Path("runs") / Path(args.grid).stem,
+                                                      args.overrides)
     save_sweep(table, spec, out)
     print(f"{len(table)} points ({len(failed)} failed) in {wall:.1f} s; table in "
           f"{out}/sweep.csv")
@@ -264,6 +274,7 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_capacity(args) -> int:
+    from simserve.paths import default_out
     from simserve.plan.capacity import capacity
 
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
@@ -279,7 +290,8 @@ def _cmd_capacity(args) -> int:
         raise
     print(result.table())
     print(f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
-    out = Path(args.out) if args.out else Path("runs") / f"{Path(args.scenario).stem}-capacity"
+    out = Path(args.out) if args.out else default_out(
+        Path("runs") / f"{Path(args.scenario).stem}-capacity", args.overrides)
     result.save(out)
     print(f"results in {out}/ (capacity.json, probes.csv)")
     _report(args, out)
@@ -329,18 +341,53 @@ def _cmd_validate(args) -> int:
 
 
 def _cmd_list(args) -> int:
+    """One line per entry saying what it is: a policy's first docstring line, a model's size
+    and memory, a device's memory, peak FLOP/s and bandwidth."""
     if args.what == "policies":
         from simserve.sched import POLICIES
-        for name, cls in POLICIES.items():
-            doc = sys.modules[cls.__module__].__doc__ or ""
-            print(f"{name:10s} {doc.strip().splitlines()[0] if doc.strip() else ''}")
+        rows = [(name, policy_line(cls)) for name, cls in POLICIES.items()]
     elif args.what == "models":
-        from simserve.cards import list_models
-        print("\n".join(list_models()))
+        from simserve.cards import list_models, load_model
+        rows = []
+        for name in list_models():
+            m = load_model(name)
+            active = (f", {_count(m.active_params)} active" if m.active_params != m.num_params
+                      else "")
+            rows.append((name, f"{_count(m.num_params)} parameters{active}, weights "
+                               f"{m.weight_bytes / 1e9:.3g} GB, KV cache "
+                               f"{m.kv_bytes_per_token / 1024:.4g} KiB a token, "
+                               f"{m.num_layers} layers, up to {m.max_position_embeddings:,} "
+                               "tokens"))
     else:
-        from simserve.cards import list_hardware
-        print("\n".join(list_hardware()))
+        from simserve.cards import list_hardware, load_hardware
+        rows = []
+        for name in list_hardware():
+            h = load_hardware(name)
+            fp8 = f" ({h.peak_flops_fp8 / 1e12:.4g} FP8)" if h.peak_flops_fp8 else ""
+            rows.append((name, f"{h.kind}, {h.mem_bytes / 1e9:.4g} GB memory at "
+                               f"{h.mem_bandwidth / 1e12:.3g} TB/s, {h.peak_flops / 1e12:.4g} "
+                               f"TFLOP/s dense{fp8}, link {h.interconnect_bandwidth / 1e9:.3g} "
+                               "GB/s a direction"))
+    width = max(len(name) for name, _ in rows)
+    for name, line in rows:
+        print(f"{name:<{width}}  {line}")
     return 0
+
+
+def policy_line(cls) -> str:
+    """What a policy does in one line: its module docstring's first line, or its class's where
+    the module holds several policies."""
+    from simserve.sched import POLICIES
+    shared = sum(c.__module__ == cls.__module__ for c in POLICIES.values()) > 1
+    doc = (cls.__dict__.get("__doc__") if shared else None) \
+        or sys.modules[cls.__module__].__doc__ or ""
+    lines = doc.strip().splitlines()
+    line = lines[0].strip() if lines else ""
+    return line.split(": ", 1)[1] if line.startswith("``") and ": " in line else line
+
+
+def _count(n: float) -> str:
+    return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -528,15 +528,28 @@ def file_kind(path: str | Path) -> str:
     ``"scenario"``; DataError if the file is not a YAML mapping."""
     path = Path(path)
     raw = _load_raw(path)
-    if "grid" in raw or "zip" in raw or ("base" in raw and "model" not in raw):
+    if _is_sweep(raw):
         return "sweep"
     return "compare" if "compare" in raw else "scenario"
+
+
+def _is_sweep(raw: dict) -> bool:
+    return "grid" in raw or "zip" in raw or ("base" in raw and "model" not in raw)
+
+
+def _refuse_sweep(path: Path, raw: dict) -> None:
+    """A sweep file given where a scenario belongs: say what it is and which command runs it
+    (rather than the first scenario field it lacks)."""
+    if _is_sweep(raw):
+        raise ConfigError(str(path), "is a sweep file (base:/scenario: with grid:/zip:), not a "
+                                     f"scenario: run it with `simserve sweep {path}`")
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     """Load one scenario. A file with a ``compare:`` section needs :func:`load_variants`."""
     path = Path(path)
     raw = _load_raw(path)
+    _refuse_sweep(path, raw)
     if "compare" in raw:
         raise ConfigError("compare", f"{path} defines several variants; run it with "
                                      "`simserve run` or load it with load_variants()")
@@ -560,6 +573,7 @@ def load_variants(path: str | Path,
     """
     path = Path(path)
     raw = _load_raw(path)
+    _refuse_sweep(path, raw)
     compare = raw.pop("compare", None)
     raw = apply_overrides(raw, overrides or [])
     applied = tuple(overrides or ())
@@ -589,12 +603,25 @@ def load_variants(path: str | Path,
     return variants
 
 
+def value_label(value: Any) -> str:
+    """A variant's label (and so its folder name) from a field's value: an inline card (a
+    mapping with a ``name``, as a model or hardware card has) by its name, another mapping or
+    list by its items, anything else as written."""
+    if isinstance(value, dict):
+        if isinstance(value.get("name"), str) and value["name"]:
+            return value["name"]
+        return ",".join(f"{k}={value_label(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return ",".join(value_label(v) for v in value)
+    return str(value)
+
+
 def _variant_fields(compare: Any) -> list[tuple[str, dict[str, Any]]]:
     if isinstance(compare, dict) and len(compare) == 1:
         (key, values), = compare.items()
         if not isinstance(values, list) or not values:
             raise ConfigError(f"compare.{key}", "expected a non-empty list of values")
-        return [(str(v), {key: v}) for v in values]
+        return [(value_label(v), {key: v}) for v in values]
     if isinstance(compare, list) and compare:
         out = []
         for i, item in enumerate(compare):
@@ -603,7 +630,7 @@ def _variant_fields(compare: Any) -> list[tuple[str, dict[str, Any]]]:
             item = dict(item)
             label = item.pop("label", None)
             if label is None:
-                label = "-".join(str(v) for v in item.values())
+                label = "-".join(value_label(v) for v in item.values())
             out.append((str(label), item))
         return out
     raise ConfigError("compare", "expected {FIELD: [values]} or a list of {FIELD: VALUE} "

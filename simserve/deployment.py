@@ -28,6 +28,7 @@ def check(s) -> None:
     for i, g in enumerate(_groups(s)):
         try:
             check_memory(g.scenario)
+            check_one_request_fits(g.scenario)
             check_step_times(g.scenario)
         except ConfigError as e:
             if not s.cluster.groups:
@@ -95,6 +96,35 @@ def check_memory(s) -> None:
                               f"the device's memory holds {blocks:,} KV blocks, more than the "
                               f"{limits.MAX_COUNT:,} a replica can count; give "
                               "engine.num_gpu_blocks or a larger engine.block_size")
+
+
+def check_one_request_fits(s) -> None:
+    """A KV cache sized from the device's memory holds at least one request of
+    ``max_model_len`` tokens, or the deployment is refused as vLLM refuses to start one
+    (``check_enough_kv_cache_memory`` in vllm/v1/core/kv_cache_utils.py: "To serve at least one
+    request with the models's max seq len ... Try increasing `gpu_memory_utilization` or
+    decreasing `max_model_len`"). A cache given as ``engine.num_gpu_blocks`` is not checked:
+    vLLM applies its ``num_gpu_blocks_override`` after this check."""
+    e = s.engine
+    if e.num_gpu_blocks is not None:
+        return
+    s.replica.check_kv()
+    blocks, size = s.replica.num_gpu_blocks, e.block_size
+    need = -(-s.max_model_len // size)
+    if blocks >= need:
+        return
+    tokens = blocks * size
+    parallel = f"tensor_parallel_size {e.tensor_parallel_size}" + (
+        f", pipeline_parallel_size {e.pipeline_parallel_size}"
+        if e.pipeline_parallel_size > 1 else "")
+    raise ConfigError("engine.max_model_len",
+                      f"{s.model.name} on {s.hardware.name} at {parallel} and "
+                      f"gpu_memory_utilization {e.gpu_memory_utilization:g} leaves a KV cache "
+                      f"of {tokens:,} tokens ({blocks:,} blocks of {size}), less than one "
+                      f"request of max_model_len {s.max_model_len:,} needs: vLLM refuses to "
+                      f"start such an engine. Lower engine.max_model_len to at most "
+                      f"{tokens:,}, or raise engine.gpu_memory_utilization or "
+                      "engine.tensor_parallel_size")
 
 
 def check_cluster(s) -> None:

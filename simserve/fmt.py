@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 from typing import Any
 
 import pandas as pd
@@ -46,9 +47,29 @@ def human(x: Any) -> str:
     return "0" if a == 0 else f"{v:.2g}"
 
 
+def attainment_percent(df: pd.DataFrame) -> pd.DataFrame:
+    """SLO attainment shown as every display shows it, a percentage: each numeric column whose
+    name says attainment (a fraction in the data: summary.json, CSV files) times 100, its name
+    ending in ``(%)``. Columns already so named, and yes/no columns, are left alone."""
+    cols = {c: f"{c} (%)" for c in df.columns
+            if isinstance(c, str) and "attainment" in c and "%" not in c and _fractions(df[c])}
+    if not cols:
+        return df
+    return df.assign(**{c: [None if v is None or v != v else v * 100 for v in df[c]]
+                        for c in cols}).rename(columns=cols)
+
+
+def _fractions(column: pd.Series) -> bool:
+    """Numbers (missing ones allowed), not yes/no."""
+    values = [v for v in column if v is not None and not (isinstance(v, float) and v != v)]
+    return bool(values) and all(isinstance(v, numbers.Real) and not isinstance(v, bool)
+                                for v in values)
+
+
 def format_table(df: pd.DataFrame, index: bool = True) -> str:
-    """A DataFrame as aligned text with :func:`human` numbers (for the console)."""
-    shown = df.astype(object).map(human)
+    """A DataFrame as aligned text with :func:`human` numbers (for the console); attainment
+    as a percentage (:func:`attainment_percent`)."""
+    shown = attainment_percent(df).astype(object).map(human)
     return shown.to_string(index=index)
 
 
@@ -57,4 +78,5 @@ def styled(df: pd.DataFrame):
     the data is unchanged). Its HTML id comes from the data, so a notebook's saved output does
     not change from one run to the next."""
     digest = hashlib.sha1(pd.util.hash_pandas_object(df.astype(str)).values.tobytes())
+    df = attainment_percent(df)
     return df.style.format(human).set_uuid(digest.hexdigest()[:10])

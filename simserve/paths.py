@@ -102,6 +102,30 @@ def default_out(base: Path, overrides: list[str] | tuple[str, ...] | None) -> Pa
     return Path(base).with_name(f"{Path(base).name}+{slug}")
 
 
+REPORT_FIGURES = (".png", ".svg")
+
+
+def clear_report(out: Path) -> list[str]:
+    """Remove the report a folder holds (``report.html``, the figures under ``figures/``), as
+    a rerun into the folder that does not write one must: a report of other results must not
+    lie beside the new ones. Returns the names removed (nothing else is touched)."""
+    out = Path(out)
+    removed = []
+    if (out / "report.html").is_file():
+        (out / "report.html").unlink()
+        removed.append("report.html")
+    figures = out / "figures"
+    if figures.is_dir():
+        stale = [p for p in figures.iterdir() if p.is_file() and p.suffix in REPORT_FIGURES]
+        for p in stale:
+            p.unlink()
+        if stale:
+            removed.append(f"{len(stale)} figure(s)")
+        if not any(figures.iterdir()):
+            figures.rmdir()
+    return removed
+
+
 def replaced_note(out: Path, new_scenario: str) -> str | None:
     """A sentence when ``out`` holds the results of a different scenario than ``new_scenario``
     (the scenario.yaml about to be written), naming up to three fields that differ; else None."""

@@ -13,8 +13,8 @@ estimate from text: ``text_tokens``) and its output length: ``max_tokens`` when 
 is set or ``min_tokens >= max_tokens`` (an exact length, as ``simserve replay`` and ``vllm bench
 serve --ignore-eos`` ask), otherwise a draw from the scenario's workload, at most
 ``max_tokens``. Output tokens carry made-up ids (``" w<id>"`` as text, which the word-level
-tokenizer of /work/shared/truth's tiny model reads back as that id); only their count and
-timing mean anything.
+tokenizer of the reference CPU server's tiny model, docs/fidelity.md, reads back as that id);
+only their count and timing mean anything.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ of the scenario's workload at its arrival time to ``/v1/completions`` and record
 so that a real run and a simulated run of the same scenario compare column by column
 (``simserve compare REAL_DIR SIM_DIR``).
 
-Request protocol (exact per-request timings, as in /work/shared/truth/README.md)::
+Request protocol (exact per-request timings)::
 
     {"model": M, "prompt": [token ids], "max_tokens": N, "min_tokens": N, "ignore_eos": true,
      "temperature": 0, "stream": true, "stream_options": {"include_usage": true},

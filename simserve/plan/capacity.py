@@ -41,6 +41,7 @@ import pandas as pd
 
 from simserve.config import Scenario, load_scenario
 from simserve.errors import ConfigError, SimserveError
+from simserve.fmt import format_table
 from simserve.limits import MAX_REPLICAS, MAX_REQUESTS, MAX_SECONDS
 
 PROBE_METRICS = (
@@ -96,8 +97,8 @@ class CapacityResult:
         """Rate → attainment over the seeds run there, at the scenario's replica count."""
         p = self.probes[self.probes["replicas"] == self.replicas]
         g = p.groupby("rate")["slo_attainment"]
-        table = pd.DataFrame({"seeds": g.size(), "min": g.min(), "mean": g.mean(),
-                              "max": g.max()})
+        table = pd.DataFrame({"seeds": g.size(), "min attainment": g.min(),
+                              "mean attainment": g.mean(), "max attainment": g.max()})
         table["meets target"] = p.groupby("rate")["slo_met"].all()
         table.index = [f"{r:.4g}" for r in table.index]
         table.index.name = "rate (req/s)"
@@ -110,13 +111,13 @@ class CapacityResult:
             f"capacity of {self.scenario}: SLO {slo}, target attainment "
             f"{self.target_attainment:.0%} ({self.aggregate} over {len(self.seeds)} seeds)",
             "",
-            self.rate_table().to_string(float_format=lambda x: f"{x:.3f}"),
+            format_table(self.rate_table()),
             "",
             f"max rate: {self.max_rate:.3g} req/s "
             f"(target missed at {self.first_failing_rate:.3g} req/s; tolerance "
             f"{self.tolerance:.0%})",
-            f"attainment at max rate over seeds: min {self.spread['min']:.3f}, "
-            f"mean {self.spread['mean']:.3f}, max {self.spread['max']:.3f}",
+            f"attainment at max rate over seeds: min {self.spread['min']:.1%}, "
+            f"mean {self.spread['mean']:.1%}, max {self.spread['max']:.1%}",
             f"per GPU: {self.per_gpu_rate:.3g} req/s ({self.replicas} replica(s) × TP "
             f"{self.tensor_parallel_size}"
             + (f" × DP {self.data_parallel_size}" if self.data_parallel_size > 1 else "")
@@ -252,8 +253,13 @@ def _prepare(s: Scenario, notes: list[str], hold: str = "requests") -> tuple[Sce
                                       "the duration needs a synthetic workload with "
                                       "workload.duration")
         if w.trace.rate is None:
+            raw = s.source.get("workload") if isinstance(s.source, dict) else None
+            scaled = isinstance(raw, dict) and raw.get("time_scale") is not None
             raise ConfigError("workload.rate", "capacity planning rescales a trace by its mean "
-                                               "rate: give workload.rate (a starting rate)")
+                                               "rate: give workload.rate (a starting rate)"
+                              + (" and drop workload.time_scale (a trace takes one or the "
+                                 "other), e.g. --set workload.time_scale=null --set "
+                                 "workload.rate=5" if scaled else ""))
         return s, w.trace.rate
     a = w.arrival
     if a.rate is None or a.rate == math.inf:

@@ -118,6 +118,11 @@ def load_sweep(path: str | Path, overrides: Sequence[str] | None = None) -> Swee
     path = Path(path)
     raw = load_yaml(path)
     f = Fields(raw, "")
+    if isinstance(raw, dict) and "model" in raw and not f.has("base") \
+            and not f.has("scenario"):
+        raise ConfigError(str(path), "is a scenario, not a sweep file: run it with `simserve "
+                                     f"run {path}` (a sweep file names base: or scenario: and "
+                                     "grid:/zip:)")
     if f.has("base") == f.has("scenario"):
         raise ConfigError("base", "give either base: (a scenario file) or scenario: (inline), "
                                   "exactly one")
@@ -339,6 +344,8 @@ def save_sweep(table: pd.DataFrame, spec: SweepSpec, out: str | Path) -> Path:
     table.to_csv(out / "sweep.csv", index=False, float_format="%.9g")
     if importlib.util.find_spec("pyarrow") is not None:   # optional, never a dependency
         _nested_as_json(table).to_parquet(out / "sweep.parquet", index=False)
+    elif (out / "sweep.parquet").is_file():     # an earlier sweep's, beside this one's CSV
+        (out / "sweep.parquet").unlink()
     # paths relative to `out`, so `simserve sweep OUT/sweep.yaml` reruns the same points
     d = spec.to_dict()
     d["scenario"] = rebase_paths(d["scenario"], spec.base_dir, out)

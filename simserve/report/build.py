@@ -18,6 +18,8 @@ import yaml
 from matplotlib.figure import Figure
 
 from simserve.errors import SimserveError
+from simserve.fmt import attainment_percent
+from simserve.paths import clear_report
 from simserve.report import figures as F
 from simserve.report import html as H
 from simserve.report.load import CapacityData, Inputs, RunData, SweepData, load_inputs
@@ -61,6 +63,8 @@ def write_report(paths: Sequence[str | Path], out: str | Path | None = None, *,
 def render(inputs: Inputs, out: str | Path, *, svg: bool = False, title: str = "") -> Path:
     out = Path(out)
     fig_dir = out / "figures"
+    if (out / "report.html").is_file():     # a report written here before: none of its
+        clear_report(out)                   # figures may outlive it beside the new one
     try:
         fig_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -150,7 +154,7 @@ def capacity_section(cap: CapacityData) -> Section:
                     f"tolerance; the target is missed at {a['first_failing_rate']:.3g} req/s. "
                     f"A rate passes when the {a.get('aggregate', 'min')} attainment over "
                     f"{len(a['seeds'])} seed(s) meets the target; at the answer the seeds "
-                    f"attain min {sp['min']:.3f}, mean {sp['mean']:.3f}, max {sp['max']:.3f}."),
+                    f"attain min {sp['min']:.1%}, mean {sp['mean']:.1%}, max {sp['max']:.1%}."),
     ]
     probes = cap.probes.assign(policy=a.get("policy", "?"))
     by_rate = probes[probes["replicas"] == a["replicas"]]
@@ -245,7 +249,7 @@ def runs_section(runs: list[RunData]) -> Section:
                                               + " ".join(f"--set {x}" for x in o) + "."))
     rows = {r.label: {"policy": r.policy, **{HEADLINE[k]: r.summary.get(k) for k in HEADLINE}}
             for r in runs}
-    table = pd.DataFrame.from_dict(rows, orient="index")
+    table = attainment_percent(pd.DataFrame.from_dict(rows, orient="index"))
     sec.blocks.append(H.table(table if several else table.T))
     sec.figures.append(("latency_cdf", "Per-request latency CDFs (finished requests); dotted "
                         "red lines are the SLO limits.", F.latency_cdfs(runs)))

@@ -10,7 +10,7 @@ import html
 
 import pandas as pd
 
-from simserve.fmt import MISSING, human
+from simserve.fmt import MISSING, attainment_percent, human
 
 CSS = """
 body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 2em auto;
@@ -45,7 +45,7 @@ def paragraph(s: str, cls: str | None = None) -> str:
 
 def table(df: pd.DataFrame, index: bool = True) -> str:
     """A table with numbers as people read them (simserve.fmt: 11,150 not 1.115e+04)."""
-    shown = df.astype(object).map(human)
+    shown = attainment_percent(df).astype(object).map(human)
     return f'<div class="scroll">{shown.to_html(index=index, na_rep=MISSING, border=0)}</div>'
 
 

@@ -90,6 +90,9 @@ class _TrtLlm(Scheduler):
 
 
 class TrtllmGuaranteedNoEvict(_TrtLlm):
+    """TensorRT-LLM GUARANTEED_NO_EVICT: admit a request only if its whole length fits; never evict.
+    """
+
     name = "trtllm_guaranteed_no_evict"
     # free blocks minus those set aside stays constant while requests decode: admission is
     # decided the same way every step of a stretch
@@ -112,6 +115,9 @@ class TrtllmGuaranteedNoEvict(_TrtLlm):
 
 
 class TrtllmMaxUtilization(_TrtLlm):
+    """TensorRT-LLM MAX_UTILIZATION: admit on next-step blocks; pause the newest when they run out.
+    """
+
     name = "trtllm_max_utilization"
     facts = PolicyFacts(monotone_admission=True)   # as vLLM v1: a stretch ends when blocks run out
 

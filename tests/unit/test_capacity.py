@@ -234,3 +234,43 @@ def test_cli_bad_hold_is_one_line_and_exit_2(tmp_path, capsys):
     assert e.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("error: simserve capacity: argument --hold: invalid choice")
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_overrides_get_their_own_default_folder_and_no_report_clears_the_old_one(
+        tmp_path, capsys, monkeypatch):
+    """issue #33 item 1: `capacity --set` never lands in the folder of the search without
+    overrides, and a --no-report rerun into a folder does not leave the earlier search's
+    report.html beside its own capacity.json."""
+    path = write(tmp_path, CONSTANT)
+    monkeypatch.chdir(tmp_path)
+    assert main(["capacity", str(path), "--quiet", "--seeds", "1"]) == 0
+    plain = tmp_path / "runs" / "s-capacity"
+    assert (plain / "report.html").is_file() and any((plain / "figures").iterdir())
+    before = (plain / "capacity.json").read_text()
+    assert main(["capacity", str(path), "--quiet", "--seeds", "1", "--no-report",
+                 "--set", "slo.ttft_ms=35"]) == 0
+    assert (plain / "capacity.json").read_text() == before      # untouched
+    other = tmp_path / "runs" / "s-capacity+slo.ttft_ms=35"
+    assert json.loads((other / "capacity.json").read_text())["slo"]["ttft_ms"] == 35
+    capsys.readouterr()
+    # the same search rerun without a report into the first folder: its report goes
+    assert main(["capacity", str(path), "--quiet", "--seeds", "1", "--no-report",
+                 "--out", str(plain)]) == 0
+    assert "removed the earlier report" in capsys.readouterr().err
+    assert not (plain / "report.html").exists() and not (plain / "figures").exists()
+
+
+def test_cli_trace_with_time_scale_asks_for_both_changes_at_once(tmp_path, capsys):
+    """issue #33 item 4: the shipped Azure trace scenario sets time_scale; the first error says
+    both what to add (a rate) and what to drop (time_scale), and the changes it names work."""
+    scenario = Path(__file__).resolve().parents[2] / "scenarios" / "trace_azure.yaml"
+    code = main(["capacity", str(scenario), "--quiet", "--no-report", "--out",
+                 str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "give workload.rate" in err and "drop workload.time_scale" in err
+    assert not (tmp_path / "o").exists()
+    code = main(["capacity", str(scenario), "--quiet", "--no-report", "--seeds", "1",
+                 "--set", "workload.time_scale=null", "--set", "workload.rate=5",
+                 "--out", str(tmp_path / "o")])
+    assert code == 0, capsys.readouterr().err

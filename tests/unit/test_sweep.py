@@ -211,3 +211,21 @@ def test_cli_bad_grid_is_one_line_and_exit_2(tmp_path, capsys, grid, message):
     assert code == 2
     assert err.startswith(message) and err.count("\n") == 1
     assert "Traceback" not in err
+
+
+def test_cli_sweep_overrides_get_their_own_default_folder(tmp_path, capsys, monkeypatch):
+    """issue #33 item 1: `sweep --set` writes beside, not into, the sweep without overrides;
+    a --no-report rerun removes the report of the earlier sweep in the folder it reuses."""
+    path = write_grid(tmp_path, grid={"workload.rate": [5.0, 20.0]})
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", str(path), "--workers", "1", "--quiet"]) == 0
+    plain = tmp_path / "runs" / "grid"
+    assert (plain / "report.html").is_file()
+    assert main(["sweep", str(path), "--workers", "1", "--quiet", "--no-report",
+                 "--set", "engine.max_num_seqs=4"]) == 0
+    other = tmp_path / "runs" / "grid+engine.max_num_seqs=4"
+    assert (other / "sweep.csv").is_file() and not (other / "report.html").exists()
+    assert yaml.safe_load((plain / "sweep.yaml").read_text())["scenario"]["engine"][
+        "max_num_seqs"] == 16
+    assert main(["sweep", str(path), "--workers", "1", "--quiet", "--no-report"]) == 0
+    assert not (plain / "report.html").exists() and not (plain / "figures").exists()

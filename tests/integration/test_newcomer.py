@@ -1,0 +1,86 @@
+"""What a newcomer meets first (issue #33 item 6): a sweep file given to `run`, the listings,
+attainment shown one way, folder names of inline cards, docs that need no outside folder."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from simserve.cli import main
+from simserve.fmt import format_table
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "tests" / "data" / "tiny.yaml"
+
+
+def test_run_and_capacity_on_a_sweep_file_name_it_and_the_command(capsys):
+    path = ROOT / "scenarios" / "sweep_rate.yaml"
+    for command in ("run", "capacity"):
+        assert main([command, str(path), "--no-report"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is a sweep file" in err
+        assert f"simserve sweep {path}" in err and "model: is required" not in err
+
+
+def test_sweep_on_a_scenario_file_names_the_command(capsys):
+    path = ROOT / "scenarios" / "quickstart.yaml"
+    assert main(["sweep", str(path), "--no-report"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"simserve run {path}" in err
+
+
+def test_list_says_what_each_entry_is(capsys):
+    assert main(["list", "models"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines()
+                if x.startswith("Llama-3.1-8B "))
+    assert "8.03B parameters" in line and "weights 16.1 GB" in line and "128 KiB a token" in line
+    assert main(["list", "hardware"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("H100-SXM "))
+    assert "80 GB memory at 3.35 TB/s" in line and "989 TFLOP/s" in line
+    assert main(["list", "policies"]) == 0
+    lines = dict(re.split(r"\s{2,}", x, maxsplit=1)
+                 for x in capsys.readouterr().out.splitlines())
+    assert all(len(v) > 20 for v in lines.values())
+    assert lines["trtllm_guaranteed_no_evict"] != lines["trtllm_max_utilization"]
+
+
+def test_attainment_is_a_percentage_in_every_table():
+    table = pd.DataFrame({"SLO attainment": [0.887, None], "meets target": [True, False]})
+    text = format_table(table)
+    assert "SLO attainment (%)" in text and "88.7" in text and "0.887" not in text
+
+
+def test_capacity_and_compare_tables_show_attainment_as_the_summary_does(tmp_path, capsys):
+    assert main(["capacity", str(TINY), "--seeds", "1", "--quiet", "--no-report",
+                 "--out", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "min attainment (%)" in out and "target attainment 90%" in out
+    assert re.search(r"attainment at max rate over seeds: min \d+\.\d%", out)
+
+
+def test_inline_card_variants_get_their_names_as_folders(tmp_path, capsys):
+    raw = yaml.safe_load(TINY.read_text())
+    raw["workload"]["num_requests"] = 10
+    card = {"name": "H100 / 80 GB (custom)", "kind": "gpu", "peak_flops": 989e12,
+            "mem_bandwidth": 3.35e12, "mem_bytes": 80e9, "interconnect_bandwidth": 450e9,
+            "host_link_bandwidth": 64e9}
+    raw["compare"] = {"hardware": [card, {**card, "name": "H100 half bandwidth",
+                                          "mem_bandwidth": 1.675e12}]}
+    path = tmp_path / "inline.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["run", str(path), "--out", str(tmp_path / "o"), "--quiet", "--no-report"]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in (tmp_path / "o").iterdir() if p.is_dir()) == \
+        ["H100_80_GB_custom", "H100_half_bandwidth"]
+
+
+def test_docs_and_scenarios_do_not_send_users_to_a_folder_outside_the_repository():
+    files = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"),
+             *(ROOT / "scenarios").glob("*.yaml"), *(ROOT / "simserve").rglob("*.py"),
+             *(ROOT / "simserve" / "data").rglob("*.yaml")]
+    offenders = [str(p.relative_to(ROOT)) for p in files
+                 if "shared/truth" in p.read_text(encoding="utf-8")]
+    assert offenders == []
