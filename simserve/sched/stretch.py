@@ -42,7 +42,7 @@ from collections.abc import Callable
 from heapq import heapify, heappop, heappush
 from itertools import accumulate
 from operator import add, itemgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from simserve.kv.prefix import PrefixBlockManager
 from simserve.latency.base import Prices, Pricing
