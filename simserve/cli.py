@@ -218,6 +218,10 @@ def _cmd_run(args) -> int:
         path = result.save(out, tokens=args.tokens, steps=args.steps, fmt=args.fmt)
         print(f"simulated {result.summary['num_requests']:,} requests, {result.num_steps:,} "
               f"steps in {wall:.2f} s [latency: {result.latency_label}]; results in {path}/")
+        if not args.quiet and (args.verbose or not several):
+            from simserve.latency.trust import trust_lines
+            for line in trust_lines(result.summary.get("latency_trust")):
+                print(line)
     if several and results:
         from simserve.fmt import format_table   # (pandas: only a compare needs it here)
         table = comparison_table(results)

@@ -26,9 +26,10 @@ import yaml
 from simserve import deployment
 from simserve.config import Scenario, load_scenario, load_variants
 from simserve.engine import Replica, simulate
-from simserve.engine.build import build_replicas, engine_options
+from simserve.engine.build import build_replicas, engine_options, scenario_curves
 from simserve.errors import ConfigError, SimserveError
 from simserve.latency.base import LatencyModel
+from simserve.latency.trust import latency_trust
 from simserve.metrics import recorder as _recorder
 from simserve.metrics.recorder import Recorder
 from simserve.metrics.slo import SloConfig
@@ -367,6 +368,9 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
     result.latency_label = replicas[0].latency.label
     result.warnings = [w for p in pricings for w in p.warnings()]
     result.summary["latency_model"] = result.latency_label
+    trust = latency_trust(s, scenario_curves(s)) if latency is None else None
+    if trust is not None:
+        result.summary["latency_trust"] = trust
     result.summary["warnings"] = result.warnings
     return result
 

@@ -257,8 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--lomo", action="store_true", help="also fit without each model")
     ap.add_argument("--write", action="store_true", help=f"write {OUT.relative_to(ROOT)}")
+    ap.add_argument("--save", type=Path, default=HERE / "results" / "h100_vllm_fit.json",
+                    help="where the fitted coefficients and errors go")
+    ap.add_argument("--write-from", type=Path,
+                    help="write the efficiency set from a saved fit (--save) without fitting")
     args = ap.parse_args(argv)
     exps, measured, peers = truth.load_truth(args.truth)
+    if args.write_from:
+        saved = json.loads(args.write_from.read_text())
+        write(saved["in_sample"], saved.get("expected_error"), exps)
+        return 0
     t0 = time.time()
     print("in-sample fit on every run:")
     coef, wins = fit(exps, measured, args.workers, dict(START), args.rounds, print)
@@ -292,13 +300,28 @@ def main(argv: list[str] | None = None) -> int:
             m: round(float(np.median(np.abs([v for k, v in ours_l.items() if k[2] == m]))), 1)
             for m in truth.METRICS}
     print(f"{time.time() - t0:.0f} s")
-    Path("/tmp/h100_fit.json").write_text(json.dumps(result, indent=1))
+    args.save.parent.mkdir(parents=True, exist_ok=True)
+    args.save.write_text(json.dumps(result, indent=1) + "\n")
     if args.write:
-        write(coef, result.get("expected_error"))
+        write(coef, result.get("expected_error"), exps)
     return 0
 
 
-def write(coef: dict[str, float], expected: dict | None) -> None:
+def corpus_of(exps: list[dict]) -> dict:
+    """What the measured runs cover (latency/trust.py says when a scenario leaves it)."""
+    from simserve.cards import load_model
+    cards = sorted({truth.model_name(e) for e in exps})
+    params = [load_model(c).num_params / 1e9 for c in cards]
+    sp = [e["workload"]["inference_perf"]["shared_prefix"] for e in exps]
+    return {"hardware": "H100-SXM", "engine": "vLLM V1", "models": cards,
+            "params_b": [round(min(params), 2), round(max(params), 2)],
+            "max_tp": max(e["tp"] for e in exps),
+            "max_context": max(s["system_prompt_len"] + s["question_len"] + s["output_len"]
+                               for s in sp),
+            "runs": len(exps)}
+
+
+def write(coef: dict[str, float], expected: dict | None, exps: list[dict]) -> None:
     """The fitted coefficients as an efficiency set plus engine terms, with provenance."""
     from simserve.latency.efficiency import EFFICIENCY_DIR
     base = json.loads((EFFICIENCY_DIR / "h100.json").read_text())
@@ -333,6 +356,7 @@ def write(coef: dict[str, float], expected: dict | None) -> None:
         # median absolute % error of each metric over the corpus's per-stage rows, each model
         # predicted by a fit without it: how far to trust a number (the summary carries it)
         out["expected_error_pct"] = expected
+    out["corpus"] = corpus_of(exps)
     OUT.write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {OUT.relative_to(ROOT)}")
 

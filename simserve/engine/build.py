@@ -18,6 +18,7 @@ from simserve.sched import POLICIES, Scheduler
 
 if TYPE_CHECKING:
     from simserve.config import Scenario
+    from simserve.latency.efficiency import EfficiencyCurves
 
 
 def roofline_uses_curves(s: Scenario) -> bool:
@@ -33,6 +34,15 @@ def roofline_uses_curves(s: Scenario) -> bool:
         return lat.efficiency == "curves"
     return bool(s.hardware.efficiency) and lat.flops_efficiency is None \
         and lat.bandwidth_efficiency is None
+
+
+def scenario_curves(s: Scenario) -> EfficiencyCurves | None:
+    """The efficiency curve set the scenario's roofline prices with (None: not a roofline, or
+    constant efficiencies)."""
+    if s.latency.model != "roofline" or not roofline_uses_curves(s):
+        return None
+    from simserve.latency.efficiency import load_curves
+    return load_curves(s.hardware.efficiency or "")
 
 
 def build_latency(s: Scenario) -> LatencyModel:

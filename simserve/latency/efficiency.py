@@ -34,7 +34,7 @@ import functools
 import json
 import math
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,11 @@ class EfficiencyCurves:
     step_overhead_s: float | None = None
     per_output_token_s: float | None = None
     frontend_delay_s: float | None = None
+    # a set fitted to whole serving runs: each headline metric's expected error (median
+    # absolute %, each model predicted by a fit without it) and what the runs covered
+    # (latency/trust.py)
+    expected_error_pct: dict[str, float] = field(default_factory=dict, hash=False)
+    corpus: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 def _eta_list(values: Any, where: str) -> tuple[float, ...]:
@@ -183,8 +188,18 @@ def parse_curves(raw: Any, where: str) -> EfficiencyCurves:
                               or not 0 <= v < 1):
             raise DataError(where, f"engine.{key}: expected seconds in [0, 1), got {v!r}")
         terms[key] = None if v is None else float(v)
+    errors = raw.get("expected_error_pct", {})
+    if not isinstance(errors, dict) or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e4
+            for v in errors.values()):
+        raise DataError(where, "expected_error_pct: expected an object of percentages")
+    corpus = raw.get("corpus", {})
+    if not isinstance(corpus, dict):
+        raise DataError(where, "corpus: expected an object")
     return EfficiencyCurves(str(raw.get("name", where)), str(raw.get("source", "")), gemm,
-                            grids[0], grids[1], lm_head, layer_s, pw_eta, ar, **terms)
+                            grids[0], grids[1], lm_head, layer_s, pw_eta, ar, **terms,
+                            expected_error_pct={str(k): float(v) for k, v in errors.items()},
+                            corpus=dict(corpus))
 
 
 def list_curves() -> list[str]:

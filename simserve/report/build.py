@@ -120,6 +120,9 @@ def _provenance(inputs: Inputs) -> str:
              f"{len(inputs.capacities)} capacity search(es)."]
     if models:
         parts.append("Step latency: " + "; ".join(models) + ".")
+    from simserve.latency.trust import trust_lines
+    trusted = {line for r in inputs.runs for line in trust_lines(r.summary.get("latency_trust"))}
+    parts.extend(sorted(trusted))
     return " ".join(parts)
 
 

@@ -1,0 +1,77 @@
+"""How far to trust a run's latencies: the expected error of a fitted step-time model on each
+headline metric, and where a scenario lies outside the measured runs it was fitted on.
+
+A curve set fitted to whole serving runs (``h100-vllm``: docs/latency.md) ships with the median
+absolute % error of each metric when each model of its corpus is predicted by a fit made
+without it (``expected_error_pct``), and with what its corpus covers (``corpus``). A run priced
+with that set carries both in its summary (``latency_trust``), with the ways its scenario leaves
+the corpus; other latency models carry none (no measured runs to judge them by).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from simserve.config import Scenario
+    from simserve.latency.efficiency import EfficiencyCurves
+
+VLLM_V1_POLICIES = ("vllm_v1", "priority", "vllm_native")
+
+
+def latency_trust(s: Scenario, curves: EfficiencyCurves | None) -> dict[str, Any] | None:
+    """``{"curves", "expected_error_pct", "basis", "outside_corpus": [...]}`` for a scenario
+    priced by a fitted curve set (``curves``: the set its roofline uses, or None), else
+    None."""
+    if curves is None or not curves.expected_error_pct:
+        return None
+    return {"curves": curves.name, "expected_error_pct": dict(curves.expected_error_pct),
+            "basis": "median absolute % error per stage over the measured runs, each model "
+                     "predicted by a fit without it",
+            "outside_corpus": outside(s, curves.corpus)}
+
+
+def outside(s: Scenario, corpus: dict[str, Any]) -> list[str]:
+    """The ways ``s`` leaves what ``corpus`` measured, in words (empty: inside)."""
+    out: list[str] = []
+    e, m = s.engine, s.model
+    if corpus.get("hardware") and s.hardware.name != corpus["hardware"]:
+        out.append(f"hardware {s.hardware.name}: the runs were on {corpus['hardware']} "
+                   f"(efficiencies transferred)")
+    if s.scheduler.policy not in VLLM_V1_POLICIES:
+        out.append(f"policy {s.scheduler.policy}: the runs were vLLM V1's engine (its CPU "
+                   f"costs are in the fit)")
+    lo, hi = corpus.get("params_b", (0.0, float("inf")))
+    params = m.num_params / 1e9
+    if not lo <= params <= hi:
+        out.append(f"model of {params:.3g} B parameters: the runs' models had {lo:g}-{hi:g} B")
+    tp_hi = corpus.get("max_tp", 1)
+    if e.tensor_parallel_size > tp_hi:
+        out.append(f"tensor_parallel_size {e.tensor_parallel_size}: the runs used at most "
+                   f"{tp_hi}")
+    if e.pipeline_parallel_size > 1 or e.data_parallel_size > 1:
+        out.append("pipeline or data parallelism: the runs had neither")
+    ctx = corpus.get("max_context")
+    if ctx and e.max_model_len > ctx:
+        out.append(f"max_model_len {e.max_model_len:,}: the runs' requests held at most "
+                   f"{ctx:,} tokens (longer contexts are extrapolated)")
+    if e.speculative_config is not None:
+        out.append("speculative decoding: the runs had none")
+    if e.async_scheduling:
+        out.append("async_scheduling: whether the runs had it is not published")
+    return out
+
+
+def trust_lines(trust: dict[str, Any] | None) -> list[str]:
+    """The summary's ``latency_trust`` in words (console and report)."""
+    if not trust:
+        return []
+    err = trust["expected_error_pct"]
+    names = {"ttft_mean": "TTFT mean", "e2e_mean": "E2E mean", "itl_mean": "ITL mean",
+             "ttft_p99": "TTFT p99", "e2e_p99": "E2E p99"}
+    band = ", ".join(f"{label} ±{err[k]:g} %" for k, label in names.items() if k in err)
+    lines = [f"Expected error of the {trust['curves']} step-time model: {band} "
+             f"({trust['basis']})."]
+    if trust["outside_corpus"]:
+        lines.append("Outside the measured runs: " + "; ".join(trust["outside_corpus"]) + ".")
+    return lines
