@@ -84,3 +84,17 @@ def test_docs_and_scenarios_do_not_send_users_to_a_folder_outside_the_repository
     offenders = [str(p.relative_to(ROOT)) for p in files
                  if "shared/truth" in p.read_text(encoding="utf-8")]
     assert offenders == []
+
+
+def test_readme_says_what_make_test_installs_and_how_long_it_takes():
+    """issue #33 item 7: the extras `make test` installs (the Makefile's dev install) are named
+    in the README beside the size they take and the time the suite runs."""
+    make = (ROOT / "Makefile").read_text()
+    extras = re.search(r"pip install -q -e '\.\[([a-z,]+)\]'", make).group(1).split(",")
+    heavy = {"profile": "torch", "ray": "Ray", "parquet": "pyarrow"}
+    readme = (ROOT / "README.md").read_text()
+    paragraph = next(p for p in readme.split("\n\n") if p.startswith("`make test`"))
+    assert re.search(r"\d(\.\d)? GB", paragraph) and "minutes" in paragraph
+    for extra in extras:
+        if extra in heavy:
+            assert heavy[extra] in paragraph, extra
