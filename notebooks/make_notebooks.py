@@ -57,7 +57,8 @@ results = simserve.compare("../scenarios/compare_policies.yaml",
 styled(comparison_table(results))"""),
     new_markdown_cell("""\
 Each row is one policy. *Goodput* counts only requests that met every SLO (here TTFT ≤ 500 ms and
-TPOT ≤ 50 ms); *SLO attainment* is the fraction of all requests that did. `static` batching waits
+TPOT ≤ 50 ms); *SLO attainment* is the share of all requests that did (a percentage in every
+table, a fraction in the data). `static` batching waits
 for a whole batch to finish before admitting new requests, so its time to first token explodes.
 
 The distributions say more than percentiles. The report module's figure functions take

@@ -248,6 +248,7 @@ SWEEP_SHOWN = ("error", "completed", "num_rejected", "request_throughput", "requ
 
 def _cmd_sweep(args) -> int:
     from simserve.fmt import format_table
+    from simserve.config import value_label
     from simserve.paths import default_out
     from simserve.plan.sweep import load_sweep, save_sweep, sweep
 
@@ -263,6 +264,8 @@ def _cmd_sweep(args) -> int:
         shown = ["point", *spec.fields, *(c for c in SWEEP_SHOWN if c in table)]
         view = table[shown].copy()
         view["error"] = ["failed" if e else "ok" for e in table["error"].notna()]
+        for f in spec.fields:           # an inline card by its name, as compare labels it
+            view[f] = [value_label(v) if isinstance(v, (dict, list)) else v for v in view[f]]
         print(format_table(view, index=False))
     out = Path(args.out) if args.out else default_out(Path("runs") / Path(args.grid).stem,
                                                       args.overrides)
@@ -296,10 +299,27 @@ def _cmd_capacity(args) -> int:
     print(f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
     out = Path(args.out) if args.out else default_out(
         Path("runs") / f"{Path(args.scenario).stem}-capacity", args.overrides)
+    note = _replaced_search(out, result.to_dict())
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     result.save(out)
     print(f"results in {out}/ (capacity.json, probes.csv)")
     _report(args, out)
     return 0
+
+
+def _replaced_search(out: Path, new: dict) -> str | None:
+    """A sentence when ``out`` holds another capacity search's answer (other scenario, SLO,
+    target, seeds, hold or result), naming what differs; None otherwise."""
+    import json
+    try:
+        old = json.loads((out / "capacity.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(old, dict) or old == new:
+        return None
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    return f"replacing another capacity search in {out}/ (differs in {', '.join(changed[:5])})"
 
 
 def _cmd_validate(args) -> int:

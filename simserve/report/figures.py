@@ -10,12 +10,15 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import math
+
 import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from simserve.report.load import CapacityData, RunData
 from simserve.fmt import human
@@ -41,6 +44,36 @@ def _figure(width: float, height: float, rows: int = 1, cols: int = 1, **kw):
 
 def _legend(fig: Figure, handles: list) -> None:
     fig.legend(handles=handles, loc="outside right upper", frameon=False)
+
+
+def _log_axis(ax, which: str = "x") -> None:
+    """A log axis labelled in plain numbers (``200``, ``1,000``), as many labels as the range
+    has room for: 1, 2 and 5 of each decade over a decade or so, only powers of ten over more,
+    1, 2, 3, 5, 7 under one. Matplotlib's default labels minor ticks as ``2×10¹`` once a range
+    spans under a few decades, and those print over each other. Call after plotting."""
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    lo, hi = ax.get_xlim() if which == "x" else ax.get_ylim()
+    decades = math.log10(hi / lo) if lo > 0 and hi > lo else 1.0
+    subs = (1.0,) if decades > 1.6 else (1.0, 2.0, 5.0) if decades > 0.8 else \
+        (1.0, 2.0, 3.0, 5.0, 7.0)
+    axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=30))
+    axis.set_minor_locator(LogLocator(base=10, subs=tuple(range(1, 10)), numticks=30))
+    axis.set_major_formatter(FuncFormatter(_tick))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _tick(v: float, _pos: object = None) -> str:
+    return f"{v:,.0f}" if v >= 1 and float(v).is_integer() else human(v)
+
+
+def _near(a: np.ndarray, b: np.ndarray, rel: float = 0.05) -> bool:
+    """Two samples whose CDFs a figure cannot tell apart: at the 1st to 99th percentiles,
+    within ``rel`` of each other (5 % is 0.02 of a decade on a log axis)."""
+    if not len(a) or not len(b):
+        return len(a) == len(b)
+    q = np.linspace(0.01, 0.99, 99)
+    qa, qb = np.quantile(a, q), np.quantile(b, q)
+    return bool(np.all(np.abs(qa - qb) <= rel * np.maximum(np.abs(qa), np.abs(qb))))
 
 
 def _series_handles(styles: dict[str, dict], marker: bool = True) -> list:
@@ -199,6 +232,7 @@ def latency_vs_load(curves: Sequence[Curve], *, x_label: str = "offered load (re
         if slo.get(f"{key}_ms"):
             ax.axhline(slo[f"{key}_ms"], color=SLO_COLOR, linestyle=":", linewidth=1.5)
         ax.set_yscale("log")
+        _log_axis(ax, "y")
         ax.set_xlabel(x_label)
         ax.set_ylabel(f"{name} (ms, log scale)")
         ax.set_title(name)
@@ -215,10 +249,29 @@ def latency_vs_load(curves: Sequence[Curve], *, x_label: str = "offered load (re
 # --- runs: latency distributions, headline bars, timelines --------------------------------------
 
 def _run_styles(runs: Sequence[RunData]) -> dict[str, dict]:
+    """Each run's style; runs with identical per-request latencies marked ``=`` an earlier one,
+    runs whose latency distributions are too close to tell apart drawn (``_near``) ``≈``."""
     styles = series_styles([(r.label, r.policy) for r in runs])
     columns = [c for c in ("ttft_s", "tpot_s", "e2el_s") if all(c in r.requests for r in runs)]
-    return mark_coinciding(styles, {r.label: _key(r.requests[columns]) for r in runs}
-                           if columns else {})
+    if not columns:
+        return styles
+    exact = {r.label: _key(r.requests[columns]) for r in runs}
+    mark_coinciding(styles, exact)
+    samples = {r.label: [r.requests[c].dropna().to_numpy(float) for c in columns] for r in runs}
+    near: dict[str, str] = {}
+    firsts: list[str] = []
+    for r in runs:
+        if styles[r.label]["same_as"]:
+            continue
+        match = next((f for f in firsts if all(_near(a, b) for a, b in
+                                               zip(samples[r.label], samples[f]))), None)
+        if match is None:
+            firsts.append(r.label)
+        near[r.label] = match or r.label
+    rest = {label: key for label, key in near.items()}
+    if any(key != label for label, key in rest.items()):
+        mark_coinciding(styles, rest, approx=True)
+    return styles
 
 
 @_styled
@@ -233,12 +286,19 @@ def latency_cdfs(runs: Sequence[RunData], title: str = "") -> Figure:
             values = np.sort(done[f"{key}_s"].dropna().to_numpy(float) * 1000.0)
             values = values[values > 0]
             if len(values):
+                st = styles[r.label]
                 frac = np.arange(1, len(values) + 1) / len(values)
-                ax.step(values, frac, where="post", color=styles[r.label]["color"],
-                        linestyle=styles[r.label]["linestyle"], linewidth=1.6)
+                # a marker at every tenth of the requests: near colours still tell apart
+                marks = sorted({min(len(values) - 1, int(f * len(values)))
+                                for f in np.arange(0.1, 1.0, 0.2)})
+                ax.step(values, frac, where="post", color=st["color"],
+                        linestyle=st["linestyle"], linewidth=1.6, marker=st["marker"],
+                        markevery=marks, markersize=st["markersize"],
+                        markerfacecolor=st["markerfacecolor"] or st["color"])
         if slo.get(f"{key}_ms"):
             ax.axvline(slo[f"{key}_ms"], color=SLO_COLOR, linestyle=":", linewidth=1.5)
         ax.set_xscale("log")
+        _log_axis(ax, "x")
         ax.set_ylim(0, 1.02)
         ax.set_xlabel(f"{name} (ms, log scale)")
         ax.set_ylabel("fraction of finished requests")
@@ -248,8 +308,11 @@ def latency_cdfs(runs: Sequence[RunData], title: str = "") -> Figure:
         rejected = r.summary.get("num_rejected") or 0
         label = legend_label(r.label, styles[r.label]) + (f" ({rejected} rejected)"
                                                           if rejected else "")
-        handles.append(Line2D([], [], color=styles[r.label]["color"],
-                              linestyle=styles[r.label]["linestyle"], label=label))
+        st = styles[r.label]
+        handles.append(Line2D([], [], color=st["color"], linestyle=st["linestyle"],
+                              marker=st["marker"], markersize=st["markersize"],
+                              markerfacecolor=st["markerfacecolor"] or st["color"],
+                              label=label))
     if any(slo.get(f"{k}_ms") for k, _ in LATENCIES):
         handles.append(Line2D([], [], color=SLO_COLOR, linestyle=":", label="SLO limit"))
     fig.suptitle(title or "Latency distributions")
@@ -294,11 +357,15 @@ def policy_bars(runs: Sequence[RunData], title: str = "") -> Figure:
                         fontsize=7 if many else 8, rotation=90 if many else 0)
         ax.set_title(name)
         ax.set_ylabel(f"{unit}, log scale" if log else unit)
-        ax.set_xticks(x, labels, rotation=30 if len(runs) > 3 else 0,
-                      ha="right" if len(runs) > 3 else "center")
+        # upright names past six bars: slanted ones reach under their neighbours
+        ax.set_xticks(x, labels, rotation=90 if len(runs) > 6 else 30 if len(runs) > 3 else 0,
+                      ha="right" if 3 < len(runs) <= 6 else "center",
+                      rotation_mode="anchor" if 3 < len(runs) <= 6 else "default",
+                      fontsize=8 if len(runs) > 6 else None)
         if log:
             ax.set_yscale("log")
             ax.set_ylim(min(positive) / 2, max(positive) * (12 if many else 4))
+            _log_axis(ax, "y")
         else:
             ax.set_ylim(0, max(heights + [0.0]) * (1.35 if many else 1.15) or 1.0)
         ax.grid(axis="x", visible=False)

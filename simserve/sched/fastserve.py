@@ -22,6 +22,13 @@ iterations. ``base_quantum_ms`` and ``starvation_ms`` are read only with ``secon
 ``base_quantum``, ``skip_join_tokens`` and ``starvation_steps`` only with ``iterations``; one of
 the other unit set to anything but its default is refused (:meth:`FastServeParams.ignored`).
 
+New jobs are started only while at least ``host_free_fraction`` (default 0.1) of the host's
+swap blocks is free (the artifact's ``MLFQ.get_next_batch`` keeps a job in its context stage
+pending below 10 % free CPU blocks; its block manager has no recompute path, so this gate is
+what keeps host memory from running out). Without it, a small swap space (vLLM's default 4 GiB
+holds a few hundred blocks of a 13B model) fills, and every further eviction drops a job to be
+recomputed while new arrivals keep preempting: the MLFQ thrashes (docs/policies.md).
+
 Preempted jobs keep their KV on the device while it fits; when a job about to run needs blocks,
 the lowest-priority jobs not running this iteration are swapped out to host memory (dropped, to
 be recomputed, when the host is full or ``engine.preemption_mode`` is ``recompute``, which
@@ -76,6 +83,9 @@ class FastServeParams:
     starvation_steps: int = knob(1000, min=0)      # 0: never promote
     proactive_swap: bool = knob(True)              # keep a reserve free, prefetch alongside
     reserve_blocks: int | None = knob(None, min=0)  # None: max_num_seqs (the artifact's)
+    # jobs not yet started wait while less than this fraction of the host's swap blocks is
+    # free (the artifact's hard-coded 0.1 in MLFQ.get_next_batch); 0: admit regardless
+    host_free_fraction: float = knob(0.1, min=0.0, max=1.0)
 
     def ignored(self) -> tuple[str, str] | None:
         """A knob of the other ``quantum_unit`` set to anything but its default (it would be
@@ -187,9 +197,12 @@ class FastServe(Scheduler):
         self.running = []
         batch = self.new_batch()
         evicted: set[int] = set()
+        gate = self._host_nearly_full()
         for req in sorted((*self.paused, *self.swapped, *self.waiting), key=self._rank):
             if batch.full:
                 break
+            if gate and req.status is Status.WAITING and not req.num_computed_tokens:
+                continue                    # not started: waits for host room, keeps its place
             if req.id not in evicted:
                 self._try_run(batch, req, evicted)
         # charged (and demoted) before the proactive swaps rank the paused jobs; the time
@@ -199,6 +212,14 @@ class FastServe(Scheduler):
         if self.params.proactive_swap:
             self._proactive(batch)
         return batch.freeze()
+
+    def _host_nearly_full(self) -> bool:
+        """The artifact's admission gate: with less than ``host_free_fraction`` of the host's
+        swap blocks free, a job still in its first (context) iteration is not started, so the
+        jobs already started can be swapped out instead of dropped. Without swap space (no
+        host blocks) there is nothing to protect."""
+        host = self.blocks.num_host_blocks
+        return bool(host) and self.blocks.num_host_free < self.params.host_free_fraction * host
 
     def _proactive(self, batch: Batch) -> None:
         """The artifact's reserve_free_blocks, on a side stream: swap out paused jobs (lowest

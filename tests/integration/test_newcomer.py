@@ -84,3 +84,30 @@ def test_docs_and_scenarios_do_not_send_users_to_a_folder_outside_the_repository
     offenders = [str(p.relative_to(ROOT)) for p in files
                  if "shared/truth" in p.read_text(encoding="utf-8")]
     assert offenders == []
+
+
+def test_readme_says_what_make_test_installs_and_how_long_it_takes():
+    """issue #33 item 7: the extras `make test` installs (the Makefile's dev install) are named
+    in the README beside the size they take and the time the suite runs."""
+    make = (ROOT / "Makefile").read_text()
+    extras = re.search(r"pip install -q -e '\.\[([a-z,]+)\]'", make).group(1).split(",")
+    heavy = {"profile": "torch", "ray": "Ray", "parquet": "pyarrow"}
+    readme = (ROOT / "README.md").read_text()
+    paragraph = next(p for p in readme.split("\n\n") if p.startswith("`make test`"))
+    assert re.search(r"\d(\.\d)? GB", paragraph) and "minutes" in paragraph
+    for extra in extras:
+        if extra in heavy:
+            assert heavy[extra] in paragraph, extra
+
+
+def test_a_sweep_over_inline_cards_shows_their_names(tmp_path, capsys):
+    card = {"name": "H100-custom", "kind": "gpu", "peak_flops": 989e12, "mem_bandwidth": 3.35e12,
+            "mem_bytes": 80e9, "interconnect_bandwidth": 450e9, "host_link_bandwidth": 64e9}
+    grid = {"base": str(TINY), "set": {"workload.num_requests": 10},
+            "grid": {"hardware": [card, {**card, "name": "H100-slow", "mem_bandwidth": 1e12}]}}
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump(grid))
+    assert main(["sweep", str(path), "--out", str(tmp_path / "o"), "--workers", "1",
+                 "--no-report"]) == 0
+    out = capsys.readouterr().out
+    assert "H100-custom" in out and "H100-slow" in out and "peak_flops" not in out

@@ -274,3 +274,17 @@ def test_cli_trace_with_time_scale_asks_for_both_changes_at_once(tmp_path, capsy
                  "--set", "workload.time_scale=null", "--set", "workload.rate=5",
                  "--out", str(tmp_path / "o")])
     assert code == 0, capsys.readouterr().err
+
+
+def test_cli_says_when_it_replaces_another_search_in_the_folder(tmp_path, capsys):
+    """A search with other options (here --target-rate) into a folder holding another search's
+    answer says so, naming what differs, rather than replacing it silently."""
+    path, out = write(tmp_path, CONSTANT), tmp_path / "o"
+    args = ["capacity", str(path), "--quiet", "--seeds", "1", "--no-report", "--out", str(out)]
+    assert main(args) == 0
+    assert "replacing" not in capsys.readouterr().err
+    assert main(args) == 0                           # the same search again: nothing to say
+    assert "replacing" not in capsys.readouterr().err
+    assert main([*args, "--target-rate", "15"]) == 0
+    err = capsys.readouterr().err
+    assert "replacing another capacity search" in err and "target_rate" in err

@@ -210,3 +210,87 @@ def test_figures_from_in_memory_results():
     assert len(latency_cdfs(runs).axes) == 3
     assert len(policy_bars(runs).axes) == 6
     assert len(timeline(runs[0]).axes) == 4
+
+
+# --- legibility (issue #33 item 5) -------------------------------------------------------------
+
+def _synthetic_run(label: str, policy: str, scale: float = 1.0, seed: int = 0) -> RunData:
+    rng = np.random.default_rng(seed)
+    n = 400
+    ttft = rng.lognormal(np.log(0.06), 0.8, n) * scale        # ~15 ms .. ~600 ms
+    tpot = rng.lognormal(np.log(0.025), 0.3, n) * scale       # ~15 ms .. ~60 ms
+    e2el = rng.lognormal(np.log(3.0), 0.9, n) * scale         # ~300 ms .. ~30 s
+    requests = pd.DataFrame({"status": "finished", "ttft_s": ttft, "tpot_s": tpot,
+                             "e2el_s": e2el})
+    summary = {"request_throughput": 9.1 * scale, "request_goodput": 9.0, "slo_attainment": 0.99,
+               "p99_ttft_ms": 465.0 * scale, "p99_tpot_ms": 45.6, "total_preemptions": 90,
+               "num_rejected": 0}
+    return RunData(label, policy, requests, None, summary,
+                   {"slo": {"ttft_ms": 500, "tpot_ms": 50}})
+
+
+def _texts_overlap(fig, texts) -> list[tuple[str, str]]:
+    renderer = fig.canvas.get_renderer()
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts
+             if t.get_visible() and t.get_text()]
+    return [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1:]
+            if ba.overlaps(bb)]
+
+
+def test_log_axis_tick_labels_do_not_overlap():
+    from simserve.report import latency_cdfs
+    fig = latency_cdfs([_synthetic_run("quickstart", "vllm_v1")])
+    fig.canvas.draw()
+    for ax in fig.axes[:3]:
+        labels = [t for t in ax.get_xticklabels() if t.get_text()]
+        assert len(labels) >= 2, [t.get_text() for t in labels]
+        assert _texts_overlap(fig, labels) == []
+        assert not any("times" in t.get_text() or "^" in t.get_text() for t in labels)
+
+
+def test_a_curve_under_another_is_named_and_drawn_apart():
+    from simserve.report import latency_cdfs
+    runs = [_synthetic_run("orca", "orca"), _synthetic_run("vllm_v0", "vllm_v0", 1.3, 1),
+            _synthetic_run("vllm_v1", "vllm_v1", 1.01)]       # 1 % off orca: hidden beneath
+    fig = latency_cdfs(runs)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "vllm_v1 (≈ orca)" in legend and "vllm_v0" in legend
+    lines = {line.get_color(): line for line in fig.axes[0].get_lines() if line.get_marker()}
+    v1 = lines[POLICY_COLORS["vllm_v1"]]
+    assert v1.get_linestyle() != "-" and v1.get_markerfacecolor() == "none"
+
+
+def _delta_e(a: str, b: str) -> float:
+    """CIE76 colour difference of two sRGB hex colours."""
+    def lab(h: str) -> np.ndarray:
+        rgb = np.array([int(h[i:i + 2], 16) / 255 for i in (1, 3, 5)])
+        rgb = np.where(rgb > 0.04045, ((rgb + 0.055) / 1.055) ** 2.4, rgb / 12.92)
+        xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722],
+                        [0.0193, 0.1192, 0.9505]]) @ rgb / np.array([0.95047, 1.0, 1.08883])
+        f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
+        return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+    return float(np.linalg.norm(lab(a) - lab(b)))
+
+
+def test_every_policy_colour_and_marker_tells_apart():
+    from simserve.report.style import SLO_COLOR
+    from simserve.sched import POLICIES
+    every = series_styles([(name, name) for name in POLICIES])
+    colours = {name: st["color"] for name, st in every.items()} | {"SLO": SLO_COLOR}
+    close = [(a, b, round(_delta_e(ca, cb), 1)) for i, (a, ca) in enumerate(colours.items())
+             for b, cb in list(colours.items())[i + 1:] if _delta_e(ca, cb) < 25]
+    assert close == []          # tgi's brown and priority's maroon were 12.2 apart
+    markers = [st["marker"] for st in every.values()]
+    assert len(set(markers)) == len(markers)
+
+
+def test_ten_policies_bar_labels_do_not_overlap():
+    from simserve.report import policy_bars
+    names = ["vllm_v1", "vllm_v1-prefix", "sarathi-512-prefix", "priority", "tgi", "lmdeploy",
+             "fastserve", "s3", "trtllm-no-evict", "trtllm-max-util"]
+    runs = [_synthetic_run(n, n.split("-")[0], 1 + i / 10, i) for i, n in enumerate(names)]
+    fig = policy_bars(runs)
+    fig.canvas.draw()
+    for ax in fig.axes:
+        assert _texts_overlap(fig, ax.get_xticklabels()) == []
+        assert _texts_overlap(fig, [t for t in ax.texts]) == []
