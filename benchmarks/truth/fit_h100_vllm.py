@@ -6,7 +6,8 @@ model's shapes and the H100-SXM datasheet, with one coefficient per term shared 
 and TP degree::
 
     step = a_gemm · gemm + a_dec · decode_attn + a_pre · prefill_attn + a_pw · pointwise
-         + a_ar · allreduces + allreduce_bytes + c_step + c_seq · sampled rows
+         + a_ar · allreduces + allreduce_bytes + c_layer · layers + c_moe · moe layers
+         + c_step + c_seq · sampled rows
     TTFT and E2E of a request += c_fe (the front end: ingest, tokenise, hop, detokenise, stream)
 
 ``gemm`` is every linear layer and the LM head as the shipped ``h100`` efficiency curves price
@@ -14,7 +15,8 @@ them (our profiler's cuBLAS GEMMs, the same library vLLM calls); ``decode_attn``
 ``prefill_attn`` and ``pointwise`` (norms, RoPE, residual adds, KV write) are their rooflines at
 100 % of peak, so ``1 / a`` is the fraction of peak vLLM's kernels reach; ``allreduces`` is the
 number of TP all-reduces of a step (2 a layer) and ``allreduce_bytes`` their bytes at NVLink
-rate. The fit is iterated: simulate every run with the current coefficients, record each
+rate; ``layers`` and ``moe`` are the step's layers and MoE layers (fixed seconds each: launches,
+an MoE layer's routing, permutation, dispatch and combine). The fit is iterated: simulate every run with the current coefficients, record each
 step's terms and each request's window of steps, solve a non-negative least squares on the
 relative errors of the per-stage TTFT, E2E and ITL means (linear in the coefficients for a
 fixed schedule), and simulate again until the coefficients settle.
@@ -45,8 +47,8 @@ sys.path.insert(0, str(HERE))
 
 import h100_vllm as truth  # noqa: E402
 
-TERMS = ("gemm", "decode_attn", "prefill_attn", "pointwise", "allreduces", "layers", "step",
-         "seq")
+TERMS = ("gemm", "decode_attn", "prefill_attn", "pointwise", "allreduces", "layers", "moe",
+         "step", "seq")
 FIXED = ("allreduce_bytes",)   # coefficient 1
 # Held at their physical values (the data cannot tell them apart from the other terms): the
 # GEMMs as our profiler measured cuBLAS's, FlashAttention-class prefill at half of peak FLOP/s
@@ -56,12 +58,13 @@ FIXED_AT = {"gemm": 1.0, "prefill_attn": 2.0, "pointwise": 1.0}
 # A prior on decode attention's bandwidth efficiency (80 % of peak, give or take 20 %): only one
 # model of the corpus (Llama-2-7B, no GQA) reads enough KV for the data to see it
 PRIORS = {"decode_attn": (1.25, 0.25)}
-START = {**FIXED_AT, "decode_attn": 1.25, "allreduces": 20e-6, "layers": 0.0,
-         "step": 1.5e-3, "seq": 0.0, "frontend": 0.02}
+START = {**FIXED_AT, "decode_attn": 1.25, "allreduces": 40e-6, "layers": 0.0, "moe": 0.0,
+         "step": 1.9e-3, "seq": 0.0, "frontend": 0.02}
 # a simulated stage whose mean TTFT is this many times the measured one is in an overload the
 # schedule of that round cannot linearise: left out of that round's solve (said so)
 OVERLOAD = 5.0
 OUT = ROOT / "simserve" / "data" / "efficiency" / "h100-vllm.json"
+CPU = (TERMS.index("step"), TERMS.index("seq"))   # the terms of the CPU part
 
 
 class FeatureModel:
@@ -83,6 +86,7 @@ class FeatureModel:
                                   allreduce_latency_s=0.0, **kw)
         self.tp = s.engine.tensor_parallel_size
         self.layers = s.model.num_layers
+        self.moe_layers = s.model.moe_layers
         self.pw_fixed = self.curved._pw_fixed_s
         self.pw_eta = curves.pointwise_eta
         self.coef = np.array([coef[t] for t in TERMS])
@@ -96,7 +100,8 @@ class FeatureModel:
         pw = (c["pointwise"] - self.pw_fixed) * self.pw_eta if n else 0.0
         ars = 2.0 * self.layers if (self.tp > 1 and n) else 0.0
         return (c["linear"] + c["lm_head"], p["attention_decode"], p["attention_prefill"], pw,
-                ars, float(self.layers), 1.0, float(plan.num_sampled), p["allreduce"])
+                ars, float(self.layers), float(self.moe_layers), 1.0, float(plan.num_sampled),
+                p["allreduce"])
 
     def step_time(self, plan) -> float:
         if plan.is_empty:
@@ -105,16 +110,23 @@ class FeatureModel:
         self.rows.append(f)
         return float(np.dot(self.coef, f[:len(TERMS)]) + f[len(TERMS)])
 
+    def cpu_s(self, plan) -> float:
+        """The CPU part (what async scheduling overlaps): the step and per-row terms."""
+        if plan.is_empty:
+            return 0.0
+        return float(self.coef[CPU[0]] + self.coef[CPU[1]] * plan.num_sampled)
+
     def warnings(self) -> list[str]:
         return []
 
 
-def windows(exp: dict, coef: dict[str, float]) -> dict:
+def windows(exp: dict, coef: dict[str, float], overrides: list[str] = ()) -> dict:
     """Simulate one run with ``coef``; return each finished request's summed terms over its
     TTFT window and its decode window, its arrival, and the run's simulated per-stage means."""
     from simserve.config import parse_scenario
     from simserve.runner import run
-    s = parse_scenario(truth.scenario_dict(exp), base_dir=HERE)
+    from simserve.config import apply_overrides
+    s = parse_scenario(apply_overrides(truth.scenario_dict(exp), list(overrides)), base_dir=HERE)
     model = FeatureModel(s, coef)
     res = run(s, latency=model, fast_forward=False, keep_steps=True)
     steps = res.steps
@@ -123,6 +135,16 @@ def windows(exp: dict, coef: dict[str, float]) -> dict:
         raise RuntimeError(f"{exp['id']}: {len(F)} priced steps for {len(steps)} steps")
     start = steps["start_s"].to_numpy()
     end = start + steps["duration_s"].to_numpy()
+    if s.engine.async_scheduling:
+        # a step whose device part starts as soon as the step before ends lasts its device
+        # part alone: its CPU part overlapped (engine/loops.py AsyncTiming); the others are
+        # taken to last both parts (linearised; the next round's simulation corrects it)
+        full = F[:, :len(TERMS)] @ model.coef + F[:, len(TERMS)]
+        cpu = model.coef[CPU[0]] + model.coef[CPU[1]] * F[:, CPU[1]]
+        overlapped = np.abs((end - start) - (full - cpu)) <= 1e-9 + 1e-9 * full
+        F = F.copy()
+        F[overlapped, CPU[0]] = 0.0
+        F[overlapped, CPU[1]] = 0.0
     C = np.vstack([np.zeros(F.shape[1]), np.cumsum(F, axis=0)])   # C[j] = sum of rows < j
     req = res.requests
     ok = (req["status"] == "finished").to_numpy()
@@ -140,9 +162,13 @@ def windows(exp: dict, coef: dict[str, float]) -> dict:
             "check": float(np.max(np.abs(ttft @ np.r_[model.coef, 1.0] - (first - arr))))}
 
 
+OVERRIDES: list[str] = []   # scenario overrides of every simulated run (--set)
+
+
 def simulate_all(exps: list[dict], coef: dict[str, float], workers: int) -> dict[str, dict]:
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        return {w["id"]: w for w in pool.map(windows, exps, [coef] * len(exps))}
+        return {w["id"]: w for w in pool.map(windows, exps, [coef] * len(exps),
+                                             [OVERRIDES] * len(exps))}
 
 
 def design(exps: list[dict], wins: dict[str, dict], measured: dict,
@@ -261,7 +287,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the fitted coefficients and errors go")
     ap.add_argument("--write-from", type=Path,
                     help="write the efficiency set from a saved fit (--save) without fitting")
+    ap.add_argument("--set", dest="overrides", action="append", default=[],
+                    help="a scenario override of every run (e.g. engine.async_scheduling=true)")
     args = ap.parse_args(argv)
+    OVERRIDES[:] = args.overrides
     exps, measured, peers = truth.load_truth(args.truth)
     if args.write_from:
         saved = json.loads(args.write_from.read_text())
@@ -346,7 +375,8 @@ def write(coef: dict[str, float], expected: dict | None, exps: list[dict]) -> No
         "attn_decode": {"pairs": [1], "ctx": [0], "eta": [[min(1.0, 1 / coef["decode_attn"])]]},
         "lm_head": {"rows": base["lm_head"]["rows"],
                     "eta": [min(1.0, e / g) for e in base["lm_head"]["eta"]]},
-        "pointwise": {"layer_s": coef["layers"], "eta": 1 / coef["pointwise"]},
+        "pointwise": {"layer_s": coef["layers"], "eta": 1 / coef["pointwise"],
+                      "moe_layer_s": coef["moe"]},
         "allreduce_latency_s": coef["allreduces"],
         "engine": {"step_overhead_s": coef["step"], "per_output_token_s": coef["seq"],
                    "frontend_delay_s": coef["frontend"]},

@@ -120,6 +120,9 @@ class EfficiencyCurves:
     pointwise_layer_s: float      # fixed seconds per layer of the pointwise ops
     pointwise_eta: float          # their bandwidth efficiency on top of that
     allreduce_latency_s: float    # fixed cost of one small all-reduce (TP)
+    # fixed seconds per MoE layer of a step beyond its GEMMs (routing, token permutation,
+    # dispatch and combine, the grouped GEMMs' launches); 0 where not fitted
+    moe_layer_s: float = 0.0
     # the engine's CPU terms fitted with the set (absent: the roofline's own defaults); a
     # scenario's latency.step_overhead_ms / per_output_token_ms / frontend_delay_ms win
     step_overhead_s: float | None = None
@@ -172,10 +175,11 @@ def parse_curves(raw: Any, where: str) -> EfficiencyCurves:
         if (len(gemm.eta) != len(gemm.xs)) or (len(lm_head.eta) != len(lm_head.xs)):
             raise DataError(where, "gemm/lm_head: as many efficiencies as sizes")
         layer_s, pw_eta = float(pw["layer_s"]), float(pw["eta"])
+        moe_s = float(pw.get("moe_layer_s", 0.0))
         ar = float(raw["allreduce_latency_s"])
     except (KeyError, TypeError, ValueError) as e:
         raise DataError(where, f"malformed efficiency curves: {e!r}") from None
-    if not (0 <= layer_s < 1 and 0 < pw_eta <= 1 and 0 <= ar < 1):
+    if not (0 <= layer_s < 1 and 0 < pw_eta <= 1 and 0 <= ar < 1 and 0 <= moe_s < 1):
         raise DataError(where, "pointwise.layer_s, pointwise.eta or allreduce_latency_s "
                                "out of range")
     engine = raw.get("engine", {})
@@ -197,7 +201,7 @@ def parse_curves(raw: Any, where: str) -> EfficiencyCurves:
     if not isinstance(corpus, dict):
         raise DataError(where, "corpus: expected an object")
     return EfficiencyCurves(str(raw.get("name", where)), str(raw.get("source", "")), gemm,
-                            grids[0], grids[1], lm_head, layer_s, pw_eta, ar, **terms,
+                            grids[0], grids[1], lm_head, layer_s, pw_eta, ar, moe_s, **terms,
                             expected_error_pct={str(k): float(v) for k, v in errors.items()},
                             corpus=dict(corpus))
 

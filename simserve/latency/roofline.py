@@ -202,7 +202,9 @@ class RooflineModel(RooflineStretchPricing):
             pw_bytes = ((10 * h + 2 * (H * r + r) + 2 * (lq + lkv)) * d
                         + lat * (d + kvb))
         self._pw_tok_s = L * pw_bytes / bw
-        self._pw_fixed_s = 0.0 if curves is None else L * curves.pointwise_layer_s
+        # fixed per-layer costs: the pointwise ops' launches, and an MoE layer's own
+        self._pw_fixed_s = 0.0 if curves is None else (
+            L * curves.pointwise_layer_s + model.moe_layers * curves.moe_layer_s)
 
         # LM head (vocab split across ranks) and sampling over fp32 logits
         vv = model.vocab_size // tp

@@ -1,0 +1,90 @@
+"""The step-time model fitted to measured vLLM runs on H100 (h100-vllm): its engine terms, their
+precedence under a scenario's own, the error band a run carries, and the fitted set's file."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+import simserve
+from simserve.config import parse_scenario
+from simserve.engine.build import build_latency, scenario_curves
+from simserve.errors import DataError
+from simserve.latency.efficiency import EFFICIENCY_DIR, load_curves, parse_curves
+from simserve.latency.trust import latency_trust, outside, trust_lines
+from simserve.sched.plan import StepPlan
+
+
+def scenario(**over):
+    raw = {"name": "h", "model": "Llama-3.1-8B", "hardware": "H100-SXM",
+           "engine": {"max_model_len": 4096},
+           "scheduler": {"policy": "vllm_v1"}, "latency": {"model": "roofline"},
+           "workload": {"rate": 2, "num_requests": 20,
+                        "prompt": {"dist": "fixed", "value": 300},
+                        "output": {"dist": "fixed", "value": 20}}}
+    for k, v in over.items():
+        raw[k] = {**raw.get(k, {}), **v} if isinstance(v, dict) else v
+    return parse_scenario(raw)
+
+
+def test_h100_and_h200_default_to_the_fitted_set_with_its_provenance():
+    for hw in ("H100-SXM", "H200"):
+        curves = scenario_curves(scenario(hardware=hw))
+        assert curves is not None and curves.name == "h100-vllm"
+    raw = json.loads((EFFICIENCY_DIR / "h100-vllm.json").read_text())
+    assert "ESTIMATE" in raw["source"] and "fit_h100_vllm.py" in raw["source"]
+    assert set(raw["expected_error_pct"]) >= {"ttft_mean", "e2e_mean", "itl_mean"}
+
+
+def test_the_sets_engine_terms_are_the_rooflines_defaults_and_the_scenario_wins():
+    curves = load_curves("h100-vllm")
+    model = build_latency(scenario())
+    assert model.step_overhead_s == curves.step_overhead_s
+    assert model.per_output_token_s == curves.per_output_token_s
+    assert model.frontend_delay_s == curves.frontend_delay_s
+    own = build_latency(scenario(latency={"step_overhead_ms": 3.0, "per_output_token_ms": 0.0,
+                                          "frontend_delay_ms": 0.0}))
+    assert own.step_overhead_s == 3e-3 and own.per_output_token_s == 0.0
+    assert own.frontend_delay_s == 0.0
+    # a lone decode differs by exactly the two CPU terms
+    plan = StepPlan((0,), (1,), (), (), (100,), 1)
+    diff = model.step_time(plan) - own.step_time(plan)
+    assert math.isclose(diff, curves.step_overhead_s - 3e-3 + curves.per_output_token_s,
+                        abs_tol=1e-12)
+    # constant efficiencies: none of the set's terms
+    const = build_latency(scenario(latency={"efficiency": "constant"}))
+    assert const.frontend_delay_s == 0.0 and const.step_overhead_s == 2e-3
+
+
+def test_a_run_carries_its_error_band_and_says_when_it_leaves_the_corpus():
+    res = simserve.run(scenario())
+    trust = res.summary["latency_trust"]
+    curves = load_curves("h100-vllm")
+    assert trust["expected_error_pct"] == curves.expected_error_pct
+    assert trust["outside_corpus"] == []          # an 8B model, TP 1, 4k context: inside
+    assert any("Expected error" in line for line in trust_lines(trust))
+    far = scenario(hardware="H200", scheduler={"policy": "sarathi"},
+                   engine={"tensor_parallel_size": 8, "max_model_len": 32768})
+    words = " ".join(outside(far, curves.corpus))
+    for needle in ("H200", "sarathi", "tensor_parallel_size 8", "max_model_len 32,768"):
+        assert needle in words
+    # a model priced any other way carries no band: nothing measured judges it
+    assert latency_trust(scenario(latency={"efficiency": "constant"}),
+                         scenario_curves(scenario(latency={"efficiency": "constant"}))) is None
+    assert "latency_trust" not in simserve.run(scenario(
+        hardware="A100-80GB")).summary
+
+
+@pytest.mark.parametrize("engine, error", [
+    ({"step_overhead_s": -1}, "engine.step_overhead_s"),
+    ({"step_overhead_s": True}, "engine.step_overhead_s"),
+    ({"frontend": 0.1}, "engine: expected"),
+    ("x", "engine: expected"),
+])
+def test_malformed_engine_terms_name_the_key(engine, error):
+    raw = json.loads((EFFICIENCY_DIR / "h100.json").read_text())
+    raw["engine"] = engine
+    with pytest.raises(DataError, match=error):
+        parse_curves(raw, "x.json")
