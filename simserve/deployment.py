@@ -6,8 +6,8 @@ a context longer than the model's positions, a step that would take longer than 
 universe. Each check raises one :class:`ConfigError` naming the field to change; the bounds come
 from :mod:`simserve.limits`.
 
-:func:`check_context` runs on every parsed scenario (``config.parse_scenario``): it is a plain
-contradiction between two fields. :func:`check` (memory, cluster, step times) builds the latency
+(A plain contradiction between two fields is checked on every parsed scenario:
+``config.check_context``.) :func:`check` (memory, cluster, step times) builds the latency
 model and sizes the KV cache, so it runs where a run starts (a sweep point that cannot run gets
 its message in the ``error`` column) and in ``simserve validate``.
 """
@@ -39,26 +39,6 @@ def check(s) -> None:
 def _groups(s):
     from simserve.cluster import groups_of
     return [g for g in groups_of(s) if g.scenario is not None]
-
-
-def check_context(s) -> None:
-    """``engine.max_model_len`` within the model's positions; a static batch's tokens within
-    what a step can count (static batching is the one policy whose step may pass the budget:
-    a whole batch of whole prompts)."""
-    m, e = s.model, s.engine
-    if s.policy == "static" and e.max_num_seqs * s.max_model_len > limits.MAX_COUNT:
-        raise ConfigError("engine.max_num_seqs",
-                          f"a static batch of {e.max_num_seqs} prompts of up to "
-                          f"{s.max_model_len} tokens could hold more than the "
-                          f"{limits.MAX_COUNT:,} tokens a step can count; lower it or "
-                          "engine.max_model_len")
-    if e.max_model_len is not None and e.max_model_len > m.max_position_embeddings:
-        # vLLM refuses this too (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is set)
-        raise ConfigError("engine.max_model_len",
-                          f"{e.max_model_len} is larger than {m.name}'s "
-                          f"max_position_embeddings ({m.max_position_embeddings}); the model "
-                          "has no positions past it (override model.max_position_embeddings "
-                          "if you mean to)")
 
 
 def check_memory(s) -> None:

@@ -32,7 +32,7 @@ from simserve.latency.base import LatencyModel
 from simserve.metrics import recorder as _recorder
 from simserve.metrics.recorder import Recorder
 from simserve.metrics.slo import SloConfig
-from simserve.metrics.tokens import itl_sample
+from simserve.metrics.recorder import itl_sample
 from simserve.paths import rebase_paths
 from simserve.sched.request import Status
 from simserve.workload import build_workload

@@ -99,7 +99,7 @@ from simserve.engine.replica import Replica
 from simserve.engine.runtime import Runtime
 from simserve.sched.core import Scheduler
 from simserve.sched.inflight import InFlight
-from simserve.sched.limits import Batch
+from simserve.sched.batch import Batch
 from simserve.sched.plan import StepPlan
 
 

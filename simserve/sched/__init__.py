@@ -4,7 +4,7 @@ configuration asks :func:`describe` for the few facts it needs of a policy, neve
 from simserve.sched.core import Scheduler
 from simserve.sched.facts import PolicyFacts
 from simserve.sched.fastserve import FastServe
-from simserve.sched.limits import Batch, SchedulerLimits
+from simserve.sched.batch import Batch, SchedulerLimits
 from simserve.sched.lmdeploy import Lmdeploy
 from simserve.sched.orca import Orca
 from simserve.sched.plan import StepPlan
