@@ -642,7 +642,7 @@ def resolve_replica(s: Scenario) -> ReplicaSpec:
                              async_scheduling=e.async_scheduling,
                              pipeline_parallel_size=e.pipeline_parallel_size)
     tp, pp = e.tensor_parallel_size, e.pipeline_parallel_size
-    block_bytes = kv_block_bytes(s.model, e.block_size, tp)
+    block_bytes = model_block_bytes = kv_block_bytes(s.model, e.block_size, tp)
     if pp > 1:    # a rank holds its stage's layers' K and V: the largest stage's share
         block_bytes = max(stage_block_bytes(s.model, e.block_size, tp, pp))
     # an EAGLE / MTP / draft-model drafter keeps its own layers' KV in the same blocks and
@@ -681,7 +681,7 @@ def resolve_replica(s: Scenario) -> ReplicaSpec:
         offload = host_blocks(e.kv_offloading_size, tp, block_bytes)
     return ReplicaSpec(s.policy, s.policy_params, limits, max_model_len, e.block_size, blocks,
                        facts.reserved_blocks, host, block_bytes, e.enable_prefix_caching, tp,
-                       error, offload)
+                       error, offload, model_block_bytes)
 
 
 def check_context(s: Scenario) -> None:

@@ -54,14 +54,13 @@ def check_memory(s) -> None:
     if e.num_gpu_blocks is not None:
         # a KV cache set directly skips vLLM's memory arithmetic, not physics: the weights and
         # the blocks must fit in the device's memory (gpu_memory_utilization aside)
-        from simserve.kv.capacity import kv_block_bytes
         if weights >= hw.mem_bytes:
             raise ConfigError("model", f"{m.name}'s weights need {weights / GB:.1f} GB per "
                                        f"device (tensor_parallel_size {tp}), more than the "
                                        f"{hw.mem_bytes / GB:.1f} GB of {hw.name}: raise "
                                        "engine.tensor_parallel_size or use a larger device")
-        kv = e.num_gpu_blocks * (kv_block_bytes(m, e.block_size, tp)
-                                 if e.pipeline_parallel_size == 1 else s.replica.kv_block_bytes)
+        kv = e.num_gpu_blocks * (s.replica.model_block_bytes if e.pipeline_parallel_size == 1
+                                 else s.replica.kv_block_bytes)
         if weights + kv > hw.mem_bytes:
             raise ConfigError("engine.num_gpu_blocks",
                               f"{e.num_gpu_blocks} blocks take {kv / GB:.3g} GB per device; "

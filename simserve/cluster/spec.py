@@ -39,6 +39,10 @@ class ReplicaSpec:
     tensor_parallel_size: int
     kv_error: str = ""             # why no KV block fits the device memory, if none does
     num_offload_blocks: int = 0    # host-memory KV tier (kv_offloading_size), in blocks per rank
+    # the model's own K and V of one block, every layer, on one rank (no drafter's; with
+    # pipeline stages the whole model's, which latency/pipeline.py shares out by layers): what
+    # the latency models price a swapped block with
+    model_block_bytes: int = 0
 
     @property
     def kv_bytes_per_token(self) -> int:
