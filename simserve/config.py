@@ -18,13 +18,13 @@ from simserve import limits, safeyaml
 from simserve.cards import (KV_CACHE_DTYPES, QUANTIZATIONS, HardwareSpec, ModelCard,
                             load_hardware, load_model, serving_card)
 from simserve.cluster import ClusterConfig
+from simserve.cluster.spec import ReplicaSpec
 from simserve.errors import ConfigError, DataError
 from simserve.fields import Fields
 from simserve.kv.capacity import kv_block_bytes, kv_capacity_blocks, stage_block_bytes
-from simserve.paths import folder_name
 from simserve.limits import MAX_COUNT, MAX_INT64, MAX_SECONDS, MAX_TOKENS, SWAP_SPACE_GB_MAX
 from simserve.metrics.slo import SloConfig
-from simserve.cluster.spec import ReplicaSpec
+from simserve.paths import folder_name
 from simserve.sched import describe, policy_names
 from simserve.sched.batch import SchedulerLimits
 from simserve.sched.params import params_to_dict, read_params

@@ -15,9 +15,9 @@ from simserve.engine.clock import Clock
 from simserve.engine.queue import queue_loop
 from simserve.engine.replica import Replica
 from simserve.engine.runtime import Runtime
+from simserve.sched.batch import Batch
 from simserve.sched.core import Scheduler
 from simserve.sched.inflight import InFlight
-from simserve.sched.batch import Batch
 from simserve.sched.plan import StepPlan
 
 

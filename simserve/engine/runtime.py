@@ -25,11 +25,11 @@ from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
 from simserve.metrics.recorder import Recorder
 from simserve.metrics.tokens import moved
-from simserve.sched.plan import StepPlan
-from simserve.sched.stretch import Joined, Stretch
 from simserve.sched.core import Scheduler
 from simserve.sched.inflight import InFlight
+from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
+from simserve.sched.stretch import Joined, Stretch
 from simserve.workload.spec import RequestSpec
 
 INF = math.inf
