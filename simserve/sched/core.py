@@ -24,10 +24,10 @@ from typing import Any, ClassVar, cast
 
 from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
+from simserve.sched.batch import Batch, SchedulerLimits
 from simserve.sched.facts import PolicyFacts
 from simserve.sched.inflight import StepsInFlight
 from simserve.sched.joining import StretchAdmission
-from simserve.sched.limits import Batch, SchedulerLimits
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
 from simserve.sched.spec import Acceptance

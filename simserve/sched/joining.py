@@ -7,7 +7,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from simserve.kv.blocks import BlockManager
-from simserve.sched.limits import SchedulerLimits
+from simserve.sched.batch import SchedulerLimits
 from simserve.sched.request import Request
 
 

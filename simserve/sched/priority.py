@@ -21,7 +21,7 @@ from __future__ import annotations
 from bisect import insort
 from dataclasses import replace
 
-from simserve.sched.limits import Batch
+from simserve.sched.batch import Batch
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
 from simserve.sched.vllm_v1 import VllmV1

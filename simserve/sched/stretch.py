@@ -42,17 +42,37 @@ from collections.abc import Callable
 from heapq import heapify, heappop, heappush
 from itertools import accumulate
 from operator import add, itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from simserve.kv.prefix import PrefixBlockManager
-from simserve.latency.base import Prices, Pricing
-from simserve.sched.plan import StepPlan
+from simserve.sched.plan import Prices, StepPlan
 
 if TYPE_CHECKING:
     from simserve.sched.core import Scheduler
     from simserve.sched.request import Request
 
 INF = float("inf")
+
+
+class Pricing(Protocol):
+    """What a stretch needs of its replica's latency model: latency/base.py's ``Pricing``
+    (its fast-forward capabilities, None where the model has none)."""
+
+    @property
+    def step_time(self) -> Callable[[StepPlan], float]: ...
+
+    @property
+    def decode_stretch(self) -> Callable[[StepPlan], Prices]: ...
+
+    @property
+    def decode_stretch_sum(self) -> Callable[[int, int], Prices] | None: ...
+
+    @property
+    def mixed_step_sum(self) -> Callable[[int, int, tuple[int, ...], tuple[int, ...]],
+                                         float] | None: ...
+
+    @property
+    def forget_prices(self) -> Callable[[Any, int, int], None] | None: ...
 
 
 # A run of steps of one membership and shape: (the stretch step it starts at, the requests
@@ -231,9 +251,8 @@ class Stretch:
         """
         k, plan = self.num_steps, self.first_plan
         members = self.members
-        sums = latency.sums
-        by_sum = None if plan.extra_s or sums is None else sums.decode_stretch_sum
-        mixed_sum = None if sums is None else sums.mixed_step_sum
+        by_sum = None if plan.extra_s else latency.decode_stretch_sum
+        mixed_sum = latency.mixed_step_sum
         # a model that counts something as it prices (a profile's grid lookups) takes back
         # what steps priced and then dropped counted: (segment start, its prices) to tell it
         forget = latency.forget_prices
