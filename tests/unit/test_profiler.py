@@ -26,6 +26,17 @@ from simserve.latency.schema import (SCHEMA_VERSION, ProfileError, dump, load_pr
 
 REPO = Path(__file__).resolve().parents[2]
 
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The tensors here are tiny: a second intra-op thread adds nothing but its spin-waits,
+    which on a busy 2-core machine cost 100 times the work itself (1.3 s of CPU for a 14 ms
+    attention check). One thread, as the profiler itself runs on CPU (``--threads 1``)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 # torch's own inductor import trips its jit deprecation warning; not ours to fix
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")
 
