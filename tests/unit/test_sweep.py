@@ -168,8 +168,8 @@ def test_ray_executor_gives_the_same_table_as_local(tmp_path):
     ray = pytest.importorskip("ray")
     path = write_grid(tmp_path, grid={"scheduler.policy": ["vllm_v1", "sarathi"],
                                       "workload.rate": [10.0, 40.0]})
-    local = sweep(path, workers=2)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    local = sweep(path, workers=1)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         remote = sweep(path, executor="ray")
     finally:
