@@ -101,7 +101,8 @@ def _register_sweep(sub) -> None:
     swp.add_argument("--executor", choices=("local", "ray"), default="local",
                      help="local processes (default) or a Ray cluster")
     swp.add_argument("--address", help="Ray cluster address (default: start a local one)")
-    swp.add_argument("--workers", type=int, help="local processes (default: all cores)")
+    swp.add_argument("--workers", type=int,
+                     help="local processes (default: all cores; at most 4 per core)")
     swp.add_argument("--quiet", action="store_true", help="do not print the table")
     _report_flags(swp)
     swp.set_defaults(handler=_cmd_sweep)
@@ -236,10 +237,9 @@ SWEEP_SHOWN = ("error", "request_throughput", "request_goodput", "slo_attainment
 
 def _cmd_sweep(args) -> int:
     from simserve.fmt import format_table
-    from simserve.plan.sweep import load_sweep, save_sweep, sweep
+    from simserve.plan.sweep import check_workers, load_sweep, save_sweep, sweep
 
-    if args.workers is not None and args.workers < 1:
-        raise ConfigError("--workers", f"must be >= 1, got {args.workers}")
+    check_workers(args.workers, "--workers")
     spec = load_sweep(args.grid, args.overrides)
     t0 = time.perf_counter()
     table = sweep(spec, executor=args.executor, workers=args.workers, address=args.address,
