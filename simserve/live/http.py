@@ -8,13 +8,14 @@ fields, the trailing usage chunk, ``data: [DONE]``), ``vllm/entrypoints/serve/ex
 error_response.py`` and ``vllm/renderers/params.py`` (error body and messages) and
 ``vllm/v1/metrics/loggers.py`` (metric names and the ``model_name``/``engine`` labels).
 
-What a request means to the simulation: its prompt length (the number of token ids, or an
-estimate from text: ``text_tokens``) and its output length: ``max_tokens`` when ``ignore_eos``
-is set or ``min_tokens >= max_tokens`` (an exact length, as ``simserve replay`` and ``vllm bench
-serve --ignore-eos`` ask), otherwise a draw from the scenario's workload, at most
-``max_tokens``. Output tokens carry made-up ids (``" w<id>"`` as text, which the word-level
-tokenizer of /work/shared/truth's tiny model reads back as that id); only their count and
-timing mean anything.
+A request body is checked field by field as vLLM's server checks it before anything else
+(``simserve/live/protocol.py``). What a request means to the simulation: its prompt length
+(the number of token ids, or an estimate from text: ``text_tokens``) and its output length:
+``max_tokens`` when ``ignore_eos`` is set or ``min_tokens >= max_tokens`` (an exact length, as
+``simserve replay`` and ``vllm bench serve --ignore-eos`` ask), otherwise a draw from the
+scenario's workload, at most ``max_tokens``. Output tokens carry made-up ids (``" w<id>"`` as
+text, which the word-level tokenizer of /work/shared/truth's tiny model reads back as that id);
+only their count and timing mean anything.
 """
 
 from __future__ import annotations

@@ -303,13 +303,14 @@ def read_request(body: dict[str, Any], chat: bool, limits: Limits,
         _flag(body, "logprobs")
         _integer(body, "top_logprobs", 0)
         prompt_len = _messages_len(body.get("messages"), text_tokens)
+        # both are checked; max_completion_tokens wins when both are given (as in vLLM)
+        legacy = _integer(body, "max_tokens", 1, None,
+                          message="max_tokens must be at least 1, got {v}.")
         name = "max_completion_tokens"
         max_tokens = _integer(body, name, 1, None,
                               message=f"{name} must be at least 1, got {{v}}.")
         if max_tokens is None:
-            name = "max_tokens"
-            max_tokens = _integer(body, name, 1, None,
-                                  message="max_tokens must be at least 1, got {v}.")
+            name, max_tokens = "max_tokens", legacy
     else:
         _integer(body, "logprobs", -1, message="logprobs must be non-negative or -1, got {v}.")
         _string(body, "suffix")

@@ -469,3 +469,15 @@ def test_a_chunked_body_is_cut_off_at_the_limit(monkeypatch):
     sim = ScriptedSim()
     got = call(sim, lambda c: _raw_exchange(c.server, head, [chunk] * 40))   # 2.5 MiB
     assert got.startswith(b"HTTP/1.1 413 ") and not sim.submitted
+
+
+def test_chat_checks_max_tokens_beside_max_completion_tokens():
+    sim = ScriptedSim()
+
+    async def one(c):
+        resp = await c.post("/v1/chat/completions", json={**M, "max_completion_tokens": 2,
+                                                          "max_tokens": "x"})
+        return resp.status, await resp.json()
+
+    status, out = call(sim, one)
+    assert status == 400 and out["error"]["param"] == "max_tokens" and not sim.submitted
