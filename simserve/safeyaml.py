@@ -13,8 +13,8 @@ hold. This loader adds what a scenario file needs:
 * a key given twice in one mapping is an error: silently keeping the last one changes the
   experiment without a word (explicit keys may still override ``<<:`` merged ones);
 * numbers follow YAML 1.2: ``1e1`` and ``2E-3`` are numbers (YAML 1.1 wants a dot: ``1.0e1``);
-  a number too large for a float (``1e400``) and ``.nan`` are refused, in files and ``--set``
-  alike (``.inf`` is infinity, where a field allows it).
+  a number too large for a float (``1e400``) is refused, in files and ``--set`` alike (``.inf``
+  is infinity, where a field allows it).
 """
 
 from __future__ import annotations
@@ -92,16 +92,13 @@ class SafeLoader(yaml.SafeLoader):
 
 
     def construct_yaml_float(self, node: ScalarNode) -> float:
-        """A float; a literal that overflows to infinity (``1e400``) or NaN (``.nan``) is
-        refused: read silently, ``rate: 1e400`` would be ``rate: inf`` (every request at t = 0)
-        and NaN compares false with every bound. ``.inf`` stays infinity, written as such."""
+        """A float; a literal that overflows to infinity (``1e400``) is refused: read silently,
+        ``rate: 1e400`` would be ``rate: inf`` (every request at t = 0). ``.inf`` stays
+        infinity, written as such (each field says whether it takes it; NaN is refused there)."""
         value: float = super().construct_yaml_float(node)
-        line = node.start_mark.line + 1
-        if math.isnan(value):
-            raise _Limit(f"{node.value} is not a number (NaN); give a finite value", line)
         if math.isinf(value) and ".inf" not in node.value.lower():
             raise _Limit(f"{node.value} is too large for a number (it overflows to infinity);"
-                         f" write .inf where infinity is meant", line)
+                         f" write .inf where infinity is meant", node.start_mark.line + 1)
         return value
 
 
