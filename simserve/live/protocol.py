@@ -294,8 +294,13 @@ def read_request(body: dict[str, Any], chat: bool, limits: Limits,
                            "stream_options")
     include_usage = False
     if options is not None:      # vLLM's StreamOptions: include_usage defaults to true
-        include_usage = _flag(options, "include_usage") if "include_usage" in options else True
-        _flag(options, "continuous_usage_stats")
+        try:
+            include_usage = _flag(options, "include_usage") if "include_usage" in options \
+                else True
+            _flag(options, "continuous_usage_stats")
+        except RequestError as e:
+            raise RequestError(f"stream_options.{e.message}", f"stream_options.{e.param}") \
+                from None
     ignore_eos = _flag(body, "ignore_eos", nullable=False) if "ignore_eos" in body else False
     return_ids = _flag(body, "return_token_ids")
     _check_common(body)

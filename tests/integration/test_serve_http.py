@@ -370,7 +370,7 @@ M = {"messages": [{"role": "user", "content": "hi"}]}
     ("/v1/completions", {**P, "stream": True, "stream_options": 3}, "stream_options",
      "stream_options: expected an object, got 3"),
     ("/v1/completions", {**P, "stream": True, "stream_options": {"include_usage": "x"}},
-     "include_usage", "include_usage: expected true or false"),
+     "stream_options.include_usage", "stream_options.include_usage: expected true or false"),
     ("/v1/completions", {**P, "stream_options": {"include_usage": True}}, "stream_options",
      "Stream options can only be defined when `stream=True`."),
     ("/v1/completions", {**P, "return_token_ids": 1}, "return_token_ids", "return_token_ids:"),
