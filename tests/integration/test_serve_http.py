@@ -481,3 +481,29 @@ def test_chat_checks_max_tokens_beside_max_completion_tokens():
 
     status, out = call(sim, one)
     assert status == 400 and out["error"]["param"] == "max_tokens" and not sim.submitted
+
+
+@pytest.mark.parametrize("rest", [b"zz\r\nmore\r\n0\r\n\r\n", b""])
+def test_a_body_that_stalls_or_turns_to_garbage_midway_is_dropped(monkeypatch, rest):
+    # the handler is already reading when the body stops, or when a bad chunk arrives (aiohttp
+    # then never ends the payload): without a limit the handler waited as long as the client
+    import simserve.live.http as http
+    monkeypatch.setattr(http, "BODY_IDLE_S", 0.5)
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"pro\r\n")
+
+    async def two_parts(c):
+        reader, writer = await asyncio.open_connection(c.server.host, c.server.port)
+        writer.write(head)
+        await writer.drain()
+        await asyncio.sleep(0.1)                 # the handler now waits for more body
+        writer.write(rest)
+        await writer.drain()
+        got = await asyncio.wait_for(reader.readuntil(b"}}"), 10)
+        writer.close()
+        return got
+
+    sim = ScriptedSim()
+    got = call(sim, two_parts)
+    assert got.startswith(b"HTTP/1.1 408 ") and b"RequestTimeoutError" in got, got[:300]
+    assert not sim.submitted
