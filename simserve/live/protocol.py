@@ -265,7 +265,6 @@ class GenerateRequest:
 
     prompt_len: int
     max_tokens: int | None         # as asked (max_completion_tokens for chat, if given)
-    max_tokens_field: str          # the field it came from, for messages
     min_tokens: int
     ignore_eos: bool
     stream: bool
@@ -280,7 +279,7 @@ def read_request(body: dict[str, Any], chat: bool, limits: Limits,
     if model is not None and not isinstance(model, str):
         raise RequestError(f"model: expected a string, got {_show(model)}", "model")
     if model is not None and model != limits.model_name:
-        raise RequestError(f"The model `{model}` does not exist.", "model", 404,
+        raise RequestError(f"The model `{model[:200]}` does not exist.", "model", 404,
                            "NotFoundError")
     if _integer_or(body, "n", 1, 1, "n must be at least 1, got {v}.") > 1:
         raise RequestError("n: simserve serve returns one choice per request", "n")
@@ -345,5 +344,5 @@ def read_request(body: dict[str, Any], chat: bool, limits: Limits,
         raise RequestError(f"min_tokens must be less than or equal to max_tokens={room} (the "
                            f"context left: max_model_len {limit} - {prompt_len} prompt tokens),"
                            f" got {_show(min_tokens)}.", "min_tokens")
-    return GenerateRequest(prompt_len, max_tokens, name, min_tokens, ignore_eos, stream,
+    return GenerateRequest(prompt_len, max_tokens, min_tokens, ignore_eos, stream,
                            include_usage, return_ids)
