@@ -8,6 +8,7 @@ write files loses nothing that was on screen.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -102,7 +103,8 @@ def _register_sweep(sub) -> None:
     swp.add_argument("--executor", choices=("local", "ray"), default="local",
                      help="local processes (default) or a Ray cluster")
     swp.add_argument("--address", help="Ray cluster address (default: start a local one)")
-    swp.add_argument("--workers", type=int, help="local processes (default: all cores)")
+    swp.add_argument("--workers", type=int,
+                     help="local processes (default: all cores; at most 4 per core)")
     swp.add_argument("--quiet", action="store_true", help="do not print the table")
     _report_flags(swp)
     swp.set_defaults(handler=_cmd_sweep)
@@ -166,14 +168,30 @@ def _report(args, out: Path) -> None:
                   "it described other results", file=sys.stderr)
 
 
+def _percentiles_flag(text: str) -> list[float]:
+    """``--metric-percentiles 25,50,99``: refused naming the flag, not the field it sets."""
+    values = []
+    for item in text.split(","):
+        try:
+            p = float(item)
+        except ValueError:
+            p = math.nan
+        if not 0 < p <= 100:        # NaN too
+            raise ConfigError("--metric-percentiles", f"expected comma-separated percentiles "
+                                                      f"in (0, 100], e.g. 25,50,99; got "
+                                                      f"{text!r}")
+        values.append(p)
+    return values
+
+
 def _cmd_run(args) -> int:
     from simserve.config import load_variants
     from simserve.deployment import check
     from simserve.paths import default_out, folder_name, replaced_note
     from simserve.runner import comparison_table, coinciding, run, scenario_yaml
 
-    if args.metric_percentiles:
-        args.overrides.append(f"metric_percentiles=[{args.metric_percentiles}]")
+    if args.metric_percentiles is not None:
+        args.overrides.append(f"metric_percentiles={_percentiles_flag(args.metric_percentiles)}")
     variants = load_variants(args.scenario, args.overrides)
     for label, scenario in variants:      # every variant can exist before any of them runs
         try:
@@ -250,10 +268,9 @@ def _cmd_sweep(args) -> int:
     from simserve.fmt import format_table
     from simserve.config import value_label
     from simserve.paths import default_out
-    from simserve.plan.sweep import load_sweep, save_sweep, sweep
+    from simserve.plan.sweep import check_workers, load_sweep, save_sweep, sweep
 
-    if args.workers is not None and args.workers < 1:
-        raise ConfigError("--workers", f"must be >= 1, got {args.workers}")
+    check_workers(args.workers, "--workers")
     spec = load_sweep(args.grid, args.overrides)
     t0 = time.perf_counter()
     table = sweep(spec, executor=args.executor, workers=args.workers, address=args.address,

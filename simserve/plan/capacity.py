@@ -167,8 +167,10 @@ Log = Callable[[str], None]
 class _Prober:
     """Runs (rate, replicas, seed) probes once each and keeps every row."""
 
-    def __init__(self, base: Scenario, seeds: list[int], log: Log, bar: Any = None):
+    def __init__(self, base: Scenario, seeds: list[int], log: Log, bar: Any = None,
+                 held_duration: float | None = None):
         self.base, self.seeds, self.bar = base, seeds, bar
+        self.held_duration = held_duration    # hold="duration": every probe's seconds
         if bar is not None:     # log lines printed around the bar, not through it
             def log_beside_bar(line: str) -> None:
                 with bar.external_write_mode():
@@ -200,6 +202,7 @@ class _Prober:
                     row[k] = summary[k]
             self.cache[key] = row
             self.rows.append(row)
+            self._check_duration(row)
             extra = "".join(f", {k[4:-3].replace('_', ' ')} {row[k]:.1f} ms"
                             for k in ("slo_tbt_ms", "slo_scheduling_delay_ms",
                                       "slo_normalized_latency_ms") if k in row)
@@ -209,6 +212,22 @@ class _Prober:
                      f"attainment {row['slo_attainment']:.3f}{extra} "
                      f"({'meets' if row['slo_met'] else 'misses'} target)")
         return self.cache[key]["slo_attainment"]
+
+    def _check_duration(self, row: dict) -> None:
+        """Holding the duration, a probe that meets the SLO must outlast its requests: if the
+        median request lives longer than the whole window of arrivals, the probe is one burst
+        that ends before any queue can build, and its rate means nothing (1 ms of arrivals
+        "held" 1.2e5 req/s of Llama-3.1-8B on one H100)."""
+        d = self.held_duration
+        e2el = row.get("median_e2el_ms")
+        if d is None or not row["slo_met"] or e2el is None or not e2el / 1000 > d:
+            return
+        raise ConfigError(
+            "workload.duration",
+            f"{d:g} s is too short to hold a request: at {row['rate']:.3g} req/s the median "
+            f"request lasted {e2el:.3g} ms, longer than the whole probe, so each probe is one "
+            f"burst that ends before a queue can build, not a sustained rate; give a duration "
+            f"many times a request's latency (DistServe held each rate for 100 s)")
 
     def met(self, rate: float, replicas: int, seed: int, phase: str) -> bool:
         self.attainment(rate, replicas, seed, phase)
@@ -322,7 +341,8 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
     if progress:
         from simserve.progress import bar
         probes = bar(None, "capacity", "probe")
-    prober = _Prober(s, seed_list, log or (lambda line: None), probes)
+    prober = _Prober(s, seed_list, log or (lambda line: None), probes,
+                     s.workload.arrival.duration_s if hold == "duration" else None)
     replicas = s.cluster.replicas
 
     lo, hi = _bracket(prober, start, replicas, s.workload)

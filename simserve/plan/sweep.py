@@ -23,6 +23,7 @@ import copy
 import importlib.util
 import itertools
 import json
+import math
 import os
 import socket
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ import yaml
 from simserve.config import Scenario, apply_overrides, load_yaml, parse_scenario, set_field
 from simserve.errors import ConfigError, SimserveError
 from simserve.fields import Fields
+from simserve.limits import MAX_SWEEP_POINTS, MAX_WORKERS, MAX_WORKERS_PER_CPU
 from simserve.paths import rebase_paths, rebase_value
 
 EXECUTORS = ("local", "ray")
@@ -111,6 +113,32 @@ def _check_axes(grid: Any, zip_: Any) -> None:
         raise ConfigError("zip", f"lists must all have the same length: {listed}")
     if not grid and not zip_:
         raise ConfigError("grid", "nothing to sweep: give grid: and/or zip: with lists of values")
+    # counted before anything is expanded: 10^12 points must not be built to be refused
+    count = math.prod(len(v) for v in grid.values()) * (next(iter(lengths.values()), 1))
+    if count > MAX_SWEEP_POINTS:
+        axes = [f"{k} {len(v):,}" for k, v in grid.items()]
+        if zip_:
+            axes.append(f"zip ({', '.join(zip_)}) {next(iter(lengths.values())):,}")
+        raise ConfigError("grid" if grid else "zip",
+                          f"{count:,} points ({' x '.join(axes)}) is more than the "
+                          f"{MAX_SWEEP_POINTS:,} a sweep may have; use fewer values or split "
+                          f"it into several sweeps")
+
+
+def max_workers() -> int:
+    """The most local processes a sweep may use: MAX_WORKERS_PER_CPU per CPU, at most
+    MAX_WORKERS."""
+    return min(MAX_WORKERS, MAX_WORKERS_PER_CPU * (os.cpu_count() or 1))
+
+
+def check_workers(workers: int | None, field: str = "workers") -> None:
+    if workers is None:
+        return
+    top = max_workers()
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= top:
+        raise ConfigError(field, f"must be 1 to {top} ({MAX_WORKERS_PER_CPU} x this machine's "
+                                 f"{os.cpu_count() or 1} CPUs, at most {MAX_WORKERS}: more "
+                                 f"processes only share the same cores), got {workers!r}")
 
 
 def load_sweep(path: str | Path, overrides: Sequence[str] | None = None) -> SweepSpec:
@@ -200,6 +228,7 @@ def run_scenarios(scenarios: Sequence[Scenario], executor: str = "local", *,
     if executor not in EXECUTORS:
         raise ConfigError("executor", f"unknown executor {executor!r}; expected one of: "
                                       f"{', '.join(EXECUTORS)}")
+    check_workers(workers)
     # Relative paths (traces, profiles) must not depend on a worker's working directory.
     scenarios = [s.replace(base_dir=s.base_dir.resolve()) for s in scenarios]
     on_done = on_done or (lambda i, failed: None)
