@@ -27,7 +27,7 @@ import pandas as pd
 from simserve.config import Scenario, apply_overrides, load_yaml, parse_scenario
 from simserve.errors import ConfigError, DataError, SimserveError
 from simserve.plan.bounds import Lengths, bound, kv_fits
-from simserve.plan.space import COLOCATED, Candidate, PlanSpace, candidates
+from simserve.plan.space import Candidate, PlanSpace, candidates
 
 Log = Callable[[str], None]
 BOUNDS = ("parallelism", "config", "memory", "slo", "throughput", "cost")
@@ -196,7 +196,7 @@ class _Entry:
 
 
 def _build(cand: Candidate, raw: dict, base_dir: Path, name: str, space: PlanSpace,
-           lengths: Lengths, target: float) -> _Entry:
+           lengths: Lengths, target: float, prune: bool = True) -> _Entry:
     from simserve.plan.capacity import with_rate
     row: dict[str, Any] = {**cand.to_dict(), "status": "", "pruned_by": None, "reason": None,
                            "simulated": False}
@@ -204,8 +204,10 @@ def _build(cand: Candidate, raw: dict, base_dir: Path, name: str, space: PlanSpa
     try:
         s = parse_scenario(cand.fields(raw, space.kv_transfer), base_dir, name)
     except ConfigError as err:
-        which = "parallelism" if err.field in PARALLEL_FIELDS else "config"
+        which = "parallelism" if err.field.endswith(PARALLEL_FIELDS) else "config"
         return _pruned(e, which, f"{err.field}: {err.message}")
+    row.update(max_num_batched_tokens=s.max_num_batched_tokens,   # resolved (vLLM's)
+               max_num_seqs=s.engine.max_num_seqs)
     why = kv_fits(s)
     if why:
         return _pruned(e, "memory", why)
@@ -216,10 +218,10 @@ def _build(cand: Candidate, raw: dict, base_dir: Path, name: str, space: PlanSpa
         return _pruned(e, "config", f"{err.field}: {err.message}")
     row.update(rate_bound=b.rate_ub, lone_ttft_ms=1000 * b.lone_ttft_s,
                lone_tpot_ms=1000 * b.lone_tpot_s)
-    if b.slo_miss:
+    if prune and b.slo_miss:
         return _pruned(e, "slo", b.slo_miss)
     copies = space.max_replicas // cand.unit_replicas
-    if b.rate_ub * copies < target:
+    if prune and b.rate_ub * copies < target:
         return _pruned(e, "throughput",
                        f"at most {b.rate_ub:.4g} req/s a copy, {copies} copies ≤ "
                        f"{space.max_replicas} replicas reach {b.rate_ub * copies:.4g}")
@@ -310,8 +312,8 @@ def plan(scenario: Scenario | Mapping | str | Path, target_rate: float, *,
          log: Log | None = None) -> PlanResult:
     """The cheapest deployment serving ``target_rate`` req/s within the scenario's SLOs, over
     the space of ``space`` (or the scenario's ``plan:`` section). ``prune=False`` simulates
-    every candidate that can start and may meet the SLO (the exhaustive search the bounds are
-    checked against). ``log`` gets a line per wave."""
+    every candidate that can start (the exhaustive search the SLO, throughput and cost bounds
+    are checked against). ``log`` gets a line per wave."""
     from simserve.plan.capacity import _prepare
     from simserve.plan.sweep import Executor
     log = log or (lambda line: None)
@@ -339,7 +341,7 @@ def plan(scenario: Scenario | Mapping | str | Path, target_rate: float, *,
         w["num_requests"] = base.workload.arrival.num_requests
     lengths = Lengths.of(base)
     cands = candidates(sp)
-    entries = [_build(c, raw, base_dir, name, sp, lengths, target_rate) for c in cands]
+    entries = [_build(c, raw, base_dir, name, sp, lengths, target_rate, prune) for c in cands]
     pruned = {b: 0 for b in BOUNDS}
     for e in entries:
         if e.row["pruned_by"]:
@@ -392,7 +394,8 @@ def _result(base: Scenario, target: float, sp: PlanSpace, entries: list[_Entry],
             probes: list[dict], pruned: dict[str, int], notes: list[str]) -> PlanResult:
     table = pd.DataFrame([e.row for e in entries])
     for col in ("replicas", "gpus", "cost_per_hour", "cost_per_million_output_tokens",
-                "max_rate_per_copy", PARETO_X, PARETO_Y, "rate_bound", "cost_bound_per_hour"):
+                "max_rate_per_copy", "max_rate_per_gpu", PARETO_X, PARETO_Y, "rate_bound",
+                "cost_bound_per_hour", "lone_ttft_ms", "runs"):
         if col not in table:
             table[col] = None
     for col in ("replicas", "gpus", "runs"):
