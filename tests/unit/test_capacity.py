@@ -234,3 +234,21 @@ def test_cli_bad_hold_is_one_line_and_exit_2(tmp_path, capsys):
     assert e.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("error: simserve capacity: argument --hold: invalid choice")
     assert not (tmp_path / "o").exists()
+
+
+def test_target_rate_on_disaggregated_cluster_grows_whole_copies():
+    # before: with_rate set cluster.replicas on a cluster of groups, which refuses it
+    raw = yaml.safe_load((Path(__file__).parents[1] / "data" / "plan_small.yaml").read_text())
+    raw.pop("plan")
+    raw["cluster"] = {"groups": [{"name": "p", "role": "prefill", "replicas": 1},
+                                 {"name": "d", "role": "decode", "replicas": 2}],
+                      "kv_transfer": {"link": "nvlink"}}
+    s = parse_scenario(raw)
+    r = capacity(s, target_rate=60, seeds=1, tolerance=0.2)
+    assert r.replicas_needed is not None and r.replicas_needed % 3 == 0
+    runs = r.probes[r.probes["phase"] == "replicas"]
+    assert set(runs["replicas"] % 3) == {0}
+    scaled = with_rate(s, 60, replicas=6)
+    assert [g.replicas for g in scaled.cluster.groups] == [2, 4]
+    with pytest.raises(ValueError):
+        with_rate(s, 60, replicas=4)
