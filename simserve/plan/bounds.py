@@ -32,7 +32,7 @@ import numpy as np
 
 from simserve.sched.plan import StepPlan
 
-ARRIVAL_MARGIN = 1.5        # Poisson gaps vs evenly spaced arrivals in the finite-run widening
+ARRIVAL_MARGIN = 1.25       # Poisson gaps vs evenly spaced arrivals in the finite-run widening
 
 
 @dataclass(frozen=True)

@@ -228,7 +228,7 @@ def _build(cand: Candidate, raw: dict, base_dir: Path, name: str, space: PlanSpa
     need = 1 if math.isinf(b.rate_ub) else max(1, math.ceil(target / b.rate_ub))
     e.cost_lb = need * cand.unit_replicas * cand.gpus_per_replica * cand.price_per_hour
     row["cost_bound_per_hour"] = e.cost_lb
-    e.start_rate = float(f"{b.sustained / 2:.4g}")
+    e.start_rate = float(f"{b.sustained / 3:.4g}")   # capacity is often a third of the bound
     e.scenario = with_rate(s, e.start_rate)
     return e
 

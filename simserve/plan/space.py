@@ -16,7 +16,7 @@ knob; every combination is one :class:`Candidate`, the scenario with those field
       seeds: 1                                  # seeds per capacity probe
       tolerance: 0.1                            # capacity bisection's relative bracket
       runners_up: 4                             # deployments reported after the cheapest
-      wave: 8                                   # candidates simulated between prunings
+      wave: 4                                   # candidates simulated between prunings
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class PlanSpace:
     seeds: int = 1
     tolerance: float = 0.1
     runners_up: int = 4
-    wave: int = 8
+    wave: int = 4
 
     @classmethod
     def from_mapping(cls, raw: Any, scenario_raw: Mapping[str, Any],
@@ -119,7 +119,7 @@ class PlanSpace:
             seeds=f.int("seeds", 1, min=1, max=100),
             tolerance=f.float("tolerance", 0.1, min=1e-3, max=0.99),
             runners_up=f.int("runners_up", 4, min=0, max=100),
-            wave=f.int("wave", 8, min=1, max=10_000))
+            wave=f.int("wave", 4, min=1, max=10_000))
         f.done()
         if space.size > MAX_CANDIDATES:
             raise ConfigError(where, f"{space.size:,} combinations, more than the "
