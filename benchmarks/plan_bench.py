@@ -47,7 +47,8 @@ def main() -> None:
         w = r.row(r.winner) if r.met else None
         print(f"run {k + 1}: candidates {len(r.table)}, pruned "
               + ", ".join(f"{b} {n}" for b, n in r.pruned.items())
-              + f"; simulated {r.simulated} ({len(r.probes)} runs); {wall:.1f} s; "
+              + f"; simulated {r.simulated} ({len(r.probes)} runs); {wall:.1f} s wall, "
+              f"{cpu:.0f} CPU-s (this process and its workers); "
               f"load {load0:.1f} -> {os.getloadavg()[0]:.1f}; cheapest: "
               + (f"{w['deployment']} x {w['replicas']} (${w['cost_per_hour']:.2f}/h)"
                  if w is not None else "none"))

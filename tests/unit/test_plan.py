@@ -172,3 +172,8 @@ def test_cli_plan_writes_report(capsys, tmp_path):
     html = (tmp_path / "report.html").read_text()
     assert "Plan: plan_small" in html and "Pareto" in html
     assert (tmp_path / "figures" / "plan_small_pareto.png").is_file()
+
+
+def test_run_and_validate_ignore_the_plan_section(capsys):
+    assert main(["validate", str(SMALL)]) == 0
+    assert "plan_small" in capsys.readouterr().out
