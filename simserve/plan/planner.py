@@ -31,9 +31,6 @@ from simserve.plan.space import Candidate, PlanSpace, candidates
 
 Log = Callable[[str], None]
 BOUNDS = ("parallelism", "config", "memory", "slo", "throughput", "cost")
-# scenario fields whose refusal means the parallelism does not divide the model
-PARALLEL_FIELDS = ("engine.tensor_parallel_size", "engine.pipeline_parallel_size",
-                   "engine.enable_expert_parallel", "engine.data_parallel_size")
 EXIT_NOT_MET = 3       # `simserve plan` exit code when no deployment meets the SLOs
 PARETO_X = "tokens_per_s_per_user"
 PARETO_Y = "output_tokens_per_s_per_gpu"
@@ -195,17 +192,33 @@ class _Entry:
     cost_lb: float = math.inf
 
 
+def _divides(model, cand: Candidate) -> str:
+    """Why the parallelism does not split the model (heads, layers, experts), or ""."""
+    from simserve.kv.capacity import check_expert_parallel, check_tensor_parallel
+    try:
+        check_tensor_parallel(model, cand.tensor_parallel_size)
+        check_expert_parallel(model, cand.tensor_parallel_size if cand.expert_parallel else 1)
+    except ConfigError as err:
+        return f"{err.field}: {err.message}"
+    if cand.pipeline_parallel_size > model.num_layers:
+        return (f"engine.pipeline_parallel_size: {cand.pipeline_parallel_size} stages for "
+                f"{model.num_layers} layers")
+    return ""
+
+
 def _build(cand: Candidate, raw: dict, base_dir: Path, name: str, space: PlanSpace,
-           lengths: Lengths, target: float, prune: bool = True) -> _Entry:
+           lengths: Lengths, target: float, prune: bool, model) -> _Entry:
     from simserve.plan.capacity import with_rate
     row: dict[str, Any] = {**cand.to_dict(), "status": "", "pruned_by": None, "reason": None,
                            "simulated": False}
     e = _Entry(cand, row)
+    why = _divides(model, cand)
+    if why:
+        return _pruned(e, "parallelism", why)
     try:
         s = parse_scenario(cand.fields(raw, space.kv_transfer), base_dir, name)
-    except ConfigError as err:
-        which = "parallelism" if err.field.endswith(PARALLEL_FIELDS) else "config"
-        return _pruned(e, which, f"{err.field}: {err.message}")
+    except ConfigError as err:      # what simserve (or vLLM) refuses to combine
+        return _pruned(e, "config", f"{err.field}: {err.message}")
     row.update(max_num_batched_tokens=s.max_num_batched_tokens,   # resolved (vLLM's)
                max_num_seqs=s.engine.max_num_seqs)
     why = kv_fits(s)
@@ -341,7 +354,8 @@ def plan(scenario: Scenario | Mapping | str | Path, target_rate: float, *,
         w["num_requests"] = base.workload.arrival.num_requests
     lengths = Lengths.of(base)
     cands = candidates(sp)
-    entries = [_build(c, raw, base_dir, name, sp, lengths, target_rate, prune) for c in cands]
+    entries = [_build(c, raw, base_dir, name, sp, lengths, target_rate, prune, base.model)
+               for c in cands]
     pruned = {b: 0 for b in BOUNDS}
     for e in entries:
         if e.row["pruned_by"]:

@@ -466,7 +466,6 @@ def plan_pareto(plan: PlanData, title: str = "") -> Figure:
                     textcoords="offset points", fontsize=8)
     ax.set_xlabel("tokens/s per user (1000 / median TPOT ms, at max rate)")
     ax.set_ylabel("output tokens/s per GPU (at max rate)")
-    ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.set_title(title or f"{plan.label}: throughput per GPU vs speed per user")
     ax.legend(loc="best", frameon=False, fontsize=8)
