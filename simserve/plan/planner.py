@@ -280,8 +280,7 @@ def _search(job: tuple) -> tuple[dict | None, str | None]:
     return out, None
 
 
-def _record(e: _Entry, value: dict | None, error: str | None, target: float,
-            probes: list[dict]) -> None:
+def _record(e: _Entry, value: dict | None, error: str | None, probes: list[dict]) -> None:
     row, c = e.row, e.cand
     row["simulated"] = True
     row["start_rate"] = e.start_rate
@@ -394,7 +393,7 @@ def plan(scenario: Scenario | Mapping | str | Path, target_rate: float, *,
             jobs = [(e.scenario, target_rate, sp.seeds, sp.tolerance, sp.max_replicas)
                     for e in wave]
             for e, (value, error) in zip(wave, pool.map(_search, jobs)):
-                _record(e, value, error, target_rate, probes)
+                _record(e, value, error, probes)
                 if e.row["status"] == "serves target":
                     served.append(e.row["cost_per_hour"])
             served.sort()
@@ -425,8 +424,8 @@ def _result(base: Scenario, target: float, sp: PlanSpace, entries: list[_Entry],
     closest: list[int] = []
     if winner is None:
         ran = table[table["max_rate_per_copy"].notna()]
-        ran = ran.assign(_share=-ran["max_rate_per_copy"] * (sp.max_replicas
-                                                             // ran["gpus_per_copy"].clip(1)))
+        unit = (ran["prefill_replicas"] + ran["decode_replicas"]).clip(lower=1)
+        ran = ran.assign(_share=-ran["max_rate_per_copy"] * (sp.max_replicas // unit))
         closest = [int(i) for i in ran.sort_values(["_share", "candidate"])["candidate"]][:5]
         if not closest:
             slo = table[table["pruned_by"] == "slo"].sort_values(["lone_ttft_ms", "candidate"])

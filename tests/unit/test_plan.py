@@ -75,6 +75,13 @@ def test_bounds_slo_throughput_memory_parallelism():
     assert "no room for the KV cache" in kv_fits(parse_scenario(raw, base_dir, name))
     raw["engine"]["tensor_parallel_size"] = 4
     assert kv_fits(parse_scenario(raw, base_dir, name)) == ""
+    # ...and one max_model_len request's KV must fit beside them, as vLLM checks at start-up:
+    # on two H100s the 70B weights leave room for a few thousand tokens, not 8,192
+    raw["hardware"], raw["engine"]["tensor_parallel_size"] = "H100-SXM", 2
+    raw["engine"]["max_model_len"] = 8192
+    assert "fewer than one max_model_len request" in kv_fits(parse_scenario(raw, base_dir, name))
+    raw["engine"]["max_model_len"] = 1024
+    assert kv_fits(parse_scenario(raw, base_dir, name)) == ""
 
 
 def _flags(commands):
