@@ -167,8 +167,8 @@ def load_plan_inputs(scenario: Scenario | Mapping | str | Path,
     if "compare" in raw:
         raise ConfigError("compare", "a planned scenario cannot have compare:; the plan "
                                      "varies the deployment itself")
+    apply_overrides(raw, list(overrides or []))     # --set plan.max_replicas=8 too
     plan_raw, where = raw.pop("plan", None), "plan"
-    apply_overrides(raw, list(overrides or []))
     if isinstance(space, PlanSpace):
         return raw, base_dir, name, space
     if isinstance(space, (str, Path)):
