@@ -134,7 +134,10 @@ def _register_capacity(sub) -> None:
 
 def _register_plan(sub) -> None:
     pl = sub.add_parser("plan", help="the cheapest deployment (hardware, parallelism, P:D, "
-                                     "knobs, replicas) that serves a rate within the SLOs")
+                                     "knobs, replicas) that serves a rate within the SLOs",
+                        description="Exit status: 0 a deployment serves the rate; 3 none meets "
+                                    "the SLOs at it (the closest are listed); 2 bad input. "
+                                    "See docs/capacity.md.")
     pl.add_argument("scenario", help="scenario YAML file with an slo: section (and optionally "
                                      "a plan: section: the search space)")
     pl.add_argument("--target-rate", type=float, required=True, metavar="R",
