@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 import simserve
 from simserve.cli import main
@@ -34,17 +35,21 @@ VLLM_ARGS = {
 
 
 def _space(**changes):
-    raw, _, _, _ = load_plan_inputs(SMALL)
-    base = dict(__import__("yaml").safe_load(SMALL.read_text())["plan"])
+    base = dict(yaml.safe_load(SMALL.read_text())["plan"])
     base.update(changes)
     return base
 
 
-def test_pruned_plan_equals_exhaustive_search():
-    # 24 candidates; the cost bound prunes some; the answer must not change
-    pruned = plan(SMALL, 30, workers=1)
-    full = plan(SMALL, 30, workers=1, prune=False)
-    assert pruned.pruned["cost"] > 0
+@pytest.mark.parametrize("overrides, space, bound", [
+    ([], {}, "cost"),
+    (["slo.tpot_ms=20"], {}, "slo"),                 # L40S TP 1: one decode step > 20 ms
+    ([], {"max_replicas": 3}, "throughput"),          # slow cards cannot reach 30 req/s
+])
+def test_pruned_plan_equals_exhaustive_search(overrides, space, bound):
+    # 24 candidates; each bound prunes some; the answer must not change
+    pruned = plan(SMALL, 30, overrides=overrides, space=_space(**space), workers=1)
+    full = plan(SMALL, 30, overrides=overrides, space=_space(**space), workers=1, prune=False)
+    assert pruned.pruned[bound] > 0 and pruned.pruned["cost"] > 0
     assert pruned.simulated < full.simulated == 24
     assert pruned.winner is not None
     assert (pruned.winner, pruned.runners_up) == (full.winner, full.runners_up)
