@@ -389,6 +389,10 @@ def plan(scenario: Scenario | Mapping | str | Path, target_rate: float, *,
                 if not queue:
                     break
             wave, queue = queue[:sp.wave], queue[sp.wave:]
+            # longest first (pipeline-parallel runs step every micro-batch), so the workers
+            # finish a wave together; pruning waits for the whole wave, so what is simulated
+            # does not depend on which finished first
+            wave = sorted(wave, key=lambda e: -e.cand.pipeline_parallel_size)
             wave_no += 1
             jobs = [(e.scenario, target_rate, sp.seeds, sp.tolerance, sp.max_replicas)
                     for e in wave]
