@@ -295,6 +295,7 @@ def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario")
             {**merged, "name": f"{scenario_name}/{group}"}, base_dir, name))
     output_dir = f.str("output_dir", None)
     percentiles = _percentiles(f)
+    f.any("plan", None)       # `simserve plan`'s search space (plan/space.py reads it)
     f.done()
     return Scenario(scenario_name, model, hardware, engine, policy, workload, slo, latency,
                     cluster, seed, output_dir, base_dir, policy_params,

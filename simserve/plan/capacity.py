@@ -252,10 +252,29 @@ def with_rate(s: Scenario, rate: float, replicas: int | None = None,
         w = dataclasses.replace(w, arrival=dataclasses.replace(w.arrival, rate=rate))
     changes = {"workload": w}
     if replicas is not None:
-        changes["cluster"] = dataclasses.replace(s.cluster, replicas=replicas)
+        changes["cluster"] = scaled_cluster(s.cluster, replicas)
     if seed is not None:
         changes["seed"] = seed
     return s.replace(**changes)
+
+
+def unit_size(cluster) -> int:
+    """Replicas in one copy of the cluster's deployment: all replicas of its groups (a
+    disaggregated cluster grows by whole copies, keeping its prefill:decode ratio), else 1."""
+    return sum(g.replicas for g in cluster.groups) if cluster.groups else 1
+
+
+def scaled_cluster(cluster, replicas: int):
+    """The cluster with ``replicas`` replicas; a cluster of groups as ``replicas / unit``
+    copies of its groups (``replicas`` a multiple of :func:`unit_size`)."""
+    if not cluster.groups:
+        return dataclasses.replace(cluster, replicas=replicas)
+    unit = unit_size(cluster)
+    if replicas % unit:
+        raise ValueError(f"{replicas} replicas are not whole copies of {unit}")
+    k = replicas // unit
+    groups = tuple(dataclasses.replace(g, replicas=g.replicas * k) for g in cluster.groups)
+    return dataclasses.replace(cluster, replicas=replicas, groups=groups)
 
 
 def _prepare(s: Scenario, notes: list[str], hold: str = "requests") -> tuple[Scenario, float]:
@@ -364,7 +383,9 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
 
     needed = None
     if target_rate is not None:
-        needed = _fewest_replicas(prober, target_rate, lo / replicas, max_replicas)
+        unit = unit_size(s.cluster)
+        needed = _fewest_replicas(prober, target_rate, lo / (replicas // unit),
+                                  max_replicas // unit, unit)
         if needed is None:
             notes.append(f"{max_replicas} replicas do not serve {target_rate:g} req/s within "
                          f"the SLO (raise max_replicas, or the SLO cannot be met at any size)")
@@ -421,31 +442,39 @@ def _num_requests(workload) -> int | str | None:
     return workload.arrival.num_requests
 
 
-def _fewest_replicas(prober: _Prober, rate: float, per_replica: float,
-                     max_replicas: int) -> int | None:
+def _fewest_replicas(prober: _Prober, rate: float, per_unit: float,
+                     max_units: int, unit: int = 1) -> int | None:
     """The smallest replica count whose run at ``rate`` meets the target (integer bisection
-    between a failing and a passing count; 0 replicas fails by definition)."""
-    guess = min(max(1, math.ceil(rate / per_replica)), max_replicas)
-    if prober.passes(rate, guess, "replicas"):
+    between a failing and a passing count; 0 replicas fails by definition). The count moves in
+    whole copies of ``unit`` replicas (a disaggregated cluster's groups); ``per_unit`` is the
+    rate one copy serves, ``max_units`` the most copies tried."""
+    if max_units < 1:
+        return None
+
+    def passes(units: int) -> bool:
+        return prober.passes(rate, units * unit, "replicas")
+
+    guess = min(max(1, math.ceil(rate / per_unit)), max_units)
+    if passes(guess):
         # the guess is usually right: check one fewer before bisecting below it
-        if guess == 1 or not prober.passes(rate, guess - 1, "replicas"):
-            return guess
+        if guess == 1 or not passes(guess - 1):
+            return guess * unit
         lo, hi = 0, guess - 1
     else:
         lo, hi = guess, None
         while hi is None:
-            if lo >= max_replicas:
+            if lo >= max_units:
                 return None
-            n = min(lo * 2, max_replicas)
-            if prober.passes(rate, n, "replicas"):
+            n = min(lo * 2, max_units)
+            if passes(n):
                 hi = n
             else:
                 lo = n
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if prober.passes(rate, mid, "replicas"):
+        if passes(mid):
             hi = mid
         else:
             lo = mid
-    return hi
+    return hi * unit
 

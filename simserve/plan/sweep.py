@@ -219,30 +219,55 @@ def _run_point(scenario: Scenario) -> tuple[dict | None, str | None]:
 
 
 Done = Callable[[int, bool], None]   # (point index, failed) after each point finishes
+Task = Callable[[Any], tuple[Any, str | None]]   # item -> (value, error message)
 
 
-def run_scenarios(scenarios: Sequence[Scenario], executor: str = "local", *,
-                  workers: int | None = None, address: str | None = None,
-                  on_done: Done | None = None) -> list[tuple[dict | None, str | None]]:
-    """``(summary, error)`` for each scenario, in input order."""
-    if executor not in EXECUTORS:
-        raise ConfigError("executor", f"unknown executor {executor!r}; expected one of: "
-                                      f"{', '.join(EXECUTORS)}")
-    check_workers(workers)
-    # Relative paths (traces, profiles) must not depend on a worker's working directory.
-    scenarios = [s.replace(base_dir=s.base_dir.resolve()) for s in scenarios]
-    on_done = on_done or (lambda i, failed: None)
-    if executor == "ray":
-        return _map_ray(scenarios, address, on_done)
-    workers = min(workers or os.cpu_count() or 1, len(scenarios))
-    results: list = [None] * len(scenarios)
-    if workers <= 1:
-        for i, s in enumerate(scenarios):
-            results[i] = _run_point(s)
-            on_done(i, results[i][1] is not None)
-        return results
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_run_point, s): i for i, s in enumerate(scenarios)}
+class Executor:
+    """Runs a module-level ``task(item) -> (value, error)`` over items in this process
+    (``workers=1``), in local processes, or as Ray tasks; open across several :meth:`map`
+    calls (a plan runs its candidates in waves), closed by ``with`` or :meth:`close`."""
+
+    def __init__(self, executor: str = "local", workers: int | None = None,
+                 address: str | None = None):
+        if executor not in EXECUTORS:
+            raise ConfigError("executor", f"unknown executor {executor!r}; expected one of: "
+                                          f"{', '.join(EXECUTORS)}")
+        self.executor, self.address = executor, address
+        self.workers = workers or os.cpu_count() or 1
+        self._pool: ProcessPoolExecutor | None = None
+        self._ray: Any = None
+        self._own_ray = False
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        if self._own_ray:
+            self._ray.shutdown()
+            self._own_ray = False
+
+    def map(self, task: Task, items: Sequence[Any],
+            on_done: Done | None = None) -> list[tuple[Any, str | None]]:
+        """``task(item)`` for each item, in input order; a worker that dies gives its item
+        the error ``"ExceptionName: message"``."""
+        on_done = on_done or (lambda i, failed: None)
+        results: list = [None] * len(items)
+        if self.executor == "ray":
+            return self._map_ray(task, items, on_done)
+        if self.workers <= 1 or len(items) <= 1:
+            for i, item in enumerate(items):
+                results[i] = task(item)
+                on_done(i, results[i][1] is not None)
+            return results
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers)
+        futures = {self._pool.submit(task, item): i for i, item in enumerate(items)}
         for future in as_completed(futures):
             i = futures[future]
             try:
@@ -250,28 +275,33 @@ def run_scenarios(scenarios: Sequence[Scenario], executor: str = "local", *,
             except Exception as e:  # noqa: BLE001 - a worker died (memory, signal)
                 results[i] = (None, f"{type(e).__name__}: {e}")
             on_done(i, results[i][1] is not None)
-    return results
+        return results
 
-
-def _map_ray(scenarios: list[Scenario], address: str | None, on_done: Done) -> list:
-    try:
-        import ray
-    except ImportError:
-        raise SimserveError("executor 'ray' needs the ray package: "
-                            "pip install 'simserve[ray]'") from None
-    own = not ray.is_initialized()   # a cluster the caller connected to is left running
-    if own:
-        _check_reachable(address)
+    def _start_ray(self) -> Any:
+        if self._ray is not None:
+            return self._ray
         try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     logging_level="ERROR")
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise SimserveError(f"ray: cannot start or reach a cluster at "
-                                f"{address or 'local'}: {e}") from None
-    try:
-        task = ray.remote(_run_point)
-        pending = {task.remote(s): i for i, s in enumerate(scenarios)}
-        results: list = [None] * len(scenarios)
+            import ray
+        except ImportError:
+            raise SimserveError("executor 'ray' needs the ray package: "
+                                "pip install 'simserve[ray]'") from None
+        if not ray.is_initialized():   # a cluster the caller connected to is left running
+            _check_reachable(self.address)
+            try:
+                ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
+                         logging_level="ERROR")
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise SimserveError(f"ray: cannot start or reach a cluster at "
+                                    f"{self.address or 'local'}: {e}") from None
+            self._own_ray = True
+        self._ray = ray
+        return ray
+
+    def _map_ray(self, task: Task, items: Sequence[Any], on_done: Done) -> list:
+        ray = self._start_ray()
+        remote = ray.remote(task)
+        pending = {remote.remote(item): i for i, item in enumerate(items)}
+        results: list = [None] * len(items)
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:
@@ -282,9 +312,18 @@ def _map_ray(scenarios: list[Scenario], address: str | None, on_done: Done) -> l
                     results[i] = (None, f"{type(e).__name__}: {e}")
                 on_done(i, results[i][1] is not None)
         return results
-    finally:
-        if own:
-            ray.shutdown()
+
+
+def run_scenarios(scenarios: Sequence[Scenario], executor: str = "local", *,
+                  workers: int | None = None, address: str | None = None,
+                  on_done: Done | None = None) -> list[tuple[dict | None, str | None]]:
+    """``(summary, error)`` for each scenario, in input order."""
+    check_workers(workers)
+    # Relative paths (traces, profiles) must not depend on a worker's working directory.
+    scenarios = [s.replace(base_dir=s.base_dir.resolve()) for s in scenarios]
+    workers = min(workers or os.cpu_count() or 1, len(scenarios))
+    with Executor(executor, workers, address) as pool:
+        return pool.map(_run_point, scenarios, on_done)
 
 
 def _check_reachable(address: str | None, timeout_s: float = 5.0) -> None:

@@ -1,6 +1,7 @@
 """Fuzz: hundreds of hand-made bad inputs, each answered the one way bad input is answered.
 
-Every case is a command line (``validate``, ``run``, ``sweep``, ``capacity``, ``report``) over
+Every case is a command line (``validate``, ``run``, ``sweep``, ``capacity``, ``plan``,
+``report``) over
 files written for it: scenario YAML with broken bytes, structure or values, every trace format
 with broken rows, ``--set`` overrides, sweep and compare files. Each must end with
 
@@ -635,6 +636,31 @@ for args, expect in [
 ]:
     add(f"capacity-{' '.join(args)}", ["capacity", CONSTANT, "--no-report", "--quiet",
                                        "--out", "{d}/o", *args], expect)
+for args, expect, files in [
+    (["--target-rate", "0"], r"--target-rate", {}),
+    (["--target-rate", "-1"], r"--target-rate", {}),
+    (["--target-rate", "inf"], r"--target-rate", {}),
+    (["--target-rate", "nan"], r"--target-rate", {}),
+    (["--target-rate", "abc"], r"--target-rate", {}),
+    (["--target-rate", "5", "--workers", "0"], r"--workers", {}),
+    (["--target-rate", "5", "--set", "plan.hardware=[H200]"], r"plan\.prices\.H200", {}),
+    (["--target-rate", "5", "--set", "plan.tensor_parallel_size=[]"],
+     r"plan\.tensor_parallel_size", {}),
+    (["--target-rate", "5", "--set", "plan.hardware=[H100-SXM]", "--set",
+      "plan.max_num_seqs=[0]"], r"plan\.max_num_seqs\[0\]", {}),
+    (["--target-rate", "5", "--set", "plan.disaggregation=[x]"], r"plan\.disaggregation", {}),
+    (["--target-rate", "5", "--set", "plan.prices={L40S: nan}"], r"plan\.prices\.L40S", {}),
+    (["--target-rate", "5", "--set", "plan.wave=0"], r"plan\.wave", {}),
+    (["--target-rate", "5", "--set", "plan.bogus=1"], r"plan\.bogus", {}),
+    (["--target-rate", "5", "--plan", "{d}/nope.yaml"], r"nope\.yaml", {}),
+    (["--target-rate", "5", "--plan", "{d}/p.yaml"], r"p\.yaml", {"p.yaml": b"\xff"}),
+    (["--target-rate", "5", "--plan", "{d}/p.yaml"], r"tensor_parallel_size\[0\]",
+     {"p.yaml": "plan: {hardware: [H100-SXM], tensor_parallel_size: [-2]}\n"}),
+    (["--target-rate", "5", "--set", "slo=null", "--set", "plan.hardware=[H100-SXM]"],
+     r"^error: slo", {}),
+]:
+    add(f"plan-{' '.join(args)}", ["plan", CONSTANT, "--no-report", "--quiet", "--out", "{d}/o",
+                                   *args], expect, files)
 for id, files, expect in [
     ("empty-dir", {"r/x.txt": "x"}, r"r"),
     ("bad-summary", {"r/summary.json": b"\xe9", "r/requests.csv": "a\n1\n",
@@ -649,6 +675,7 @@ for id, files, expect in [
                    "r/steps.csv": b"\xff\xfe\x00", "r/scenario.yaml": TINY_TEXT}, r"steps\.csv"),
     ("bad-sweep", {"r/sweep.csv": b"\xff\xfe", "r/sweep.yaml": "name: x\n"}, r"sweep\.(csv|yaml)"),
     ("bad-capacity", {"r/capacity.json": "{nope", "r/probes.csv": "a\n"}, r"capacity\.json"),
+    ("bad-plan", {"r/plan.json": "{nope", "r/candidates.csv": "a\n"}, r"plan\.json"),
 ]:
     add(f"report-{id}", ["report", "{d}/r", "--out", "{d}/rep"], expect, files)
 add("report-missing-dir", ["report", "{d}/nope"], r"nope")
