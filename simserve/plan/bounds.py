@@ -72,12 +72,13 @@ def _prefill(tokens: int, ctx: int) -> StepPlan:
 def _cycle_s(lat, s, plan: StepPlan) -> float:
     """The least time between two such steps' ends: a step's price, its slowest stage with
     pipeline parallelism; with async scheduling the CPU part overlaps and is left out."""
-    from simserve.latency.base import cpu_part_s
-    stages = getattr(lat, "stages", None)
-    t = max(stages(plan)[0]) if stages is not None and s.engine.pipeline_parallel_size > 1 \
+    from simserve.latency.base import Pricing
+    pricing = Pricing.of(lat)
+    t = max(pricing.stages(plan)[0]) if (pricing.stages is not None
+                                         and s.engine.pipeline_parallel_size > 1) \
         else lat.step_time(plan)
     if s.engine.async_scheduling:
-        t -= cpu_part_s(lat, plan)
+        t -= pricing.cpu_s(plan)
     return max(t, 1e-12)
 
 
