@@ -503,8 +503,9 @@ def join_arrivals(c: Runtime, r: Replica, stretch: Stretch, j: int, start: float
                   decoding: int) -> tuple[Joined, float] | None:
     """The solo loop's ``join`` (``Stretch.price``): the arrivals due by ``start``, the start
     of the stretch's step ``j``, at which ``decoding`` members decode. If ``schedule()`` would
-    admit every one of them whole then (the policy's ``stretch_admits``; none rejected; their
-    blocks and every member's growth fit the stretch: ``Stretch.room_to_join``), they arrive
+    admit every one of them whole then (the policy's ``stretch_admits`` of their prompts past
+    their cached prefixes; none rejected; their blocks and every member's growth fit the
+    stretch, and their cache hits are sure: ``Stretch.join_hits``), they arrive
     and are admitted as stepping would (all arrive, then each is admitted in turn) and join
     the stretch; the next arrival's time is the new cut. Otherwise None, and nothing changed:
     the stretch ends before step j and the loop takes them as it would have."""
@@ -512,22 +513,21 @@ def join_arrivals(c: Runtime, r: Replica, stretch: Stretch, j: int, start: float
     sched, limit = r.scheduler, r.max_model_len
     blocks = sched.blocks
     prompts = [s.num_prompt_tokens for s in specs]
-    need = 0
     for spec, p in zip(specs, prompts):
         total = p + spec.num_output_tokens
         if total > limit or blocks.blocks_for(total) > blocks.num_blocks:
             return None                       # to be rejected (rejection_reason): step it
-        need += blocks.blocks_for(p)
-    if not (stretch.room_to_join(need, len(specs), decoding)
-            and sched.stretch_admits(prompts, decoding)):
+    hits = stretch.join_hits(specs, j, decoding)   # their cached prefixes; None: no room
+    if hits is None or not sched.stretch_admits([p - h for p, h in zip(prompts, hits)],
+                                                decoding):
         return None
     c.arrivals.skip(len(specs))
     for spec in specs:
         _arrive(c, spec)
     joined = []
-    for p in prompts:
+    for p, hit in zip(prompts, hits):
         req = sched.waiting[0]
-        joined.append((req, p, sched.join_stretch(req, p, start)))
+        joined.append((req, p, stretch.admit(req, p, hit, j, start), hit))
     return joined, c.arrivals.next_time
 
 

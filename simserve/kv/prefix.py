@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from itertools import islice
 
 from simserve.kv.blocks import BlockManager
 
@@ -218,6 +219,38 @@ class PrefixBlockManager(BlockManager):
         table = self._tables.get(request_id)
         if table:
             self._register_full(request_id, table, num_tokens)
+
+    # -- bulk verbs for fast-forward (sched/stretch.py) ----------------------------------------
+    def extend(self, request_ids: Sequence[int]) -> None:
+        """One new block each for ``request_ids``, taken from the pool's head in that order
+        (what a decode step's ``allocate`` calls do for the decodes that start a block, with
+        no block becoming full: a stretch registers the blocks its decodes fill with
+        :meth:`cache_upto`, later). The blocks must be free (the caller checked)."""
+        tables, held, take = self._tables, self._held, self._take
+        for rid in request_ids:
+            table = tables[rid]
+            table.append(take())
+            held[rid] = len(table)
+
+    def pool_head(self, n: int) -> list[int]:
+        """The first ``n`` blocks of the free pool: the next ones taken."""
+        return list(islice(self._pool, n))
+
+    def hit_blocks(self, request_id: int, cached_tokens: int) -> list[int]:
+        """The blocks a new request whose first ``cached_tokens`` are hits would share (the
+        oldest copy of each)."""
+        n = cached_tokens // self.block_size
+        keys, cached = self._keys_upto(request_id, n), self._cached
+        return [cached[keys[b]][0] for b in range(n)]
+
+    def is_free(self, block: int) -> bool:
+        """The block is in the free pool (held by no request)."""
+        return self._ref[block] == 0
+
+    def prompt_keys(self, request_id: int, num_tokens: int) -> list[int]:
+        """The keys of the request's blocks that ``num_tokens`` fill."""
+        return self._keys_upto(request_id, num_tokens // self.block_size)[
+            :num_tokens // self.block_size]
 
     def swap_out(self, request_id: int) -> int | None:
         return None   # prefix caching preempts by recompute only (as vLLM v1)

@@ -44,6 +44,7 @@ from itertools import accumulate
 from operator import add, itemgetter
 from typing import TYPE_CHECKING, Any
 
+from simserve.kv.prefix import PrefixBlockManager
 from simserve.sched.plan import StepPlan
 
 if TYPE_CHECKING:
@@ -71,9 +72,9 @@ Segment = tuple[int, int, int]
 Member = tuple["Request", int, int, int, int]
 
 # Requests that join a stretch at one of its steps (``Join``): (request, prompt tokens, KV
-# blocks allocated for them); and what the engine's ``Join`` gives back: those, and the next
-# outside event's time (the new cut).
-Joined = list[tuple["Request", int, int]]
+# blocks allocated for them, prompt tokens that were prefix-cache hits); and what the engine's
+# ``Join`` gives back: those, and the next outside event's time (the new cut).
+Joined = list[tuple["Request", int, int, int]]
 Join = Callable[["Stretch", int, float, int], "tuple[Joined, float] | None"]
 _ctx = itemgetter(1)    # a Member's ctx
 _stop = itemgetter(3)   # a Member's stop
@@ -93,7 +94,7 @@ class Stretch:
 
     __slots__ = ("sched", "first_plan", "members", "num_steps", "past_finish", "mixed",
                  "starts", "durations", "begun", "end", "planned", "joins", "freed",
-                 "joined_blocks")
+                 "joined_blocks", "cache")
 
     def __init__(self, sched: Scheduler, plan: StepPlan, members: list[Member], num_steps: int,
                  past_finish: bool, mixed: bool):
@@ -111,6 +112,9 @@ class Stretch:
         # that joined hold (allocated when the stretch is applied)
         self.freed = 0
         self.joined_blocks = 0
+        # with prefix caching, the named blocks' operations in stepping's order
+        self.cache = _CacheReplay(self, sched.blocks) \
+            if isinstance(sched.blocks, PrefixBlockManager) else None
         # set by price(): the steps' starts and durations, the last one's end, and the
         # segments priced (some may lie past a cut)
         self.starts: list[float]
@@ -139,7 +143,9 @@ class Stretch:
         if (not sched.monotone_admission or plan.num_preempted
                 or plan.swap_in_blocks or plan.swap_out_blocks
                 or plan.num_sampled != len(plan.request_ids) or max_steps <= 1
-                or sched.blocks.caches_prefixes    # blocks with identities: allocate() each
+                # named blocks: the prefix cache's own (a host tier's writes follow each block
+                # filled: stepped)
+                or (sched.blocks.caches_prefixes and type(sched.blocks) is not PrefixBlockManager)
                 or sched.speculative is not None):  # tokens per step drawn per request
             return None
         # if some prefill (their last chunk), the stretch may start with this mixed step when
@@ -254,19 +260,29 @@ class Stretch:
                     break
                 joined, cut = got
                 total = ctx_sum + m * i0
-                prompts = (joined[0][1],) if len(joined) == 1 else \
-                    tuple([p for _, p, _ in joined])
+                # each computes its prompt past its cached prefix
+                prompts: tuple[int, ...]
+                hits: tuple[int, ...]
+                if len(joined) == 1:
+                    _, p, _, hit = joined[0]
+                    prompts, hits = (p - hit,), (hit,)
+                else:
+                    prompts = tuple([p - hit for _, p, _, hit in joined])
+                    hits = tuple([hit for _, _, _, hit in joined])
                 if mixed_sum is not None:        # (a model that reads Σ ctx of the decodes)
-                    d = mixed_sum(m, total, prompts, (0,) * len(joined))
+                    d = mixed_sum(m, total, prompts, hits)
                 else:
                     d = latency.step_time(self._join_plan(i0, joined))
                 durations.append(d)
                 acc.append(acc[-1] + d)
                 begun.append((i0, m, total))
                 self.joins[i0] = (sum(prompts), len(joined))
-                for req, p, h in joined:   # step i0 feeds its prompt: position p - 1 = c + i0
+                cache = self.cache
+                for req, p, h, _ in joined:   # step i0 feeds its prompt: position p - 1 = c + i0
                     c, e = p - 1 - i0, i0 + req.num_output_tokens
                     members.append((req, c, h, e, i0))
+                    if cache is not None:
+                        cache.add(req, c, h, e)
                     self.joined_blocks += h
                     m += 1
                     ctx_sum += c
@@ -331,6 +347,10 @@ class Stretch:
         self.end = acc.pop()
         self.starts, self.durations, self.begun = acc, durations, begun
         self.num_steps = len(acc)
+        if self.cache is not None and self.past_finish:
+            # (the solo loop's: applied next, never cut back) the blocks of every step, so
+            # that the KV blocks used at each are known (blocks_used)
+            self.cache.run_to(2 * self.num_steps - 1)
 
     # -- joining -----------------------------------------------------------------------------
     def room_to_join(self, blocks: int, num: int, decoding: int) -> bool:
@@ -346,20 +366,45 @@ class Stretch:
         held = bm.num_used + self.joined_blocks - self.freed
         return held + blocks + (decoding + num) * grow <= bm.num_blocks
 
+    def join_hits(self, specs: list[Any], j: int, decoding: int) -> list[int] | None:
+        """For the requests ``specs`` that arrive to join at step ``j``, at which ``decoding``
+        members are left: the prompt tokens each would find cached when ``schedule()`` admits
+        it then (0 without prefix caching), if their blocks and every member's growth surely
+        fit (``room_to_join``); None otherwise, or where a hit cannot be known for sure now
+        (``_CacheReplay.hits``): the stretch then ends before step j."""
+        if self.cache is not None:
+            return self.cache.hits(specs, j, decoding)
+        bm = self.sched.blocks
+        need = sum(bm.blocks_for(s.num_prompt_tokens) for s in specs)
+        return [0] * len(specs) if self.room_to_join(need, len(specs), decoding) else None
+
+    def admit(self, req: Request, p: int, hit: int, j: int, start: float) -> int:
+        """Admit the waiting head ``req`` (prompt ``p``, ``hit`` tokens of it cached:
+        ``join_hits``) at step ``j``, starting at ``start``, as ``schedule()`` would; the KV
+        blocks it holds then (with prefix caching allocated now, after step j's decodes took
+        theirs; otherwise when the stretch is applied)."""
+        held = self.sched.join_stretch(req, p, start)
+        if self.cache is None:
+            return held
+        req.num_cached_tokens = req.num_computed_tokens = hit
+        return self.cache.admit(req, p, hit, j)
+
     def _join_plan(self, j: int, joined: Joined) -> StepPlan:
         """The plan of a step ``j`` at which ``joined`` join: what ``schedule()`` makes then
         (the members left decoding, in running order, then each newcomer's whole prompt)."""
         left = [(r, c) for r, c, _, e, _ in self.members if e > j]
         n = len(left)
-        return StepPlan(tuple([r.id for r, _ in left] + [r.id for r, _, _ in joined]),
-                        (1,) * n + tuple([p for _, p, _ in joined]),
-                        tuple([p for _, p, _ in joined]), (0,) * len(joined),
+        new = tuple([p - hit for _, p, _, hit in joined])
+        return StepPlan(tuple([r.id for r, _ in left] + [r.id for r, _, _, _ in joined]),
+                        (1,) * n + new, new, tuple([hit for _, _, _, hit in joined]),
                         tuple([c + j for _, c in left]), n + len(joined))
 
     # -- applying --------------------------------------------------------------------------
     def blocks_used(self) -> list[int]:
         """KV blocks in use after scheduling each of its steps (for the recorder)."""
         k = self.num_steps
+        if self.cache is not None and len(self.cache.used) >= k:   # (counted as applied)
+            return self.cache.used[:k]
         blocks = self.sched.blocks
         bs = blocks.block_size
         extra = [0] * k
@@ -399,11 +444,16 @@ class Stretch:
         layer's to record (``TokenLog.stretch``). The blocks of those that joined are allocated
         now, after those that finished are freed (as stepping had them)."""
         k = len(ends)
+        cache = self.cache
+        if cache is not None:         # named blocks: each step's, in stepping's order
+            cache.run_to(2 * k)
+            planned = len(self.members)   # (blocks all allocated: nothing left to grow)
+        else:
+            planned = self.planned
         finished = []
         grown = []                    # (request id, blocks it holds after the steps)
         added = 0                     # the blocks they add to what the block manager has
         bs = self.sched.blocks.block_size
-        planned = self.planned
         for j, (req, c, h, e, o) in enumerate(self.members):
             if e > k:                 # (most members: it runs on)
                 c += k
@@ -425,6 +475,9 @@ class Stretch:
         sched = self.sched
         if finished:                  # (their blocks first: members may have joined since)
             sched.retire(finished, None)
+        if cache is not None:
+            cache.settle(k)
+            return finished
         fitted = sched.blocks.grow_to(grown, added)   # fits: plan() and joins checked it
         assert fitted is not None
         return finished
@@ -481,3 +534,131 @@ def stretch_prices(latency: Any, plan: StepPlan) -> Prices:
                 for m in range(i, i + n)]
 
     return prices
+
+
+class _CacheReplay:
+    """A stretch's operations on named KV blocks (prefix caching, ``kv/prefix.py``), done in
+    the order stepping does them, only where something happens: at step i, the decodes that
+    start a block take one from the pool's head, in running order (``T(i)``); requests that
+    join at step i then take their cached prefix and new blocks (``J(i)``, live: ``admit``);
+    at its end the members whose last token it was free their blocks, in plan order
+    (``F(i)``), those their decodes filled being cached first. A block a decode fills holds
+    content no other request has (kv/prefix.py: blocks past the prompt are the request's
+    own), so it is cached (``cache_upto``) only when its request frees it or the stretch is
+    applied: nothing can hit or evict it before. Stepping's order of T, J, F over the steps is
+    kept exactly, so the pool's LRU order, the evictions and every later hit are stepping's.
+
+    ``pos`` counts the operations done: 2i is T(i), 2i + 1 is F(i); step 0's blocks were
+    taken by ``schedule()`` itself, so it starts at 1. ``used``: the blocks in use after each
+    step's T and J (the recorder's ``kv_blocks_used``), as far as done."""
+
+    __slots__ = ("stretch", "bm", "takes", "frees", "pos", "used")
+
+    def __init__(self, stretch: Stretch, bm: PrefixBlockManager):
+        self.stretch, self.bm = stretch, bm
+        k = stretch.num_steps
+        self.takes: list[list[int] | None] = [None] * k
+        self.frees: list[list[tuple[int, int]] | None] = [None] * k
+        self.pos = 1
+        self.used = [bm.num_used]
+        for req, c, h, e, _ in stretch.members:
+            self.add(req, c, h, e)
+        first = self.frees[0]
+        if first and len(first) > 1:     # step 0 frees in its plan's order
+            order = {rid: i for i, rid in enumerate(stretch.first_plan.request_ids)}
+            first.sort(key=lambda f: order[f[0]])
+
+    def add(self, req: Request, c: int, h: int, e: int) -> None:
+        """A member's operations: a take every ``block_size`` steps from the first step that
+        feeds a position past its ``h`` blocks (h * bs - c, >= 1), and its free at step e - 1."""
+        takes, bs, k, rid = self.takes, self.bm.block_size, len(self.takes), req.id
+        for i in range(h * bs - c, min(k, e), bs):
+            t = takes[i]
+            if t is None:
+                takes[i] = [rid]
+            else:
+                t.append(rid)
+        if e <= k:
+            f = self.frees[e - 1]
+            if f is None:
+                self.frees[e - 1] = [(rid, c + e)]
+            else:
+                f.append((rid, c + e))
+
+    def run_to(self, pos: int) -> None:
+        """Do the operations up to (not including) ``pos``."""
+        bm, takes, frees, used = self.bm, self.takes, self.frees, self.used
+        p = self.pos
+        while p < pos:
+            i = p >> 1
+            if p & 1:
+                f = frees[i]
+                if f:
+                    for rid, n in f:
+                        bm.cache_upto(rid, n)
+                        bm.free(rid)
+            else:
+                t = takes[i]
+                if t:
+                    bm.extend(t)
+                used.append(bm.num_blocks - bm.num_free)
+            p += 1
+        self.pos = p
+
+    def hits(self, specs: list[Any], j: int, decoding: int) -> list[int] | None:
+        """The cached prompt tokens of the requests ``specs`` arriving to join at step ``j``
+        (``decoding`` members decode then), as ``schedule()`` would find them after step j's
+        decodes took their blocks and the requests before each were admitted; None where that
+        cannot be known now for sure (step it): the decodes' or an earlier newcomer's new
+        blocks might evict a block it would hit, or an earlier newcomer's blocks might lengthen
+        its hit. Also None unless their blocks, and every member's growth for the rest of the
+        stretch, surely fit."""
+        if j == 1:
+            # (the frees that end step 0 would be done now, but a stretch that ends before
+            # step 1 is no stretch: its step 0 is completed as a plain step, frees and all)
+            return None
+        self.run_to(2 * j)                 # the blocks as they are before step j
+        bm = self.bm
+        bs = bm.block_size
+        taken = cost = len(self.takes[j] or ())   # step j's decodes take these from the head
+        before: set[int] = set()           # the keys the newcomers before cache
+        out = []
+        for spec in specs:
+            rid, p = spec.request_id, spec.num_prompt_tokens
+            bm.register(rid, p, spec.hash_ids)
+            hit = bm.cached_tokens(rid, p)
+            n = hit // bs
+            if before and n < (p - 1) // bs and bm.prompt_keys(rid, (n + 1) * bs)[n] in before:
+                return None
+            pooled = [b for b in bm.hit_blocks(rid, hit) if bm.is_free(b)]
+            if pooled and taken and not set(bm.pool_head(taken)).isdisjoint(pooled):
+                return None
+            new = bm.blocks_for(p) - n + len(pooled)   # blocks it takes off the pool
+            cost += new
+            taken += new
+            if len(specs) > 1:
+                before.update(bm.prompt_keys(rid, p))
+            out.append(hit)
+        grow = (self.stretch.num_steps - 1 - j) // bs + 1   # per member, steps j + 1 on
+        if cost + (decoding + len(specs)) * grow > bm.num_free:
+            return None
+        return out
+
+    def admit(self, req: Request, p: int, hit: int, j: int) -> int:
+        """Allocate the blocks of ``req`` (prompt ``p``, ``hit`` tokens cached: ``hits``),
+        joining at step ``j`` after the decodes took theirs; the blocks it holds."""
+        bm = self.bm
+        if self.pos <= 2 * j:
+            self.run_to(2 * j + 1)
+        assert bm.cached_tokens(req.id, p) == hit       # (``hits`` made sure)
+        got = bm.allocate_cached(req.id, p, hit) if hit else bm.allocate(req.id, p)
+        assert got is not None                          # (``hits`` checked the room)
+        self.used[j] = bm.num_blocks - bm.num_free
+        return bm.held(req.id)
+
+    def settle(self, k: int) -> None:
+        """After ``k`` steps applied: cache the blocks the members still running filled."""
+        bm = self.bm
+        for req, c, _, e, _ in self.stretch.members:
+            if e > k:
+                bm.cache_upto(req.id, c + k)
