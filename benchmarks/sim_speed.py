@@ -1,7 +1,7 @@
 """Simulator speed: the whole process as a user runs it, and the simulation inside it.
 
 Two workloads, both Llama-2-7B on an A100-80GB with roofline step latency, Poisson arrivals at
-3 req/s, max_num_seqs 128, max_num_batched_tokens 4096, block 16:
+3 req/s, max_num_seqs 128, max_num_batched_tokens 4096, block 16 (and a third, below):
 
 * ``bench`` (default; issue #21's): prompt and output lengths normal (mean 512, sd 256, min 2,
   max 7000), vLLM v1's policy: the setting in which the fastest peer, BLIS (Go), took 12.0 s
@@ -9,6 +9,16 @@ Two workloads, both Llama-2-7B on an A100-80GB with roofline step latency, Poiss
   for 100,000 on our development VM;
 * ``vidur``: (prompt, output) pairs resampled from the Azure LLM inference trace 2023 (conv),
   vLLM v0, v1 and Sarathi: the setting in which Vidur took 40-56 s for 10,000 requests.
+* ``shared_prefix`` (issue #31's): multi-user chat with prefix caching on and off, as
+  inference-perf's ``shared_prefix`` workload of the H100 runs in ../shared/truth/h100-vllm/:
+  9 groups x 5 users, each user's prompt (a 100-token system prompt + a 447-token question)
+  recurring every 45 requests, 248 output tokens, Poisson at 6 req/s; Llama-3.1-8B on an
+  H100-SXM, roofline, vLLM v1, max_num_seqs 128, max_num_batched_tokens 2048, block 16. The
+  benchmark writes it as a Mooncake trace (``shared_prefix_trace``): a prompt's ``hash_ids``
+  name its 512-token blocks, so a group's 100-token system prompt, inside each user's first
+  512-token block, is not shared between users (a user's recurring prompt is, 544 of its 547
+  tokens once cached). Each size runs twice, ``cache on`` and ``cache off``; the target (issue
+  #31): cache on within 1.5x of cache off, and 10,000 requests <= 1 s, whole process.
 
 For each (policy, size), ``--repeat`` times, medians printed:
 
@@ -29,6 +39,7 @@ counts instructions instead).
     python benchmarks/sim_speed.py                         # bench workload, 10k and 100k
     python benchmarks/sim_speed.py --sizes 10000 --repeat 5
     python benchmarks/sim_speed.py --workload vidur --sizes 10000 50000 --stepwise 10000
+    python benchmarks/sim_speed.py --workload shared_prefix --repeat 2 --stepwise 10000
 """
 
 from __future__ import annotations
@@ -65,7 +76,20 @@ WORKLOADS = {
                            "lengths": {"path": str(AZURE), "prompt_column": "ContextTokens",
                                        "output_column": "GeneratedTokens"}}},
 }
-DEFAULT_POLICIES = {"bench": ["vllm_v1"], "vidur": ["vllm_v0", "vllm_v1", "sarathi"]}
+# the trace path is filled in per size (shared_prefix_trace)
+WORKLOADS["shared_prefix"] = {
+    "seed": 0, "name": "shared-prefix-chat", "model": "Llama-3.1-8B", "hardware": "H100-SXM",
+    "engine": {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "block_size": 16},
+    "latency": {"model": "roofline"}, "scheduler": {"policy": "vllm_v1"},
+    "workload": {"type": "trace", "format": "mooncake", "trace": None}}
+SHARED_PREFIX = {"groups": 9, "users": 5, "system": 100, "question": 447, "output": 248,
+                 "rate": 6.0}
+DEFAULT_POLICIES = {"bench": ["vllm_v1"], "vidur": ["vllm_v0", "vllm_v1", "sarathi"],
+                    "shared_prefix": ["vllm_v1"]}
+# each size is run once per variant: (label, engine fields)
+VARIANTS = {"shared_prefix": [("cache on", {"enable_prefix_caching": True}),
+                              ("cache off", {"enable_prefix_caching": False})]}
+PREFIX_TARGETS = (1.5, 1.0)   # issue #31: on/off whole-process ratio; 10k whole process s
 # issue #21's targets on the bench workload, by size: (what, the median's key, at most)
 TARGETS = {
     10_000: [("whole process wall s", "wall", 1.2), ("simulation (simserve.run) wall s",
@@ -75,7 +99,8 @@ TARGETS = {
     10_000_000: [("peak RSS MB (finishes on a 24 GB machine)", "rss_mb", 24 * 1024.0)],
 }
 STARTUP_TARGET = 0.3    # `simserve run` start-up, wall seconds
-DEFAULT_SIZES = {"bench": [10000, 100000], "vidur": [10000, 50000]}
+DEFAULT_SIZES = {"bench": [10000, 100000], "vidur": [10000, 50000],
+                 "shared_prefix": [10000, 100000]}
 
 PHASES = textwrap.dedent("""
     import json, os, resource, sys, time
@@ -107,6 +132,23 @@ PHASES = textwrap.dedent("""
                       "mean_ttft_ms": r.summary["mean_ttft_ms"],
                       "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """)
+
+
+def shared_prefix_trace(path: Path, n: int, groups: int, users: int, system: int,
+                        question: int, output: int, rate: float, seed: int = 0) -> None:
+    """Write ``n`` requests of inference-perf's shared_prefix shape as a Mooncake trace: user
+    ``i mod (groups x users)`` sends request i (the users' prompts cycled, each recurring),
+    Poisson arrivals at ``rate``; a user's prompt is named by one id per 512 tokens."""
+    import numpy as np
+    times = np.cumsum(np.random.default_rng(seed).exponential(1000.0 / rate, n))   # ms
+    prompt = system + question
+    blocks = -(-prompt // 512)
+    with open(path, "w") as fh:
+        for i in range(n):
+            u = i % (groups * users)
+            ids = [u * blocks + b for b in range(blocks)]
+            fh.write(json.dumps({"timestamp": round(float(times[i]), 3), "input_length": prompt,
+                                 "output_length": output, "hash_ids": ids}) + "\n")
 
 
 def whole_process(scenario: Path, out: Path, extra: list[str]) -> dict:
@@ -178,35 +220,56 @@ def main() -> None:
     print(f"{'policy':8s} {'requests':>9s} | {'whole s':>7s} {'cpu s':>6s} {'RSS MB':>6s} "
           f"{'out MB':>6s} | {'start-up s':>11s} {'simulate s':>11s} {'metrics s':>11s} "
           f"{'write s':>11s} {'steps':>10s} | {'stepwise':>8s}")
+    variants = VARIANTS.get(args.workload, [("", {})])
     with tempfile.TemporaryDirectory() as tmp:
         for policy in policies:
             for n in sizes:
-                raw = json.loads(json.dumps(WORKLOADS[args.workload]))
-                raw["scheduler"]["policy"] = policy
-                raw["workload"]["num_requests"] = n
-                scen = Path(tmp) / f"{policy}-{n}.yaml"
-                scen.write_text(yaml.safe_dump(raw, sort_keys=False))
-                whole, parts = [], []
-                for i in range(args.repeat):
-                    whole.append(whole_process(scen, Path(tmp) / f"w{i}", extra))
-                    parts.append(phases(scen, Path(tmp) / f"p{i}"))
-                step_col = ""
-                if n in args.stepwise:
-                    slow = phases(scen, Path(tmp) / "stepwise", fast_forward=False)
-                    fast = parts[0]
-                    if (slow["steps"], slow["mean_ttft_ms"]) != (fast["steps"],
-                                                                  fast["mean_ttft_ms"]):
-                        sys.exit(f"fast-forward and stepwise disagree for {policy} at {n}")
-                    step_col = f"{slow['simulate'] / median(parts, 'simulate'):7.1f}x"
-                print(f"{policy:8s} {n:9,d} | {median(whole, 'wall'):7.2f} "
-                      f"{median(whole, 'cpu'):6.2f} {median(whole, 'rss') / 2**20:6.0f} "
-                      f"{median(whole, 'bytes') / 2**20:6.1f} | "
-                      f"{pair(parts, 'startup')} {pair(parts, 'simulate')} "
-                      f"{pair(parts, 'metrics')} {pair(parts, 'write')} "
-                      f"{parts[0]['steps']:10,d} | {step_col:>8s}",
-                      flush=True)
-                if args.workload == "bench":
-                    print_targets(n, whole, parts)
+                walls = {}
+                for label, engine in variants:
+                    raw = json.loads(json.dumps(WORKLOADS[args.workload]))
+                    raw["scheduler"]["policy"] = policy
+                    raw["engine"].update(engine)
+                    if args.workload == "shared_prefix":
+                        trace = Path(tmp) / f"shared-prefix-{n}.jsonl"
+                        if not trace.exists():
+                            shared_prefix_trace(trace, n, **SHARED_PREFIX)
+                        raw["workload"]["trace"] = str(trace)
+                    else:
+                        raw["workload"]["num_requests"] = n
+                    scen = Path(tmp) / f"{policy}-{n}.yaml"
+                    scen.write_text(yaml.safe_dump(raw, sort_keys=False))
+                    whole, parts = [], []
+                    for i in range(args.repeat):
+                        whole.append(whole_process(scen, Path(tmp) / f"w{i}", extra))
+                        parts.append(phases(scen, Path(tmp) / f"p{i}"))
+                    step_col = ""
+                    if n in args.stepwise:
+                        slow = phases(scen, Path(tmp) / "stepwise", fast_forward=False)
+                        fast = parts[0]
+                        if (slow["steps"], slow["mean_ttft_ms"]) != (fast["steps"],
+                                                                      fast["mean_ttft_ms"]):
+                            sys.exit(f"fast-forward and stepwise disagree for {policy} at {n}")
+                        step_col = f"{slow['simulate'] / median(parts, 'simulate'):7.1f}x"
+                    name = f"{policy} {label}" if label else policy
+                    print(f"{name:8s} {n:9,d} | {median(whole, 'wall'):7.2f} "
+                          f"{median(whole, 'cpu'):6.2f} {median(whole, 'rss') / 2**20:6.0f} "
+                          f"{median(whole, 'bytes') / 2**20:6.1f} | "
+                          f"{pair(parts, 'startup')} {pair(parts, 'simulate')} "
+                          f"{pair(parts, 'metrics')} {pair(parts, 'write')} "
+                          f"{parts[0]['steps']:10,d} | {step_col:>8s}",
+                          flush=True)
+                    if args.workload == "bench":
+                        print_targets(n, whole, parts)
+                    walls[label] = median(whole, "wall")
+                if args.workload == "shared_prefix":
+                    ratio, top = walls["cache on"] / walls["cache off"], PREFIX_TARGETS[0]
+                    checks = [f"cache on / off whole process {ratio:.2f} <= {top:g}: "
+                              f"{'met' if ratio <= top else 'NOT met'}"]
+                    if n == 10_000:
+                        on, limit = walls["cache on"], PREFIX_TARGETS[1]
+                        checks.append(f"cache on whole process s {on:.2f} <= {limit:g}: "
+                                      f"{'met' if on <= limit else 'NOT met'}")
+                    print("    issue #31: " + "; ".join(checks), flush=True)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 

@@ -44,6 +44,11 @@ from simserve.kv.blocks import BlockManager
 
 SOURCE_BLOCK_SIZE = 512   # tokens per Mooncake hash id
 _ROOT = 0                 # parent key of block 0
+# Keys of blocks whose content no other request has: ``_UNIQUE + (request id << 32) + block``,
+# outside the range of Python's hash() (a key's only job is to be equal exactly when content
+# is, and a chained hash of ("request", id) would be unique too, only dearer)
+_UNIQUE = 1 << 64
+_MEMO_MAX = 1 << 16       # content chains remembered (by hash_ids), cleared when full
 
 
 class PrefixBlockManager(BlockManager):
@@ -66,6 +71,9 @@ class PrefixBlockManager(BlockManager):
         self._num_keyed: dict[int, int] = {}            # request id -> leading blocks registered
         self._content: dict[int, tuple[int, Sequence[int] | None]] = {}
         self._keys: dict[int, list[int]] = {}           # request id -> keys computed so far
+        # hash_ids -> the chained keys of the blocks they name, as far as computed (a chain
+        # depends on the ids alone: recurring prompts compute theirs once)
+        self._chains: dict[Sequence[int], list[int]] = {}
         self.num_evicted = 0                            # cached blocks reused for other content
         # async scheduling: request id -> its tokens whose content is known (sampled and
         # delivered); blocks past them are not cached yet (limit_cache)
@@ -79,26 +87,39 @@ class PrefixBlockManager(BlockManager):
             self._content[request_id] = (num_prompt_tokens, hash_ids)
 
     def _keys_upto(self, request_id: int, n: int) -> list[int]:
-        """The request's block keys, computed (once) at least up to block ``n``."""
+        """The request's block keys, computed (once) at least up to block ``n``: block b's
+        content is the source ids it overlaps while it lies inside the prompt and the ids
+        (chained: ``_chain``); past that its content is the request's own (``_UNIQUE``)."""
         keys = self._keys.get(request_id)
         if keys is None:
-            keys = self._keys[request_id] = []
-        if len(keys) >= n:
-            return keys
-        prompt, hash_ids = self._content.get(request_id, (0, None))
-        ids: Sequence[int] = () if hash_ids is None else hash_ids
-        bs, src = self.block_size, self.source_block_size
-        num_ids = len(ids)
-        parent = keys[-1] if keys else _ROOT
-        for b in range(len(keys), n):
-            last = (b + 1) * bs - 1                  # the block's last token
-            if last >= prompt or last // src >= num_ids:
-                content: tuple[object, ...] = ("request", request_id)  # shared by no other
-            else:                                    # the source ids the block overlaps
-                content = tuple(ids[b * bs // src: last // src + 1])
-            parent = hash((parent, content))
-            keys.append(parent)
+            prompt, ids = self._content.get(request_id, (0, None))
+            keys = []
+            if ids:
+                shared = min(prompt, len(ids) * self.source_block_size) // self.block_size
+                if shared:
+                    keys = self._chain(ids, shared)[:shared]
+            self._keys[request_id] = keys
+        if len(keys) < n:
+            base = _UNIQUE + (request_id << 32)
+            keys.extend(range(base + len(keys), base + n))
         return keys
+
+    def _chain(self, ids: Sequence[int], n: int) -> list[int]:
+        """The chained keys of the first ``n`` blocks whose content ``ids`` name: block b's
+        key is ``hash((key of b - 1, the ids it overlaps))``."""
+        chains = self._chains
+        chain = chains.get(ids)
+        if chain is None:
+            if len(chains) >= _MEMO_MAX:
+                chains.clear()
+            chain = chains[ids] = []
+        if len(chain) < n:
+            bs, src = self.block_size, self.source_block_size
+            parent = chain[-1] if chain else _ROOT
+            for b in range(len(chain), n):
+                parent = hash((parent, tuple(ids[b * bs // src: ((b + 1) * bs - 1) // src + 1])))
+                chain.append(parent)
+        return chain
 
     # -- queries ---------------------------------------------------------------------------
     def held(self, request_id: int) -> int:
@@ -187,13 +208,16 @@ class PrefixBlockManager(BlockManager):
         self._held.pop(request_id, None)
         pool, ref, key = self._pool, self._ref, self._key
         uncached = []
+        freed = 0
         for bid in reversed(table):
-            ref[bid] -= 1
-            if ref[bid] == 0:
+            r = ref[bid] - 1
+            ref[bid] = r
+            if not r:
                 pool[bid] = None
                 if key[bid] is None:
                     uncached.append(bid)
-                self.num_free += 1
+                freed += 1
+        self.num_free += freed
         for bid in reversed(uncached):     # uncached[0] ends up at the very head
             pool.move_to_end(bid, last=False)
         self._num_keyed.pop(request_id, None)
@@ -226,26 +250,60 @@ class PrefixBlockManager(BlockManager):
         (what a decode step's ``allocate`` calls do for the decodes that start a block, with
         no block becoming full: a stretch registers the blocks its decodes fill with
         :meth:`cache_upto`, later). The blocks must be free (the caller checked)."""
-        tables, held, take = self._tables, self._held, self._take
+        tables, held, pool, ref, block_key = self._tables, self._held, self._pool, self._ref, \
+            self._key
         for rid in request_ids:
+            bid = pool.popitem(last=False)[0]      # (_take, inline)
+            key = block_key[bid]
+            if key is not None:
+                copies = self._cached[key]
+                copies.remove(bid)
+                if not copies:
+                    del self._cached[key]
+                block_key[bid] = None
+                self.num_evicted += 1
+            ref[bid] = 1
             table = tables[rid]
-            table.append(take())
+            table.append(bid)
             held[rid] = len(table)
+        self.num_free -= len(request_ids)
 
     def pool_head(self, n: int) -> list[int]:
         """The first ``n`` blocks of the free pool: the next ones taken."""
         return list(islice(self._pool, n))
 
-    def hit_blocks(self, request_id: int, cached_tokens: int) -> list[int]:
-        """The blocks a new request whose first ``cached_tokens`` are hits would share (the
-        oldest copy of each)."""
-        n = cached_tokens // self.block_size
-        keys, cached = self._keys_upto(request_id, n), self._cached
-        return [cached[keys[b]][0] for b in range(n)]
+    def lookup(self, request_id: int, num_tokens: int) -> tuple[list[int], list[int]]:
+        """The blocks a new request would share (:meth:`cached_tokens`: one per cached block
+        at its start), and of those the ones in the free pool (a hit takes them out of it)."""
+        limit = (num_tokens - 1) // self.block_size
+        keys, cached, ref = self._keys_upto(request_id, limit), self._cached, self._ref
+        hits: list[int] = []
+        pooled = []
+        for key in keys[:limit]:
+            copies = cached.get(key)
+            if copies is None:
+                break
+            bid = copies[0]
+            hits.append(bid)
+            if not ref[bid]:
+                pooled.append(bid)
+        return hits, pooled
 
-    def is_free(self, block: int) -> bool:
-        """The block is in the free pool (held by no request)."""
-        return self._ref[block] == 0
+    def allocate_hits(self, request_id: int, num_tokens: int, hits: list[int]) -> int | None:
+        """:meth:`allocate_cached` with the hits :meth:`lookup` found (this list becomes the
+        request's table), when nothing changed since: the caller has checked they and the
+        new blocks fit."""
+        pool, ref = self._pool, self._ref
+        taken = 0
+        for bid in hits:
+            if not ref[bid]:
+                del pool[bid]
+                taken += 1
+            ref[bid] += 1
+        self.num_free -= taken
+        self._tables[request_id] = hits
+        self._num_keyed[request_id] = len(hits)
+        return self.allocate(request_id, num_tokens)
 
     def prompt_keys(self, request_id: int, num_tokens: int) -> list[int]:
         """The keys of the request's blocks that ``num_tokens`` fill."""

@@ -113,7 +113,7 @@ class Stretch:
         self.freed = 0
         self.joined_blocks = 0
         # with prefix caching, the named blocks' operations in stepping's order
-        self.cache = _CacheReplay(self, sched.blocks) \
+        self.cache = _CacheReplay(sched.blocks, members, num_steps, plan) \
             if isinstance(sched.blocks, PrefixBlockManager) else None
         # set by price(): the steps' starts and durations, the last one's end, and the
         # segments priced (some may lie past a cut)
@@ -373,7 +373,7 @@ class Stretch:
         fit (``room_to_join``); None otherwise, or where a hit cannot be known for sure now
         (``_CacheReplay.hits``): the stretch then ends before step j."""
         if self.cache is not None:
-            return self.cache.hits(specs, j, decoding)
+            return self.cache.hits(specs, j, decoding, self.num_steps)
         bm = self.sched.blocks
         need = sum(bm.blocks_for(s.num_prompt_tokens) for s in specs)
         return [0] * len(specs) if self.room_to_join(need, len(specs), decoding) else None
@@ -476,7 +476,7 @@ class Stretch:
         if finished:                  # (their blocks first: members may have joined since)
             sched.retire(finished, None)
         if cache is not None:
-            cache.settle(k)
+            cache.settle(self.members, k)
             return finished
         fitted = sched.blocks.grow_to(grown, added)   # fits: plan() and joins checked it
         assert fitted is not None
@@ -552,20 +552,23 @@ class _CacheReplay:
     taken by ``schedule()`` itself, so it starts at 1. ``used``: the blocks in use after each
     step's T and J (the recorder's ``kv_blocks_used``), as far as done."""
 
-    __slots__ = ("stretch", "bm", "takes", "frees", "pos", "used")
+    __slots__ = ("bm", "takes", "frees", "pos", "used", "found")
 
-    def __init__(self, stretch: Stretch, bm: PrefixBlockManager):
-        self.stretch, self.bm = stretch, bm
-        k = stretch.num_steps
+    def __init__(self, bm: PrefixBlockManager, members: list[Member], k: int,
+                 first_plan: StepPlan):
+        # (no reference back to the stretch: a cycle would keep both alive until the cyclic
+        # collector, paused during a run, frees them)
+        self.bm = bm
         self.takes: list[list[int] | None] = [None] * k
         self.frees: list[list[tuple[int, int]] | None] = [None] * k
         self.pos = 1
         self.used = [bm.num_used]
-        for req, c, h, e, _ in stretch.members:
+        self.found: list[list[int]] = []   # (``hits``: each newcomer's hit blocks, for admit)
+        for req, c, h, e, _ in members:
             self.add(req, c, h, e)
         first = self.frees[0]
         if first and len(first) > 1:     # step 0 frees in its plan's order
-            order = {rid: i for i, rid in enumerate(stretch.first_plan.request_ids)}
+            order = {rid: i for i, rid in enumerate(first_plan.request_ids)}
             first.sort(key=lambda f: order[f[0]])
 
     def add(self, req: Request, c: int, h: int, e: int) -> None:
@@ -605,7 +608,7 @@ class _CacheReplay:
             p += 1
         self.pos = p
 
-    def hits(self, specs: list[Any], j: int, decoding: int) -> list[int] | None:
+    def hits(self, specs: list[Any], j: int, decoding: int, k: int) -> list[int] | None:
         """The cached prompt tokens of the requests ``specs`` arriving to join at step ``j``
         (``decoding`` members decode then), as ``schedule()`` would find them after step j's
         decodes took their blocks and the requests before each were admitted; None where that
@@ -618,6 +621,7 @@ class _CacheReplay:
             # step 1 is no stretch: its step 0 is completed as a plain step, frees and all)
             return None
         self.run_to(2 * j)                 # the blocks as they are before step j
+        self.found.clear()
         bm = self.bm
         bs = bm.block_size
         taken = cost = len(self.takes[j] or ())   # step j's decodes take these from the head
@@ -626,11 +630,10 @@ class _CacheReplay:
         for spec in specs:
             rid, p = spec.request_id, spec.num_prompt_tokens
             bm.register(rid, p, spec.hash_ids)
-            hit = bm.cached_tokens(rid, p)
-            n = hit // bs
+            found, pooled = bm.lookup(rid, p)
+            n = len(found)
             if before and n < (p - 1) // bs and bm.prompt_keys(rid, (n + 1) * bs)[n] in before:
                 return None
-            pooled = [b for b in bm.hit_blocks(rid, hit) if bm.is_free(b)]
             if pooled and taken and not set(bm.pool_head(taken)).isdisjoint(pooled):
                 return None
             new = bm.blocks_for(p) - n + len(pooled)   # blocks it takes off the pool
@@ -638,10 +641,14 @@ class _CacheReplay:
             taken += new
             if len(specs) > 1:
                 before.update(bm.prompt_keys(rid, p))
-            out.append(hit)
-        grow = (self.stretch.num_steps - 1 - j) // bs + 1   # per member, steps j + 1 on
+            out.append(n * bs)
+            self.found.append(found)
+        grow = (k - 1 - j) // bs + 1       # per member, over the steps j + 1 .. k - 1
         if cost + (decoding + len(specs)) * grow > bm.num_free:
+            self.found.clear()
             return None
+        if len(specs) > 1:                 # (admitted in turn: each finds its own hits)
+            self.found.clear()
         return out
 
     def admit(self, req: Request, p: int, hit: int, j: int) -> int:
@@ -650,15 +657,18 @@ class _CacheReplay:
         bm = self.bm
         if self.pos <= 2 * j:
             self.run_to(2 * j + 1)
-        assert bm.cached_tokens(req.id, p) == hit       # (``hits`` made sure)
-        got = bm.allocate_cached(req.id, p, hit) if hit else bm.allocate(req.id, p)
+        found = self.found
+        if found:                          # (one newcomer: its hits as ``hits`` found them)
+            got = bm.allocate_hits(req.id, p, found.pop())
+        else:
+            got = bm.allocate_cached(req.id, p, hit) if hit else bm.allocate(req.id, p)
         assert got is not None                          # (``hits`` checked the room)
         self.used[j] = bm.num_blocks - bm.num_free
         return bm.held(req.id)
 
-    def settle(self, k: int) -> None:
+    def settle(self, members: list[Member], k: int) -> None:
         """After ``k`` steps applied: cache the blocks the members still running filled."""
         bm = self.bm
-        for req, c, _, e, _ in self.stretch.members:
+        for req, c, _, e, _ in members:
             if e > k:
                 bm.cache_upto(req.id, c + k)
