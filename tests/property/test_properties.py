@@ -344,3 +344,126 @@ def test_arrivals_join_stretches(policy):
     assert [r.token_times for r in fast.requests] == [r.token_times for r in slow.requests]
     assert sum(joins) > 150            # most arrivals joined a stretch (200 requests)
     assert len(joins) < 20             # ... so there are few stretches
+
+
+# -- fast-forward with prefix caching (issue #31) ---------------------------------------------
+
+def _cache_state(blocks):
+    """What a prefix cache holds, as later hits and evictions would see it: the free pool in
+    LRU order, each block's key, the cached copies of each key, the evictions so far."""
+    return (list(blocks._pool), list(blocks._key), dict(blocks._cached), blocks.num_evicted,
+            {rid: list(t) for rid, t in blocks._tables.items()})
+
+
+@st.composite
+def caching_scenarios(draw):
+    """Prefix caching on a vLLM v1 policy or Sarathi on one replica (the solo loop: stretches
+    past finishes that arrivals join), or priority (stretches that end at a finish): groups of
+    users sharing a system prompt, each user's prompt recurring (inference-perf's
+    shared_prefix), or distinct prompts; a KV cache from a few blocks more than one request
+    needs (evictions all the time) to ample; sometimes two replicas (the run-ahead loop)."""
+    policy = draw(st.sampled_from(["vllm_v1", "vllm_v1", "sarathi", "priority"]))
+    block_size = draw(st.sampled_from([1, 4, 16, 16]))
+    max_model_len = 256
+    chunked = POLICIES[policy].chunked
+    if chunked is None:
+        chunked = draw(st.booleans())
+    budget = draw(st.integers(8, 600)) if chunked else draw(st.integers(max_model_len, 600))
+    min_blocks = -(-max_model_len // block_size)
+    num_blocks = draw(st.integers(min_blocks, min_blocks * draw(st.sampled_from([2, 4, 40]))))
+    limits = SchedulerLimits(
+        max_num_seqs=draw(st.integers(1, 48)),
+        max_num_batched_tokens=budget,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 0, 5, 64])),
+        reserve_full_sequence=draw(st.booleans()),
+    )
+    groups, users = draw(st.integers(1, 6)), draw(st.integers(1, 5))
+    system = draw(st.integers(0, 80))
+    questions = [draw(st.integers(1, 120)) for _ in range(groups * users)]
+    distinct = draw(st.integers(0, 3)) == 0            # every prompt its own
+    n = draw(st.integers(2, 70))
+    scale = draw(st.sampled_from([0.005, 0.03, 0.1, 0.3]))
+    gaps = draw(st.lists(st.floats(0, scale), min_size=n, max_size=n))
+    specs = []
+    t = 0.0
+    for i in range(n):
+        t += gaps[i]
+        u = draw(st.integers(0, groups * users - 1)) if draw(st.booleans()) \
+            else i % (groups * users)
+        prompt = system + questions[u]
+        # one id per 8 tokens: the group's system prompt, then the user's question
+        ids = [1000 + u // users] * (system // 8) + [(u + 1) * 100 + b for b in range(
+            -(-prompt // 8) - system // 8)]
+        if distinct:
+            ids = [(i + 1) * 10_000 + b for b in range(len(ids))]
+        specs.append(RequestSpec(i, t, prompt, draw(st.integers(1, 80)), tuple(ids),
+                                 draw(st.integers(0, 2))))
+    replicas = 2 if draw(st.integers(0, 4)) == 0 else 1
+    return (policy, limits, block_size, num_blocks, 0, max_model_len, specs, replicas, None,
+            True)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(caching_scenarios(), st.sampled_from(["toy", "roofline", "h100"]))
+def test_fast_forward_with_prefix_caching_equals_stepping(case, prices):
+    """With prefix caching, stretches (blocks filled by decodes cached, finished requests' blocks
+    freed tail first into the LRU pool) and the arrivals that join them (their cache hits taken
+    off the pool, only their uncached tails computed) give the same steps, times, tokens and
+    cache hits as stepping, and leave the cache exactly as stepping does (pool order, keys,
+    copies, evictions)."""
+    latency = {"toy": lambda: None, "roofline": _roofline,
+               "h100": lambda: _curved_roofline("h100")}[prices]()
+    fast, fast_replicas, _ = run_checked(*case, fast_forward=True, latency=latency)
+    slow, slow_replicas, _ = run_checked(*case, fast_forward=False, latency=latency)
+    assert _by_replica(fast) == _by_replica(slow)
+    for a, b in zip(fast.requests, slow.requests):
+        assert a.status == b.status and a.num_preemptions == b.num_preemptions
+        assert a.num_cached_tokens == b.num_cached_tokens
+        assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s
+        assert a.token_times == b.token_times
+    for f, s in zip(fast_replicas, slow_replicas):
+        assert _cache_state(f.blocks) == _cache_state(s.blocks)
+    check_invariants(case, fast, fast_replicas)
+
+
+@pytest.mark.parametrize("policy", ["vllm_v1", "sarathi"])
+@pytest.mark.parametrize("num_blocks", [150, 4000])
+def test_arrivals_with_cache_hits_join_stretches(policy, num_blocks):
+    """Shared-prefix chat (9 groups x 5 users, each user's prompt recurring): arrivals join
+    stretches with their cache hits, under eviction pressure (150 blocks of 16: about four
+    requests' worth, so cached prefixes are evicted all the time) and with ample KV; the run
+    equals stepping, cache and all."""
+    from simserve.sched.stretch import Stretch
+    joins, hit_joins = [], []
+    price = Stretch.price
+
+    def counted(self, *args, **kwargs):
+        price(self, *args, **kwargs)
+        joins.append(len(self.joins))
+        hit_joins.extend(m[0].num_cached_tokens > 0 for m in self.members[self.planned:])
+
+    limits = SchedulerLimits(max_num_seqs=32, max_num_batched_tokens=2048,
+                             enable_chunked_prefill=True, reserve_full_sequence=True)
+    specs = []
+    for i in range(300):
+        u = i % 45
+        specs.append(RequestSpec(i, 0.02 * i, 100 + 47 + u, 20 + (13 * i) % 60, tuple(
+            [1000 + u // 5] * 12 + [(u + 1) * 100 + b for b in range(7)])))
+    case = (policy, limits, 16, num_blocks, 0, 512, specs, 1, None, True)
+    Stretch.price = counted
+    try:
+        fast, fr, _ = run_checked(*case, fast_forward=True, latency=_roofline())
+    finally:
+        Stretch.price = price
+    slow, sr, _ = run_checked(*case, fast_forward=False, latency=_roofline())
+    assert _by_replica(fast) == _by_replica(slow)
+    assert [(r.token_times, r.num_cached_tokens) for r in fast.requests] == \
+        [(r.token_times, r.num_cached_tokens) for r in slow.requests]
+    assert _cache_state(fr[0].blocks) == _cache_state(sr[0].blocks)
+    if num_blocks == 150:     # stretches are short (their blocks bound them), joins rarer
+        assert sum(hit_joins) > 5 and fr[0].blocks.num_evicted > 1000
+    else:
+        assert sum(joins) > 150             # most arrivals joined a stretch
+        assert sum(hit_joins) > 100         # ... with prefix-cache hits
+        assert fr[0].blocks.num_evicted == 0
