@@ -83,8 +83,9 @@ class PrefixBlockManager(BlockManager):
     def register(self, request_id: int, num_prompt_tokens: int,
                  hash_ids: Sequence[int] | None) -> None:
         """Tell the cache what a request's prompt holds (before its first allocation)."""
-        if request_id not in self._content:
-            self._content[request_id] = (num_prompt_tokens, hash_ids)
+        if request_id not in self._content:   # (a tuple: content chains are kept by it)
+            self._content[request_id] = (num_prompt_tokens,
+                                         None if hash_ids is None else tuple(hash_ids))
 
     def _keys_upto(self, request_id: int, n: int) -> list[int]:
         """The request's block keys, computed (once) at least up to block ``n``: block b's
