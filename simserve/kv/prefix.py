@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from itertools import islice
+from operator import itemgetter
 
 from simserve.kv.blocks import BlockManager
 
@@ -49,6 +50,7 @@ _ROOT = 0                 # parent key of block 0
 # is, and a chained hash of ("request", id) would be unique too, only dearer)
 _UNIQUE = 1 << 64
 _MEMO_MAX = 1 << 16       # content chains remembered (by hash_ids), cleared when full
+_first = itemgetter(0)
 
 
 class PrefixBlockManager(BlockManager):
@@ -60,7 +62,9 @@ class PrefixBlockManager(BlockManager):
                  source_block_size: int = SOURCE_BLOCK_SIZE):
         super().__init__(num_blocks, block_size, 0)
         self.source_block_size = source_block_size
-        self._ref = [0] * num_blocks                    # requests holding each block
+        # requests holding each block, for blocks out of the pool (a block in the pool is held
+        # by none; its entry here is stale, set again when it leaves the pool)
+        self._ref = [0] * num_blocks
         self._key: list[int | None] = [None] * num_blocks
         self._pool: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         # key -> the blocks holding that content, oldest first: vLLM does not de-duplicate
@@ -148,7 +152,7 @@ class PrefixBlockManager(BlockManager):
             return self.num_new_blocks(request_id, num_tokens) <= self.num_free
         keys = self._keys_upto(request_id, cached_tokens // self.block_size)
         hits = [self._cached[keys[b]][0] for b in range(cached_tokens // self.block_size)]
-        from_pool = sum(1 for bid in hits if self._ref[bid] == 0)
+        from_pool = sum(1 for bid in hits if bid in self._pool)
         return max(0, self.blocks_for(num_tokens) - len(hits)) + from_pool <= self.num_free
 
     # -- commands --------------------------------------------------------------------------
@@ -171,15 +175,18 @@ class PrefixBlockManager(BlockManager):
         assert request_id not in self._tables and cached_tokens % self.block_size == 0
         keys = self._keys_upto(request_id, cached_tokens // self.block_size)
         hits = [self._cached[keys[b]][0] for b in range(cached_tokens // self.block_size)]
-        from_pool = sum(1 for bid in hits if self._ref[bid] == 0)
+        pool, ref = self._pool, self._ref
+        from_pool = sum(1 for bid in hits if bid in pool)
         need = self.blocks_for(num_tokens) - len(hits)
         if from_pool + max(0, need) > self.num_free:
             return None
         for bid in hits:
-            if self._ref[bid] == 0:
-                del self._pool[bid]
+            if bid in pool:
+                del pool[bid]
                 self.num_free -= 1
-            self._ref[bid] += 1
+                ref[bid] = 1
+            else:
+                ref[bid] += 1
         self._tables[request_id] = hits
         self._num_keyed[request_id] = len(hits)
         return self.allocate(request_id, num_tokens)
@@ -208,19 +215,29 @@ class PrefixBlockManager(BlockManager):
         table = self._tables.pop(request_id, None) or []
         self._held.pop(request_id, None)
         pool, ref, key = self._pool, self._ref, self._key
-        uncached = []
-        freed = 0
-        for bid in reversed(table):
-            r = ref[bid] - 1
-            ref[bid] = r
-            if not r:
+        table.reverse()                    # (tail first; the table is gone with its request)
+        n = len(table)
+        if list(map(ref.__getitem__, table)).count(1) == n:   # the usual: held by it alone
+            for bid in table:
                 pool[bid] = None
-                if key[bid] is None:
-                    uncached.append(bid)
-                freed += 1
-        self.num_free += freed
-        for bid in reversed(uncached):     # uncached[0] ends up at the very head
-            pool.move_to_end(bid, last=False)
+            self.num_free += n
+            if list(map(key.__getitem__, table)).count(None):
+                for bid in reversed([b for b in table if key[b] is None]):
+                    pool.move_to_end(bid, last=False)   # (the first ends up at the very head)
+        else:
+            uncached = []
+            freed = 0
+            for bid in table:
+                r = ref[bid] - 1
+                ref[bid] = r
+                if not r:
+                    pool[bid] = None
+                    if key[bid] is None:
+                        uncached.append(bid)
+                    freed += 1
+            self.num_free += freed
+            for bid in reversed(uncached):     # uncached[0] ends up at the very head
+                pool.move_to_end(bid, last=False)
         self._num_keyed.pop(request_id, None)
         self._keys.pop(request_id, None)
         self._content.pop(request_id, None)
@@ -253,20 +270,25 @@ class PrefixBlockManager(BlockManager):
         :meth:`cache_upto`, later). The blocks must be free (the caller checked)."""
         tables, held, pool, ref, block_key = self._tables, self._held, self._pool, self._ref, \
             self._key
+        cached = self._cached
+        evicted = 0
+        popitem = pool.popitem
         for rid in request_ids:
-            bid = pool.popitem(last=False)[0]      # (_take, inline)
+            bid = popitem(False)[0]                 # (_take, inline)
             key = block_key[bid]
             if key is not None:
-                copies = self._cached[key]
-                copies.remove(bid)
-                if not copies:
-                    del self._cached[key]
+                copies = cached[key]
+                if len(copies) == 1:
+                    del cached[key]
+                else:
+                    copies.remove(bid)
                 block_key[bid] = None
-                self.num_evicted += 1
+                evicted += 1
             ref[bid] = 1
             table = tables[rid]
             table.append(bid)
             held[rid] = len(table)
+        self.num_evicted += evicted
         self.num_free -= len(request_ids)
 
     def pool_head(self, n: int) -> list[int]:
@@ -277,18 +299,12 @@ class PrefixBlockManager(BlockManager):
         """The blocks a new request would share (:meth:`cached_tokens`: one per cached block
         at its start), and of those the ones in the free pool (a hit takes them out of it)."""
         limit = (num_tokens - 1) // self.block_size
-        keys, cached, ref = self._keys_upto(request_id, limit), self._cached, self._ref
-        hits: list[int] = []
-        pooled = []
-        for key in keys[:limit]:
-            copies = cached.get(key)
-            if copies is None:
-                break
-            bid = copies[0]
-            hits.append(bid)
-            if not ref[bid]:
-                pooled.append(bid)
-        return hits, pooled
+        keys = self._keys_upto(request_id, limit)
+        found = list(map(self._cached.get, keys[:limit]))
+        if None in found:
+            del found[found.index(None):]
+        hits: list[int] = list(map(_first, found))   # type: ignore[arg-type]
+        return hits, list(filter(self._pool.__contains__, hits))
 
     def allocate_hits(self, request_id: int, num_tokens: int, hits: list[int]) -> int | None:
         """:meth:`allocate_cached` with the hits :meth:`lookup` found (this list becomes the
@@ -297,10 +313,12 @@ class PrefixBlockManager(BlockManager):
         pool, ref = self._pool, self._ref
         taken = 0
         for bid in hits:
-            if not ref[bid]:
+            if bid in pool:
                 del pool[bid]
                 taken += 1
-            ref[bid] += 1
+                ref[bid] = 1
+            else:
+                ref[bid] += 1
         self.num_free -= taken
         self._tables[request_id] = hits
         self._num_keyed[request_id] = len(hits)

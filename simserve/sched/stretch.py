@@ -589,23 +589,47 @@ class _CacheReplay:
                 f.append((rid, c + e))
 
     def run_to(self, pos: int) -> None:
-        """Do the operations up to (not including) ``pos``."""
+        """Do the operations up to (not including) ``pos``. The takes of consecutive steps
+        with no free between them are done at once, in order (each takes one free block: the
+        blocks in use after each step are counted on)."""
         bm, takes, frees, used = self.bm, self.takes, self.frees, self.used
         p = self.pos
-        while p < pos:
-            i = p >> 1
-            if p & 1:
-                f = frees[i]
-                if f:
-                    for rid, n in f:
-                        bm.cache_upto(rid, n)
-                        bm.free(rid)
-            else:
-                t = takes[i]
-                if t:
-                    bm.extend(t)
-                used.append(bm.num_blocks - bm.num_free)
+        if p >= pos:
+            return
+        pending: list[int] = []            # takes not yet done, in order
+        cur = used[-1]                     # blocks in use, the pending takes counted
+        i = p >> 1
+        if p & 1:                          # F(i) first
+            f = frees[i]
+            if f:
+                for rid, n in f:
+                    bm.cache_upto(rid, n)
+                    bm.free(rid)
+                cur = bm.num_blocks - bm.num_free
+            i += 1
             p += 1
+        while p < pos:                     # here p = 2i: T(i), then F(i) if p + 1 < pos
+            t = takes[i]
+            if t:
+                pending += t
+                cur += len(t)
+            used.append(cur)
+            if p + 1 == pos:
+                p += 1
+                break
+            f = frees[i]
+            if f:
+                if pending:
+                    bm.extend(pending)
+                    pending = []
+                for rid, n in f:
+                    bm.cache_upto(rid, n)
+                    bm.free(rid)
+                cur = bm.num_blocks - bm.num_free
+            i += 1
+            p += 2
+        if pending:
+            bm.extend(pending)
         self.pos = p
 
     def hits(self, specs: list[Any], j: int, decoding: int, k: int) -> list[int] | None:
