@@ -50,6 +50,10 @@ _ROOT = 0                 # parent key of block 0
 # is, and a chained hash of ("request", id) would be unique too, only dearer)
 _UNIQUE = 1 << 64
 _MEMO_MAX = 1 << 16       # content chains remembered (by hash_ids), cleared when full
+# The key of a block whose content only a finished request had (``release``): nobody can hit
+# it, but it held content all the same (freed to the pool's tail, counted when evicted).
+# hash() never returns -1, and _UNIQUE keys are larger, so it is no key of any content.
+_DEAD = -1
 _first = itemgetter(0)
 
 
@@ -245,6 +249,37 @@ class PrefixBlockManager(BlockManager):
             self._limit.pop(request_id, None)
         return len(table)
 
+    def release(self, request_id: int, num_tokens: int | None = None) -> int:
+        """Free the blocks of a request that finished. Its own content (the blocks past the
+        content its ``hash_ids`` name) can never be hit again: only the request itself hits it,
+        after a preemption. So those blocks keep no key in the cache, only the mark that they
+        hold content (``_DEAD``): freed to the pool's tail and counted as evicted when reused,
+        exactly as with their keys. ``num_tokens``: the tokens it holds, whose full blocks are
+        cached first (a fast-forwarded stretch caches the blocks its decodes fill only then)."""
+        table = self._tables.get(request_id)
+        if table:
+            bs = self.block_size
+            prompt, ids = self._content.get(request_id, (0, None))
+            shared = min(prompt, len(ids) * self.source_block_size) // bs if ids else 0
+            block_key = self._key
+            if num_tokens is not None:
+                start = self._num_keyed.get(request_id, 0)
+                if start < shared:             # (content others may share: cached as ever)
+                    self._register_full(request_id, table, min(num_tokens, shared * bs))
+                    start = self._num_keyed.get(request_id, 0)
+                full = min(num_tokens // bs, len(table))
+                for b in range(max(start, shared), full):
+                    block_key[table[b]] = _DEAD
+            keys = self._keys.get(request_id)
+            if keys is not None and len(keys) > shared:   # its own content cached before
+                cached = self._cached
+                for key in keys[shared:]:
+                    copies = cached.pop(key, None)
+                    if copies:
+                        for bid in copies:
+                            block_key[bid] = _DEAD
+        return self.free(request_id)
+
     def limit_cache(self, request_id: int, num_tokens: int | None) -> None:
         """Cache no block of the request past its first ``num_tokens`` tokens (None: no limit).
         With async scheduling a step is scheduled before the token it feeds has been
@@ -277,11 +312,12 @@ class PrefixBlockManager(BlockManager):
             bid = popitem(False)[0]                 # (_take, inline)
             key = block_key[bid]
             if key is not None:
-                copies = cached[key]
-                if len(copies) == 1:
-                    del cached[key]
-                else:
-                    copies.remove(bid)
+                if key != _DEAD:
+                    copies = cached[key]
+                    if len(copies) == 1:
+                        del cached[key]
+                    else:
+                        copies.remove(bid)
                 block_key[bid] = None
                 evicted += 1
             ref[bid] = 1
@@ -342,10 +378,11 @@ class PrefixBlockManager(BlockManager):
         self.num_free -= 1
         key = self._key[bid]
         if key is not None:
-            copies = self._cached[key]
-            copies.remove(bid)
-            if not copies:
-                del self._cached[key]
+            if key != _DEAD:
+                copies = self._cached[key]
+                copies.remove(bid)
+                if not copies:
+                    del self._cached[key]
             self._key[bid] = None
             self.num_evicted += 1
         self._ref[bid] = 1

@@ -603,8 +603,7 @@ class _CacheReplay:
             f = frees[i]
             if f:
                 for rid, n in f:
-                    bm.cache_upto(rid, n)
-                    bm.free(rid)
+                    bm.release(rid, n)
                 cur = bm.num_blocks - bm.num_free
             i += 1
             p += 1
@@ -623,8 +622,7 @@ class _CacheReplay:
                     bm.extend(pending)
                     pending = []
                 for rid, n in f:
-                    bm.cache_upto(rid, n)
-                    bm.free(rid)
+                    bm.release(rid, n)
                 cur = bm.num_blocks - bm.num_free
             i += 1
             p += 2
