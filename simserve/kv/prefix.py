@@ -66,10 +66,13 @@ class PrefixBlockManager(BlockManager):
                  source_block_size: int = SOURCE_BLOCK_SIZE):
         super().__init__(num_blocks, block_size, 0)
         self.source_block_size = source_block_size
-        # requests holding each block, for blocks out of the pool (a block in the pool is held
-        # by none; its entry here is stale, set again when it leaves the pool)
+        # requests holding each block (0: free)
         self._ref = [0] * num_blocks
         self._key: list[int | None] = [None] * num_blocks
+        # the free blocks in LRU order (head: taken next), and blocks a hit took out of it
+        # since (held, ref > 0) where they were: a hit does not move them, a take from the head
+        # drops them, and a free puts them back at the tail (an OrderedDict's move_to_end, not
+        # a delete and an insert). ``free_order()`` is the pool as vLLM's free-block queue.
         self._pool: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         # key -> the blocks holding that content, oldest first: vLLM does not de-duplicate
         # (block tables are append-only), so two requests computing the same content each keep
@@ -156,7 +159,8 @@ class PrefixBlockManager(BlockManager):
             return self.num_new_blocks(request_id, num_tokens) <= self.num_free
         keys = self._keys_upto(request_id, cached_tokens // self.block_size)
         hits = [self._cached[keys[b]][0] for b in range(cached_tokens // self.block_size)]
-        from_pool = sum(1 for bid in hits if bid in self._pool)
+        ref = self._ref
+        from_pool = sum(1 for bid in hits if not ref[bid])
         return max(0, self.blocks_for(num_tokens) - len(hits)) + from_pool <= self.num_free
 
     # -- commands --------------------------------------------------------------------------
@@ -179,18 +183,14 @@ class PrefixBlockManager(BlockManager):
         assert request_id not in self._tables and cached_tokens % self.block_size == 0
         keys = self._keys_upto(request_id, cached_tokens // self.block_size)
         hits = [self._cached[keys[b]][0] for b in range(cached_tokens // self.block_size)]
-        pool, ref = self._pool, self._ref
-        from_pool = sum(1 for bid in hits if bid in pool)
+        ref = self._ref
+        from_pool = sum(1 for bid in hits if not ref[bid])
         need = self.blocks_for(num_tokens) - len(hits)
         if from_pool + max(0, need) > self.num_free:
             return None
-        for bid in hits:
-            if bid in pool:
-                del pool[bid]
-                self.num_free -= 1
-                ref[bid] = 1
-            else:
-                ref[bid] += 1
+        self.num_free -= from_pool
+        for bid in hits:                   # (out of the pool: left where it is, see _pool)
+            ref[bid] += 1
         self._tables[request_id] = hits
         self._num_keyed[request_id] = len(hits)
         return self.allocate(request_id, num_tokens)
@@ -220,28 +220,22 @@ class PrefixBlockManager(BlockManager):
         self._held.pop(request_id, None)
         pool, ref, key = self._pool, self._ref, self._key
         table.reverse()                    # (tail first; the table is gone with its request)
-        n = len(table)
-        if list(map(ref.__getitem__, table)).count(1) == n:   # the usual: held by it alone
-            for bid in table:
-                pool[bid] = None
-            self.num_free += n
-            if list(map(key.__getitem__, table)).count(None):
-                for bid in reversed([b for b in table if key[b] is None]):
-                    pool.move_to_end(bid, last=False)   # (the first ends up at the very head)
-        else:
-            uncached = []
-            freed = 0
-            for bid in table:
-                r = ref[bid] - 1
-                ref[bid] = r
-                if not r:
-                    pool[bid] = None
-                    if key[bid] is None:
-                        uncached.append(bid)
-                    freed += 1
-            self.num_free += freed
-            for bid in reversed(uncached):     # uncached[0] ends up at the very head
-                pool.move_to_end(bid, last=False)
+        freed = []
+        for bid in table:
+            r = ref[bid] - 1
+            ref[bid] = r
+            if not r:
+                freed.append(bid)
+        self.num_free += len(freed)
+        put, move = pool.__setitem__, pool.move_to_end
+        for bid in freed:                  # to the tail (a block a hit left in place: moved)
+            if bid in pool:
+                move(bid)
+            else:
+                put(bid, None)
+        if list(map(key.__getitem__, freed)).count(None):
+            for bid in reversed([b for b in freed if key[b] is None]):
+                move(bid, last=False)      # (the first ends up at the very head)
         self._num_keyed.pop(request_id, None)
         self._keys.pop(request_id, None)
         self._content.pop(request_id, None)
@@ -310,6 +304,8 @@ class PrefixBlockManager(BlockManager):
         popitem = pool.popitem
         for rid in request_ids:
             bid = popitem(False)[0]                 # (_take, inline)
+            while ref[bid]:                         # (held: a hit left it here)
+                bid = popitem(False)[0]
             key = block_key[bid]
             if key is not None:
                 if key != _DEAD:
@@ -329,7 +325,13 @@ class PrefixBlockManager(BlockManager):
 
     def pool_head(self, n: int) -> list[int]:
         """The first ``n`` blocks of the free pool: the next ones taken."""
-        return list(islice(self._pool, n))
+        ref = self._ref
+        return list(islice(filter(lambda b: not ref[b], self._pool), n))
+
+    def free_order(self) -> list[int]:
+        """The free blocks in LRU order (vLLM's free-block queue; the first is taken next)."""
+        ref = self._ref
+        return [b for b in self._pool if not ref[b]]
 
     def lookup(self, request_id: int, num_tokens: int) -> tuple[list[int], list[int]]:
         """The blocks a new request would share (:meth:`cached_tokens`: one per cached block
@@ -340,21 +342,20 @@ class PrefixBlockManager(BlockManager):
         if None in found:
             del found[found.index(None):]
         hits: list[int] = list(map(_first, found))   # type: ignore[arg-type]
-        return hits, list(filter(self._pool.__contains__, hits))
+        ref = self._ref
+        return hits, [b for b in hits if not ref[b]]
 
     def allocate_hits(self, request_id: int, num_tokens: int, hits: list[int]) -> int | None:
         """:meth:`allocate_cached` with the hits :meth:`lookup` found (this list becomes the
         request's table), when nothing changed since: the caller has checked they and the
         new blocks fit."""
-        pool, ref = self._pool, self._ref
+        ref = self._ref
         taken = 0
-        for bid in hits:
-            if bid in pool:
-                del pool[bid]
+        for bid in hits:                   # (out of the pool: left where it is, see _pool)
+            r = ref[bid]
+            if not r:
                 taken += 1
-                ref[bid] = 1
-            else:
-                ref[bid] += 1
+            ref[bid] = r + 1
         self.num_free -= taken
         self._tables[request_id] = hits
         self._num_keyed[request_id] = len(hits)
@@ -375,6 +376,8 @@ class PrefixBlockManager(BlockManager):
     def _take(self) -> int:
         """A block from the pool's head (least recently freed); its cached content is lost."""
         bid, _ = self._pool.popitem(last=False)
+        while self._ref[bid]:              # (held: a hit left it here)
+            bid, _ = self._pool.popitem(last=False)
         self.num_free -= 1
         key = self._key[bid]
         if key is not None:

@@ -351,7 +351,7 @@ def test_arrivals_join_stretches(policy):
 def _cache_state(blocks):
     """What a prefix cache holds, as later hits and evictions would see it: the free pool in
     LRU order, each block's key, the cached copies of each key, the evictions so far."""
-    return (list(blocks._pool), list(blocks._key), dict(blocks._cached), blocks.num_evicted,
+    return (blocks.free_order(), list(blocks._key), dict(blocks._cached), blocks.num_evicted,
             {rid: list(t) for rid, t in blocks._tables.items()})
 
 
