@@ -544,9 +544,10 @@ class Scheduler:
     def stretch_admits(self, prompts: list[int], decoding: int) -> bool:
         """With ``joins_stretch``: True if ``schedule()``, at a step where the ``decoding``
         running requests all decode and nothing else is running, swapped or waiting but
-        requests with ``prompts`` tokens that just arrived (in that order, none with anything
-        computed or cached), would admit every one of them with its whole prompt, KV blocks
-        aside (the stretch makes sure of those: ``Stretch.room_to_join``)."""
+        requests that just arrived (in that order, none with anything computed) whose prompts
+        past their cached prefixes are ``prompts`` tokens, would admit every one of them with
+        all of those, KV blocks aside (the stretch makes sure of those:
+        ``Stretch.join_hits``)."""
         raise NotImplementedError
 
     def admits_whole(self, prompts: list[int], decoding: int, threshold: int) -> bool:

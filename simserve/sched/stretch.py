@@ -23,7 +23,10 @@ that sees them, if ``schedule()`` would admit their whole prompts there beside t
 (``Scheduler.stretch_admits``) and their blocks surely fit (``room_to_join``), that step is a
 mixed step of the stretch, a segment of its own, and they are members from it on (offset j,
 c = p - 1 - j: step j feeds the prompt's last position); their blocks are allocated when the
-stretch is applied, after those of the members that finished are freed.
+stretch is applied, after those of the members that finished are freed. With prefix caching the
+stretch names its blocks instead, as stepping would, step by step where something happens
+(``_CacheReplay``): a joining request's cache hits are looked up, and its blocks allocated,
+at its step.
 
 The semantic code (the scheduler, the latency models) reads as if it stepped one iteration at a
 time; this module is the optimisation, with one object per stretch:
@@ -542,11 +545,12 @@ class _CacheReplay:
     start a block take one from the pool's head, in running order (``T(i)``); requests that
     join at step i then take their cached prefix and new blocks (``J(i)``, live: ``admit``);
     at its end the members whose last token it was free their blocks, in plan order
-    (``F(i)``), those their decodes filled being cached first. A block a decode fills holds
-    content no other request has (kv/prefix.py: blocks past the prompt are the request's
-    own), so it is cached (``cache_upto``) only when its request frees it or the stretch is
-    applied: nothing can hit or evict it before. Stepping's order of T, J, F over the steps is
-    kept exactly, so the pool's LRU order, the evictions and every later hit are stepping's.
+    (``F(i)``, ``release``: those their decodes filled being cached first). A block a decode
+    fills holds content no other request has (kv/prefix.py: blocks past the prompt are the
+    request's own), so it is cached only when its request is released or the stretch is
+    applied (``settle``): nothing can hit or evict it before. Stepping's order of T, J, F over
+    the steps is kept exactly, so the pool's LRU order, the evictions and every later hit are
+    stepping's.
 
     ``pos`` counts the operations done: 2i is T(i), 2i + 1 is F(i); step 0's blocks were
     taken by ``schedule()`` itself, so it starts at 1. ``used``: the blocks in use after each
