@@ -550,6 +550,12 @@ class Scheduler:
         ``Stretch.join_hits``)."""
         raise NotImplementedError
 
+    def admission_order(self, specs: list[Any]) -> list[Any]:
+        """With ``joins_stretch``: the requests ``specs``, arriving at once to an empty waiting
+        queue, in the order ``schedule()`` would admit them (arrival order unless the policy
+        orders its queue)."""
+        return specs
+
     def admits_whole(self, prompts: list[int], decoding: int, threshold: int) -> bool:
         """``stretch_admits`` for a policy that, after the ``decoding`` decodes, admits the
         waiting head while ``may_admit`` allows, each with its prompt cut to ``threshold``

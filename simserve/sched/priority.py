@@ -19,6 +19,7 @@ preempted for blocks.
 from __future__ import annotations
 
 from bisect import insort
+from typing import Any
 
 from simserve.sched.core import Batch
 from simserve.sched.plan import StepPlan
@@ -43,7 +44,12 @@ class Priority(VllmV1):
     # victim may be one in flight (its output then stale), as in vLLM
     pipelines = True
     pipeline_launch = True
-    joins_stretch = False       # (arrivals are admitted in priority order: not modelled)
+    joins_stretch = True        # arrivals join a stretch (vLLM v1's stretch_admits), in
+                                # priority order (admission_order)
+
+    def admission_order(self, specs: list[Any]) -> list[Any]:
+        # the waiting queue's order (rank) of requests that arrive together
+        return sorted(specs, key=lambda s: (s.priority, s.arrival_s, s.request_id))
 
     def schedule(self) -> StepPlan:
         plan = super().schedule()

@@ -257,8 +257,8 @@ def joining_scenarios(draw):
     for the policies with ``joins_stretch``): arrivals while others decode, KV from tight to
     ample, budgets and thresholds that sometimes cut a prompt, swap preemption with a small
     host tier now and then, and a request too long for max_model_len (rejected when it
-    arrives)."""
-    policy = draw(st.sampled_from(["vllm_v1", "sarathi"]))
+    arrives); with priority scheduling, priorities that reorder arrivals."""
+    policy = draw(st.sampled_from(["vllm_v1", "sarathi", "priority"]))
     block_size = draw(st.sampled_from([1, 4, 16, 16]))
     max_model_len = 512
     chunked = draw(st.booleans())
@@ -282,7 +282,8 @@ def joining_scenarios(draw):
     for i in range(n):
         t += gaps[i]
         prompt = draw(st.integers(1, 300)) if draw(st.integers(0, 19)) else 520  # (rejected)
-        specs.append(RequestSpec(i, t, prompt, draw(st.integers(1, 200))))
+        specs.append(RequestSpec(i, t, prompt, draw(st.integers(1, 200)), None,
+                                 draw(st.integers(0, 2)) if policy == "priority" else 0))
     return policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs, 1
 
 
@@ -316,7 +317,7 @@ def test_stretches_that_arrivals_join_equal_stepping(case, prices):
         assert a.token_times == b.token_times
 
 
-@pytest.mark.parametrize("policy", ["vllm_v1", "sarathi"])
+@pytest.mark.parametrize("policy", ["vllm_v1", "sarathi", "priority"])
 def test_arrivals_join_stretches(policy):
     """The joining scenarios do exercise joins: many stretches take arrivals in, and a run
     with them equals stepping (a fixed case with ample KV and budget), for each policy with
@@ -331,7 +332,7 @@ def test_arrivals_join_stretches(policy):
 
     limits = SchedulerLimits(max_num_seqs=32, max_num_batched_tokens=2048,
                              enable_chunked_prefill=True)
-    specs = [RequestSpec(i, 0.03 * i, 50 + (37 * i) % 200, 40 + (53 * i) % 150)
+    specs = [RequestSpec(i, 0.03 * i, 50 + (37 * i) % 200, 40 + (53 * i) % 150, None, i % 3)
              for i in range(200)]
     case = (policy, limits, 16, 4000, 0, 512, specs, 1)
     Stretch.price = counted
@@ -427,7 +428,7 @@ def test_fast_forward_with_prefix_caching_equals_stepping(case, prices):
     check_invariants(case, fast, fast_replicas)
 
 
-@pytest.mark.parametrize("policy", ["vllm_v1", "sarathi"])
+@pytest.mark.parametrize("policy", ["vllm_v1", "sarathi", "priority"])
 @pytest.mark.parametrize("num_blocks", [150, 4000])
 def test_arrivals_with_cache_hits_join_stretches(policy, num_blocks):
     """Shared-prefix chat (9 groups x 5 users, each user's prompt recurring): arrivals join
