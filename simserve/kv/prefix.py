@@ -89,6 +89,9 @@ class PrefixBlockManager(BlockManager):
         # async scheduling: request id -> its tokens whose content is known (sampled and
         # delivered); blocks past them are not cached yet (limit_cache)
         self._limit: dict[int, int] = {}
+        # request id -> tokens whose full blocks are to be cached before anything can see them
+        # (``defer``: a fast-forwarded stretch's decodes)
+        self._deferred: dict[int, int] = {}
 
     # -- content ---------------------------------------------------------------------------
     def register(self, request_id: int, num_prompt_tokens: int,
@@ -174,6 +177,8 @@ class PrefixBlockManager(BlockManager):
         for _ in range(max(0, need)):
             table.append(self._take())
         self._held[request_id] = len(table)   # the counting view (blocks_held)
+        if self._deferred:                    # (covered by what this caches now)
+            self._deferred.pop(request_id, None)
         self._register_full(request_id, table, num_tokens)
         return max(0, need)
 
@@ -216,26 +221,30 @@ class PrefixBlockManager(BlockManager):
         """Release the request's blocks into the pool, tail first (evicted first): cached ones
         at the pool's tail, the others (no content worth keeping) at its head, to be reused
         first (vLLM's ``BlockPool.free_blocks``)."""
+        if self._deferred:
+            n = self._deferred.pop(request_id, None)
+            if n is not None:
+                self.cache_upto(request_id, n)
         table = self._tables.pop(request_id, None) or []
         self._held.pop(request_id, None)
         pool, ref, key = self._pool, self._ref, self._key
-        table.reverse()                    # (tail first; the table is gone with its request)
-        freed = []
-        for bid in table:
+        put, move = pool.__setitem__, pool.move_to_end
+        uncached = []
+        freed = 0
+        for bid in reversed(table):        # tail first
             r = ref[bid] - 1
             ref[bid] = r
-            if not r:
-                freed.append(bid)
-        self.num_free += len(freed)
-        put, move = pool.__setitem__, pool.move_to_end
-        for bid in freed:                  # to the tail (a block a hit left in place: moved)
-            if bid in pool:
-                move(bid)
-            else:
-                put(bid, None)
-        if list(map(key.__getitem__, freed)).count(None):
-            for bid in reversed([b for b in freed if key[b] is None]):
-                move(bid, last=False)      # (the first ends up at the very head)
+            if not r:                      # to the tail (one a hit left in place: moved)
+                if bid in pool:
+                    move(bid)
+                else:
+                    put(bid, None)
+                if key[bid] is None:
+                    uncached.append(bid)
+                freed += 1
+        self.num_free += freed
+        for bid in reversed(uncached):     # to the head (the first ends up at the very head)
+            move(bid, last=False)
         self._num_keyed.pop(request_id, None)
         self._keys.pop(request_id, None)
         self._content.pop(request_id, None)
@@ -250,6 +259,10 @@ class PrefixBlockManager(BlockManager):
         hold content (``_DEAD``): freed to the pool's tail and counted as evicted when reused,
         exactly as with their keys. ``num_tokens``: the tokens it holds, whose full blocks are
         cached first (a fast-forwarded stretch caches the blocks its decodes fill only then)."""
+        if self._deferred:
+            n = self._deferred.pop(request_id, None)
+            if num_tokens is None:
+                num_tokens = n
         table = self._tables.get(request_id)
         if table:
             bs = self.block_size
@@ -322,6 +335,12 @@ class PrefixBlockManager(BlockManager):
             held[rid] = len(table)
         self.num_evicted += evicted
         self.num_free -= len(request_ids)
+
+    def defer(self, request_id: int, num_tokens: int) -> None:
+        """Cache the blocks the request's first ``num_tokens`` fill before anything could see
+        them: at its next allocation, free or release. For blocks of its own content filled by
+        a fast-forwarded stretch's decodes, which nobody can hit or evict while it holds them."""
+        self._deferred[request_id] = num_tokens
 
     def pool_head(self, n: int) -> list[int]:
         """The first ``n`` blocks of the free pool: the next ones taken."""

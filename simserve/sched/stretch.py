@@ -693,8 +693,9 @@ class _CacheReplay:
         return bm.held(req.id)
 
     def settle(self, members: list[Member], k: int) -> None:
-        """After ``k`` steps applied: cache the blocks the members still running filled."""
+        """After ``k`` steps applied: the blocks the members still running filled are to be
+        cached before anything can see them (``PrefixBlockManager.defer``)."""
         bm = self.bm
         for req, c, _, e, _ in members:
             if e > k:
-                bm.cache_upto(req.id, c + k)
+                bm.defer(req.id, c + k)
