@@ -468,3 +468,38 @@ def test_arrivals_with_cache_hits_join_stretches(policy, num_blocks):
         assert sum(joins) > 150             # most arrivals joined a stretch
         assert sum(hit_joins) > 100         # ... with prefix-cache hits
         assert fr[0].blocks.num_evicted == 0
+
+
+def test_arrivals_that_would_share_blocks_cached_at_their_step_are_stepped():
+    """Two requests with the same prompt arrive together while a stretch runs: the second's
+    hit would be lengthened by the blocks the first caches at that very step, which the
+    stretch cannot know beforehand (``_CacheReplay.hits``), so the stretch ends there and that
+    step is stepped; the second request finds the first's blocks as stepping does."""
+    from simserve.sched.stretch import _CacheReplay
+    refused = []
+    hits = _CacheReplay.hits
+
+    def counted(self, specs, *args):
+        got = hits(self, specs, *args)
+        refused.append(len(specs) > 1 and got is None)
+        return got
+
+    limits = SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=1024,
+                             enable_chunked_prefill=True)
+    same = tuple(range(7, 7 + 8))                      # 64 tokens of shared content
+    specs = [RequestSpec(0, 0.0, 40, 200, (1, 2, 3, 4, 5)),
+             RequestSpec(1, 0.5, 64, 20, same), RequestSpec(2, 0.5, 64, 20, same)]
+    case = ("vllm_v1", limits, 4, 400, 0, 512, specs, 1, None, True)
+    _CacheReplay.hits = counted
+    try:
+        fast, fr, _ = run_checked(*case, fast_forward=True, latency=_roofline())
+    finally:
+        _CacheReplay.hits = hits
+    slow, sr, _ = run_checked(*case, fast_forward=False, latency=_roofline())
+    assert _by_replica(fast) == _by_replica(slow)
+    assert [(r.token_times, r.num_cached_tokens) for r in fast.requests] == \
+        [(r.token_times, r.num_cached_tokens) for r in slow.requests]
+    assert _cache_state(fr[0].blocks) == _cache_state(sr[0].blocks)
+    assert any(refused)
+    # the second takes the first's whole blocks, cached in the step both were admitted in
+    assert [r.num_cached_tokens for r in slow.requests] == [0, 0, 60]
