@@ -475,8 +475,9 @@ def join_arrivals(c: Runtime, r: Replica, stretch: Stretch, j: int, start: float
     and are admitted as stepping would (all arrive, then each is admitted in turn) and join
     the stretch; the next arrival's time is the new cut. Otherwise None, and nothing changed:
     the stretch ends before step j and the loop takes them as it would have."""
-    specs = c.arrivals.due(start)
+    due = c.arrivals.due(start)
     sched, limit = r.scheduler, r.max_model_len
+    specs = sched.admission_order(due)   # (the order schedule() would admit them in)
     blocks = sched.blocks
     prompts = [s.num_prompt_tokens for s in specs]
     for spec, p in zip(specs, prompts):
@@ -487,8 +488,8 @@ def join_arrivals(c: Runtime, r: Replica, stretch: Stretch, j: int, start: float
     if hits is None or not sched.stretch_admits([p - h for p, h in zip(prompts, hits)],
                                                 decoding):
         return None
-    c.arrivals.skip(len(specs))
-    for spec in specs:
+    c.arrivals.skip(len(due))
+    for spec in due:
         _arrive(c, spec)
     joined = []
     for p, hit in zip(prompts, hits):

@@ -172,7 +172,8 @@ class RooflineModel(RooflineStretchPricing):
         self._layers = L
         self._linear_at: dict[int, float] = {}   # linear time by tokens in the step (memo)
         self._decode_terms: dict[int, tuple] = {}   # decode_stretch's terms by batch size
-        self._join_terms: dict[tuple[int, int], tuple] = {}   # mixed_step_sum's, (b, prompt)
+        # mixed_step_sum's, by (b, prompt chunk, its cached prefix)
+        self._join_terms: dict[tuple[int, int, int], tuple] = {}
 
         # Attention, all layers together. GQA FLOPs per (query token · attended token):
         # QKᵀ and PV each 2 · head_dim per query head.

@@ -424,7 +424,7 @@ class Scheduler(StepsInFlight, Verifying, StretchAdmission):
             done = {id(r) for r in finished_running}
             self.running = [r for r in self.running if id(r) not in done]
         for req in finished:
-            self.blocks.free(req.id)
+            self.blocks.release(req.id)
             req.status = Status.FINISHED
             if t is not None:
                 req.finish_s = t
