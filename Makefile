@@ -8,8 +8,11 @@ BIN := $(VENV)/bin
 demo: $(VENV)/.installed
 	$(BIN)/simserve run scenarios/quickstart.yaml --out runs/quickstart
 
+# TEST_ARGS="-n auto --dist loadfile": one pytest-xdist worker per core, each test file on one
+# worker (every test is safe in parallel); a gain only on an otherwise idle machine
+TEST_ARGS ?=
 test: lint
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests $(TEST_ARGS)
 
 # ruff over the repository, mypy strict over the core packages (both configured in
 # pyproject.toml); `make test` runs it first, so CI does

@@ -9,16 +9,14 @@ Two workloads, both Llama-2-7B on an A100-80GB with roofline step latency, Poiss
   for 100,000 on our development VM;
 * ``vidur``: (prompt, output) pairs resampled from the Azure LLM inference trace 2023 (conv),
   vLLM v0, v1 and Sarathi: the setting in which Vidur took 40-56 s for 10,000 requests.
-* ``shared_prefix`` (issue #31's): multi-user chat with prefix caching on and off, as
-  inference-perf's ``shared_prefix`` workload of the H100 runs in ../shared/truth/h100-vllm/:
-  9 groups x 5 users, each user's prompt (a 100-token system prompt + a 447-token question)
-  recurring every 45 requests, 248 output tokens, Poisson at 6 req/s; Llama-3.1-8B on an
-  H100-SXM, roofline, vLLM v1, max_num_seqs 128, max_num_batched_tokens 2048, block 16. The
-  benchmark writes it as a Mooncake trace (``shared_prefix_trace``): a prompt's ``hash_ids``
-  name its 512-token blocks, so a group's 100-token system prompt, inside each user's first
-  512-token block, is not shared between users (a user's recurring prompt is, 544 of its 547
-  tokens once cached). Each size runs twice, ``cache on`` and ``cache off``; the target (issue
-  #31): cache on within 1.5x of cache off, and 10,000 requests <= 1 s, whole process.
+* ``shared_prefix`` (issue #31's): multi-user chat with prefix caching on and off, the
+  ``shared_prefix`` workload (inference-perf's, as in the H100 runs of
+  ../shared/truth/h100-vllm/): 9 groups x 5 users, each user's prompt (its group's 100-token
+  system prompt + its own 447-token question) recurring every 45 requests, 248 output tokens,
+  Poisson at 6 req/s; Llama-3.1-8B on an H100-SXM, roofline, vLLM v1, max_num_seqs 128,
+  max_num_batched_tokens 2048, block 16. Each size runs twice, ``cache on`` and ``cache off``;
+  the targets (issue #31): cache on within 1.5x of cache off, and 10,000 requests <= 1 s,
+  whole process.
 
 For each (policy, size), ``--repeat`` times, medians printed:
 
@@ -76,14 +74,13 @@ WORKLOADS = {
                            "lengths": {"path": str(AZURE), "prompt_column": "ContextTokens",
                                        "output_column": "GeneratedTokens"}}},
 }
-# the trace path is filled in per size (shared_prefix_trace)
 WORKLOADS["shared_prefix"] = {
     "seed": 0, "name": "shared-prefix-chat", "model": "Llama-3.1-8B", "hardware": "H100-SXM",
     "engine": {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "block_size": 16},
     "latency": {"model": "roofline"}, "scheduler": {"policy": "vllm_v1"},
-    "workload": {"type": "trace", "format": "mooncake", "trace": None}}
-SHARED_PREFIX = {"groups": 9, "users": 5, "system": 100, "question": 447, "output": 248,
-                 "rate": 6.0}
+    "workload": {"arrival": "poisson", "rate": 6, "num_requests": 10000, "shared_prefix": {
+        "num_unique_system_prompts": 9, "num_users_per_system_prompt": 5,
+        "system_prompt_len": 100, "question_len": 447, "output_len": 248}}}
 DEFAULT_POLICIES = {"bench": ["vllm_v1"], "vidur": ["vllm_v0", "vllm_v1", "sarathi"],
                     "shared_prefix": ["vllm_v1"]}
 # each size is run once per variant: (label, engine fields)
@@ -132,23 +129,6 @@ PHASES = textwrap.dedent("""
                       "mean_ttft_ms": r.summary["mean_ttft_ms"],
                       "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
 """)
-
-
-def shared_prefix_trace(path: Path, n: int, groups: int, users: int, system: int,
-                        question: int, output: int, rate: float, seed: int = 0) -> None:
-    """Write ``n`` requests of inference-perf's shared_prefix shape as a Mooncake trace: user
-    ``i mod (groups x users)`` sends request i (the users' prompts cycled, each recurring),
-    Poisson arrivals at ``rate``; a user's prompt is named by one id per 512 tokens."""
-    import numpy as np
-    times = np.cumsum(np.random.default_rng(seed).exponential(1000.0 / rate, n))   # ms
-    prompt = system + question
-    blocks = -(-prompt // 512)
-    with open(path, "w") as fh:
-        for i in range(n):
-            u = i % (groups * users)
-            ids = [u * blocks + b for b in range(blocks)]
-            fh.write(json.dumps({"timestamp": round(float(times[i]), 3), "input_length": prompt,
-                                 "output_length": output, "hash_ids": ids}) + "\n")
 
 
 def whole_process(scenario: Path, out: Path, extra: list[str]) -> dict:
@@ -229,13 +209,7 @@ def main() -> None:
                     raw = json.loads(json.dumps(WORKLOADS[args.workload]))
                     raw["scheduler"]["policy"] = policy
                     raw["engine"].update(engine)
-                    if args.workload == "shared_prefix":
-                        trace = Path(tmp) / f"shared-prefix-{n}.jsonl"
-                        if not trace.exists():
-                            shared_prefix_trace(trace, n, **SHARED_PREFIX)
-                        raw["workload"]["trace"] = str(trace)
-                    else:
-                        raw["workload"]["num_requests"] = n
+                    raw["workload"]["num_requests"] = n
                     scen = Path(tmp) / f"{policy}-{n}.yaml"
                     scen.write_text(yaml.safe_dump(raw, sort_keys=False))
                     whole, parts = [], []

@@ -222,6 +222,66 @@ styled(pd.DataFrame(rows))"""),
 ]
 
 
+PLAN = [
+    new_markdown_cell("""\
+# Planning a deployment
+
+`simserve.plan` answers the planner's question: for this model, workload, rate and SLOs, which
+GPU type, which tensor parallelism, colocated or disaggregated prefill/decode, which engine
+knobs, how many replicas — and what does it cost? It enumerates the deployments, rules out
+with cheap bounds those that cannot start or cannot win, and runs the capacity search (the
+engine's own schedule, simulated) on the rest.
+
+Here: Llama-3.1-8B under the quickstart load (150 requests a probe to stay fast), 20 req/s,
+across three GPU types. Prices per GPU-hour are the shipped assumptions
+(`simserve/data/prices.yaml`, each with its source and date); pass your own in `prices`.
+Step times are roofline *estimates*. Run it from this folder (`notebooks/`)."""),
+    new_code_cell("""\
+%matplotlib inline
+import tempfile
+import pandas as pd
+import simserve
+from simserve.fmt import styled
+from simserve.report import PlanData, plan_pareto"""),
+    new_code_cell("""\
+scenario = simserve.load_scenario("../scenarios/quickstart.yaml",
+                                  overrides=["workload.num_requests=150"])
+space = {
+    "hardware": ["H100-SXM", "A100-80GB", "L40S"],
+    "tensor_parallel_size": [1, 2],
+    "disaggregation": ["colocated", "1:1"],
+    "max_num_batched_tokens": [2048, 8192],
+    "runners_up": 2,
+}
+result = simserve.plan(scenario, target_rate=20, space=space, workers=1)
+print(result.answer())"""),
+    new_markdown_cell("""\
+`result.table` has one row per candidate: its deployment, and either the bound that pruned it
+(`pruned_by`, `reason`) or what its capacity search found (max rate per copy, replicas for the
+target, GPUs, cost per hour and per million output tokens, throughput per GPU and tokens/s per
+user at its max rate). Saved, it is `candidates.csv` (and `.parquet` with pyarrow)."""),
+    new_code_cell("""\
+out = result.save(tempfile.mkdtemp())
+table = pd.read_csv(out / "candidates.csv")
+styled(table[table["status"] == "serves target"].sort_values("cost_per_hour")[
+    ["deployment", "max_num_batched_tokens", "replicas", "gpus", "cost_per_hour",
+     "cost_per_million_output_tokens", "output_tokens_per_s_per_gpu",
+     "tokens_per_s_per_user"]].head(6))"""),
+    new_code_cell("""\
+table["pruned_by"].value_counts()"""),
+    new_markdown_cell("""\
+The Pareto frontier of throughput per GPU against tokens/s per user (the chart AIConfigurator
+and InferenceMAX publish), each point a deployment at its own max rate; the ring is the
+cheapest deployment for the target rate."""),
+    new_code_cell("""\
+plan_pareto(PlanData.from_result(result))"""),
+    new_markdown_cell("""\
+From the command line: `simserve plan SCENARIO --target-rate 20` with the space in the
+scenario's `plan:` section (or `--plan FILE`) prints the same answer, the winner's `vllm serve`
+line, and writes the table and an HTML report."""),
+]
+
+
 def build(cells: list, name: str):
     """The notebook of ``cells``, without outputs."""
     for i, cell in enumerate(cells):
@@ -252,7 +312,8 @@ def write(cells: list, name: str, folder: Path = HERE) -> Path:
     return path
 
 
-NOTEBOOKS = {"compare_policies.ipynb": COMPARE, "capacity_planning.ipynb": CAPACITY}
+NOTEBOOKS = {"compare_policies.ipynb": COMPARE, "capacity_planning.ipynb": CAPACITY,
+             "plan_deployment.ipynb": PLAN}
 
 if __name__ == "__main__":
     for name, cells in NOTEBOOKS.items():

@@ -18,9 +18,11 @@ _EXPORTS = {
     "DataError": "simserve.errors",
     "sweep": "simserve.plan.sweep", "capacity": "simserve.plan.capacity",
     "CapacityResult": "simserve.plan.capacity",
+    "PlanResult": "simserve.plan.planner",
 }
-# Submodules that are also the API: ``simserve.report.write_report``.
-_MODULES = ("report",)
+# Submodules that are also the API: ``simserve.report.write_report``; ``simserve.plan(...)``
+# (the package is callable: simserve/plan/__init__.py).
+_MODULES = ("report", "plan")
 __all__ = sorted([*_EXPORTS, *_MODULES])
 
 

@@ -8,6 +8,7 @@ write files loses nothing that was on screen.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -25,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 # the commands defined here; the others live in modules that import asyncio or numpy
-BUILTIN_COMMANDS = ("run", "report", "sweep", "capacity", "validate", "list")
+BUILTIN_COMMANDS = ("run", "report", "sweep", "capacity", "plan", "validate", "list")
 
 
 def _parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -36,7 +37,7 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     p = _Parser(prog="simserve", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     registers = [_register_run, _register_report, _register_sweep, _register_capacity,
-                 _register_validate, _register_list]
+                 _register_plan, _register_validate, _register_list]
     if command not in BUILTIN_COMMANDS:
         from simserve import profiling
         from simserve.live import calibrate, fidelity, replay, serve
@@ -102,7 +103,8 @@ def _register_sweep(sub) -> None:
     swp.add_argument("--executor", choices=("local", "ray"), default="local",
                      help="local processes (default) or a Ray cluster")
     swp.add_argument("--address", help="Ray cluster address (default: start a local one)")
-    swp.add_argument("--workers", type=int, help="local processes (default: all cores)")
+    swp.add_argument("--workers", type=int,
+                     help="local processes (default: all cores; at most 4 per core)")
     swp.add_argument("--quiet", action="store_true", help="do not print the table")
     _report_flags(swp)
     swp.set_defaults(handler=_cmd_sweep)
@@ -132,6 +134,58 @@ def _register_capacity(sub) -> None:
     cap.add_argument("--quiet", action="store_true", help="do not print each probe")
     _report_flags(cap)
     cap.set_defaults(handler=_cmd_capacity)
+
+
+def _register_plan(sub) -> None:
+    pl = sub.add_parser("plan", help="the cheapest deployment (hardware, parallelism, P:D, "
+                                     "knobs, replicas) that serves a rate within the SLOs",
+                        description="Exit status: 0 a deployment serves the rate; 3 none meets "
+                                    "the SLOs at it (the closest are listed); 2 bad input. "
+                                    "See docs/capacity.md.")
+    pl.add_argument("scenario", help="scenario YAML file with an slo: section (and optionally "
+                                     "a plan: section: the search space)")
+    pl.add_argument("--target-rate", type=float, required=True, metavar="R",
+                    help="the request rate to serve (req/s)")
+    pl.add_argument("--plan", dest="space", metavar="FILE",
+                    help="the search space from this file (its plan: section or whole "
+                         "mapping) instead of the scenario's plan: section")
+    pl.add_argument("--set", dest="overrides", action="append", default=[],
+                    metavar="FIELD=VALUE", help="override a scenario field (repeatable)")
+    pl.add_argument("--executor", choices=("local", "ray"), default="local",
+                    help="local processes (default) or a Ray cluster")
+    pl.add_argument("--address", help="Ray cluster address (default: start a local one)")
+    pl.add_argument("--workers", type=int, help="local processes (default: all cores)")
+    pl.add_argument("--out", help="output directory (default: runs/<scenario>-plan)")
+    pl.add_argument("--quiet", action="store_true", help="do not print each wave")
+    _report_flags(pl)
+    pl.set_defaults(handler=_cmd_plan)
+
+
+def _cmd_plan(args) -> int:
+    """Exit 0 with the cheapest deployment; 3 (``planner.EXIT_NOT_MET``) when none meets the
+    SLOs at the rate (the closest are printed and saved); 2 on bad input."""
+    from simserve.plan.planner import EXIT_NOT_MET, plan
+
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError("--workers", f"must be >= 1, got {args.workers}")
+    log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
+    t0 = time.perf_counter()
+    try:
+        result = plan(args.scenario, args.target_rate, space=args.space,
+                      overrides=args.overrides, executor=args.executor, workers=args.workers,
+                      address=args.address, log=log)
+    except ConfigError as e:
+        if e.field == "target_rate":
+            raise ConfigError("--target-rate", e.message) from None
+        raise
+    print(result.answer())
+    print(f"{len(result.table)} candidates, {result.simulated} simulated, "
+          f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
+    out = Path(args.out) if args.out else Path("runs") / f"{Path(args.scenario).stem}-plan"
+    result.save(out)
+    print(f"results in {out}/ (plan.json, candidates.csv, probes.csv)")
+    _report(args, out)
+    return 0 if result.met else EXIT_NOT_MET
 
 
 def _register_validate(sub) -> None:
@@ -166,14 +220,30 @@ def _report(args, out: Path) -> None:
                   "it described other results", file=sys.stderr)
 
 
+def _percentiles_flag(text: str) -> list[float]:
+    """``--metric-percentiles 25,50,99``: refused naming the flag, not the field it sets."""
+    values = []
+    for item in text.split(","):
+        try:
+            p = float(item)
+        except ValueError:
+            p = math.nan
+        if not 0 < p <= 100:        # NaN too
+            raise ConfigError("--metric-percentiles", f"expected comma-separated percentiles "
+                                                      f"in (0, 100], e.g. 25,50,99; got "
+                                                      f"{text!r}")
+        values.append(p)
+    return values
+
+
 def _cmd_run(args) -> int:
     from simserve.config import load_variants
     from simserve.deployment import check
     from simserve.paths import default_out, folder_name, replaced_note
     from simserve.runner import comparison_table, coinciding, run, scenario_yaml
 
-    if args.metric_percentiles:
-        args.overrides.append(f"metric_percentiles=[{args.metric_percentiles}]")
+    if args.metric_percentiles is not None:
+        args.overrides.append(f"metric_percentiles={_percentiles_flag(args.metric_percentiles)}")
     variants = load_variants(args.scenario, args.overrides)
     for label, scenario in variants:      # every variant can exist before any of them runs
         try:
@@ -250,10 +320,9 @@ def _cmd_sweep(args) -> int:
     from simserve.fmt import format_table
     from simserve.config import value_label
     from simserve.paths import default_out
-    from simserve.plan.sweep import load_sweep, save_sweep, sweep
+    from simserve.plan.sweep import check_workers, load_sweep, save_sweep, sweep
 
-    if args.workers is not None and args.workers < 1:
-        raise ConfigError("--workers", f"must be >= 1, got {args.workers}")
+    check_workers(args.workers, "--workers")
     spec = load_sweep(args.grid, args.overrides)
     t0 = time.perf_counter()
     table = sweep(spec, executor=args.executor, workers=args.workers, address=args.address,

@@ -9,21 +9,24 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simserve import deployment, safeyaml
+from simserve import limits, safeyaml
 from simserve.cards import (KV_CACHE_DTYPES, QUANTIZATIONS, HardwareSpec, ModelCard,
                             load_hardware, load_model, serving_card)
 from simserve.cluster import ClusterConfig
+from simserve.cluster.spec import ReplicaSpec
 from simserve.errors import ConfigError, DataError
 from simserve.fields import Fields
-from simserve.paths import folder_name
+from simserve.kv.capacity import kv_block_bytes, kv_capacity_blocks, stage_block_bytes
 from simserve.limits import MAX_COUNT, MAX_INT64, MAX_SECONDS, MAX_TOKENS, SWAP_SPACE_GB_MAX
 from simserve.metrics.slo import SloConfig
-from simserve.cluster.spec import ReplicaSpec, resolve
+from simserve.paths import folder_name
 from simserve.sched import describe, policy_names
+from simserve.sched.batch import SchedulerLimits
 from simserve.sched.params import params_to_dict, read_params
 from simserve.sched.spec import SpeculativeConfig
 from simserve.workload.config import WorkloadConfig
@@ -210,8 +213,8 @@ class Scenario:
 
     def __post_init__(self) -> None:
         _check_consistency(self)
-        object.__setattr__(self, "replica", resolve(self))
-        deployment.check_context(self)
+        object.__setattr__(self, "replica", resolve_replica(self))
+        check_context(self)
         _check_budget(self)
 
     # -- resolved engine values (what vLLM would compute at start-up) ------------------------
@@ -292,6 +295,7 @@ def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario")
             {**merged, "name": f"{scenario_name}/{group}"}, base_dir, name))
     output_dir = f.str("output_dir", None)
     percentiles = _percentiles(f)
+    f.any("plan", None)       # `simserve plan`'s search space (plan/space.py reads it)
     f.done()
     return Scenario(scenario_name, model, hardware, engine, policy, workload, slo, latency,
                     cluster, seed, output_dir, base_dir, policy_params,
@@ -642,3 +646,87 @@ def expert_parallel_size(s: Scenario) -> int:
     ranks of a replica; without it, 1 (experts TP-sharded)."""
     e = s.engine
     return e.tensor_parallel_size * e.data_parallel_size if e.enable_expert_parallel else 1
+
+
+def resolve_replica(s: Scenario) -> ReplicaSpec:
+    """The replica a (validated) scenario describes (cluster/spec.py). A KV cache that does not
+    fit is recorded, not raised: a sweep reports it as that point's error when its replicas are
+    built."""
+    facts = describe(s.policy)
+    e = s.engine
+    max_model_len = e.max_model_len or s.model.max_position_embeddings
+    chunked = facts.chunked if facts.chunked is not None else \
+        (True if e.enable_chunked_prefill is None else e.enable_chunked_prefill)
+    # vLLM's defaults: a fixed chunk budget with chunked prefill, else room for any prompt
+    budget = e.max_num_batched_tokens if e.max_num_batched_tokens is not None else \
+        (8192 if chunked else max(max_model_len, 2048))
+    limits = SchedulerLimits(max_num_seqs=e.max_num_seqs, max_num_batched_tokens=budget,
+                             enable_chunked_prefill=chunked,
+                             long_prefill_token_threshold=e.long_prefill_token_threshold,
+                             preemption_mode=e.preemption_mode,
+                             max_model_len=max_model_len,
+                             reserve_full_sequence=e.scheduler_reserve_full_isl,
+                             speculative_config=e.speculative_config,
+                             async_scheduling=e.async_scheduling,
+                             pipeline_parallel_size=e.pipeline_parallel_size)
+    tp, pp = e.tensor_parallel_size, e.pipeline_parallel_size
+    block_bytes = model_block_bytes = kv_block_bytes(s.model, e.block_size, tp)
+    if pp > 1:    # a rank holds its stage's layers' K and V: the largest stage's share
+        block_bytes = max(stage_block_bytes(s.model, e.block_size, tp, pp))
+    # an EAGLE / MTP / draft-model drafter keeps its own layers' KV in the same blocks and
+    # its weights on every rank (latency/spec.py says which card prices it)
+    drafter = None
+    if e.speculative_config is not None:
+        from simserve.latency.spec import drafter_card, drafter_weight_bytes
+        drafter = drafter_card(s.model, e.speculative_config)
+    extra_weights = 0.0
+    if drafter is not None:
+        block_bytes += kv_block_bytes(drafter, e.block_size, tp)
+        assert e.speculative_config is not None      # a drafter comes from it
+        extra_weights = drafter_weight_bytes(drafter, e.speculative_config, tp)
+    blocks, error = e.num_gpu_blocks, ""
+    if blocks is None:
+        try:
+            blocks = kv_capacity_blocks(s.model, s.hardware, block_size=e.block_size,
+                                        gpu_memory_utilization=e.gpu_memory_utilization,
+                                        tensor_parallel_size=tp, max_num_batched_tokens=budget,
+                                        expert_parallel_size=tp * e.data_parallel_size
+                                        if e.enable_expert_parallel else 1,
+                                        # the model's own block unless a drafter adds
+                                        block_bytes=block_bytes if drafter else None,
+                                        extra_weight_bytes=extra_weights,
+                                        pipeline_parallel_size=pp)
+        except ConfigError as err:
+            blocks, error = 0, err.message
+    host = math.floor(e.swap_space_gb * 2**30 / block_bytes) if e.preemption_mode == "swap" \
+        else 0
+    if not error and blocks <= facts.reserved_blocks:
+        error = ("no memory is left for the KV cache after the weights; raise it, use more "
+                 "tensor parallelism, or set engine.num_gpu_blocks")
+    offload = 0
+    if e.kv_offloading_size is not None:
+        from simserve.kv.offload import host_blocks
+        offload = host_blocks(e.kv_offloading_size, tp, block_bytes)
+    return ReplicaSpec(s.policy, s.policy_params, limits, max_model_len, e.block_size, blocks,
+                       facts.reserved_blocks, host, block_bytes, e.enable_prefix_caching, tp,
+                       error, offload, model_block_bytes)
+
+
+def check_context(s: Scenario) -> None:
+    """``engine.max_model_len`` within the model's positions; a static batch's tokens within
+    what a step can count (static batching is the one policy whose step may pass the budget:
+    a whole batch of whole prompts)."""
+    m, e = s.model, s.engine
+    if s.policy == "static" and e.max_num_seqs * s.max_model_len > limits.MAX_COUNT:
+        raise ConfigError("engine.max_num_seqs",
+                          f"a static batch of {e.max_num_seqs} prompts of up to "
+                          f"{s.max_model_len} tokens could hold more than the "
+                          f"{limits.MAX_COUNT:,} tokens a step can count; lower it or "
+                          "engine.max_model_len")
+    if e.max_model_len is not None and e.max_model_len > m.max_position_embeddings:
+        # vLLM refuses this too (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is set)
+        raise ConfigError("engine.max_model_len",
+                          f"{e.max_model_len} is larger than {m.name}'s "
+                          f"max_position_embeddings ({m.max_position_embeddings}); the model "
+                          "has no positions past it (override model.max_position_embeddings "
+                          "if you mean to)")

@@ -6,8 +6,8 @@ a context longer than the model's positions, a step that would take longer than 
 universe. Each check raises one :class:`ConfigError` naming the field to change; the bounds come
 from :mod:`simserve.limits`.
 
-:func:`check_context` runs on every parsed scenario (``config.parse_scenario``): it is a plain
-contradiction between two fields. :func:`check` (memory, cluster, step times) builds the latency
+(A plain contradiction between two fields is checked on every parsed scenario:
+``config.check_context``.) :func:`check` (memory, cluster, step times) builds the latency
 model and sizes the KV cache, so it runs where a run starts (a sweep point that cannot run gets
 its message in the ``error`` column) and in ``simserve validate``.
 """
@@ -42,26 +42,6 @@ def _groups(s):
     return [g for g in groups_of(s) if g.scenario is not None]
 
 
-def check_context(s) -> None:
-    """``engine.max_model_len`` within the model's positions; a static batch's tokens within
-    what a step can count (static batching is the one policy whose step may pass the budget:
-    a whole batch of whole prompts)."""
-    m, e = s.model, s.engine
-    if s.policy == "static" and e.max_num_seqs * s.max_model_len > limits.MAX_COUNT:
-        raise ConfigError("engine.max_num_seqs",
-                          f"a static batch of {e.max_num_seqs} prompts of up to "
-                          f"{s.max_model_len} tokens could hold more than the "
-                          f"{limits.MAX_COUNT:,} tokens a step can count; lower it or "
-                          "engine.max_model_len")
-    if e.max_model_len is not None and e.max_model_len > m.max_position_embeddings:
-        # vLLM refuses this too (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is set)
-        raise ConfigError("engine.max_model_len",
-                          f"{e.max_model_len} is larger than {m.name}'s "
-                          f"max_position_embeddings ({m.max_position_embeddings}); the model "
-                          "has no positions past it (override model.max_position_embeddings "
-                          "if you mean to)")
-
-
 def check_memory(s) -> None:
     """The weights, and a KV cache given as ``engine.num_gpu_blocks``, fit on the device; a
     cache sized from memory has no more blocks than a replica can count."""
@@ -75,14 +55,13 @@ def check_memory(s) -> None:
     if e.num_gpu_blocks is not None:
         # a KV cache set directly skips vLLM's memory arithmetic, not physics: the weights and
         # the blocks must fit in the device's memory (gpu_memory_utilization aside)
-        from simserve.kv.capacity import kv_block_bytes
         if weights >= hw.mem_bytes:
             raise ConfigError("model", f"{m.name}'s weights need {weights / GB:.1f} GB per "
                                        f"device (tensor_parallel_size {tp}), more than the "
                                        f"{hw.mem_bytes / GB:.1f} GB of {hw.name}: raise "
                                        "engine.tensor_parallel_size or use a larger device")
-        kv = e.num_gpu_blocks * (kv_block_bytes(m, e.block_size, tp)
-                                 if e.pipeline_parallel_size == 1 else s.replica.kv_block_bytes)
+        kv = e.num_gpu_blocks * (s.replica.model_block_bytes if e.pipeline_parallel_size == 1
+                                 else s.replica.kv_block_bytes)
         if weights + kv > hw.mem_bytes:
             raise ConfigError("engine.num_gpu_blocks",
                               f"{e.num_gpu_blocks} blocks take {kv / GB:.3g} GB per device; "

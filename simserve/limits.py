@@ -31,6 +31,9 @@ MAX_RETRIES = 100                   # fault retries per request (each re-routes 
 MIN_MTBF_S = 1e-3                   # a replica failing more often than every millisecond
 MAX_FAILURES = 100_000              # random replica failures in one run (each costs a re-route)
 MAX_STEP_S = 1e6                    # one engine iteration (11.6 days): past it a price is absurd
+MAX_SWEEP_POINTS = 10_000           # points in one sweep: each is validated (~3 ms) and kept
+MAX_WORKERS_PER_CPU = 4             # sweep processes per CPU: more only share the same cores
+MAX_WORKERS = 256                   # ... and never more than this (each holds ~100 MB)
 
 # Device specs: beyond these a price is inf or 0 (see the module docstring).
 FLOPS_RANGE = (1e6, 1e19)           # FLOP/s

@@ -13,7 +13,6 @@ import csv
 import dataclasses
 import gc
 import json
-import math
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,7 +32,8 @@ from simserve.latency.trust import latency_trust
 from simserve.metrics import recorder as _recorder
 from simserve.metrics.recorder import Recorder
 from simserve.metrics.slo import SloConfig
-from simserve.metrics.tokens import itl_sample
+from simserve.metrics.summary import tpot
+from simserve.metrics.recorder import itl_sample
 from simserve.paths import rebase_paths
 from simserve.sched.request import Status
 from simserve.workload import build_workload
@@ -430,7 +430,6 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     n = len(cols["request_id"])
     status = cols["status"]
     finished = status == Status.FINISHED.value
-    nan = math.nan
     first, finish = cols["first_token_s"], cols["finish_s"]
     arrival = cols["arrival_s"]
     replica_of = cols["replica"]
@@ -450,9 +449,8 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
         cols["first_scheduled_s"] = cols["first_scheduled_s"] + shift
     out = cols["num_output_tokens"]
     ttft, e2el = first - arrival, finish - arrival
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tpot = np.where(finished & (out > 1), (e2el - ttft) / (out - 1), nan)
-    cols.update(first_token_s=first, finish_s=finish, ttft_s=ttft, e2el_s=e2el, tpot_s=tpot)
+    cols.update(first_token_s=first, finish_s=finish, ttft_s=ttft, e2el_s=e2el,
+                tpot_s=tpot(ttft, e2el, out, finished))
     requests = {c: cols[c] for c in REQUEST_COLUMNS}
     has_classes = any(cols["class"])
     del cols, status

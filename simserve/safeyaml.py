@@ -7,17 +7,20 @@ hold. This loader adds what a scenario file needs:
   NUL bytes and undecodable bytes are refused with ``file:line``;
 * nesting deeper than ``MAX_DEPTH`` is refused (PyYAML's composer recurses per level, so a file
   of ``[[[[...`` would end in a RecursionError);
-* aliases may not expand to more than ``MAX_NODES`` nodes (an "alias bomb" — a few lines whose
-  aliases nest to billions of nodes — is refused while parsing, before anything walks it), and
-  an alias may not contain itself;
+* aliases may not add more than ``MAX_NODES`` nodes to those written out (an "alias bomb" — a
+  few lines whose aliases nest to billions of nodes — is refused while parsing, before anything
+  walks it), and an alias may not contain itself; a file without aliases is bounded by its size;
 * a key given twice in one mapping is an error: silently keeping the last one changes the
   experiment without a word (explicit keys may still override ``<<:`` merged ones);
-* numbers follow YAML 1.2: ``1e1`` and ``2E-3`` are numbers (YAML 1.1 wants a dot: ``1.0e1``).
+* numbers follow YAML 1.2: ``1e1`` and ``2E-3`` are numbers (YAML 1.1 wants a dot: ``1.0e1``);
+  a number too large for a float (``1e400``) is refused, in files and ``--set`` alike (``.inf``
+  is infinity, where a field allows it).
 """
 
 from __future__ import annotations
 
 import codecs
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -30,7 +33,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 from simserve.errors import ConfigError, DataError
 
 MAX_DEPTH = 64                  # nesting levels (a scenario needs about 6)
-MAX_NODES = 100_000             # nodes after alias expansion (a scenario has a few hundred)
+MAX_NODES = 100_000             # nodes aliases may add (a scenario has a few hundred in all)
 MAX_BYTES = 16 * 2**20          # a scenario or sweep file
 
 _FLOAT_12 = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
@@ -88,12 +91,31 @@ class SafeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+    def construct_yaml_float(self, node: ScalarNode) -> float:
+        """A float; a literal that overflows to infinity (``1e400``) is refused: read silently,
+        ``rate: 1e400`` would be ``rate: inf`` (every request at t = 0). ``.inf`` stays
+        infinity, written as such (each field says whether it takes it; NaN is refused there)."""
+        value: float = super().construct_yaml_float(node)
+        if math.isinf(value) and ".inf" not in node.value.lower():
+            raise _Limit(f"{node.value} is too large for a number (it overflows to infinity);"
+                         f" write .inf where infinity is meant", node.start_mark.line + 1)
+        return value
+
+
 SafeLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_12, list("-+0123456789"))
+SafeLoader.add_constructor("tag:yaml.org,2002:float", SafeLoader.construct_yaml_float)
 
 
 def _expanded_size(root: Node) -> int:
-    """Nodes in the document once every alias is expanded; _Limit past MAX_NODES or on an
-    alias that contains itself. Shared nodes are counted once per use, in linear time."""
+    """Nodes in the document once every alias is expanded; _Limit when the aliases add more
+    than MAX_NODES to the nodes written out, or on an alias that contains itself. Shared nodes
+    are counted once per use, in linear time.
+
+    Only what aliases add is limited: nodes written out are bounded by the file's size
+    (MAX_BYTES), so a long list in a file without aliases (a sweep's 100,001 values) is not a
+    bomb; what it means is for the reader to bound (a sweep's MAX_SWEEP_POINTS)."""
+    written = _written_nodes(root)
+    limit = written + MAX_NODES
     sizes: dict[int, int] = {}
     active: set[int] = set()
 
@@ -106,22 +128,38 @@ def _expanded_size(root: Node) -> int:
                          node.start_mark.line + 1)
         active.add(key)
         total = 1
-        if isinstance(node, SequenceNode):
-            children = node.value
-        elif isinstance(node, MappingNode):
-            children = [n for pair in node.value for n in pair]
-        else:
-            children = []
-        for child in children:
+        for child in _children(node):
             total += size(child)
-            if total > MAX_NODES:
-                raise _Limit(f"the aliases expand to more than {MAX_NODES:,} values (an alias "
-                             "bomb?)", node.start_mark.line + 1)
+            if total > limit:
+                raise _Limit(f"the aliases expand to more than {MAX_NODES:,} values beyond "
+                             f"the {written:,} written out (an alias bomb?)",
+                             node.start_mark.line + 1)
         active.discard(key)
         sizes[key] = total
         return total
 
     return size(root)
+
+
+def _children(node: Node) -> list[Node]:
+    if isinstance(node, SequenceNode):
+        return list(node.value)
+    if isinstance(node, MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _written_nodes(root: Node) -> int:
+    """Distinct nodes in the document (each alias's target counted once)."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.extend(_children(node))
+    return len(seen)
 
 
 def read_text(path: str | Path, max_bytes: int | None = None) -> str:

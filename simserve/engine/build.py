@@ -90,7 +90,7 @@ def _base_latency(s: Scenario) -> LatencyModel:
                                                             or 0.0) / 1000.0,
                                         host_link_bandwidth=s.hardware.host_link_bandwidth,
                                         # a swapped block is the scenario's, not the profile's
-                                        swap_block_bytes=s.replica.kv_block_bytes,
+                                        swap_block_bytes=s.replica.model_block_bytes,
                                         tensor_parallel_size=tp, allreduce_s=RooflineModel(
                                             s.model, s.hardware, tensor_parallel_size=tp,
                                         ).allreduce_s if tp > 1 else None,
@@ -126,7 +126,8 @@ def _base_latency(s: Scenario) -> LatencyModel:
         kwargs["frontend_delay_s"] = frontend_s
     kwargs.update(_moe_options(s))
     return RooflineModel(s.model, s.hardware, tensor_parallel_size=s.engine.tensor_parallel_size,
-                         block_size=s.engine.block_size, **kwargs)
+                         block_size=s.engine.block_size,
+                         swap_block_bytes=s.replica.model_block_bytes, **kwargs)
 
 
 def _moe_options(s: Scenario) -> dict[str, Any]:

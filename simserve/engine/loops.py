@@ -1,52 +1,9 @@
-"""The replica loops: each replica is one SimPy process stepping its scheduler.
-
-A replica asks its scheduler for a StepPlan, prices it with the latency model, holds the clock
-for that long, then lets the scheduler apply it. An idle replica sleeps on an event that
-whoever gives it work triggers. Which loop runs a replica depends on what else can happen
-(``loop_for``): :func:`solo_loop` for one replica with nothing else going on,
-:func:`run_ahead_loop` for replicas that only arrivals and failures can disturb,
-:func:`stepping_loop` when a stretch in flight may be cut back (disaggregated prefill/decode)
-or when every step is its own event (``fast_forward=False``); :func:`batch_queue_loop` when a
-replica keeps more than one step in flight (``engine.async_scheduling``: it schedules a step
-while the one before runs; stepped, never fast-forwarded; the loop itself is
-``engine/queue.py``'s ``queue_loop``, shared with the pipeline).
-
-Fast-forward (sched/stretch.py): when a plan is the start of a *decode stretch* (every running
-request decodes, nothing else happens, and the policy's admission is monotone), the replica
-prices all k steps of the stretch at once, holds the clock once, and applies them together.
-The result is the same schedule, step for step, as stepping one iteration per event
-(``fast_forward=False``); the equivalence tests hold the two to that. What keeps it exact is
-that a stretch never runs past an *outside event* — something that changes or looks at the
-replica from outside:
-
-* events known in advance — arrivals and fault injections/restarts — bound the stretch when it
-  is planned (but for the solo loop's arrivals that may *join* it, below): a step after the
-  first is kept only if it starts before the next such event, or,
-  when the router looks at per-step state (KV use, tokens left, cached prefixes), only if it
-  also *ends* before it, so that the state the router sees at that moment is exactly the state
-  stepping shows (the step in flight scheduled, everything before it applied);
-* events not known in advance — a KV cache landing on a decode replica, created when another
-  replica's prefill completes — go to the target's *inbox*; a stretch in flight there is cut
-  back to the steps that start before the landing (``simpy.Process.interrupt`` makes the
-  replica wait for the new end), and the replica takes the landing at its first step boundary
-  at or after it.
-
-Run-ahead (:func:`run_ahead_loop`): when no unannounced events can happen (no
-disaggregation), a step or stretch that ends before the next outside event is applied at once,
-without a SimPy event; the replica runs ahead of the SimPy clock but never past that event.
-
-Solo (:func:`solo_loop`, ``Mode.pull``): one replica and no failures. Nothing but arrivals can
-happen between two of its step boundaries and the router has no choice to make, so the replica takes
-the arrivals due by each boundary itself (in order, as the URGENT arrival events would have)
-and yields to SimPy only to sleep while idle. Every stretch is then applied before anyone could
-look at it, so a stretch may also run on past finishes (``PolicyFacts.continues_past_finish``):
-requests drop out as they finish, and each run of one membership (a *segment*) is priced from
-the plan ``schedule()`` would have made at its first step; and it may start with a mixed step
-that finishes the newcomers' prefills while the others decode or wait (a segment of its own).
-Requests that arrive during such a stretch join it at the first step that sees them when the
-policy would admit them whole there (``PolicyFacts.joins_stretch``; ``runtime.join_arrivals``):
-that step is then a mixed step of the stretch, and the stretch goes on instead of ending.
-"""
+"""The replica loops: each replica is one SimPy process that asks its scheduler for a StepPlan,
+prices it, holds the clock for that long and applies it; an idle replica sleeps until given
+work. Which loop runs a run's replicas is decided once (engine/mode.py, :func:`loop_for`):
+solo, run-ahead, stepping, batch queue or pipeline (docs/architecture.md, the engine). Decode
+stretches are fast-forwarded (sched/stretch.py), never past an outside event, so the result
+is stepping's, step for step (docs/cluster.md, exactness with fast-forward)."""
 
 from __future__ import annotations
 

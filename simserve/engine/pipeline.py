@@ -1,92 +1,10 @@
-"""A pipeline-parallel replica: up to ``p`` micro-batches in flight, one per stage.
-
-Learned from vLLM v1 (``vllm/v1/engine/core.py``, ``step_with_batch_queue``; the queue's size
-is ``max_concurrent_batches`` = ``pipeline_parallel_size`` in ``vllm/config/vllm.py``, one more
-with async scheduling: below). The engine keeps a FIFO of at most ``p`` scheduled
-micro-batches. While it is not full it schedules
-another at once; when it is full, or nothing more can be scheduled, it waits for the oldest
-micro-batch's output, applies it, and tries again. vLLM queues an empty schedule too, behind
-the micro-batches in flight: it holds a slot until the ones before it are out
-(:func:`~simserve.engine.queue.queue_loop`, ``queues_empty``; with ``p`` = 2 that changes
-nothing, with more stages it delays the next micro-batch).
-
-Which requests a micro-batch may take while others are in flight depends on the policy:
-
-* ``vllm_v1``, ``priority`` and ``vllm_native`` (``PolicyFacts.pipeline_launch``): as vLLM v1's
-  ``Scheduler.schedule`` (``vllm/v1/core/sched/scheduler.py``, 0.32), which advances a
-  scheduled request's ``num_computed_tokens`` at once. A request whose scheduled tokens reach
-  its ``num_tokens`` (a decode, or a prompt's last chunk) then asks for no tokens and is skipped
-  until its sampled token is back (``Scheduler.held_in_flight``; under PP the scheduler sends
-  sampled tokens back to the first stage, ``_make_cached_request_data``); a prompt chunk that
-  leaves some of the prompt samples nothing, so the prompt's next chunk is scheduled at once,
-  while the previous one is still in flight. Requests in flight stay in ``running`` (they count
-  against ``max_num_seqs`` and may be preempted; their output is then stale, still
-  delivered, and the request is not admitted again until it is: as async scheduling's).
-* ``vllm_v0``, ``sarathi`` and ``orca`` (Sarathi-Serve's pipeline engine, which the paper's
-  baselines ran on): a request in a micro-batch in flight is not scheduled again until that
-  micro-batch's output is back (``Scheduler.park`` / ``unpark``): Sarathi-Serve pauses a
-  sequence only when its step completes (``sarathi/core/sequence_manager/
-  base_sequence_manager.py``, ``on_step_completed``) and its schedulers skip sequences not
-  paused, a prompt's next chunk included (``sarathi/core/scheduler/sarathi_scheduler.py``).
-  Sarathi-Serve also forms the next micro-batch when one leaves the first stage
-  (``pipeline_parallel_llm_engine.py``) rather than at once, and queues no empty schedule:
-  here these policies form it at once (it then waits for the first stage).
-
-With ``engine.async_scheduling`` (``vllm_v1``, ``priority``, ``vllm_native``): vLLM 0.32's
-default with PP on GPUs, its V2 model runner with async scheduling. Learned from
-``vllm/config/vllm.py`` (``max_concurrent_batches``: ``p + 1`` with async scheduling on the V2
-runner), ``vllm/v1/core/sched/async_scheduler.py`` (``decode_stagger`` = p;
-``_update_after_schedule`` sets ``next_decode_eligible_step``) and ``scheduler.py``
-(``schedule`` counts its calls in ``current_step``, an empty schedule's too, and skips a
-running request before its eligible step):
-
-* the batch queue holds ``p + 1`` schedules (``SchedulerLimits.pipeline_queue_depth``), an
-  empty one taking a slot as above;
-* the scheduler counts output placeholders as async scheduling does (``Scheduler.launch``): a
-  request whose token is in flight asks for one more token (a decode ahead of its token), not
-  for none; but a request that samples in the micro-batch of ``schedule()`` call n is skipped
-  until call n + p (``Scheduler.held_in_flight``, ``decode_stagger``). So each running request
-  rides in every p-th schedule at most, the cadence of the V2 runner's ring of sampled-token
-  slots; a prompt's chunks that sample nothing are not throttled.
-
-Timing with async scheduling (what vLLM's code does not fix: assumptions, stated here):
-
-* each micro-batch's CPU part (the base latency model's ``cpu_s(plan)``, else its
-  ``step_overhead_s``: scheduling, input preparation and a cost per sampled sequence, which
-  the synchronous pipeline prices inside stage 0) runs on one engine
-  thread, one micro-batch at a time, from its scheduling or once the CPU part before it is
-  done, overlapping the stages' work (as :class:`~simserve.engine.loops.AsyncTiming` without
-  PP); stage 0 then does the rest of its work. The extra slot of the queue is this: ``p``
-  micro-batches on the stages and one being prepared;
-* a decode scheduled while its input token is in flight cannot enter stage 0 before that token
-  is out of the last stage (``Request.token_out_s``: the output time of the micro-batch that
-  samples it; the V2 runner hands sampled tokens from the last stage to the first directly, a
-  transfer priced at nothing here); the micro-batches keep their order, so those queued behind
-  it wait too (one stream a stage). Async scheduling thus hides the CPU part and the round trip
-  through the scheduler, not the pipeline's own latency: a lone request still gets a token every
-  ``p`` stage times, less the CPU part.
-
-Timing: each stage works on one micro-batch at a time, in order; a micro-batch enters stage j
-when it has left stage j − 1 (plus the activations' send) and stage j is free::
-
-    enter_0 = max(scheduled, free_0)
-    enter_j = max(leave_{j-1} + send_{j-1}, free_j),   leave_j = enter_j + stage_j
-
-Its output is back at ``leave_{p-1}``. At steady state with every micro-batch alike (stage time
-s, sends negligible) one micro-batch completes every ``s`` and each takes ``p · s`` from
-scheduling to output; *bubbles* are stage time lost when fewer than ``p`` micro-batches can be
-formed (few requests: a decode waits for its own output, as a parked request does) or
-stages are unbalanced (a large
-micro-batch followed by a small one: the small one waits on the large one stage after stage).
-
-What the step log records: a micro-batch's row spans from the previous micro-batch's output (or
-its own scheduling, if later) to its own output, so the rows tile the replica's time without
-overlap and the sums the metrics make (busy time, time-weighted levels) stay meaningful; a
-row's duration is the replica's output cadence, not the micro-batch's latency. A request is
-first scheduled when its first micro-batch enters stage 0 (``enter_0``), as the other loops
-stamp the device's start. Pipelined
-replicas step (no fast-forward): every micro-batch is its own event.
-"""
+"""A pipeline-parallel replica: up to ``p`` micro-batches in flight (``p + 1`` with async
+scheduling), each stage working on one at a time, run by ``engine/queue.py``'s loop with
+:class:`PipelineTiming`. Learned from vLLM v1's ``step_with_batch_queue``
+(``vllm/v1/engine/core.py``), its scheduler and AsyncScheduler under PP
+(``vllm/v1/core/sched/``) and, for the policies that park, Sarathi-Serve's pipeline engine.
+What is modelled, the stage timing and what is assumed: docs/scenario.md (pipeline
+parallelism); the bubbles it leaves: docs/metrics.md."""
 
 from __future__ import annotations
 
@@ -97,9 +15,9 @@ from simserve.engine.clock import Clock
 from simserve.engine.queue import queue_loop
 from simserve.engine.replica import Replica
 from simserve.engine.runtime import Runtime
+from simserve.sched.batch import Batch
 from simserve.sched.core import Scheduler
 from simserve.sched.inflight import InFlight
-from simserve.sched.limits import Batch
 from simserve.sched.plan import StepPlan
 
 

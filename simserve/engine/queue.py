@@ -1,30 +1,7 @@
-"""The loop of a replica that keeps more than one step in flight, and the idle sleep every loop
-shares.
-
-vLLM v1's engine core with a batch queue (``vllm/v1/engine/core.py``,
-``step_with_batch_queue``) is one loop whatever fills the queue: while it has room and
-something can be scheduled, schedule a step and queue it (an empty plan is not queued); when it
-is full, or nothing more can be scheduled, wait for the oldest step's output and apply it.
-Async scheduling (depth 2, ``engine/loops.py`` :class:`~simserve.engine.loops.AsyncTiming`)
-and pipeline parallelism (depth ``p``, ``engine/pipeline.py``
-:class:`~simserve.engine.pipeline.PipelineTiming`) differ only in when a step's output is back
-and how the scheduler holds a step in flight, which a *timing* object says:
-
-* ``launch(sched, plan, now)``: price the step scheduled at ``now``, stamp its requests' first
-  scheduling, record its step-log row, hand it to the scheduler to hold; what the scheduler
-  holds and when the step's output is back;
-* ``land(sched, held, now)``: the output is back at ``now``: apply it;
-* ``always_wait``: whether the loop yields to the clock at an output due now (the batch queue
-  does, so events due at the same instant come first; the pipeline does not);
-* ``queues_empty``: whether an empty schedule takes a slot behind the steps in flight, as in
-  vLLM's ``step_with_batch_queue`` (which queues whatever ``schedule()`` returns, an empty
-  output included, and pops the queue oldest first). It costs nothing and its output is in
-  with the one before it, so it matters only when it keeps the queue full: with a depth of 2 it
-  changes nothing (the next schedule comes when the step before it is out either way); with a
-  deeper pipeline it delays the next micro-batch until the ones before it are out. With
-  nothing in flight an empty schedule is not queued: the replica sleeps until given work (vLLM
-  spins, queueing empty outputs that are out at once: the same decisions at the same times).
-"""
+"""The loop of a replica that keeps more than one step in flight (vLLM v1's engine core with a
+batch queue, ``vllm/v1/engine/core.py`` ``step_with_batch_queue``), shared by async scheduling
+and pipeline parallelism, which differ only by a timing object (:class:`QueueTiming`); and the
+idle sleep every loop shares."""
 
 from __future__ import annotations
 
@@ -42,12 +19,28 @@ if TYPE_CHECKING:
 
 
 class QueueTiming(Protocol):
+    """When a step's output is back and how the scheduler holds a step in flight
+    (engine/loops.py's ``AsyncTiming``, engine/pipeline.py's ``PipelineTiming``)."""
+
+    # whether the loop yields to the clock at an output due now (the batch queue does, so
+    # events due at the same instant come first; the pipeline does not)
     always_wait: bool
+    # whether an empty schedule takes a slot behind the steps in flight, as vLLM's
+    # step_with_batch_queue queues whatever schedule() returns: its output is in with the one
+    # before it, so it matters only in a queue deeper than 2 (it delays the next micro-batch).
+    # With nothing in flight an empty schedule is not queued: the replica sleeps until given
+    # work (vLLM spins on empty outputs that are out at once: the same decisions and times)
     queues_empty: bool
 
-    def launch(self, sched: Scheduler, plan: StepPlan, now: float) -> tuple[Any, float]: ...
+    def launch(self, sched: Scheduler, plan: StepPlan, now: float) -> tuple[Any, float]:
+        """Price the step scheduled at ``now``, stamp its requests' first scheduling, record
+        its step-log row and hand it to the scheduler to hold: what the scheduler holds, and
+        when the step's output is back."""
+        ...
 
-    def land(self, sched: Scheduler, held: Any, now: float) -> None: ...
+    def land(self, sched: Scheduler, held: Any, now: float) -> None:
+        """The output is back at ``now``: apply it."""
+        ...
 
 
 def queue_loop(env: Clock, c: Runtime, r: Replica, depth: int,

@@ -1,25 +1,12 @@
-"""The cluster at run time: arrivals, routing, KV hand-off between replicas, failures.
-
-What the replicas share (:class:`Runtime`): the pools and routers, the count of unresolved
-requests, requests in transit between replicas, the failure schedule. The replica loops
-(engine/loops.py) ask it for the next outside events and tell it what their steps finished.
-
-Clusters (docs/cluster.md): replicas have a ``role``. ``mixed`` replicas take requests from the
-router and serve them whole. In a disaggregated cluster the router picks a prefill and a decode
-replica on arrival (Splitwise's cluster-level scheduler); the prefill replica runs a *proxy* of
-the request (its prompt, one output token), then holds that KV (a *pin*) while it crosses the
-link, and the decode replica takes the request with the KV computed (``num_computed_tokens =
-num_tokens - 1``: it next feeds back the token the prefill sampled). The token reaches the
-client when the KV lands. Things that reach a replica at a time not known in advance (a landing,
-the release of a pin) go to its *inbox*; a stretch in flight there is cut back to the steps
-that start before the landing (``push``). Failures (cluster/faults.py): the steps that ended by
-the failure time stand, the one in flight is lost, and the requests the replica held are
-retried elsewhere or fail.
+"""The cluster at run time (:class:`Runtime`): arrivals, routing, the KV hand-off of a
+disaggregated cluster (a prefill replica runs a *proxy* of the request and holds its KV, a
+*pin*, while it crosses the link: docs/cluster.md), failures and retries. The replica loops ask
+it for the next outside events and tell it what their steps finished; what reaches a replica at
+a time not known in advance (a landing, a released pin) goes to its *inbox*.
 
 Event priorities at one instant: arrivals (and inbox wake-ups) are URGENT, so a step starting
-at that time sees them; step completions are NORMAL; failures and restarts come last (LATE),
-so steps that ended by the failure time stand and the step in flight is lost.
-"""
+then sees them; step completions NORMAL; failures and restarts LATE, so steps that ended by the
+failure time stand and the step in flight is lost."""
 
 from __future__ import annotations
 
@@ -38,11 +25,11 @@ from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
 from simserve.metrics.recorder import Recorder
 from simserve.metrics.tokens import moved
-from simserve.sched.plan import StepPlan
-from simserve.sched.stretch import Joined, Stretch
 from simserve.sched.core import Scheduler
 from simserve.sched.inflight import InFlight
+from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
+from simserve.sched.stretch import Joined, Stretch
 from simserve.workload.spec import RequestSpec
 
 INF = math.inf
@@ -488,8 +475,9 @@ def join_arrivals(c: Runtime, r: Replica, stretch: Stretch, j: int, start: float
     and are admitted as stepping would (all arrive, then each is admitted in turn) and join
     the stretch; the next arrival's time is the new cut. Otherwise None, and nothing changed:
     the stretch ends before step j and the loop takes them as it would have."""
-    specs = c.arrivals.due(start)
+    due = c.arrivals.due(start)
     sched, limit = r.scheduler, r.max_model_len
+    specs = sched.admission_order(due)   # (the order schedule() would admit them in)
     blocks = sched.blocks
     prompts = [s.num_prompt_tokens for s in specs]
     for spec, p in zip(specs, prompts):
@@ -500,8 +488,8 @@ def join_arrivals(c: Runtime, r: Replica, stretch: Stretch, j: int, start: float
     if hits is None or not sched.stretch_admits([p - h for p, h in zip(prompts, hits)],
                                                 decoding):
         return None
-    c.arrivals.skip(len(specs))
-    for spec in specs:
+    c.arrivals.skip(len(due))
+    for spec in due:
         _arrive(c, spec)
     joined = []
     for p, hit in zip(prompts, hits):

@@ -137,6 +137,11 @@ class BlockManager:
         self.num_free += n
         return n
 
+    def release(self, request_id: int, num_tokens: int | None = None) -> int:
+        """:meth:`free` the blocks of a request that finished (holding ``num_tokens`` tokens,
+        if given: a prefix cache may cache the blocks they fill first)."""
+        return self.free(request_id)
+
     def swap_out(self, request_id: int) -> int | None:
         """Move the request's device blocks to host memory; None if the host has no room."""
         n = self._held.get(request_id, 0)

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from itertools import islice
+from operator import itemgetter
 
 from simserve.kv.blocks import BlockManager
 
@@ -49,6 +50,11 @@ _ROOT = 0                 # parent key of block 0
 # is, and a chained hash of ("request", id) would be unique too, only dearer)
 _UNIQUE = 1 << 64
 _MEMO_MAX = 1 << 16       # content chains remembered (by hash_ids), cleared when full
+# The key of a block whose content only a finished request had (``release``): nobody can hit
+# it, but it held content all the same (freed to the pool's tail, counted when evicted).
+# hash() never returns -1, and _UNIQUE keys are larger, so it is no key of any content.
+_DEAD = -1
+_first = itemgetter(0)
 
 
 class PrefixBlockManager(BlockManager):
@@ -60,8 +66,13 @@ class PrefixBlockManager(BlockManager):
                  source_block_size: int = SOURCE_BLOCK_SIZE):
         super().__init__(num_blocks, block_size, 0)
         self.source_block_size = source_block_size
-        self._ref = [0] * num_blocks                    # requests holding each block
+        # requests holding each block (0: free)
+        self._ref = [0] * num_blocks
         self._key: list[int | None] = [None] * num_blocks
+        # the free blocks in LRU order (head: taken next), and blocks a hit took out of it
+        # since (held, ref > 0) where they were: a hit does not move them, a take from the head
+        # drops them, and a free puts them back at the tail (an OrderedDict's move_to_end, not
+        # a delete and an insert). ``free_order()`` is the pool as vLLM's free-block queue.
         self._pool: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         # key -> the blocks holding that content, oldest first: vLLM does not de-duplicate
         # (block tables are append-only), so two requests computing the same content each keep
@@ -78,13 +89,17 @@ class PrefixBlockManager(BlockManager):
         # async scheduling: request id -> its tokens whose content is known (sampled and
         # delivered); blocks past them are not cached yet (limit_cache)
         self._limit: dict[int, int] = {}
+        # request id -> tokens whose full blocks are to be cached before anything can see them
+        # (``defer``: a fast-forwarded stretch's decodes)
+        self._deferred: dict[int, int] = {}
 
     # -- content ---------------------------------------------------------------------------
     def register(self, request_id: int, num_prompt_tokens: int,
                  hash_ids: Sequence[int] | None) -> None:
         """Tell the cache what a request's prompt holds (before its first allocation)."""
-        if request_id not in self._content:
-            self._content[request_id] = (num_prompt_tokens, hash_ids)
+        if request_id not in self._content:   # (a tuple: content chains are kept by it)
+            self._content[request_id] = (num_prompt_tokens,
+                                         None if hash_ids is None else tuple(hash_ids))
 
     def _keys_upto(self, request_id: int, n: int) -> list[int]:
         """The request's block keys, computed (once) at least up to block ``n``: block b's
@@ -147,7 +162,8 @@ class PrefixBlockManager(BlockManager):
             return self.num_new_blocks(request_id, num_tokens) <= self.num_free
         keys = self._keys_upto(request_id, cached_tokens // self.block_size)
         hits = [self._cached[keys[b]][0] for b in range(cached_tokens // self.block_size)]
-        from_pool = sum(1 for bid in hits if self._ref[bid] == 0)
+        ref = self._ref
+        from_pool = sum(1 for bid in hits if not ref[bid])
         return max(0, self.blocks_for(num_tokens) - len(hits)) + from_pool <= self.num_free
 
     # -- commands --------------------------------------------------------------------------
@@ -161,6 +177,8 @@ class PrefixBlockManager(BlockManager):
         for _ in range(max(0, need)):
             table.append(self._take())
         self._held[request_id] = len(table)   # the counting view (blocks_held)
+        if self._deferred:                    # (covered by what this caches now)
+            self._deferred.pop(request_id, None)
         self._register_full(request_id, table, num_tokens)
         return max(0, need)
 
@@ -170,15 +188,14 @@ class PrefixBlockManager(BlockManager):
         assert request_id not in self._tables and cached_tokens % self.block_size == 0
         keys = self._keys_upto(request_id, cached_tokens // self.block_size)
         hits = [self._cached[keys[b]][0] for b in range(cached_tokens // self.block_size)]
-        from_pool = sum(1 for bid in hits if self._ref[bid] == 0)
+        ref = self._ref
+        from_pool = sum(1 for bid in hits if not ref[bid])
         need = self.blocks_for(num_tokens) - len(hits)
         if from_pool + max(0, need) > self.num_free:
             return None
-        for bid in hits:
-            if self._ref[bid] == 0:
-                del self._pool[bid]
-                self.num_free -= 1
-            self._ref[bid] += 1
+        self.num_free -= from_pool
+        for bid in hits:                   # (out of the pool: left where it is, see _pool)
+            ref[bid] += 1
         self._tables[request_id] = hits
         self._num_keyed[request_id] = len(hits)
         return self.allocate(request_id, num_tokens)
@@ -204,28 +221,71 @@ class PrefixBlockManager(BlockManager):
         """Release the request's blocks into the pool, tail first (evicted first): cached ones
         at the pool's tail, the others (no content worth keeping) at its head, to be reused
         first (vLLM's ``BlockPool.free_blocks``)."""
+        if self._deferred:
+            n = self._deferred.pop(request_id, None)
+            if n is not None:
+                self.cache_upto(request_id, n)
         table = self._tables.pop(request_id, None) or []
         self._held.pop(request_id, None)
         pool, ref, key = self._pool, self._ref, self._key
+        put, move = pool.__setitem__, pool.move_to_end
         uncached = []
         freed = 0
-        for bid in reversed(table):
+        for bid in reversed(table):        # tail first
             r = ref[bid] - 1
             ref[bid] = r
-            if not r:
-                pool[bid] = None
+            if not r:                      # to the tail (one a hit left in place: moved)
+                if bid in pool:
+                    move(bid)
+                else:
+                    put(bid, None)
                 if key[bid] is None:
                     uncached.append(bid)
                 freed += 1
         self.num_free += freed
-        for bid in reversed(uncached):     # uncached[0] ends up at the very head
-            pool.move_to_end(bid, last=False)
+        for bid in reversed(uncached):     # to the head (the first ends up at the very head)
+            move(bid, last=False)
         self._num_keyed.pop(request_id, None)
         self._keys.pop(request_id, None)
         self._content.pop(request_id, None)
         if self._limit:
             self._limit.pop(request_id, None)
         return len(table)
+
+    def release(self, request_id: int, num_tokens: int | None = None) -> int:
+        """Free the blocks of a request that finished. Its own content (the blocks past the
+        content its ``hash_ids`` name) can never be hit again: only the request itself hits it,
+        after a preemption. So those blocks keep no key in the cache, only the mark that they
+        hold content (``_DEAD``): freed to the pool's tail and counted as evicted when reused,
+        exactly as with their keys. ``num_tokens``: the tokens it holds, whose full blocks are
+        cached first (a fast-forwarded stretch caches the blocks its decodes fill only then)."""
+        if self._deferred:
+            n = self._deferred.pop(request_id, None)
+            if num_tokens is None:
+                num_tokens = n
+        table = self._tables.get(request_id)
+        if table:
+            bs = self.block_size
+            prompt, ids = self._content.get(request_id, (0, None))
+            shared = min(prompt, len(ids) * self.source_block_size) // bs if ids else 0
+            block_key = self._key
+            if num_tokens is not None:
+                start = self._num_keyed.get(request_id, 0)
+                if start < shared:             # (content others may share: cached as ever)
+                    self._register_full(request_id, table, min(num_tokens, shared * bs))
+                    start = self._num_keyed.get(request_id, 0)
+                full = min(num_tokens // bs, len(table))
+                for b in range(max(start, shared), full):
+                    block_key[table[b]] = _DEAD
+            keys = self._keys.get(request_id)
+            if keys is not None and len(keys) > shared:   # its own content cached before
+                cached = self._cached
+                for key in keys[shared:]:
+                    copies = cached.pop(key, None)
+                    if copies:
+                        for bid in copies:
+                            block_key[bid] = _DEAD
+        return self.free(request_id)
 
     def limit_cache(self, request_id: int, num_tokens: int | None) -> None:
         """Cache no block of the request past its first ``num_tokens`` tokens (None: no limit).
@@ -252,54 +312,69 @@ class PrefixBlockManager(BlockManager):
         :meth:`cache_upto`, later). The blocks must be free (the caller checked)."""
         tables, held, pool, ref, block_key = self._tables, self._held, self._pool, self._ref, \
             self._key
+        cached = self._cached
+        evicted = 0
+        popitem = pool.popitem
         for rid in request_ids:
-            bid = pool.popitem(last=False)[0]      # (_take, inline)
+            bid = popitem(False)[0]                 # (_take, inline)
+            while ref[bid]:                         # (held: a hit left it here)
+                bid = popitem(False)[0]
             key = block_key[bid]
             if key is not None:
-                copies = self._cached[key]
-                copies.remove(bid)
-                if not copies:
-                    del self._cached[key]
+                if key != _DEAD:
+                    copies = cached[key]
+                    if len(copies) == 1:
+                        del cached[key]
+                    else:
+                        copies.remove(bid)
                 block_key[bid] = None
-                self.num_evicted += 1
+                evicted += 1
             ref[bid] = 1
             table = tables[rid]
             table.append(bid)
             held[rid] = len(table)
+        self.num_evicted += evicted
         self.num_free -= len(request_ids)
+
+    def defer(self, request_id: int, num_tokens: int) -> None:
+        """Cache the blocks the request's first ``num_tokens`` fill before anything could see
+        them: at its next allocation, free or release. For blocks of its own content filled by
+        a fast-forwarded stretch's decodes, which nobody can hit or evict while it holds them."""
+        self._deferred[request_id] = num_tokens
 
     def pool_head(self, n: int) -> list[int]:
         """The first ``n`` blocks of the free pool: the next ones taken."""
-        return list(islice(self._pool, n))
+        ref = self._ref
+        return list(islice(filter(lambda b: not ref[b], self._pool), n))
+
+    def free_order(self) -> list[int]:
+        """The free blocks in LRU order (vLLM's free-block queue; the first is taken next)."""
+        ref = self._ref
+        return [b for b in self._pool if not ref[b]]
 
     def lookup(self, request_id: int, num_tokens: int) -> tuple[list[int], list[int]]:
         """The blocks a new request would share (:meth:`cached_tokens`: one per cached block
         at its start), and of those the ones in the free pool (a hit takes them out of it)."""
         limit = (num_tokens - 1) // self.block_size
-        keys, cached, ref = self._keys_upto(request_id, limit), self._cached, self._ref
-        hits: list[int] = []
-        pooled = []
-        for key in keys[:limit]:
-            copies = cached.get(key)
-            if copies is None:
-                break
-            bid = copies[0]
-            hits.append(bid)
-            if not ref[bid]:
-                pooled.append(bid)
-        return hits, pooled
+        keys = self._keys_upto(request_id, limit)
+        found = list(map(self._cached.get, keys[:limit]))
+        if None in found:
+            del found[found.index(None):]
+        hits: list[int] = list(map(_first, found))   # type: ignore[arg-type]
+        ref = self._ref
+        return hits, [b for b in hits if not ref[b]]
 
     def allocate_hits(self, request_id: int, num_tokens: int, hits: list[int]) -> int | None:
         """:meth:`allocate_cached` with the hits :meth:`lookup` found (this list becomes the
         request's table), when nothing changed since: the caller has checked they and the
         new blocks fit."""
-        pool, ref = self._pool, self._ref
+        ref = self._ref
         taken = 0
-        for bid in hits:
-            if not ref[bid]:
-                del pool[bid]
+        for bid in hits:                   # (out of the pool: left where it is, see _pool)
+            r = ref[bid]
+            if not r:
                 taken += 1
-            ref[bid] += 1
+            ref[bid] = r + 1
         self.num_free -= taken
         self._tables[request_id] = hits
         self._num_keyed[request_id] = len(hits)
@@ -320,13 +395,16 @@ class PrefixBlockManager(BlockManager):
     def _take(self) -> int:
         """A block from the pool's head (least recently freed); its cached content is lost."""
         bid, _ = self._pool.popitem(last=False)
+        while self._ref[bid]:              # (held: a hit left it here)
+            bid, _ = self._pool.popitem(last=False)
         self.num_free -= 1
         key = self._key[bid]
         if key is not None:
-            copies = self._cached[key]
-            copies.remove(bid)
-            if not copies:
-                del self._cached[key]
+            if key != _DEAD:
+                copies = self._cached[key]
+                copies.remove(bid)
+                if not copies:
+                    del self._cached[key]
             self._key[bid] = None
             self.num_evicted += 1
         self._ref[bid] = 1

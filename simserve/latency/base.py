@@ -7,11 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from simserve.sched.plan import StepPlan
-
-# ``(i, n) -> list``: the seconds of steps i .. i + n - 1 of a decode stretch (step i: every
-# context grown by i)
-Prices = Callable[[int, int], list[float]]
+from simserve.sched.plan import Prices, StepPlan
 
 
 class LatencyModel(Protocol):
@@ -121,7 +117,8 @@ class Pricing:
     step_time: Callable[[StepPlan], float]
     # a decode stretch's prices: the model's own, else each step's plan priced
     decode_stretch: Callable[[StepPlan], Prices]
-    sums: SumPricing | None
+    decode_stretch_sum: Callable[[int, int], Prices] | None
+    mixed_step_sum: Callable[[int, int, tuple[int, ...], tuple[int, ...]], float] | None
     forget_prices: Callable[[Any, int, int], None] | None
     # the CPU part of a step: the model's cpu_s, else its fixed step overhead, else 0
     cpu_s: Callable[[StepPlan], float]
@@ -143,7 +140,9 @@ class Pricing:
             step_time=model.step_time,
             decode_stretch=(model.decode_stretch if isinstance(model, StretchPricing)
                             else _step_by_step(model)),
-            sums=model if isinstance(model, SumPricing) else None,
+            decode_stretch_sum=(model.decode_stretch_sum if isinstance(model, SumPricing)
+                                else None),
+            mixed_step_sum=model.mixed_step_sum if isinstance(model, SumPricing) else None,
             forget_prices=model.forget_prices if isinstance(model, CountsPrices) else None,
             cpu_s=cpu_s,
             frontend_delay_s=(float(model.frontend_delay_s or 0.0)

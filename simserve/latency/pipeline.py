@@ -1,37 +1,6 @@
-"""A micro-batch's time on each stage of a pipeline-parallel replica (``pipeline_parallel_size``).
-
-A replica of ``p`` stages splits the decoder layers as vLLM does (``kv/capacity.py``,
-``pipeline_layers``): stage j holds ``layers_j`` of the ``L`` layers on its own
-``tensor_parallel_size`` ranks. A step's plan (one micro-batch) costs, on stage j::
-
-    stage_j = layers_j / L · Σ per-layer parts            (GEMMs, attention, pointwise ops,
-                                                           TP all-reduces; a swap moves the
-                                                           stage's share of each block)
-              + [j = 0]     (step overhead, embedding, the engine's per-request and per-token
-                             costs of a calibrated profile)
-              + [j = p - 1]  LM head and sampling
-
-and between stage j and j + 1 its activations travel (vLLM v1 ``gpu_worker.py``: each TP rank
-sends its 1/TP slice of the hidden states and the residual, ``isend_tensor_dict`` with
-``all_gather_group``, and the receiving stage all-gathers them)::
-
-    send_j = 2 · tokens · hidden · dtype / TP / link_j + latency
-             + (TP − 1) / TP · 2 · tokens · hidden · dtype / interconnect   (the all-gather)
-
-``latency`` is the NVLink-class fixed latency, or across a node boundary the hardware's
-``scaleout_latency`` (one hop on the scale-out link) where it gives one.
-
-``link_j`` is the hardware's ``interconnect_bandwidth`` within a node and its
-``scaleout_bandwidth`` where the boundary between the stages' GPUs (stage j on GPUs
-``j·TP .. (j+1)·TP − 1``) is a node boundary (``devices_per_node``). The send is asynchronous
-on the sender (vLLM waits for it at its next step): it delays the receiver, not the sender.
-
-The per-layer parts are the base model's own breakdown (roofline or measured profile), so the
-split is exact for the roofline; for a profile it assumes, as the profile's composition already
-does, that every layer costs the same (the measured per-layer linear and attention times, times
-the stage's layers). Where the step overhead and the engine's costs sit (the first stage) is an
-assumption: vLLM schedules and prepares inputs on the engine and the first stage's worker.
-"""
+"""A micro-batch's time on each stage of a pipeline-parallel replica (``pipeline_parallel_size``)
+and each send between stages, from the base model's breakdown: the formulas and what is
+assumed are in docs/latency.md (pipeline stages)."""
 
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ class RooflineModel(RooflineStretchPricing):
                  all2all_backend: str = "allgather_reducescatter",
                  expert_balancedness: float = 1.0,
                  all2all_latency_s: float = DEFAULT_ALL2ALL_LATENCY_S,
-                 frontend_delay_s: float = 0.0):
+                 frontend_delay_s: float = 0.0, swap_block_bytes: int | None = None):
         """``curves``: price each operation at its class's measured efficiency by size (the
         constant ``flops_efficiency`` / ``bandwidth_efficiency`` are then unused and must be
         left at their defaults); None: constant efficiencies for every operation.
@@ -102,7 +102,8 @@ class RooflineModel(RooflineStretchPricing):
         to the step overhead as a calibrated profile's ``per_output_token_s`` is.
         ``frontend_delay_s``: a constant per-request delay outside the engine steps
         (``latency.frontend_delay_ms``, applied by ``runner.collect`` as a calibrated
-        profile's)."""
+        profile's). ``swap_block_bytes``: one swapped block on one rank (the scenario's
+        ``ReplicaSpec.model_block_bytes``; by default the card's at ``block_size``)."""
         tp, dp = tensor_parallel_size, data_parallel_size
         check_tensor_parallel(model, tp)
         if not (0 < flops_efficiency <= 1 and 0 < bandwidth_efficiency <= 1):
@@ -171,7 +172,8 @@ class RooflineModel(RooflineStretchPricing):
         self._layers = L
         self._linear_at: dict[int, float] = {}   # linear time by tokens in the step (memo)
         self._decode_terms: dict[int, tuple] = {}   # decode_stretch's terms by batch size
-        self._join_terms: dict[tuple[int, int], tuple] = {}   # mixed_step_sum's, (b, prompt)
+        # mixed_step_sum's, by (b, prompt chunk, its cached prefix)
+        self._join_terms: dict[tuple[int, int, int], tuple] = {}
 
         # Attention, all layers together. GQA FLOPs per (query token · attended token):
         # QKᵀ and PV each 2 · head_dim per query head.
@@ -221,7 +223,9 @@ class RooflineModel(RooflineStretchPricing):
             self._ar_fixed_s = 2 * L * fixed
         else:
             self._ar_tok_s = self._ar_fixed_s = 0.0
-        self._swap_block_s = kv_block_bytes(model, block_size, tp) / hw.host_link_bandwidth
+        if swap_block_bytes is None:
+            swap_block_bytes = kv_block_bytes(model, block_size, tp)
+        self._swap_block_s = swap_block_bytes / hw.host_link_bandwidth
         self._kv_heads = kv_heads_per_rank(model, tp)
         self._decode_rows: dict = {}       # decode η by context, per batch size (curves)
         self._curve_sum_prices: dict = {}  # _curve_stretch_sum's prices by batch size

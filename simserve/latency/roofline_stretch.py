@@ -102,26 +102,27 @@ class RooflineStretchPricing:
         (their last chunks), without the requests' contexts one by one: a roofline step
         reads the decodes only through their count and context sum, so the plan priced has
         ``b`` decodes of that sum (the same value, bit for bit). What a stretch prices the
-        steps at which requests join it with (sched/stretch.py). The usual case, one whole
-        prompt beside the decodes, adds its terms as ``step_time`` does, those that depend
-        on (b, prompt) alone memoised."""
-        if len(prefill_lens) == 1 and not prefill_ctx[0]:
-            p = prefill_lens[0]
+        steps at which requests join it with (sched/stretch.py). The usual case, one prompt
+        (past its cached prefix) beside the decodes, adds its terms as ``step_time`` does,
+        those that depend on (b, chunk, cached prefix) alone memoised."""
+        if len(prefill_lens) == 1:
+            p, c = prefill_lens[0], prefill_ctx[0]
             n = b + p
             if self.curves is not None:
                 # _curve_parts' terms, added as step_time adds them: linear, prefill, decode,
                 # LM head (b + 1 rows), all-reduce, swap (none), pointwise; then the overhead
-                # and the extra cost (0.0). All but the decode depend on (b, p) alone: memoised
-                key = (b, p)
+                # and the extra cost (0.0). All but the decode depend on (b, p, c) alone:
+                # memoised
+                key = (b, p, c)
                 terms = self._join_terms.get(key)
                 if terms is None:
                     chunks = self._prefill_at
-                    prefill = chunks.get((p, 0))
+                    prefill = chunks.get((p, c))
                     if prefill is None:
-                        prefill = self._curve_chunk_s(p, 0)
+                        prefill = self._curve_chunk_s(p, c)
                         if len(chunks) >= MEMO_MAX:
                             chunks.clear()
-                        chunks[p, 0] = prefill
+                        chunks[p, c] = prefill
                     if len(self._join_terms) >= MEMO_MAX:
                         self._join_terms.clear()
                     terms = self._join_terms[key] = (
@@ -132,7 +133,7 @@ class RooflineStretchPricing:
                 t = head + self._curve_decode_s(b, total_ctx + b)
                 return ((((((t + lm_head) + comm) + swap) + pw) + self._cpu_s(b + 1))
                         + 0.0)
-            key = (b, p)
+            key = (b, p, c)
             terms = self._join_terms.get(key)
             if terms is None:
                 plan = StepPlan((), (), prefill_lens, prefill_ctx, (0,) * b, b + 1)

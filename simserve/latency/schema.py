@@ -1,51 +1,10 @@
 """The profile file: the versioned boundary between ``profiler`` (torch) and ``simserve``.
 
 This module imports neither torch nor numpy, so the simulator can read a profile measured on an
-H100 from a laptop. A profile is one JSON object; :data:`SCHEMA_VERSION` is bumped whenever a
-reader written for the old version would misread a new file. :func:`load_profile` is the only way
-simserve should read one: every problem comes back as one :class:`ProfileError` whose message names
-the file and the field (``profile.json: attn_decode.seconds[2]: expected 4 values, got 3``).
-
-Layout (all times in seconds; every timing is the median over warmed-up repeats, with the 10th and
-90th percentiles beside it)::
-
-    schema_version  1
-    kind            "simserve-profile"
-    provenance      device, device_name, torch_version, cuda_version|null, dtype, threads,
-                    date (UTC ISO 8601), command (exact argv, no host name), grid ("quick"|"full"),
-                    note (optional: load average while measuring, and --note),
-                    execution (optional: eager or compiled layers, CUDA graphs and how their
-                    parts added up)
-    model           the shapes the kernels were built with (compare before use: model_mismatch)
-    settings        block_size, max_num_batched_tokens, warmup, repeats,
-                    timer ("perf_counter"|"thread_time"|"cuda_event"|"cuda_graph_replay"),
-                    sampler,
-                    method (optional: "in_step" = parts timed inside whole steps; absent or
-                    "isolated" = each part timed alone), order (optional: "rounds" = a
-                    family's points interleaved, round after round; "warm_rounds" = the
-                    same, each point run twice in a row and the second kept; absent or
-                    "point_by_point")
-    attention       backend, compiled, compile_seconds {family: s}, fallback|null,
-                    self_check_rel_err, note
-    linear          per decoder layer, everything but attention, vs tokens in the step:
-                    {tokens: [T], seconds: [T], p10: [T], p90: [T], ops: {op: [T]}}
-    embedding       embedding lookup + final RMSNorm over all tokens: {tokens, seconds, p10, p90}
-    attn_prefill    one prefill chunk, per layer: {chunk: [C], ctx: [X], seconds: [C][X], p10, p90}
-    attn_decode     a batch of decodes at one context length, per layer:
-                    {batch: [B], ctx: [X], seconds: [B][X], p10, p90}
-    lm_head         final hidden rows of the sampled sequences -> logits -> next token:
-                    {seqs: [S], seconds: [S] (greedy), p10, p90, top_p_seconds: [S]}
-    memory          weights_bytes, kv_bytes_per_token, block_bytes, activation_peak_bytes,
-                    activation_peak_method ("measured"|"estimated"), total_bytes|null,
-                    free_bytes|null, gpu_memory_utilization, num_gpu_blocks|null, note
-    heldout         whole steps (all layers + LM head) of random mixed batches, never on the grid:
-                    [{prefill: [[len, ctx], ...], decode_ctx: [...], num_sampled,
-                      seconds, p10, p90}]
-
-A composed step time is ``embedding(T) + L * (linear(T) + sum attn_prefill(chunk, ctx)
-+ mean over the decodes of attn_decode(batch, ctx_i)) + lm_head(num_sampled)``; ``heldout``
-measures the same thing end to end so that composition can be benchmarked. See
-docs/profiler.md.
+H100 from a laptop. :data:`SCHEMA_VERSION` is bumped whenever a reader written for the old
+version would misread a new file. :func:`load_profile` is the only way simserve should read
+one: every problem comes back as one :class:`ProfileError` naming the file and the field. The
+fields, and how a step time is composed from them: docs/profiler.md (the file).
 """
 
 from __future__ import annotations

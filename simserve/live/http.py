@@ -8,17 +8,20 @@ fields, the trailing usage chunk, ``data: [DONE]``), ``vllm/entrypoints/serve/ex
 error_response.py`` and ``vllm/renderers/params.py`` (error body and messages) and
 ``vllm/v1/metrics/loggers.py`` (metric names and the ``model_name``/``engine`` labels).
 
-What a request means to the simulation: its prompt length (the number of token ids, or an
-estimate from text: ``text_tokens``) and its output length: ``max_tokens`` when ``ignore_eos``
-is set or ``min_tokens >= max_tokens`` (an exact length, as ``simserve replay`` and ``vllm bench
-serve --ignore-eos`` ask), otherwise a draw from the scenario's workload, at most
-``max_tokens``. Output tokens carry made-up ids (``" w<id>"`` as text, which the word-level
-tokenizer of the reference CPU server's tiny model, docs/fidelity.md, reads back as that id);
+A request body is checked field by field as vLLM's server checks it before anything else
+(``simserve/live/protocol.py``). What a request means to the simulation: its prompt length
+(the number of token ids, or an estimate from text: ``text_tokens``) and its output length:
+``max_tokens`` when ``ignore_eos`` is set or ``min_tokens >= max_tokens`` (an exact length, as
+``simserve replay`` and ``vllm bench serve --ignore-eos`` ask), otherwise a draw from the
+scenario's workload, at most ``max_tokens``. Output tokens carry made-up ids (``" w<id>"`` as
+text, which the word-level tokenizer of the reference CPU server's tiny model, docs/fidelity.md,
+reads back as that id);
 only their count and timing mean anything.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -26,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from simserve.live.api import LiveSimulation, TokenStream
 from simserve.live.protocol import (
@@ -44,12 +48,13 @@ __all__ = ["CHARS_PER_TOKEN", "Frontend", "RequestError", "count_text_tokens",
 
 FIRST_TOKEN_ID = 4            # ids 0-3 are special tokens in the usual tokenizers
 TEXT_TOKENS = ("chars", "words")
+BODY_IDLE_S = 30.0            # a request body that sends nothing for this long is dropped
 
 
 def error_response(e: RequestError) -> web.Response:
     body = {"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.status}}
     resp = web.json_response(body, status=e.status)
-    if e.status == 413:
+    if e.status in (408, 413):
         resp.force_close()       # the rest of the body is not read: end the connection
     return resp
 
@@ -186,10 +191,19 @@ async def _read_body(request: web.Request) -> bytes:
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
         raise too_large
     body = bytearray()
-    while chunk := await request.content.readany():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise too_large
+    try:
+        while chunk := await asyncio.wait_for(request.content.readany(), BODY_IDLE_S):
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                raise too_large
+    except HttpProcessingError as e:     # (aiohttp raises this for some bodies cut short)
+        raise RequestError("malformed request body: " + " ".join(str(e.message).split())[:200]
+                           ) from None
+    except asyncio.TimeoutError:
+        # a body that stops arriving, or turns to garbage midway (aiohttp then never ends the
+        # payload: the handler would wait as long as the client keeps the connection)
+        raise RequestError(f"no more of the request body arrived for {BODY_IDLE_S:g} s, or it "
+                           f"is malformed", None, 408, "RequestTimeoutError") from None
     return bytes(body)
 
 

@@ -265,7 +265,6 @@ class GenerateRequest:
 
     prompt_len: int
     max_tokens: int | None         # as asked (max_completion_tokens for chat, if given)
-    max_tokens_field: str          # the field it came from, for messages
     min_tokens: int
     ignore_eos: bool
     stream: bool
@@ -280,7 +279,7 @@ def read_request(body: dict[str, Any], chat: bool, limits: Limits,
     if model is not None and not isinstance(model, str):
         raise RequestError(f"model: expected a string, got {_show(model)}", "model")
     if model is not None and model != limits.model_name:
-        raise RequestError(f"The model `{model}` does not exist.", "model", 404,
+        raise RequestError(f"The model `{model[:200]}` does not exist.", "model", 404,
                            "NotFoundError")
     if _integer_or(body, "n", 1, 1, "n must be at least 1, got {v}.") > 1:
         raise RequestError("n: simserve serve returns one choice per request", "n")
@@ -294,8 +293,13 @@ def read_request(body: dict[str, Any], chat: bool, limits: Limits,
                            "stream_options")
     include_usage = False
     if options is not None:      # vLLM's StreamOptions: include_usage defaults to true
-        include_usage = _flag(options, "include_usage") if "include_usage" in options else True
-        _flag(options, "continuous_usage_stats")
+        try:
+            include_usage = _flag(options, "include_usage") if "include_usage" in options \
+                else True
+            _flag(options, "continuous_usage_stats")
+        except RequestError as e:
+            raise RequestError(f"stream_options.{e.message}", f"stream_options.{e.param}") \
+                from None
     ignore_eos = _flag(body, "ignore_eos", nullable=False) if "ignore_eos" in body else False
     return_ids = _flag(body, "return_token_ids")
     _check_common(body)
@@ -303,13 +307,14 @@ def read_request(body: dict[str, Any], chat: bool, limits: Limits,
         _flag(body, "logprobs")
         _integer(body, "top_logprobs", 0)
         prompt_len = _messages_len(body.get("messages"), text_tokens)
+        # both are checked; max_completion_tokens wins when both are given (as in vLLM)
+        legacy = _integer(body, "max_tokens", 1, None,
+                          message="max_tokens must be at least 1, got {v}.")
         name = "max_completion_tokens"
         max_tokens = _integer(body, name, 1, None,
                               message=f"{name} must be at least 1, got {{v}}.")
         if max_tokens is None:
-            name = "max_tokens"
-            max_tokens = _integer(body, name, 1, None,
-                                  message="max_tokens must be at least 1, got {v}.")
+            name, max_tokens = "max_tokens", legacy
     else:
         _integer(body, "logprobs", -1, message="logprobs must be non-negative or -1, got {v}.")
         _string(body, "suffix")
@@ -339,5 +344,5 @@ def read_request(body: dict[str, Any], chat: bool, limits: Limits,
         raise RequestError(f"min_tokens must be less than or equal to max_tokens={room} (the "
                            f"context left: max_model_len {limit} - {prompt_len} prompt tokens),"
                            f" got {_show(min_tokens)}.", "min_tokens")
-    return GenerateRequest(prompt_len, max_tokens, name, min_tokens, ignore_eos, stream,
+    return GenerateRequest(prompt_len, max_tokens, min_tokens, ignore_eos, stream,
                            include_usage, return_ids)

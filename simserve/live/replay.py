@@ -219,6 +219,7 @@ async def _replay(s: Scenario, specs: list[RequestSpec], endpoint: str, model: s
 def _tables(outcomes: list[Outcome]) -> tuple[pd.DataFrame, pd.DataFrame]:
     import pandas as pd
 
+    from simserve.metrics.summary import tpot
     from simserve.runner import REQUEST_COLUMNS
     nan = math.nan
     rows = []
@@ -240,7 +241,7 @@ def _tables(outcomes: list[Outcome]) -> tuple[pd.DataFrame, pd.DataFrame]:
             "status": "finished" if ok else "failed", "reject_reason": "",
             "first_scheduled_s": nan, "first_token_s": first, "finish_s": finish,
             "num_preemptions": 0, "ttft_s": ttft, "e2el_s": e2el,
-            "tpot_s": (e2el - ttft) / (n - 1) if ok and n > 1 else nan,
+            "tpot_s": nan,               # (below: metrics.summary.tpot)
             "priority": o.spec.priority, "class": o.spec.klass,
             "num_cached_tokens": o.cached_tokens,
             "scheduled_s": o.spec.arrival_s, "num_chunks": len(o.chunk_times),
@@ -248,6 +249,10 @@ def _tables(outcomes: list[Outcome]) -> tuple[pd.DataFrame, pd.DataFrame]:
             "error": error,
         })
     requests = pd.DataFrame(rows, columns=[*REQUEST_COLUMNS, *REPLAY_COLUMNS])
+    requests["tpot_s"] = tpot(requests["ttft_s"].to_numpy(float),
+                              requests["e2el_s"].to_numpy(float),
+                              requests["num_output_tokens"].to_numpy(),
+                              (requests["status"] == "finished").to_numpy())
     requests["usage_output_tokens"] = requests["usage_output_tokens"].astype("Int64")
     requests["http_status"] = requests["http_status"].astype("Int64")
     chunk_rows = [(o.spec.request_id, k, t, n) for o in outcomes if o.ok

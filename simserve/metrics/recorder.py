@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -28,13 +29,26 @@ from simserve.metrics import levels
 from simserve.metrics.levels import ChunkSums, chunk_sums, group_of_steps
 from simserve.metrics.requests import RequestColumns, resolved
 from simserve.metrics.sketch import LogHistogram
-from simserve.metrics.tokens import TokenLog
+from simserve.metrics.sample import WeightedSample
+from simserve.metrics.tokens import CHUNK, KEEP_STEPS, TokenLog
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request
+from simserve.latency.base import Pricing
+from simserve.sched.core import Scheduler
 from simserve.sched.stretch import Stretch
 
-if TYPE_CHECKING:
-    from simserve.engine.replica import Replica
+
+class Replica(Protocol):
+    """What the recorder reads of a replica (engine/replica.py's ``Replica``)."""
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    @property
+    def pricing(self) -> Pricing: ...
 
 # Per-step columns (vary inside a fast-forwarded stretch) and per-group columns (constant over a
 # group of steps: one plain step, or one whole stretch). Typecodes: float64 times, int32 counts.
@@ -372,3 +386,37 @@ def _group_row(num_steps: int, replica: int, prefill_tokens: int, prefill_seqs: 
     return [num_steps, replica, prefill_tokens, prefill_seqs, decode_seqs,
             prefill_tokens + decode_seqs, running, waiting, num_blocks, preempted, swap_out,
             swap_in]
+
+
+def itl_sample(rec: Recorder) -> WeightedSample:
+    """Every inter-token gap of a run, as the replicas' token logs gathered them: gap g of a
+    replica (between its steps g and g + 1) with its multiplicity, plus the gaps that spanned
+    skipped steps. Streamed in chunks of steps, regenerated for each pass."""
+    sources = []
+    for index in sorted(rec.tokens):
+        log, steps = rec.tokens[index], rec.replicas.get(index)
+        n = log.num_steps if steps is not None else 0
+        start = np.frombuffer(steps.steps["start_s"], dtype=np.float64) \
+            if steps is not None and n else None
+        duration = np.frombuffer(steps.steps["duration_s"], dtype=np.float64) \
+            if steps is not None and n else None
+        sources.append((np.frombuffer(log.itl_diff, dtype=np.int32), start, duration, n,
+                        np.frombuffer(log.itl_extra, dtype=np.float64)))
+
+    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for diff, start, duration, n, extra in sources:
+            carry = 0
+            for a in range(0, max(n - 1, 0), CHUNK):   # gaps a .. b-1 need step ends a .. b
+                b = min(a + CHUNK, n - 1)
+                w = np.cumsum(diff[a:b], dtype=np.int64) + carry
+                carry = int(w[-1])
+                assert start is not None and duration is not None
+                ends = start[a:b + 1] + duration[a:b + 1]
+                keep = w > 0
+                yield np.diff(ends)[keep], w[keep]
+            yield extra, np.ones(len(extra), dtype=np.int64)
+
+    if sum(n for _, _, _, n, _ in sources) <= KEEP_STEPS:
+        pieces = list(chunks())         # (a short run: made once, not for each of four passes)
+        return WeightedSample(chunks=lambda: pieces)
+    return WeightedSample(chunks=chunks)

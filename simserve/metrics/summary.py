@@ -31,6 +31,16 @@ if TYPE_CHECKING:
 Table = Union[Mapping[str, Any], "pd.DataFrame"]
 
 MS_PER_S = 1000.0
+
+
+def tpot(ttft: np.ndarray, e2el: np.ndarray, out: np.ndarray,
+         finished: np.ndarray | None = None) -> np.ndarray:
+    """Each request's time per output token, as ``vllm bench serve`` defines it: TPOT =
+    (E2EL − TTFT) / (output tokens − 1), for a (finished) request with more than one output
+    token; NaN for the others. The one place it is computed (runs, replays, summaries)."""
+    some = out > 1 if finished is None else finished & (out > 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(some, (e2el - ttft) / (out - 1), math.nan)
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
 
 
@@ -72,8 +82,7 @@ def summarize(requests: Table, token_times: Sequence[np.ndarray] | None,
     ttft = done("first_token_s", float) - arrival
     e2el = done("finish_s", float) - arrival
     out = done("num_output_tokens", int)
-    multi = out > 1
-    tpot = (e2el[multi] - ttft[multi]) / (out[multi] - 1)
+    tpots = tpot(ttft, e2el, out)[out > 1]
     itl_values: WeightedSample | LogHistogram | np.ndarray
     if itl is None:
         assert token_times is not None          # checked above
@@ -105,7 +114,7 @@ def summarize(requests: Table, token_times: Sequence[np.ndarray] | None,
         "total_token_throughput": per_s(total_in + total_out),
     }
     summary.update(_goodput(slo, ttft, e2el, out, num_requests, per_s))
-    for name, values in zip(LATENCIES, (ttft, tpot, itl_values, e2el)):
+    for name, values in zip(LATENCIES, (ttft, tpots, itl_values, e2el)):
         summary.update(_latency_stats(name, values, percentiles))
     # the papers' run-level numbers: mean E2EL per output token; arrival -> first scheduled
     norm = e2el / np.maximum(out, 1)
@@ -159,9 +168,10 @@ def _good(arrival: np.ndarray, first: np.ndarray, finish: np.ndarray, out: np.nd
     every limit of ``slo`` (as ``_goodput``)."""
     ttft = first - arrival
     e2el = finish - arrival
-    tpot = np.where(out > 1, (e2el - ttft) / np.maximum(out - 1, 1), 0.0)
+    tpot_or_zero = np.where(out > 1, tpot(ttft, e2el, out), 0.0)
     good = np.ones(len(out), dtype=bool)
-    for values, limit_ms in ((ttft, slo.ttft_ms), (tpot, slo.tpot_ms), (e2el, slo.e2el_ms)):
+    for values, limit_ms in ((ttft, slo.ttft_ms), (tpot_or_zero, slo.tpot_ms),
+                             (e2el, slo.e2el_ms)):
         if limit_ms is not None:
             good &= values <= limit_ms / MS_PER_S
     return good
@@ -191,14 +201,14 @@ def _by_class(requests: Table, class_slos: Mapping[str, SloConfig], slo: SloConf
         num_good = int(_good(arrival[done], first[done], finish[done], tokens[done], own).sum())
         total_good += num_good
         ttft = first[done] - arrival[done]
-        tpot = tpot_all[done]
+        tpots = tpot_all[done]
         stats: dict[str, Any] = {"num_requests": num_rows, "completed": int(done.sum()),
                  "priority": int(priority[rows].min()) if num_rows else 0}
         if not own.is_empty:
             stats.update(num_good=num_good, slo_attainment=num_good / num_rows,
                          request_goodput=per_s(num_good))
         stats.update(_latency_stats("ttft", ttft, percentiles))
-        stats.update(_latency_stats("tpot", tpot[~np.isnan(tpot)], percentiles))
+        stats.update(_latency_stats("tpot", tpots[~np.isnan(tpots)], percentiles))
         per_class[name] = {k: _plain(v) for k, v in stats.items()
                            if not k.startswith(("std_", "median_"))}
     out: dict[str, Any] = {"per_class": per_class}
@@ -241,7 +251,7 @@ def _goodput(slo: SloConfig, ttft: np.ndarray, e2el: np.ndarray, out: np.ndarray
     keys = ("request_goodput", "num_good", "slo_attainment", "slo_attainment_target", "slo_met")
     if slo.is_empty:
         return dict.fromkeys(keys)
-    tpot_or_zero = np.where(out > 1, (e2el - ttft) / np.maximum(out - 1, 1), 0.0)
+    tpot_or_zero = np.where(out > 1, tpot(ttft, e2el, out), 0.0)
     good = np.ones(len(out), dtype=bool)      # without per-request limits: every finished one
     for values, limit_ms in ((ttft, slo.ttft_ms), (tpot_or_zero, slo.tpot_ms), (e2el, slo.e2el_ms)):
         if limit_ms is not None:

@@ -6,7 +6,7 @@ in the step it just completed; a stretch's members and their steps); each replic
 gap g, between the replica's steps g and g + 1, occurs ``itl_diff``-many times, kept as a
 difference array (entry g adds to every gap from g on); a gap that spans skipped steps (a
 request that waited, was preempted, or came from another replica) is listed in ``itl_extra``.
-:func:`itl_sample` reads both back as one weighted sample (metrics.sample).
+``metrics.recorder.itl_sample`` reads both back as one weighted sample (metrics.sample).
 
 Every token's time is kept only when asked for (``record``: tokens.csv, ``Result.token_times``):
 a request's :class:`TokenTrack` then holds runs ``[first, stop)`` of step indices into the
@@ -22,60 +22,21 @@ hand-off, a retry on another replica).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from simserve.metrics.levels import LEVEL_CHUNK
-from simserve.metrics.sample import WeightedSample
 from simserve.metrics.sketch import LogHistogram
+from simserve.sched.request import Request, TokenTrack
 
 if TYPE_CHECKING:
-    from simserve.metrics.recorder import Recorder
-    from simserve.sched.request import Request
     from simserve.sched.stretch import Stretch
 
 CHUNK = LEVEL_CHUNK   # steps read at a time after a run: bounds the memory of long runs
 # a run of at most this many steps (all replicas) keeps its gaps while they are read (a few MB);
 # a longer one makes them again, chunk by chunk, for each pass over them
 KEEP_STEPS = 4 * CHUNK
-
-
-class TokenTrack:
-    """One request's output tokens as recorded: the replica step and time of its latest, and
-    (with ``record``) every token's time (see the module docstring)."""
-
-    __slots__ = ("last_step", "last_s", "runs", "ends", "earlier", "extra")
-
-    def __init__(self, last_step: int, last_s: float, record: bool):
-        self.last_step = last_step      # -2: the next token's gap spans skipped steps
-        self.last_s = last_s
-        self.runs: list[list[int]] | None = [] if record else None
-        self.ends: array[float] | None = None     # the step ends ``runs`` index into
-        self.earlier: list[float] = []            # (record) tokens of earlier replicas
-        # (record, speculative decoding) steps that delivered more than one token: step index
-        # -> the tokens beyond the first, all at that step's end (one streamed chunk)
-        self.extra: dict[int, int] | None = None
-
-    def flatten(self) -> None:
-        """Turn the runs into earlier times (the request leaves the replica they index)."""
-        if self.runs:
-            self.earlier = self.times()
-        self.runs, self.ends, self.extra = [], None, None
-
-    def times(self) -> list[float]:
-        """The time of every output token (needs a run that records tokens)."""
-        if self.runs is None:
-            raise ValueError("token times were not recorded (run with record_tokens=True)")
-        ends = self.ends
-        if ends is None:
-            return list(self.earlier)
-        if self.extra:
-            extra = self.extra
-            return self.earlier + [ends[i] for first, stop in self.runs
-                                   for i in range(first, stop) for _ in range(1 + extra.get(i, 0))]
-        return self.earlier + [ends[i] for first, stop in self.runs for i in range(first, stop)]
 
 
 class TokenLog:
@@ -248,37 +209,3 @@ def moved(req: Request) -> None:
     spans skipped steps."""
     if req.tokens is not None:
         req.tokens.last_step = -2
-
-
-def itl_sample(rec: Recorder) -> WeightedSample:
-    """Every inter-token gap of a run, as the replicas' token logs gathered them: gap g of a
-    replica (between its steps g and g + 1) with its multiplicity, plus the gaps that spanned
-    skipped steps. Streamed in chunks of steps, regenerated for each pass."""
-    sources = []
-    for index in sorted(rec.tokens):
-        log, steps = rec.tokens[index], rec.replicas.get(index)
-        n = log.num_steps if steps is not None else 0
-        start = np.frombuffer(steps.steps["start_s"], dtype=np.float64) \
-            if steps is not None and n else None
-        duration = np.frombuffer(steps.steps["duration_s"], dtype=np.float64) \
-            if steps is not None and n else None
-        sources.append((np.frombuffer(log.itl_diff, dtype=np.int32), start, duration, n,
-                        np.frombuffer(log.itl_extra, dtype=np.float64)))
-
-    def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for diff, start, duration, n, extra in sources:
-            carry = 0
-            for a in range(0, max(n - 1, 0), CHUNK):   # gaps a .. b-1 need step ends a .. b
-                b = min(a + CHUNK, n - 1)
-                w = np.cumsum(diff[a:b], dtype=np.int64) + carry
-                carry = int(w[-1])
-                assert start is not None and duration is not None
-                ends = start[a:b + 1] + duration[a:b + 1]
-                keep = w > 0
-                yield np.diff(ends)[keep], w[keep]
-            yield extra, np.ones(len(extra), dtype=np.int64)
-
-    if sum(n for _, _, _, n, _ in sources) <= KEEP_STEPS:
-        pieces = list(chunks())         # (a short run: made once, not for each of four passes)
-        return WeightedSample(chunks=lambda: pieces)
-    return WeightedSample(chunks=chunks)

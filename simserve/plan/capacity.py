@@ -167,8 +167,10 @@ Log = Callable[[str], None]
 class _Prober:
     """Runs (rate, replicas, seed) probes once each and keeps every row."""
 
-    def __init__(self, base: Scenario, seeds: list[int], log: Log, bar: Any = None):
+    def __init__(self, base: Scenario, seeds: list[int], log: Log, bar: Any = None,
+                 held_duration: float | None = None):
         self.base, self.seeds, self.bar = base, seeds, bar
+        self.held_duration = held_duration    # hold="duration": every probe's seconds
         if bar is not None:     # log lines printed around the bar, not through it
             def log_beside_bar(line: str) -> None:
                 with bar.external_write_mode():
@@ -200,6 +202,7 @@ class _Prober:
                     row[k] = summary[k]
             self.cache[key] = row
             self.rows.append(row)
+            self._check_duration(row)
             extra = "".join(f", {k[4:-3].replace('_', ' ')} {row[k]:.1f} ms"
                             for k in ("slo_tbt_ms", "slo_scheduling_delay_ms",
                                       "slo_normalized_latency_ms") if k in row)
@@ -209,6 +212,22 @@ class _Prober:
                      f"attainment {row['slo_attainment']:.3f}{extra} "
                      f"({'meets' if row['slo_met'] else 'misses'} target)")
         return self.cache[key]["slo_attainment"]
+
+    def _check_duration(self, row: dict) -> None:
+        """Holding the duration, a probe that meets the SLO must outlast its requests: if the
+        median request lives longer than the whole window of arrivals, the probe is one burst
+        that ends before any queue can build, and its rate means nothing (1 ms of arrivals
+        "held" 1.2e5 req/s of Llama-3.1-8B on one H100)."""
+        d = self.held_duration
+        e2el = row.get("median_e2el_ms")
+        if d is None or not row["slo_met"] or e2el is None or not e2el / 1000 > d:
+            return
+        raise ConfigError(
+            "workload.duration",
+            f"{d:g} s is too short to hold a request: at {row['rate']:.3g} req/s the median "
+            f"request lasted {e2el:.3g} ms, longer than the whole probe, so each probe is one "
+            f"burst that ends before a queue can build, not a sustained rate; give a duration "
+            f"many times a request's latency (DistServe held each rate for 100 s)")
 
     def met(self, rate: float, replicas: int, seed: int, phase: str) -> bool:
         self.attainment(rate, replicas, seed, phase)
@@ -233,10 +252,29 @@ def with_rate(s: Scenario, rate: float, replicas: int | None = None,
         w = dataclasses.replace(w, arrival=dataclasses.replace(w.arrival, rate=rate))
     changes = {"workload": w}
     if replicas is not None:
-        changes["cluster"] = dataclasses.replace(s.cluster, replicas=replicas)
+        changes["cluster"] = scaled_cluster(s.cluster, replicas)
     if seed is not None:
         changes["seed"] = seed
     return s.replace(**changes)
+
+
+def unit_size(cluster) -> int:
+    """Replicas in one copy of the cluster's deployment: all replicas of its groups (a
+    disaggregated cluster grows by whole copies, keeping its prefill:decode ratio), else 1."""
+    return sum(g.replicas for g in cluster.groups) if cluster.groups else 1
+
+
+def scaled_cluster(cluster, replicas: int):
+    """The cluster with ``replicas`` replicas; a cluster of groups as ``replicas / unit``
+    copies of its groups (``replicas`` a multiple of :func:`unit_size`)."""
+    if not cluster.groups:
+        return dataclasses.replace(cluster, replicas=replicas)
+    unit = unit_size(cluster)
+    if replicas % unit:
+        raise ValueError(f"{replicas} replicas are not whole copies of {unit}")
+    k = replicas // unit
+    groups = tuple(dataclasses.replace(g, replicas=g.replicas * k) for g in cluster.groups)
+    return dataclasses.replace(cluster, replicas=replicas, groups=groups)
 
 
 def _prepare(s: Scenario, notes: list[str], hold: str = "requests") -> tuple[Scenario, float]:
@@ -322,7 +360,8 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
     if progress:
         from simserve.progress import bar
         probes = bar(None, "capacity", "probe")
-    prober = _Prober(s, seed_list, log or (lambda line: None), probes)
+    prober = _Prober(s, seed_list, log or (lambda line: None), probes,
+                     s.workload.arrival.duration_s if hold == "duration" else None)
     replicas = s.cluster.replicas
 
     lo, hi = _bracket(prober, start, replicas, s.workload)
@@ -344,7 +383,9 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
 
     needed = None
     if target_rate is not None:
-        needed = _fewest_replicas(prober, target_rate, lo / replicas, max_replicas)
+        unit = unit_size(s.cluster)
+        needed = _fewest_replicas(prober, target_rate, lo / (replicas // unit),
+                                  max_replicas // unit, unit)
         if needed is None:
             notes.append(f"{max_replicas} replicas do not serve {target_rate:g} req/s within "
                          f"the SLO (raise max_replicas, or the SLO cannot be met at any size)")
@@ -401,31 +442,39 @@ def _num_requests(workload) -> int | str | None:
     return workload.arrival.num_requests
 
 
-def _fewest_replicas(prober: _Prober, rate: float, per_replica: float,
-                     max_replicas: int) -> int | None:
+def _fewest_replicas(prober: _Prober, rate: float, per_unit: float,
+                     max_units: int, unit: int = 1) -> int | None:
     """The smallest replica count whose run at ``rate`` meets the target (integer bisection
-    between a failing and a passing count; 0 replicas fails by definition)."""
-    guess = min(max(1, math.ceil(rate / per_replica)), max_replicas)
-    if prober.passes(rate, guess, "replicas"):
+    between a failing and a passing count; 0 replicas fails by definition). The count moves in
+    whole copies of ``unit`` replicas (a disaggregated cluster's groups); ``per_unit`` is the
+    rate one copy serves, ``max_units`` the most copies tried."""
+    if max_units < 1:
+        return None
+
+    def passes(units: int) -> bool:
+        return prober.passes(rate, units * unit, "replicas")
+
+    guess = min(max(1, math.ceil(rate / per_unit)), max_units)
+    if passes(guess):
         # the guess is usually right: check one fewer before bisecting below it
-        if guess == 1 or not prober.passes(rate, guess - 1, "replicas"):
-            return guess
+        if guess == 1 or not passes(guess - 1):
+            return guess * unit
         lo, hi = 0, guess - 1
     else:
         lo, hi = guess, None
         while hi is None:
-            if lo >= max_replicas:
+            if lo >= max_units:
                 return None
-            n = min(lo * 2, max_replicas)
-            if prober.passes(rate, n, "replicas"):
+            n = min(lo * 2, max_units)
+            if passes(n):
                 hi = n
             else:
                 lo = n
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if prober.passes(rate, mid, "replicas"):
+        if passes(mid):
             hi = mid
         else:
             lo = mid
-    return hi
+    return hi * unit
 

@@ -23,6 +23,7 @@ import copy
 import importlib.util
 import itertools
 import json
+import math
 import os
 import socket
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ import yaml
 from simserve.config import Scenario, apply_overrides, load_yaml, parse_scenario, set_field
 from simserve.errors import ConfigError, SimserveError
 from simserve.fields import Fields
+from simserve.limits import MAX_SWEEP_POINTS, MAX_WORKERS, MAX_WORKERS_PER_CPU
 from simserve.paths import rebase_paths, rebase_value
 
 EXECUTORS = ("local", "ray")
@@ -111,6 +113,32 @@ def _check_axes(grid: Any, zip_: Any) -> None:
         raise ConfigError("zip", f"lists must all have the same length: {listed}")
     if not grid and not zip_:
         raise ConfigError("grid", "nothing to sweep: give grid: and/or zip: with lists of values")
+    # counted before anything is expanded: 10^12 points must not be built to be refused
+    count = math.prod(len(v) for v in grid.values()) * (next(iter(lengths.values()), 1))
+    if count > MAX_SWEEP_POINTS:
+        axes = [f"{k} {len(v):,}" for k, v in grid.items()]
+        if zip_:
+            axes.append(f"zip ({', '.join(zip_)}) {next(iter(lengths.values())):,}")
+        raise ConfigError("grid" if grid else "zip",
+                          f"{count:,} points ({' x '.join(axes)}) is more than the "
+                          f"{MAX_SWEEP_POINTS:,} a sweep may have; use fewer values or split "
+                          f"it into several sweeps")
+
+
+def max_workers() -> int:
+    """The most local processes a sweep may use: MAX_WORKERS_PER_CPU per CPU, at most
+    MAX_WORKERS."""
+    return min(MAX_WORKERS, MAX_WORKERS_PER_CPU * (os.cpu_count() or 1))
+
+
+def check_workers(workers: int | None, field: str = "workers") -> None:
+    if workers is None:
+        return
+    top = max_workers()
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= top:
+        raise ConfigError(field, f"must be 1 to {top} ({MAX_WORKERS_PER_CPU} x this machine's "
+                                 f"{os.cpu_count() or 1} CPUs, at most {MAX_WORKERS}: more "
+                                 f"processes only share the same cores), got {workers!r}")
 
 
 def load_sweep(path: str | Path, overrides: Sequence[str] | None = None) -> SweepSpec:
@@ -191,29 +219,55 @@ def _run_point(scenario: Scenario) -> tuple[dict | None, str | None]:
 
 
 Done = Callable[[int, bool], None]   # (point index, failed) after each point finishes
+Task = Callable[[Any], tuple[Any, str | None]]   # item -> (value, error message)
 
 
-def run_scenarios(scenarios: Sequence[Scenario], executor: str = "local", *,
-                  workers: int | None = None, address: str | None = None,
-                  on_done: Done | None = None) -> list[tuple[dict | None, str | None]]:
-    """``(summary, error)`` for each scenario, in input order."""
-    if executor not in EXECUTORS:
-        raise ConfigError("executor", f"unknown executor {executor!r}; expected one of: "
-                                      f"{', '.join(EXECUTORS)}")
-    # Relative paths (traces, profiles) must not depend on a worker's working directory.
-    scenarios = [s.replace(base_dir=s.base_dir.resolve()) for s in scenarios]
-    on_done = on_done or (lambda i, failed: None)
-    if executor == "ray":
-        return _map_ray(scenarios, address, on_done)
-    workers = min(workers or os.cpu_count() or 1, len(scenarios))
-    results: list = [None] * len(scenarios)
-    if workers <= 1:
-        for i, s in enumerate(scenarios):
-            results[i] = _run_point(s)
-            on_done(i, results[i][1] is not None)
-        return results
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_run_point, s): i for i, s in enumerate(scenarios)}
+class Executor:
+    """Runs a module-level ``task(item) -> (value, error)`` over items in this process
+    (``workers=1``), in local processes, or as Ray tasks; open across several :meth:`map`
+    calls (a plan runs its candidates in waves), closed by ``with`` or :meth:`close`."""
+
+    def __init__(self, executor: str = "local", workers: int | None = None,
+                 address: str | None = None):
+        if executor not in EXECUTORS:
+            raise ConfigError("executor", f"unknown executor {executor!r}; expected one of: "
+                                          f"{', '.join(EXECUTORS)}")
+        self.executor, self.address = executor, address
+        self.workers = workers or os.cpu_count() or 1
+        self._pool: ProcessPoolExecutor | None = None
+        self._ray: Any = None
+        self._own_ray = False
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        if self._own_ray:
+            self._ray.shutdown()
+            self._own_ray = False
+
+    def map(self, task: Task, items: Sequence[Any],
+            on_done: Done | None = None) -> list[tuple[Any, str | None]]:
+        """``task(item)`` for each item, in input order; a worker that dies gives its item
+        the error ``"ExceptionName: message"``."""
+        on_done = on_done or (lambda i, failed: None)
+        results: list = [None] * len(items)
+        if self.executor == "ray":
+            return self._map_ray(task, items, on_done)
+        if self.workers <= 1 or len(items) <= 1:
+            for i, item in enumerate(items):
+                results[i] = task(item)
+                on_done(i, results[i][1] is not None)
+            return results
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers)
+        futures = {self._pool.submit(task, item): i for i, item in enumerate(items)}
         for future in as_completed(futures):
             i = futures[future]
             try:
@@ -221,28 +275,33 @@ def run_scenarios(scenarios: Sequence[Scenario], executor: str = "local", *,
             except Exception as e:  # noqa: BLE001 - a worker died (memory, signal)
                 results[i] = (None, f"{type(e).__name__}: {e}")
             on_done(i, results[i][1] is not None)
-    return results
+        return results
 
-
-def _map_ray(scenarios: list[Scenario], address: str | None, on_done: Done) -> list:
-    try:
-        import ray
-    except ImportError:
-        raise SimserveError("executor 'ray' needs the ray package: "
-                            "pip install 'simserve[ray]'") from None
-    own = not ray.is_initialized()   # a cluster the caller connected to is left running
-    if own:
-        _check_reachable(address)
+    def _start_ray(self) -> Any:
+        if self._ray is not None:
+            return self._ray
         try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                     logging_level="ERROR")
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise SimserveError(f"ray: cannot start or reach a cluster at "
-                                f"{address or 'local'}: {e}") from None
-    try:
-        task = ray.remote(_run_point)
-        pending = {task.remote(s): i for i, s in enumerate(scenarios)}
-        results: list = [None] * len(scenarios)
+            import ray
+        except ImportError:
+            raise SimserveError("executor 'ray' needs the ray package: "
+                                "pip install 'simserve[ray]'") from None
+        if not ray.is_initialized():   # a cluster the caller connected to is left running
+            _check_reachable(self.address)
+            try:
+                ray.init(address=self.address, include_dashboard=False, log_to_driver=False,
+                         logging_level="ERROR")
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise SimserveError(f"ray: cannot start or reach a cluster at "
+                                    f"{self.address or 'local'}: {e}") from None
+            self._own_ray = True
+        self._ray = ray
+        return ray
+
+    def _map_ray(self, task: Task, items: Sequence[Any], on_done: Done) -> list:
+        ray = self._start_ray()
+        remote = ray.remote(task)
+        pending = {remote.remote(item): i for i, item in enumerate(items)}
+        results: list = [None] * len(items)
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:
@@ -253,9 +312,18 @@ def _map_ray(scenarios: list[Scenario], address: str | None, on_done: Done) -> l
                     results[i] = (None, f"{type(e).__name__}: {e}")
                 on_done(i, results[i][1] is not None)
         return results
-    finally:
-        if own:
-            ray.shutdown()
+
+
+def run_scenarios(scenarios: Sequence[Scenario], executor: str = "local", *,
+                  workers: int | None = None, address: str | None = None,
+                  on_done: Done | None = None) -> list[tuple[dict | None, str | None]]:
+    """``(summary, error)`` for each scenario, in input order."""
+    check_workers(workers)
+    # Relative paths (traces, profiles) must not depend on a worker's working directory.
+    scenarios = [s.replace(base_dir=s.base_dir.resolve()) for s in scenarios]
+    workers = min(workers or os.cpu_count() or 1, len(scenarios))
+    with Executor(executor, workers, address) as pool:
+        return pool.map(_run_point, scenarios, on_done)
 
 
 def _check_reachable(address: str | None, timeout_s: float = 5.0) -> None:

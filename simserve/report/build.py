@@ -1,6 +1,6 @@
 """Assemble figures and tables into ``report.html`` plus ``figures/*.png`` (and ``.svg``).
 
-Sections, in order: capacity answers, sweeps, then the runs (a comparison when there are
+Sections, in order: plans, capacity answers, sweeps, then the runs (a comparison when there are
 several). Nothing in the page depends on the clock, so the same inputs give the same report.
 """
 
@@ -22,7 +22,8 @@ from simserve.fmt import attainment_percent
 from simserve.paths import clear_report
 from simserve.report import figures as F
 from simserve.report import html as H
-from simserve.report.load import CapacityData, Inputs, RunData, SweepData, load_inputs
+from simserve.report.load import (CapacityData, Inputs, PlanData, RunData, SweepData,
+                                  load_inputs)
 from simserve.report.style import RC
 
 HEADLINE = {
@@ -69,7 +70,8 @@ def render(inputs: Inputs, out: str | Path, *, svg: bool = False, title: str = "
         fig_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
-    sections = [*map(capacity_section, inputs.capacities), *map(sweep_section, inputs.sweeps)]
+    sections = [*map(plan_section, inputs.plans), *map(capacity_section, inputs.capacities),
+                *map(sweep_section, inputs.sweeps)]
     if inputs.runs:
         sections.append(runs_section(inputs.runs))
     blocks = [H.paragraph(_provenance(inputs), "meta")]
@@ -117,7 +119,8 @@ def _provenance(inputs: Inputs) -> str:
                                       *(c.probes for c in inputs.capacities)]
                      if "latency_model" in t for m in t["latency_model"].dropna().unique()})
     parts = [f"{len(inputs.runs)} run(s), {len(inputs.sweeps)} sweep(s), "
-             f"{len(inputs.capacities)} capacity search(es)."]
+             f"{len(inputs.capacities)} capacity search(es)"
+             + (f", {len(inputs.plans)} plan(s)." if inputs.plans else ".")]
     if models:
         parts.append("Step latency: " + "; ".join(models) + ".")
     from simserve.latency.trust import trust_lines
@@ -133,6 +136,42 @@ def _slo_words(slo: dict) -> str:
 
 
 # --- sections ----------------------------------------------------------------------------------
+
+def plan_section(plan: PlanData) -> Section:
+    a, t = plan.answer, plan.table
+    sec = Section(f"Plan: {plan.label}")
+    pruned = ", ".join(f"{k} {v}" for k, v in (a.get("pruned") or {}).items())
+    sec.blocks.append(H.paragraph(
+        f"{a['candidates']} candidate deployments of {a['model']} for {a['target_rate']:g} "
+        f"req/s ({_slo_words(a.get('slo') or {})}, attainment "
+        f"{(a.get('slo') or {}).get('attainment', 0):.0%}); pruned by bound: {pruned}; "
+        f"simulated {a['simulated']}."))
+    w = a.get("winner_row")
+    if a.get("met") and w:
+        sec.blocks.append(H.paragraph(
+            f"Cheapest: {w['deployment']} (max_num_batched_tokens "
+            f"{w['max_num_batched_tokens']}, max_num_seqs {w['max_num_seqs']}) × "
+            f"{w['replicas']} replica(s) = {w['gpus']} GPU(s), ${w['cost_per_hour']:.2f}/hour, "
+            f"${w['cost_per_million_output_tokens']:.3f} per million output tokens.", "answer"))
+        sec.blocks.append(H.paragraph("vllm serve: " + " | ".join(a.get("vllm_serve") or [])))
+    else:
+        sec.blocks.append(H.paragraph("No deployment meets the SLOs at this rate; the closest "
+                                      "are listed below.", "answer"))
+    ids = [a["winner"], *a.get("runners_up", [])] if a.get("met") else a.get("closest", [])
+    cols = [c for c in ("candidate", "deployment", "max_num_batched_tokens", "max_num_seqs",
+                        "replicas", "gpus", "cost_per_hour", "cost_per_million_output_tokens",
+                        "max_rate_per_copy", "status") if c in t]
+    ranked = t.set_index("candidate", drop=False).loc[ids, cols] if ids else t.iloc[:0][cols]
+    sec.after += [H.heading("Cheapest and runners-up" if a.get("met") else "Closest", 3),
+                  H.table(ranked.reset_index(drop=True), index=False)]
+    for note in a.get("notes") or []:
+        sec.blocks.append(H.paragraph(f"Note: {note}"))
+    sec.figures.append((f"{plan.label}_pareto", "Output tokens/s per GPU against tokens/s per "
+                        "user of every simulated deployment at its max rate; the line is the "
+                        "Pareto frontier, the ring the cheapest deployment for the target.",
+                        F.plan_pareto(plan)))
+    return sec
+
 
 def capacity_section(cap: CapacityData) -> Section:
     a = cap.answer

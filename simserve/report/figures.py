@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from simserve.report.load import CapacityData, RunData
+from simserve.report.load import CapacityData, PlanData, RunData
 from simserve.fmt import human
 from simserve.report.style import (RC, SLO_COLOR, TARGET_COLOR, legend_label, mark_coinciding,
                                    series_styles)
@@ -493,4 +493,47 @@ def capacity_attainment(cap: CapacityData, title: str = "") -> Figure:
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_title(f"at the target rate {a['target_rate']:g} req/s")
         ax.legend(loc="lower right", frameon=False)
+    return fig
+
+
+# --- plan --------------------------------------------------------------------------------------
+
+@_styled
+def plan_pareto(plan: PlanData, title: str = "") -> Figure:
+    """Output tokens/s per GPU against tokens/s per user (1 / median TPOT) of every simulated
+    candidate at its max rate, by hardware; the Pareto frontier joined, the cheapest ringed."""
+    from simserve.plan.planner import PARETO_X, PARETO_Y
+    a, t = plan.answer, plan.table
+    pts = t[t[PARETO_X].notna() & t[PARETO_Y].notna()] if PARETO_X in t else t.iloc[:0]
+    fig, axes = _figure(8, 5)
+    ax = axes[0][0]
+    cards = sorted(pts["hardware"].unique()) if len(pts) else []
+    styles = series_styles([(c, c) for c in cards])
+    for card in cards:
+        own = pts[pts["hardware"] == card]
+        colo = own["mode"] == "colocated"
+        ax.scatter(own.loc[colo, PARETO_X], own.loc[colo, PARETO_Y], s=28, alpha=0.7,
+                   color=styles[card]["color"], marker="o", label=f"{card} colocated")
+        if (~colo).any():
+            ax.scatter(own.loc[~colo, PARETO_X], own.loc[~colo, PARETO_Y], s=34, alpha=0.7,
+                       color=styles[card]["color"], marker="^",
+                       label=f"{card} disaggregated")
+    front = t.set_index("candidate").loc[a.get("pareto") or []]
+    if len(front):
+        front = front.sort_values(PARETO_X)
+        ax.plot(front[PARETO_X], front[PARETO_Y], color="black", linewidth=1, marker=".",
+                label="Pareto frontier")
+    w = a.get("winner")
+    if w is not None and w in set(pts["candidate"]):
+        row = t.set_index("candidate").loc[w]
+        ax.scatter([row[PARETO_X]], [row[PARETO_Y]], s=160, facecolors="none",
+                   edgecolors=TARGET_COLOR, linewidths=1.8,
+                   label=f"cheapest for {a['target_rate']:g} req/s")
+        ax.annotate(str(row["deployment"]), (row[PARETO_X], row[PARETO_Y]), xytext=(8, 6),
+                    textcoords="offset points", fontsize=8)
+    ax.set_xlabel("tokens/s per user (1000 / median TPOT ms, at max rate)")
+    ax.set_ylabel("output tokens/s per GPU (at max rate)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title or f"{plan.label}: throughput per GPU vs speed per user")
+    ax.legend(loc="best", frameon=False, fontsize=8)
     return fig

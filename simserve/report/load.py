@@ -6,7 +6,8 @@
 - a **compare** directory (``simserve run`` on a compare file): one run directory per variant
   and comparison.csv (whose row order is kept);
 - a **sweep** directory: sweep.csv and sweep.yaml;
-- a **capacity** directory: capacity.json and probes.csv.
+- a **capacity** directory: capacity.json and probes.csv;
+- a **plan** directory: plan.json, candidates.csv and probes.csv.
 """
 
 from __future__ import annotations
@@ -88,10 +89,23 @@ class CapacityData:
 
 
 @dataclass
+class PlanData:
+    label: str
+    answer: dict                     # plan.json (PlanResult.to_dict)
+    table: pd.DataFrame              # candidates.csv: one row per candidate deployment
+    path: Path | None = None
+
+    @classmethod
+    def from_result(cls, result) -> PlanData:
+        return cls(result.scenario, result.to_dict(), result.table)
+
+
+@dataclass
 class Inputs:
     runs: list[RunData] = field(default_factory=list)
     sweeps: list[SweepData] = field(default_factory=list)
     capacities: list[CapacityData] = field(default_factory=list)
+    plans: list[PlanData] = field(default_factory=list)
 
 
 def load_inputs(paths: Sequence[str | Path]) -> Inputs:
@@ -99,8 +113,8 @@ def load_inputs(paths: Sequence[str | Path]) -> Inputs:
     dirs = [Path(p) for p in paths]
     for d in dirs:
         if not d.is_dir():
-            raise DataError(d, "not a directory (expected a run, compare, sweep or capacity "
-                               "output directory)")
+            raise DataError(d, "not a directory (expected a run, compare, sweep, capacity "
+                               "or plan output directory)")
     labels = _unique_labels(dirs)
     out = Inputs()
     for d, label in zip(dirs, labels):
@@ -110,6 +124,10 @@ def load_inputs(paths: Sequence[str | Path]) -> Inputs:
             spec = _read_yaml(d / "sweep.yaml") if (d / "sweep.yaml").is_file() else {}
             out.sweeps.append(SweepData(spec.get("name") or label, _read_csv(d / "sweep.csv"),
                                         spec, d))
+        elif (d / "plan.json").is_file():
+            answer = _read_json(d / "plan.json")
+            out.plans.append(PlanData(answer.get("scenario") or label, answer,
+                                      _read_csv(d / "candidates.csv"), d))
         elif (d / "capacity.json").is_file():
             answer = _read_json(d / "capacity.json")
             out.capacities.append(CapacityData(answer.get("scenario") or label, answer,
@@ -118,7 +136,7 @@ def load_inputs(paths: Sequence[str | Path]) -> Inputs:
             out.runs.extend(RunData.from_dir(v) for v in variants)
         else:
             raise DataError(d, "not a simserve output directory (no summary.json, sweep.csv, "
-                               "capacity.json, or run subdirectories)")
+                               "capacity.json, plan.json, or run subdirectories)")
     return out
 
 

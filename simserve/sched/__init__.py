@@ -1,10 +1,10 @@
 """Scheduling policies over one token-budget core. ``POLICIES`` maps scenario names to classes;
 configuration asks :func:`describe` for the few facts it needs of a policy, never the class."""
 
+from simserve.sched.batch import Batch, SchedulerLimits
 from simserve.sched.core import Scheduler
 from simserve.sched.facts import PolicyFacts
 from simserve.sched.fastserve import FastServe
-from simserve.sched.limits import Batch, SchedulerLimits
 from simserve.sched.lmdeploy import Lmdeploy
 from simserve.sched.orca import Orca
 from simserve.sched.plan import StepPlan
@@ -15,8 +15,8 @@ from simserve.sched.sarathi import Sarathi
 from simserve.sched.static import Static
 from simserve.sched.tgi import Tgi
 from simserve.sched.trtllm import TrtllmGuaranteedNoEvict, TrtllmMaxUtilization
-from simserve.sched.vllm_v0 import VllmV0
 from simserve.sched.vllm_native import VllmNative
+from simserve.sched.vllm_v0 import VllmV0
 from simserve.sched.vllm_v1 import VllmV1
 
 POLICIES: dict[str, type[Scheduler]] = {

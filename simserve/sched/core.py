@@ -24,10 +24,10 @@ from typing import Any, ClassVar, cast
 
 from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
+from simserve.sched.batch import Batch, SchedulerLimits
 from simserve.sched.facts import PolicyFacts
 from simserve.sched.inflight import StepsInFlight
 from simserve.sched.joining import StretchAdmission
-from simserve.sched.limits import Batch, SchedulerLimits
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
 from simserve.sched.spec import Acceptance
@@ -424,7 +424,7 @@ class Scheduler(StepsInFlight, Verifying, StretchAdmission):
             done = {id(r) for r in finished_running}
             self.running = [r for r in self.running if id(r) not in done]
         for req in finished:
-            self.blocks.free(req.id)
+            self.blocks.release(req.id)
             req.status = Status.FINISHED
             if t is not None:
                 req.finish_s = t

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
-from simserve.sched.limits import Batch
+from simserve.sched.batch import Batch
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
 

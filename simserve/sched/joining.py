@@ -4,10 +4,10 @@ it (sched/stretch.py's ``join``, for a policy whose facts say ``joins_stretch``)
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from simserve.kv.blocks import BlockManager
-from simserve.sched.limits import SchedulerLimits
+from simserve.sched.batch import SchedulerLimits
 from simserve.sched.request import Request
 
 
@@ -28,10 +28,17 @@ class StretchAdmission:
     def stretch_admits(self, prompts: list[int], decoding: int) -> bool:
         """With ``joins_stretch``: True if ``schedule()``, at a step where the ``decoding``
         running requests all decode and nothing else is running, swapped or waiting but
-        requests with ``prompts`` tokens that just arrived (in that order, none with anything
-        computed or cached), would admit every one of them with its whole prompt, KV blocks
-        aside (the stretch makes sure of those: ``Stretch.room_to_join``)."""
+        requests that just arrived (in that order, none with anything computed) whose prompts
+        past their cached prefixes are ``prompts`` tokens, would admit every one of them with
+        all of those, KV blocks aside (the stretch makes sure of those:
+        ``Stretch.join_hits``)."""
         raise NotImplementedError
+
+    def admission_order(self, specs: list[Any]) -> list[Any]:
+        """With ``joins_stretch``: the requests ``specs``, arriving at once to an empty waiting
+        queue, in the order ``schedule()`` would admit them (arrival order unless the policy
+        orders its queue)."""
+        return specs
 
     def admits_whole(self, prompts: list[int], decoding: int, threshold: int) -> bool:
         """``stretch_admits`` for a policy that, after the ``decoding`` decodes, admits the

@@ -26,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from simserve.sched.batch import Batch
 from simserve.sched.core import Scheduler
-from simserve.sched.limits import Batch
 from simserve.sched.facts import PolicyFacts
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan

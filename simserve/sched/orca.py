@@ -23,10 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from simserve.kv.buddy import BuddyBlockManager, pow2_at_least
 from simserve.kv.blocks import BlockManager
+from simserve.kv.buddy import BuddyBlockManager, pow2_at_least
+from simserve.sched.batch import SchedulerLimits
 from simserve.sched.core import Scheduler
-from simserve.sched.limits import SchedulerLimits
 from simserve.sched.facts import PolicyFacts
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan

@@ -6,6 +6,7 @@ downstream of the scheduler sees requests or queues, only this record.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 
@@ -99,3 +100,8 @@ class StepPlan(NamedTuple):
     @property
     def is_empty(self) -> bool:
         return not self.request_ids and not self.swap_out_blocks and not self.swap_in_blocks
+
+
+# ``(i, n) -> list``: the seconds of steps i .. i + n - 1 of a decode stretch (step i: every
+# context grown by i), as a latency model prices them for fast-forward (sched/stretch.py)
+Prices = Callable[[int, int], list[float]]

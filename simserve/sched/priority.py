@@ -19,9 +19,9 @@ preempted for blocks.
 from __future__ import annotations
 
 from bisect import insort
-from dataclasses import replace
+from typing import Any
 
-from simserve.sched.limits import Batch
+from simserve.sched.batch import Batch
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
 from simserve.sched.vllm_v1 import VllmV1
@@ -39,9 +39,13 @@ def victim_rank(req: Request) -> tuple[int, float]:
 
 class Priority(VllmV1):
     name = "priority"
-    # as vLLM v1's, but arrivals are admitted in priority order (joining a stretch: not
-    # modelled); micro-batches in flight stay in running, a victim may be one in flight
-    facts = replace(VllmV1.facts, joins_stretch=False)
+    # as vLLM v1's (arrivals join a stretch, in priority order: admission_order);
+    # micro-batches in flight stay in running, a victim may be one in flight
+    facts = VllmV1.facts
+
+    def admission_order(self, specs: list[Any]) -> list[Any]:
+        # the waiting queue's order (rank) of requests that arrive together
+        return sorted(specs, key=lambda s: (s.priority, s.arrival_s, s.request_id))
 
     def schedule(self) -> StepPlan:
         plan = super().schedule()

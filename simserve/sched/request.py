@@ -14,13 +14,10 @@ A recompute preemption just sets ``num_computed_tokens`` back to 0.
 from __future__ import annotations
 
 import enum
+from array import array
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from simserve.workload.spec import RequestSpec
-
-if TYPE_CHECKING:
-    from simserve.metrics.tokens import TokenTrack
 
 
 class Status(enum.Enum):
@@ -109,3 +106,40 @@ class Request:
         """Feeds back exactly its last sampled token this step."""
         return self.num_generated > 0 and \
             self.num_prompt_tokens + self.num_generated - self.num_computed_tokens == 1
+
+
+class TokenTrack:
+    """One request's output tokens as recorded (``Request.tokens``, kept by the token log of
+    the replica serving it: metrics/tokens.py): the replica step and time of its latest, and
+    (with ``record``) every token's time."""
+
+    __slots__ = ("last_step", "last_s", "runs", "ends", "earlier", "extra")
+
+    def __init__(self, last_step: int, last_s: float, record: bool):
+        self.last_step = last_step      # -2: the next token's gap spans skipped steps
+        self.last_s = last_s
+        self.runs: list[list[int]] | None = [] if record else None
+        self.ends: array[float] | None = None     # the step ends ``runs`` index into
+        self.earlier: list[float] = []            # (record) tokens of earlier replicas
+        # (record, speculative decoding) steps that delivered more than one token: step index
+        # -> the tokens beyond the first, all at that step's end (one streamed chunk)
+        self.extra: dict[int, int] | None = None
+
+    def flatten(self) -> None:
+        """Turn the runs into earlier times (the request leaves the replica they index)."""
+        if self.runs:
+            self.earlier = self.times()
+        self.runs, self.ends, self.extra = [], None, None
+
+    def times(self) -> list[float]:
+        """The time of every output token (needs a run that records tokens)."""
+        if self.runs is None:
+            raise ValueError("token times were not recorded (run with record_tokens=True)")
+        ends = self.ends
+        if ends is None:
+            return list(self.earlier)
+        if self.extra:
+            extra = self.extra
+            return self.earlier + [ends[i] for first, stop in self.runs
+                                   for i in range(first, stop) for _ in range(1 + extra.get(i, 0))]
+        return self.earlier + [ends[i] for first, stop in self.runs for i in range(first, stop)]

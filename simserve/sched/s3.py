@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from simserve.sched.batch import Batch
 from simserve.sched.core import Scheduler
-from simserve.sched.limits import Batch
 from simserve.sched.facts import PolicyFacts
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan

@@ -10,8 +10,8 @@ would otherwise be empty, which keeps two half-done prompts from deadlocking a f
 
 from __future__ import annotations
 
+from simserve.sched.batch import Batch
 from simserve.sched.core import Scheduler
-from simserve.sched.limits import Batch
 from simserve.sched.facts import PolicyFacts
 from simserve.sched.plan import StepPlan
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from simserve.kv.blocks import BlockManager
+from simserve.sched.batch import SchedulerLimits
 from simserve.sched.core import Scheduler
-from simserve.sched.limits import SchedulerLimits
 from simserve.sched.facts import PolicyFacts
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan

@@ -23,7 +23,10 @@ that sees them, if ``schedule()`` would admit their whole prompts there beside t
 (``Scheduler.stretch_admits``) and their blocks surely fit (``room_to_join``), that step is a
 mixed step of the stretch, a segment of its own, and they are members from it on (offset j,
 c = p - 1 - j: step j feeds the prompt's last position); their blocks are allocated when the
-stretch is applied, after those of the members that finished are freed.
+stretch is applied, after those of the members that finished are freed. With prefix caching the
+stretch names its blocks instead, as stepping would, step by step where something happens
+(``_CacheReplay``): a joining request's cache hits are looked up, and its blocks allocated,
+at its step.
 
 The semantic code (the scheduler, the latency models) reads as if it stepped one iteration at a
 time; this module is the optimisation, with one object per stretch:
@@ -42,17 +45,37 @@ from collections.abc import Callable
 from heapq import heapify, heappop, heappush
 from itertools import accumulate
 from operator import add, itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from simserve.kv.prefix import PrefixBlockManager
-from simserve.latency.base import Prices, Pricing
-from simserve.sched.plan import StepPlan
+from simserve.sched.plan import Prices, StepPlan
 
 if TYPE_CHECKING:
     from simserve.sched.core import Scheduler
     from simserve.sched.request import Request
 
 INF = float("inf")
+
+
+class Pricing(Protocol):
+    """What a stretch needs of its replica's latency model: latency/base.py's ``Pricing``
+    (its fast-forward capabilities, None where the model has none)."""
+
+    @property
+    def step_time(self) -> Callable[[StepPlan], float]: ...
+
+    @property
+    def decode_stretch(self) -> Callable[[StepPlan], Prices]: ...
+
+    @property
+    def decode_stretch_sum(self) -> Callable[[int, int], Prices] | None: ...
+
+    @property
+    def mixed_step_sum(self) -> Callable[[int, int, tuple[int, ...], tuple[int, ...]],
+                                         float] | None: ...
+
+    @property
+    def forget_prices(self) -> Callable[[Any, int, int], None] | None: ...
 
 
 # A run of steps of one membership and shape: (the stretch step it starts at, the requests
@@ -231,9 +254,8 @@ class Stretch:
         """
         k, plan = self.num_steps, self.first_plan
         members = self.members
-        sums = latency.sums
-        by_sum = None if plan.extra_s or sums is None else sums.decode_stretch_sum
-        mixed_sum = None if sums is None else sums.mixed_step_sum
+        by_sum = None if plan.extra_s else latency.decode_stretch_sum
+        mixed_sum = latency.mixed_step_sum
         # a model that counts something as it prices (a profile's grid lookups) takes back
         # what steps priced and then dropped counted: (segment start, its prices) to tell it
         forget = latency.forget_prices
@@ -534,11 +556,12 @@ class _CacheReplay:
     start a block take one from the pool's head, in running order (``T(i)``); requests that
     join at step i then take their cached prefix and new blocks (``J(i)``, live: ``admit``);
     at its end the members whose last token it was free their blocks, in plan order
-    (``F(i)``), those their decodes filled being cached first. A block a decode fills holds
-    content no other request has (kv/prefix.py: blocks past the prompt are the request's
-    own), so it is cached (``cache_upto``) only when its request frees it or the stretch is
-    applied: nothing can hit or evict it before. Stepping's order of T, J, F over the steps is
-    kept exactly, so the pool's LRU order, the evictions and every later hit are stepping's.
+    (``F(i)``, ``release``: those their decodes filled being cached first). A block a decode
+    fills holds content no other request has (kv/prefix.py: blocks past the prompt are the
+    request's own), so it is cached only when its request is released or the stretch is
+    applied (``settle``): nothing can hit or evict it before. Stepping's order of T, J, F over
+    the steps is kept exactly, so the pool's LRU order, the evictions and every later hit are
+    stepping's.
 
     ``pos`` counts the operations done: 2i is T(i), 2i + 1 is F(i); step 0's blocks were
     taken by ``schedule()`` itself, so it starts at 1. ``used``: the blocks in use after each
@@ -581,23 +604,45 @@ class _CacheReplay:
                 f.append((rid, c + e))
 
     def run_to(self, pos: int) -> None:
-        """Do the operations up to (not including) ``pos``."""
+        """Do the operations up to (not including) ``pos``. The takes of consecutive steps
+        with no free between them are done at once, in order (each takes one free block: the
+        blocks in use after each step are counted on)."""
         bm, takes, frees, used = self.bm, self.takes, self.frees, self.used
         p = self.pos
-        while p < pos:
-            i = p >> 1
-            if p & 1:
-                f = frees[i]
-                if f:
-                    for rid, n in f:
-                        bm.cache_upto(rid, n)
-                        bm.free(rid)
-            else:
-                t = takes[i]
-                if t:
-                    bm.extend(t)
-                used.append(bm.num_blocks - bm.num_free)
+        if p >= pos:
+            return
+        pending: list[int] = []            # takes not yet done, in order
+        cur = used[-1]                     # blocks in use, the pending takes counted
+        i = p >> 1
+        if p & 1:                          # F(i) first
+            f = frees[i]
+            if f:
+                for rid, n in f:
+                    bm.release(rid, n)
+                cur = bm.num_blocks - bm.num_free
+            i += 1
             p += 1
+        while p < pos:                     # here p = 2i: T(i), then F(i) if p + 1 < pos
+            t = takes[i]
+            if t:
+                pending += t
+                cur += len(t)
+            used.append(cur)
+            if p + 1 == pos:
+                p += 1
+                break
+            f = frees[i]
+            if f:
+                if pending:
+                    bm.extend(pending)
+                    pending = []
+                for rid, n in f:
+                    bm.release(rid, n)
+                cur = bm.num_blocks - bm.num_free
+            i += 1
+            p += 2
+        if pending:
+            bm.extend(pending)
         self.pos = p
 
     def hits(self, specs: list[Any], j: int, decoding: int, k: int) -> list[int] | None:
@@ -659,8 +704,9 @@ class _CacheReplay:
         return bm.held(req.id)
 
     def settle(self, members: list[Member], k: int) -> None:
-        """After ``k`` steps applied: cache the blocks the members still running filled."""
+        """After ``k`` steps applied: the blocks the members still running filled are to be
+        cached before anything can see them (``PrefixBlockManager.defer``)."""
         bm = self.bm
         for req, c, _, e, _ in members:
             if e > k:
-                bm.cache_upto(req.id, c + k)
+                bm.defer(req.id, c + k)

@@ -27,8 +27,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from simserve.sched.batch import Batch
 from simserve.sched.core import Scheduler
-from simserve.sched.limits import Batch
 from simserve.sched.facts import PolicyFacts
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan

@@ -26,8 +26,8 @@ delay of requests that could reuse a block being computed, the ``STATIC_BATCH`` 
 
 from __future__ import annotations
 
+from simserve.sched.batch import Batch
 from simserve.sched.core import Scheduler
-from simserve.sched.limits import Batch
 from simserve.sched.facts import PolicyFacts
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from simserve.sched.limits import Batch, SchedulerLimits
+from simserve.sched.batch import Batch, SchedulerLimits
 from simserve.sched.request import Request
 from simserve.sched.spec import Acceptance, SpeculativeConfig
 

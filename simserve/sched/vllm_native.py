@@ -35,10 +35,10 @@ import numpy as np
 
 from simserve.errors import ConfigError
 from simserve.kv.blocks import BlockManager
+from simserve.sched.batch import SchedulerLimits
 from simserve.sched.core import Scheduler
-from simserve.sched.inflight import InFlight
-from simserve.sched.limits import SchedulerLimits
 from simserve.sched.facts import PolicyFacts
+from simserve.sched.inflight import InFlight
 from simserve.sched.params import knob
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status

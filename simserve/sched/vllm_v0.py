@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 
+from simserve.sched.batch import Batch
 from simserve.sched.core import Scheduler
-from simserve.sched.limits import Batch
 from simserve.sched.facts import PolicyFacts
 from simserve.sched.plan import StepPlan
 

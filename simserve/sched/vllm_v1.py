@@ -37,8 +37,8 @@ n + p (``next_decode_eligible_step``, vllm/v1/core/sched/async_scheduler.py; eng
 
 from __future__ import annotations
 
+from simserve.sched.batch import Batch
 from simserve.sched.core import Scheduler  # noqa: F401
-from simserve.sched.limits import Batch
 from simserve.sched.facts import PolicyFacts
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request

@@ -299,9 +299,15 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
                         raise DataError(path, f"missing required field {k!r}; fields found: "
                                               f"{', '.join(obj)}", lineno)
                     v = obj[k]
-                    if isinstance(v, bool) or not isinstance(v, (int, float, str, type(None))):
+                    if isinstance(v, str):
+                        # a JSON trace's numbers are JSON numbers: "1000" is text (a field
+                        # written wrong, or not this format), never read as 1000
+                        raise DataError(path, f"field {k!r} must be a JSON number, got the "
+                                              f"string {v[:40]!r}", lineno)
+                    if isinstance(v, bool) or not isinstance(v, (int, float, type(None))):
                         # true is not 1 (as in scenario files); a list is not a length
-                        raise DataError(path, f"field {k!r} is not a number: {v!r}", lineno)
+                        raise DataError(path, f"field {k!r} is not a number: {v!r}"[:200],
+                                        lineno)
                     if isinstance(v, int) and not -2**63 <= v < 2**63:   # JSON ints are unbounded
                         raise DataError(path, f"field {k!r} is out of range: "
                                               f"{str(v)[:20]}... ({len(str(v))} digits)", lineno)

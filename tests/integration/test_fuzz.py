@@ -1,6 +1,7 @@
 """Fuzz: hundreds of hand-made bad inputs, each answered the one way bad input is answered.
 
-Every case is a command line (``validate``, ``run``, ``sweep``, ``capacity``, ``report``) over
+Every case is a command line (``validate``, ``run``, ``sweep``, ``capacity``, ``plan``,
+``report``) over
 files written for it: scenario YAML with broken bytes, structure or values, every trace format
 with broken rows, ``--set`` overrides, sweep and compare files. Each must end with
 
@@ -635,6 +636,31 @@ for args, expect in [
 ]:
     add(f"capacity-{' '.join(args)}", ["capacity", CONSTANT, "--no-report", "--quiet",
                                        "--out", "{d}/o", *args], expect)
+for args, expect, files in [
+    (["--target-rate", "0"], r"--target-rate", {}),
+    (["--target-rate", "-1"], r"--target-rate", {}),
+    (["--target-rate", "inf"], r"--target-rate", {}),
+    (["--target-rate", "nan"], r"--target-rate", {}),
+    (["--target-rate", "abc"], r"--target-rate", {}),
+    (["--target-rate", "5", "--workers", "0"], r"--workers", {}),
+    (["--target-rate", "5", "--set", "plan.hardware=[H200]"], r"plan\.prices\.H200", {}),
+    (["--target-rate", "5", "--set", "plan.tensor_parallel_size=[]"],
+     r"plan\.tensor_parallel_size", {}),
+    (["--target-rate", "5", "--set", "plan.hardware=[H100-SXM]", "--set",
+      "plan.max_num_seqs=[0]"], r"plan\.max_num_seqs\[0\]", {}),
+    (["--target-rate", "5", "--set", "plan.disaggregation=[x]"], r"plan\.disaggregation", {}),
+    (["--target-rate", "5", "--set", "plan.prices={L40S: nan}"], r"plan\.prices\.L40S", {}),
+    (["--target-rate", "5", "--set", "plan.wave=0"], r"plan\.wave", {}),
+    (["--target-rate", "5", "--set", "plan.bogus=1"], r"plan\.bogus", {}),
+    (["--target-rate", "5", "--plan", "{d}/nope.yaml"], r"nope\.yaml", {}),
+    (["--target-rate", "5", "--plan", "{d}/p.yaml"], r"p\.yaml", {"p.yaml": b"\xff"}),
+    (["--target-rate", "5", "--plan", "{d}/p.yaml"], r"tensor_parallel_size\[0\]",
+     {"p.yaml": "plan: {hardware: [H100-SXM], tensor_parallel_size: [-2]}\n"}),
+    (["--target-rate", "5", "--set", "slo=null", "--set", "plan.hardware=[H100-SXM]"],
+     r"^error: slo", {}),
+]:
+    add(f"plan-{' '.join(args)}", ["plan", CONSTANT, "--no-report", "--quiet", "--out", "{d}/o",
+                                   *args], expect, files)
 for id, files, expect in [
     ("empty-dir", {"r/x.txt": "x"}, r"r"),
     ("bad-summary", {"r/summary.json": b"\xe9", "r/requests.csv": "a\n1\n",
@@ -649,9 +675,67 @@ for id, files, expect in [
                    "r/steps.csv": b"\xff\xfe\x00", "r/scenario.yaml": TINY_TEXT}, r"steps\.csv"),
     ("bad-sweep", {"r/sweep.csv": b"\xff\xfe", "r/sweep.yaml": "name: x\n"}, r"sweep\.(csv|yaml)"),
     ("bad-capacity", {"r/capacity.json": "{nope", "r/probes.csv": "a\n"}, r"capacity\.json"),
+    ("bad-plan", {"r/plan.json": "{nope", "r/candidates.csv": "a\n"}, r"plan\.json"),
 ]:
     add(f"report-{id}", ["report", "{d}/r", "--out", "{d}/rep"], expect, files)
 add("report-missing-dir", ["report", "{d}/nope"], r"nope")
+
+
+# --- 8. issue #33: grids too large to expand, numbers that overflow, flags left empty ---------
+
+def _axes(n_axes: int, n_values: int) -> str:
+    fields = ["seed", "workload.rate", "slo.ttft_ms", "slo.tpot_ms", "engine.max_num_seqs",
+              "workload.num_requests", "slo.e2el_ms", "latency.base_ms", "latency.per_token_ms",
+              "latency.per_seq_ms", "workload.prefix_len", "latency.per_token_ms"][:n_axes]
+    return "".join(f"  {f}: [{', '.join(str(i + 1) for i in range(n_values))}]\n"
+                   for f in dict.fromkeys(fields))
+
+
+for id, text, expect in [
+    # every point valid: before the count, validating 10^6 of them took ~50 minutes
+    ("grid-10^6", f"base: {TINY_PATH}\ngrid:\n{_axes(6, 10)}", r"^error: grid: 1,000,000 "
+                                                                 r"points .* 10,000"),
+    ("grid-10^11", f"base: {TINY_PATH}\ngrid:\n{_axes(12, 10)}", r"^error: grid: 1\d\d,000"),
+    ("grid-x-zip", f"base: {TINY_PATH}\ngrid:\n  workload.rate: [1, 2]\nzip:\n  seed: ["
+                   + ", ".join(map(str, range(5001))) + "]\n", r"^error: grid: 10,002 points"),
+]:
+    add(f"sweep-{id}", ["sweep", "{d}/s.yaml", "--no-report", "--out", "{d}/o"], expect,
+        {"s.yaml": text})
+    add(f"validate-sweep-{id}", ["validate", "{d}/s.yaml"], expect, {"s.yaml": text})
+for workers in ("1000000", "-3"):
+    add(f"sweep-workers-{workers}", ["sweep", "{d}/s.yaml", "--workers", workers, "--out",
+                                     "{d}/o"], r"^error: --workers: must be 1 to \d+",
+        {"s.yaml": f"base: {TINY_PATH}\ngrid:\n  seed: [1, 2]\n"})
+for value in ("1e400", "-1e400", "1e309", ".nan", ".NaN", "[1e400]"):
+    add(f"set-rate={value}", ["validate", "{d}/s.yaml", "--set", f"workload.rate={value}"],
+        r"^error: (--set )?workload\.rate: ", {"s.yaml": TINY_TEXT})
+for path, value in [("slo.ttft_ms", "1e400"), ("latency.base_ms", ".nan"),
+                    ("metric_percentiles", "[50, 1e400]"), ("seed", "1e400"),
+                    ("workload.num_requests", "1e400")]:
+    add(f"set-{path}={value}", ["run", "{d}/s.yaml", "--no-report", "--out", "{d}/o", "--set",
+                                f"{path}={value}"], rf"^error: (--set )?{re.escape(path)}\b",
+        {"s.yaml": TINY_TEXT})
+for id, old, new, expect in [
+        ("rate-1e400", "rate: 20", "rate: 1e400", r"s\.yaml:\d+: 1e400 is too large"),
+        ("ttft-1e400", "ttft_ms: 100", "ttft_ms: -1e400", r"s\.yaml:\d+: -1e400 is too large"),
+        ("ttft-nan", "ttft_ms: 100", "ttft_ms: .nan", r"^error: slo\.ttft_ms: ")]:
+    both(f"file-{id}", {"s.yaml": TINY_TEXT.replace(old, new)}, expect)
+for value in ("", " ", ",", "abc", "50,,99", "50,1e400", "nan", "0"):
+    add(f"metric-percentiles={value!r}", ["run", "{d}/s.yaml", "--no-report", "--out", "{d}/o",
+                                          "--metric-percentiles", value],
+        r"^error: --metric-percentiles: ", {"s.yaml": TINY_TEXT})
+for duration in ("0.001", "0.000001"):
+    add(f"capacity-hold-duration-{duration}", ["capacity", "{d}/s.yaml", "--hold", "duration",
+                                               "--seeds", "1", "--no-report", "--quiet",
+                                               "--out", "{d}/o"],
+        r"^error: workload\.duration: .* too short to hold a request",
+        {"s.yaml": TINY_TEXT.replace("num_requests: 60", f"duration: {duration}")})
+for key, value in [("timestamp", '"1000"'), ("input_length", '"10"'),
+                   ("output_length", '"5"'), ("timestamp", '"soon"')]:
+    line = {"timestamp": "5", "input_length": "3", "output_length": "2", key: value}
+    trace_case(f"string-{key}={value}", "mooncake",
+               MC_OK + "{" + ", ".join(f'"{k}": {v}' for k, v in line.items()) + "}\n",
+               LINE2_JSONL + f".*{key}.* must be a JSON number")
 
 
 # --- the test --------------------------------------------------------------------------------

@@ -113,10 +113,7 @@ def test_frontend_delay_shifts_the_folded_window(monkeypatch):
     """A calibrated front-end delay moves steps onto the client's clock: the folded chunks'
     window checks use the shifted times, and the summary equals the kept run's."""
     from simserve.config import load_scenario
-    from simserve.engine.build import build_replicas
-    s = load_scenario(SCENARIOS / "quickstart.yaml")
-    monkeypatch.setattr(type(build_replicas(s, None)[0].latency), "frontend_delay_s", 0.003,
-                        raising=False)
+    s = load_scenario(SCENARIOS / "quickstart.yaml", ["latency.frontend_delay_ms=3"])
     small_folds(monkeypatch, 64)
     folded = simserve.run(s)
     assert folded._recorder.replicas[0].num_folded > 0

@@ -51,7 +51,8 @@ def texts(nb) -> list[list[str]]:
     return out
 
 
-@pytest.mark.parametrize("name", ["compare_policies.ipynb", "capacity_planning.ipynb"])
+@pytest.mark.parametrize("name", ["compare_policies.ipynb", "capacity_planning.ipynb",
+                                  "plan_deployment.ipynb"])
 def test_notebook_outputs_are_current(name):
     saved = nbformat.read(NOTEBOOKS / name, as_version=4)
     assert any(cell.get("outputs") for cell in saved.cells if cell.cell_type == "code"), \

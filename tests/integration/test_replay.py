@@ -249,7 +249,9 @@ def test_bounds_max_requests_and_time_limit(tmp_path):
     # arrivals at 0, 0.1, 0.2, 0.3 are sent; each needs ~0.4 s, so all are cut at 0.35 s
     assert cut.summary["num_requests"] == 4 and cut.meta["num_not_sent"] == 26
     assert cut.summary["failed_by_error"] == {"time limit": 4}
-    assert wall < 2.0
+    # it stopped at the limit, not after the last arrival (2.9 s) and its tokens: a bound on
+    # a hang, not a speed (a busy machine may be slow to start the client)
+    assert wall < 3.0
 
 
 def test_unreachable_endpoint_refuses_to_start(tmp_path, capsys):

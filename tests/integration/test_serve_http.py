@@ -370,7 +370,7 @@ M = {"messages": [{"role": "user", "content": "hi"}]}
     ("/v1/completions", {**P, "stream": True, "stream_options": 3}, "stream_options",
      "stream_options: expected an object, got 3"),
     ("/v1/completions", {**P, "stream": True, "stream_options": {"include_usage": "x"}},
-     "include_usage", "include_usage: expected true or false"),
+     "stream_options.include_usage", "stream_options.include_usage: expected true or false"),
     ("/v1/completions", {**P, "stream_options": {"include_usage": True}}, "stream_options",
      "Stream options can only be defined when `stream=True`."),
     ("/v1/completions", {**P, "return_token_ids": 1}, "return_token_ids", "return_token_ids:"),
@@ -469,3 +469,41 @@ def test_a_chunked_body_is_cut_off_at_the_limit(monkeypatch):
     sim = ScriptedSim()
     got = call(sim, lambda c: _raw_exchange(c.server, head, [chunk] * 40))   # 2.5 MiB
     assert got.startswith(b"HTTP/1.1 413 ") and not sim.submitted
+
+
+def test_chat_checks_max_tokens_beside_max_completion_tokens():
+    sim = ScriptedSim()
+
+    async def one(c):
+        resp = await c.post("/v1/chat/completions", json={**M, "max_completion_tokens": 2,
+                                                          "max_tokens": "x"})
+        return resp.status, await resp.json()
+
+    status, out = call(sim, one)
+    assert status == 400 and out["error"]["param"] == "max_tokens" and not sim.submitted
+
+
+@pytest.mark.parametrize("rest", [b"zz\r\nmore\r\n0\r\n\r\n", b""])
+def test_a_body_that_stalls_or_turns_to_garbage_midway_is_dropped(monkeypatch, rest):
+    # the handler is already reading when the body stops, or when a bad chunk arrives (aiohttp
+    # then never ends the payload): without a limit the handler waited as long as the client
+    import simserve.live.http as http
+    monkeypatch.setattr(http, "BODY_IDLE_S", 0.5)
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n5\r\n{\"pro\r\n")
+
+    async def two_parts(c):
+        reader, writer = await asyncio.open_connection(c.server.host, c.server.port)
+        writer.write(head)
+        await writer.drain()
+        await asyncio.sleep(0.1)                 # the handler now waits for more body
+        writer.write(rest)
+        await writer.drain()
+        got = await asyncio.wait_for(reader.readuntil(b"}}"), 10)
+        writer.close()
+        return got
+
+    sim = ScriptedSim()
+    got = call(sim, two_parts)
+    assert got.startswith(b"HTTP/1.1 408 ") and b"RequestTimeoutError" in got, got[:300]
+    assert not sim.submitted

@@ -257,8 +257,8 @@ def joining_scenarios(draw):
     for the policies with ``joins_stretch``): arrivals while others decode, KV from tight to
     ample, budgets and thresholds that sometimes cut a prompt, swap preemption with a small
     host tier now and then, and a request too long for max_model_len (rejected when it
-    arrives)."""
-    policy = draw(st.sampled_from(["vllm_v1", "sarathi"]))
+    arrives); with priority scheduling, priorities that reorder arrivals."""
+    policy = draw(st.sampled_from(["vllm_v1", "sarathi", "priority"]))
     block_size = draw(st.sampled_from([1, 4, 16, 16]))
     max_model_len = 512
     chunked = draw(st.booleans())
@@ -282,7 +282,8 @@ def joining_scenarios(draw):
     for i in range(n):
         t += gaps[i]
         prompt = draw(st.integers(1, 300)) if draw(st.integers(0, 19)) else 520  # (rejected)
-        specs.append(RequestSpec(i, t, prompt, draw(st.integers(1, 200))))
+        specs.append(RequestSpec(i, t, prompt, draw(st.integers(1, 200)), None,
+                                 draw(st.integers(0, 2)) if policy == "priority" else 0))
     return policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs, 1
 
 
@@ -316,7 +317,7 @@ def test_stretches_that_arrivals_join_equal_stepping(case, prices):
         assert a.token_times == b.token_times
 
 
-@pytest.mark.parametrize("policy", ["vllm_v1", "sarathi"])
+@pytest.mark.parametrize("policy", ["vllm_v1", "sarathi", "priority"])
 def test_arrivals_join_stretches(policy):
     """The joining scenarios do exercise joins: many stretches take arrivals in, and a run
     with them equals stepping (a fixed case with ample KV and budget), for each policy with
@@ -331,7 +332,7 @@ def test_arrivals_join_stretches(policy):
 
     limits = SchedulerLimits(max_num_seqs=32, max_num_batched_tokens=2048,
                              enable_chunked_prefill=True)
-    specs = [RequestSpec(i, 0.03 * i, 50 + (37 * i) % 200, 40 + (53 * i) % 150)
+    specs = [RequestSpec(i, 0.03 * i, 50 + (37 * i) % 200, 40 + (53 * i) % 150, None, i % 3)
              for i in range(200)]
     case = (policy, limits, 16, 4000, 0, 512, specs, 1)
     Stretch.price = counted
@@ -351,7 +352,7 @@ def test_arrivals_join_stretches(policy):
 def _cache_state(blocks):
     """What a prefix cache holds, as later hits and evictions would see it: the free pool in
     LRU order, each block's key, the cached copies of each key, the evictions so far."""
-    return (list(blocks._pool), list(blocks._key), dict(blocks._cached), blocks.num_evicted,
+    return (blocks.free_order(), list(blocks._key), dict(blocks._cached), blocks.num_evicted,
             {rid: list(t) for rid, t in blocks._tables.items()})
 
 
@@ -427,7 +428,7 @@ def test_fast_forward_with_prefix_caching_equals_stepping(case, prices):
     check_invariants(case, fast, fast_replicas)
 
 
-@pytest.mark.parametrize("policy", ["vllm_v1", "sarathi"])
+@pytest.mark.parametrize("policy", ["vllm_v1", "sarathi", "priority"])
 @pytest.mark.parametrize("num_blocks", [150, 4000])
 def test_arrivals_with_cache_hits_join_stretches(policy, num_blocks):
     """Shared-prefix chat (9 groups x 5 users, each user's prompt recurring): arrivals join
@@ -467,3 +468,38 @@ def test_arrivals_with_cache_hits_join_stretches(policy, num_blocks):
         assert sum(joins) > 150             # most arrivals joined a stretch
         assert sum(hit_joins) > 100         # ... with prefix-cache hits
         assert fr[0].blocks.num_evicted == 0
+
+
+def test_arrivals_that_would_share_blocks_cached_at_their_step_are_stepped():
+    """Two requests with the same prompt arrive together while a stretch runs: the second's
+    hit would be lengthened by the blocks the first caches at that very step, which the
+    stretch cannot know beforehand (``_CacheReplay.hits``), so the stretch ends there and that
+    step is stepped; the second request finds the first's blocks as stepping does."""
+    from simserve.sched.stretch import _CacheReplay
+    refused = []
+    hits = _CacheReplay.hits
+
+    def counted(self, specs, *args):
+        got = hits(self, specs, *args)
+        refused.append(len(specs) > 1 and got is None)
+        return got
+
+    limits = SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=1024,
+                             enable_chunked_prefill=True)
+    same = tuple(range(7, 7 + 8))                      # 64 tokens of shared content
+    specs = [RequestSpec(0, 0.0, 40, 200, (1, 2, 3, 4, 5)),
+             RequestSpec(1, 0.5, 64, 20, same), RequestSpec(2, 0.5, 64, 20, same)]
+    case = ("vllm_v1", limits, 4, 400, 0, 512, specs, 1, None, True)
+    _CacheReplay.hits = counted
+    try:
+        fast, fr, _ = run_checked(*case, fast_forward=True, latency=_roofline())
+    finally:
+        _CacheReplay.hits = hits
+    slow, sr, _ = run_checked(*case, fast_forward=False, latency=_roofline())
+    assert _by_replica(fast) == _by_replica(slow)
+    assert [(r.token_times, r.num_cached_tokens) for r in fast.requests] == \
+        [(r.token_times, r.num_cached_tokens) for r in slow.requests]
+    assert _cache_state(fr[0].blocks) == _cache_state(sr[0].blocks)
+    assert any(refused)
+    # the second takes the first's whole blocks, cached in the step both were admitted in
+    assert [r.num_cached_tokens for r in slow.requests] == [0, 0, 60]

@@ -288,3 +288,31 @@ def test_cli_says_when_it_replaces_another_search_in_the_folder(tmp_path, capsys
     assert main([*args, "--target-rate", "15"]) == 0
     err = capsys.readouterr().err
     assert "replacing another capacity search" in err and "target_rate" in err
+
+
+def test_holding_a_duration_shorter_than_a_request_is_refused():
+    # 1 ms of arrivals: every probe is one burst that ends before a queue builds; the search
+    # answered "max rate 1.21e+05 req/s" for Llama-3.1-8B on one H100. The requests here take
+    # at least one 10 ms step (module docstring's constant model), so no rate can be held.
+    s = scenario(workload__duration=0.001, workload__num_requests=None)
+    with pytest.raises(ConfigError, match=r"^workload\.duration: 0\.001 s is too short to hold "
+                                          r"a request: at 4 req/s the median request lasted "):
+        capacity(s, seeds=1, hold="duration")
+
+
+def test_target_rate_on_disaggregated_cluster_grows_whole_copies():
+    # before: with_rate set cluster.replicas on a cluster of groups, which refuses it
+    raw = yaml.safe_load((Path(__file__).parents[1] / "data" / "plan_small.yaml").read_text())
+    raw.pop("plan")
+    raw["cluster"] = {"groups": [{"name": "p", "role": "prefill", "replicas": 1},
+                                 {"name": "d", "role": "decode", "replicas": 2}],
+                      "kv_transfer": {"link": "nvlink"}}
+    s = parse_scenario(raw)
+    r = capacity(s, target_rate=60, seeds=1, tolerance=0.2)
+    assert r.replicas_needed is not None and r.replicas_needed % 3 == 0
+    runs = r.probes[r.probes["phase"] == "replicas"]
+    assert set(runs["replicas"] % 3) == {0}
+    scaled = with_rate(s, 60, replicas=6)
+    assert [g.replicas for g in scaled.cluster.groups] == [2, 4]
+    with pytest.raises(ValueError):
+        with_rate(s, 60, replicas=4)

@@ -24,7 +24,7 @@ from simserve.kv.prefix import PrefixBlockManager
 from simserve.latency.roofline import RooflineModel
 from simserve.cluster.routing import (jsq_tokens, least_kv, least_outstanding, make_router,
                               prefix_aware)
-from simserve.metrics.tokens import itl_sample
+from simserve.metrics.recorder import itl_sample
 from simserve.runner import compare
 from simserve.sched import POLICIES, SchedulerLimits, Status
 from simserve.sched.plan import StepPlan

@@ -5,6 +5,7 @@ and bad inputs get one line and exit code 2."""
 from __future__ import annotations
 
 import importlib
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -76,28 +77,46 @@ def _script(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, cwd=PAPERS)
 
 
-def test_bad_inputs_one_line_exit_2(tmp_path):
-    r = _script("--data", str(tmp_path / "nowhere"))
+def _script_here(capsys, monkeypatch, *args: str) -> subprocess.CompletedProcess:
+    """The script run as ``__main__`` in this process (its ``if __name__ == "__main__"``
+    block too): what ``_script`` checks, without a new interpreter importing pandas again."""
+    monkeypatch.setattr(sys, "argv", [str(PAPERS / "distserve_vllm_fit.py"), *args])
+    monkeypatch.syspath_prepend(str(PAPERS))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(PAPERS / "distserve_vllm_fit.py"), run_name="__main__")
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, e.value.code, out, err)
+
+
+def test_bad_inputs_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    r = _script("--data", str(tmp_path / "nowhere"))       # the script as a user runs it
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert "--data" in r.stderr and "Traceback" not in r.stderr
 
-    r = _script("--data", str(tmp_path))                   # a folder without runs
+    def script(*args):
+        return _script_here(capsys, monkeypatch, *args)
+    r = script("--data", str(tmp_path / "nowhere"))       # ... and the same in process
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--data" in r.stderr
+
+    r = script("--data", str(tmp_path))                    # a folder without runs
     assert r.returncode == 2 and "no vllm-" in r.stderr
+    assert r.stderr.strip().count("\n") == 0
 
     bad = tmp_path / "vllm-10-1.exp"
     bad.write_text("[{'prompt_len': 5, 'output_len': 3}]\n", encoding="utf-8")
-    r = _script("--data", str(tmp_path), "--fit", "1")
+    r = script("--data", str(tmp_path), "--fit", "1")
     assert r.returncode == 2 and f"{bad}:1" in r.stderr and "issue_time" in r.stderr
     assert "Traceback" not in r.stderr
 
     bad.write_text("[{'prompt_len': 5,\n", encoding="utf-8")
-    r = _script("--data", str(tmp_path), "--fit", "1")
+    r = script("--data", str(tmp_path), "--fit", "1")
     assert r.returncode == 2 and f"{bad}:1" in r.stderr and "Traceback" not in r.stderr
 
     bad.unlink()
     _measured_ok = tmp_path / "vllm-10-2.exp"
     _measured_ok.write_text("[]\n", encoding="utf-8")
-    r = _script("--data", str(tmp_path), "--fit", "x")
+    r = script("--data", str(tmp_path), "--fit", "x")
     assert r.returncode == 2 and "--fit" in r.stderr
 
 

@@ -435,3 +435,17 @@ def test_summary_bits_do_not_depend_on_blas_threads(tmp_path):
         out.append(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                   env=env, check=True).stdout)
     assert out[0] == out[1] and '"num_steps"' in out[0]
+
+
+def test_tpot_is_defined_once_by_hand():
+    """metrics.summary.tpot, which runner.collect, live/replay.py and the summaries all call:
+    (E2EL − TTFT) / (out − 1) for a finished request with more than one token, else NaN."""
+    import math
+
+    from simserve.metrics.summary import tpot
+    ttft, e2el = np.array([1.0, 1.0, 1.0, 2.0]), np.array([5.0, 5.0, 1.0, 3.0])
+    out = np.array([5, 3, 1, 3])
+    got = tpot(ttft, e2el, out, np.array([True, False, True, True]))
+    # 4 s over 4 gaps; unfinished; one token; 1 s over 2 gaps
+    assert got[0] == 1.0 and math.isnan(got[1]) and math.isnan(got[2]) and got[3] == 0.5
+    assert tpot(ttft, e2el, out)[1] == 2.0           # without the finished mask

@@ -612,3 +612,24 @@ def test_replicas_that_straddle_nodes_are_refused():
     # TP 4 × PP 4 = 16: every replica starts a node (16, 32: multiples of 8)
     assert scenario(engine={"tensor_parallel_size": 4, "pipeline_parallel_size": 4},
                     cluster={"replicas": 3}).cluster.replicas == 3
+
+
+@pytest.mark.parametrize("latency", [{"model": "roofline"},
+                                     {"model": "profile", "path": "Llama-3.1-8B_H100-SXM_bf16"}])
+def test_a_swapped_block_is_split_over_stages_as_the_layers_are(latency):
+    # a swapped block moves every layer's K and V; each stage moves its layers' share, so the
+    # stages together move the whole model's block (ReplicaSpec.model_block_bytes), for the
+    # roofline and a profile alike (a profile once priced each stage's share of the largest
+    # stage's block: half of it with 2 stages)
+    from simserve.engine.build import build_latency
+    s = scenario(model="Llama-3.1-8B", hardware="H100-SXM", latency=latency,
+                 engine={"tensor_parallel_size": 1, "pipeline_parallel_size": 2,
+                         "preemption_mode": "swap"})
+    lat = build_latency(s)
+    plan = decode_plan(8)
+    moved = sum(lat.stages(plan._replace(swap_out_blocks=10))[0]) - sum(lat.stages(plan)[0])
+    # 32 layers · 2 (K, V) · 8 KV heads · 128 · 2 B · 16 tokens = 2 MiB a block, on PCIe
+    assert s.replica.model_block_bytes == 32 * 2 * 8 * 128 * 2 * 16
+    assert s.replica.kv_block_bytes == s.replica.model_block_bytes // 2   # the largest stage
+    assert moved == pytest.approx(10 * s.replica.model_block_bytes
+                                  / s.hardware.host_link_bandwidth, rel=1e-9)

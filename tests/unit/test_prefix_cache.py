@@ -99,7 +99,7 @@ def test_freed_blocks_without_cached_content_are_reused_first():
     bm.allocate(0, 6)                        # blocks 0, 1: block 0 full (cached), 1 partial
     assert [bm._key[b] is not None for b in bm._tables[0]] == [True, False]
     bm.free(0)
-    assert list(bm._pool)[0] == 1 and list(bm._pool)[-1] == 0
+    assert bm.free_order()[0] == 1 and bm.free_order()[-1] == 0
     bm.register(1, 4, None)
     bm.allocate(1, 4)                        # takes block 1: nothing evicted
     assert bm._tables[1] == [1] and bm.num_evicted == 0

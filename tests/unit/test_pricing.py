@@ -26,7 +26,8 @@ def _roof(**kw) -> RooflineModel:
 def test_roofline_offers_everything_but_stages():
     roof = _roof(frontend_delay_s=0.004)
     p = Pricing.of(roof)
-    assert p.sums is roof and p.breakdown is not None and p.stages is None
+    assert p.decode_stretch_sum is not None and p.mixed_step_sum is not None
+    assert p.breakdown is not None and p.stages is None
     assert p.forget_prices is None              # it counts nothing as it prices
     assert p.frontend_delay_s == 0.004
     # step overhead + 3 sampled rows at 10 µs
@@ -38,7 +39,7 @@ def test_roofline_offers_everything_but_stages():
 
 def test_a_plain_model_gets_the_fallbacks():
     p = Pricing.of(LinearLatency(0.01, 1e-4, 1e-3))
-    assert p.sums is None and p.forget_prices is None and p.breakdown is None
+    assert p.decode_stretch_sum is None and p.forget_prices is None and p.breakdown is None
     assert p.stages is None and p.frontend_delay_s == 0.0 and p.warnings() == []
     assert p.cpu_s(DECODE) == 0.0
     # each step's plan priced: 0.01 + 3 tokens · 0.1 ms + 3 sequences · 1 ms
@@ -57,7 +58,7 @@ def test_speculation_keeps_the_base_cpu_part_and_delay_but_never_fast_forwards()
     cfg = spec(method="eagle", num_speculative_tokens=2, synthetic_acceptance_length=1.5)
     lat = SpeculativeLatency(base, cfg, load_model(TOY), load_hardware(TOY_HW))
     p = Pricing.of(lat)
-    assert p.sums is None                       # its steps carry the drafter's cost
+    assert p.mixed_step_sum is None                     # its steps carry the drafter's cost
     assert p.frontend_delay_s == 0.003 and p.cpu_s(DECODE) == base.cpu_s(DECODE)
     assert p.decode_stretch(DECODE)(0, 1) == [lat.step_time(DECODE)]
     assert p.breakdown is not None and "draft" in p.breakdown(DECODE)
@@ -68,7 +69,7 @@ def test_pipeline_prices_stages_and_the_base_cpu_part():
     model = load_model(TOY)
     pp = PipelineLatency(base, model, load_hardware(TOY_HW), pipeline_parallel_size=2)
     p = Pricing.of(pp)
-    assert p.stages is not None and p.sums is None and p.breakdown is None
+    assert p.stages is not None and p.decode_stretch_sum is None and p.breakdown is None
     assert p.cpu_s(DECODE) == base.cpu_s(DECODE) and p.frontend_delay_s == 0.001
 
 

@@ -4,6 +4,7 @@ end-to-end CPU profile that validates, and the profile schema's errors."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import subprocess
 import sys
@@ -24,6 +25,17 @@ from simserve.latency.schema import (SCHEMA_VERSION, ProfileError, dump, load_pr
                                      model_mismatch, validate)
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The tensors here are tiny: a second intra-op thread adds nothing but its spin-waits,
+    which on a busy 2-core machine cost 100 times the work itself (1.3 s of CPU for a 14 ms
+    attention check). One thread, as the profiler itself runs on CPU (``--threads 1``)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 # torch's own inductor import trips its jit deprecation warning; not ours to fix
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")
@@ -591,8 +603,19 @@ def test_sections_split_a_step_into_its_parts():
     parts = rec.result()
     assert set(parts) == {"embedding", "linear", "attention", "lm_head"}
     assert all(v > 0 for v in parts.values())
-    # the marks tile the step: the parts add up to (just under) its whole time
-    assert 0.9 * total < sum(parts.values()) <= total
+    assert sum(parts.values()) <= total
+    # the marks tile the step, each stretch charged once to the part that ran in it: on a
+    # clock that ticks once per reading, every part's share is its count of stretches (the
+    # step's whole time but the two readings outside it), on any machine under any load
+    ticks = itertools.count()
+    rec = Sections("cpu", lambda: float(next(ticks)))
+    t0 = rec.clock()
+    model.step(ids, meta, caches, backend, sample_greedy, torch.tensor([6, 7, 8]), rec)
+    total = rec.clock() - t0
+    layers = len(model.layers)          # per layer: linear (QKV), attention, linear (O, MLP)
+    assert rec.result() == {"embedding": 2.0, "linear": 2.0 * layers, "attention": layers,
+                            "lm_head": 1.0}
+    assert sum(rec.result().values()) == total - 2
     # the same step without sections samples the same tokens
     torch.manual_seed(0)
     again = model.step(ids, meta, caches, backend, sample_greedy, torch.tensor([6, 7, 8]))

@@ -168,8 +168,8 @@ def test_ray_executor_gives_the_same_table_as_local(tmp_path):
     ray = pytest.importorskip("ray")
     path = write_grid(tmp_path, grid={"scheduler.policy": ["vllm_v1", "sarathi"],
                                       "workload.rate": [10.0, 40.0]})
-    local = sweep(path, workers=2)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    local = sweep(path, workers=1)
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         remote = sweep(path, executor="ray")
     finally:
@@ -229,3 +229,71 @@ def test_cli_sweep_overrides_get_their_own_default_folder(tmp_path, capsys, monk
         "max_num_seqs"] == 16
     assert main(["sweep", str(path), "--workers", "1", "--quiet", "--no-report"]) == 0
     assert not (plain / "report.html").exists() and not (plain / "figures").exists()
+
+
+# --- limits: points counted before they are expanded, workers bounded ---------------------------
+
+def _axis(n: int) -> list[int]:
+    return list(range(1, n + 1))
+
+
+@pytest.mark.parametrize("grid, zip_, count, names", [
+    # 10^12 points: refused at once, never built (expanding them ended in MemoryError)
+    ({f"f{k}": _axis(10) for k in range(12)}, {}, "1,000,000,000,000 points",
+     "(f0 10 x f1 10 x f2 10"),
+    ({"workload.rate": _axis(1000), "seed": _axis(1000)}, {}, "1,000,000 points",
+     "(workload.rate 1,000 x seed 1,000)"),
+    ({"workload.rate": _axis(2)}, {"seed": _axis(5001), "slo.ttft_ms": _axis(5001)},
+     "10,002 points", "(workload.rate 2 x zip (seed, slo.ttft_ms) 5,001)"),
+    ({}, {"seed": _axis(100_001)}, "100,001 points", "(zip (seed) 100,001)"),
+])
+def test_a_grid_past_the_point_limit_is_refused_before_it_is_expanded(grid, zip_, count, names):
+    with pytest.raises(ConfigError) as e:
+        expand(grid, zip_)
+    assert e.value.field == ("grid" if grid else "zip")
+    assert e.value.message.startswith(count) and names in e.value.message
+    assert "more than the 10,000 a sweep may have" in e.value.message
+
+
+def test_the_limit_itself_is_a_sweep():
+    assert len(expand({"a": _axis(100), "b": _axis(100)})) == 10_000
+
+
+def test_a_long_zip_list_in_a_file_without_aliases_is_not_an_alias_bomb(tmp_path, capsys,
+                                                                         monkeypatch):
+    # a zip list of 100,001 plain values passed the alias limit's 100,000 nodes and was called
+    # an alias bomb; the limits are scaled down 100x here (PyYAML reads 100,001 values slowly)
+    import simserve.plan.sweep as sweep_module
+    import simserve.safeyaml as safeyaml
+    monkeypatch.setattr(safeyaml, "MAX_NODES", 1000)
+    monkeypatch.setattr(sweep_module, "MAX_SWEEP_POINTS", 100)
+    path = write_grid(tmp_path, zip={"seed": _axis(1001)})
+    code = main(["validate", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "alias" not in err, err
+    assert err.startswith("error: zip: 1,001 points (zip (seed) 1,001) is more than the "
+                          "100 a sweep may have") and err.count("\n") == 1
+
+
+def test_an_alias_bomb_in_a_sweep_file_is_still_one(tmp_path):
+    lines = ["a0: &a0 [" + ", ".join(["1"] * 20) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 20) + "]" for i in range(1, 6)]
+    path = tmp_path / "grid.yaml"
+    path.write_text("\n".join(lines) + f"\nbase: {TINY}\ngrid: {{seed: *a5}}\n")
+    with pytest.raises(SimserveError, match=r"grid\.yaml:\d+: the aliases expand to more than "
+                                            r"100,000 values beyond the \d+ written out"):
+        load_sweep(path)
+
+
+@pytest.mark.parametrize("workers", [0, -3, 10**6])
+def test_workers_are_bounded(tmp_path, capsys, workers):
+    import os
+    top = min(256, 4 * (os.cpu_count() or 1))
+    code = main(["sweep", str(write_grid(tmp_path, grid={"workload.rate": [5, 20]})),
+                 "--workers", str(workers), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: --workers: must be 1 to {top} (4 x this machine's")
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ConfigError, match="^workers: must be 1 to"):
+        run_scenarios([], workers=top + 1)

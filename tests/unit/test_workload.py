@@ -416,7 +416,13 @@ def test_bad_azure_timestamp(tmp_path):
 @pytest.mark.parametrize("line2, why", [
     ('{"timestamp": 5, "input_length": 10, "output_length": 2', "not valid JSON"),
     ('{"timestamp": 5, "input_length": 10}', "missing required field 'output_length'"),
-    ('{"timestamp": 5, "input_length": "ten", "output_length": 2}', "is not a number"),
+    ('{"timestamp": 5, "input_length": "ten", "output_length": 2}',
+     "field 'input_length' must be a JSON number, got the string 'ten'"),
+    # a number written as a string was read as that number (issue #33)
+    ('{"timestamp": "1000", "input_length": 10, "output_length": 2}',
+     "field 'timestamp' must be a JSON number, got the string '1000'"),
+    ('{"timestamp": 5, "input_length": 10, "output_length": "2"}',
+     "field 'output_length' must be a JSON number"),
     ('{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [1, "a"]}',
      "hash_ids must be a list of integers"),
 ])

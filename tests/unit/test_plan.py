@@ -1,0 +1,191 @@
+"""simserve plan: the bounds against an exhaustive search, the vllm serve line against vLLM's
+own argument names, Ray fan-out, bad input (one line, exit 2) and "none meets" (exit 3)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+import simserve
+from simserve.cli import main
+from simserve.config import parse_scenario
+from simserve.errors import ConfigError
+from simserve.plan.bounds import kv_fits
+from simserve.plan.command import engine_flags
+from simserve.plan.planner import load_plan_inputs, plan
+
+SMALL = Path(__file__).parents[1] / "data" / "plan_small.yaml"
+
+# vLLM's `vllm serve` flags, written down from vllm-project/vllm vllm/engine/arg_utils.py
+# (EngineArgs.add_cli_args) at commit 99d7eb5d6a512cfcc5a2b104f24ebf2d6cda772b (the 0.11
+# series: its deprecations say "will be removed in v0.12.0"). Boolean fields use
+# argparse.BooleanOptionalAction, so each has its --no- form.
+VLLM_ARGS = {
+    "--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
+    "--enable-expert-parallel", "--no-enable-expert-parallel", "--max-model-len",
+    "--max-num-batched-tokens", "--max-num-seqs", "--gpu-memory-utilization", "--block-size",
+    "--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-chunked-prefill",
+    "--no-enable-chunked-prefill", "--kv-cache-dtype", "--quantization", "--async-scheduling",
+    "--no-async-scheduling", "--kv-transfer-config", "--swap-space", "--seed", "--dtype",
+}
+
+
+def _space(**changes):
+    base = dict(yaml.safe_load(SMALL.read_text())["plan"])
+    base.update(changes)
+    return base
+
+
+@pytest.mark.parametrize("overrides, space, bound", [
+    ([], {}, "cost"),
+    (["slo.tpot_ms=20"], {}, "slo"),                 # L40S TP 1: one decode step > 20 ms
+    ([], {"max_replicas": 3}, "throughput"),          # slow cards cannot reach 30 req/s
+])
+def test_pruned_plan_equals_exhaustive_search(overrides, space, bound):
+    # 24 candidates; each bound prunes some; the answer must not change
+    pruned = plan(SMALL, 30, overrides=overrides, space=_space(**space), workers=1)
+    full = plan(SMALL, 30, overrides=overrides, space=_space(**space), workers=1, prune=False)
+    assert pruned.pruned[bound] > 0 and pruned.pruned["cost"] > 0
+    assert pruned.simulated < full.simulated == 24
+    assert pruned.winner is not None
+    assert (pruned.winner, pruned.runners_up) == (full.winner, full.runners_up)
+    cols = ["candidate", "replicas", "gpus", "cost_per_hour", "cost_per_million_output_tokens"]
+    assert pruned.ranking()[cols].equals(full.ranking()[cols])
+    # every pruned candidate is, in the exhaustive search, no cheaper than the last one kept
+    last = full.row(full.runners_up[-1])["cost_per_hour"]
+    t = full.table.set_index("candidate")
+    for i in pruned.table[pruned.table["pruned_by"] == "cost"]["candidate"]:
+        cost = t.loc[i, "cost_per_hour"]
+        assert cost != cost or cost >= last      # NaN: it does not serve the rate at all
+
+
+def test_bounds_slo_throughput_memory_parallelism():
+    # TP 3 does not divide 32 heads; max_replicas 2 cannot reach 200 req/s on most cards
+    r = plan(SMALL, 60, space=_space(tensor_parallel_size=[1, 3], max_replicas=2), workers=1)
+    assert r.pruned["parallelism"] == 12
+    assert r.pruned["throughput"] > 0
+    t = r.table
+    assert set(t[t["tensor_parallel_size"] == 3]["status"]) == {"pruned: parallelism"}
+    # a lone request's TTFT bound: a 1 ms TTFT limit is missed by everything, before any run
+    r = plan(SMALL, 5, overrides=["slo.ttft_ms=1"], workers=1)
+    assert r.pruned["slo"] == 24 and r.simulated == 0 and not r.met
+    assert len(r.closest) == 5
+    # memory: Llama-3.1-70B's weights do not fit one L40S
+    raw, base_dir, name, _ = load_plan_inputs(SMALL, overrides=["model=Llama-3.1-70B",
+                                                                "hardware=L40S"])
+    assert "no room for the KV cache" in kv_fits(parse_scenario(raw, base_dir, name))
+    raw["engine"]["tensor_parallel_size"] = 4
+    assert kv_fits(parse_scenario(raw, base_dir, name)) == ""
+    # ...and one max_model_len request's KV must fit beside them, as vLLM checks at start-up:
+    # on two H100s the 70B weights leave room for a few thousand tokens, not 8,192
+    raw["hardware"], raw["engine"]["tensor_parallel_size"] = "H100-SXM", 2
+    raw["engine"]["max_model_len"] = 8192
+    assert "fewer than one max_model_len request" in kv_fits(parse_scenario(raw, base_dir, name))
+    raw["engine"]["max_model_len"] = 1024
+    assert kv_fits(parse_scenario(raw, base_dir, name)) == ""
+
+
+def _flags(commands):
+    return {w for c in commands for w in c.split() if w.startswith("--")}
+
+
+def test_vllm_serve_uses_vllms_argument_names():
+    r = plan(SMALL, 30, workers=1)
+    assert r.commands and r.commands[0].startswith("vllm serve meta-llama/Llama-3.1-8B ")
+    flags = _flags(r.commands)
+    assert {"--tensor-parallel-size", "--max-num-batched-tokens", "--max-num-seqs",
+            "--max-model-len", "--gpu-memory-utilization"} <= flags
+    assert flags <= VLLM_ARGS, flags - VLLM_ARGS
+    # every flag the writer can emit: EP, async scheduling, prefix caching, fp8 KV, DP
+    raw, base_dir, name, _ = load_plan_inputs(SMALL, overrides=[
+        "model=Qwen3-30B-A3B", "engine.enable_expert_parallel=true",
+        "engine.tensor_parallel_size=2", "engine.async_scheduling=true",
+        "engine.enable_prefix_caching=true", "engine.kv_cache_dtype=fp8",
+        "engine.data_parallel_size=2"])
+    more = _flags([" ".join(engine_flags(parse_scenario(raw, base_dir, name)))])
+    assert {"--enable-expert-parallel", "--async-scheduling", "--enable-prefix-caching",
+            "--kv-cache-dtype", "--data-parallel-size"} <= more
+    assert more <= VLLM_ARGS, more - VLLM_ARGS
+    # disaggregated: one line per role, each with the KV connector
+    r = plan(SMALL, 30, space=_space(hardware=["L40S"], tensor_parallel_size=[1],
+                                     disaggregation=["1:1"], max_num_batched_tokens=[1024]),
+             workers=1)
+    assert len(r.commands) == 2 and _flags(r.commands) <= VLLM_ARGS
+    assert all("--kv-transfer-config" in c for c in r.commands)
+
+
+def test_callable_package_and_saved_table(tmp_path):
+    import pandas as pd
+    r = simserve.plan(SMALL, 30, space=_space(hardware=["H100-SXM"]), workers=1)
+    out = r.save(tmp_path)
+    table = pd.read_csv(out / "candidates.csv")
+    assert len(table) == 8 and table["candidate"].tolist() == list(range(8))
+    answer = json.loads((out / "plan.json").read_text())
+    assert answer["winner"] == r.winner and answer["met"]
+
+
+def test_ray_fan_out_matches_local():
+    pytest.importorskip("ray")
+    space = _space(hardware=["H100-SXM"], disaggregation=["colocated"])
+    local = plan(SMALL, 30, space=space, workers=1)
+    remote = plan(SMALL, 30, space=space, executor="ray")
+    assert remote.winner == local.winner
+    assert remote.table.equals(local.table)
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--target-rate", "0"], "--target-rate"),
+    (["--target-rate", "5000"], "--target-rate"),
+    (["--target-rate", "5", "--set", "slo.ttft_ms=null"], "slo"),
+])
+def test_cli_bad_input_one_line_exit_2(args, field, capsys, tmp_path):
+    rc = main(["plan", str(SMALL), *args, "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"error: {field}"), err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("space, field", [
+    ({"tensor_parallel_size": []}, "plan.tensor_parallel_size"),
+    ({"hardware": ["H200"]}, "plan.prices.H200"),
+    ({"disaggregation": ["2-1"]}, "plan.disaggregation[0]"),
+    ({"max_num_seqs": [0]}, "plan.max_num_seqs[0]"),
+    ({"prices": {"L40S": -1}}, "plan.prices.L40S"),
+    ({"tensor_parallel_size": [3]}, "plan"),          # nothing can start
+    ({"bogus": 1}, "plan.bogus"),
+])
+def test_bad_space_names_the_field(space, field, tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(json.dumps({"plan": space}))
+    with pytest.raises(ConfigError) as e:
+        plan(SMALL, 5, space=path if "bogus" in space else space, workers=1)
+    assert e.value.field.endswith(field), e.value.field
+
+
+def test_cli_none_meets_exit_3_with_closest(capsys, tmp_path):
+    rc = main(["plan", str(SMALL), "--target-rate", "30", "--set", "slo.tpot_ms=4",
+               "--out", str(tmp_path), "--quiet", "--no-report"])
+    out = capsys.readouterr().out
+    assert rc == 3
+    assert "no deployment meets the SLOs" in out
+    answer = json.loads((tmp_path / "plan.json").read_text())
+    assert not answer["met"] and answer["closest"]
+    assert re.search(r"pruned by bound: parallelism 0, config 0, memory 0, slo \d+", out)
+
+
+def test_cli_plan_writes_report(capsys, tmp_path):
+    rc = main(["plan", str(SMALL), "--target-rate", "30", "--out", str(tmp_path), "--quiet",
+               "--workers", "1"])
+    assert rc == 0
+    html = (tmp_path / "report.html").read_text()
+    assert "Plan: plan_small" in html and "Pareto" in html
+    assert (tmp_path / "figures" / "plan_small_pareto.png").is_file()
+
+
+def test_run_and_validate_ignore_the_plan_section(capsys):
+    assert main(["validate", str(SMALL)]) == 0
+    assert "plan_small" in capsys.readouterr().out
