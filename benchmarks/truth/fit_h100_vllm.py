@@ -16,8 +16,9 @@ them (our profiler's cuBLAS GEMMs, the same library vLLM calls); ``decode_attn``
 100 % of peak, so ``1 / a`` is the fraction of peak vLLM's kernels reach; ``allreduces`` is the
 number of TP all-reduces of a step (2 a layer) and ``allreduce_bytes`` their bytes at NVLink
 rate; ``layers`` and ``moe`` are the step's layers and MoE layers (fixed seconds each: launches,
-an MoE layer's routing, permutation, dispatch and combine). The fit is iterated: simulate every run with the current coefficients, record each
-step's terms and each request's window of steps, solve a non-negative least squares on the
+an MoE layer's routing, permutation, dispatch and combine). The fit is iterated: simulate
+every run with the current coefficients, record each step's terms and each request's window
+of steps, solve a non-negative least squares on the
 relative errors of the per-stage TTFT, E2E and ITL means (linear in the coefficients for a
 fixed schedule), and simulate again until the coefficients settle.
 

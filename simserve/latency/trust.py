@@ -38,8 +38,8 @@ def outside(s: Scenario, corpus: dict[str, Any]) -> list[str]:
     if corpus.get("hardware") and s.hardware.name != corpus["hardware"]:
         out.append(f"hardware {s.hardware.name}: the runs were on {corpus['hardware']} "
                    f"(efficiencies transferred)")
-    if s.scheduler.policy not in VLLM_V1_POLICIES:
-        out.append(f"policy {s.scheduler.policy}: the runs were vLLM V1's engine (its CPU "
+    if s.policy not in VLLM_V1_POLICIES:
+        out.append(f"policy {s.policy}: the runs were vLLM V1's engine (its CPU "
                    f"costs are in the fit)")
     lo, hi = corpus.get("params_b", (0.0, float("inf")))
     params = m.num_params / 1e9

@@ -33,7 +33,8 @@ TOY_HW = {"name": "toy-gpu", "kind": "gpu", "peak_flops": 1e12, "mem_bandwidth":
 
 
 # mixture-of-experts cards: tested against their vendors' numbers in tests/test_moe.py
-MOE_CARDS = ("DeepSeek-V3", "Mixtral-8x7B", "Qwen3-235B-A22B", "Qwen3-30B-A3B", "gpt-oss-120b")
+MOE_CARDS = ("DeepSeek-V3", "Llama-4-Scout-17B-16E-FP8", "Mixtral-8x7B", "Qwen3-235B-A22B",
+             "Qwen3-30B-A3B", "gpt-oss-120b")
 
 
 def test_every_shipped_card_is_listed():

@@ -283,9 +283,9 @@ def test_card_round_trips_with_both_sets_of_optional_keys():
 def test_hardware_round_trips_efficiency_and_fp8_keys():
     from simserve.cards import load_hardware
     h100 = load_hardware("H100-SXM")
-    assert h100.efficiency == "h100" and h100.peak_flops_fp8 == 1979e12
+    assert h100.efficiency == "h100-vllm" and h100.peak_flops_fp8 == 1979e12
     d = h100.to_dict()
-    assert d["efficiency"] == "h100" and d["scaleout_bandwidth"] == 50e9
+    assert d["efficiency"] == "h100-vllm" and d["scaleout_bandwidth"] == 50e9
     assert load_hardware(d) == h100
     assert "efficiency" not in load_hardware(TOY_HW).to_dict()
 

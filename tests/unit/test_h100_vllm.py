@@ -19,7 +19,7 @@ from simserve.sched.plan import StepPlan
 
 def scenario(**over):
     raw = {"name": "h", "model": "Llama-3.1-8B", "hardware": "H100-SXM",
-           "engine": {"max_model_len": 4096},
+           "engine": {"max_model_len": 2048},
            "scheduler": {"policy": "vllm_v1"}, "latency": {"model": "roofline"},
            "workload": {"rate": 2, "num_requests": 20,
                         "prompt": {"dist": "fixed", "value": 300},
@@ -63,7 +63,7 @@ def test_a_run_carries_its_error_band_and_says_when_it_leaves_the_corpus():
     trust = res.summary["latency_trust"]
     curves = load_curves("h100-vllm")
     assert trust["expected_error_pct"] == curves.expected_error_pct
-    assert trust["outside_corpus"] == []          # an 8B model, TP 1, 4k context: inside
+    assert trust["outside_corpus"] == []          # an 8B model, TP 1, 2k context: inside
     assert any("Expected error" in line for line in trust_lines(trust))
     far = scenario(hardware="H200", scheduler={"policy": "sarathi"},
                    engine={"tensor_parallel_size": 8, "max_model_len": 32768})

@@ -347,3 +347,15 @@ def test_int4_and_mxfp4_are_weight_only():
     # without FP8 tensor cores (A100) FP8 GEMMs run at the 16-bit peak (vLLM: W8A16 Marlin)
     a100 = load_hardware("A100-80GB")
     assert a100.peak_flops_fp8 is None and a100.fp8_flops == a100.peak_flops
+
+
+def test_llama4_scout_card_reproduces_the_vendors_active_parameters():
+    # Meta's card: "17B active parameters", 16 experts; every layer MoE (top-1 routed expert
+    # plus the shared expert); its text weights are 107.8 B (the 109 B total counts the vision
+    # encoder, not in the card). KV of one token: 2 · 48 layers · 8 KV heads · 128 · 2 B.
+    card = load_model("Llama-4-Scout-17B-16E-FP8")
+    assert card.moe_layers == 48 and card.num_experts == 16 and card.experts_per_token == 1
+    assert card.active_params == pytest.approx(17e9, rel=0.02)
+    assert card.num_params == pytest.approx(107.77e9, rel=0.001)
+    assert card.kv_bytes_per_token == 2 * 48 * 8 * 128 * 2
+    assert card.fp8_compute      # the FP8-dynamic checkpoint's W8A8 GEMMs
