@@ -51,9 +51,9 @@ def outside(s: Scenario, corpus: dict[str, Any]) -> list[str]:
                    f"{tp_hi}")
     if e.pipeline_parallel_size > 1 or e.data_parallel_size > 1:
         out.append("pipeline or data parallelism: the runs had neither")
-    ctx = corpus.get("max_context")
-    if ctx and e.max_model_len > ctx:
-        out.append(f"max_model_len {e.max_model_len:,}: the runs' requests held at most "
+    ctx, longest = corpus.get("max_context"), s.max_model_len   # (resolved: the card's if unset)
+    if ctx and longest > ctx:
+        out.append(f"max_model_len {longest:,}: the runs' requests held at most "
                    f"{ctx:,} tokens (longer contexts are extrapolated)")
     if e.speculative_config is not None:
         out.append("speculative decoding: the runs had none")

@@ -70,6 +70,9 @@ def test_a_run_carries_its_error_band_and_says_when_it_leaves_the_corpus():
     words = " ".join(outside(far, curves.corpus))
     for needle in ("H200", "sarathi", "tensor_parallel_size 8", "max_model_len 32,768"):
         assert needle in words
+    # max_model_len unset: the card's own (Llama-3.1-8B: 131,072 positions)
+    unset = parse_scenario({**scenario().to_dict(), "engine": {}})
+    assert "max_model_len 131,072" in " ".join(outside(unset, curves.corpus))
     # a model priced any other way carries no band: nothing measured judges it
     assert latency_trust(scenario(latency={"efficiency": "constant"}),
                          scenario_curves(scenario(latency={"efficiency": "constant"}))) is None
