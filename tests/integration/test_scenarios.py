@@ -85,16 +85,22 @@ def check_cluster_routing() -> None:
     assert all(s["request_goodput"] > 0 for s in r.values())
     # the load-aware token count routes best; least_kv is misled by KV use
     assert att(r["jsq_tokens"]) == max(att(s) for s in r.values())
+    assert r["jsq_tokens"]["p99_ttft_ms"] == min(s["p99_ttft_ms"] for s in r.values())
     assert att(r["jsq_tokens"]) >= min(att(s) for s in r.values()) + 0.05
     assert r["least_kv"]["p99_ttft_ms"] >= 1.5 * r["jsq_tokens"]["p99_ttft_ms"]
 
 
 def check_h100_profile_vs_roofline() -> None:
     r = summaries("h100_profile_vs_roofline")
-    # the roofline's curves are derived from this profile: the two agree
-    for key in ("median_tpot_ms", "request_throughput"):
-        ratio = r["roofline"][key] / r["h100-profile"][key]
-        assert 0.7 <= ratio <= 1.3, (key, ratio)
+    roof, prof = r["roofline"], r["h100-profile"]
+    # the default roofline is fitted to vLLM's kernels (issue #29), the profile times the
+    # profiler's FlexAttention ones: the roofline decodes about 2x faster (1.9x when written)
+    ratio = prof["median_tpot_ms"] / roof["median_tpot_ms"]
+    assert 1.5 <= ratio <= 2.5, ratio
+    # both serve the offered load within the SLO
+    for s in (roof, prof):
+        assert s["completed"] == s["num_requests"] and att(s) >= s["slo_attainment_target"]
+    assert 0.8 <= roof["request_throughput"] / prof["request_throughput"] <= 1.25
 
 
 def check_kv_offload() -> None:
