@@ -13,8 +13,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from simserve.config import Scenario
     from simserve.latency.efficiency import EfficiencyCurves
+
+# (a Scenario: config.py's, read by attribute; not imported, as config sits above latency)
+Scenario = Any
 
 VLLM_V1_POLICIES = ("vllm_v1", "priority", "vllm_native")
 

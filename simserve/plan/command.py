@@ -10,6 +10,7 @@ against that list.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 from simserve.plan.space import COLOCATED, Candidate
@@ -48,7 +49,6 @@ def engine_flags(s) -> list[str]:
 def vllm_serve(s, cand: Candidate) -> list[str]:
     """One command per kind of replica: one line colocated; a prefill and a decode line
     (each with the KV connector) disaggregated, each saying how many replicas run it."""
-    from simserve.plan.planner import hf_id
     base = " ".join(["vllm serve", shlex.quote(hf_id(s.model)), *engine_flags(s)])
     if cand.mode == COLOCATED:
         return [base]
@@ -56,3 +56,10 @@ def vllm_serve(s, cand: Candidate) -> list[str]:
     kv = "--kv-transfer-config " + shlex.quote(json.dumps(KV_TRANSFER, separators=(",", ":")))
     return [f"{base} {kv}  # prefill replicas: {p} per copy",
             f"{base} {kv}  # decode replicas: {d} per copy"]
+
+
+def hf_id(card) -> str:
+    """The model's Hugging Face id where its card's source names one (``owner/name
+    config.json``), else the card's name."""
+    m = re.search(r"([\w.-]+/[\w.-]+) config\.json", card.source or "")
+    return m.group(1) if m else card.name

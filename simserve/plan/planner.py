@@ -16,7 +16,6 @@ import copy
 import importlib.util
 import json
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,12 +27,11 @@ from simserve.config import Scenario, apply_overrides, load_yaml, parse_scenario
 from simserve.errors import ConfigError, DataError, SimserveError
 from simserve.plan.bounds import Lengths, bound, kv_fits
 from simserve.plan.space import Candidate, PlanSpace, candidates
+from simserve.report.figures import PARETO_X, PARETO_Y
 
 Log = Callable[[str], None]
 BOUNDS = ("parallelism", "config", "memory", "slo", "throughput", "cost")
 EXIT_NOT_MET = 3       # `simserve plan` exit code when no deployment meets the SLOs
-PARETO_X = "tokens_per_s_per_user"
-PARETO_Y = "output_tokens_per_s_per_gpu"
 
 
 @dataclass
@@ -463,10 +461,3 @@ def _pareto(table: pd.DataFrame) -> list[int]:
             front.append(int(r["candidate"]))
             best_y = r[PARETO_Y]
     return front[::-1]
-
-
-def hf_id(card) -> str:
-    """The model's Hugging Face id where its card's source names one (``owner/name
-    config.json``), else the card's name."""
-    m = re.search(r"([\w.-]+/[\w.-]+) config\.json", card.source or "")
-    return m.group(1) if m else card.name

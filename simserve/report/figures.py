@@ -25,6 +25,10 @@ from simserve.fmt import human
 from simserve.report.style import (RC, SLO_COLOR, TARGET_COLOR, legend_label, mark_coinciding,
                                    series_styles)
 
+# the Pareto chart of a plan: its axes, columns of the plan's candidate table (plan/planner.py)
+PARETO_X = "tokens_per_s_per_user"
+PARETO_Y = "output_tokens_per_s_per_gpu"
+
 LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2EL"))
 
 
@@ -502,7 +506,6 @@ def capacity_attainment(cap: CapacityData, title: str = "") -> Figure:
 def plan_pareto(plan: PlanData, title: str = "") -> Figure:
     """Output tokens/s per GPU against tokens/s per user (1 / median TPOT) of every simulated
     candidate at its max rate, by hardware; the Pareto frontier joined, the cheapest ringed."""
-    from simserve.plan.planner import PARETO_X, PARETO_Y
     a, t = plan.answer, plan.table
     pts = t[t[PARETO_X].notna() & t[PARETO_Y].notna()] if PARETO_X in t else t.iloc[:0]
     fig, axes = _figure(8, 5)

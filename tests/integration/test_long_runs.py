@@ -57,7 +57,9 @@ def test_folded_run_equals_the_kept_one_and_stepping(monkeypatch, scenario, chun
     log = folded._recorder.replicas[0]
     assert log.num_folded >= 3 * chunk and len(log.folded) == log.num_folded // chunk
     assert sum(folds) == len(log.folded) and max(folds) >= fold_steps // 2 // chunk - 1
-    assert len(log.steps["start_s"]) <= fold_steps + 64         # at most FOLD_STEPS + a bit
+    # at most FOLD_STEPS and the tail no fold may take yet (the last group of steps, those past
+    # the latest finish): quickstart on the h100-vllm clock ends with 105 such steps
+    assert len(log.steps["start_s"]) <= 2 * fold_steps
     assert folded.num_steps == exact.num_steps == folded.summary["num_steps"]
     # keeping every step (the same sizes: the same sketch and chunks) gives the same bits,
     # and so does stepping one iteration per event (its folds fall at other moments)

@@ -29,7 +29,8 @@ model: Llama-3.1-8B
 hardware: H100-SXM
 engine: {max_num_seqs: 64, max_num_batched_tokens: 2048, block_size: 16, max_model_len: 4096}
 scheduler: {policy: vllm_v1}
-latency: {model: roofline}
+# (no front-end delay: the live server's own HTTP path is its front end, docs/serve.md)
+latency: {model: roofline, frontend_delay_ms: 0}
 workload:
   arrival: poisson
   rate: 25

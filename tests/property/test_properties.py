@@ -366,7 +366,7 @@ def caching_scenarios(draw):
     policy = draw(st.sampled_from(["vllm_v1", "vllm_v1", "sarathi", "priority"]))
     block_size = draw(st.sampled_from([1, 4, 16, 16]))
     max_model_len = 256
-    chunked = POLICIES[policy].chunked
+    chunked = POLICIES[policy].facts.chunked
     if chunked is None:
         chunked = draw(st.booleans())
     budget = draw(st.integers(8, 600)) if chunked else draw(st.integers(max_model_len, 600))

@@ -139,7 +139,7 @@ def test_ray_fan_out_matches_local():
 
 @pytest.mark.parametrize("args, field", [
     (["--target-rate", "0"], "--target-rate"),
-    (["--target-rate", "5000"], "--target-rate"),
+    (["--target-rate", "500000"], "--target-rate"),
     (["--target-rate", "5", "--set", "slo.ttft_ms=null"], "slo"),
 ])
 def test_cli_bad_input_one_line_exit_2(args, field, capsys, tmp_path):
