@@ -1,0 +1,50 @@
+"""The ground-truth benchmark's pieces (benchmarks/truth/h100_vllm.py): every measured run maps
+to a valid scenario, and the per-stage metrics and ITL are computed as the measurements are."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TRUTH = ROOT.parent / "shared" / "truth" / "h100-vllm"
+sys.path.insert(0, str(ROOT / "benchmarks" / "truth"))
+
+import h100_vllm as truth  # noqa: E402
+
+from simserve.config import parse_scenario  # noqa: E402
+
+
+def test_stage_metrics_and_itl_as_the_measurements_compute_them():
+    arrival = np.array([0.0, 1.0, 2.0, 10.0, 11.0])
+    ttft = np.array([10.0, 20.0, 30.0, 40.0, 60.0])
+    e2e = np.array([110.0, 220.0, 330.0, 440.0, 660.0])
+    m = truth.stage_metrics(arrival, ttft, e2e, [(0.0, 5.0), (5.0, 15.0)])
+    assert m[0]["ttft_mean"] == 20.0 and m[0]["e2e_mean"] == 220.0 and m[0]["n"] == 3
+    assert m[1]["ttft_mean"] == 50.0 and m[1]["decode_ms"] == 550.0 - 50.0
+    assert m[-1]["n"] == 5 and m[-1]["e2e_p99"] == pytest.approx(np.percentile(e2e, 99))
+    # the measured row counted n - 1 = (e2e - ttft) / itl = 100 gaps: ours over the same count
+    measured = {("x", 1, "e2e_mean"): 1050.0, ("x", 1, "ttft_mean"): 50.0,
+                ("x", 1, "itl_mean"): 10.0}
+    truth.with_itl(m, "x", measured)
+    assert m[1]["itl_mean"] == pytest.approx(500.0 / 100) and "itl_mean" not in m[0]
+
+
+@pytest.mark.skipif(not TRUTH.exists(), reason="the measured runs are not beside the repository")
+def test_every_measured_run_is_a_valid_scenario_with_its_stages():
+    exps, measured, peers = truth.load_truth(TRUTH)
+    assert len(exps) == 12 and measured and peers
+    for exp in exps:
+        s = parse_scenario(truth.scenario_dict(exp))
+        w = s.workload
+        assert s.engine.num_gpu_blocks == exp["total_kv_blocks"]
+        assert s.engine.tensor_parallel_size == exp["tp"]
+        assert [st.rate for st in w.stages] == [
+            st["rate"] for st in exp["workload"]["inference_perf"]["stages"]]
+        sp = exp["workload"]["inference_perf"]["shared_prefix"]
+        assert w.shared_prefix.num_users == (sp["num_unique_system_prompts"]
+                                             * sp["num_users_per_system_prompt"])
+        assert truth.rows_of(measured, exp["id"])        # every run is scored somewhere
