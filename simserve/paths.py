@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from simserve.errors import SimserveError
+
 # Dotted fields of a scenario mapping that hold file paths, and whether the file must exist to
 # be a path (a profile may be a shipped profile's name instead).
 PATH_FIELDS: dict[str, bool] = {
@@ -159,3 +161,14 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
             out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
         return out
     return {prefix: node}
+
+
+def make_out_dir(out: str | Path, name: Path | None = None) -> Path:
+    """Create the output directory ``out`` (or ``name`` inside it) with its parents; an OS
+    error is one SimserveError naming ``out``."""
+    out = Path(out)
+    try:
+        (name or out).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
+    return out

@@ -34,7 +34,7 @@ from simserve.metrics.recorder import Recorder
 from simserve.metrics.slo import SloConfig
 from simserve.metrics.summary import tpot
 from simserve.metrics.recorder import itl_sample
-from simserve.paths import rebase_paths
+from simserve.paths import make_out_dir, rebase_paths
 from simserve.sched.request import Status
 from simserve.workload import build_workload
 
@@ -181,11 +181,7 @@ class Result:
             raise SimserveError(f"output format {fmt!r}: choose one of {', '.join(OUTPUT_FORMATS)}")
         if fmt == "parquet":
             need_pyarrow()
-        out = Path(out_dir)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
+        out = make_out_dir(out_dir)
         (out / "scenario.yaml").write_text(scenario_yaml(self.scenario, out))
         # a table of the other format, or a steps table this run does not write, left by an
         # earlier run in this directory would be read back as this run's (simserve report)

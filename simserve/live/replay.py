@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 from simserve.errors import SimserveError
 from simserve.live.client import (WARMUP_IDS, EndpointError, Outcome, check_endpoint_host,
                                   load_average, probe, prompt_ids, request_body, send)
+from simserve.paths import make_out_dir
 
 if TYPE_CHECKING:   # the CLI builds its parser from this module: keep importing it cheap
     import pandas as pd
@@ -104,11 +105,7 @@ class ReplayResult:
         import yaml
 
         from simserve.metrics.recorder import STEP_COLUMNS
-        out = Path(out_dir)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
+        out = make_out_dir(out_dir)
         (out / "scenario.yaml").write_text(
             yaml.safe_dump(self.scenario.to_dict(), sort_keys=False))
         self.requests.to_csv(out / "requests.csv", index=False, float_format="%.9g")

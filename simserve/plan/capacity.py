@@ -43,6 +43,7 @@ from simserve.config import Scenario, load_scenario
 from simserve.errors import ConfigError, SimserveError
 from simserve.fmt import format_table
 from simserve.limits import MAX_REPLICAS, MAX_REQUESTS, MAX_SECONDS
+from simserve.paths import make_out_dir
 
 PROBE_METRICS = (
     "slo_attainment", "num_requests", "num_good", "completed", "num_rejected", "request_throughput",
@@ -151,11 +152,7 @@ class CapacityResult:
 
     def save(self, out: str | Path) -> Path:
         """Write ``capacity.json`` (the answer) and ``probes.csv`` (every run)."""
-        out = Path(out)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
+        out = make_out_dir(out)
         (out / "capacity.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         self.probes.to_csv(out / "probes.csv", index=False, float_format="%.9g")
         return out

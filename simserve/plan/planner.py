@@ -28,6 +28,7 @@ from simserve.errors import ConfigError, DataError, SimserveError
 from simserve.plan.bounds import Lengths, bound, kv_fits
 from simserve.plan.space import Candidate, PlanSpace, candidates
 from simserve.report.figures import PARETO_X, PARETO_Y
+from simserve.paths import make_out_dir
 
 Log = Callable[[str], None]
 BOUNDS = ("parallelism", "config", "memory", "slo", "throughput", "cost")
@@ -114,11 +115,7 @@ class PlanResult:
     def save(self, out: str | Path) -> Path:
         """Write ``plan.json`` (the answer), ``candidates.csv`` (and ``candidates.parquet``
         when pyarrow is installed: one row per candidate) and ``probes.csv``."""
-        out = Path(out)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
+        out = make_out_dir(out)
         (out / "plan.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         self.table.to_csv(out / "candidates.csv", index=False, float_format="%.9g")
         if importlib.util.find_spec("pyarrow") is not None:

@@ -39,7 +39,7 @@ from simserve.config import Scenario, apply_overrides, load_yaml, parse_scenario
 from simserve.errors import ConfigError, SimserveError
 from simserve.fields import Fields
 from simserve.limits import MAX_SWEEP_POINTS, MAX_WORKERS, MAX_WORKERS_PER_CPU
-from simserve.paths import rebase_paths, rebase_value
+from simserve.paths import make_out_dir, rebase_paths, rebase_value
 
 EXECUTORS = ("local", "ray")
 # Columns every sweep table has besides the point's own fields and the summary metrics.
@@ -404,11 +404,7 @@ def offered_rate(s: Scenario) -> float | None:
 def save_sweep(table: pd.DataFrame, spec: SweepSpec, out: str | Path) -> Path:
     """Write ``sweep.csv`` (and ``sweep.parquet`` when pyarrow is installed) and
     ``sweep.yaml`` (the base scenario and axes, to rerun or to label the report)."""
-    out = Path(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
+    out = make_out_dir(out)
     table.to_csv(out / "sweep.csv", index=False, float_format="%.9g")
     if importlib.util.find_spec("pyarrow") is not None:   # optional, never a dependency
         _nested_as_json(table).to_parquet(out / "sweep.parquet", index=False)

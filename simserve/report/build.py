@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 
 from simserve.errors import SimserveError
 from simserve.fmt import attainment_percent
-from simserve.paths import clear_report
+from simserve.paths import make_out_dir, clear_report
 from simserve.report import figures as F
 from simserve.report import html as H
 from simserve.report.load import (CapacityData, Inputs, PlanData, RunData, SweepData,
@@ -66,10 +66,7 @@ def render(inputs: Inputs, out: str | Path, *, svg: bool = False, title: str = "
     fig_dir = out / "figures"
     if (out / "report.html").is_file():     # a report written here before: none of its
         clear_report(out)                   # figures may outlive it beside the new one
-    try:
-        fig_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
+    make_out_dir(out, fig_dir)
     sections = [*map(plan_section, inputs.plans), *map(capacity_section, inputs.capacities),
                 *map(sweep_section, inputs.sweeps)]
     if inputs.runs:
