@@ -123,6 +123,10 @@ class EfficiencyCurves:
     # fixed seconds per MoE layer of a step beyond its GEMMs (routing, token permutation,
     # dispatch and combine, the grouped GEMMs' launches); 0 where not fitted
     moe_layer_s: float = 0.0
+    # fixed device seconds per step beyond its layers' work (the CUDA graph's launch, input
+    # copies, sampling kernels): not CPU time, so async scheduling does not hide it; 0 where
+    # not fitted
+    device_step_s: float = 0.0
     # the engine's CPU terms fitted with the set (absent: the roofline's own defaults); a
     # scenario's latency.step_overhead_ms / per_output_token_ms / frontend_delay_ms win
     step_overhead_s: float | None = None
@@ -176,12 +180,14 @@ def parse_curves(raw: Any, where: str) -> EfficiencyCurves:
             raise DataError(where, "gemm/lm_head: as many efficiencies as sizes")
         layer_s, pw_eta = float(pw["layer_s"]), float(pw["eta"])
         moe_s = float(pw.get("moe_layer_s", 0.0))
+        dev_s = float(pw.get("step_s", 0.0))
         ar = float(raw["allreduce_latency_s"])
     except (KeyError, TypeError, ValueError) as e:
         raise DataError(where, f"malformed efficiency curves: {e!r}") from None
-    if not (0 <= layer_s < 1 and 0 < pw_eta <= 1 and 0 <= ar < 1 and 0 <= moe_s < 1):
-        raise DataError(where, "pointwise.layer_s, pointwise.eta or allreduce_latency_s "
-                               "out of range")
+    if not (0 <= layer_s < 1 and 0 < pw_eta <= 1 and 0 <= ar < 1 and 0 <= moe_s < 1
+            and 0 <= dev_s < 1):
+        raise DataError(where, "pointwise.layer_s, pointwise.eta, pointwise.moe_layer_s, "
+                               "pointwise.step_s or allreduce_latency_s out of range")
     engine = raw.get("engine", {})
     if not isinstance(engine, dict) or set(engine) - set(ENGINE_TERMS):
         raise DataError(where, f"engine: expected an object with keys among {ENGINE_TERMS}")
@@ -201,7 +207,8 @@ def parse_curves(raw: Any, where: str) -> EfficiencyCurves:
     if not isinstance(corpus, dict):
         raise DataError(where, "corpus: expected an object")
     return EfficiencyCurves(str(raw.get("name", where)), str(raw.get("source", "")), gemm,
-                            grids[0], grids[1], lm_head, layer_s, pw_eta, ar, moe_s, **terms,
+                            grids[0], grids[1], lm_head, layer_s, pw_eta, ar, moe_s, dev_s,
+                            **terms,
                             expected_error_pct={str(k): float(v) for k, v in errors.items()},
                             corpus=dict(corpus))
 

@@ -204,9 +204,11 @@ class RooflineModel(RooflineStretchPricing):
             pw_bytes = ((10 * h + 2 * (H * r + r) + 2 * (lq + lkv)) * d
                         + lat * (d + kvb))
         self._pw_tok_s = L * pw_bytes / bw
-        # fixed per-layer costs: the pointwise ops' launches, and an MoE layer's own
+        # fixed device costs of a step: the pointwise ops' launches per layer, an MoE
+        # layer's own, and the step's own (graph launch, input copies, sampling)
         self._pw_fixed_s = 0.0 if curves is None else (
-            L * curves.pointwise_layer_s + model.moe_layers * curves.moe_layer_s)
+            L * curves.pointwise_layer_s + model.moe_layers * curves.moe_layer_s
+            + curves.device_step_s)
 
         # LM head (vocab split across ranks) and sampling over fp32 logits
         vv = model.vocab_size // tp

@@ -59,8 +59,9 @@ def outside(s: Scenario, corpus: dict[str, Any]) -> list[str]:
                    f"{ctx:,} tokens (longer contexts are extrapolated)")
     if e.speculative_config is not None:
         out.append("speculative decoding: the runs had none")
-    if e.async_scheduling:
-        out.append("async_scheduling: whether the runs had it is not published")
+    if not e.async_scheduling and s.policy in VLLM_V1_POLICIES:
+        out.append("async_scheduling off: the runs had it on (vLLM's default), so each step "
+                   "here also pays the engine's CPU time and an arrival waits one step less")
     return out
 
 

@@ -59,12 +59,16 @@ def test_the_sets_engine_terms_are_the_rooflines_defaults_and_the_scenario_wins(
 
 
 def test_a_run_carries_its_error_band_and_says_when_it_leaves_the_corpus():
-    res = simserve.run(scenario())
+    # an 8B model, TP 1, 2k context, async scheduling as vLLM's default: inside
+    res = simserve.run(scenario(engine={"max_model_len": 2048, "async_scheduling": True}))
     trust = res.summary["latency_trust"]
     curves = load_curves("h100-vllm")
     assert trust["expected_error_pct"] == curves.expected_error_pct
-    assert trust["outside_corpus"] == []          # an 8B model, TP 1, 2k context: inside
+    assert trust["outside_corpus"] == []
     assert any("Expected error" in line for line in trust_lines(trust))
+    # synchronous scheduling (simserve's default): the runs had async on
+    sync = simserve.run(scenario()).summary["latency_trust"]["outside_corpus"]
+    assert len(sync) == 1 and sync[0].startswith("async_scheduling off")
     far = scenario(hardware="H200", scheduler={"policy": "sarathi"},
                    engine={"tensor_parallel_size": 8, "max_model_len": 32768})
     words = " ".join(outside(far, curves.corpus))
@@ -78,6 +82,23 @@ def test_a_run_carries_its_error_band_and_says_when_it_leaves_the_corpus():
                          scenario_curves(scenario(latency={"efficiency": "constant"}))) is None
     assert "latency_trust" not in simserve.run(scenario(
         hardware="A100-80GB")).summary
+
+
+def test_a_sets_fixed_device_time_per_step_is_device_time_not_cpu_time():
+    """pointwise.step_s: in every non-empty step's time, never in its CPU part (what async
+    scheduling hides), and a bad value names its key."""
+    raw = json.loads((EFFICIENCY_DIR / "h100-vllm.json").read_text())
+    with_step = parse_curves({**raw, "pointwise": {**raw["pointwise"], "step_s": 0.004}}, "a")
+    without = parse_curves({**raw, "pointwise": {**raw["pointwise"], "step_s": 0.0}}, "b")
+    from simserve.latency.roofline import RooflineModel
+    s = scenario()
+    a, b = (RooflineModel(s.model, s.hardware, curves=c) for c in (with_step, without))
+    for plan in (StepPlan((0,), (1,), (), (), (100,), 1),
+                 StepPlan((0,), (1,), (300,), (0,), (), 1)):
+        assert math.isclose(a.step_time(plan) - b.step_time(plan), 0.004, abs_tol=1e-12)
+        assert a.cpu_s(plan) == b.cpu_s(plan)
+    with pytest.raises(DataError, match="pointwise.step_s"):
+        parse_curves({**raw, "pointwise": {**raw["pointwise"], "step_s": -1}}, "c")
 
 
 @pytest.mark.parametrize("engine, error", [
