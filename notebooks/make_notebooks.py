@@ -193,7 +193,7 @@ styled(pd.DataFrame(rows).pivot(index="TTFT SLO (ms)", columns="TPOT SLO (ms)",
     new_markdown_cell("""\
 Read it by column. Under TPOT ≤ 50 ms, loosening TTFT from 250 to 500 ms buys rate, but 500 to
 1000 ms buys none: past that point TPOT is the limit that fails first (the probe table above
-shows p99 TPOT past 50 ms at 11.9 req/s, seed 0, while p99 TTFT is still under 500 ms). Under
+shows p99 TPOT past 50 ms at 16.8 req/s, seed 0, while p99 TTFT is still under 500 ms). Under
 TPOT ≤ 100 ms the looser TTFT limits pay off all the way. Planning against one SLO at a time
 would miss this."""),
     new_markdown_cell("""\
