@@ -327,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         truth.with_itl(sims[exp["id"]], exp["id"], measured)
     ours, theirs = truth.error_table(exps, measured, peers, sims)
     print("\n".join(truth.summary_lines(ours, theirs)))
+    print("\n".join(truth.stage_split_lines(ours, measured)))
     result = {"in_sample": coef}
     if args.lomo:
         held: dict = {}
@@ -346,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         ours_l, _ = truth.error_table(exps, measured, peers, held)
         print("leave-one-model-out (each model predicted by a fit without it):")
         print("\n".join(truth.summary_lines(ours_l, theirs)))
+        print("\n".join(truth.stage_split_lines(ours_l, measured)))
         result["lomo"] = lomo_coef
         result["lomo_errors"] = {f"{a}/{b}/{c}": v for (a, b, c), v in ours_l.items()}
         result["expected_error"] = {

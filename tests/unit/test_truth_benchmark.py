@@ -48,3 +48,17 @@ def test_every_measured_run_is_a_valid_scenario_with_its_stages():
         assert w.shared_prefix.num_users == (sp["num_unique_system_prompts"]
                                              * sp["num_users_per_system_prompt"])
         assert truth.rows_of(measured, exp["id"])        # every run is scored somewhere
+
+
+def test_tails_are_split_by_a_runs_first_stage_and_its_later_ones():
+    # two runs: one with stages 0 and 1, one scored on its whole run (-1, a first stage too)
+    measured = {("a", 0, "ttft_mean"): 50.0, ("a", 0, "ttft_p99"): 100.0,
+                ("a", 1, "ttft_mean"): 50.0, ("a", 1, "ttft_p99"): 60.0,
+                ("b", -1, "ttft_mean"): 40.0, ("b", -1, "ttft_p99"): 80.0}
+    ours = {("a", 0, "ttft_p99"): -40.0, ("a", 1, "ttft_p99"): 5.0, ("b", -1, "ttft_p99"): 20.0}
+    lines = truth.stage_split_lines(ours, measured)
+    row = next(line for line in lines if line.startswith("ttft_p99"))
+    first, later = row.split(";")
+    assert "30.0 [ 2]" in first and "2.00x mean" in first        # median of 40 and 20
+    assert "5.0 [ 1]" in later and "1.20x mean" in later
+    assert not any(line.startswith("e2e_p99") and "[" in line for line in lines)
