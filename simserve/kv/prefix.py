@@ -37,7 +37,7 @@ recompute.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import islice
 from operator import itemgetter
 
@@ -165,6 +165,16 @@ class PrefixBlockManager(BlockManager):
         ref = self._ref
         from_pool = sum(1 for bid in hits if not ref[bid])
         return max(0, self.blocks_for(num_tokens) - len(hits)) + from_pool <= self.num_free
+
+    def decode_views(self) -> tuple[Mapping[int, int], Mapping[int, int]] | None:
+        """For a step's decodes (``Scheduler.decode_all``): per request, the blocks it holds
+        and its leading blocks cached (read-only). A decode whose token needs no new block and
+        fills none (its full blocks all cached already) would find :meth:`allocate` changes
+        nothing, so it may skip the call. None while a stretch's deferred blocks are pending
+        (:meth:`defer`: an allocation caches them)."""
+        if self._deferred:
+            return None
+        return self._held, self._num_keyed
 
     # -- commands --------------------------------------------------------------------------
     def allocate(self, request_id: int, num_tokens: int) -> int | None:

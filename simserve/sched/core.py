@@ -20,6 +20,7 @@ short module, and in what they declare they are (``facts``: sched/facts.py).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, ClassVar, cast
 
 from simserve.kv.blocks import BlockManager
@@ -180,10 +181,17 @@ class Scheduler(StepsInFlight, Verifying, StretchAdmission):
             return self._decode_all_verifying(batch)
         if self._decode_all_at_once(batch):
             return True
-        bs = self.blocks.block_size
-        # with named blocks every decode goes through allocate(): a block its token fills
-        # becomes cached now, as in vLLM (allocate_slots caches the blocks a step fills)
-        held = {} if self.blocks.caches_prefixes else self.blocks.blocks_held
+        blocks = self.blocks
+        bs = blocks.block_size
+        # with named blocks a decode whose token fills a block goes through allocate(): the
+        # block becomes cached now, as in vLLM (allocate_slots caches the blocks a step fills)
+        keyed: Mapping[int, int] | None = None
+        held: Mapping[int, int]
+        if isinstance(blocks, PrefixBlockManager):
+            views = blocks.decode_views()
+            held, keyed = views if views is not None else ({}, None)
+        else:
+            held = blocks.blocks_held
         entries, scheduled, decode_ctx = batch.entries, batch.scheduled, batch.decode_ctx
         i = 0
         running = self.running
@@ -201,7 +209,8 @@ class Scheduler(StepsInFlight, Verifying, StretchAdmission):
                 n = self.clip(req, req.num_remaining, batch)
                 if not self.grow_or_preempt(batch, req, n):
                     return False
-            elif -(-(c + 1) // bs) <= held.get(req.id, 0):
+            elif -(-(c + 1) // bs) <= held.get(req.id, 0) and (
+                    keyed is None or (c + 1) // bs <= keyed.get(req.id, 0)):
                 entries.append((req, 1))
                 batch.ids.append(req.id)
                 batch.new_tokens.append(1)
