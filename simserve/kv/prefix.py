@@ -80,6 +80,7 @@ class PrefixBlockManager(BlockManager):
         self._cached: dict[int, list[int]] = {}
         self._tables: dict[int, list[int]] = {}         # request id -> its block ids, in order
         self._num_keyed: dict[int, int] = {}            # request id -> leading blocks registered
+        self.keyed_blocks: Mapping[int, int] = self._num_keyed   # (read-only, for the scheduler)
         self._content: dict[int, tuple[int, Sequence[int] | None]] = {}
         self._keys: dict[int, list[int]] = {}           # request id -> keys computed so far
         # hash_ids -> the chained keys of the blocks they name, as far as computed (a chain
@@ -174,7 +175,7 @@ class PrefixBlockManager(BlockManager):
         (:meth:`defer`: an allocation caches them)."""
         if self._deferred:
             return None
-        return self._held, self._num_keyed
+        return self._held, self.keyed_blocks
 
     # -- commands --------------------------------------------------------------------------
     def allocate(self, request_id: int, num_tokens: int) -> int | None:

@@ -111,6 +111,9 @@ class StepsInFlight:
         entries = self._entries(plan)
         sampled: list[Request] = []
         stagger = self.decode_stagger
+        blocks = self.blocks
+        # (_cache_limit, inline: a token in flight now, so the limit is never None)
+        limit = blocks.limit_cache if isinstance(blocks, PrefixBlockManager) else None
         for req, n in entries:
             req.num_computed_tokens += n
             req.num_in_flight += 1
@@ -118,7 +121,8 @@ class StepsInFlight:
                 req.num_generated += 1
                 req.num_pending += 1
                 sampled.append(req)
-                self._cache_limit(req)
+                if limit is not None:
+                    limit(req.id, req.num_prompt_tokens + req.num_generated - req.num_pending)
                 if stagger:     # pipelined async: again from schedule() call n + p on
                     req.next_decode_step = self.current_step + stagger
         self.steps_in_flight += 1
@@ -137,12 +141,24 @@ class StepsInFlight:
         finished: list[Request] = []
         blocks = self.blocks
         prefix = blocks if isinstance(blocks, PrefixBlockManager) else None
+        if prefix is not None:
+            limit, cache_upto = prefix.limit_cache, prefix.cache_upto
+            bs, keyed = prefix.block_size, prefix.keyed_blocks
         for req in step.sampled:
             if req.status is Status.RUNNING:
-                req.num_pending -= 1
+                pending = req.num_pending = req.num_pending - 1
                 if prefix is not None:   # AsyncScheduler caches the blocks its output fills
-                    self._cache_limit(req)
-                    prefix.cache_upto(req.id, req.num_computed_tokens - req.num_pending)
+                    # (_cache_limit, inline; then cache_upto, where a block may fill)
+                    n = req.num_computed_tokens - pending
+                    if pending:
+                        known = req.num_prompt_tokens + req.num_generated - pending
+                        limit(req.id, known)
+                        if known < n:
+                            n = known
+                    else:
+                        limit(req.id, None)
+                    if n // bs > keyed.get(req.id, 0):
+                        cache_upto(req.id, req.num_computed_tokens - pending)
             if req.num_generated >= req.num_output_tokens and not req.num_pending:
                 finished.append(req)
         self.retire(finished, t_end)
