@@ -317,7 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     exps, measured, peers = truth.load_truth(args.truth)
     if args.write_from:
         saved = json.loads(args.write_from.read_text())
-        write(saved["in_sample"], saved.get("expected_error"), exps)
+        if "made" not in saved:
+            sys.exit(f"{args.write_from}: no 'made' (date, tree, command): a fit saved before "
+                     "fits recorded their provenance; fit again")
+        write(saved["in_sample"], saved.get("expected_error"), exps, saved["made"])
         return 0
     t0 = time.time()
     print("in-sample fit on every run:")
@@ -328,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     ours, theirs = truth.error_table(exps, measured, peers, sims)
     print("\n".join(truth.summary_lines(ours, theirs)))
     print("\n".join(truth.stage_split_lines(ours, measured)))
-    result = {"in_sample": coef}
+    result = {"in_sample": coef, "made": provenance(sys.argv[1:] if argv is None else argv)}
     if args.lomo:
         held: dict = {}
         lomo_coef = {}
@@ -357,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     args.save.parent.mkdir(parents=True, exist_ok=True)
     args.save.write_text(json.dumps(result, indent=1) + "\n")
     if args.write:
-        write(coef, result.get("expected_error"), exps)
+        write(coef, result.get("expected_error"), exps, result["made"])
     return 0
 
 
@@ -367,7 +370,8 @@ def corpus_of(exps: list[dict]) -> dict:
     cards = sorted({truth.model_name(e) for e in exps})
     params = [load_model(c).num_params / 1e9 for c in cards]
     sp = [e["workload"]["inference_perf"]["shared_prefix"] for e in exps]
-    return {"hardware": "H100-SXM", "engine": "vLLM V1", "models": cards,
+    moe = [c for c in cards if load_model(c).is_moe]
+    return {"hardware": "H100-SXM", "engine": "vLLM V1", "models": cards, "moe_models": moe,
             "params_b": [round(min(params), 2), round(max(params), 2)],
             "max_tp": max(e["tp"] for e in exps),
             "max_context": max(s["system_prompt_len"] + s["question_len"] + s["output_len"]
@@ -375,18 +379,27 @@ def corpus_of(exps: list[dict]) -> dict:
             "runs": len(exps)}
 
 
-def write(coef: dict[str, float], expected: dict | None, exps: list[dict]) -> None:
-    """The fitted coefficients as an efficiency set plus engine terms, with provenance."""
+def provenance(argv: list[str]) -> dict[str, str]:
+    """When, from which tree and with which command a fit was made (saved with it: a set
+    written later from the saved fit names the fit's, not the writing's)."""
+    tree = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                          capture_output=True, text=True).stdout.strip() or "unknown"
+    return {"date": datetime.date.today().isoformat(), "tree": tree,
+            "command": " ".join(["benchmarks/truth/fit_h100_vllm.py", *argv])}
+
+
+def write(coef: dict[str, float], expected: dict | None, exps: list[dict],
+          made: dict[str, str]) -> None:
+    """The fitted coefficients as an efficiency set plus engine terms, with provenance
+    (``made``: the fit's date, tree and command)."""
     from simserve.latency.efficiency import EFFICIENCY_DIR
     base = json.loads((EFFICIENCY_DIR / "h100.json").read_text())
     g = coef["gemm"]
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
     out = {
         "name": "h100-vllm",
         "source": (
-            "ESTIMATE fitted by benchmarks/truth/fit_h100_vllm.py on "
-            f"{datetime.date.today().isoformat()} (simserve {commit}) to twelve serving runs "
+            f"ESTIMATE fitted on {made['date']} by `{made['command']}` (simserve "
+            f"{made['tree']}) to twelve serving runs "
             "of vLLM V1 on H100-SXM measured with inference-perf by the BLIS authors "
             "(inference-sim/inference-sim f90a1e3a training data; "
             "inference-sim/sim-to-real-accuracy-validation dcec3fd4 error_records.csv): "
@@ -396,7 +409,7 @@ def write(coef: dict[str, float], expected: dict | None, exps: list[dict]) -> No
             "each (1 / a); the all-reduce's fixed cost (prior: Vidur's measured H100 DGX NCCL "
             "all-reduce), an MoE layer's and a step's fixed device time, the engine's CPU "
             "step (prior) and the front end fitted, the runs simulated with async "
-            "scheduling on (vLLM's default)."),
+            "scheduling on (vLLM's default) and Poisson arrivals."),
         "gemm": {"tokens": base["gemm"]["tokens"],
                  "eta": [min(1.0, e / g) for e in base["gemm"]["eta"]]},
         "attn_prefill": {"chunk": [1], "ctx": [0], "eta": [[min(1.0, 1 / coef["prefill_attn"])]]},

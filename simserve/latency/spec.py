@@ -65,6 +65,12 @@ class SpeculativeLatency:
         self.base, self.cfg = base, cfg
         self._base = Pricing.of(base)
         card = drafter_card(target, cfg)
+        curves = roofline_kw.get("curves")
+        if curves is not None and curves.device_step_s:
+            # a step's fixed device time (graph launch, input copies, sampling) is the
+            # engine step's, paid once by the target's pricing: the drafter's passes run
+            # inside that step
+            roofline_kw["curves"] = replace(curves, device_step_s=0.0)
         self.drafter = None if card is None else RooflineModel(
             card, hw, tensor_parallel_size=tensor_parallel_size, block_size=block_size,
             step_overhead_s=0.0, **roofline_kw)

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 Scenario = Any
 
 VLLM_V1_POLICIES = ("vllm_v1", "priority", "vllm_native")
+# scenario fields that replace a fitted set's own terms (the band is the set's, not theirs)
+FITTED_TERMS = ("step_overhead_ms", "per_output_token_ms", "frontend_delay_ms",
+                "flops_efficiency", "bandwidth_efficiency")
 
 
 def latency_trust(s: Scenario, curves: EfficiencyCurves | None) -> dict[str, Any] | None:
@@ -57,9 +60,19 @@ def outside(s: Scenario, corpus: dict[str, Any]) -> list[str]:
     if ctx and longest > ctx:
         out.append(f"max_model_len {longest:,}: the runs' requests held at most "
                    f"{ctx:,} tokens (longer contexts are extrapolated)")
+    moe = corpus.get("moe_models")
+    if moe is not None and m.is_moe and m.name not in moe:
+        out.append(f"MoE model {m.name}: the cost of an MoE layer was learnt from "
+                   + (", ".join(moe) or "no MoE model") + " alone")
     if e.speculative_config is not None:
         out.append("speculative decoding: the runs had none")
-    if not e.async_scheduling and s.policy in VLLM_V1_POLICIES:
+    set_terms = [k for k in FITTED_TERMS if getattr(s.latency, k, None) is not None]
+    if set_terms:
+        out.append("latency." + ", latency.".join(set_terms) + " set: the band is for the "
+                   "fitted set's own terms, not for these")
+    if s.cluster.disaggregated:
+        out.append("disaggregated prefill/decode: the runs served on single engines")
+    elif not e.async_scheduling and s.policy in VLLM_V1_POLICIES:
         out.append("async_scheduling off: the runs had it on (vLLM's default), so each step "
                    "here also pays the engine's CPU time and an arrival waits one step less")
     return out

@@ -74,6 +74,25 @@ def test_a_run_carries_its_error_band_and_says_when_it_leaves_the_corpus():
     words = " ".join(outside(far, curves.corpus))
     for needle in ("H200", "sarathi", "tensor_parallel_size 8", "max_model_len 32,768"):
         assert needle in words
+    # a fitted term replaced by the scenario: the band is not for it
+    mine = scenario(engine={"max_model_len": 2048, "async_scheduling": True},
+                    latency={"step_overhead_ms": 5})
+    assert outside(mine, curves.corpus) == [
+        "latency.step_overhead_ms set: the band is for the fitted set's own terms, not for "
+        "these"]
+    # an MoE model the corpus's MoE runs were not: its MoE layers' cost is Scout's
+    other = parse_scenario({**scenario().to_dict(), "model": "Qwen3-30B-A3B",
+                            "engine": {"max_model_len": 2048, "async_scheduling": True}})
+    assert [w for w in outside(other, curves.corpus) if w.startswith("MoE model")] == [
+        "MoE model Qwen3-30B-A3B: the cost of an MoE layer was learnt from "
+        "Llama-4-Scout-17B-16E-FP8 alone"]
+    # disaggregated prefill/decode: said so, and no advice to turn on what it cannot have
+    split = scenario(cluster={"groups": [{"name": "p", "role": "prefill", "replicas": 1},
+                                         {"name": "d", "role": "decode", "replicas": 1}],
+                              "kv_transfer": {"link": "nvlink"}})
+    words = outside(split, curves.corpus)
+    assert "disaggregated prefill/decode: the runs served on single engines" in words
+    assert not any(w.startswith("async_scheduling") for w in words)
     # max_model_len unset: the card's own (Llama-3.1-8B: 131,072 positions)
     unset = parse_scenario({**scenario().to_dict(), "engine": {}})
     assert "max_model_len 131,072" in " ".join(outside(unset, curves.corpus))

@@ -149,6 +149,27 @@ def test_drafter_cost_eagle_by_hand():
     assert lat.breakdown(plan)["draft"] == lat.draft_s(plan)
 
 
+def test_the_steps_fixed_device_time_is_paid_once_not_per_drafter_pass():
+    from dataclasses import replace
+
+    from simserve.latency.efficiency import load_curves
+    target, hw = load_model("Llama-3.1-8B"), load_hardware("H100-SXM")
+    cfg = spec(method="eagle3", num_speculative_tokens=3, synthetic_acceptance_length=2.0)
+    curves = load_curves("h100-vllm")
+    assert curves.device_step_s > 0
+    plan = StepPlan((1, 2), (4, 4), (), (), (1000, 800), 2, decode_q=(4, 4))
+
+    def draft(c):
+        base = RooflineModel(target, hw, curves=c)
+        return SpeculativeLatency(base, cfg, target, hw, curves=c)
+
+    with_step, without = draft(curves), draft(replace(curves, device_step_s=0.0))
+    assert with_step.draft_s(plan) == without.draft_s(plan) > 0
+    # ... while the target's own step pays it, once
+    assert with_step.step_time(plan) - without.step_time(plan) == pytest.approx(
+        curves.device_step_s, rel=1e-9)
+
+
 def test_ngram_costs_nothing_and_mtp_is_a_target_layer():
     target = serving_card(load_model("DeepSeek-V3"), None)
     mtp = drafter_card(target, spec(method="mtp", num_speculative_tokens=1,
