@@ -287,16 +287,22 @@ def joining_scenarios(draw):
     return policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs, 1
 
 
-def _curved_roofline(name, per_output_token_s=0.0):
+def _curved_roofline(name, per_output_token_s=0.0, model="Llama-3.1-8B"):
     from simserve.latency.efficiency import load_curves
-    hw = {"h100": "H100-SXM", "a100": "A100-80GB"}[name]
-    return RooflineModel(load_model("Llama-3.1-8B"), load_hardware(hw), curves=load_curves(name),
+    hw = {"h100": "H100-SXM", "a100": "A100-80GB", "h100-vllm": "H100-SXM"}[name]
+    return RooflineModel(load_model(model), load_hardware(hw), curves=load_curves(name),
                          per_output_token_s=per_output_token_s)
+
+
+def _fitted_moe():
+    """The fitted H100 set (a step's and an MoE layer's fixed device times) on an MoE card."""
+    return _curved_roofline("h100-vllm", model="Llama-4-Scout-17B-16E-FP8")
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(joining_scenarios(),
-       st.sampled_from(["toy", "roofline", "h100", "a100", "roofline+cpu", "h100+cpu"]))
+       st.sampled_from(["toy", "roofline", "h100", "a100", "roofline+cpu", "h100+cpu",
+                        "h100-vllm", "h100-vllm-moe"]))
 def test_stretches_that_arrivals_join_equal_stepping(case, prices):
     """Arrivals that join a stretch (sched/stretch.py, ``join``): the same steps, times and
     tokens as stepping, whichever latency model prices them (the toy model through
@@ -306,7 +312,9 @@ def test_stretches_that_arrivals_join_equal_stepping(case, prices):
     latency = {"toy": lambda: None, "roofline": _roofline, "h100": lambda: _curved_roofline(
         "h100"), "a100": lambda: _curved_roofline("a100"),
         "roofline+cpu": lambda: _roofline(7e-4),
-        "h100+cpu": lambda: _curved_roofline("h100", 7e-4)}[prices]()
+        "h100+cpu": lambda: _curved_roofline("h100", 7e-4),
+        "h100-vllm": lambda: _curved_roofline("h100-vllm"), "h100-vllm-moe": _fitted_moe,
+    }[prices]()
     fast, _, _ = run_checked(*case, fast_forward=True, latency=latency)
     slow, _, _ = run_checked(*case, fast_forward=False, latency=latency)
     assert _by_replica(fast) == _by_replica(slow)
@@ -406,7 +414,7 @@ def caching_scenarios(draw):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(caching_scenarios(), st.sampled_from(["toy", "roofline", "h100"]))
+@given(caching_scenarios(), st.sampled_from(["toy", "roofline", "h100", "h100-vllm-moe"]))
 def test_fast_forward_with_prefix_caching_equals_stepping(case, prices):
     """With prefix caching, stretches (blocks filled by decodes cached, finished requests' blocks
     freed tail first into the LRU pool) and the arrivals that join them (their cache hits taken
@@ -414,7 +422,7 @@ def test_fast_forward_with_prefix_caching_equals_stepping(case, prices):
     cache hits as stepping, and leave the cache exactly as stepping does (pool order, keys,
     copies, evictions)."""
     latency = {"toy": lambda: None, "roofline": _roofline,
-               "h100": lambda: _curved_roofline("h100")}[prices]()
+               "h100": lambda: _curved_roofline("h100"), "h100-vllm-moe": _fitted_moe}[prices]()
     fast, fast_replicas, _ = run_checked(*case, fast_forward=True, latency=latency)
     slow, slow_replicas, _ = run_checked(*case, fast_forward=False, latency=latency)
     assert _by_replica(fast) == _by_replica(slow)

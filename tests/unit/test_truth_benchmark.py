@@ -62,3 +62,21 @@ def test_tails_are_split_by_a_runs_first_stage_and_its_later_ones():
     assert "30.0 [ 2]" in first and "2.00x mean" in first        # median of 40 and 20
     assert "5.0 [ 1]" in later and "1.20x mean" in later
     assert not any(line.startswith("e2e_p99") and "[" in line for line in lines)
+
+
+def test_a_run_is_simulated_as_vllm_ran_it_async_and_poisson():
+    # (a synthetic run in the measured runs' format: the test needs nothing beside the repo)
+    exp = {"id": "x", "model": "meta-llama/Llama-2-7b-hf", "tp": 1, "max_num_seqs": 64,
+           "max_num_batched_tokens": 2048, "total_kv_blocks": 5000, "block_size": 16,
+           "workload": {"seed": 7, "inference_perf": {
+               "shared_prefix": {"enable_multi_turn_chat": True, "num_unique_system_prompts": 2,
+                                 "num_users_per_system_prompt": 3, "system_prompt_len": 100,
+                                 "question_len": 400, "output_len": 50},
+               "stages": [{"rate": 2.0, "duration": 10}, {"rate": 4.0, "duration": 10}]}}}
+    raw = truth.scenario_dict(exp)
+    assert raw["engine"]["async_scheduling"] is True            # vLLM 0.32's default
+    assert raw["engine"]["enable_prefix_caching"] is True
+    assert raw["workload"]["arrival"] == "poisson"
+    s = parse_scenario(raw)
+    assert s.engine.async_scheduling and s.workload.arrival.process == "poisson"
+    assert [st.rate for st in s.workload.stages] == [2.0, 4.0]
