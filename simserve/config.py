@@ -684,7 +684,7 @@ def resolve_replica(s: Scenario) -> ReplicaSpec:
         block_bytes += kv_block_bytes(drafter, e.block_size, tp)
         assert e.speculative_config is not None      # a drafter comes from it
         extra_weights = drafter_weight_bytes(drafter, e.speculative_config, tp)
-    blocks, error = e.num_gpu_blocks, ""
+    blocks, error, error_field = e.num_gpu_blocks, "", "engine.gpu_memory_utilization"
     if blocks is None:
         try:
             blocks = kv_capacity_blocks(s.model, s.hardware, block_size=e.block_size,
@@ -697,7 +697,7 @@ def resolve_replica(s: Scenario) -> ReplicaSpec:
                                         extra_weight_bytes=extra_weights,
                                         pipeline_parallel_size=pp)
         except ConfigError as err:
-            blocks, error = 0, err.message
+            blocks, error, error_field = 0, err.message, err.field
     host = math.floor(e.swap_space_gb * 2**30 / block_bytes) if e.preemption_mode == "swap" \
         else 0
     if not error and blocks <= facts.reserved_blocks:
@@ -709,7 +709,7 @@ def resolve_replica(s: Scenario) -> ReplicaSpec:
         offload = host_blocks(e.kv_offloading_size, tp, block_bytes)
     return ReplicaSpec(s.policy, s.policy_params, limits, max_model_len, e.block_size, blocks,
                        facts.reserved_blocks, host, block_bytes, e.enable_prefix_caching, tp,
-                       error, offload, model_block_bytes)
+                       error, offload, model_block_bytes, error_field)
 
 
 def check_context(s: Scenario) -> None:
