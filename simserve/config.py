@@ -269,9 +269,16 @@ class Scenario:
         return out
 
 
+# every top-level field parse_scenario reads (checked first: a misspelt `workloads:` is unknown,
+# not a missing `workload:`)
+SCENARIO_FIELDS = ("name", "seed", "model", "hardware", "engine", "scheduler", "workload", "slo",
+                   "latency", "cluster", "output_dir", "metric_percentiles", "plan")
+
+
 def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario") -> Scenario:
     """Validate a scenario mapping (already parsed from YAML) into a frozen Scenario."""
     f = Fields(raw, "")
+    f.only(SCENARIO_FIELDS)
     scenario_name = f.str("name", name)
     seed = f.int("seed", 0, min=0, max=MAX_INT64)
     model = load_model(f.any("model"), "model")
