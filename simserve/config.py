@@ -595,6 +595,7 @@ def load_variants(path: str | Path,
     variants = []
     base = raw.get("name", path.stem)
     for label, fields in _variant_fields(compare):
+        _refuse_overridden(label, fields, overrides or [])
         variant = copy.deepcopy(raw)
         for key, value in fields.items():
             set_field(variant, key, value)
@@ -625,6 +626,20 @@ def value_label(value: Any) -> str:
     if isinstance(value, list):
         return ",".join(value_label(v) for v in value)
     return str(value)
+
+
+def _refuse_overridden(label: str, fields: dict[str, Any], overrides: list[str]) -> None:
+    """A ``--set`` field that a compare variant also sets would be replaced by the variant's
+    value while the run's outputs say the override was applied: refuse it (a section and a
+    field inside it count as the same field)."""
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        for name in fields:
+            f = str(name).strip()
+            if key == f or key.startswith(f + ".") or f.startswith(key + "."):
+                raise ConfigError(f"--set {key}", f"compare variant {label!r} sets {f} "
+                                                  "itself, so the override would not apply; "
+                                                  "remove it from --set or from compare:")
 
 
 def _variant_fields(compare: Any) -> list[tuple[str, dict[str, Any]]]:

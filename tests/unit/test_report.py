@@ -73,6 +73,24 @@ def test_compare_run_from_the_cli_reports_every_variant(tmp_path, capsys):
     assert "Overrides: --set workload.num_requests=30." in page   # what made these runs
 
 
+@pytest.mark.parametrize("override", ["scheduler.policy=tgi", "scheduler={policy: tgi}"])
+def test_a_set_field_that_a_compare_variant_sets_too_is_refused(tmp_path, capsys, override):
+    # the variant's value would win while every output's header says the override applied
+    src = TINY.read_text() + ("compare:\n  - {label: v0, workload.rate: 5}\n"
+                              "  - {label: sar, scheduler.policy: sarathi}\n")
+    (tmp_path / "cmp.yaml").write_text(src)
+    out = tmp_path / "o"
+    assert main(["run", str(tmp_path / "cmp.yaml"), "--out", str(out), "--quiet",
+                 "--set", override]) == 2
+    err = capsys.readouterr().err
+    key = override.partition("=")[0]
+    assert err == (f"error: --set {key}: compare variant 'sar' sets scheduler.policy itself, "
+                   "so the override would not apply; remove it from --set or from compare:\n")
+    assert not out.exists()
+    # a field no variant sets is still applied to every variant
+    assert main(["validate", str(tmp_path / "cmp.yaml"), "--set", "workload.num_requests=10"]) == 0
+
+
 def test_set_overrides_are_named_and_never_clobber_the_plain_run(tmp_path, capsys,
                                                                   monkeypatch):
     monkeypatch.chdir(tmp_path)
