@@ -148,6 +148,21 @@ def test_several_runs_with_the_same_name_get_distinct_labels(tmp_path):
         write_report([tmp_path / "x" / "run", tmp_path / "y" / "run"])
 
 
+def test_runs_whose_names_hold_dots_keep_a_figure_each(tmp_path, capsys):
+    # the folders `simserve run --set scheduler.policy=...` makes: their figure names differ only
+    # after the last dot, which a swapped suffix would cut off (one run's timeline overwriting
+    # the other's)
+    runs = [tiny_run(tmp_path / f"tiny+scheduler.policy={p}", **{"scheduler.policy": p})
+            for p in ("sarathi", "fastserve")]
+    out = tmp_path / "both"
+    assert main(["report", *map(str, runs), "--out", str(out), "--svg"]) == 0
+    names = sorted(p.name for p in (out / "figures").iterdir())
+    timelines = [n for n in names if n.startswith("timeline_")]
+    assert len(timelines) == 4, names        # a PNG and an SVG per run
+    assert {n.rsplit(".", 1)[-1] for n in timelines} == {"png", "svg"}
+    assert len(check_self_contained(out / "report.html")) == len(names) // 2
+
+
 def test_not_a_run_directory(tmp_path):
     with pytest.raises(DataError, match="not a simserve output directory"):
         load_inputs([tmp_path])
