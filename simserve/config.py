@@ -630,13 +630,21 @@ def value_label(value: Any) -> str:
 
 def _refuse_overridden(label: str, fields: dict[str, Any], overrides: list[str]) -> None:
     """A ``--set`` field that a compare variant also sets would be replaced by the variant's
-    value while the run's outputs say the override was applied: refuse it (a section and a
-    field inside it count as the same field)."""
+    value while the run's outputs say the override was applied: refuse it. A variant setting a
+    section replaces every override inside it; an override of a section loses only what the
+    variant sets inside it, if the override's mapping gives it."""
     for item in overrides:
-        key = item.partition("=")[0].strip()
+        key, _, text = item.partition("=")
+        key = key.strip()
         for name in fields:
             f = str(name).strip()
-            if key == f or key.startswith(f + ".") or f.startswith(key + "."):
+            lost = key == f or key.startswith(f + ".")
+            if f.startswith(key + "."):
+                node: Any = safeyaml.parse_value(text, f"--set {key}")
+                for part in f[len(key) + 1:].split("."):
+                    node = node.get(part) if isinstance(node, dict) else None
+                lost = node is not None
+            if lost:
                 raise ConfigError(f"--set {key}", f"compare variant {label!r} sets {f} "
                                                   "itself, so the override would not apply; "
                                                   "remove it from --set or from compare:")

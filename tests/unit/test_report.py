@@ -87,8 +87,10 @@ def test_a_set_field_that_a_compare_variant_sets_too_is_refused(tmp_path, capsys
     assert err == (f"error: --set {key}: compare variant 'sar' sets scheduler.policy itself, "
                    "so the override would not apply; remove it from --set or from compare:\n")
     assert not out.exists()
-    # a field no variant sets is still applied to every variant
+    # a field no variant sets is still applied to every variant, and so is a section whose
+    # override gives no field a variant sets
     assert main(["validate", str(tmp_path / "cmp.yaml"), "--set", "workload.num_requests=10"]) == 0
+    assert main(["validate", str(tmp_path / "cmp.yaml"), "--set", "scheduler={}"]) == 0
 
 
 def test_set_overrides_are_named_and_never_clobber_the_plain_run(tmp_path, capsys,
