@@ -34,7 +34,9 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
     parser and sets ``handler`` (the built-in ones below; the live-server and profiler commands
     in their own modules). For one of the built-in ``command`` s only those are registered:
     the live-server modules import asyncio (a tenth of a second of a `simserve run`)."""
+    from simserve import __version__
     p = _Parser(prog="simserve", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"simserve {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     registers = [_register_run, _register_report, _register_sweep, _register_capacity,
                  _register_plan, _register_validate, _register_list]
@@ -189,15 +191,27 @@ def _cmd_plan(args) -> int:
 
 
 def _register_validate(sub) -> None:
-    val = sub.add_parser("validate", help="check a scenario without running it")
-    val.add_argument("scenario")
-    val.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+    val = sub.add_parser("validate", help="check a scenario without running it",
+                         description="Check a scenario, compare or sweep file as the command "
+                                     "that runs it would (every variant or grid point, its "
+                                     "workload, and whether the deployment fits the device), "
+                                     "without running it: prints 'ok', or one error line and "
+                                     "exits 2.")
+    val.add_argument("scenario", help="scenario, compare or sweep YAML file")
+    val.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                     help="override a scenario field, e.g. --set engine.max_num_seqs=64 "
+                          "(repeatable)")
     val.set_defaults(handler=_cmd_validate)
 
 
 def _register_list(sub) -> None:
-    lst = sub.add_parser("list", help="list shipped model cards, hardware specs or policies")
-    lst.add_argument("what", choices=("models", "hardware", "policies"))
+    lst = sub.add_parser("list", help="list shipped model cards, hardware specs or policies",
+                         description="List what a scenario can name, one line each: model "
+                                     "cards (size, weights, KV cache per token), hardware specs "
+                                     "(memory, peak FLOP/s, bandwidth) or scheduling policies.")
+    lst.add_argument("what", choices=("models", "hardware", "policies"),
+                     help="models (for model:), hardware (for hardware:) or policies (for "
+                          "scheduler.policy:)")
     lst.set_defaults(handler=_cmd_list)
 
 

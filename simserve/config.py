@@ -269,9 +269,16 @@ class Scenario:
         return out
 
 
+# every top-level field parse_scenario reads (checked first: a misspelt `workloads:` is unknown,
+# not a missing `workload:`)
+SCENARIO_FIELDS = ("name", "seed", "model", "hardware", "engine", "scheduler", "workload", "slo",
+                   "latency", "cluster", "output_dir", "metric_percentiles", "plan")
+
+
 def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario") -> Scenario:
     """Validate a scenario mapping (already parsed from YAML) into a frozen Scenario."""
     f = Fields(raw, "")
+    f.only(SCENARIO_FIELDS)
     scenario_name = f.str("name", name)
     seed = f.int("seed", 0, min=0, max=MAX_INT64)
     model = load_model(f.any("model"), "model")
@@ -588,6 +595,7 @@ def load_variants(path: str | Path,
     variants = []
     base = raw.get("name", path.stem)
     for label, fields in _variant_fields(compare):
+        _refuse_overridden(label, fields, overrides or [])
         variant = copy.deepcopy(raw)
         for key, value in fields.items():
             set_field(variant, key, value)
@@ -618,6 +626,28 @@ def value_label(value: Any) -> str:
     if isinstance(value, list):
         return ",".join(value_label(v) for v in value)
     return str(value)
+
+
+def _refuse_overridden(label: str, fields: dict[str, Any], overrides: list[str]) -> None:
+    """A ``--set`` field that a compare variant also sets would be replaced by the variant's
+    value while the run's outputs say the override was applied: refuse it. A variant setting a
+    section replaces every override inside it; an override of a section loses only what the
+    variant sets inside it, if the override's mapping gives it."""
+    for item in overrides:
+        key, _, text = item.partition("=")
+        key = key.strip()
+        for name in fields:
+            f = str(name).strip()
+            lost = key == f or key.startswith(f + ".")
+            if f.startswith(key + "."):
+                node: Any = safeyaml.parse_value(text, f"--set {key}")
+                for part in f[len(key) + 1:].split("."):
+                    node = node.get(part) if isinstance(node, dict) else None
+                lost = node is not None
+            if lost:
+                raise ConfigError(f"--set {key}", f"compare variant {label!r} sets {f} "
+                                                  "itself, so the override would not apply; "
+                                                  "remove it from --set or from compare:")
 
 
 def _variant_fields(compare: Any) -> list[tuple[str, dict[str, Any]]]:
@@ -684,7 +714,7 @@ def resolve_replica(s: Scenario) -> ReplicaSpec:
         block_bytes += kv_block_bytes(drafter, e.block_size, tp)
         assert e.speculative_config is not None      # a drafter comes from it
         extra_weights = drafter_weight_bytes(drafter, e.speculative_config, tp)
-    blocks, error = e.num_gpu_blocks, ""
+    blocks, error, error_field = e.num_gpu_blocks, "", "engine.gpu_memory_utilization"
     if blocks is None:
         try:
             blocks = kv_capacity_blocks(s.model, s.hardware, block_size=e.block_size,
@@ -697,7 +727,7 @@ def resolve_replica(s: Scenario) -> ReplicaSpec:
                                         extra_weight_bytes=extra_weights,
                                         pipeline_parallel_size=pp)
         except ConfigError as err:
-            blocks, error = 0, err.message
+            blocks, error, error_field = 0, err.message, err.field
     host = math.floor(e.swap_space_gb * 2**30 / block_bytes) if e.preemption_mode == "swap" \
         else 0
     if not error and blocks <= facts.reserved_blocks:
@@ -709,7 +739,7 @@ def resolve_replica(s: Scenario) -> ReplicaSpec:
         offload = host_blocks(e.kv_offloading_size, tp, block_bytes)
     return ReplicaSpec(s.policy, s.policy_params, limits, max_model_len, e.block_size, blocks,
                        facts.reserved_blocks, host, block_bytes, e.enable_prefix_caching, tp,
-                       error, offload, model_block_bytes)
+                       error, offload, model_block_bytes, error_field)
 
 
 def check_context(s: Scenario) -> None:

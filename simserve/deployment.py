@@ -18,6 +18,7 @@ import math
 
 from simserve import limits
 from simserve.errors import ConfigError
+from simserve.kv.capacity import check_weights_fit
 
 GB = 1e9
 
@@ -52,14 +53,11 @@ def check_memory(s) -> None:
     if e.pipeline_parallel_size > 1:    # the heaviest stage's ranks
         from simserve.kv.capacity import stage_weight_bytes
         weights = max(stage_weight_bytes(m, tp, 1, e.pipeline_parallel_size))
+    # weights alone past the device: no gpu_memory_utilization helps, so say so first
+    check_weights_fit(m, hw, weights, tp, e.pipeline_parallel_size)
     if e.num_gpu_blocks is not None:
         # a KV cache set directly skips vLLM's memory arithmetic, not physics: the weights and
         # the blocks must fit in the device's memory (gpu_memory_utilization aside)
-        if weights >= hw.mem_bytes:
-            raise ConfigError("model", f"{m.name}'s weights need {weights / GB:.1f} GB per "
-                                       f"device (tensor_parallel_size {tp}), more than the "
-                                       f"{hw.mem_bytes / GB:.1f} GB of {hw.name}: raise "
-                                       "engine.tensor_parallel_size or use a larger device")
         kv = e.num_gpu_blocks * (s.replica.model_block_bytes if e.pipeline_parallel_size == 1
                                  else s.replica.kv_block_bytes)
         if weights + kv > hw.mem_bytes:

@@ -12,7 +12,8 @@ Booleans are not accepted where numbers are expected (YAML's ``yes`` is not 1). 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from simserve.errors import ConfigError
@@ -20,6 +21,7 @@ from simserve.errors import ConfigError
 INT64 = 2**63 - 1
 
 _MISSING = object()
+CLOSE = 0.8     # difflib ratio from which an unknown key is taken for a misspelt known one
 
 
 def join(path: str, name: str | int) -> str:
@@ -54,8 +56,16 @@ class Fields:
         if name in self.raw and self.raw[name] is not None:
             return self.raw[name]
         if default is _MISSING:
-            raise ConfigError(self.where(name), "is required")
+            raise self.missing(name)
         return default
+
+    def missing(self, name: str, message: str = "is required") -> ConfigError:
+        """The error for a required field that is absent: a misspelt key is the likelier
+        mistake, so a close unread key is named as unknown first (difflib's ratio)."""
+        unread = [k for k in self.raw if k not in self._used and k != name]
+        for key in difflib.get_close_matches(name, unread, n=1, cutoff=CLOSE):
+            return ConfigError(self.where(key), f"unknown field (did you mean {name}?)")
+        return ConfigError(self.where(name), message)
 
     def int(self, name: str, default: Any = _MISSING, *, min: int | None = None,
             max: int | None = None) -> Any:
@@ -109,12 +119,23 @@ class Fields:
     def section(self, name: str) -> Fields:
         return Fields(self.any(name, {}), self.where(name))
 
+    def only(self, names: Iterable[str]) -> None:
+        """Raise for a key outside ``names`` before any field is read, so that a misspelt
+        field is reported as unknown rather than a required one as missing."""
+        _check_known(self.path, self.raw, set(names))
+
     def done(self) -> None:
-        unknown = [k for k in self.raw if k not in self._used]
-        if unknown:
-            known = sorted(self._used)
-            raise ConfigError(self.where(unknown[0]),
-                              f"unknown field; known fields here: {', '.join(known)}")
+        _check_known(self.path, self.raw, self._used)
+
+
+def _check_known(path: str, raw: Mapping[str, Any], known: set[str]) -> None:
+    unknown = [k for k in raw if k not in known]
+    if not unknown:
+        return
+    close = difflib.get_close_matches(unknown[0], sorted(known), n=1, cutoff=CLOSE)
+    raise ConfigError(join(path, unknown[0]),
+                      f"unknown field (did you mean {close[0]}?)" if close else
+                      f"unknown field; known fields here: {', '.join(sorted(known))}")
 
 
 def _check_range(where: str, value: float, lo: float | None, hi: float | None) -> None:

@@ -2,7 +2,7 @@
 
 Every argument after ``profile`` goes to ``profiler.cli.main`` unchanged (docs/profiler.md).
 torch is imported only when the command runs, so ``import simserve`` never imports it; without
-torch the command says how to install it, in one line.
+torch ``--help`` still works and the command says how to install torch, in one line.
 """
 
 from __future__ import annotations
@@ -11,7 +11,11 @@ import argparse
 import importlib.util
 import sys
 
-INSTALL_HINT = "install with pip install -e '.[profile]'"
+# README's install line: the CPU wheel first, or pip resolves torch to a CUDA build (GBs of
+# nvidia-* wheels) on Linux
+INSTALL_HINT = ("install the CPU wheel first, pip install torch==2.13.0 --index-url "
+                "https://download.pytorch.org/whl/cpu, then pip install -e '.[profile]'")
+HELP = ("-h", "--help")
 
 
 def register(sub) -> None:
@@ -25,7 +29,8 @@ def register(sub) -> None:
 
 
 def _cmd_profile(args) -> int:
-    if importlib.util.find_spec("torch") is None:
+    # help needs no torch: profiler.cli imports it only to measure
+    if importlib.util.find_spec("torch") is None and not set(HELP) & set(args.args):
         print(f"error: simserve profile needs torch, which is not installed; {INSTALL_HINT}",
               file=sys.stderr)
         return 2

@@ -43,6 +43,7 @@ class ReplicaSpec:
     # pipeline stages the whole model's, which latency/pipeline.py shares out by layers): what
     # the latency models price a swapped block with
     model_block_bytes: int = 0
+    kv_error_field: str = "engine.gpu_memory_utilization"   # the field ``kv_error`` names
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -57,4 +58,4 @@ class ReplicaSpec:
     def check_kv(self) -> None:
         """Raise the KV-capacity error, if this replica has no room for a KV block."""
         if self.kv_error:
-            raise ConfigError("engine.gpu_memory_utilization", self.kv_error)
+            raise ConfigError(self.kv_error_field, self.kv_error)

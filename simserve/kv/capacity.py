@@ -131,6 +131,22 @@ def stage_block_bytes(model: ModelCard, block_size: int, tp: int, pp: int) -> li
     return [n * per_layer for n in pipeline_layers(model.num_layers, pp)]
 
 
+def check_weights_fit(model: ModelCard, hw: HardwareSpec, weights: float, tp: int,
+                      pp: int = 1) -> None:
+    """Raise ConfigError on ``model`` when one device's share of the weights (``weights``
+    bytes: the heaviest pipeline stage's) is at least the device's whole memory: only more
+    parallelism or a larger device helps, not ``gpu_memory_utilization``."""
+    if weights < hw.mem_bytes:
+        return
+    parallel = f"tensor_parallel_size {tp}" + (f", pipeline_parallel_size {pp}" if pp > 1
+                                               else "")
+    more = "engine.tensor_parallel_size" + (" or engine.pipeline_parallel_size" if pp > 1
+                                            else "")
+    raise ConfigError("model", f"{model.name}'s weights need {weights / GB:.1f} GB per device "
+                               f"({parallel}), more than the {hw.mem_bytes / GB:.1f} GB of "
+                               f"{hw.name}: raise {more} or use a larger device")
+
+
 def kv_capacity_blocks(model: ModelCard, hw: HardwareSpec, *, block_size: int,
                        gpu_memory_utilization: float, tensor_parallel_size: int = 1,
                        max_num_batched_tokens: int, max_num_seqs: int = 256,
@@ -142,8 +158,9 @@ def kv_capacity_blocks(model: ModelCard, hw: HardwareSpec, *, block_size: int,
     ``extra_weight_bytes`` (a speculative drafter's KV in the same blocks, and its weights)
     replace the block's bytes and add to the weights.
 
-    Raises ConfigError on ``engine.gpu_memory_utilization`` when weights and activations leave
-    no room for a single block.
+    Raises ConfigError on ``model`` when the weights alone exceed the device (no
+    ``gpu_memory_utilization`` can help), else on ``engine.gpu_memory_utilization`` when weights
+    and activations leave no room for a single block.
     """
     tp = tensor_parallel_size
     if pipeline_parallel_size > 1:
@@ -160,6 +177,7 @@ def kv_capacity_blocks(model: ModelCard, hw: HardwareSpec, *, block_size: int,
     weights = model.weight_bytes_per_rank(tp, expert_parallel_size)
     if extra_weight_bytes:
         weights += extra_weight_bytes
+    check_weights_fit(model, hw, weights, tp)
     reserve = activation_reserve_bytes(model, max_num_batched_tokens=max_num_batched_tokens,
                                        max_num_seqs=max_num_seqs, tensor_parallel_size=tp)
     free = budget - weights - reserve
@@ -181,6 +199,7 @@ def _pipeline_blocks(model: ModelCard, hw: HardwareSpec, block_size: int, util: 
     reserve = activation_reserve_bytes(model, max_num_batched_tokens=max_num_batched_tokens,
                                        max_num_seqs=max_num_seqs, tensor_parallel_size=tp)
     fits = []
+    check_weights_fit(model, hw, max(stage_weight_bytes(model, tp, ep, pp)), tp, pp)
     for j, (weights, block) in enumerate(zip(stage_weight_bytes(model, tp, ep, pp),
                                              stage_block_bytes(model, block_size, tp, pp))):
         free = budget - weights - reserve

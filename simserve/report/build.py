@@ -90,10 +90,12 @@ def _save(fig: Figure, stem: Path, svg: bool) -> bytes:
     buf = io.BytesIO()
     with matplotlib.rc_context(RC):
         fig.savefig(buf, format="png", dpi=100, metadata={"Software": None})
+        # the suffix is added, not swapped: a stem such as "timeline_x+scheduler.policy_sarathi"
+        # has a dot, and with_suffix would cut it there (two runs' figures, one file)
         if svg:
-            fig.savefig(stem.with_suffix(".svg"), format="svg", metadata={"Date": None})
+            fig.savefig(stem.with_name(stem.name + ".svg"), format="svg", metadata={"Date": None})
     png = buf.getvalue()
-    stem.with_suffix(".png").write_bytes(png)
+    stem.with_name(stem.name + ".png").write_bytes(png)
     return png
 
 

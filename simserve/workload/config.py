@@ -122,10 +122,10 @@ class LengthDist:
         # zipf tabulates its support 1..max, so its max is bounded by memory, not by int32
         hi = f.int("max", None, min=lo, max=MAX_ZIPF_SUPPORT if dist == "zipf" else MAX_TOKENS)
         if dist == "zipf" and hi is None:
-            raise ConfigError(f.where("max"), "is required for dist: zipf (top of its support)")
+            raise f.missing("max", "is required for dist: zipf (top of its support)")
         if dist == "truncated_exponential" and hi is None:
-            raise ConfigError(f.where("max"), "is required for dist: truncated_exponential "
-                                              "(the cap above which draws are rejected)")
+            raise f.missing("max", "is required for dist: truncated_exponential (the cap "
+                                   "above which draws are rejected)")
         f.done()
         return LengthDist(dist=dist, min=lo, max=hi, **kw)
 
@@ -436,6 +436,7 @@ def _parse_stages(f: Fields) -> tuple[Stage, ...]:
 
 def _parse_shared_prefix(f: Fields) -> SharedPrefix:
     g = f.section("shared_prefix")
+    g.only(_SHARED_PREFIX_KEYS)
     sp = SharedPrefix(*(g.int(k, min=1, max=MAX_TOKENS if k.endswith("_len") else 1_000_000)
                         for k in _SHARED_PREFIX_KEYS))
     g.done()
@@ -486,7 +487,7 @@ def _parse_synthetic(f: Fields) -> WorkloadConfig:
     if num_requests is None and (duration is None or process == "burst"):
         need = "is required for arrival: burst" if duration is not None else \
             "is required (or give duration in seconds)"
-        raise ConfigError(f.where("num_requests"), need)
+        raise f.missing("num_requests", need)
     if rate is not None:
         _check_span(f, rate, num_requests, duration)
     arrival = ArrivalConfig(process, rate, burstiness, num_requests, duration)

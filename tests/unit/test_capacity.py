@@ -212,6 +212,44 @@ def test_cli_capacity_prints_answer_and_writes_results(tmp_path, capsys):
     assert (tmp_path / "cap" / "report.html").is_file()
 
 
+def test_cli_capacity_into_a_log_writes_whole_lines_no_carriage_returns(tmp_path, capsys,
+                                                                        monkeypatch):
+    # stderr is not a terminal here (capsys): the bar may write one line per LOG_INTERVAL_S
+    # and its final count, never a \r redraw, not even around each probe's line
+    from simserve import progress
+    monkeypatch.setattr(progress, "DELAY_S", 0)        # shown at once (normally after 1 s)
+    code = main(["capacity", str(write(tmp_path, CONSTANT)), "--seeds", "1", "--no-report",
+                 "--out", str(tmp_path / "cap")])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "\r" not in err
+    lines = err.splitlines()
+    probes = [line for line in lines if "bracket" in line]
+    bars = [line for line in lines if line.startswith("capacity:")]
+    assert len(probes) >= 3 and len(bars) == 1      # the search took well under 30 s
+
+
+def test_a_log_bar_writes_at_most_one_line_per_interval(monkeypatch):
+    import io
+
+    import tqdm.std
+
+    from simserve import progress
+    clock = [1000.0]
+    monkeypatch.setattr(tqdm.std, "time", lambda: clock[0])     # tqdm's clock, not the world's
+    log = io.StringIO()
+    bar = progress.bar(100, "x", "req", stream=log)
+    for _ in range(100):            # one update a second for 100 s: lines at 30, 60 and 90 s
+        clock[0] += 1
+        bar.update(1)
+        bar.refresh()               # as a line printed beside the bar would force
+    bar.close()
+    text = log.getvalue()
+    assert "\r" not in text and text.count("\n") == 4          # 30, 60, 90 s and the end
+    assert text.splitlines()[0].startswith("x:  30%")
+    assert text.endswith("| 100/100 [01:40<00:00,  1.00req/s]\n")
+
+
 @pytest.mark.parametrize("raw, args, message", [
     ({**CONSTANT, "slo": {}}, [], "error: slo: capacity planning needs an SLO"),
     (CONSTANT, ["--tolerance", "2"], "error: --tolerance: must be in [0.001, 1), got 2"),

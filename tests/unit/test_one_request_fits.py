@@ -62,3 +62,16 @@ def test_a_sweep_marks_the_refused_point_and_shows_rejected_requests(tmp_path, c
     header = next(line for line in out.splitlines() if "point" in line)
     assert "completed" in header and "num_rejected" in header
     assert "sweep point 0" in err and "vLLM refuses" in err
+
+
+@pytest.mark.parametrize("engine", [{}, {"num_gpu_blocks": 100}, {"gpu_memory_utilization": 1.0},
+                                    {"pipeline_parallel_size": 2}])
+def test_weights_past_the_device_name_the_model_not_gpu_memory_utilization(tmp_path, capsys,
+                                                                              engine):
+    # 141.1 GB of Llama-3.1-70B weights on one 48 GB L40S: no gpu_memory_utilization can help,
+    # with or without a KV cache given as num_gpu_blocks (pipeline stage: 70.6 GB, still too big)
+    raw = {**L70, "hardware": "L40S", "engine": {"tensor_parallel_size": 1, **engine}}
+    assert main(["validate", str(write(tmp_path, raw))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: model: Llama-3.1-70B's weights need")
+    assert "more than the 48.0 GB of L40S" in err and "gpu_memory_utilization" not in err

@@ -77,7 +77,7 @@ def test_bounds_slo_throughput_memory_parallelism():
     # memory: Llama-3.1-70B's weights do not fit one L40S
     raw, base_dir, name, _ = load_plan_inputs(SMALL, overrides=["model=Llama-3.1-70B",
                                                                 "hardware=L40S"])
-    assert "no room for the KV cache" in kv_fits(parse_scenario(raw, base_dir, name))
+    assert "weights need 141.1 GB per device" in kv_fits(parse_scenario(raw, base_dir, name))
     raw["engine"]["tensor_parallel_size"] = 4
     assert kv_fits(parse_scenario(raw, base_dir, name)) == ""
     # ...and one max_model_len request's KV must fit beside them, as vLLM checks at start-up:

@@ -718,8 +718,27 @@ def test_simserve_profile_without_torch_says_how_to_install(monkeypatch, capsys)
                         lambda name, *a: None if name == "torch" else real(name, *a))
     assert simserve_main(["profile", "--model", "tiny-llama-45m"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: simserve profile needs torch, which is not installed; install with "
-                   "pip install -e '.[profile]'"]
+    # README's CPU-safe install line (the CPU wheel first), not a bare '.[profile]' that pulls
+    # torch's CUDA build on Linux
+    assert err == ["error: simserve profile needs torch, which is not installed; install the "
+                   "CPU wheel first, pip install torch==2.13.0 --index-url "
+                   "https://download.pytorch.org/whl/cpu, then pip install -e '.[profile]'"]
+    readme = (REPO / "README.md").read_text()
+    assert "pip install torch==2.13.0 --index-url\nhttps://download.pytorch.org/whl/cpu" in readme
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_simserve_profile_help_needs_no_torch(monkeypatch, capsys, flag):
+    import importlib.util
+    from simserve.cli import main as simserve_main
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real(name, *a))
+    monkeypatch.setitem(sys.modules, "torch", None)        # import torch → ImportError
+    with pytest.raises(SystemExit) as info:
+        simserve_main(["profile", flag])
+    out = capsys.readouterr().out
+    assert info.value.code == 0 and "usage: simserve profile" in out and "--model" in out
 
 
 def test_importing_simserve_cli_does_not_import_torch():

@@ -73,6 +73,26 @@ def test_compare_run_from_the_cli_reports_every_variant(tmp_path, capsys):
     assert "Overrides: --set workload.num_requests=30." in page   # what made these runs
 
 
+@pytest.mark.parametrize("override", ["scheduler.policy=tgi", "scheduler={policy: tgi}"])
+def test_a_set_field_that_a_compare_variant_sets_too_is_refused(tmp_path, capsys, override):
+    # the variant's value would win while every output's header says the override applied
+    src = TINY.read_text() + ("compare:\n  - {label: v0, workload.rate: 5}\n"
+                              "  - {label: sar, scheduler.policy: sarathi}\n")
+    (tmp_path / "cmp.yaml").write_text(src)
+    out = tmp_path / "o"
+    assert main(["run", str(tmp_path / "cmp.yaml"), "--out", str(out), "--quiet",
+                 "--set", override]) == 2
+    err = capsys.readouterr().err
+    key = override.partition("=")[0]
+    assert err == (f"error: --set {key}: compare variant 'sar' sets scheduler.policy itself, "
+                   "so the override would not apply; remove it from --set or from compare:\n")
+    assert not out.exists()
+    # a field no variant sets is still applied to every variant, and so is a section whose
+    # override gives no field a variant sets
+    assert main(["validate", str(tmp_path / "cmp.yaml"), "--set", "workload.num_requests=10"]) == 0
+    assert main(["validate", str(tmp_path / "cmp.yaml"), "--set", "scheduler={}"]) == 0
+
+
 def test_set_overrides_are_named_and_never_clobber_the_plain_run(tmp_path, capsys,
                                                                   monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -128,6 +148,21 @@ def test_several_runs_with_the_same_name_get_distinct_labels(tmp_path):
     assert [r.label for r in inputs.runs] == ["x/run", "y/run"]
     with pytest.raises(SimserveError, match="--out"):
         write_report([tmp_path / "x" / "run", tmp_path / "y" / "run"])
+
+
+def test_runs_whose_names_hold_dots_keep_a_figure_each(tmp_path, capsys):
+    # the folders `simserve run --set scheduler.policy=...` makes: their figure names differ only
+    # after the last dot, which a swapped suffix would cut off (one run's timeline overwriting
+    # the other's)
+    runs = [tiny_run(tmp_path / f"tiny+scheduler.policy={p}", **{"scheduler.policy": p})
+            for p in ("sarathi", "fastserve")]
+    out = tmp_path / "both"
+    assert main(["report", *map(str, runs), "--out", str(out), "--svg"]) == 0
+    names = sorted(p.name for p in (out / "figures").iterdir())
+    timelines = [n for n in names if n.startswith("timeline_")]
+    assert len(timelines) == 4, names        # a PNG and an SVG per run
+    assert {n.rsplit(".", 1)[-1] for n in timelines} == {"png", "svg"}
+    assert len(check_self_contained(out / "report.html")) == len(names) // 2
 
 
 def test_not_a_run_directory(tmp_path):

@@ -93,6 +93,18 @@ def test_bad_shared_prefix_workloads_name_the_field(raw, field):
     assert e.value.field == field
 
 
+def test_a_misspelt_shared_prefix_field_is_unknown_not_missing():
+    sp = {k: v for k, v in SP.items() if k != "question_len"}
+    with pytest.raises(ConfigError) as e:
+        workload(shared_prefix={**sp, "question_length": 60})
+    assert str(e.value) == ("workload.shared_prefix.question_length: unknown field "
+                            "(did you mean question_len?)")
+    # an unknown key is reported before a missing one, even when it resembles none
+    with pytest.raises(ConfigError) as e:
+        workload(shared_prefix={**sp, "q": 60})
+    assert e.value.field == "workload.shared_prefix.q"
+
+
 def test_cached_tokens_follow_the_prompts_blocks():
     s = parse_scenario({
         "name": "sp", "model": "tiny-llama-45m", "hardware": "H100-SXM",

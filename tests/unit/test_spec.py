@@ -53,3 +53,17 @@ def test_a_scenario_changed_with_replace_cannot_be_swept():
     s = parse_scenario(raw(num_gpu_blocks=100)).replace(seed=3)
     with pytest.raises(ConfigError, match="changed with replace"):
         simserve.sweep(s, grid={"workload.rate": [1, 2]}, workers=1)
+
+
+@pytest.mark.parametrize("key, expected", [
+    ("workloads", "workloads: unknown field (did you mean workload?)"),
+    ("load", "load: unknown field; known fields here: cluster, engine, hardware, latency, "
+             "metric_percentiles, model, name, output_dir, plan, scheduler, seed, slo, "
+             "workload"),
+])
+def test_an_unknown_top_level_field_is_reported_before_a_missing_one(key, expected):
+    r = raw()
+    r[key] = r.pop("workload")
+    with pytest.raises(ConfigError) as e:
+        parse_scenario(r)
+    assert str(e.value) == expected

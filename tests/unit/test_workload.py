@@ -128,6 +128,25 @@ def test_synthetic_config_errors(raw, expected):
     assert expected in error(ConfigError, parse, full)
 
 
+@pytest.mark.parametrize("raw, expected", [
+    # a misspelt required field names the key given and the close match, not "is required"
+    ({"num_request": 10}, "workload.num_request: unknown field (did you mean num_requests?)"),
+    ({"prompt": {"dis": "fixed", "value": 3}},
+     "workload.prompt.dis: unknown field (did you mean dist?)"),
+    ({"output": {"dist": "fixed", "vaule": 3}},
+     "workload.output.vaule: unknown field (did you mean value?)"),
+    # unknown keys found at the end of a section get the close match too
+    ({"arival": "poisson"}, "workload.arival: unknown field (did you mean arrival?)"),
+])
+def test_misspelt_fields_say_did_you_mean(raw, expected):
+    full = {"rate": 4, "prompt": {"dist": "fixed", "value": 5},
+            "output": {"dist": "fixed", "value": 5}}
+    if "num_request" not in raw:
+        full["num_requests"] = 10
+    full.update(raw)
+    assert error(ConfigError, parse, full) == expected
+
+
 def test_burst_needs_num_requests():
     msg = error(ConfigError, parse, {"arrival": "burst", "duration": 5,
                                      "prompt": {"dist": "fixed", "value": 1},

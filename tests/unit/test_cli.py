@@ -1,0 +1,29 @@
+"""The command line's own surface: --version and every built-in subcommand's help."""
+
+from __future__ import annotations
+
+import pytest
+
+import simserve
+from simserve.cli import main
+
+
+def test_version_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    out, err = capsys.readouterr()
+    assert info.value.code == 0 and out == f"simserve {simserve.__version__}\n" and err == ""
+
+
+@pytest.mark.parametrize("command, words", [
+    ("validate", ["without running it", "scenario, compare or sweep YAML file",
+                  "override a scenario field"]),
+    ("list", ["model cards", "scheduler.policy"]),
+])
+def test_validate_and_list_explain_themselves(capsys, command, words):
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())      # argparse wraps at the terminal width
+    assert info.value.code == 0
+    for w in words:
+        assert w in out
