@@ -54,7 +54,7 @@ def _register_run(sub) -> None:
     run = sub.add_parser("run", help="simulate a scenario and write its results")
     run.add_argument("scenario", help="scenario YAML file")
     run.add_argument("--out", help="output directory (default: the scenario's output_dir, "
-                                   "else runs/<scenario name>)")
+                                   "else runs/<scenario file's name without .yaml>)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                      help="override a scenario field, e.g. --set engine.max_num_seqs=64 "
                           "(repeatable)")

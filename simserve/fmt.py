@@ -47,12 +47,18 @@ def human(x: Any) -> str:
     return "0" if a == 0 else f"{v:.2g}"
 
 
+# the words of a column's name that say its values are fractions shown as percentages
+PERCENT_WORDS = ("attainment", "KV use", "hit rate")
+
+
 def attainment_percent(df: pd.DataFrame) -> pd.DataFrame:
-    """SLO attainment shown as every display shows it, a percentage: each numeric column whose
-    name says attainment (a fraction in the data: summary.json, CSV files) times 100, its name
-    ending in ``(%)``. Columns already so named, and yes/no columns, are left alone."""
+    """SLO attainment, KV use and the prefix-cache hit rate shown as every display shows them,
+    as percentages: each numeric column whose name says so (a fraction in the data:
+    summary.json, CSV files) times 100, its name ending in ``(%)``. Columns already so named,
+    and yes/no columns, are left alone."""
     cols = {c: f"{c} (%)" for c in df.columns
-            if isinstance(c, str) and "attainment" in c and "%" not in c and _fractions(df[c])}
+            if isinstance(c, str) and any(w in c for w in PERCENT_WORDS) and "%" not in c
+            and _fractions(df[c])}
     if not cols:
         return df
     return df.assign(**{c: [None if v is None or v != v else v * 100 for v in df[c]]

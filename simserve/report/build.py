@@ -32,7 +32,7 @@ HEADLINE = {
     "output_throughput": "out tok/s", "median_ttft_ms": "TTFT p50 ms", "p99_ttft_ms": "TTFT p99 ms",
     "median_tpot_ms": "TPOT p50 ms", "p99_tpot_ms": "TPOT p99 ms", "median_e2el_ms": "E2EL p50 ms",
     "p99_e2el_ms": "E2EL p99 ms", "total_preemptions": "preemptions",
-    "mean_kv_utilization": "mean KV use",
+    "mean_kv_utilization": "mean KV use", "prefix_cache_hit_rate": "prefix cache hit rate",
 }
 
 

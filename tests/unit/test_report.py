@@ -329,3 +329,14 @@ def test_ten_policies_bar_labels_do_not_overlap():
     for ax in fig.axes:
         assert _texts_overlap(fig, ax.get_xticklabels()) == []
         assert _texts_overlap(fig, [t for t in ax.texts]) == []
+
+
+def test_fractions_are_shown_as_percentages_wherever_a_table_shows_them():
+    from simserve.fmt import attainment_percent
+    df = pd.DataFrame({"SLO attainment": [0.95], "mean KV use": [0.0986],
+                       "prefix cache hit rate": [0.5], "meets target": ["yes"],
+                       "TTFT p50 ms": [12.0]})
+    out = attainment_percent(df)
+    assert list(out.columns) == ["SLO attainment (%)", "mean KV use (%)",
+                                 "prefix cache hit rate (%)", "meets target", "TTFT p50 ms"]
+    assert out.iloc[0].tolist() == [95.0, pytest.approx(9.86), 50.0, "yes", 12.0]
