@@ -196,11 +196,14 @@ class Scheduler(StepsInFlight, Verifying, StretchAdmission):
         i = 0
         running = self.running
         overlap = self.overlap
+        step, holds = self.current_step, self.holds_sampled
         while i < len(running):
             if batch.token_budget <= 0 or batch.seq_budget <= 0:
                 return True
             req = running[i]
-            if overlap and self.held_in_flight(req):
+            # (held_in_flight, inline: the step is scheduled while one is in flight)
+            if overlap and (step < req.next_decode_step or req.num_pending and (
+                    holds or req.num_generated >= req.num_output_tokens)):
                 i += 1
                 continue
             c = req.num_computed_tokens
