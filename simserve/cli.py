@@ -29,14 +29,23 @@ class _Parser(argparse.ArgumentParser):
 BUILTIN_COMMANDS = ("run", "report", "sweep", "capacity", "plan", "validate", "list")
 
 
+def _version() -> str:
+    """The installed package's version (the package root is not imported from here: it sits
+    below the command line in the rooms of docs/architecture.md)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("simserve")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def _parser(command: str | None = None) -> argparse.ArgumentParser:
     """Every subcommand is registered the same way: a ``register(subparsers)`` function adds its
     parser and sets ``handler`` (the built-in ones below; the live-server and profiler commands
     in their own modules). For one of the built-in ``command`` s only those are registered:
     the live-server modules import asyncio (a tenth of a second of a `simserve run`)."""
-    from simserve import __version__
     p = _Parser(prog="simserve", description=__doc__.splitlines()[0])
-    p.add_argument("--version", action="version", version=f"simserve {__version__}")
+    p.add_argument("--version", action="version", version=f"simserve {_version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     registers = [_register_run, _register_report, _register_sweep, _register_capacity,
                  _register_plan, _register_validate, _register_list]

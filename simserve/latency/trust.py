@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 Scenario = Any
 
 VLLM_V1_POLICIES = ("vllm_v1", "priority", "vllm_native")
-# scenario fields that replace a fitted set's own terms (the band is the set's, not theirs)
+# scenario fields that replace a fitted set's own terms (the band is the set's, not theirs;
+# read in this order by outside())
 FITTED_TERMS = ("step_overhead_ms", "per_output_token_ms", "frontend_delay_ms",
                 "flops_efficiency", "bandwidth_efficiency")
 
@@ -66,7 +67,10 @@ def outside(s: Scenario, corpus: dict[str, Any]) -> list[str]:
                    + (", ".join(moe) or "no MoE model") + " alone")
     if e.speculative_config is not None:
         out.append("speculative decoding: the runs had none")
-    set_terms = [k for k in FITTED_TERMS if getattr(s.latency, k, None) is not None]
+    lat = s.latency
+    given = (lat.step_overhead_ms, lat.per_output_token_ms, lat.frontend_delay_ms,
+             lat.flops_efficiency, lat.bandwidth_efficiency)
+    set_terms = [k for k, v in zip(FITTED_TERMS, given) if v is not None]
     if set_terms:
         out.append("latency." + ", latency.".join(set_terms) + " set: the band is for the "
                    "fitted set's own terms, not for these")
