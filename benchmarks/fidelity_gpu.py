@@ -41,6 +41,10 @@ first also starts the machine, 1-2 minutes). Every call below starts with
 ==========  =====================================================================  ========
 call        command (``python3 benchmarks/fidelity_gpu.py --out $OUT ...``)         estimate
 ==========  =====================================================================  ========
+G0          ``--stages serve,cold``: start vLLM (as G1), then issue #29's cold      6-8 min
+            start: the same light load (2 req/s, 200 requests) twice on the fresh
+            server, no warm-up request (``cold.json``; the report prints first
+            against again); G1 then finds the server up
 G1          ``--stages serve,capacity,calibrate``: write the config, start vLLM     5-7 min
             (a new session: it outlives the call), wait for /health (dummy
             weights, torch.compile, CUDA-graph capture: 2-3 min cold), capacity
@@ -108,7 +112,8 @@ from simserve.live.calibrate import (ProbePlan, calibrate, format_calibration,  
                                 load_steps, write_calibrated)
 from simserve.live.replay import replay  # noqa: E402
 
-STAGES = ("serve", "capacity", "calibrate", "workloads", "heldout", "stop", "profile", "report")
+STAGES = ("serve", "cold", "capacity", "calibrate", "workloads", "heldout", "stop", "profile",
+          "report")
 TRACE_SHAPE = ROOT / "benchmarks/data/azure_conv_shape.csv"
 LOAD_FRACTIONS = {"light": 0.2, "moderate": 0.7, "saturating": 1.5, "trace": 0.5}
 
@@ -143,6 +148,7 @@ class Mode:
     repeats: int = 3
     quiet_limit: float = 99.0            # load average to wait for (the GPU machine: none)
     profile_args: tuple[str, ...] = ()
+    cold: tuple[float, int] = (2.0, 200)  # the cold stage's Poisson rate and requests a run
 
 
 def gpu_mode() -> Mode:
@@ -191,6 +197,7 @@ def rehearse_mode() -> Mode:
                         long_batch_prompts=(), mixed_prompts=(32, 128), repeats=1,
                         batch_output=32, load_requests=30, load_rate=4.0),
         trace_divisor=(4, 4), port=8042, run_limit=90.0, repeats=3, quiet_limit=4.0,
+        cold=(0.5, 12),
         drain_s=60.0, budget_s={"workloads": 2400.0, "heldout": 1500.0}, min_requests=6,
         profile_args=("--device", "cpu", "--grid", "quick", "--threads", "1",
                       "--max-num-batched-tokens", "512", "--max-model-len", "2048",
@@ -423,6 +430,35 @@ def stage_serve(mode: Mode, state: State, args) -> None:
     pack_compile_cache(state, Path(args.out))
 
 
+def stage_cold(mode: Mode, state: State, args) -> None:
+    """Issue #29's cold start: is a fresh server's first load slower in its tail than the same
+    load again? (The measured H100 runs' first stages have TTFT p99 / mean 1.78 against 1.23
+    later, and publish no per-request data.) A light Poisson load of the synthetic lengths
+    (``Mode.cold``), replayed twice with no warm-up request on a server nothing was sent to
+    yet; each run's requests.csv (TTFT per request, in arrival order) and its TTFT mean / p90 /
+    p99 in ``cold.json``. Refused once any other load has reached the server."""
+    if any(state.path(k).exists() for k in ("capacity.json", "calibrated.json")) or any(
+            state.done(f"default-{k}") for k in LOAD_FRACTIONS):
+        raise SystemExit("error: cold: the server has served a load already (capacity, "
+                         "calibration or workloads in the state); run --stages serve,cold on a "
+                         "fresh state")
+    info = ensure_server(mode, state, mode.knobs, "default")
+    rate, n = mode.cold
+    wl = {"arrival": "poisson", "rate": rate, "num_requests": n, **lengths(mode)}
+    sc = scenario_of(mode, state, "cold", wl, mode.knobs, mode.profile, info["kv_tokens"])
+    out = {"workload": wl}
+    for run in ("first", "again"):
+        res = replay(sc, f"http://127.0.0.1:{mode.port}", timeout=300,
+                     time_limit=n / rate + mode.drain_s, warmup=0)
+        res.save(state.path(f"cold-{run}"))
+        sm = res.summary
+        out[run] = {k: sm.get(k) for k in ("completed", "mean_ttft_ms", "p90_ttft_ms",
+                                           "p99_ttft_ms", "mean_e2el_ms", "p99_e2el_ms")}
+        print(f"cold {run}: TTFT mean {sm['mean_ttft_ms']:.1f} ms, p99 {sm['p99_ttft_ms']:.1f} "
+              f"ms ({sm['completed']} requests)", file=sys.stderr)
+    state.write("cold.json", out)
+
+
 def stage_capacity(mode: Mode, state: State, args) -> None:
     """A burst of the synthetic loads' lengths: the completed requests per second it sustains
     set the loads' rates."""
@@ -644,6 +680,15 @@ def stage_report(mode: Mode, state: State, args) -> None:
         info = state.read(info_name)
         if info:
             lines.append(f"server: {info['resolved']}; KV {info['kv_tokens']} tokens")
+    cold = state.read("cold.json")
+    if cold:          # (the cold stage: a fresh server's first load against the same again)
+        lines += ["", "cold start (the same light load twice on a fresh server, no warm-up):"]
+        for run in ("first", "again"):
+            c = cold[run]
+            lines.append(f"  {run}: TTFT mean {c['mean_ttft_ms']:.1f} ms, p90 "
+                         f"{c['p90_ttft_ms']:.1f}, p99 {c['p99_ttft_ms']:.1f} (p99 / mean "
+                         f"{c['p99_ttft_ms'] / c['mean_ttft_ms']:.2f}); E2EL p99 "
+                         f"{c['p99_e2el_ms']:.0f} ms; {c['completed']} requests")
     lines += ["", "calibration (probes only):", "```",
               state.path("calibration.txt").read_text().rstrip(), "```", ""]
     rows = []
@@ -689,8 +734,9 @@ def stage_report(mode: Mode, state: State, args) -> None:
     print(f"{sum(ok)}/{len(ok)} targeted (b) values on target; tables in {out}/fidelity.md")
 
 
-ONCE = ("capacity", "calibrate")       # skipped when the state says they are done
-RUN = {"serve": stage_serve, "capacity": stage_capacity, "calibrate": stage_calibrate,
+ONCE = ("cold", "capacity", "calibrate")   # skipped when the state says they are done
+RUN = {"serve": stage_serve, "cold": stage_cold, "capacity": stage_capacity,
+       "calibrate": stage_calibrate,
        "workloads": stage_workloads, "heldout": stage_heldout, "stop": stage_stop,
        "profile": stage_profile, "report": stage_report}
 
@@ -742,7 +788,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--resume: {args.resume} is not a folder")
         print(f"resumed from {state.resume(args.resume)}", file=sys.stderr)
         cache = args.resume / "compile-cache.tgz"
-        serving = {"serve", "capacity", "calibrate", "workloads", "heldout"} & set(stages)
+        serving = {"serve", "cold", "capacity", "calibrate", "workloads", "heldout"} & set(stages)
         if serving and cache.exists() and not cache_root(state).exists():
             with tarfile.open(cache) as tar:
                 tar.extractall(cache_root(state).parent, filter="data")

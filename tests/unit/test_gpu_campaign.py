@@ -269,3 +269,39 @@ def test_fidelity_vllm_still_builds_its_cpu_server_from_the_shared_pieces(tmp_pa
     cmd = " ".join(srv.cmd)
     assert "--max-num-seqs 8 --max-num-batched-tokens 256 --block-size 32" in cmd
     assert srv.env["VLLM_CPU_KVCACHE_SPACE"] == "2" and srv.proc is None
+
+
+def test_the_cold_stage_replays_one_load_twice_without_warmup(tmp_path, monkeypatch):
+    mode, state = gpu.rehearse_mode(), gpu.State(tmp_path / "state")
+    calls = []
+
+    class Res:
+        def __init__(self, k):
+            self.summary = {"completed": 12, "mean_ttft_ms": 10.0 * k, "p90_ttft_ms": 20.0,
+                            "p99_ttft_ms": 40.0 / k, "mean_e2el_ms": 100.0, "p99_e2el_ms": 300.0}
+
+        def save(self, path):
+            Path(path).mkdir(parents=True)
+
+    def fake_replay(sc, endpoint, **kw):
+        calls.append(kw)
+        return Res(len(calls))
+
+    monkeypatch.setattr(gpu, "ensure_server", lambda *a: {"kv_tokens": 4096})
+    monkeypatch.setattr(gpu, "replay", fake_replay)
+    gpu.stage_cold(mode, state, None)
+    assert [kw["warmup"] for kw in calls] == [0, 0]        # the first load is the server's first
+    cold = state.read("cold.json")
+    assert cold["first"]["p99_ttft_ms"] == 40.0 and cold["again"]["p99_ttft_ms"] == 20.0
+    assert cold["workload"]["rate"] == mode.cold[0]
+    assert cold["workload"]["num_requests"] == mode.cold[1]
+    assert (state.root / "cold-first").is_dir() and (state.root / "cold-again").is_dir()
+
+
+def test_the_cold_stage_refuses_a_server_that_has_served(tmp_path, monkeypatch):
+    state = gpu.State(tmp_path / "state")
+    state.write("capacity.json", {"request_throughput": 3.0})
+    monkeypatch.setattr(gpu, "ensure_server", lambda *a: pytest.fail("server started"))
+    with pytest.raises(SystemExit) as e:
+        gpu.stage_cold(gpu.rehearse_mode(), state, None)
+    assert "fresh state" in str(e.value)
