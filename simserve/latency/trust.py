@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 Scenario = Any
 
 VLLM_V1_POLICIES = ("vllm_v1", "priority", "vllm_native")
+ASYNC_OFF = "async_scheduling off"   # (how outside() says it; trust_lines reads it back)
 # scenario fields that replace a fitted set's own terms (the band is the set's, not theirs;
 # read in this order by outside())
 FITTED_TERMS = ("step_overhead_ms", "per_output_token_ms", "frontend_delay_ms",
@@ -77,7 +78,7 @@ def outside(s: Scenario, corpus: dict[str, Any]) -> list[str]:
     if s.cluster.disaggregated:
         out.append("disaggregated prefill/decode: the runs served on single engines")
     elif not e.async_scheduling and s.policy in VLLM_V1_POLICIES:
-        out.append("async_scheduling off: the runs had it on (vLLM's default), so each step "
+        out.append(f"{ASYNC_OFF}: the runs had it on (vLLM's default), so each step "
                    "here also pays the engine's CPU time and an arrival waits one step less")
     return out
 
@@ -92,6 +93,11 @@ def trust_lines(trust: dict[str, Any] | None) -> list[str]:
     band = ", ".join(f"{label} ±{err[k]:g} %" for k, label in names.items() if k in err)
     lines = [f"Expected error of the {trust['curves']} step-time model: {band} "
              f"({trust['basis']})."]
+    if any(w.startswith(ASYNC_OFF) for w in trust["outside_corpus"]):
+        lines.append("That band is for runs simulated with async scheduling, as the measured "
+                     "runs had it; simulated synchronously, as this run is, the same set is "
+                     "further from them, TTFT most (docs/fidelity.md, 'Measured vLLM on "
+                     "H100', gives the errors).")
     if trust["outside_corpus"]:
         lines.append("Outside the measured runs: " + "; ".join(trust["outside_corpus"]) + ".")
     return lines

@@ -67,8 +67,13 @@ def test_a_run_carries_its_error_band_and_says_when_it_leaves_the_corpus():
     assert trust["outside_corpus"] == []
     assert any("Expected error" in line for line in trust_lines(trust))
     # synchronous scheduling (simserve's default): the runs had async on
-    sync = simserve.run(scenario()).summary["latency_trust"]["outside_corpus"]
+    sync_trust = simserve.run(scenario()).summary["latency_trust"]
+    sync = sync_trust["outside_corpus"]
     assert len(sync) == 1 and sync[0].startswith("async_scheduling off")
+    # ... and the band is said to be async scheduling's, where it is shown
+    assert any("band is for runs simulated with async" in line
+               for line in trust_lines(sync_trust))
+    assert not any("band is for runs simulated with async" in line for line in trust_lines(trust))
     far = scenario(hardware="H200", scheduler={"policy": "sarathi"},
                    engine={"tensor_parallel_size": 8, "max_model_len": 32768})
     words = " ".join(outside(far, curves.corpus))
