@@ -112,7 +112,9 @@ class StepsInFlight:
         sampled: list[Request] = []
         stagger = self.decode_stagger
         blocks = self.blocks
-        # (_cache_limit, inline: a token in flight now, so the limit is never None)
+        # with prefix caching, the tokens whose blocks may become cached: those sampled and
+        # delivered (vLLM caches up to request.num_tokens, which has no placeholders); a
+        # token is in flight now, so the limit is never None
         limit = blocks.limit_cache if isinstance(blocks, PrefixBlockManager) else None
         for req, n in entries:
             req.num_computed_tokens += n
@@ -148,7 +150,7 @@ class StepsInFlight:
             if req.status is Status.RUNNING:
                 pending = req.num_pending = req.num_pending - 1
                 if prefix is not None:   # AsyncScheduler caches the blocks its output fills
-                    # (_cache_limit, inline; then cache_upto, where a block may fill)
+                    # its cache limit (as in launch), then cache_upto where a block may fill
                     n = req.num_computed_tokens - pending
                     if pending:
                         known = req.num_prompt_tokens + req.num_generated - pending
@@ -163,15 +165,6 @@ class StepsInFlight:
                 finished.append(req)
         self.retire(finished, t_end)
         return finished
-
-    def _cache_limit(self, req: Request) -> None:
-        """With prefix caching, the tokens of ``req`` whose blocks may become cached: those
-        sampled and delivered (vLLM caches up to ``request.num_tokens``, which has no
-        placeholders)."""
-        blocks = self.blocks
-        if isinstance(blocks, PrefixBlockManager):
-            blocks.limit_cache(req.id, req.num_tokens - req.num_pending if req.num_pending
-                               else None)
 
 
 def _run_seq(req: Request) -> int:
