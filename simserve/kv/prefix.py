@@ -12,10 +12,18 @@ tree, SGLang's ``RadixCache``):
   num_tokens - 1``);
 * a block whose content is already cached elsewhere is cached too (vLLM does not de-duplicate:
   block tables are append-only); a hit takes the oldest copy still cached;
-* freed blocks keep their key and go to the tail of an LRU free pool (an ``OrderedDict``), a
+* freed blocks keep their key and go to the tail of an LRU free pool (vLLM's free-block queue), a
   request's blocks in reverse order so its tail is evicted first; freed blocks with no cached
   content go to the pool's head instead (reused first); a new block is taken from the head and
   loses its key then. A hit on a block in the pool takes it back out.
+
+The pool is kept as vLLM's queue would be, but cheaply: a deque of *segments*, each the blocks
+one free put there (a request's table, or its keyed or unkeyed part: its keyed blocks, cached
+content or ``_DEAD``, lead it, ``_num_keyed`` of them), and a per-block mark naming the segment
+a free block is in (``_where``; 0 while held). A free appends one segment and marks its blocks;
+a hit only unmarks; a take pops from the head segment, passing over blocks whose mark names
+another segment (hit, or freed again since). Only blocks two or more requests hold carry a count
+(``_extra``). Segments are compacted when their stale entries outgrow the cache.
 
 Requests carry no token ids, so content is derived. With Mooncake ``hash_ids`` (one id per
 ``source_block_size`` = 512 prompt tokens; equal ids = identical content), engine block ``b`` of
@@ -36,8 +44,8 @@ recompute.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from operator import itemgetter
 
@@ -66,14 +74,19 @@ class PrefixBlockManager(BlockManager):
                  source_block_size: int = SOURCE_BLOCK_SIZE):
         super().__init__(num_blocks, block_size, 0)
         self.source_block_size = source_block_size
-        # requests holding each block (0: free)
-        self._ref = [0] * num_blocks
         self._key: list[int | None] = [None] * num_blocks
-        # the free blocks in LRU order (head: taken next), and blocks a hit took out of it
-        # since (held, ref > 0) where they were: a hit does not move them, a take from the head
-        # drops them, and a free puts them back at the tail (an OrderedDict's move_to_end, not
-        # a delete and an insert). ``free_order()`` is the pool as vLLM's free-block queue.
-        self._pool: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # the free pool (vLLM's free-block queue) as segments: the deque's right end is the
+        # pool's head (taken next), its left end the tail; each segment is ``[-serial, block,
+        # ...]``, its last block taken first. A block is free, in segment ``serial``, while
+        # ``_where[block] == serial`` (> 0); 0 while held. Block 0 is taken first at the start.
+        self._where = [1] * num_blocks
+        self._segs: deque[list[int]] = deque([[-1, *range(num_blocks - 1, -1, -1)]])
+        self._serial = 1
+        self._entries = num_blocks              # blocks listed in segments (stale ones too)
+        self._compact_at = 2 * num_blocks + 4096
+        # block -> requests holding it beyond the first, for blocks two or more hold (hits on
+        # blocks in use); a held block not in here has one holder
+        self._extra: dict[int, int] = {}
         # key -> the blocks holding that content, oldest first: vLLM does not de-duplicate
         # (block tables are append-only), so two requests computing the same content each keep
         # a copy, and a hit takes the oldest copy still cached (BlockHashToBlockMap)
@@ -163,8 +176,8 @@ class PrefixBlockManager(BlockManager):
             return self.num_new_blocks(request_id, num_tokens) <= self.num_free
         keys = self._keys_upto(request_id, cached_tokens // self.block_size)
         hits = [self._cached[keys[b]][0] for b in range(cached_tokens // self.block_size)]
-        ref = self._ref
-        from_pool = sum(1 for bid in hits if not ref[bid])
+        where = self._where
+        from_pool = sum(1 for bid in hits if where[bid])
         return max(0, self.blocks_for(num_tokens) - len(hits)) + from_pool <= self.num_free
 
     def decode_views(self) -> tuple[Mapping[int, int], Mapping[int, int]] | None:
@@ -199,17 +212,12 @@ class PrefixBlockManager(BlockManager):
         assert request_id not in self._tables and cached_tokens % self.block_size == 0
         keys = self._keys_upto(request_id, cached_tokens // self.block_size)
         hits = [self._cached[keys[b]][0] for b in range(cached_tokens // self.block_size)]
-        ref = self._ref
-        from_pool = sum(1 for bid in hits if not ref[bid])
+        where = self._where
+        pooled = [bid for bid in hits if where[bid]]
         need = self.blocks_for(num_tokens) - len(hits)
-        if from_pool + max(0, need) > self.num_free:
+        if len(pooled) + max(0, need) > self.num_free:
             return None
-        self.num_free -= from_pool
-        for bid in hits:                   # (out of the pool: left where it is, see _pool)
-            ref[bid] += 1
-        self._tables[request_id] = hits
-        self._num_keyed[request_id] = len(hits)
-        return self.allocate(request_id, num_tokens)
+        return self.allocate_hits(request_id, num_tokens, hits, pooled)
 
     def allocate_all(self, requests: Iterable[tuple[int, int]]) -> int | None:
         """:meth:`allocate` each ``(request id, num_tokens)`` in order, all or nothing."""
@@ -231,36 +239,41 @@ class PrefixBlockManager(BlockManager):
     def free(self, request_id: int) -> int:
         """Release the request's blocks into the pool, tail first (evicted first): cached ones
         at the pool's tail, the others (no content worth keeping) at its head, to be reused
-        first (vLLM's ``BlockPool.free_blocks``)."""
+        first (vLLM's ``BlockPool.free_blocks``). A block another request holds too stays."""
         if self._deferred:
             n = self._deferred.pop(request_id, None)
             if n is not None:
                 self.cache_upto(request_id, n)
-        table = self._tables.pop(request_id, None) or []
+        table = self._tables.pop(request_id, None)
         self._held.pop(request_id, None)
-        pool, ref, key = self._pool, self._ref, self._key
-        put, move = pool.__setitem__, pool.move_to_end
-        uncached = []
-        freed = 0
-        for bid in reversed(table):        # tail first
-            r = ref[bid] - 1
-            ref[bid] = r
-            if not r:                      # to the tail (one a hit left in place: moved)
-                if bid in pool:
-                    move(bid)
-                else:
-                    put(bid, None)
-                if key[bid] is None:
-                    uncached.append(bid)
-                freed += 1
-        self.num_free += freed
-        for bid in reversed(uncached):     # to the head (the first ends up at the very head)
-            move(bid, last=False)
-        self._num_keyed.pop(request_id, None)
+        nk = self._num_keyed.pop(request_id, 0)
         self._keys.pop(request_id, None)
         self._content.pop(request_id, None)
         if self._limit:
             self._limit.pop(request_id, None)
+        if not table:
+            return 0
+        keyed, unkeyed = table[:nk], table[nk:]   # (cached content, or _DEAD; then none)
+        extra = self._extra
+        if extra:
+            shared = extra.keys() & table         # (held by others too: one holder less)
+            if shared:
+                for bid in shared:
+                    e = extra[bid] - 1
+                    if e:
+                        extra[bid] = e
+                    else:
+                        del extra[bid]
+                keyed = [b for b in keyed if b not in shared]
+                unkeyed = [b for b in unkeyed if b not in shared]
+        # (the table's last block evicted first: a segment's last block is taken first)
+        if keyed:                                 # to the tail
+            self._segs.appendleft(self._segment(keyed))
+        if unkeyed:                               # to the head, the last block at the very head
+            self._segs.append(self._segment(unkeyed))
+        self.num_free += len(keyed) + len(unkeyed)
+        if self._entries > self._compact_at:
+            self._tidy()
         return len(table)
 
     def release(self, request_id: int, num_tokens: int | None = None) -> int:
@@ -286,8 +299,11 @@ class PrefixBlockManager(BlockManager):
                     self._register_full(request_id, table, min(num_tokens, shared * bs))
                     start = self._num_keyed.get(request_id, 0)
                 full = min(num_tokens // bs, len(table))
-                for b in range(max(start, shared), full):
-                    block_key[table[b]] = _DEAD
+                first = max(start, shared)
+                if first < full:
+                    for bid in table[first:full]:
+                        block_key[bid] = _DEAD
+                    self._num_keyed[request_id] = full   # (keyed blocks lead the table)
             keys = self._keys.get(request_id)
             if keys is not None and len(keys) > shared:   # its own content cached before
                 cached = self._cached
@@ -321,15 +337,21 @@ class PrefixBlockManager(BlockManager):
         (what a decode step's ``allocate`` calls do for the decodes that start a block, with
         no block becoming full: a stretch registers the blocks its decodes fill with
         :meth:`cache_upto`, later). The blocks must be free (the caller checked)."""
-        tables, held, pool, ref, block_key = self._tables, self._held, self._pool, self._ref, \
-            self._key
-        cached = self._cached
+        tables, held, block_key = self._tables, self._held, self._key
+        cached, segs, where = self._cached, self._segs, self._where
         evicted = 0
-        popitem = pool.popitem
+        seg = segs[-1]
+        serial = -seg[0]
         for rid in request_ids:
-            bid = popitem(False)[0]                 # (_take, inline)
-            while ref[bid]:                         # (held: a hit left it here)
-                bid = popitem(False)[0]
+            while True:                             # (_take, inline)
+                bid = seg.pop()
+                if bid < 0:                         # the segment's mark: it is used up
+                    segs.pop()
+                    seg = segs[-1]
+                    serial = -seg[0]
+                elif where[bid] == serial:
+                    break
+            where[bid] = 0
             key = block_key[bid]
             if key is not None:
                 if key != _DEAD:
@@ -340,7 +362,6 @@ class PrefixBlockManager(BlockManager):
                         copies.remove(bid)
                 block_key[bid] = None
                 evicted += 1
-            ref[bid] = 1
             table = tables[rid]
             table.append(bid)
             held[rid] = len(table)
@@ -355,13 +376,46 @@ class PrefixBlockManager(BlockManager):
 
     def pool_head(self, n: int) -> list[int]:
         """The first ``n`` blocks of the free pool: the next ones taken."""
-        ref = self._ref
-        return list(islice(filter(lambda b: not ref[b], self._pool), n))
+        return list(islice(self._free_blocks(), n))
 
     def free_order(self) -> list[int]:
         """The free blocks in LRU order (vLLM's free-block queue; the first is taken next)."""
-        ref = self._ref
-        return [b for b in self._pool if not ref[b]]
+        return list(self._free_blocks())
+
+    def _free_blocks(self) -> Iterator[int]:
+        where = self._where
+        for seg in reversed(self._segs):
+            serial = -seg[0]
+            for i in range(len(seg) - 1, 0, -1):
+                bid = seg[i]
+                if where[bid] == serial:
+                    yield bid
+
+    def _segment(self, blocks: list[int]) -> list[int]:
+        """A new segment of ``blocks`` (in table order: the last is taken first), marked."""
+        self._serial = serial = self._serial + 1
+        where = self._where
+        for bid in blocks:
+            where[bid] = serial
+        self._entries += len(blocks)
+        seg = [-serial]
+        seg += blocks
+        return seg
+
+    def _tidy(self) -> None:
+        """Count the entries the segments still list (takes pop them); if the stale ones
+        outnumber the blocks twice over, compact to one segment of the free blocks in pool
+        order. Either way the next count is ``num_blocks`` entries later: amortised, a few
+        steps per entry listed."""
+        n = self.num_blocks
+        self._entries = sum(map(len, self._segs))
+        if self._entries > 3 * n + 4096:
+            order = self.free_order()
+            order.reverse()
+            self._segs = deque()
+            self._entries = 0
+            self._segs.append(self._segment(order))
+        self._compact_at = self._entries + n + 4096
 
     def lookup(self, request_id: int, num_tokens: int) -> tuple[list[int], list[int]]:
         """The blocks a new request would share (:meth:`cached_tokens`: one per cached block
@@ -372,21 +426,24 @@ class PrefixBlockManager(BlockManager):
         if None in found:
             del found[found.index(None):]
         hits: list[int] = list(map(_first, found))   # type: ignore[arg-type]
-        ref = self._ref
-        return hits, [b for b in hits if not ref[b]]
+        where = self._where
+        return hits, [bid for bid in hits if where[bid]]
 
-    def allocate_hits(self, request_id: int, num_tokens: int, hits: list[int]) -> int | None:
+    def allocate_hits(self, request_id: int, num_tokens: int, hits: list[int],
+                      pooled: list[int]) -> int | None:
         """:meth:`allocate_cached` with the hits :meth:`lookup` found (this list becomes the
-        request's table), when nothing changed since: the caller has checked they and the
-        new blocks fit."""
-        ref = self._ref
-        taken = 0
-        for bid in hits:                   # (out of the pool: left where it is, see _pool)
-            r = ref[bid]
-            if not r:
-                taken += 1
-            ref[bid] = r + 1
-        self.num_free -= taken
+        request's table) and those of them in the pool, when nothing changed since: the caller
+        has checked they and the new blocks fit."""
+        where = self._where
+        if len(pooled) < len(hits):        # hits on blocks in use: one holder more
+            extra = self._extra
+            for bid in hits:
+                if not where[bid]:
+                    extra[bid] = extra.get(bid, 0) + 1
+        if pooled:                         # out of the pool (their entries go stale)
+            for bid in pooled:
+                where[bid] = 0
+            self.num_free -= len(pooled)
         self._tables[request_id] = hits
         self._num_keyed[request_id] = len(hits)
         return self.allocate(request_id, num_tokens)
@@ -405,9 +462,16 @@ class PrefixBlockManager(BlockManager):
     # -- internals -------------------------------------------------------------------------
     def _take(self) -> int:
         """A block from the pool's head (least recently freed); its cached content is lost."""
-        bid, _ = self._pool.popitem(last=False)
-        while self._ref[bid]:              # (held: a hit left it here)
-            bid, _ = self._pool.popitem(last=False)
+        segs, where = self._segs, self._where
+        seg = segs[-1]
+        while True:
+            bid = seg.pop()
+            if bid < 0:                    # the segment's mark: it is used up
+                segs.pop()
+                seg = segs[-1]
+            elif where[bid] == -seg[0]:
+                break
+        where[bid] = 0
         self.num_free -= 1
         key = self._key[bid]
         if key is not None:
@@ -418,7 +482,6 @@ class PrefixBlockManager(BlockManager):
                     del self._cached[key]
             self._key[bid] = None
             self.num_evicted += 1
-        self._ref[bid] = 1
         return bid
 
     def _register_full(self, request_id: int, table: list[int], num_tokens: int) -> None:

@@ -578,7 +578,8 @@ class _CacheReplay:
         self.frees: list[list[tuple[int, int]] | None] = [None] * k
         self.pos = 1
         self.used = [bm.num_used]
-        self.found: list[list[int]] = []   # (``hits``: each newcomer's hit blocks, for admit)
+        # (``hits``: each newcomer's hit blocks and those of them in the pool, for admit)
+        self.found: list[tuple[list[int], list[int]]] = []
         for req, c, h, e, _ in members:
             self.add(req, c, h, e)
         first = self.frees[0]
@@ -679,7 +680,7 @@ class _CacheReplay:
             if len(specs) > 1:
                 before.update(bm.prompt_keys(rid, p))
             out.append(n * bs)
-            self.found.append(found)
+            self.found.append((found, pooled))
         grow = (k - 1 - j) // bs + 1       # per member, over the steps j + 1 .. k - 1
         if cost + (decoding + len(specs)) * grow > bm.num_free:
             self.found.clear()
@@ -696,7 +697,7 @@ class _CacheReplay:
             self.run_to(2 * j + 1)
         found = self.found
         if found:                          # (one newcomer: its hits as ``hits`` found them)
-            got = bm.allocate_hits(req.id, p, found.pop())
+            got = bm.allocate_hits(req.id, p, *found.pop())
         else:
             got = bm.allocate_cached(req.id, p, hit) if hit else bm.allocate(req.id, p)
         assert got is not None                          # (``hits`` checked the room)
