@@ -69,6 +69,9 @@ class PrefixBlockManager(BlockManager):
     """A :class:`BlockManager` whose blocks have ids, keys, reference counts and an LRU pool."""
 
     caches_prefixes = True
+    # entries the free pool's segments may list beyond three per block before it is compacted
+    # (and beyond one per block between counts): see _tidy
+    _slack = 4096
 
     def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0,
                  source_block_size: int = SOURCE_BLOCK_SIZE):
@@ -83,7 +86,7 @@ class PrefixBlockManager(BlockManager):
         self._segs: deque[list[int]] = deque([[-1, *range(num_blocks - 1, -1, -1)]])
         self._serial = 1
         self._entries = num_blocks              # blocks listed in segments (stale ones too)
-        self._compact_at = 2 * num_blocks + 4096
+        self._compact_at = 2 * num_blocks + self._slack
         # block -> requests holding it beyond the first, for blocks two or more hold (hits on
         # blocks in use); a held block not in here has one holder
         self._extra: dict[int, int] = {}
@@ -409,13 +412,17 @@ class PrefixBlockManager(BlockManager):
         steps per entry listed."""
         n = self.num_blocks
         self._entries = sum(map(len, self._segs))
-        if self._entries > 3 * n + 4096:
-            order = self.free_order()
-            order.reverse()
-            self._segs = deque()
-            self._entries = 0
-            self._segs.append(self._segment(order))
-        self._compact_at = self._entries + n + 4096
+        if self._entries > 3 * n + self._slack:
+            self._compact()
+        self._compact_at = self._entries + n + self._slack
+
+    def _compact(self) -> None:
+        """The free pool as one segment, in the same order, without stale entries."""
+        order = self.free_order()
+        order.reverse()
+        self._segs = deque()
+        self._entries = 0
+        self._segs.append(self._segment(order))
 
     def lookup(self, request_id: int, num_tokens: int) -> tuple[list[int], list[int]]:
         """The blocks a new request would share (:meth:`cached_tokens`: one per cached block

@@ -229,3 +229,58 @@ def test_mooncake_hit_rate_matches_an_infinite_cache_and_drops_when_tight():
     tight = simserve.run(mooncake(num_gpu_blocks=2 * longest // BLOCK, budget=8192)).summary
     assert tight["completed"] == N
     assert tight["prefix_cache_hit_rate"] < expected - 0.05
+
+
+@pytest.mark.parametrize("slack", [4096, 0])
+def test_free_pool_order_matches_a_plain_lru_queue_through_hits_frees_and_compaction(slack):
+    """The pool as vLLM's free-block queue, kept by hand here as a list: a take pops the head,
+    a hit takes a free block out, a free appends a request's blocks tail first (those with no
+    cached content to the head instead, the last at the very head). The manager keeps it as
+    segments with stale entries, counted and compacted as they grow (slack 0: soon) and here
+    at random moments too."""
+    import random
+
+    rng = random.Random(7)
+    bm = pool(num_blocks=40)
+    bm._slack = slack
+    bm._compact_at = 0
+    queue = list(range(40))                   # head first
+    holders: dict[int, int] = {}
+    live: list[int] = []
+    for rid in range(400):
+        prompt = rng.choice([9, 13, 16, 21, 24])
+        bm.register(rid, prompt, (rng.randrange(3), rng.randrange(2), rng.randrange(2)))
+        cached = bm.cached_tokens(rid, prompt)
+        if not bm.can_hold(rid, prompt + 4, cached):
+            victim = live.pop(0)
+            table = list(bm._tables[victim])
+            bm.release(victim, prompt) if rng.random() < 0.5 else bm.free(victim)
+            freed = []
+            for bid in reversed(table):
+                holders[bid] -= 1
+                if not holders[bid]:
+                    freed.append(bid)
+            heads = [b for b in freed if bm._key[b] is None]
+            queue += [b for b in freed if b not in heads]
+            queue[:0] = heads
+            continue
+        got = bm.allocate_cached(rid, prompt, cached) if cached else bm.allocate(rid, prompt)
+        assert got is not None
+        table = bm._tables[rid]
+        for i, bid in enumerate(table):
+            if i < cached // bm.block_size:   # a hit: out of the queue if it was free
+                if bid in queue:
+                    queue.remove(bid)
+            else:                             # new: the queue's head
+                assert queue.pop(0) == bid
+            holders[bid] = holders.get(bid, 0) + 1
+        live.append(rid)
+        if rng.random() < 0.3 and bm.num_free:     # a decode starting a block
+            bm.extend([rid])
+            assert queue.pop(0) == bm._tables[rid][-1]
+            holders[bm._tables[rid][-1]] = 1
+        assert bm.free_order() == queue and bm.num_free == len(queue)
+        assert bm.pool_head(3) == queue[:3]
+        if rng.random() < 0.05:
+            bm._compact()
+            assert len(bm._segs) == 1 and bm.free_order() == queue
