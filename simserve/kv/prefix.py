@@ -259,7 +259,8 @@ class PrefixBlockManager(BlockManager):
         keyed, unkeyed = table[:nk], table[nk:]   # (cached content, or _DEAD; then none)
         extra = self._extra
         if extra:
-            shared = extra.keys() & table         # (held by others too: one holder less)
+            # held by others too (hits: keyed blocks): one holder less
+            shared = extra.keys() & keyed
             if shared:
                 for bid in shared:
                     e = extra[bid] - 1
@@ -268,7 +269,6 @@ class PrefixBlockManager(BlockManager):
                     else:
                         del extra[bid]
                 keyed = [b for b in keyed if b not in shared]
-                unkeyed = [b for b in unkeyed if b not in shared]
         # (the table's last block evicted first: a segment's last block is taken first)
         if keyed:                                 # to the tail
             self._segs.appendleft(self._segment(keyed))
@@ -291,6 +291,8 @@ class PrefixBlockManager(BlockManager):
             if num_tokens is None:
                 num_tokens = n
         table = self._tables.get(request_id)
+        if table is None and request_id not in self._content:
+            return 0                       # (released already: by a stretch, at its end)
         if table:
             bs = self.block_size
             prompt, ids = self._content.get(request_id, (0, None))
