@@ -39,13 +39,27 @@ def _version() -> str:
         return "(not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the version is looked up only when asked for (importlib.metadata costs
+    a tenth of the start-up of every run)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        sys.stdout.write(f"simserve {_version()}\n")
+        parser.exit()
+
+
 def _parser(command: str | None = None) -> argparse.ArgumentParser:
     """Every subcommand is registered the same way: a ``register(subparsers)`` function adds its
     parser and sets ``handler`` (the built-in ones below; the live-server and profiler commands
     in their own modules). For one of the built-in ``command`` s only those are registered:
     the live-server modules import asyncio (a tenth of a second of a `simserve run`)."""
     p = _Parser(prog="simserve", description=__doc__.splitlines()[0])
-    p.add_argument("--version", action="version", version=f"simserve {_version()}")
+    p.add_argument("--version", action=_VersionAction, help="show the version and exit")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     registers = [_register_run, _register_report, _register_sweep, _register_capacity,
                  _register_plan, _register_validate, _register_list]

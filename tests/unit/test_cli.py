@@ -27,3 +27,16 @@ def test_validate_and_list_explain_themselves(capsys, command, words):
     assert info.value.code == 0
     for w in words:
         assert w in out
+
+
+def test_a_run_does_not_pay_for_the_version_lookup():
+    """Building the command line (every run does) leaves importlib.metadata unimported: only
+    ``--version`` looks the version up."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from simserve.cli import _parser; _parser('run'); _parser(); "
+            "print('importlib.metadata' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "False"
