@@ -431,7 +431,7 @@ class PrefixBlockManager(BlockManager):
         at its start), and of those the ones in the free pool (a hit takes them out of it)."""
         limit = (num_tokens - 1) // self.block_size
         keys = self._keys_upto(request_id, limit)
-        found = list(map(self._cached.get, keys[:limit]))
+        found = list(map(self._cached.get, keys if len(keys) == limit else keys[:limit]))
         if None in found:
             del found[found.index(None):]
         hits: list[int] = list(map(_first, found))   # type: ignore[arg-type]
@@ -455,7 +455,14 @@ class PrefixBlockManager(BlockManager):
             self.num_free -= len(pooled)
         self._tables[request_id] = hits
         self._num_keyed[request_id] = len(hits)
-        return self.allocate(request_id, num_tokens)
+        need = -(-num_tokens // self.block_size) - len(hits)   # (allocate, written out)
+        for _ in range(need):
+            hits.append(self._take())
+        self._held[request_id] = len(hits)
+        if self._deferred:
+            self._deferred.pop(request_id, None)
+        self._register_full(request_id, hits, num_tokens)
+        return max(0, need)
 
     def prompt_keys(self, request_id: int, num_tokens: int) -> list[int]:
         """The keys of the request's blocks that ``num_tokens`` fill."""
