@@ -106,6 +106,9 @@ class PrefixBlockManager(BlockManager):
         # async scheduling: request id -> its tokens whose content is known (sampled and
         # delivered); blocks past them are not cached yet (limit_cache)
         self._limit: dict[int, int] = {}
+        # (the same table, for the scheduler's launch and deliver loops: limit_cache written
+        # out, a dict store or pop per request and step instead of a call)
+        self.cache_limits = self._limit
         # request id -> tokens whose full blocks are to be cached before anything can see them
         # (``defer``: a fast-forwarded stretch's decodes)
         self._deferred: dict[int, int] = {}

@@ -115,7 +115,7 @@ class StepsInFlight:
         # with prefix caching, the tokens whose blocks may become cached: those sampled and
         # delivered (vLLM caches up to request.num_tokens, which has no placeholders); a
         # token is in flight now, so the limit is never None
-        limit = blocks.limit_cache if isinstance(blocks, PrefixBlockManager) else None
+        limits = blocks.cache_limits if isinstance(blocks, PrefixBlockManager) else None
         for req, n in entries:
             req.num_computed_tokens += n
             req.num_in_flight += 1
@@ -123,8 +123,8 @@ class StepsInFlight:
                 req.num_generated += 1
                 req.num_pending += 1
                 sampled.append(req)
-                if limit is not None:
-                    limit(req.id, req.num_prompt_tokens + req.num_generated - req.num_pending)
+                if limits is not None:   # (limit_cache)
+                    limits[req.id] = req.num_prompt_tokens + req.num_generated - req.num_pending
                 if stagger:     # pipelined async: again from schedule() call n + p on
                     req.next_decode_step = self.current_step + stagger
         self.steps_in_flight += 1
@@ -144,7 +144,7 @@ class StepsInFlight:
         blocks = self.blocks
         prefix = blocks if isinstance(blocks, PrefixBlockManager) else None
         if prefix is not None:
-            limit, cache_upto = prefix.limit_cache, prefix.cache_upto
+            limits, cache_upto = prefix.cache_limits, prefix.cache_upto
             bs, keyed = prefix.block_size, prefix.keyed_blocks
         for req in step.sampled:
             if req.status is Status.RUNNING:
@@ -154,11 +154,11 @@ class StepsInFlight:
                     n = req.num_computed_tokens - pending
                     if pending:
                         known = req.num_prompt_tokens + req.num_generated - pending
-                        limit(req.id, known)
+                        limits[req.id] = known
                         if known < n:
                             n = known
                     else:
-                        limit(req.id, None)
+                        limits.pop(req.id, None)
                     if n // bs > keyed.get(req.id, 0):
                         cache_upto(req.id, req.num_computed_tokens - pending)
             if req.num_generated >= req.num_output_tokens and not req.num_pending:
