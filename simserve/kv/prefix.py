@@ -456,15 +456,18 @@ class PrefixBlockManager(BlockManager):
             for bid in pooled:
                 where[bid] = 0
             self.num_free -= len(pooled)
+        nh = len(hits)
         self._tables[request_id] = hits
-        self._num_keyed[request_id] = len(hits)
-        need = -(-num_tokens // self.block_size) - len(hits)   # (allocate, written out)
+        self._num_keyed[request_id] = nh
+        bs = self.block_size
+        need = -(-num_tokens // bs) - nh   # (allocate, written out)
         for _ in range(need):
             hits.append(self._take())
         self._held[request_id] = len(hits)
         if self._deferred:
             self._deferred.pop(request_id, None)
-        self._register_full(request_id, hits, num_tokens)
+        if num_tokens // bs > nh:          # (blocks filled past the hits: cached now)
+            self._register_full(request_id, hits, num_tokens)
         return max(0, need)
 
     def prompt_keys(self, request_id: int, num_tokens: int) -> list[int]:

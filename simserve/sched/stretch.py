@@ -674,7 +674,7 @@ class _CacheReplay:
                 return None
             if pooled and taken and not set(bm.pool_head(taken)).isdisjoint(pooled):
                 return None
-            new = bm.blocks_for(p) - n + len(pooled)   # blocks it takes off the pool
+            new = -(-p // bs) - n + len(pooled)   # blocks it takes off the pool
             cost += new
             taken += new
             if len(specs) > 1:
