@@ -66,7 +66,7 @@ _first = itemgetter(0)
 
 
 class PrefixBlockManager(BlockManager):
-    """A :class:`BlockManager` whose blocks have ids, keys, reference counts and an LRU pool."""
+    """A :class:`BlockManager` whose blocks have ids, keys, holder counts and an LRU pool."""
 
     caches_prefixes = True
     # entries the free pool's segments may list beyond three per block before it is compacted
