@@ -186,14 +186,18 @@ class PrefixBlockManager(BlockManager):
         from_pool = sum(1 for bid in hits if where[bid])
         return max(0, self.blocks_for(num_tokens) - len(hits)) + from_pool <= self.num_free
 
-    def decode_views(self) -> tuple[Mapping[int, int], Mapping[int, int]] | None:
+    def decode_views(self) -> tuple[Mapping[int, int], Mapping[int, int]]:
         """For a step's decodes (``Scheduler.decode_all``): per request, the blocks it holds
         and its leading blocks cached (read-only). A decode whose token needs no new block and
         fills none (its full blocks all cached already) would find :meth:`allocate` changes
-        nothing, so it may skip the call. None while a stretch's deferred blocks are pending
-        (:meth:`defer`: an allocation caches them)."""
+        nothing, so it may skip the call. A stretch's deferred blocks (:meth:`defer`) are
+        cached first: stepping had cached them as they filled, and the order in which
+        requests cache blocks of their own content (keys no other request has) changes
+        nothing another could see."""
         if self._deferred:
-            return None
+            for rid, n in self._deferred.items():
+                self.cache_upto(rid, n)
+            self._deferred.clear()
         return self._held, self.keyed_blocks
 
     # -- commands --------------------------------------------------------------------------

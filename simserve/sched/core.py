@@ -188,8 +188,7 @@ class Scheduler(StepsInFlight, Verifying, StretchAdmission):
         keyed: Mapping[int, int] | None = None
         held: Mapping[int, int]
         if isinstance(blocks, PrefixBlockManager):
-            views = blocks.decode_views()
-            held, keyed = views if views is not None else ({}, None)
+            held, keyed = blocks.decode_views()
         else:
             held = blocks.blocks_held
         entries, scheduled, decode_ctx = batch.entries, batch.scheduled, batch.decode_ctx
