@@ -298,7 +298,7 @@ class PrefixBlockManager(BlockManager):
             if num_tokens is None:
                 num_tokens = n
         table = self._tables.get(request_id)
-        if table is None and request_id not in self._content:
+        if table is None and request_id not in self._content and request_id not in self._keys:
             return 0                       # (released already: by a stretch, at its end)
         if table:
             bs = self.block_size
