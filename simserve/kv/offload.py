@@ -94,7 +94,7 @@ class OffloadingBlockManager(PrefixBlockManager):
         # the loaded blocks hold their content now: cache them (as a computed block would be;
         # allocate() already did for every block num_tokens fills), which also refreshes
         # their host entries as most recently used
-        self._register_full(request_id, self._tables[request_id], cached_tokens)
+        self._register_full(request_id, cached_tokens)
         self.num_loaded += loaded
         self._loading += loaded
         return got
@@ -109,13 +109,13 @@ class OffloadingBlockManager(PrefixBlockManager):
             gpu += 1
         return gpu
 
-    def _register_full(self, request_id: int, table: list[int], num_tokens: int) -> None:
+    def _register_full(self, request_id: int, num_tokens: int) -> None:
         start = self._num_keyed.get(request_id, 0)
-        super()._register_full(request_id, table, num_tokens)
+        super()._register_full(request_id, num_tokens)
         full = self._num_keyed.get(request_id, 0)
         if full <= start or not self.num_offload_blocks:
             return
-        keys, host = self._keys[request_id], self._host
+        keys, host = self._keys_upto(request_id, full), self._host
         for b in range(start, full):             # write-through of each newly full block
             key = keys[b]
             if key in host:

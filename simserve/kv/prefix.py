@@ -17,13 +17,20 @@ tree, SGLang's ``RadixCache``):
   content go to the pool's head instead (reused first); a new block is taken from the head and
   loses its key then. A hit on a block in the pool takes it back out.
 
-The pool is kept as vLLM's queue would be, but cheaply: a deque of *segments*, each the blocks
-one free put there (a request's table, or its keyed or unkeyed part: its keyed blocks, cached
-content or ``_DEAD``, lead it, ``_num_keyed`` of them), and a per-block mark naming the segment
-a free block is in (``_where``; 0 while held). A free appends one segment and marks its blocks;
-a hit only unmarks; a take pops from the head segment, passing over blocks whose mark names
-another segment (hit, or freed again since). Only blocks two or more requests hold carry a count
-(``_extra``). Segments are compacted when their stale entries outgrow the cache.
+The pool is kept as vLLM's queue would be, but cheaply. Only blocks another request could hit
+carry an identity: a request's leading blocks whose content its ``hash_ids`` name, and hits.
+Its other blocks (past that content, or all of them without ``hash_ids``: content only the
+request itself could hit, after a preemption) are *anonymous*, counted, not named: taking one
+from a run of anonymous free blocks is a subtraction, and a finished request's go back as one
+run. The pool is a deque of *segments*: blocks with identities one free put there (a request's
+keyed blocks, in table order), with a per-block mark naming the segment a free block is in
+(``_where``; 0 while held), or a run of anonymous blocks (``[count, dead]``: dead when they
+hold content nobody can hit, counted as evicted when reused). A free appends a segment and
+marks its blocks; a hit only unmarks; a take pops from the head segment, passing over blocks
+whose mark names another segment (hit, or freed again since), or counts a run down. A
+preempted request's anonymous blocks holding content are given identities and keys when it
+frees them (it may hit them when it comes back). Only blocks two or more requests hold carry a
+count (``_extra``). Segments are compacted when their stale entries outgrow the cache.
 
 Requests carry no token ids, so content is derived. With Mooncake ``hash_ids`` (one id per
 ``source_block_size`` = 512 prompt tokens; equal ids = identical content), engine block ``b`` of
@@ -44,8 +51,9 @@ recompute.
 
 from __future__ import annotations
 
+from collections import _count_elements  # type: ignore[attr-defined]
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import islice
 from operator import itemgetter
 
@@ -58,15 +66,19 @@ _ROOT = 0                 # parent key of block 0
 # is, and a chained hash of ("request", id) would be unique too, only dearer)
 _UNIQUE = 1 << 64
 _MEMO_MAX = 1 << 16       # content chains remembered (by hash_ids), cleared when full
-# The key of a block whose content only a finished request had (``release``): nobody can hit
-# it, but it held content all the same (freed to the pool's tail, counted when evicted).
-# hash() never returns -1, and _UNIQUE keys are larger, so it is no key of any content.
+# The key of a free block whose content only a finished request had: a copy of its own content
+# cached at a preemption (``release``; its anonymous blocks go back as a dead run). Nobody can
+# hit it, but it held content all the same (counted when evicted). hash() never returns -1,
+# and _UNIQUE keys are larger, so it is no key of any content.
 _DEAD = -1
 _first = itemgetter(0)
+# how free_order() shows anonymous free blocks: without content, and with content nobody can hit
+ANON, ANON_DEAD = -1, -2
 
 
 class PrefixBlockManager(BlockManager):
-    """A :class:`BlockManager` whose blocks have ids, keys, holder counts and an LRU pool."""
+    """A :class:`BlockManager` whose blocks have keys, holder counts and an LRU pool; blocks
+    that only their own request could ever hit are anonymous (see the module docstring)."""
 
     caches_prefixes = True
     # entries the free pool's segments may list beyond three per block before it is compacted
@@ -79,14 +91,19 @@ class PrefixBlockManager(BlockManager):
         self.source_block_size = source_block_size
         self._key: list[int | None] = [None] * num_blocks
         # the free pool (vLLM's free-block queue) as segments: the deque's right end is the
-        # pool's head (taken next), its left end the tail; each segment is ``[-serial, block,
-        # ...]``, its last block taken first. A block is free, in segment ``serial``, while
-        # ``_where[block] == serial`` (> 0); 0 while held. Block 0 is taken first at the start.
-        self._where = [1] * num_blocks
-        self._segs: deque[list[int]] = deque([[-1, *range(num_blocks - 1, -1, -1)]])
+        # pool's head (taken next), its left end the tail. A segment is either ``[-serial,
+        # block, ...]`` (blocks with identities, its last block taken first; a block is free in
+        # it while ``_where[block] == serial`` > 0, and 0 while held or anonymous) or an
+        # anonymous run ``[count, dead]`` (count > 0; dead: 1 where they hold content, counted
+        # as evicted when taken). At the start the pool is one run of blocks without content.
+        self._where = [0] * num_blocks
+        self._segs: deque[list[int]] = deque([[num_blocks, 0]] if num_blocks else [])
         self._serial = 1
-        self._entries = num_blocks              # blocks listed in segments (stale ones too)
-        self._compact_at = 2 * num_blocks + self._slack
+        # the identities no block in use or in a segment has: one per anonymous block (held or
+        # in a run); a block taken for a position that needs an identity gets one from here
+        self._stash = list(range(num_blocks - 1, -1, -1))
+        self._entries = 0                       # blocks listed in segments (stale ones too)
+        self._compact_at = num_blocks + self._slack
         # block -> requests holding it beyond the first, for blocks two or more hold (hits on
         # blocks in use); a held block not in here has one holder
         self._extra: dict[int, int] = {}
@@ -94,11 +111,18 @@ class PrefixBlockManager(BlockManager):
         # (block tables are append-only), so two requests computing the same content each keep
         # a copy, and a hit takes the oldest copy still cached (BlockHashToBlockMap)
         self._cached: dict[int, list[int]] = {}
-        self._tables: dict[int, list[int]] = {}         # request id -> its block ids, in order
+        # request id -> the identities of its leading blocks (those that hold content others
+        # may share, and hits); its other blocks (``blocks_held`` counts them all) are anonymous
+        self._tables: dict[int, list[int]] = {}
         self._num_keyed: dict[int, int] = {}            # request id -> leading blocks registered
         self.keyed_blocks: Mapping[int, int] = self._num_keyed   # (read-only, for the scheduler)
         self._content: dict[int, tuple[int, Sequence[int] | None]] = {}
+        # request id -> its leading blocks whose content its hash_ids name (others may share)
+        self._shared: dict[int, int] = {}
         self._keys: dict[int, list[int]] = {}           # request id -> keys computed so far
+        # request id -> blocks of its own content cached when it was preempted (``_drop``):
+        # their keys are in the cache until it finishes
+        self._own: dict[int, int] = {}
         # hash_ids -> the chained keys of the blocks they name, as far as computed (a chain
         # depends on the ids alone: recurring prompts compute theirs once)
         self._chains: dict[Sequence[int], list[int]] = {}
@@ -118,8 +142,13 @@ class PrefixBlockManager(BlockManager):
                  hash_ids: Sequence[int] | None) -> None:
         """Tell the cache what a request's prompt holds (before its first allocation)."""
         if request_id not in self._content:   # (a tuple: content chains are kept by it)
-            self._content[request_id] = (num_prompt_tokens,
-                                         None if hash_ids is None else tuple(hash_ids))
+            ids = None if hash_ids is None else tuple(hash_ids)
+            self._content[request_id] = (num_prompt_tokens, ids)
+            if ids:
+                shared = min(num_prompt_tokens, len(ids) * self.source_block_size) \
+                    // self.block_size
+                if shared:
+                    self._shared[request_id] = shared
 
     def _keys_upto(self, request_id: int, n: int) -> list[int]:
         """The request's block keys, computed (once) at least up to block ``n``: block b's
@@ -127,21 +156,18 @@ class PrefixBlockManager(BlockManager):
         (chained: ``_chain``); past that its content is the request's own (``_UNIQUE``)."""
         keys = self._keys.get(request_id)
         if keys is None:
-            prompt, ids = self._content.get(request_id, (0, None))
-            keys = []
-            if ids:
-                shared = min(prompt, len(ids) * self.source_block_size) // self.block_size
-                if shared:
-                    keys = self._chain(ids, shared)[:shared]
+            shared = self._shared.get(request_id)
+            keys = self._chain(self._content[request_id][1], shared)[:shared] if shared else []
             self._keys[request_id] = keys
         if len(keys) < n:
             base = _UNIQUE + (request_id << 32)
             keys.extend(range(base + len(keys), base + n))
         return keys
 
-    def _chain(self, ids: Sequence[int], n: int) -> list[int]:
+    def _chain(self, ids: Sequence[int] | None, n: int) -> list[int]:
         """The chained keys of the first ``n`` blocks whose content ``ids`` name: block b's
         key is ``hash((key of b - 1, the ids it overlaps))``."""
+        assert ids is not None
         chains = self._chains
         chain = chains.get(ids)
         if chain is None:
@@ -157,13 +183,6 @@ class PrefixBlockManager(BlockManager):
         return chain
 
     # -- queries ---------------------------------------------------------------------------
-    def held(self, request_id: int) -> int:
-        table = self._tables.get(request_id)
-        return len(table) if table else 0
-
-    def num_new_blocks(self, request_id: int, num_tokens: int) -> int:
-        return max(0, self.blocks_for(num_tokens) - self.held(request_id))
-
     def cached_tokens(self, request_id: int, num_tokens: int) -> int:
         """Tokens at the start of a request (holding no blocks) already in the cache: whole
         blocks, never its last token (it is recomputed to sample the next one)."""
@@ -178,7 +197,7 @@ class PrefixBlockManager(BlockManager):
         """As the base class; a new request's ``cached_tokens`` share cached blocks, but a hit
         on a block in the free pool takes that block out of it, so it counts against the free
         blocks as a new one would (vLLM's ``get_num_blocks_to_allocate``: evictable hits)."""
-        if request_id in self._tables or not cached_tokens:
+        if request_id in self._held or not cached_tokens:
             return self.num_new_blocks(request_id, num_tokens) <= self.num_free
         keys = self._keys_upto(request_id, cached_tokens // self.block_size)
         hits = [self._cached[keys[b]][0] for b in range(cached_tokens // self.block_size)]
@@ -202,24 +221,43 @@ class PrefixBlockManager(BlockManager):
 
     # -- commands --------------------------------------------------------------------------
     def allocate(self, request_id: int, num_tokens: int) -> int | None:
-        table = self._tables.setdefault(request_id, [])
-        need = self.blocks_for(num_tokens) - len(table)
+        held = self._held
+        h = held.get(request_id, 0)
+        need = -(-num_tokens // self.block_size) - h
         if need > self.num_free:
-            if not table:
-                del self._tables[request_id]
             return None
-        for _ in range(max(0, need)):
-            table.append(self._take())
-        self._held[request_id] = len(table)   # the counting view (blocks_held)
+        if need > 0:
+            self._grow(request_id, h, need)
+        elif request_id not in held:
+            held[request_id] = h
         if self._deferred:                    # (covered by what this caches now)
             self._deferred.pop(request_id, None)
-        self._register_full(request_id, table, num_tokens)
+        self._register_full(request_id, num_tokens)
         return max(0, need)
+
+    def _grow(self, request_id: int, h: int, need: int) -> None:
+        """``need`` new blocks for the request holding ``h``: those at positions whose content
+        others may share (``_shared``) with identities, the rest anonymous."""
+        total = h + need
+        ided = self._shared.get(request_id, 0) - h
+        if ided > 0:
+            if ided > need:
+                ided = need
+            table = self._tables.get(request_id)
+            if table is None:
+                table = self._tables[request_id] = []
+            for _ in range(ided):
+                table.append(self._take())
+            need -= ided
+        if need:
+            self._take_anon(need)
+            self.num_free -= need
+        self._held[request_id] = total
 
     def allocate_cached(self, request_id: int, num_tokens: int, cached_tokens: int) -> int | None:
         """Allocate for a new request whose first ``cached_tokens`` (from :meth:`cached_tokens`)
         are cache hits: they share the cached blocks; the rest are new. All or nothing."""
-        assert request_id not in self._tables and cached_tokens % self.block_size == 0
+        assert request_id not in self._held and cached_tokens % self.block_size == 0
         keys = self._keys_upto(request_id, cached_tokens // self.block_size)
         hits = [self._cached[keys[b]][0] for b in range(cached_tokens // self.block_size)]
         where = self._where
@@ -249,82 +287,122 @@ class PrefixBlockManager(BlockManager):
     def free(self, request_id: int) -> int:
         """Release the request's blocks into the pool, tail first (evicted first): cached ones
         at the pool's tail, the others (no content worth keeping) at its head, to be reused
-        first (vLLM's ``BlockPool.free_blocks``). A block another request holds too stays."""
+        first (vLLM's ``BlockPool.free_blocks``). A block another request holds too stays.
+        Its anonymous blocks holding content are given identities and keys now: the request
+        itself hits them if it comes back (a preemption)."""
         if self._deferred:
             n = self._deferred.pop(request_id, None)
             if n is not None:
                 self.cache_upto(request_id, n)
+        return self._drop(request_id, False)
+
+    def release(self, request_id: int, num_tokens: int | None = None) -> int:
+        """Free the blocks of a request that finished. Its own content (the blocks past the
+        content its ``hash_ids`` name) can never be hit again: only the request itself hits it,
+        after a preemption. So those blocks go to the pool's tail anonymous, marked as holding
+        content (counted as evicted when reused), exactly where they would go with their keys;
+        copies of its own content cached at a preemption lose their keys (``_DEAD``).
+        ``num_tokens``: the tokens it holds, whose full blocks are cached first (a
+        fast-forwarded stretch caches the blocks its decodes fill only then)."""
+        if self._deferred:
+            n = self._deferred.pop(request_id, None)
+            if num_tokens is None:
+                num_tokens = n
+        h = self._held.get(request_id)
+        if h is None and request_id not in self._content and request_id not in self._keys:
+            return 0                       # (released already: by a stretch, at its end)
+        shared = self._shared.get(request_id, 0)
+        if h and num_tokens is not None:
+            nk = self._num_keyed.get(request_id, 0)
+            if nk < shared:                # (content others may share: cached as ever)
+                self._register_full(request_id, min(num_tokens, shared * self.block_size))
+            full = min(num_tokens // self.block_size, h)
+            if full > self._num_keyed.get(request_id, 0):   # (its own: no key needed)
+                self._num_keyed[request_id] = full
+        top = self._own.pop(request_id, 0)
+        if top > shared and h:             # its own content cached at a preemption
+            cached, block_key = self._cached, self._key
+            base = _UNIQUE + (request_id << 32)
+            for key in range(base + shared, base + top):
+                copies = cached.pop(key, None)
+                if copies:
+                    for bid in copies:
+                        block_key[bid] = _DEAD
+        return self._drop(request_id, True)
+
+    def _drop(self, request_id: int, finished: bool) -> int:
+        """Free the request's blocks (``free``; ``release`` when ``finished``): its keyed
+        blocks with identities to the tail as a segment, its other blocks holding content to
+        the tail just ahead of them (taken first) as a run, marked dead if ``finished``, or
+        given identities and their keys if not; blocks without content to the head."""
+        h = self._held.pop(request_id, 0)
         table = self._tables.pop(request_id, None)
-        self._held.pop(request_id, None)
         nk = self._num_keyed.pop(request_id, 0)
         self._keys.pop(request_id, None)
         self._content.pop(request_id, None)
+        shared = self._shared.pop(request_id, 0)
         if self._limit:
             self._limit.pop(request_id, None)
-        if not table:
+        if not h:
             return 0
-        keyed, unkeyed = table[:nk], table[nk:]   # (cached content, or _DEAD; then none)
+        if table is None:
+            table = []
+        stash, block_key = self._stash, self._key
+        dead = 0
+        if finished:
+            if nk > shared:
+                dead, nk = nk - shared, shared
+        elif nk > len(table):              # its own content, cached: identities and keys
+            cached = self._cached
+            base = _UNIQUE + (request_id << 32)
+            for b in range(len(table), nk):
+                bid = stash.pop()
+                key = base + b
+                block_key[bid] = key
+                copies = cached.get(key)
+                if copies is None:
+                    cached[key] = [bid]
+                else:
+                    copies.append(bid)
+                table.append(bid)
+            if nk > self._own.get(request_id, 0):
+                self._own[request_id] = nk
+        if len(table) > nk:                # identities no longer needed
+            rest = table[nk:]
+            for bid in rest:
+                block_key[bid] = None
+            stash += rest
+            del table[nk:]
+        freed = table
         extra = self._extra
-        if extra:
+        if extra and table:
             # held by others too (hits: keyed blocks): one holder less
-            shared = extra.keys() & keyed
-            if shared:
-                for bid in shared:
+            both = extra.keys() & table
+            if both:
+                for bid in both:
                     e = extra[bid] - 1
                     if e:
                         extra[bid] = e
                     else:
                         del extra[bid]
-                keyed = [b for b in keyed if b not in shared]
+                freed = [b for b in table if b not in both]
+        segs = self._segs
         # (the table's last block evicted first: a segment's last block is taken first)
-        if keyed:                                 # to the tail
-            self._segs.appendleft(self._segment(keyed))
-        if unkeyed:                               # to the head, the last block at the very head
-            self._segs.append(self._segment(unkeyed))
-        self.num_free += len(keyed) + len(unkeyed)
+        if dead:                           # to the tail, ahead of its keyed blocks
+            segs.appendleft([dead, 1])
+        if freed:
+            segs.appendleft(self._segment(freed))
+        fresh = h - nk - dead
+        if fresh:                          # to the head
+            head = segs[-1] if segs else None
+            if head is not None and head[0] > 0 and not head[1]:
+                head[0] += fresh
+            else:
+                segs.append([fresh, 0])
+        self.num_free += len(freed) + dead + fresh
         if self._entries > self._compact_at:
             self._tidy()
-        return len(table)
-
-    def release(self, request_id: int, num_tokens: int | None = None) -> int:
-        """Free the blocks of a request that finished. Its own content (the blocks past the
-        content its ``hash_ids`` name) can never be hit again: only the request itself hits it,
-        after a preemption. So those blocks keep no key in the cache, only the mark that they
-        hold content (``_DEAD``): freed to the pool's tail and counted as evicted when reused,
-        exactly as with their keys. ``num_tokens``: the tokens it holds, whose full blocks are
-        cached first (a fast-forwarded stretch caches the blocks its decodes fill only then)."""
-        if self._deferred:
-            n = self._deferred.pop(request_id, None)
-            if num_tokens is None:
-                num_tokens = n
-        table = self._tables.get(request_id)
-        if table is None and request_id not in self._content and request_id not in self._keys:
-            return 0                       # (released already: by a stretch, at its end)
-        if table:
-            bs = self.block_size
-            prompt, ids = self._content.get(request_id, (0, None))
-            shared = min(prompt, len(ids) * self.source_block_size) // bs if ids else 0
-            block_key = self._key
-            if num_tokens is not None:
-                start = self._num_keyed.get(request_id, 0)
-                if start < shared:             # (content others may share: cached as ever)
-                    self._register_full(request_id, table, min(num_tokens, shared * bs))
-                    start = self._num_keyed.get(request_id, 0)
-                full = min(num_tokens // bs, len(table))
-                first = max(start, shared)
-                if first < full:
-                    for bid in table[first:full]:
-                        block_key[bid] = _DEAD
-                    self._num_keyed[request_id] = full   # (keyed blocks lead the table)
-            keys = self._keys.get(request_id)
-            if keys is not None and len(keys) > shared:   # its own content cached before
-                cached = self._cached
-                for key in keys[shared:]:
-                    copies = cached.pop(key, None)
-                    if copies:
-                        for bid in copies:
-                            block_key[bid] = _DEAD
-        return self.free(request_id)
+        return h
 
     def limit_cache(self, request_id: int, num_tokens: int | None) -> None:
         """Cache no block of the request past its first ``num_tokens`` tokens (None: no limit).
@@ -339,46 +417,20 @@ class PrefixBlockManager(BlockManager):
     def cache_upto(self, request_id: int, num_tokens: int) -> None:
         """Cache the request's blocks that its first ``num_tokens`` tokens fill (vLLM's
         AsyncScheduler, when a step's output is processed)."""
-        table = self._tables.get(request_id)
-        if table:
-            self._register_full(request_id, table, num_tokens)
+        if self._held.get(request_id):
+            self._register_full(request_id, num_tokens)
 
     # -- bulk verbs for fast-forward (sched/stretch.py) ----------------------------------------
     def extend(self, request_ids: Sequence[int]) -> None:
         """One new block each for ``request_ids``, taken from the pool's head in that order
         (what a decode step's ``allocate`` calls do for the decodes that start a block, with
         no block becoming full: a stretch registers the blocks its decodes fill with
-        :meth:`cache_upto`, later). The blocks must be free (the caller checked)."""
-        tables, held, block_key = self._tables, self._held, self._key
-        cached, segs, where = self._cached, self._segs, self._where
-        evicted = 0
-        seg = segs[-1]
-        serial = -seg[0]
-        for rid in request_ids:
-            while True:                             # (_take, inline)
-                bid = seg.pop()
-                if bid < 0:                         # the segment's mark: it is used up
-                    segs.pop()
-                    seg = segs[-1]
-                    serial = -seg[0]
-                elif where[bid] == serial:
-                    break
-            where[bid] = 0
-            key = block_key[bid]
-            if key is not None:
-                if key != _DEAD:
-                    copies = cached[key]
-                    if len(copies) == 1:
-                        del cached[key]
-                    else:
-                        copies.remove(bid)
-                block_key[bid] = None
-                evicted += 1
-            table = tables[rid]
-            table.append(bid)
-            held[rid] = len(table)
-        self.num_evicted += evicted
-        self.num_free -= len(request_ids)
+        :meth:`cache_upto`, later). The blocks are past the prompts, so anonymous. The blocks
+        must be free (the caller checked)."""
+        n = len(request_ids)
+        self._take_anon(n)
+        _count_elements(self._held, request_ids)
+        self.num_free -= n
 
     def defer(self, request_id: int, num_tokens: int) -> None:
         """Cache the blocks the request's first ``num_tokens`` fill before anything could see
@@ -387,21 +439,38 @@ class PrefixBlockManager(BlockManager):
         self._deferred[request_id] = num_tokens
 
     def pool_head(self, n: int) -> list[int]:
-        """The first ``n`` blocks of the free pool: the next ones taken."""
-        return list(islice(self._free_blocks(), n))
-
-    def free_order(self) -> list[int]:
-        """The free blocks in LRU order (vLLM's free-block queue; the first is taken next)."""
-        return list(self._free_blocks())
-
-    def _free_blocks(self) -> Iterator[int]:
+        """The blocks with identities among the first ``n`` of the free pool (the next taken)."""
+        out: list[int] = []
         where = self._where
         for seg in reversed(self._segs):
-            serial = -seg[0]
+            if n <= 0:
+                break
+            head = seg[0]
+            if head > 0:
+                n -= head
+                continue
             for i in range(len(seg) - 1, 0, -1):
                 bid = seg[i]
-                if where[bid] == serial:
-                    yield bid
+                if where[bid] == -head:
+                    out.append(bid)
+                    n -= 1
+                    if not n:
+                        break
+        return out
+
+    def free_order(self) -> list[int]:
+        """The free blocks in LRU order (vLLM's free-block queue; the first is taken next):
+        blocks with identities by their id, anonymous ones as ``ANON`` (no content) or
+        ``ANON_DEAD`` (content nobody can hit)."""
+        out: list[int] = []
+        where = self._where
+        for seg in reversed(self._segs):
+            head = seg[0]
+            if head > 0:
+                out += [ANON_DEAD if seg[1] else ANON] * head
+                continue
+            out += [bid for bid in reversed(seg) if bid >= 0 and where[bid] == -head]
+        return out
 
     def _segment(self, blocks: list[int]) -> list[int]:
         """A new segment of ``blocks`` (in table order: the last is taken first), marked."""
@@ -416,22 +485,35 @@ class PrefixBlockManager(BlockManager):
 
     def _tidy(self) -> None:
         """Count the entries the segments still list (takes pop them); if the stale ones
-        outnumber the blocks twice over, compact to one segment of the free blocks in pool
-        order. Either way the next count is ``num_blocks`` entries later: amortised, a few
-        steps per entry listed."""
+        outnumber the blocks twice over, compact. Either way the next count is
+        ``num_blocks`` entries later: amortised, a few steps per entry listed."""
         n = self.num_blocks
-        self._entries = sum(map(len, self._segs))
+        self._entries = sum(len(seg) for seg in self._segs if seg[0] < 0)
         if self._entries > 3 * n + self._slack:
             self._compact()
         self._compact_at = self._entries + n + self._slack
 
     def _compact(self) -> None:
-        """The free pool as one segment, in the same order, without stale entries."""
-        order = self.free_order()
-        order.reverse()
-        self._segs = deque()
-        self._entries = 0
-        self._segs.append(self._segment(order))
+        """The free pool in the same order without stale entries or empty segments, and
+        neighbouring runs of one kind merged."""
+        where = self._where
+        segs: deque[list[int]] = deque()
+        entries = 0
+        for seg in self._segs:             # (tail first)
+            head = seg[0]
+            if head > 0:
+                if segs and segs[-1][0] > 0 and segs[-1][1] == seg[1]:
+                    segs[-1][0] += head
+                else:
+                    segs.append(seg)
+                continue
+            live = [bid for bid in islice(seg, 1, None) if where[bid] == -head]
+            if live:
+                seg[1:] = live
+                segs.append(seg)
+                entries += len(live)
+        self._segs = segs
+        self._entries = entries
 
     def lookup(self, request_id: int, num_tokens: int) -> tuple[list[int], list[int]]:
         """The blocks a new request would share (:meth:`cached_tokens`: one per cached block
@@ -465,13 +547,14 @@ class PrefixBlockManager(BlockManager):
         self._num_keyed[request_id] = nh
         bs = self.block_size
         need = -(-num_tokens // bs) - nh   # (allocate, written out)
-        for _ in range(need):
-            hits.append(self._take())
-        self._held[request_id] = len(hits)
+        if need > 0:
+            self._grow(request_id, nh, need)
+        else:
+            self._held[request_id] = nh
         if self._deferred:
             self._deferred.pop(request_id, None)
         if num_tokens // bs > nh:          # (blocks filled past the hits: cached now)
-            self._register_full(request_id, hits, num_tokens)
+            self._register_full(request_id, num_tokens)
         return max(0, need)
 
     def prompt_keys(self, request_id: int, num_tokens: int) -> list[int]:
@@ -487,15 +570,26 @@ class PrefixBlockManager(BlockManager):
 
     # -- internals -------------------------------------------------------------------------
     def _take(self) -> int:
-        """A block from the pool's head (least recently freed); its cached content is lost."""
+        """A block from the pool's head (least recently freed), with an identity; its cached
+        content is lost."""
         segs, where = self._segs, self._where
         seg = segs[-1]
         while True:
+            head = seg[0]
+            if head > 0:                   # an anonymous run: an identity from the stash
+                if head == 1:
+                    segs.pop()
+                else:
+                    seg[0] = head - 1
+                if seg[1]:
+                    self.num_evicted += 1
+                self.num_free -= 1
+                return self._stash.pop()
             bid = seg.pop()
             if bid < 0:                    # the segment's mark: it is used up
                 segs.pop()
                 seg = segs[-1]
-            elif where[bid] == -seg[0]:
+            elif where[bid] == -head:
                 break
         where[bid] = 0
         self.num_free -= 1
@@ -510,23 +604,83 @@ class PrefixBlockManager(BlockManager):
             self.num_evicted += 1
         return bid
 
-    def _register_full(self, request_id: int, table: list[int], num_tokens: int) -> None:
-        """Cache the blocks that ``num_tokens`` fills (their KV is computed this step)."""
+    def _take_anon(self, n: int) -> None:
+        """Take ``n`` blocks from the pool's head for anonymous positions (``num_free`` is the
+        caller's): runs are counted down, blocks with identities lose them (to the stash)."""
+        segs, where, block_key = self._segs, self._where, self._key
+        evicted = 0
+        while n:
+            seg = segs[-1]
+            head = seg[0]
+            if head > 0:
+                if head <= n:
+                    segs.pop()
+                    n -= head
+                    if seg[1]:
+                        evicted += head
+                else:
+                    seg[0] = head - n
+                    if seg[1]:
+                        evicted += n
+                    n = 0
+                continue
+            bid = seg.pop()
+            if bid < 0:
+                segs.pop()
+                continue
+            if where[bid] != -head:
+                continue
+            where[bid] = 0
+            key = block_key[bid]
+            if key is not None:
+                if key != _DEAD:
+                    copies = self._cached[key]
+                    copies.remove(bid)
+                    if not copies:
+                        del self._cached[key]
+                block_key[bid] = None
+                evicted += 1
+            self._stash.append(bid)
+            n -= 1
+        self.num_evicted += evicted
+
+    def _register_full(self, request_id: int, num_tokens: int) -> None:
+        """Cache the blocks that ``num_tokens`` fills (their KV is computed this step): those
+        with identities under their keys; anonymous ones are only counted (nobody else can
+        hit them)."""
         if self._limit:
             limit = self._limit.get(request_id)
             if limit is not None and limit < num_tokens:
                 num_tokens = limit
-        full = min(num_tokens // self.block_size, len(table))
+        full = min(num_tokens // self.block_size, self._held.get(request_id, 0))
         start = self._num_keyed.get(request_id, 0)
         if full <= start:
             return
-        keys, cached, block_key = self._keys_upto(request_id, full), self._cached, self._key
-        for b in range(start, full):
-            key, bid = keys[b], table[b]
-            copies = cached.get(key)
-            if copies is None:
-                cached[key] = [bid]
-            elif bid not in copies:    # a copy of cached content: cached too (see _cached)
-                copies.append(bid)
-            block_key[bid] = key
+        table = self._tables.get(request_id)
+        if table is not None and start < len(table):
+            top = min(full, len(table))
+            keys, cached, block_key = self._keys_upto(request_id, top), self._cached, self._key
+            for b in range(start, top):
+                key, bid = keys[b], table[b]
+                copies = cached.get(key)
+                if copies is None:
+                    cached[key] = [bid]
+                elif bid not in copies:    # a copy of cached content: cached too (see _cached)
+                    copies.append(bid)
+                block_key[bid] = key
         self._num_keyed[request_id] = full
+
+    def check(self) -> None:
+        """Assert the pool's invariants (for tests): the free blocks counted, one identity
+        per anonymous block, identities held or free at most once."""
+        where = self._where
+        listed = [bid for seg in self._segs if seg[0] < 0
+                  for bid in islice(seg, 1, None) if where[bid] == -seg[0]]
+        runs = sum(seg[0] for seg in self._segs if seg[0] > 0)
+        assert all(seg[0] != 0 for seg in self._segs)
+        assert len(set(listed)) == len(listed) and self.num_free == len(listed) + runs
+        held_ids = {bid for t in self._tables.values() for bid in t}
+        anon_held = sum(h - len(self._tables.get(r, ())) for r, h in self._held.items())
+        assert len(self._stash) == anon_held + runs
+        assert not (held_ids & set(listed)) and not (set(self._stash) & (held_ids | set(listed)))
+        assert all(len(self._tables.get(r, ())) <= h for r, h in self._held.items())

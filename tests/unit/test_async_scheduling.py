@@ -183,13 +183,12 @@ def test_prefix_blocks_are_cached_only_once_their_tokens_are_known():
     s.add(a)
     f0 = s.launch(s.schedule())                 # prompt 7: block 0 full, cached
     f1 = s.launch(s.schedule())                 # decode at ctx 7: block 1 full, token unknown
-    blocks = s.blocks
-    # A's leading cached tokens (a lookup over its first 9 tokens: 2 whole blocks at most)
-    assert blocks.cached_tokens(a.id, 9) == 4   # block 0 only
+    cached = s.blocks.keyed_blocks              # A's leading blocks cached
+    assert cached[a.id] == 1                    # block 0 only
     s.deliver(f0, 1.0)      # token 1 in: 8 computed - 1 placeholder = 7 tokens: block 1 not full
-    assert blocks.cached_tokens(a.id, 9) == 4
+    assert cached[a.id] == 1
     s.launch(s.schedule())  # decode at ctx 8: allocation caches up to num_tokens = 7 + 1 = 8
-    assert blocks.cached_tokens(a.id, 9) == 8
+    assert cached[a.id] == 2
     s.deliver(f1, 2.0)
     # synchronously the block is cached at the decode's schedule (its token is known then)
     s = v1(prefix=True, overlap=False)
@@ -197,6 +196,10 @@ def test_prefix_blocks_are_cached_only_once_their_tokens_are_known():
     s.add(a)
     s.complete(s.schedule(), 1.0)
     s.schedule()
+    assert s.blocks.keyed_blocks[a.id] == 2
+    # and a preempted request finds them: its own content, cached
+    s.blocks.free(a.id)
+    s.blocks.register(a.id, 7, None)
     assert s.blocks.cached_tokens(a.id, 9) == 8
 
 

@@ -10,7 +10,7 @@ import pytest
 import simserve
 from simserve.config import parse_scenario
 from simserve.errors import ConfigError
-from simserve.kv.prefix import PrefixBlockManager
+from simserve.kv.prefix import _DEAD, ANON, ANON_DEAD, PrefixBlockManager
 from simserve.sched import POLICIES, Request, SchedulerLimits, Status
 from simserve.workload import build_workload
 from simserve.workload.spec import RequestSpec
@@ -96,13 +96,37 @@ def test_freed_blocks_without_cached_content_are_reused_first():
     # with nothing cached to its head, so they are taken before any cached content is evicted
     bm = pool(num_blocks=6)
     bm.register(0, 6, None)
-    bm.allocate(0, 6)                        # blocks 0, 1: block 0 full (cached), 1 partial
-    assert [bm._key[b] is not None for b in bm._tables[0]] == [True, False]
-    bm.free(0)
-    assert bm.free_order()[0] == 1 and bm.free_order()[-1] == 0
+    bm.allocate(0, 6)                        # 2 blocks: block 0 full (cached), block 1 partial
+    assert bm.keyed_blocks[0] == 1
+    bm.free(0)                               # preempted: block 0 keeps its content, at the tail
+    order = bm.free_order()
+    assert order[0] == ANON and order[-1] >= 0 and bm._key[order[-1]] is not None
     bm.register(1, 4, None)
-    bm.allocate(1, 4)                        # takes block 1: nothing evicted
-    assert bm._tables[1] == [1] and bm.num_evicted == 0
+    bm.allocate(1, 4)                        # takes block 1 from the head: nothing evicted
+    assert bm.num_evicted == 0
+    bm.register(0, 7, None)                  # request 0 again (6 tokens + 1 generated)
+    assert bm.cached_tokens(0, 7) == 4       # its own block 0, still cached
+
+
+def test_a_finished_requests_own_blocks_go_to_the_tail_holding_dead_content():
+    # blocks past the content hash_ids name are the request's own: once it finished nobody can
+    # hit them, but they are evicted (and counted) as cached blocks, after the blocks without
+    # content and before its shared ones
+    bm = pool(num_blocks=8)
+    bm.register(0, 12, (1,))                 # ids cover 8 tokens: blocks 0, 1 shared, 2 own
+    bm.allocate(0, 14)                       # 4 blocks: 0-2 full, 3 partial
+    bm.release(0, 14)
+    order = bm.free_order()
+    assert order[:5] == [ANON] * 5 and order[5] == ANON_DEAD
+    assert [bm._key[b] is not None for b in order[6:]] == [True, True]
+    bm.register(1, 20, None)
+    bm.allocate(1, 20)                       # 5 blocks without content, then the dead one
+    assert bm.num_evicted == 0
+    bm.allocate(1, 24)
+    assert bm.num_evicted == 1
+    bm.register(2, 9, (1, 5))
+    assert bm.cached_tokens(2, 9) == 8       # the shared blocks still hit
+    bm.check()
 
 
 def make_v1(num_blocks: int = 100, budget: int = 100):
@@ -231,56 +255,186 @@ def test_mooncake_hit_rate_matches_an_infinite_cache_and_drops_when_tight():
     assert tight["prefix_cache_hit_rate"] < expected - 0.05
 
 
+class PlainPool:
+    """vLLM's block pool as plainly as it can be kept: every block has an identity, the free
+    queue is a list (head first), a hit takes a free block out of it, a free puts the request's
+    blocks with cached content at the tail and the others at the head, each tail first."""
+
+    def __init__(self, num_blocks: int, block_size: int, keys):
+        self.bs, self.keys = block_size, keys             # keys(rid, n): its first n keys
+        self.queue = list(range(num_blocks))
+        self.key: list = [None] * num_blocks
+        self.cached: dict = {}                             # key -> blocks, oldest first
+        self.tables: dict = {}
+        self.holders: dict = {}
+        self.keyed: dict = {}
+        self.evicted = 0
+
+    def take(self) -> int:
+        bid = self.queue.pop(0)
+        key = self.key[bid]
+        if key is not None:
+            if key != _DEAD:
+                self.cached[key].remove(bid)
+                if not self.cached[key]:
+                    del self.cached[key]
+            self.key[bid] = None
+            self.evicted += 1
+        self.holders[bid] = 1
+        return bid
+
+    def cached_tokens(self, rid: int, n: int) -> int:
+        limit = (n - 1) // self.bs
+        keys, hit = self.keys(rid, limit), 0
+        while hit < limit and keys[hit] in self.cached:
+            hit += 1
+        return hit * self.bs
+
+    def allocate(self, rid: int, n: int, hit: int = 0) -> None:
+        if rid not in self.tables:
+            table = self.tables[rid] = [self.cached[k][0] for k in self.keys(rid, hit // self.bs)]
+            for bid in table:
+                if bid in self.queue:
+                    self.queue.remove(bid)
+                self.holders[bid] = self.holders.get(bid, 0) + 1
+            self.keyed[rid] = len(table)
+        table = self.tables[rid]
+        while len(table) < -(-n // self.bs):
+            table.append(self.take())
+        self.register(rid, n)
+
+    def register(self, rid: int, n: int) -> None:
+        table, start = self.tables[rid], self.keyed[rid]
+        full = min(n // self.bs, len(table))
+        for b, key in enumerate(self.keys(rid, full)[start:full], start):
+            copies = self.cached.setdefault(key, [])
+            if table[b] not in copies:
+                copies.append(table[b])
+            self.key[table[b]] = key
+        self.keyed[rid] = max(start, full)
+
+    def free(self, rid: int, shared: int, finished: bool, n: int | None = None) -> None:
+        if finished:
+            if n is not None:
+                self.register(rid, n)
+            for key in self.keys(rid, len(self.tables[rid]) + 64)[shared:]:
+                for bid in self.cached.pop(key, ()):
+                    self.key[bid] = _DEAD
+        table, nk = self.tables.pop(rid), self.keyed.pop(rid)
+        freed = []
+        for bid in table:
+            self.holders[bid] -= 1
+            if not self.holders[bid]:
+                freed.append(bid)
+        keyed = [b for b in table[:nk] if b in freed]
+        self.queue = ([b for b in reversed(table[nk:]) if b in freed] + self.queue
+                      + keyed[::-1])
+
+    def kinds(self) -> list:
+        return [self.key[b] for b in self.queue]
+
+
 @pytest.mark.parametrize("slack", [4096, 0])
-def test_free_pool_order_matches_a_plain_lru_queue_through_hits_frees_and_compaction(slack):
-    """The pool as vLLM's free-block queue, kept by hand here as a list: a take pops the head,
-    a hit takes a free block out, a free appends a request's blocks tail first (those with no
-    cached content to the head instead, the last at the very head). The manager keeps it as
-    segments with stale entries, counted and compacted as they grow (slack 0: soon) and here
-    at random moments too."""
+def test_the_pool_keeps_vllms_queue_through_hits_frees_preemptions_and_compaction(slack):
+    """Random traffic through the manager and through PlainPool side by side: equal hits,
+    free and evicted counts, and the same free queue (what each free block holds, in order),
+    with the manager's segments and anonymous runs compacted as they grow (slack 0: soon) and
+    here at random moments too."""
     import random
 
     rng = random.Random(7)
     bm = pool(num_blocks=40)
     bm._slack = slack
     bm._compact_at = 0
-    queue = list(range(40))                   # head first
-    holders: dict[int, int] = {}
-    live: list[int] = []
-    for rid in range(400):
-        prompt = rng.choice([9, 13, 16, 21, 24])
-        bm.register(rid, prompt, (rng.randrange(3), rng.randrange(2), rng.randrange(2)))
-        cached = bm.cached_tokens(rid, prompt)
-        if not bm.can_hold(rid, prompt + 4, cached):
-            victim = live.pop(0)
-            table = list(bm._tables[victim])
-            bm.release(victim, prompt) if rng.random() < 0.5 else bm.free(victim)
-            freed = []
-            for bid in reversed(table):
-                holders[bid] -= 1
-                if not holders[bid]:
-                    freed.append(bid)
-            heads = [b for b in freed if bm._key[b] is None]
-            queue += [b for b in freed if b not in heads]
-            queue[:0] = heads
-            continue
-        got = bm.allocate_cached(rid, prompt, cached) if cached else bm.allocate(rid, prompt)
+    names = pool(num_blocks=1)                # (the keys: the same chains, kept apart)
+
+    def keys(rid, n):
+        return list(names._keys_upto(rid, n)[:n])
+
+    plain = PlainPool(40, bm.block_size, keys)
+    live: dict[int, list] = {}                # rid -> [prompt, ids, tokens held]
+    waiting: list[int] = []                   # preempted, to come back
+    gone: dict[int, list] = {}
+    seen = {"own hits": 0}                    # returning requests hitting their own content
+
+    def kinds():
+        out = []
+        for b in bm.free_order():
+            if b == ANON:
+                out.append(None)
+            elif b == ANON_DEAD:
+                out.append(_DEAD)
+            else:
+                out.append(bm._key[b])
+        return out
+
+    def admit(rid, prompt, ids, n):
+        for m in (bm, names):
+            m.register(rid, prompt, ids)
+        hit = bm.cached_tokens(rid, n)
+        assert hit == plain.cached_tokens(rid, n)
+        seen["own hits"] += hit > names._shared.get(rid, 0) * bm.block_size
+        if not bm.can_hold(rid, n, hit):
+            return False
+        got = bm.allocate_cached(rid, n, hit) if hit else bm.allocate(rid, n)
         assert got is not None
-        table = bm._tables[rid]
-        for i, bid in enumerate(table):
-            if i < cached // bm.block_size:   # a hit: out of the queue if it was free
-                if bid in queue:
-                    queue.remove(bid)
-            else:                             # new: the queue's head
-                assert queue.pop(0) == bid
-            holders[bid] = holders.get(bid, 0) + 1
-        live.append(rid)
-        if rng.random() < 0.3 and bm.num_free:     # a decode starting a block
-            bm.extend([rid])
-            assert queue.pop(0) == bm._tables[rid][-1]
-            holders[bm._tables[rid][-1]] = 1
-        assert bm.free_order() == queue and bm.num_free == len(queue)
-        assert bm.pool_head(3) == queue[:3]
+        plain.allocate(rid, n, hit)
+        live[rid] = [prompt, ids, n]
+        return True
+
+    for rid in range(1000):
+        op = rng.random()
+        if op < 0.1 and live:                 # a request ends: finished, or preempted
+            victim = rng.choice(sorted(live))
+            prompt, ids, n = live.pop(victim)
+            shared = names._shared.get(victim, 0)
+            if rng.random() < 0.5:
+                bm.release(victim, n)
+                plain.free(victim, shared, True, n)
+            else:
+                bm.free(victim)
+                plain.free(victim, shared, False)
+                waiting.append(victim)
+                gone[victim] = [prompt, ids, n]
+            names._drop(victim, False)
+        elif op < 0.2 and waiting:            # a preempted request comes back
+            victim = waiting.pop(0)
+            prompt, ids, n = gone.pop(victim)
+            if not admit(victim, prompt, ids, n):
+                names._drop(victim, False)
+                bm.release(victim)            # (gives up: its own cached content is dead)
+                plain.free(victim, 0, True) if victim in plain.tables else None
+        elif op < 0.6 and live:               # decodes: a token each, some starting a block
+            grow = [r for r in sorted(live) if rng.random() < 0.5]
+            new = [r for r in grow if live[r][2] % bm.block_size == 0]
+            if len(new) > bm.num_free:
+                continue
+            if rng.random() < 0.5 and new:    # (a stretch's bulk take)
+                bm.extend(new)
+                for r in new:
+                    plain.tables[r].append(plain.take())
+                for r in grow:
+                    live[r][2] += 1
+                    bm.cache_upto(r, live[r][2])
+                    plain.register(r, live[r][2])
+            else:
+                for r in grow:
+                    live[r][2] += 1
+                    assert bm.allocate(r, live[r][2]) is not None
+                    plain.allocate(r, live[r][2])
+        else:                                 # a new request
+            prompt = rng.choice([9, 13, 16, 21, 24])
+            ids = (rng.randrange(3), rng.randrange(2), rng.randrange(2)) \
+                if rng.random() < 0.8 else None
+            if not admit(rid, prompt, ids, prompt):
+                names._drop(rid, False)
+        assert kinds() == plain.kinds()
+        assert bm.num_free == len(plain.queue) and bm.num_evicted == plain.evicted
+        assert dict(bm.blocks_held) == {r: len(t) for r, t in plain.tables.items()}
+        assert dict(bm.keyed_blocks) == plain.keyed
+        bm.check()
         if rng.random() < 0.05:
             bm._compact()
-            assert len(bm._segs) == 1 and bm.free_order() == queue
+            assert kinds() == plain.kinds()
+            bm.check()
+    assert bm.num_evicted > 20 and seen["own hits"] > 5
