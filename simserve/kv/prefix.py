@@ -76,6 +76,20 @@ _first = itemgetter(0)
 ANON, ANON_DEAD = -1, -2
 
 
+def _unstale(seg: list[int], where: list[int]) -> bool:
+    """Drop the stale entries at the head end of the segment ``seg`` (whose last entry is
+    stale: its block was hit, or freed again since) in one go, scanning its marks at C speed
+    (a segment whose blocks were all hit holds only stale entries): False if none is live."""
+    marks = list(map(where.__getitem__, islice(seg, 1, None)))
+    marks.reverse()
+    try:
+        j = marks.index(-seg[0])
+    except ValueError:
+        return False
+    del seg[len(seg) - j:]
+    return True
+
+
 class PrefixBlockManager(BlockManager):
     """A :class:`BlockManager` whose blocks have keys, holder counts and an LRU pool; blocks
     that only their own request could ever hit are anonymous (see the module docstring)."""
@@ -449,6 +463,9 @@ class PrefixBlockManager(BlockManager):
             if head > 0:
                 n -= head
                 continue
+            last = seg[-1]
+            if last < 0 or (where[last] != -head and not _unstale(seg, where)):
+                continue                   # (used up, or only stale entries: a take drops it)
             for i in range(len(seg) - 1, 0, -1):
                 bid = seg[i]
                 if where[bid] == -head:
@@ -585,11 +602,12 @@ class PrefixBlockManager(BlockManager):
                     self.num_evicted += 1
                 self.num_free -= 1
                 return self._stash.pop()
-            bid = seg.pop()
-            if bid < 0:                    # the segment's mark: it is used up
-                segs.pop()
+            bid = seg[-1]
+            if bid < 0 or (where[bid] != -head and not _unstale(seg, where)):
+                segs.pop()                 # used up, or only stale entries left
                 seg = segs[-1]
-            elif where[bid] == -head:
+            else:
+                bid = seg.pop()
                 break
         where[bid] = 0
         self.num_free -= 1
@@ -624,12 +642,11 @@ class PrefixBlockManager(BlockManager):
                         evicted += n
                     n = 0
                 continue
+            bid = seg[-1]
+            if bid < 0 or (where[bid] != -head and not _unstale(seg, where)):
+                segs.pop()                 # used up, or only stale entries left
+                continue
             bid = seg.pop()
-            if bid < 0:
-                segs.pop()
-                continue
-            if where[bid] != -head:
-                continue
             where[bid] = 0
             key = block_key[bid]
             if key is not None:

@@ -10,7 +10,7 @@ import pytest
 import simserve
 from simserve.config import parse_scenario
 from simserve.errors import ConfigError
-from simserve.kv.prefix import _DEAD, ANON, ANON_DEAD, PrefixBlockManager
+from simserve.kv.prefix import _DEAD, ANON, ANON_DEAD, PrefixBlockManager, _unstale
 from simserve.sched import POLICIES, Request, SchedulerLimits, Status
 from simserve.workload import build_workload
 from simserve.workload.spec import RequestSpec
@@ -438,3 +438,27 @@ def test_the_pool_keeps_vllms_queue_through_hits_frees_preemptions_and_compactio
             assert kinds() == plain.kinds()
             bm.check()
     assert bm.num_evicted > 20 and seen["own hits"] > 5
+
+
+def test_a_take_drops_a_segments_stale_entries_at_once():
+    # a segment [-serial, blocks...] whose last entries are stale (their blocks hit, or freed
+    # again into another segment) loses them in one go; one with nothing live is reported
+    where = [0] * 8
+    seg = [-3, 1, 2, 3, 4, 5]
+    where[1] = where[3] = 3                  # blocks 1 and 3 still free in this segment
+    where[5] = 4                             # block 5 freed again since: in segment 4
+    assert _unstale(seg, where) and seg == [-3, 1, 2, 3]
+    where[1] = where[3] = 0                  # both hit
+    assert not _unstale(seg, where)
+    # through the manager: a block taken after its segment's tail blocks were hit is the
+    # segment's live one, and pool_head agrees
+    bm = pool(num_blocks=6)
+    bm.register(0, 12, (1, 2))
+    bm.allocate(0, 12)                       # blocks 0-2, all full: cached, with identities
+    bm.free(0)                               # pool: 3 blocks without content, then 2, 1, 0
+    bm._where[2] = 0                         # (as if block 2 had been hit)
+    bm.num_free -= 1
+    assert bm.pool_head(5) == [1, 0]
+    bm.register(1, 16, None)
+    bm.allocate(1, 16)                       # 4 anonymous: 3 runs, then block 1 (evicted)
+    assert bm.free_order() == [0] and bm.num_evicted == 1
