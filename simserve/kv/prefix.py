@@ -446,6 +446,19 @@ class PrefixBlockManager(BlockManager):
         _count_elements(self._held, request_ids)
         self.num_free -= n
 
+    def take_anonymous(self, n: int) -> None:
+        """Take ``n`` blocks off the pool's head for positions past the prompts of requests
+        that are credited with them later (:meth:`hand_over`): a stretch's decodes, whose
+        takes between two frees are one count. Until credited, ``blocks_held`` and
+        :meth:`check` do not count them. The blocks must be free (the caller checked)."""
+        self._take_anon(n)
+        self.num_free -= n
+
+    def hand_over(self, request_id: int, n: int) -> None:
+        """Credit the request (holding blocks) with ``n`` anonymous blocks taken for it by
+        :meth:`take_anonymous`."""
+        self._held[request_id] += n
+
     def defer(self, request_id: int, num_tokens: int) -> None:
         """Cache the blocks the request's first ``num_tokens`` fill before anything could see
         them: at its next allocation, free or release. For blocks of its own content filled by

@@ -553,36 +553,41 @@ def stretch_prices(latency: Pricing, plan: StepPlan) -> Prices:
 class _CacheReplay:
     """A stretch's operations on named KV blocks (prefix caching, ``kv/prefix.py``), done in
     the order stepping does them, only where something happens: at step i, the decodes that
-    start a block take one from the pool's head, in running order (``T(i)``); requests that
-    join at step i then take their cached prefix and new blocks (``J(i)``, live: ``admit``);
-    at its end the members whose last token it was free their blocks, in plan order
-    (``F(i)``, ``release``: those their decodes filled being cached first). A block a decode
-    fills holds content no other request has (kv/prefix.py: blocks past the prompt are the
-    request's own), so it is cached only when its request is released or the stretch is
-    applied (``settle``): nothing can hit or evict it before. Stepping's order of T, J, F over
-    the steps is kept exactly, so the pool's LRU order, the evictions and every later hit are
-    stepping's.
+    start a block take one from the pool's head each (``T(i)``); requests that join at step i
+    then take their cached prefix and new blocks (``J(i)``, live: ``admit``); at its end the
+    members whose last token it was free their blocks, in plan order (``F(i)``, ``release``:
+    those their decodes filled being cached first). A block a decode takes lies past its
+    request's prompt, so it is anonymous (kv/prefix.py: nobody else can hit it): the takes of
+    the steps between two frees are one count taken off the pool's head, and each member is
+    credited with its own (one every ``block_size`` steps from its first) when it frees or the
+    stretch is applied (``settle``). The blocks a decode fills hold content no other request
+    has, so they are cached only then too: nothing can hit or evict them before. Stepping's
+    order of T, J, F over the steps is kept exactly, so the pool's LRU order, the evictions
+    and every later hit are stepping's.
 
     ``pos`` counts the operations done: 2i is T(i), 2i + 1 is F(i); step 0's blocks were
-    taken by ``schedule()`` itself, so it starts at 1. ``used``: the blocks in use after each
-    step's T and J (the recorder's ``kv_blocks_used``), as far as done."""
+    taken by ``schedule()`` itself, so it starts at 1. ``takes``: the blocks each step's
+    decodes take; ``frees``: step -> (request id, its tokens, the blocks its decodes took),
+    ``due``: those steps in order. ``used``: the blocks in use after each step's T and J (the
+    recorder's ``kv_blocks_used``), as far as done."""
 
-    __slots__ = ("bm", "takes", "frees", "pos", "used", "found")
+    __slots__ = ("bm", "takes", "frees", "due", "pos", "used", "found")
 
     def __init__(self, bm: PrefixBlockManager, members: list[Member], k: int,
                  first_plan: StepPlan):
         # (no reference back to the stretch: a cycle would keep both alive until the cyclic
         # collector, paused during a run, frees them)
         self.bm = bm
-        self.takes: list[list[int] | None] = [None] * k
-        self.frees: list[list[tuple[int, int]] | None] = [None] * k
+        self.takes = [0] * k
+        self.frees: dict[int, list[tuple[int, int, int]]] = {}
+        self.due: list[int] = []
         self.pos = 1
         self.used = [bm.num_used]
         # (``hits``: each newcomer's hit blocks and those of them in the pool, for admit)
         self.found: list[tuple[list[int], list[int]]] = []
         for req, c, h, e, _ in members:
             self.add(req, c, h, e)
-        first = self.frees[0]
+        first = self.frees.get(0)
         if first and len(first) > 1:     # step 0 frees in its plan's order
             order = {rid: i for i, rid in enumerate(first_plan.request_ids)}
             first.sort(key=lambda f: order[f[0]])
@@ -590,61 +595,71 @@ class _CacheReplay:
     def add(self, req: Request, c: int, h: int, e: int) -> None:
         """A member's operations: a take every ``block_size`` steps from the first step that
         feeds a position past its ``h`` blocks (h * bs - c, >= 1), and its free at step e - 1."""
-        takes, bs, k, rid = self.takes, self.bm.block_size, len(self.takes), req.id
-        for i in range(h * bs - c, min(k, e), bs):
-            t = takes[i]
-            if t is None:
-                takes[i] = [rid]
-            else:
-                t.append(rid)
+        takes, bs, k = self.takes, self.bm.block_size, len(self.takes)
+        first = h * bs - c
+        for i in range(first, min(k, e), bs):
+            takes[i] += 1
         if e <= k:
-            f = self.frees[e - 1]
+            f = self.frees.get(e - 1)
+            entry = (req.id, c + e, len(range(first, e, bs)))
             if f is None:
-                self.frees[e - 1] = [(rid, c + e)]
+                self.frees[e - 1] = [entry]
+                due = self.due
+                if due and due[-1] > e - 1:
+                    due.insert(bisect_left(due, e - 1), e - 1)
+                else:
+                    due.append(e - 1)
             else:
-                f.append((rid, c + e))
+                f.append(entry)
 
     def run_to(self, pos: int) -> None:
-        """Do the operations up to (not including) ``pos``. The takes of consecutive steps
-        with no free between them are done at once, in order (each takes one free block: the
-        blocks in use after each step are counted on)."""
-        bm, takes, frees, used = self.bm, self.takes, self.frees, self.used
+        """Do the operations up to (not including) ``pos``: the takes of the steps up to each
+        free at once (their count), then the free."""
         p = self.pos
         if p >= pos:
             return
-        pending: list[int] = []            # takes not yet done, in order
-        cur = used[-1]                     # blocks in use, the pending takes counted
+        bm, takes, used, frees, due = self.bm, self.takes, self.used, self.frees, self.due
         i = p >> 1
+        cur = used[-1]                     # blocks in use
+        f_end = pos >> 1                   # F(j) for j < f_end; T(j) for j < (pos + 1) >> 1
+        lo = bisect_left(due, i)
         if p & 1:                          # F(i) first
-            f = frees[i]
-            if f:
-                for rid, n in f:
-                    bm.release(rid, n)
-                cur = bm.num_blocks - bm.num_free
+            if lo < len(due) and due[lo] == i:
+                if i < f_end:
+                    self._free(frees[i])
+                    cur = bm.num_blocks - bm.num_free
+                lo += 1
             i += 1
-            p += 1
-        while p < pos:                     # here p = 2i: T(i), then F(i) if p + 1 < pos
-            t = takes[i]
-            if t:
-                pending += t
-                cur += len(t)
-            used.append(cur)
-            if p + 1 == pos:
-                p += 1
-                break
-            f = frees[i]
-            if f:
-                if pending:
-                    bm.extend(pending)
-                    pending = []
-                for rid, n in f:
-                    bm.release(rid, n)
-                cur = bm.num_blocks - bm.num_free
-            i += 1
-            p += 2
-        if pending:
-            bm.extend(pending)
-        self.pos = p
+        while lo < len(due) and due[lo] < f_end:
+            f = due[lo]
+            chunk = takes[i:f + 1]         # T(i) .. T(f), then F(f)
+            n = sum(chunk)
+            chunk[0] += cur
+            used += accumulate(chunk)
+            if n:
+                bm.take_anonymous(n)
+            self._free(frees[f])
+            cur = bm.num_blocks - bm.num_free
+            i = f + 1
+            lo += 1
+        t_end = (pos + 1) >> 1
+        if i < t_end:
+            chunk = takes[i:t_end]
+            n = sum(chunk)
+            chunk[0] += cur
+            used += accumulate(chunk)
+            if n:
+                bm.take_anonymous(n)
+        self.pos = pos
+
+    def _free(self, frees: list[tuple[int, int, int]]) -> None:
+        """F(i): each member that finished credited with the blocks its decodes took, then
+        released (its tokens' full blocks cached first)."""
+        bm = self.bm
+        for rid, n, grown in frees:
+            if grown:
+                bm.hand_over(rid, grown)
+            bm.release(rid, n)
 
     def hits(self, specs: list[Any], j: int, decoding: int, k: int) -> list[int] | None:
         """The cached prompt tokens of the requests ``specs`` arriving to join at step ``j``
@@ -662,7 +677,7 @@ class _CacheReplay:
         self.found.clear()
         bm = self.bm
         bs = bm.block_size
-        taken = cost = len(self.takes[j] or ())   # step j's decodes take these from the head
+        taken = cost = self.takes[j]       # step j's decodes take these from the head
         before: set[int] = set()           # the keys the newcomers before cache
         out = []
         for spec in specs:
@@ -707,7 +722,10 @@ class _CacheReplay:
     def settle(self, members: list[Member], k: int) -> None:
         """After ``k`` steps applied: the blocks the members still running filled are to be
         cached before anything can see them (``PrefixBlockManager.defer``)."""
-        bm = self.bm
-        for req, c, _, e, _ in members:
+        bm, bs = self.bm, self.bm.block_size
+        for req, c, h, e, _ in members:
             if e > k:
+                grown = len(range(h * bs - c, k, bs))
+                if grown:
+                    bm.hand_over(req.id, grown)
                 bm.defer(req.id, c + k)
