@@ -80,6 +80,8 @@ def _unstale(seg: list[int], where: list[int]) -> bool:
     """Drop the stale entries at the head end of the segment ``seg`` (whose last entry is
     stale: its block was hit, or freed again since) in one go, scanning its marks at C speed
     (a segment whose blocks were all hit holds only stale entries): False if none is live."""
+    if -seg[0] not in map(where.__getitem__, islice(seg, 1, None)):
+        return False                   # (usually: a segment whose blocks were all hit)
     marks = list(map(where.__getitem__, islice(seg, 1, None)))
     marks.reverse()
     try:
@@ -140,6 +142,11 @@ class PrefixBlockManager(BlockManager):
         # hash_ids -> the chained keys of the blocks they name, as far as computed (a chain
         # depends on the ids alone: recurring prompts compute theirs once)
         self._chains: dict[Sequence[int], list[int]] = {}
+        # lookup's memo: hash_ids -> (``_version`` then, the blocks looked up, the hits), and
+        # the version, moved on whenever a key's oldest cached copy changes (a key cached
+        # first, or a copy evicted; keys of a request's own content are in no memo: not moved)
+        self._hit_memo: dict[Sequence[int] | None, tuple[int, int, tuple[int, ...]]] = {}
+        self._version = 0
         self.num_evicted = 0                            # cached blocks reused for other content
         # async scheduling: request id -> its tokens whose content is known (sampled and
         # delivered); blocks past them are not cached yet (limit_cache)
@@ -518,7 +525,7 @@ class PrefixBlockManager(BlockManager):
         outnumber the blocks twice over, compact. Either way the next count is
         ``num_blocks`` entries later: amortised, a few steps per entry listed."""
         n = self.num_blocks
-        self._entries = sum(len(seg) for seg in self._segs if seg[0] < 0)
+        self._entries = sum(map(len, self._segs))   # (a run counts 2)
         if self._entries > 3 * n + self._slack:
             self._compact()
         self._compact_at = self._entries + n + self._slack
@@ -549,13 +556,30 @@ class PrefixBlockManager(BlockManager):
         """The blocks a new request would share (:meth:`cached_tokens`: one per cached block
         at its start), and of those the ones in the free pool (a hit takes them out of it)."""
         limit = (num_tokens - 1) // self.block_size
-        keys = self._keys_upto(request_id, limit)
+        if 0 < limit <= self._shared.get(request_id, 0):
+            # a prompt whose content its ids name: the same blocks for every request with
+            # those ids while no key's first copy changed (``_version``; recurring prompts)
+            ids = self._content[request_id][1]
+            memo = self._hit_memo.get(ids)
+            if memo is not None and memo[0] == self._version and memo[1] == limit:
+                hits = list(memo[2])
+            else:
+                hits = self._find(self._chain(ids, limit), limit)
+                if len(self._hit_memo) >= _MEMO_MAX:
+                    self._hit_memo.clear()
+                self._hit_memo[ids] = (self._version, limit, tuple(hits))
+        else:
+            hits = self._find(self._keys_upto(request_id, limit), limit)
+        where = self._where
+        return hits, [bid for bid in hits if where[bid]]
+
+    def _find(self, keys: list[int], limit: int) -> list[int]:
+        """The oldest cached copy of each of the first ``limit`` keys, up to the first key
+        not cached."""
         found = list(map(self._cached.get, keys if len(keys) == limit else keys[:limit]))
         if None in found:
             del found[found.index(None):]
-        hits: list[int] = list(map(_first, found))   # type: ignore[arg-type]
-        where = self._where
-        return hits, [bid for bid in hits if where[bid]]
+        return list(map(_first, found))   # type: ignore[arg-type]
 
     def allocate_hits(self, request_id: int, num_tokens: int, hits: list[int],
                       pooled: list[int]) -> int | None:
@@ -631,6 +655,7 @@ class PrefixBlockManager(BlockManager):
                 copies.remove(bid)
                 if not copies:
                     del self._cached[key]
+                self._version += 1
             self._key[bid] = None
             self.num_evicted += 1
         return bid
@@ -668,6 +693,7 @@ class PrefixBlockManager(BlockManager):
                     copies.remove(bid)
                     if not copies:
                         del self._cached[key]
+                    self._version += 1
                 block_key[bid] = None
                 evicted += 1
             self._stash.append(bid)
@@ -695,6 +721,7 @@ class PrefixBlockManager(BlockManager):
                 copies = cached.get(key)
                 if copies is None:
                     cached[key] = [bid]
+                    self._version += 1
                 elif bid not in copies:    # a copy of cached content: cached too (see _cached)
                     copies.append(bid)
                 block_key[bid] = key
@@ -714,3 +741,6 @@ class PrefixBlockManager(BlockManager):
         assert len(self._stash) == anon_held + runs
         assert not (held_ids & set(listed)) and not (set(self._stash) & (held_ids | set(listed)))
         assert all(len(self._tables.get(r, ())) <= h for r, h in self._held.items())
+        for ids, (version, limit, hits) in self._hit_memo.items():   # lookup's memo is true
+            assert version != self._version or ids is None \
+                or list(hits) == self._find(self._chain(ids, limit), limit)

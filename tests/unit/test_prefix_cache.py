@@ -376,13 +376,20 @@ def test_the_pool_keeps_vllms_queue_through_hits_frees_preemptions_and_compactio
         seen["own hits"] += hit > names._shared.get(rid, 0) * bm.block_size
         if not bm.can_hold(rid, n, hit):
             return False
-        got = bm.allocate_cached(rid, n, hit) if hit else bm.allocate(rid, n)
+        # the stretch's way (lookup, memoised by hash_ids), checked against the keys
+        found, pooled = bm.lookup(rid, n)
+        assert found == [bm._cached[k][0] for k in keys(rid, hit // bm.block_size)]
+        assert pooled == [b for b in found if bm.free_order().count(b)]
+        if rng.random() < 0.5:
+            got = bm.allocate_hits(rid, n, found, pooled)
+        else:
+            got = bm.allocate_cached(rid, n, hit) if hit else bm.allocate(rid, n)
         assert got is not None
         plain.allocate(rid, n, hit)
         live[rid] = [prompt, ids, n]
         return True
 
-    for rid in range(1000):
+    for rid in range(1500):
         op = rng.random()
         if op < 0.1 and live:                 # a request ends: finished, or preempted
             victim = rng.choice(sorted(live))
@@ -462,3 +469,20 @@ def test_a_take_drops_a_segments_stale_entries_at_once():
     bm.register(1, 16, None)
     bm.allocate(1, 16)                       # 4 anonymous: 3 runs, then block 1 (evicted)
     assert bm.free_order() == [0] and bm.num_evicted == 1
+
+
+def test_lookups_memo_follows_an_eviction_that_caches_nothing():
+    # lookup remembers a prompt's hits by its hash_ids; taking a cached block off the pool
+    # changes them even when the taker caches nothing (here: async, its tokens not yet known)
+    bm = pool(num_blocks=4)
+    bm.register(0, 16, (1, 2))
+    bm.allocate(0, 16)
+    bm.release(0, 16)                        # the pool: its 4 cached blocks, block 3 first
+    bm.register(1, 16, (1, 2))
+    assert len(bm.lookup(1, 16)[0]) == 3
+    bm.register(2, 16, (7, 8))
+    bm.limit_cache(2, 0)
+    bm.allocate(2, 8)                        # 2 blocks off the head: blocks 3 and 2 evicted
+    assert bm.num_evicted == 2 and bm.keyed_blocks.get(2, 0) == 0
+    assert len(bm.lookup(1, 16)[0]) == 2 == bm.cached_tokens(1, 16) // 4
+    bm.check()
