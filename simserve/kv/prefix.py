@@ -119,6 +119,7 @@ class PrefixBlockManager(BlockManager):
         # in a run); a block taken for a position that needs an identity gets one from here
         self._stash = list(range(num_blocks - 1, -1, -1))
         self._entries = 0                       # blocks listed in segments (stale ones too)
+        self._open: dict[int, list[int]] = {}   # serial -> its segment, while in the deque
         self._compact_at = num_blocks + self._slack
         # block -> requests holding it beyond the first, for blocks two or more hold (hits on
         # blocks in use); a held block not in here has one holder
@@ -518,6 +519,7 @@ class PrefixBlockManager(BlockManager):
         self._entries += len(blocks)
         seg = [-serial]
         seg += blocks
+        self._open[serial] = seg
         return seg
 
     def _tidy(self) -> None:
@@ -551,6 +553,7 @@ class PrefixBlockManager(BlockManager):
                 entries += len(live)
         self._segs = segs
         self._entries = entries
+        self._open = {-seg[0]: seg for seg in segs if seg[0] < 0}
 
     def lookup(self, request_id: int, num_tokens: int) -> tuple[list[int], list[int]]:
         """The blocks a new request would share (:meth:`cached_tokens`: one per cached block
@@ -593,6 +596,10 @@ class PrefixBlockManager(BlockManager):
                 if not where[bid]:
                     extra[bid] = extra.get(bid, 0) + 1
         if pooled:                         # out of the pool (their entries go stale)
+            seg = self._open[where[pooled[-1]]]
+            n = len(seg) - 1
+            if n <= len(pooled) and seg[1] == pooled[-n] and seg[1:] == pooled[-n:]:
+                del seg[1:]                # (all its blocks hit: a take drops it at once)
             for bid in pooled:
                 where[bid] = 0
             self.num_free -= len(pooled)
@@ -642,6 +649,7 @@ class PrefixBlockManager(BlockManager):
             bid = seg[-1]
             if bid < 0 or (where[bid] != -head and not _unstale(seg, where)):
                 segs.pop()                 # used up, or only stale entries left
+                del self._open[-head]
                 seg = segs[-1]
             else:
                 bid = seg.pop()
@@ -683,6 +691,7 @@ class PrefixBlockManager(BlockManager):
             bid = seg[-1]
             if bid < 0 or (where[bid] != -head and not _unstale(seg, where)):
                 segs.pop()                 # used up, or only stale entries left
+                del self._open[-head]
                 continue
             bid = seg.pop()
             where[bid] = 0
@@ -735,6 +744,7 @@ class PrefixBlockManager(BlockManager):
                   for bid in islice(seg, 1, None) if where[bid] == -seg[0]]
         runs = sum(seg[0] for seg in self._segs if seg[0] > 0)
         assert all(seg[0] != 0 for seg in self._segs)
+        assert self._open == {-seg[0]: seg for seg in self._segs if seg[0] < 0}
         assert len(set(listed)) == len(listed) and self.num_free == len(listed) + runs
         held_ids = {bid for t in self._tables.values() for bid in t}
         anon_held = sum(h - len(self._tables.get(r, ())) for r, h in self._held.items())

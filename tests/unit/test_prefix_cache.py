@@ -486,3 +486,24 @@ def test_lookups_memo_follows_an_eviction_that_caches_nothing():
     assert bm.num_evicted == 2 and bm.keyed_blocks.get(2, 0) == 0
     assert len(bm.lookup(1, 16)[0]) == 2 == bm.cached_tokens(1, 16) // 4
     bm.check()
+
+
+def test_a_hit_on_a_segments_last_block_leaves_its_other_blocks_free():
+    # C computed its own copy of A's block 0 (C0) and block 1 (C1); both freed, C's as one
+    # segment [C0, C1]. D hits the oldest copies: A's block 0 and C1, so C's segment is not
+    # all hit (C0, a younger copy, stays free in it)
+    bm = pool(num_blocks=8)
+    bm.register(0, 16, (1, 2))
+    bm.allocate(0, 4)
+    a0 = bm._tables[0][0]
+    bm.register(2, 16, (1, 2))
+    bm.allocate(2, 8)
+    c0, c1 = bm._tables[2]
+    bm.free(0)
+    bm.free(2)
+    bm.register(3, 16, (1, 2))
+    found, pooled = bm.lookup(3, 9)
+    assert found == pooled == [a0, c1]
+    bm.allocate_hits(3, 9, found, pooled)
+    assert bm.free_order().count(c0) == 1 and bm.num_free == 8 - 3
+    bm.check()
