@@ -708,7 +708,13 @@ class _CacheReplay:
         """Allocate the blocks of ``req`` (prompt ``p``, ``hit`` tokens cached: ``hits``),
         joining at step ``j`` after the decodes took theirs; the blocks it holds."""
         bm = self.bm
-        if self.pos <= 2 * j:
+        if self.pos == 2 * j:              # (after ``hits``: only step j's decodes' takes)
+            n = self.takes[j]
+            self.used.append(self.used[-1] + n)
+            if n:
+                bm.take_anonymous(n)
+            self.pos = 2 * j + 1
+        elif self.pos < 2 * j:
             self.run_to(2 * j + 1)
         found = self.found
         if found:                          # (one newcomer: its hits as ``hits`` found them)
