@@ -51,7 +51,6 @@ recompute.
 
 from __future__ import annotations
 
-from collections import _count_elements  # type: ignore[attr-defined]
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import islice
@@ -272,8 +271,7 @@ class PrefixBlockManager(BlockManager):
                 table.append(self._take())
             need -= ided
         if need:
-            self._take_anon(need)
-            self.num_free -= need
+            self.take_anonymous(need)
         self._held[request_id] = total
 
     def allocate_cached(self, request_id: int, num_tokens: int, cached_tokens: int) -> int | None:
@@ -443,25 +441,6 @@ class PrefixBlockManager(BlockManager):
             self._register_full(request_id, num_tokens)
 
     # -- bulk verbs for fast-forward (sched/stretch.py) ----------------------------------------
-    def extend(self, request_ids: Sequence[int]) -> None:
-        """One new block each for ``request_ids``, taken from the pool's head in that order
-        (what a decode step's ``allocate`` calls do for the decodes that start a block, with
-        no block becoming full: a stretch registers the blocks its decodes fill with
-        :meth:`cache_upto`, later). The blocks are past the prompts, so anonymous. The blocks
-        must be free (the caller checked)."""
-        n = len(request_ids)
-        self._take_anon(n)
-        _count_elements(self._held, request_ids)
-        self.num_free -= n
-
-    def take_anonymous(self, n: int) -> None:
-        """Take ``n`` blocks off the pool's head for positions past the prompts of requests
-        that are credited with them later (:meth:`hand_over`): a stretch's decodes, whose
-        takes between two frees are one count. Until credited, ``blocks_held`` and
-        :meth:`check` do not count them. The blocks must be free (the caller checked)."""
-        self._take_anon(n)
-        self.num_free -= n
-
     def hand_over(self, request_id: int, n: int) -> None:
         """Credit the request (holding blocks) with ``n`` anonymous blocks taken for it by
         :meth:`take_anonymous`."""
@@ -668,9 +647,14 @@ class PrefixBlockManager(BlockManager):
             self.num_evicted += 1
         return bid
 
-    def _take_anon(self, n: int) -> None:
-        """Take ``n`` blocks from the pool's head for anonymous positions (``num_free`` is the
-        caller's): runs are counted down, blocks with identities lose them (to the stash)."""
+    def take_anonymous(self, n: int) -> None:
+        """Take ``n`` blocks off the pool's head for anonymous positions (past the prompts'
+        shared content): runs are counted down, blocks with identities lose them (to the
+        stash). A stretch's decodes take theirs so, the takes between two frees as one count,
+        and the requests are credited with them later (:meth:`hand_over`); until then
+        ``blocks_held`` and :meth:`check` do not count them. The blocks must be free (the
+        caller checked)."""
+        self.num_free -= n
         segs, where, block_key = self._segs, self._where, self._key
         evicted = 0
         while n:

@@ -417,8 +417,9 @@ def test_the_pool_keeps_vllms_queue_through_hits_frees_preemptions_and_compactio
             if len(new) > bm.num_free:
                 continue
             if rng.random() < 0.5 and new:    # (a stretch's bulk take)
-                bm.extend(new)
+                bm.take_anonymous(len(new))
                 for r in new:
+                    bm.hand_over(r, 1)
                     plain.tables[r].append(plain.take())
                 for r in grow:
                     live[r][2] += 1
