@@ -405,7 +405,9 @@ class PrefixBlockManager(BlockManager):
                         extra[bid] = e
                     else:
                         del extra[bid]
-                freed = [b for b in table if b not in both]
+                nb = len(both)         # (usually its leading blocks: a shared prefix)
+                freed = table[nb:] if both.issuperset(table[:nb]) \
+                    else [b for b in table if b not in both]
         segs = self._segs
         # (the table's last block evicted first: a segment's last block is taken first)
         if dead:                           # to the tail, ahead of its keyed blocks
@@ -735,6 +737,11 @@ class PrefixBlockManager(BlockManager):
         assert len(self._stash) == anon_held + runs
         assert not (held_ids & set(listed)) and not (set(self._stash) & (held_ids | set(listed)))
         assert all(len(self._tables.get(r, ())) <= h for r, h in self._held.items())
+        holders: dict[int, int] = {}
+        for table in self._tables.values():
+            for bid in table:
+                holders[bid] = holders.get(bid, 0) + 1
+        assert self._extra == {bid: n - 1 for bid, n in holders.items() if n > 1}
         for ids, (version, limit, hits) in self._hit_memo.items():   # lookup's memo is true
             assert version != self._version or ids is None \
                 or list(hits) == self._find(self._chain(ids, limit), limit)

@@ -508,3 +508,22 @@ def test_a_hit_on_a_segments_last_block_leaves_its_other_blocks_free():
     bm.allocate_hits(3, 9, found, pooled)
     assert bm.free_order().count(c0) == 1 and bm.num_free == 8 - 3
     bm.check()
+
+
+def test_a_block_another_request_holds_stays_held_wherever_it_is_in_the_table():
+    # A computed its own copy of C's block 0 (A0) and block 1 (A1); B hits the oldest copies:
+    # C's block 0 and A1. When A is freed, A0 goes to the pool and A1 stays (B holds it): the
+    # block shared is not A's leading one
+    bm = pool(num_blocks=8)
+    bm.register(0, 16, (1, 2))
+    bm.allocate(0, 4)
+    bm.register(1, 16, (1, 2))
+    bm.allocate(1, 8)
+    a0, a1 = bm._tables[1]
+    bm.free(0)
+    bm.register(2, 16, (1, 2))
+    assert bm.allocate_cached(2, 9, 8) == 1 and bm._tables[2][1] == a1
+    bm.free(1)
+    order = bm.free_order()
+    assert a0 in order and a1 not in order and bm.num_free == 8 - 3
+    bm.check()
