@@ -571,11 +571,13 @@ class PrefixBlockManager(BlockManager):
         request's table) and those of them in the pool, when nothing changed since: the caller
         has checked they and the new blocks fit."""
         where = self._where
-        if len(pooled) < len(hits):        # hits on blocks in use: one holder more
+        nu = len(hits) - len(pooled)
+        if nu:                             # hits on blocks in use: one holder more
             extra = self._extra
-            for bid in hits:
-                if not where[bid]:
-                    extra[bid] = extra.get(bid, 0) + 1
+            # (usually the leading ones: a prefix others hold, the rest from the pool)
+            for bid in hits[:nu] if hits[nu:] == pooled else \
+                    [bid for bid in hits if not where[bid]]:
+                extra[bid] = extra.get(bid, 0) + 1
         if pooled:                         # out of the pool (their entries go stale)
             seg = self._open[where[pooled[-1]]]
             n = len(seg) - 1
