@@ -154,9 +154,6 @@ class PrefixBlockManager(BlockManager):
         # (the same table, for the scheduler's launch and deliver loops: limit_cache written
         # out, a dict store or pop per request and step instead of a call)
         self.cache_limits = self._limit
-        # request id -> tokens whose full blocks are to be cached before anything can see them
-        # (``defer``: a fast-forwarded stretch's decodes)
-        self._deferred: dict[int, int] = {}
 
     # -- content ---------------------------------------------------------------------------
     def register(self, request_id: int, num_prompt_tokens: int,
@@ -230,14 +227,7 @@ class PrefixBlockManager(BlockManager):
         """For a step's decodes (``Scheduler.decode_all``): per request, the blocks it holds
         and its leading blocks cached (read-only). A decode whose token needs no new block and
         fills none (its full blocks all cached already) would find :meth:`allocate` changes
-        nothing, so it may skip the call. A stretch's deferred blocks (:meth:`defer`) are
-        cached first: stepping had cached them as they filled, and the order in which
-        requests cache blocks of their own content (keys no other request has) changes
-        nothing another could see."""
-        if self._deferred:
-            for rid, n in self._deferred.items():
-                self.cache_upto(rid, n)
-            self._deferred.clear()
+        nothing, so it may skip the call."""
         return self._held, self.keyed_blocks
 
     # -- commands --------------------------------------------------------------------------
@@ -251,8 +241,6 @@ class PrefixBlockManager(BlockManager):
             self._grow(request_id, h, need)
         elif request_id not in held:
             held[request_id] = h
-        if self._deferred:                    # (covered by what this caches now)
-            self._deferred.pop(request_id, None)
         self._register_full(request_id, num_tokens)
         return max(0, need)
 
@@ -310,10 +298,6 @@ class PrefixBlockManager(BlockManager):
         first (vLLM's ``BlockPool.free_blocks``). A block another request holds too stays.
         Its anonymous blocks holding content are given identities and keys now: the request
         itself hits them if it comes back (a preemption)."""
-        if self._deferred:
-            n = self._deferred.pop(request_id, None)
-            if n is not None:
-                self.cache_upto(request_id, n)
         return self._drop(request_id, False)
 
     def release(self, request_id: int, num_tokens: int | None = None) -> int:
@@ -324,10 +308,6 @@ class PrefixBlockManager(BlockManager):
         copies of its own content cached at a preemption lose their keys (``_DEAD``).
         ``num_tokens``: the tokens it holds, whose full blocks are cached first (a
         fast-forwarded stretch caches the blocks its decodes fill only then)."""
-        if self._deferred:
-            n = self._deferred.pop(request_id, None)
-            if num_tokens is None:
-                num_tokens = n
         h = self._held.get(request_id)
         if h is None and request_id not in self._content and request_id not in self._keys:
             return 0                       # (released already: by a stretch, at its end)
@@ -443,16 +423,14 @@ class PrefixBlockManager(BlockManager):
             self._register_full(request_id, num_tokens)
 
     # -- bulk verbs for fast-forward (sched/stretch.py) ----------------------------------------
-    def hand_over(self, request_id: int, n: int) -> None:
+    def hand_over(self, request_id: int, n: int, num_tokens: int | None = None) -> None:
         """Credit the request (holding blocks) with ``n`` anonymous blocks taken for it by
-        :meth:`take_anonymous`."""
-        self._held[request_id] += n
-
-    def defer(self, request_id: int, num_tokens: int) -> None:
-        """Cache the blocks the request's first ``num_tokens`` fill before anything could see
-        them: at its next allocation, free or release. For blocks of its own content filled by
-        a fast-forwarded stretch's decodes, which nobody can hit or evict while it holds them."""
-        self._deferred[request_id] = num_tokens
+        :meth:`take_anonymous`, and cache the blocks its first ``num_tokens`` fill (a
+        stretch's decodes fill only blocks of its own content: anonymous, counted)."""
+        if n:
+            self._held[request_id] += n
+        if num_tokens is not None:
+            self._register_full(request_id, num_tokens)
 
     def pool_head(self, n: int) -> list[int]:
         """The blocks with identities among the first ``n`` of the free pool (the next taken)."""
@@ -595,8 +573,6 @@ class PrefixBlockManager(BlockManager):
             self._grow(request_id, nh, need)
         else:
             self._held[request_id] = nh
-        if self._deferred:
-            self._deferred.pop(request_id, None)
         if num_tokens // bs > nh:          # (blocks filled past the hits: cached now)
             self._register_full(request_id, num_tokens)
         return max(0, need)

@@ -726,12 +726,9 @@ class _CacheReplay:
         return bm.held(req.id)
 
     def settle(self, members: list[Member], k: int) -> None:
-        """After ``k`` steps applied: the blocks the members still running filled are to be
-        cached before anything can see them (``PrefixBlockManager.defer``)."""
+        """After ``k`` steps applied: the members still running are credited with the blocks
+        their decodes took, and the blocks they filled are cached."""
         bm, bs = self.bm, self.bm.block_size
         for req, c, h, e, _ in members:
             if e > k:
-                grown = len(range(h * bs - c, k, bs))
-                if grown:
-                    bm.hand_over(req.id, grown)
-                bm.defer(req.id, c + k)
+                bm.hand_over(req.id, len(range(h * bs - c, k, bs)), c + k)
