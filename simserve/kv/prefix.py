@@ -617,15 +617,19 @@ class PrefixBlockManager(BlockManager):
         self.num_free -= 1
         key = self._key[bid]
         if key is not None:
-            if key != _DEAD:
-                copies = self._cached[key]
-                copies.remove(bid)
-                if not copies:
-                    del self._cached[key]
-                self._version += 1
-            self._key[bid] = None
+            self._forget(bid, key)
             self.num_evicted += 1
         return bid
+
+    def _forget(self, bid: int, key: int) -> None:
+        """Block ``bid``, taken for other content, loses its cached content ``key``."""
+        if key != _DEAD:
+            copies = self._cached[key]
+            copies.remove(bid)
+            if not copies:
+                del self._cached[key]
+            self._version += 1
+        self._key[bid] = None
 
     def take_anonymous(self, n: int) -> None:
         """Take ``n`` blocks off the pool's head for anonymous positions (past the prompts'
@@ -661,13 +665,7 @@ class PrefixBlockManager(BlockManager):
             where[bid] = 0
             key = block_key[bid]
             if key is not None:
-                if key != _DEAD:
-                    copies = self._cached[key]
-                    copies.remove(bid)
-                    if not copies:
-                        del self._cached[key]
-                    self._version += 1
-                block_key[bid] = None
+                self._forget(bid, key)
                 evicted += 1
             self._stash.append(bid)
             n -= 1
