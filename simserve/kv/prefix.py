@@ -143,8 +143,9 @@ class PrefixBlockManager(BlockManager):
         # depends on the ids alone: recurring prompts compute theirs once)
         self._chains: dict[Sequence[int], list[int]] = {}
         # lookup's memo: hash_ids -> (``_version`` then, the blocks looked up, the hits), and
-        # the version, moved on whenever a key's oldest cached copy changes (a key cached
-        # first, or a copy evicted; keys of a request's own content are in no memo: not moved)
+        # the version, moved on whenever a shareable key's oldest cached copy changes (a key
+        # cached first, or a copy evicted). A request's own keys are in no memo, so caching
+        # them at a preemption or dropping them at its release does not move it.
         self._hit_memo: dict[Sequence[int] | None, tuple[int, int, tuple[int, ...]]] = {}
         self._version = 0
         self.num_evicted = 0                            # cached blocks reused for other content
@@ -317,7 +318,8 @@ class PrefixBlockManager(BlockManager):
             if nk < shared:                # (content others may share: cached as ever)
                 self._register_full(request_id, min(num_tokens, shared * self.block_size))
             full = min(num_tokens // self.block_size, h)
-            if full > self._num_keyed.get(request_id, 0):   # (its own: no key needed)
+            # (its own content, past what others may share: no key needed)
+            if full > max(self._num_keyed.get(request_id, 0), shared):
                 self._num_keyed[request_id] = full
         top = self._own.pop(request_id, 0)
         if top > shared and h:             # its own content cached at a preemption
@@ -636,8 +638,8 @@ class PrefixBlockManager(BlockManager):
         shared content): runs are counted down, blocks with identities lose them (to the
         stash). A stretch's decodes take theirs so, the takes between two frees as one count,
         and the requests are credited with them later (:meth:`hand_over`); until then
-        ``blocks_held`` and :meth:`check` do not count them. The blocks must be free (the
-        caller checked)."""
+        ``blocks_held`` does not count them (and :meth:`check` would fail). The blocks must be
+        free (the caller checked)."""
         self.num_free -= n
         segs, where, block_key = self._segs, self._where, self._key
         evicted = 0

@@ -527,3 +527,20 @@ def test_a_block_another_request_holds_stays_held_wherever_it_is_in_the_table():
     order = bm.free_order()
     assert a0 in order and a1 not in order and bm.num_free == 8 - 3
     bm.check()
+
+
+def test_a_finished_requests_uncached_shared_block_goes_to_the_head():
+    # a cache limit (async scheduling) left request 1's block 3 unregistered although full;
+    # released, it holds no content: to the pool's head, not among its cached blocks
+    bm = pool(num_blocks=8)
+    bm.register(2, 9, (7,))
+    bm.allocate(2, 9)
+    bm.register(1, 16, (5, 6))
+    bm.limit_cache(1, 13)
+    bm.allocate(1, 16)
+    bm.release(2, 9)
+    bm.release(1, 16)
+    order = bm.free_order()
+    held = [b != ANON and b >= 0 and bm._key[b] is not None or b == ANON_DEAD for b in order]
+    assert held == [False] * 3 + [True] * 5
+    bm.check()
