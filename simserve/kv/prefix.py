@@ -245,12 +245,16 @@ class PrefixBlockManager(BlockManager):
         self._register_full(request_id, num_tokens)
         return max(0, need)
 
-    def _grow(self, request_id: int, h: int, need: int) -> None:
+    def _grow(self, request_id: int, h: int, need: int, before: int = 0) -> None:
         """``need`` new blocks for the request holding ``h``: those at positions whose content
-        others may share (``_shared``) with identities, the rest anonymous."""
+        others may share (``_shared``) with identities, the rest anonymous; ``before``
+        anonymous blocks (other requests') taken off the pool's head first."""
         total = h + need
         ided = self._shared.get(request_id, 0) - h
         if ided > 0:
+            if before:
+                self.take_anonymous(before)
+                before = 0
             if ided > need:
                 ided = need
             table = self._tables.get(request_id)
@@ -259,8 +263,8 @@ class PrefixBlockManager(BlockManager):
             for _ in range(ided):
                 table.append(self._take())
             need -= ided
-        if need:
-            self.take_anonymous(need)
+        if need or before:
+            self.take_anonymous(need + before)
         self._held[request_id] = total
 
     def allocate_cached(self, request_id: int, num_tokens: int, cached_tokens: int) -> int | None:
@@ -301,17 +305,22 @@ class PrefixBlockManager(BlockManager):
         itself hits them if it comes back (a preemption)."""
         return self._drop(request_id, False)
 
-    def release(self, request_id: int, num_tokens: int | None = None) -> int:
+    def release(self, request_id: int, num_tokens: int | None = None, grown: int = 0) -> int:
         """Free the blocks of a request that finished. Its own content (the blocks past the
         content its ``hash_ids`` name) can never be hit again: only the request itself hits it,
         after a preemption. So those blocks go to the pool's tail anonymous, marked as holding
         content (counted as evicted when reused), exactly where they would go with their keys;
         copies of its own content cached at a preemption lose their keys (``_DEAD``).
         ``num_tokens``: the tokens it holds, whose full blocks are cached first (a
-        fast-forwarded stretch caches the blocks its decodes fill only then)."""
+        fast-forwarded stretch caches the blocks its decodes fill only then); ``grown``: the
+        anonymous blocks :meth:`take_anonymous` took for it, credited first (:meth:`hand_over`)."""
         h = self._held.get(request_id)
-        if h is None and request_id not in self._content and request_id not in self._keys:
-            return 0                       # (released already: by a stretch, at its end)
+        if h is None:
+            if request_id not in self._content and request_id not in self._keys:
+                return 0                   # (released already: by a stretch, at its end)
+        elif grown:
+            h += grown
+            self._held[request_id] = h
         shared = self._shared.get(request_id, 0)
         if h and num_tokens is not None:
             nk = self._num_keyed.get(request_id, 0)
@@ -434,6 +443,28 @@ class PrefixBlockManager(BlockManager):
         if num_tokens is not None:
             self._register_full(request_id, num_tokens)
 
+    def hand_over_all(self, grown: list[tuple[int, int, int]]) -> None:
+        """:meth:`hand_over` each ``(request id, n, num_tokens)`` (a stretch's members running
+        on when it is applied): as one call, since their blocks past the prompt's shared
+        content are anonymous and only counted (the blocks with identities, if any, cached as
+        :meth:`_register_full` does)."""
+        held, num_keyed, tables, bs = self._held, self._num_keyed, self._tables, self.block_size
+        limit = self._limit
+        for rid, n, num_tokens in grown:
+            h = held[rid] + n
+            held[rid] = h
+            start = num_keyed.get(rid, 0)
+            full = num_tokens // bs
+            if full > h:
+                full = h
+            if full <= start:
+                continue
+            table = tables.get(rid)
+            if limit or (table is not None and start < len(table)):
+                self._register_full(rid, num_tokens)
+            else:                          # (anonymous blocks only: counted)
+                num_keyed[rid] = full
+
     def pool_head(self, n: int) -> list[int]:
         """The blocks with identities among the first ``n`` of the free pool (the next taken)."""
         out: list[int] = []
@@ -546,10 +577,13 @@ class PrefixBlockManager(BlockManager):
         return list(map(_first, found))   # type: ignore[arg-type]
 
     def allocate_hits(self, request_id: int, num_tokens: int, hits: list[int],
-                      pooled: list[int]) -> int | None:
+                      pooled: list[int], before: int = 0) -> int | None:
         """:meth:`allocate_cached` with the hits :meth:`lookup` found (this list becomes the
         request's table) and those of them in the pool, when nothing changed since: the caller
-        has checked they and the new blocks fit."""
+        has checked they and the new blocks fit. ``before``: anonymous blocks to take off the
+        pool's head for others first (a stretch's decodes at the step, ``_CacheReplay``),
+        none of them a hit; they are taken after the hits leave the pool, with its own new
+        blocks (the same blocks, in the same order, as taking them first)."""
         where = self._where
         nu = len(hits) - len(pooled)
         if nu:                             # hits on blocks in use: one holder more
@@ -572,9 +606,11 @@ class PrefixBlockManager(BlockManager):
         bs = self.block_size
         need = -(-num_tokens // bs) - nh   # (allocate, written out)
         if need > 0:
-            self._grow(request_id, nh, need)
+            self._grow(request_id, nh, need, before)
         else:
             self._held[request_id] = nh
+            if before:
+                self.take_anonymous(before)
         if num_tokens // bs > nh:          # (blocks filled past the hits: cached now)
             self._register_full(request_id, num_tokens)
         return max(0, need)

@@ -655,11 +655,9 @@ class _CacheReplay:
     def _free(self, frees: list[tuple[int, int, int]]) -> None:
         """F(i): each member that finished credited with the blocks its decodes took, then
         released (its tokens' full blocks cached first)."""
-        bm = self.bm
+        release = self.bm.release
         for rid, n, grown in frees:
-            if grown:
-                bm.hand_over(rid, grown)
-            bm.release(rid, n)
+            release(rid, n, grown)
 
     def hits(self, specs: list[Any], j: int, decoding: int, k: int) -> list[int] | None:
         """The cached prompt tokens of the requests ``specs`` arriving to join at step ``j``
@@ -708,18 +706,21 @@ class _CacheReplay:
         """Allocate the blocks of ``req`` (prompt ``p``, ``hit`` tokens cached: ``hits``),
         joining at step ``j`` after the decodes took theirs; the blocks it holds."""
         bm = self.bm
-        if self.pos == 2 * j:              # (after ``hits``: only step j's decodes' takes)
+        n = 0                              # step j's decodes' takes, not yet done
+        if self.pos == 2 * j:              # (after ``hits``: only those)
             n = self.takes[j]
             self.used.append(self.used[-1] + n)
-            if n:
-                bm.take_anonymous(n)
             self.pos = 2 * j + 1
         elif self.pos < 2 * j:
             self.run_to(2 * j + 1)
         found = self.found
         if found:                          # (one newcomer: its hits as ``hits`` found them)
-            got = bm.allocate_hits(req.id, p, *found.pop())
+            # (the decodes' takes done with its new blocks: ``hits`` found none of its hits
+            # among them, so taking them after its hits left the pool is the same)
+            got = bm.allocate_hits(req.id, p, *found.pop(), n)
         else:
+            if n:
+                bm.take_anonymous(n)
             got = bm.allocate_cached(req.id, p, hit) if hit else bm.allocate(req.id, p)
         assert got is not None                          # (``hits`` checked the room)
         self.used[j] = bm.num_blocks - bm.num_free
@@ -728,7 +729,6 @@ class _CacheReplay:
     def settle(self, members: list[Member], k: int) -> None:
         """After ``k`` steps applied: the members still running are credited with the blocks
         their decodes took, and the blocks they filled are cached."""
-        bm, bs = self.bm, self.bm.block_size
-        for req, c, h, e, _ in members:
-            if e > k:
-                bm.hand_over(req.id, len(range(h * bs - c, k, bs)), c + k)
+        bs = self.bm.block_size
+        self.bm.hand_over_all([(req.id, len(range(h * bs - c, k, bs)), c + k)
+                               for req, c, h, e, _ in members if e > k])
