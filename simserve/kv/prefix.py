@@ -314,13 +314,34 @@ class PrefixBlockManager(BlockManager):
         ``num_tokens``: the tokens it holds, whose full blocks are cached first (a
         fast-forwarded stretch caches the blocks its decodes fill only then); ``grown``: the
         anonymous blocks :meth:`take_anonymous` took for it, credited first (:meth:`hand_over`)."""
-        h = self._held.get(request_id)
+        held = self._held
+        h = held.get(request_id)
         if h is None:
             if request_id not in self._content and request_id not in self._keys:
                 return 0                   # (released already: by a stretch, at its end)
-        elif grown:
+        else:
             h += grown
-            self._held[request_id] = h
+            nk = self._num_keyed.get(request_id, 0)
+            shared = self._shared.get(request_id, 0)
+            if nk >= shared and h and not self._limit and not (
+                    self._own and request_id in self._own):
+                # the usual: the blocks others may share are cached, and the full blocks past
+                # them hold its own content (none cached at a preemption): dead from now on
+                if num_tokens is not None:
+                    full = num_tokens // self.block_size
+                    if full > h:
+                        full = h
+                    if full > nk:
+                        nk = full
+                del held[request_id]
+                table = self._tables.pop(request_id, None)
+                self._num_keyed.pop(request_id, None)
+                self._keys.pop(request_id, None)
+                self._content.pop(request_id, None)
+                self._shared.pop(request_id, None)
+                self._put_back(h, [] if table is None else table, shared, nk - shared)
+                return h
+            held[request_id] = h
         shared = self._shared.get(request_id, 0)
         if h and num_tokens is not None:
             nk = self._num_keyed.get(request_id, 0)
@@ -358,7 +379,6 @@ class PrefixBlockManager(BlockManager):
             return 0
         if table is None:
             table = []
-        stash, block_key = self._stash, self._key
         dead = 0
         if finished:
             if nk > shared:
@@ -366,6 +386,7 @@ class PrefixBlockManager(BlockManager):
         elif nk > len(table):              # its own content, cached: identities and keys
             cached = self._cached
             base = _UNIQUE + (request_id << 32)
+            stash, block_key = self._stash, self._key
             for b in range(len(table), nk):
                 bid = stash.pop()
                 key = base + b
@@ -378,11 +399,20 @@ class PrefixBlockManager(BlockManager):
                 table.append(bid)
             if nk > self._own.get(request_id, 0):
                 self._own[request_id] = nk
+        self._put_back(h, table, nk, dead)
+        return h
+
+    def _put_back(self, h: int, table: list[int], nk: int, dead: int) -> None:
+        """The pool's side of ``_drop``: of the ``h`` blocks a request held, those of its
+        ``table`` (identities) before ``nk`` to the tail as a segment (the blocks that others
+        hold too only lose a holder), ``dead`` anonymous ones holding content nobody can hit
+        to the tail just ahead of them, the rest (no content) to the head."""
         if len(table) > nk:                # identities no longer needed
+            block_key = self._key
             rest = table[nk:]
             for bid in rest:
                 block_key[bid] = None
-            stash += rest
+            self._stash += rest
             del table[nk:]
         freed = table
         extra = self._extra
@@ -403,8 +433,16 @@ class PrefixBlockManager(BlockManager):
         # (the table's last block evicted first: a segment's last block is taken first)
         if dead:                           # to the tail, ahead of its keyed blocks
             segs.appendleft([dead, 1])
-        if freed:
-            segs.appendleft(self._segment(freed))
+        if freed:                          # a new segment, its blocks marked
+            self._serial = serial = self._serial + 1
+            where = self._where
+            for bid in freed:
+                where[bid] = serial
+            self._entries += len(freed)
+            seg = [-serial]
+            seg += freed
+            self._open[serial] = seg
+            segs.appendleft(seg)
         fresh = h - nk - dead
         if fresh:                          # to the head
             head = segs[-1] if segs else None
@@ -415,7 +453,6 @@ class PrefixBlockManager(BlockManager):
         self.num_free += len(freed) + dead + fresh
         if self._entries > self._compact_at:
             self._tidy()
-        return h
 
     def limit_cache(self, request_id: int, num_tokens: int | None) -> None:
         """Cache no block of the request past its first ``num_tokens`` tokens (None: no limit).
@@ -501,18 +538,6 @@ class PrefixBlockManager(BlockManager):
                 continue
             out += [bid for bid in reversed(seg) if bid >= 0 and where[bid] == -head]
         return out
-
-    def _segment(self, blocks: list[int]) -> list[int]:
-        """A new segment of ``blocks`` (in table order: the last is taken first), marked."""
-        self._serial = serial = self._serial + 1
-        where = self._where
-        for bid in blocks:
-            where[bid] = serial
-        self._entries += len(blocks)
-        seg = [-serial]
-        seg += blocks
-        self._open[serial] = seg
-        return seg
 
     def _tidy(self) -> None:
         """Count the entries the segments still list (takes pop them); if the stale ones
