@@ -631,7 +631,11 @@ class PrefixBlockManager(BlockManager):
         bs = self.block_size
         need = -(-num_tokens // bs) - nh   # (allocate, written out)
         if need > 0:
-            self._grow(request_id, nh, need, before)
+            if self._shared.get(request_id, 0) > nh:
+                self._grow(request_id, nh, need, before)
+            else:                          # (``_grow``'s blocks all anonymous)
+                self.take_anonymous(need + before)
+                self._held[request_id] = nh + need
         else:
             self._held[request_id] = nh
             if before:

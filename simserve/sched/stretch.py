@@ -583,8 +583,8 @@ class _CacheReplay:
         self.due: list[int] = []
         self.pos = 1
         self.used = [bm.num_used]
-        # (``hits``: each newcomer's hit blocks and those of them in the pool, for admit)
-        self.found: list[tuple[list[int], list[int]]] = []
+        # (``hits``: a single newcomer's hit blocks and those of them in the pool, for admit)
+        self.found: tuple[list[int], list[int]] | None = None
         for req, c, h, e, _ in members:
             self.add(req, c, h, e)
         first = self.frees.get(0)
@@ -672,10 +672,23 @@ class _CacheReplay:
             # step 1 is no stretch: its step 0 is completed as a plain step, frees and all)
             return None
         self.run_to(2 * j)                 # the blocks as they are before step j
-        self.found.clear()
+        self.found = None
         bm = self.bm
         bs = bm.block_size
         taken = cost = self.takes[j]       # step j's decodes take these from the head
+        if len(specs) == 1:                # (the usual: one newcomer, as below)
+            spec = specs[0]
+            rid, p = spec.request_id, spec.num_prompt_tokens
+            bm.register(rid, p, spec.hash_ids)
+            found, pooled = bm.lookup(rid, p)
+            if pooled and taken and not set(bm.pool_head(taken)).isdisjoint(pooled):
+                return None
+            if cost + -(-p // bs) - len(found) + len(pooled) \
+                    + (decoding + 1) * ((k - 1 - j) // bs + 1) > bm.num_free:
+                return None
+            self.found = (found, pooled)
+            return [len(found) * bs]
+        # (several: admitted in turn, each finds its own hits)
         before: set[int] = set()           # the keys the newcomers before cache
         out = []
         for spec in specs:
@@ -690,16 +703,11 @@ class _CacheReplay:
             new = -(-p // bs) - n + len(pooled)   # blocks it takes off the pool
             cost += new
             taken += new
-            if len(specs) > 1:
-                before.update(bm.prompt_keys(rid, p))
+            before.update(bm.prompt_keys(rid, p))
             out.append(n * bs)
-            self.found.append((found, pooled))
         grow = (k - 1 - j) // bs + 1       # per member, over the steps j + 1 .. k - 1
         if cost + (decoding + len(specs)) * grow > bm.num_free:
-            self.found.clear()
             return None
-        if len(specs) > 1:                 # (admitted in turn: each finds its own hits)
-            self.found.clear()
         return out
 
     def admit(self, req: Request, p: int, hit: int, j: int) -> int:
@@ -707,23 +715,29 @@ class _CacheReplay:
         joining at step ``j`` after the decodes took theirs; the blocks it holds."""
         bm = self.bm
         n = 0                              # step j's decodes' takes, not yet done
+        used = self.used
         if self.pos == 2 * j:              # (after ``hits``: only those)
             n = self.takes[j]
-            self.used.append(self.used[-1] + n)
+            used.append(0)                 # (set below)
             self.pos = 2 * j + 1
         elif self.pos < 2 * j:
             self.run_to(2 * j + 1)
         found = self.found
-        if found:                          # (one newcomer: its hits as ``hits`` found them)
+        if found is not None:              # (one newcomer: its hits as ``hits`` found them)
+            self.found = None
             # (the decodes' takes done with its new blocks: ``hits`` found none of its hits
             # among them, so taking them after its hits left the pool is the same)
-            got = bm.allocate_hits(req.id, p, *found.pop(), n)
+            nh = len(found[0])
+            got = bm.allocate_hits(req.id, p, found[0], found[1], n)
+            assert got is not None                      # (``hits`` checked the room)
+            used[j] = bm.num_blocks - bm.num_free
+            return nh + got
         else:
             if n:
                 bm.take_anonymous(n)
             got = bm.allocate_cached(req.id, p, hit) if hit else bm.allocate(req.id, p)
         assert got is not None                          # (``hits`` checked the room)
-        self.used[j] = bm.num_blocks - bm.num_free
+        used[j] = bm.num_blocks - bm.num_free
         return bm.held(req.id)
 
     def settle(self, members: list[Member], k: int) -> None:
