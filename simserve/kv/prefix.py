@@ -294,8 +294,18 @@ class PrefixBlockManager(BlockManager):
         return self.allocate_all((rid, n * self.block_size) for rid, n in requests)
 
     def grow_decodes(self, request_ids: Sequence[int], num_tokens: Sequence[int]) -> bool:
-        return self.allocate_all(
-            (rid, n + 1) for rid, n in zip(request_ids, num_tokens)) is not None
+        """:meth:`allocate_all` of ``num_tokens[j] + 1`` each, all or nothing; only the
+        decodes that need a new block or fill one (to be cached) call :meth:`allocate`, in
+        order (for the others it would change nothing)."""
+        bs, held, keyed = self.block_size, self._held, self._num_keyed
+        todo = [(rid, c + 1) for rid, c in zip(request_ids, num_tokens)
+                if -(-(c + 1) // bs) > held.get(rid, 0) or (c + 1) // bs > keyed.get(rid, 0)]
+        if todo:
+            if sum(max(0, -(-n // bs) - held.get(rid, 0)) for rid, n in todo) > self.num_free:
+                return False
+            for rid, n in todo:
+                self.allocate(rid, n)
+        return True
 
     def free(self, request_id: int) -> int:
         """Release the request's blocks into the pool, tail first (evicted first): cached ones

@@ -230,13 +230,14 @@ class Scheduler(StepsInFlight, Verifying, StretchAdmission):
     def _decode_all_at_once(self, batch: Batch) -> bool:
         """``decode_all``'s usual case in a few list passes instead of one branchy loop: the
         budgets cover every running request, every one is decoding, and the new blocks they
-        need all fit (so no one is preempted and, a counting block manager being a counter,
-        allocating them one by one in order or all at once ends the same). Returns False,
-        having changed nothing, if any condition fails."""
+        need all fit (so no one is preempted, and allocating them all at once ends as one by
+        one in order: a counting block manager is a counter, and one with named blocks
+        allocates them in running order, ``grow_decodes``). Returns False, having changed
+        nothing, if any condition fails."""
         running = self.running
         n = len(running)
         blocks = self.blocks
-        if not n or n > batch.token_budget or n > batch.seq_budget or blocks.caches_prefixes \
+        if not n or n > batch.token_budget or n > batch.seq_budget \
                 or self.speculative is not None or self.overlap:
             return False
         ctx = [r.num_computed_tokens for r in running]

@@ -619,6 +619,7 @@ class _CacheReplay:
         if p >= pos:
             return
         bm, takes, used, frees, due = self.bm, self.takes, self.used, self.frees, self.due
+        release = bm.release
         i = p >> 1
         cur = used[-1]                     # blocks in use
         f_end = pos >> 1                   # F(j) for j < f_end; T(j) for j < (pos + 1) >> 1
@@ -638,7 +639,8 @@ class _CacheReplay:
             used += accumulate(chunk)
             if n:
                 bm.take_anonymous(n)
-            self._free(frees[f])
+            for rid, c, grown in frees[f]:   # F(f): each credited with its decodes' blocks
+                release(rid, c, grown)
             cur = bm.num_blocks - bm.num_free
             i = f + 1
             lo += 1
