@@ -716,7 +716,14 @@ class PrefixBlockManager(BlockManager):
         ``blocks_held`` does not count them (and :meth:`check` would fail). The blocks must be
         free (the caller checked)."""
         self.num_free -= n
-        segs, where, block_key = self._segs, self._where, self._key
+        segs = self._segs
+        seg = segs[-1]
+        if seg[0] > n:                     # (the usual: a run at the head has them all)
+            seg[0] -= n
+            if seg[1]:
+                self.num_evicted += n
+            return
+        where, block_key = self._where, self._key
         evicted = 0
         while n:
             seg = segs[-1]
