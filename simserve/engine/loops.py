@@ -232,6 +232,11 @@ def _take(c: Runtime, r: Replica, sched: Scheduler, plan: StepPlan, start: float
             ends.append(stretch.end)
             return stretch, ends, stretch.end
         duration = stretch.durations[0]   # cut back to its first step, priced already
+        if stretch.cache is not None:
+            # (with prefix caching the frees that end it may be done: the blocks in use
+            # are those before them; completing the step finds its requests released)
+            c.rec.step(r, start, duration, plan, stretch.cache.used[0])
+            return None, _NO_ENDS, start + duration
     else:
         duration = r.latency.step_time(plan)
     c.rec.step(r, start, duration, plan)

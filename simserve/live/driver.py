@@ -140,7 +140,8 @@ class _LiveRecorder(Recorder):
             log = self.tokens[replica.index] = _LiveTokenLog(self._sim, replica.index)
         return log
 
-    def step(self, replica: Replica, start: float, duration: float, plan: StepPlan) -> None:
+    def step(self, replica: Replica, start: float, duration: float, plan: StepPlan,
+             kv_blocks_used: int | None = None) -> None:
         self._sim.counters[replica.index].preemptions += plan.num_preempted
 
 

@@ -316,13 +316,17 @@ class Recorder:
         return sum(int((log.group_columns()["num_steps"] > 1).sum())
                    for log in self.replicas.values())
 
-    def step(self, replica: Replica, start: float, duration: float, plan: StepPlan) -> None:
+    def step(self, replica: Replica, start: float, duration: float, plan: StepPlan,
+             kv_blocks_used: int | None = None) -> None:
+        """One step; ``kv_blocks_used``: the blocks in use after scheduling it, when the block
+        manager has moved on since (a stretch cut back to its first step)."""
         log = self.replicas.get(replica.index) or self.log(replica)
         s = log.steps
         s["start_s"].append(start)
         s["duration_s"].append(duration)
         sched = replica.scheduler
-        s["kv_blocks_used"].append(sched.blocks.num_used)
+        s["kv_blocks_used"].append(sched.blocks.num_used if kv_blocks_used is None
+                                   else kv_blocks_used)
         log.group_records.fromlist(_group_row(
             1, replica.index, plan.num_prefill_tokens, len(plan.prefill_lens),
             len(plan.decode_ctx), len(sched.running) + sched.num_parked, sched.num_waiting,

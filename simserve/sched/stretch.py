@@ -669,11 +669,10 @@ class _CacheReplay:
         blocks might evict a block it would hit, or an earlier newcomer's blocks might lengthen
         its hit. Also None unless their blocks, and every member's growth for the rest of the
         stretch, surely fit."""
-        if j == 1:
-            # (the frees that end step 0 would be done now, but a stretch that ends before
-            # step 1 is no stretch: its step 0 is completed as a plain step, frees and all)
-            return None
-        self.run_to(2 * j)                 # the blocks as they are before step j
+        # the blocks as they are before step j (for j = 1: after the frees that end step 0;
+        # if the stretch then ends before step 1, step 0 is completed as a plain step, and
+        # finds its requests released already: ``release`` does nothing twice)
+        self.run_to(2 * j)
         self.found = None
         bm = self.bm
         bs = bm.block_size
