@@ -512,6 +512,11 @@ class PrefixBlockManager(BlockManager):
             else:                          # (anonymous blocks only: counted)
                 num_keyed[rid] = full
 
+    def head_anonymous(self, n: int) -> bool:
+        """True if the first ``n`` blocks of the free pool are surely anonymous (a run at its
+        head holds them): :meth:`pool_head` would find none with an identity."""
+        return self._segs[-1][0] >= n
+
     def pool_head(self, n: int) -> list[int]:
         """The blocks with identities among the first ``n`` of the free pool (the next taken)."""
         out: list[int] = []

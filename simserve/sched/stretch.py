@@ -571,7 +571,7 @@ class _CacheReplay:
     ``due``: those steps in order. ``used``: the blocks in use after each step's T and J (the
     recorder's ``kv_blocks_used``), as far as done."""
 
-    __slots__ = ("bm", "takes", "frees", "due", "pos", "used", "found")
+    __slots__ = ("bm", "takes", "frees", "due", "pos", "used", "found", "owed")
 
     def __init__(self, bm: PrefixBlockManager, members: list[Member], k: int,
                  first_plan: StepPlan):
@@ -582,6 +582,7 @@ class _CacheReplay:
         self.frees: dict[int, list[tuple[int, int, int]]] = {}
         self.due: list[int] = []
         self.pos = 1
+        self.owed = 0
         self.used = [bm.num_used]
         # (``hits``: a single newcomer's hit blocks and those of them in the pool, for admit)
         self.found: tuple[list[int], list[int]] | None = None
@@ -612,13 +613,19 @@ class _CacheReplay:
             else:
                 f.append(entry)
 
-    def run_to(self, pos: int) -> None:
+    def run_to(self, pos: int, defer: bool = False) -> None:
         """Do the operations up to (not including) ``pos``: the takes of the steps up to each
-        free at once (their count), then the free."""
+        free at once (their count), then the free. ``defer``: the takes after the last free
+        are only counted (``owed``), to be taken with the next operation's (``admit``) or
+        before it (any other ``run_to``)."""
+        bm = self.bm
+        if self.owed:
+            bm.take_anonymous(self.owed)
+            self.owed = 0
         p = self.pos
         if p >= pos:
             return
-        bm, takes, used, frees, due = self.bm, self.takes, self.used, self.frees, self.due
+        takes, used, frees, due = self.takes, self.used, self.frees, self.due
         release = bm.release
         i = p >> 1
         cur = used[-1]                     # blocks in use
@@ -651,7 +658,10 @@ class _CacheReplay:
             chunk[0] += cur
             used += accumulate(chunk)
             if n:
-                bm.take_anonymous(n)
+                if defer:
+                    self.owed = n
+                else:
+                    bm.take_anonymous(n)
         self.pos = pos
 
     def _free(self, frees: list[tuple[int, int, int]]) -> None:
@@ -672,17 +682,19 @@ class _CacheReplay:
         # the blocks as they are before step j (for j = 1: after the frees that end step 0;
         # if the stretch then ends before step 1, step 0 is completed as a plain step, and
         # finds its requests released already: ``release`` does nothing twice)
-        self.run_to(2 * j)
+        self.run_to(2 * j, True)           # (but for the takes since the last free: owed)
         self.found = None
         bm = self.bm
         bs = bm.block_size
-        taken = cost = self.takes[j]       # step j's decodes take these from the head
+        # those and step j's decodes' take these from the head, before any newcomer's
+        taken = cost = self.owed + self.takes[j]
         if len(specs) == 1:                # (the usual: one newcomer, as below)
             spec = specs[0]
             rid, p = spec.request_id, spec.num_prompt_tokens
             bm.register(rid, p, spec.hash_ids)
             found, pooled = bm.lookup(rid, p)
-            if pooled and taken and not set(bm.pool_head(taken)).isdisjoint(pooled):
+            if pooled and taken and not bm.head_anonymous(taken) \
+                    and not set(bm.pool_head(taken)).isdisjoint(pooled):
                 return None
             if cost + -(-p // bs) - len(found) + len(pooled) \
                     + (decoding + 1) * ((k - 1 - j) // bs + 1) > bm.num_free:
@@ -715,10 +727,11 @@ class _CacheReplay:
         """Allocate the blocks of ``req`` (prompt ``p``, ``hit`` tokens cached: ``hits``),
         joining at step ``j`` after the decodes took theirs; the blocks it holds."""
         bm = self.bm
-        n = 0                              # step j's decodes' takes, not yet done
+        n = 0                              # the takes owed and step j's decodes', not done
         used = self.used
         if self.pos == 2 * j:              # (after ``hits``: only those)
-            n = self.takes[j]
+            n = self.owed + self.takes[j]
+            self.owed = 0
             used.append(0)                 # (set below)
             self.pos = 2 * j + 1
         elif self.pos < 2 * j:
@@ -726,8 +739,8 @@ class _CacheReplay:
         found = self.found
         if found is not None:              # (one newcomer: its hits as ``hits`` found them)
             self.found = None
-            # (the decodes' takes done with its new blocks: ``hits`` found none of its hits
-            # among them, so taking them after its hits left the pool is the same)
+            # (the takes owed and the decodes' done with its new blocks: ``hits`` found none
+            # of its hits among them, so taking them after its hits left the pool is the same)
             nh = len(found[0])
             got = bm.allocate_hits(req.id, p, found[0], found[1], n)
             assert got is not None                      # (``hits`` checked the room)
