@@ -569,7 +569,8 @@ class _CacheReplay:
     taken by ``schedule()`` itself, so it starts at 1. ``takes``: the blocks each step's
     decodes take; ``frees``: step -> (request id, its tokens, the blocks its decodes took),
     ``due``: those steps in order. ``used``: the blocks in use after each step's T and J (the
-    recorder's ``kv_blocks_used``), as far as done."""
+    recorder's ``kv_blocks_used``), as far as done. ``owed``: takes counted (``used``) but not
+    yet taken off the pool, done with the next join's (``admit``) or by the next ``run_to``."""
 
     __slots__ = ("bm", "takes", "frees", "due", "pos", "used", "found", "owed")
 
