@@ -509,8 +509,8 @@ class PrefixBlockManager(BlockManager):
             table = tables.get(rid)
             if limit or (table is not None and start < len(table)):
                 self._register_full(rid, num_tokens)
-            else:                          # (anonymous blocks only: counted)
-                num_keyed[rid] = full
+            else:                          # (anonymous blocks only: counted; stretches
+                num_keyed[rid] = full      # run on this exact class, no subclass's override)
 
     def head_anonymous(self, n: int) -> bool:
         """True if the first ``n`` blocks of the free pool are surely anonymous (a run at its
