@@ -512,10 +512,13 @@ class PrefixBlockManager(BlockManager):
             else:                          # (anonymous blocks only: counted; stretches
                 num_keyed[rid] = full      # run on this exact class, no subclass's override)
 
-    def head_anonymous(self, n: int) -> bool:
-        """True if the first ``n`` blocks of the free pool are surely anonymous (a run at its
-        head holds them): :meth:`pool_head` would find none with an identity."""
-        return self._segs[-1][0] >= n
+    def takes_any(self, n: int, blocks: list[int]) -> bool:
+        """True if taking ``n`` blocks off the free pool's head would take one of ``blocks``
+        (free blocks with identities): none can be when a run of anonymous blocks at the head
+        holds all ``n`` (the usual), else :meth:`pool_head` tells."""
+        if not n or not blocks or self._segs[-1][0] >= n:
+            return False
+        return not set(self.pool_head(n)).isdisjoint(blocks)
 
     def pool_head(self, n: int) -> list[int]:
         """The blocks with identities among the first ``n`` of the free pool (the next taken)."""

@@ -694,8 +694,7 @@ class _CacheReplay:
             rid, p = spec.request_id, spec.num_prompt_tokens
             bm.register(rid, p, spec.hash_ids)
             found, pooled = bm.lookup(rid, p)
-            if pooled and taken and not bm.head_anonymous(taken) \
-                    and not set(bm.pool_head(taken)).isdisjoint(pooled):
+            if bm.takes_any(taken, pooled):
                 return None
             if cost + -(-p // bs) - len(found) + len(pooled) \
                     + (decoding + 1) * ((k - 1 - j) // bs + 1) > bm.num_free:
@@ -712,7 +711,7 @@ class _CacheReplay:
             n = len(found)
             if before and n < (p - 1) // bs and bm.prompt_keys(rid, (n + 1) * bs)[n] in before:
                 return None
-            if pooled and taken and not set(bm.pool_head(taken)).isdisjoint(pooled):
+            if bm.takes_any(taken, pooled):
                 return None
             new = -(-p // bs) - n + len(pooled)   # blocks it takes off the pool
             cost += new
