@@ -514,11 +514,17 @@ class PrefixBlockManager(BlockManager):
 
     def takes_any(self, n: int, blocks: list[int]) -> bool:
         """True if taking ``n`` blocks off the free pool's head would take one of ``blocks``
-        (free blocks with identities): none can be when a run of anonymous blocks at the head
-        holds all ``n`` (the usual), else :meth:`pool_head` tells."""
-        if not n or not blocks or self._segs[-1][0] >= n:
+        (blocks with identities; those in use are never taken): none can be when a run of
+        anonymous blocks at the head holds all ``n`` (the usual), or two such runs do, else
+        :meth:`pool_head` tells."""
+        if not n or not blocks:
             return False
-        return not set(self.pool_head(n)).isdisjoint(blocks)
+        segs = self._segs
+        head = segs[-1][0]
+        if head >= n or (0 < head and len(segs) > 1 and segs[-2][0] >= n - head):
+            return False
+        found = self.pool_head(n)
+        return bool(found) and not set(found).isdisjoint(blocks)
 
     def pool_head(self, n: int) -> list[int]:
         """The blocks with identities among the first ``n`` of the free pool (the next taken)."""
@@ -593,6 +599,12 @@ class PrefixBlockManager(BlockManager):
     def lookup(self, request_id: int, num_tokens: int) -> tuple[list[int], list[int]]:
         """The blocks a new request would share (:meth:`cached_tokens`: one per cached block
         at its start), and of those the ones in the free pool (a hit takes them out of it)."""
+        hits = self.hit_blocks(request_id, num_tokens)
+        where = self._where
+        return hits, [bid for bid in hits if where[bid]]
+
+    def hit_blocks(self, request_id: int, num_tokens: int) -> list[int]:
+        """:meth:`lookup`'s first part: the blocks a new request would share (a new list)."""
         limit = (num_tokens - 1) // self.block_size
         if 0 < limit <= self._shared.get(request_id, 0):
             # a prompt whose content its ids name: the same blocks for every request with
@@ -608,8 +620,7 @@ class PrefixBlockManager(BlockManager):
                 self._hit_memo[ids] = (self._version, limit, tuple(hits))
         else:
             hits = self._find(self._keys_upto(request_id, limit), limit)
-        where = self._where
-        return hits, [bid for bid in hits if where[bid]]
+        return hits
 
     def _find(self, keys: list[int], limit: int) -> list[int]:
         """The oldest cached copy of each of the first ``limit`` keys, up to the first key
@@ -620,29 +631,34 @@ class PrefixBlockManager(BlockManager):
         return list(map(_first, found))   # type: ignore[arg-type]
 
     def allocate_hits(self, request_id: int, num_tokens: int, hits: list[int],
-                      pooled: list[int], before: int = 0) -> int | None:
+                      pooled: list[int] | None, before: int = 0) -> int | None:
         """:meth:`allocate_cached` with the hits :meth:`lookup` found (this list becomes the
-        request's table) and those of them in the pool, when nothing changed since: the caller
-        has checked they and the new blocks fit. ``before``: anonymous blocks to take off the
-        pool's head for others first (a stretch's decodes at the step, ``_CacheReplay``),
-        none of them a hit; they are taken after the hits leave the pool, with its own new
-        blocks (the same blocks, in the same order, as taking them first)."""
+        request's table) and those of them in the pool (None: not picked out, as
+        :meth:`hit_blocks` gives them), when nothing changed since: the caller has checked
+        they and the new blocks fit. ``before``: anonymous blocks to take off the pool's head
+        for others first (a stretch's decodes at the step, ``_CacheReplay``), none of them a
+        hit; they are taken after the hits leave the pool, with its own new blocks (the same
+        blocks, in the same order, as taking them first)."""
         where = self._where
-        nu = len(hits) - len(pooled)
-        if nu:                             # hits on blocks in use: one holder more
-            extra = self._extra
-            # (usually the leading ones: a prefix others hold, the rest from the pool)
-            for bid in hits[:nu] if hits[nu:] == pooled else \
-                    [bid for bid in hits if not where[bid]]:
-                extra[bid] = extra.get(bid, 0) + 1
-        if pooled:                         # out of the pool (their entries go stale)
-            seg = self._open[where[pooled[-1]]]
-            n = len(seg) - 1
-            if n <= len(pooled) and seg[1] == pooled[-n] and seg[1:] == pooled[-n:]:
-                del seg[1:]                # (all its blocks hit: a take drops it at once)
-            for bid in pooled:
-                where[bid] = 0
-            self.num_free -= len(pooled)
+        if pooled is None:                 # (one pass over the hits, as below)
+            if hits:
+                extra = self._extra
+                last = where[hits[-1]]     # (the segment of the last hit, if it is free)
+                nu = 0
+                for bid in hits:
+                    if where[bid]:
+                        where[bid] = 0
+                    else:
+                        extra[bid] = extra.get(bid, 0) + 1
+                        nu += 1
+                if last:                   # all its blocks hit: a take drops it at once
+                    seg = self._open[last]
+                    n = len(seg) - 1
+                    if n <= len(hits) and seg[1] == hits[-n] and seg[1:] == hits[-n:]:
+                        del seg[1:]
+                self.num_free -= len(hits) - nu
+        else:
+            self._unpool(hits, pooled)
         nh = len(hits)
         self._tables[request_id] = hits
         self._num_keyed[request_id] = nh
@@ -661,6 +677,25 @@ class PrefixBlockManager(BlockManager):
         if num_tokens // bs > nh:          # (blocks filled past the hits: cached now)
             self._register_full(request_id, num_tokens)
         return max(0, need)
+
+    def _unpool(self, hits: list[int], pooled: list[int]) -> None:
+        """The hits in use gain a holder; those in the pool (``pooled``) leave it."""
+        where = self._where
+        nu = len(hits) - len(pooled)
+        if nu:                             # hits on blocks in use: one holder more
+            extra = self._extra
+            # (usually the leading ones: a prefix others hold, the rest from the pool)
+            for bid in hits[:nu] if hits[nu:] == pooled else \
+                    [bid for bid in hits if not where[bid]]:
+                extra[bid] = extra.get(bid, 0) + 1
+        if pooled:                         # out of the pool (their entries go stale)
+            seg = self._open[where[pooled[-1]]]
+            n = len(seg) - 1
+            if n <= len(pooled) and seg[1] == pooled[-n] and seg[1:] == pooled[-n:]:
+                del seg[1:]                # (all its blocks hit: a take drops it at once)
+            for bid in pooled:
+                where[bid] = 0
+            self.num_free -= len(pooled)
 
     def prompt_keys(self, request_id: int, num_tokens: int) -> list[int]:
         """The keys of the request's blocks that ``num_tokens`` fill."""

@@ -585,8 +585,8 @@ class _CacheReplay:
         self.pos = 1
         self.owed = 0
         self.used = [bm.num_used]
-        # (``hits``: a single newcomer's hit blocks and those of them in the pool, for admit)
-        self.found: tuple[list[int], list[int]] | None = None
+        # (``hits``: a single newcomer's hit blocks, for admit)
+        self.found: list[int] | None = None
         for req, c, h, e, _ in members:
             self.add(req, c, h, e)
         first = self.frees.get(0)
@@ -693,13 +693,16 @@ class _CacheReplay:
             spec = specs[0]
             rid, p = spec.request_id, spec.num_prompt_tokens
             bm.register(rid, p, spec.hash_ids)
-            found, pooled = bm.lookup(rid, p)
-            if bm.takes_any(taken, pooled):
+            found = bm.hit_blocks(rid, p)
+            # (a take reaches a hit only if it is free: the hits in use are never taken)
+            if bm.takes_any(taken, found):
                 return None
-            if cost + -(-p // bs) - len(found) + len(pooled) \
-                    + (decoding + 1) * ((k - 1 - j) // bs + 1) > bm.num_free:
+            # its new blocks, and its hits in the pool (at most all: counted only if need be)
+            cost += -(-p // bs) + (decoding + 1) * ((k - 1 - j) // bs + 1)
+            if cost > bm.num_free and cost - len(found) + len(bm.lookup(rid, p)[1]) \
+                    > bm.num_free:
                 return None
-            self.found = (found, pooled)
+            self.found = found
             return [len(found) * bs]
         # (several: admitted in turn, each finds its own hits)
         before: set[int] = set()           # the keys the newcomers before cache
@@ -741,8 +744,8 @@ class _CacheReplay:
             self.found = None
             # (the takes owed and the decodes' done with its new blocks: ``hits`` found none
             # of its hits among them, so taking them after its hits left the pool is the same)
-            nh = len(found[0])
-            got = bm.allocate_hits(req.id, p, found[0], found[1], n)
+            nh = len(found)
+            got = bm.allocate_hits(req.id, p, found, None, n)
             assert got is not None                      # (``hits`` checked the room)
             used[j] = bm.num_blocks - bm.num_free
             return nh + got
