@@ -205,12 +205,9 @@ class PrefixBlockManager(BlockManager):
     def cached_tokens(self, request_id: int, num_tokens: int) -> int:
         """Tokens at the start of a request (holding no blocks) already in the cache: whole
         blocks, never its last token (it is recomputed to sample the next one)."""
-        limit = (num_tokens - 1) // self.block_size
-        keys, cached = self._keys_upto(request_id, limit), self._cached
-        n = 0
-        while n < limit and keys[n] in cached:
-            n += 1
-        return n * self.block_size
+        if num_tokens <= self.block_size:
+            return 0
+        return len(self.hit_blocks(request_id, num_tokens)) * self.block_size
 
     def can_hold(self, request_id: int, num_tokens: int, cached_tokens: int = 0) -> bool:
         """As the base class; a new request's ``cached_tokens`` share cached blocks, but a hit
@@ -271,12 +268,19 @@ class PrefixBlockManager(BlockManager):
         """Allocate for a new request whose first ``cached_tokens`` (from :meth:`cached_tokens`)
         are cache hits: they share the cached blocks; the rest are new. All or nothing."""
         assert request_id not in self._held and cached_tokens % self.block_size == 0
-        keys = self._keys_upto(request_id, cached_tokens // self.block_size)
-        hits = [self._cached[keys[b]][0] for b in range(cached_tokens // self.block_size)]
+        nb = cached_tokens // self.block_size
+        hits = self.hit_blocks(request_id, num_tokens)
+        if len(hits) > nb:
+            del hits[nb:]
+        elif len(hits) < nb:               # (counted for more tokens than it allocates)
+            hits = self._find(self._keys_upto(request_id, nb), nb)
+            assert len(hits) == nb, "allocate_cached: fewer blocks cached than counted"
+        need = max(0, self.blocks_for(num_tokens) - nb)
+        if nb + need <= self.num_free:     # (fits even if every hit is in the pool)
+            return self.allocate_hits(request_id, num_tokens, hits, None)
         where = self._where
         pooled = [bid for bid in hits if where[bid]]
-        need = self.blocks_for(num_tokens) - len(hits)
-        if len(pooled) + max(0, need) > self.num_free:
+        if len(pooled) + need > self.num_free:
             return None
         return self.allocate_hits(request_id, num_tokens, hits, pooled)
 
