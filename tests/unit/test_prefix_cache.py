@@ -380,8 +380,12 @@ def test_the_pool_keeps_vllms_queue_through_hits_frees_preemptions_and_compactio
         found, pooled = bm.lookup(rid, n)
         assert found == [bm._cached[k][0] for k in keys(rid, hit // bm.block_size)]
         assert pooled == [b for b in found if bm.free_order().count(b)]
-        if rng.random() < 0.5:
+        way = rng.random()
+        if way < 0.35:
             got = bm.allocate_hits(rid, n, found, pooled)
+        elif way < 0.7:                       # (one pass: the hits alone, a single newcomer's)
+            assert bm.hit_blocks(rid, n) == found
+            got = bm.allocate_hits(rid, n, bm.hit_blocks(rid, n), None)
         else:
             got = bm.allocate_cached(rid, n, hit) if hit else bm.allocate(rid, n)
         assert got is not None
