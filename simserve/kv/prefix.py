@@ -276,13 +276,11 @@ class PrefixBlockManager(BlockManager):
             hits = self._find(self._keys_upto(request_id, nb), nb)
             assert len(hits) == nb, "allocate_cached: fewer blocks cached than counted"
         need = max(0, self.blocks_for(num_tokens) - nb)
-        if nb + need <= self.num_free:     # (fits even if every hit is in the pool)
-            return self.allocate_hits(request_id, num_tokens, hits, None)
-        where = self._where
-        pooled = [bid for bid in hits if where[bid]]
-        if len(pooled) + need > self.num_free:
-            return None
-        return self.allocate_hits(request_id, num_tokens, hits, pooled)
+        if nb + need > self.num_free:      # (unless it fits even if every hit is pooled)
+            where = self._where
+            if sum(1 for bid in hits if where[bid]) + need > self.num_free:
+                return None
+        return self.allocate_hits(request_id, num_tokens, hits)
 
     def allocate_all(self, requests: Iterable[tuple[int, int]]) -> int | None:
         """:meth:`allocate` each ``(request id, num_tokens)`` in order, all or nothing."""
@@ -635,34 +633,30 @@ class PrefixBlockManager(BlockManager):
         return list(map(_first, found))   # type: ignore[arg-type]
 
     def allocate_hits(self, request_id: int, num_tokens: int, hits: list[int],
-                      pooled: list[int] | None, before: int = 0) -> int | None:
-        """:meth:`allocate_cached` with the hits :meth:`lookup` found (this list becomes the
-        request's table) and those of them in the pool (None: not picked out, as
-        :meth:`hit_blocks` gives them), when nothing changed since: the caller has checked
-        they and the new blocks fit. ``before``: anonymous blocks to take off the pool's head
-        for others first (a stretch's decodes at the step, ``_CacheReplay``), none of them a
-        hit; they are taken after the hits leave the pool, with its own new blocks (the same
-        blocks, in the same order, as taking them first)."""
-        where = self._where
-        if pooled is None:                 # (one pass over the hits, as below)
-            if hits:
-                extra = self._extra
-                last = where[hits[-1]]     # (the segment of the last hit, if it is free)
-                nu = 0
-                for bid in hits:
-                    if where[bid]:
-                        where[bid] = 0
-                    else:
-                        extra[bid] = extra.get(bid, 0) + 1
-                        nu += 1
-                if last:                   # all its blocks hit: a take drops it at once
-                    seg = self._open[last]
-                    n = len(seg) - 1
-                    if n <= len(hits) and seg[1] == hits[-n] and seg[1:] == hits[-n:]:
-                        del seg[1:]
-                self.num_free -= len(hits) - nu
-        else:
-            self._unpool(hits, pooled)
+                      before: int = 0) -> int | None:
+        """:meth:`allocate_cached` with the hits :meth:`hit_blocks` found (this list becomes
+        the request's table), when nothing changed since: the caller has checked they and the
+        new blocks fit. In one pass, the hits in the pool leave it and those in use gain a
+        holder. ``before``: anonymous blocks to take off the pool's head for others first (a
+        stretch's decodes at the step, ``_CacheReplay``), none of them a hit; they are taken
+        after the hits leave the pool, with its own new blocks (the same blocks, in the same
+        order, as taking them first)."""
+        if hits:
+            where, extra = self._where, self._extra
+            last = where[hits[-1]]         # (the segment of the last hit, if it is free)
+            nu = 0
+            for bid in hits:
+                if where[bid]:             # in the pool: out of it (its entry goes stale)
+                    where[bid] = 0
+                else:                      # in use: one holder more
+                    extra[bid] = extra.get(bid, 0) + 1
+                    nu += 1
+            if last:                       # all its blocks hit: a take drops it at once
+                seg = self._open[last]
+                n = len(seg) - 1
+                if n <= len(hits) and seg[1] == hits[-n] and seg[1:] == hits[-n:]:
+                    del seg[1:]
+            self.num_free -= len(hits) - nu
         nh = len(hits)
         self._tables[request_id] = hits
         self._num_keyed[request_id] = nh
@@ -681,25 +675,6 @@ class PrefixBlockManager(BlockManager):
         if num_tokens // bs > nh:          # (blocks filled past the hits: cached now)
             self._register_full(request_id, num_tokens)
         return max(0, need)
-
-    def _unpool(self, hits: list[int], pooled: list[int]) -> None:
-        """The hits in use gain a holder; those in the pool (``pooled``) leave it."""
-        where = self._where
-        nu = len(hits) - len(pooled)
-        if nu:                             # hits on blocks in use: one holder more
-            extra = self._extra
-            # (usually the leading ones: a prefix others hold, the rest from the pool)
-            for bid in hits[:nu] if hits[nu:] == pooled else \
-                    [bid for bid in hits if not where[bid]]:
-                extra[bid] = extra.get(bid, 0) + 1
-        if pooled:                         # out of the pool (their entries go stale)
-            seg = self._open[where[pooled[-1]]]
-            n = len(seg) - 1
-            if n <= len(pooled) and seg[1] == pooled[-n] and seg[1:] == pooled[-n:]:
-                del seg[1:]                # (all its blocks hit: a take drops it at once)
-            for bid in pooled:
-                where[bid] = 0
-            self.num_free -= len(pooled)
 
     def prompt_keys(self, request_id: int, num_tokens: int) -> list[int]:
         """The keys of the request's blocks that ``num_tokens`` fill."""

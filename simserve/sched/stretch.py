@@ -745,7 +745,7 @@ class _CacheReplay:
             # (the takes owed and the decodes' done with its new blocks: ``hits`` found none
             # of its hits among them, so taking them after its hits left the pool is the same)
             nh = len(found)
-            got = bm.allocate_hits(req.id, p, found, None, n)
+            got = bm.allocate_hits(req.id, p, found, n)
             assert got is not None                      # (``hits`` checked the room)
             used[j] = bm.num_blocks - bm.num_free
             return nh + got

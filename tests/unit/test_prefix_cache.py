@@ -380,12 +380,9 @@ def test_the_pool_keeps_vllms_queue_through_hits_frees_preemptions_and_compactio
         found, pooled = bm.lookup(rid, n)
         assert found == [bm._cached[k][0] for k in keys(rid, hit // bm.block_size)]
         assert pooled == [b for b in found if bm.free_order().count(b)]
-        way = rng.random()
-        if way < 0.35:
-            got = bm.allocate_hits(rid, n, found, pooled)
-        elif way < 0.7:                       # (one pass: the hits alone, a single newcomer's)
+        if rng.random() < 0.5:
             assert bm.hit_blocks(rid, n) == found
-            got = bm.allocate_hits(rid, n, bm.hit_blocks(rid, n), None)
+            got = bm.allocate_hits(rid, n, bm.hit_blocks(rid, n))
         else:
             got = bm.allocate_cached(rid, n, hit) if hit else bm.allocate(rid, n)
         assert got is not None
@@ -509,7 +506,7 @@ def test_a_hit_on_a_segments_last_block_leaves_its_other_blocks_free():
     bm.register(3, 16, (1, 2))
     found, pooled = bm.lookup(3, 9)
     assert found == pooled == [a0, c1]
-    bm.allocate_hits(3, 9, found, pooled)
+    bm.allocate_hits(3, 9, found)
     assert bm.free_order().count(c0) == 1 and bm.num_free == 8 - 3
     bm.check()
 
