@@ -168,7 +168,8 @@ def test_summary_of_a_run_imports_no_pandas(tmp_path):
 def test_csv_from_columns_is_what_pandas_writes(tmp_path):
     """runner._write_csv against DataFrame.to_csv(float_format="%.9g") on awkward values:
     NaN, infinities, -0.0, tiny and huge floats, 32- and 64-bit integers, text with commas,
-    quotes, line breaks, empty and missing; no rows; a lone text column of empty cells."""
+    quotes, line breaks, empty and missing; no rows; a lone text column of empty cells; and
+    a table with nothing to quote (written without the csv module)."""
     nan, inf = float("nan"), float("inf")
     cases = [
         {"f": np.array([nan, inf, -inf, -0.0, 1e-300, 1e20, 0.1 + 0.2, 1 / 3, 123456789.5]),
@@ -178,6 +179,12 @@ def test_csv_from_columns_is_what_pandas_writes(tmp_path):
                           dtype=object)},
         {"f": np.empty(0), "text": np.empty(0, dtype=object), "n": np.empty(0, dtype=np.int64)},
         {"only": np.array(["", "", None], dtype=object)},
+        # the plain path (no cell to quote): floats near %.9g's switch to exponents and its
+        # rounding, integers of one value, of a small range (formatted once each) and a wide one
+        {"f": np.array([1e-4, 9.99999999e-5, 999999999.5, 99999999.95, 0.5, 2.5e-9, -1e16]),
+         "same": np.full(7, -3), "small": np.array([5, 3, 4, 3, 5, 9, 3], dtype=np.uint8),
+         "wide": np.array([0, 10**12, -5, 7, 7, 2**40, 1]),
+         "text": np.array(["finished", None, "", "x y", "é", "-", "1e3"], dtype=object)},
     ]
     for i, cols in enumerate(cases):
         assert runner._write_csv(cols, tmp_path / f"ours{i}.csv")
