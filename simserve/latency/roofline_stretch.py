@@ -237,15 +237,18 @@ class RooflineStretchPricing:
                 xl = xh = yl = dy = dx = 0.0
                 for a in range(base + b * i, base + b * (i + n), b):
                     x = log2(a / b)
-                    if x <= x0:
+                    # (in the bracket first: it lies inside [x0, x1), where x0 itself gives
+                    # ys[0] + 0.0 * (ys[1] - ys[0]) either way)
+                    if xl <= x < xh:
+                        eta = yl + (x - xl) / dx * dy
+                    elif x <= x0:
                         eta = eta_lo
                     elif x >= x1:
                         eta = eta_hi
                     else:
-                        if not xl <= x < xh:
-                            j = bisect_right(xs, x) - 1
-                            xl, xh, yl = xs[j], xs[j + 1], ys[j]
-                            dx, dy = xh - xl, ys[j + 1] - yl
+                        j = bisect_right(xs, x) - 1
+                        xl, xh, yl = xs[j], xs[j + 1], ys[j]
+                        dx, dy = xh - xl, ys[j + 1] - yl
                         eta = yl + (x - xl) / dx * dy
                     out.append((((before + (a * kv_s + q_part) / eta) + t1) + t2) + t3)
                 return out
