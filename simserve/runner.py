@@ -16,8 +16,8 @@ import json
 import re
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
-from itertools import repeat
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
