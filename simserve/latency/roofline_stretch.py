@@ -232,9 +232,12 @@ class RooflineStretchPricing:
             eta_lo = ys[0] + 0.0 * (ys[1] - ys[0])
             eta_hi = ys[last] + 1.0 * (ys[last + 1] - ys[last])
 
+            kept = [0.0, 0.0, 0.0, 0.0, 0.0]   # (and from call to call: xl, xh, yl, dx, dy)
+
             def memory_bound(base: int, i: int, n: int) -> list[float]:
                 out = []
-                xl = xh = yl = dy = dx = 0.0
+                xl, xh, yl, dx, dy = kept
+                j = -1
                 for a in range(base + b * i, base + b * (i + n), b):
                     x = log2(a / b)
                     # (in the bracket first: it lies inside [x0, x1), where x0 itself gives
@@ -251,6 +254,8 @@ class RooflineStretchPricing:
                         dx, dy = xh - xl, ys[j + 1] - yl
                         eta = yl + (x - xl) / dx * dy
                     out.append((((before + (a * kv_s + q_part) / eta) + t1) + t2) + t3)
+                if j >= 0:
+                    kept[:] = xl, xh, yl, dx, dy
                 return out
 
             return memory_bound

@@ -202,9 +202,12 @@ def test_dense_stretch_and_join_steps_are_bit_identical_to_step_time(decode, cur
     p = StepPlan(tuple(range(b)), (1,) * b, (), (), tuple(decode), b)
     expected = [roof.step_time(p._replace(decode_ctx=tuple(c + i for c in decode)))
                 for i in range(steps)]
+    # (a stretch elsewhere on the curve first: the loop keeps its bracket from call to call)
+    assert roof.decode_stretch_sum(b, 3 * sum(decode) + 7)(0, 3)
     fast = roof.decode_stretch_sum(b, sum(decode))
     assert tp > 1 or fast.func.__name__ == "memory_bound"      # (the loop under test)
     assert fast(0, steps) == expected
+    assert [d for i in range(0, steps, 7) for d in fast(i, min(7, steps - i))] == expected
     assert roof.decode_stretch_sum(b, sum(decode))(steps // 2, steps - steps // 2) == \
         expected[steps // 2:]
     mixed = StepPlan(tuple(range(b + 1)), (1,) * b + (prompt,), (prompt,), (0,), tuple(decode),
