@@ -119,6 +119,7 @@ class FastServe(Scheduler):
         self.last_run: dict[int, float] = {}   # when each job last ran (s, or iteration)
         self.step = 0
         self.now = 0.0                      # end of the last completed step (s)
+        self._before = 0.0                  # end of the step completed before that one
         self._enqueued = count()
         self._to_front = count(1)           # head insertions: ever more negative positions
 
@@ -137,7 +138,11 @@ class FastServe(Scheduler):
         super().add(req)
         if self.timed:
             level = self._join_level_time(self._prefill_time(req.num_prompt_tokens))
-            self.last_run[req.id] = max(self.now, req.spec.arrival_s)
+            # idle since its arrival, or since this scheduler's clock then: a loop that takes
+            # its arrivals at step ends (the solo loop) adds one that came during the step
+            # just completed after completing it, where stepping added it at its arrival
+            a = req.spec.arrival_s
+            self.last_run[req.id] = a if a >= self._before else self.now
         else:
             level = self._join_level(req.num_prompt_tokens)
             self.last_run[req.id] = self.step
@@ -351,7 +356,7 @@ class FastServe(Scheduler):
                 self.last_run[req.id] = now
 
     def complete(self, plan: StepPlan, t_end: float) -> list[Request]:
-        self.now = t_end
+        self._before, self.now = self.now, t_end
         if self.timed:
             for rid in plan.request_ids:
                 self.last_run[rid] = t_end

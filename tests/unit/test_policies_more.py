@@ -220,6 +220,26 @@ def test_fastserve_does_not_thrash_with_vllms_default_swap_space():
     assert fast["mean_e2el_ms"] <= 1.3 * vllm["mean_e2el_ms"]
 
 
+def test_fastserve_starvation_clock_of_an_arrival_is_the_same_fast_forwarded_and_stepped():
+    """A job that arrives during a step is idle since its arrival, whether the loop adds it at
+    that moment (stepping) or after completing the step (the solo loop, which takes its
+    arrivals at step ends). Found by the fast-forward property test: it was the step's end
+    there, so the starvation promotion (0.25 ms, every iteration) differed."""
+    from tests.property.test_properties import _by_replica, run_checked
+    limits = SchedulerLimits(max_num_seqs=1, max_num_batched_tokens=16,
+                             enable_chunked_prefill=False)
+    specs = [RequestSpec(i, 0.0, 1, 2 if i == 5 else 1) for i in range(26)]
+    specs.append(RequestSpec(26, 0.005859375, 1, 1))
+    params = FastServeParams(num_queues=2, quantum_unit="seconds", base_quantum_ms=0.0,
+                             starvation_ms=0.25, starvation_period=1, quantum_ratio=1.0,
+                             reserve_blocks=0, host_free_fraction=0.0)
+    case = ("fastserve", limits, 1, 9, 0, 16, specs, 1, params)
+    fast, _, _ = run_checked(*case, fast_forward=True)
+    slow, _, _ = run_checked(*case, fast_forward=False)
+    assert _by_replica(fast) == _by_replica(slow)
+    assert [r.finish_s for r in fast.requests] == [r.finish_s for r in slow.requests]
+
+
 # -- S3 ----------------------------------------------------------------------------------------
 
 def test_s3_reserves_predicted_length_so_more_requests_fit():
