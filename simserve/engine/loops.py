@@ -48,6 +48,7 @@ def solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     arrivals, sched = c.arrivals, r.scheduler
     # arrivals may join a stretch (sched/stretch.py) when the policy says when it admits them
     join = partial(join_arrivals, c, r) if sched.facts.joins_stretch else None
+    sched.adds_at_step_end = True
     now = env.now
     while True:
         if arrivals.next_time <= now:

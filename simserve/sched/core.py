@@ -66,6 +66,9 @@ class Scheduler(StepsInFlight, Verifying, StretchAdmission):
         # asks the engine to keep every output token's time (tokens.csv, Result.token_times);
         # read when the run starts
         self.record_tokens = False
+        # True when the loop adds arrivals at step ends, after completing the step they came
+        # in (the solo loop), where stepping adds each when it comes
+        self.adds_at_step_end = False
         self._batch: Batch | None = None
         # requests the last plan schedules for the first time (each with a prefill chunk)
         self.newly_scheduled: list[Request] = []

@@ -138,11 +138,11 @@ class FastServe(Scheduler):
         super().add(req)
         if self.timed:
             level = self._join_level_time(self._prefill_time(req.num_prompt_tokens))
-            # idle since its arrival, or since this scheduler's clock then: a loop that takes
-            # its arrivals at step ends (the solo loop) adds one that came during the step
-            # just completed after completing it, where stepping added it at its arrival
-            a = req.spec.arrival_s
-            self.last_run[req.id] = a if a >= self._before else self.now
+            # idle since its arrival, or since this scheduler's clock when it was added (a
+            # retry, a KV landing): the solo loop adds an arrival after completing the step
+            # it came in, where stepping added it at its arrival, the clock then ``_before``
+            now = self._before if self.adds_at_step_end else self.now
+            self.last_run[req.id] = max(now, req.spec.arrival_s)
         else:
             level = self._join_level(req.num_prompt_tokens)
             self.last_run[req.id] = self.step
