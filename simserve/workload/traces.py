@@ -222,14 +222,14 @@ def _read_azure(path: Path, cfg: TraceConfig) -> _Rows:
     bad = whole.isna().to_numpy() | df["TIMESTAMP"].isna().to_numpy()
     if bad.any():
         i = int(np.argmax(bad))
-        raise DataError(path, f"bad TIMESTAMP {df['TIMESTAMP'].iloc[i]!r}; expected "
+        raise DataError(path, f"bad TIMESTAMP {str(df['TIMESTAMP'].iloc[i])!r}; expected "
                               f"YYYY-MM-DD HH:MM:SS[.fraction]", _csv_line(path, i))
     seconds = (whole - whole.min()).dt.total_seconds().to_numpy()
     fraction = pd.to_numeric(parts[1], errors="coerce").fillna(0.0).to_numpy()
     late = seconds > MAX_SECONDS
     if late.any():
         i = int(np.argmax(late))
-        raise DataError(path, f"TIMESTAMP {df['TIMESTAMP'].iloc[i]!r} is {seconds[i]:.3g} s "
+        raise DataError(path, f"TIMESTAMP {str(df['TIMESTAMP'].iloc[i])!r} is {seconds[i]:.3g} s "
                               f"after the first; a run spans at most {MAX_SECONDS:g} s",
                         _csv_line(path, i))
     return _Rows(seconds + fraction, *_token_columns(df, path, "ContextTokens",

@@ -455,6 +455,13 @@ def test_bad_azure_timestamp(tmp_path):
     assert "az.csv:3: bad TIMESTAMP '2023-11-16 25:15:50.99'" in msg
 
 
+def test_numeric_azure_timestamp_is_quoted_as_written(tmp_path):
+    # a column pandas reads as numbers was quoted as "np.int64(5)"
+    p = write(tmp_path, "az.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n5,374,44\n")
+    msg = error(DataError, trace, p, "azure")
+    assert "az.csv:2: bad TIMESTAMP '5'; expected" in msg
+
+
 @pytest.mark.parametrize("line2, why", [
     ('{"timestamp": 5, "input_length": 10, "output_length": 2', "not valid JSON"),
     ('{"timestamp": 5, "input_length": 10}', "missing required field 'output_length'"),
