@@ -193,6 +193,9 @@ def _cmd_plan(args) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise ConfigError("--workers", f"must be >= 1, got {args.workers}")
+    from simserve.paths import check_out_dir
+    out = Path(args.out) if args.out else Path("runs") / f"{Path(args.scenario).stem}-plan"
+    check_out_dir(out)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     t0 = time.perf_counter()
     try:
@@ -206,7 +209,6 @@ def _cmd_plan(args) -> int:
     print(result.answer())
     print(f"{len(result.table)} candidates, {result.simulated} simulated, "
           f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
-    out = Path(args.out) if args.out else Path("runs") / f"{Path(args.scenario).stem}-plan"
     result.save(out)
     print(f"results in {out}/ (plan.json, candidates.csv, probes.csv)")
     _report(args, out)
@@ -276,7 +278,7 @@ def _percentiles_flag(text: str) -> list[float]:
 def _cmd_run(args) -> int:
     from simserve.config import load_variants
     from simserve.deployment import check
-    from simserve.paths import default_out, folder_name, replaced_note
+    from simserve.paths import check_out_dir, default_out, folder_name, replaced_note
     from simserve.runner import comparison_table, coinciding, run, scenario_yaml
 
     if args.metric_percentiles is not None:
@@ -296,6 +298,7 @@ def _cmd_run(args) -> int:
     root = Path(args.out) if args.out else default_out(
         first.base_dir / first.output_dir if first.output_dir else
         Path("runs") / Path(args.scenario).stem, args.overrides)
+    check_out_dir(root)
     several = len(variants) > 1
     results, failed = {}, []
     for label, scenario in variants:
@@ -356,11 +359,14 @@ SWEEP_SHOWN = ("error", "completed", "num_rejected", "request_throughput", "requ
 def _cmd_sweep(args) -> int:
     from simserve.fmt import format_table
     from simserve.config import value_label
-    from simserve.paths import default_out
+    from simserve.paths import check_out_dir, default_out
     from simserve.plan.sweep import check_workers, load_sweep, save_sweep, sweep
 
     check_workers(args.workers, "--workers")
     spec = load_sweep(args.grid, args.overrides)
+    out = Path(args.out) if args.out else default_out(Path("runs") / Path(args.grid).stem,
+                                                      args.overrides)
+    check_out_dir(out)
     t0 = time.perf_counter()
     table = sweep(spec, executor=args.executor, workers=args.workers, address=args.address,
                   progress=True)
@@ -373,8 +379,6 @@ def _cmd_sweep(args) -> int:
         for f in spec.fields:           # an inline card by its name, as compare labels it
             view[f] = [value_label(v) if isinstance(v, (dict, list)) else v for v in view[f]]
         print(format_table(view, index=False))
-    out = Path(args.out) if args.out else default_out(Path("runs") / Path(args.grid).stem,
-                                                      args.overrides)
     save_sweep(table, spec, out)
     print(f"{len(table)} points ({len(failed)} failed) in {wall:.1f} s; table in "
           f"{out}/sweep.csv")
@@ -387,9 +391,12 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_capacity(args) -> int:
-    from simserve.paths import default_out
+    from simserve.paths import check_out_dir, default_out
     from simserve.plan.capacity import capacity
 
+    out = Path(args.out) if args.out else default_out(
+        Path("runs") / f"{Path(args.scenario).stem}-capacity", args.overrides)
+    check_out_dir(out)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     t0 = time.perf_counter()
     try:
@@ -403,8 +410,6 @@ def _cmd_capacity(args) -> int:
         raise
     print(result.table())
     print(f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
-    out = Path(args.out) if args.out else default_out(
-        Path("runs") / f"{Path(args.scenario).stem}-capacity", args.overrides)
     note = _replaced_search(out, result.to_dict())
     if note:
         print(f"note: {note}", file=sys.stderr)

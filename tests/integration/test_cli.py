@@ -213,3 +213,30 @@ def test_garbage_in_the_new_engine_knobs_is_one_error(tmp_path, capsys, setting,
     assert field in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command, work", [
+    (["run", DATA / "tiny.yaml"], "simserve.runner.run"),
+    (["sweep", "{sweep}", "--workers", "1"], "simserve.plan.sweep.sweep"),
+    (["capacity", DATA / "tiny.yaml", "--seeds", "1"], "simserve.plan.capacity.capacity"),
+    (["plan", DATA / "plan_small.yaml", "--target-rate", "5", "--workers", "1"],
+     "simserve.plan.planner.plan"),
+])
+@pytest.mark.parametrize("out", ["afile", "afile/sub"])
+def test_an_output_folder_that_cannot_be_made_is_refused_before_the_work(
+        tmp_path, capsys, monkeypatch, command, work, out):
+    # it was found only when saving: the whole run, sweep, search or plan ran (and printed
+    # its table) first, then the results were lost
+    def must_not_run(*args, **kwargs):
+        raise AssertionError(f"{work} ran before the output folder was checked")
+    monkeypatch.setattr(work, must_not_run)
+    (tmp_path / "afile").write_text("a file, not a folder\n")
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(f"base: {DATA / 'tiny.yaml'}\ngrid:\n  seed: [1, 2]\n")
+    argv = [str(a).replace("{sweep}", str(sweep)) for a in command]
+    code, stdout, err = run_cli([*argv, "--no-report", "--quiet", "--out", tmp_path / out],
+                                capsys)
+    assert code == 2 and stdout == ""
+    assert err.startswith(f"error: {tmp_path / out}: cannot create output directory (")
+    assert len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "s.yaml"]
