@@ -346,3 +346,34 @@ def test_wrong_shape_stream_chunks_fail_the_request_with_a_message(tmp_path):
     for n in WRONG_SHAPES:
         assert req.loc[n, "error"].startswith("bad stream chunk"), (n, req.loc[n, "error"])
     assert res.summary["num_failed"] == len(WRONG_SHAPES)
+
+
+@pytest.mark.parametrize("kwargs, expect", [
+    ({"timeout": float("inf")}, "--timeout: must be > 0 and finite, got inf"),  # a traceback
+    ({"timeout": float("nan")}, "--timeout: must be > 0 and finite, got nan"),  # aiohttp's
+    ({"warmup": 10**9}, "--warmup: must be 0 to 1000, got 1000000000"),         # never ended
+    ({"warmup": -1}, "--warmup: must be 0 to 1000, got -1"),
+])
+def test_client_options_are_refused_before_any_request(tmp_path, kwargs, expect):
+    from simserve.errors import SimserveError
+    path = write_scenario(tmp_path, [(0.0, 10, 2)])
+    with pytest.raises(SimserveError) as info:      # nothing listens on port 9
+        replay(path, "http://127.0.0.1:9", **kwargs)
+    assert str(info.value) == expect
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--timeout", "inf"], "error: --timeout: must be > 0 and finite, got inf"),
+    (["--out", "{d}/afile"], "error: {d}/afile: cannot create output directory (File exists)"),
+    (["--out", "{d}/afile/sub"], "error: {d}/afile/sub: cannot create output directory "
+                                 "({d}/afile is not a directory)"),
+])
+def test_cli_replay_checks_its_options_and_output_folder_first(tmp_path, capsys, args, expect):
+    # the output folder was found unusable only after the whole real run, which was lost
+    path = write_scenario(tmp_path, [(0.0, 10, 2)])
+    (tmp_path / "afile").write_text("a file\n")
+    argv = ["replay", str(path), "--endpoint", "http://127.0.0.1:9", "--out",
+            str(tmp_path / "out"), *args]
+    code = main([a.replace("{d}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err == expect.replace("{d}", str(tmp_path)) + "\n"
