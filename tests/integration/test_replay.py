@@ -377,3 +377,52 @@ def test_cli_replay_checks_its_options_and_output_folder_first(tmp_path, capsys,
     code = main([a.replace("{d}", str(tmp_path)) for a in argv])
     err = capsys.readouterr().err
     assert code == 2 and err == expect.replace("{d}", str(tmp_path)) + "\n"
+
+
+GOOD_SUMMARY = {"num_requests": 3, "total_input_tokens": 30, "total_output_tokens": 6,
+                "median_ttft_ms": 10.0, "completed": 3}
+
+
+@pytest.mark.parametrize("real, expect", [
+    # each was a traceback from the arithmetic or a table of n/a with exit 0
+    ({**GOOD_SUMMARY, "median_ttft_ms": "x"}, "median_ttft_ms: expected a number, got 'x'"),
+    ({**GOOD_SUMMARY, "num_requests": "x"}, "num_requests: expected a number, got 'x'"),
+    ({**GOOD_SUMMARY, "completed": True}, "completed: expected a number, got True"),
+    ([1, 2], "expected a JSON object of metrics, got list"),
+    ({"a": 1}, "holds none of the compared metrics"),
+])
+def test_compare_refuses_a_summary_that_is_not_one(tmp_path, capsys, real, expect):
+    for name, summary in (("real", real), ("sim", GOOD_SUMMARY)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+    code = main(["compare", str(tmp_path / "real"), str(tmp_path / "sim")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: {tmp_path / 'real' / 'summary.json'}: {expect}")
+    assert err.count("\n") == 1 and err.endswith("\n")
+
+
+@pytest.mark.parametrize("csv, expect", [
+    ("{d}", "error: --csv: {d} is a directory; give the file to write"),
+    ("{d}/afile/t.csv", "error: {d}/afile: cannot create output directory (File exists)"),
+])
+def test_compare_checks_its_csv_path_before_printing(tmp_path, capsys, csv, expect):
+    # both were tracebacks from pandas after the table had been printed
+    for name in ("real", "sim"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(GOOD_SUMMARY))
+    (tmp_path / "afile").write_text("a file\n")
+    code = main(["compare", str(tmp_path / "real"), str(tmp_path / "sim"), "--csv",
+                 csv.replace("{d}", str(tmp_path))])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err == expect.replace("{d}", str(tmp_path)) + "\n"
+
+
+def test_compare_writes_its_csv_into_a_new_folder(tmp_path, capsys):
+    for name in ("real", "sim"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(GOOD_SUMMARY))
+    assert main(["compare", str(tmp_path / "real"), str(tmp_path / "sim"), "--csv",
+                 str(tmp_path / "new" / "t.csv")]) == 0
+    table = pd.read_csv(tmp_path / "new" / "t.csv", index_col=0)
+    assert table.loc["TTFT p50 ms", "sim"] == 10.0
