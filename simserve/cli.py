@@ -463,6 +463,11 @@ def _cmd_validate(args) -> int:
                 raise
             where = label if kind == "sweep" else f"compare variant {label!r}"
             raise ConfigError(e.field, f"{e.message} (in {where})") from None
+    if kind == "scenario" and (variants[0][1].source or {}).get("plan") is not None:
+        # `simserve plan`'s search space: read as the planner reads it (it was passed unread)
+        from simserve.plan.planner import load_plan_inputs
+        from simserve.plan.space import candidates
+        candidates(load_plan_inputs(args.scenario, None, args.overrides)[3])  # names, prices
     print(f"{args.scenario}: ok" + (f" — {what}" if what else ""))
     for label, s in variants:
         s.replica.check_kv()

@@ -240,3 +240,22 @@ def test_an_output_folder_that_cannot_be_made_is_refused_before_the_work(
     assert err.startswith(f"error: {tmp_path / out}: cannot create output directory (")
     assert len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "s.yaml"]
+
+
+@pytest.mark.parametrize("plan, expect", [
+    # `validate` said ok; only `simserve plan` read the section
+    ("plan:\n  bogus: 1\n", "error: plan.bogus: unknown field"),
+    ("plan:\n  hardware: [H100]\n", "error: plan.hardware[0]: unknown name 'H100'"),
+    ("plan:\n  hardware: [H200]\n", "error: plan.prices.H200: no price per GPU-hour"),
+    ("plan:\n  tensor_parallel_size: [0]\n", "error: plan.tensor_parallel_size[0]: "),
+])
+def test_validate_reads_a_scenarios_plan_section(tmp_path, capsys, plan, expect):
+    path = tmp_path / "s.yaml"
+    path.write_text((DATA / "tiny.yaml").read_text() + plan)
+    code, out, err = run_cli(["validate", path], capsys)
+    assert code == 2 and out == "" and err.startswith(expect) and err.count("\n") == 1
+
+
+def test_validate_accepts_a_good_plan_section(capsys):
+    code, out, _ = run_cli(["validate", DATA / "plan_small.yaml"], capsys)
+    assert code == 0 and out.startswith(f"{DATA / 'plan_small.yaml'}: ok")
