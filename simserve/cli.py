@@ -186,6 +186,12 @@ def _register_plan(sub) -> None:
     pl.set_defaults(handler=_cmd_plan)
 
 
+def _check_address(args) -> None:
+    """``--address`` names a Ray cluster: with the local executor it was ignored, silently."""
+    if args.address is not None and args.executor != "ray":
+        raise ConfigError("--address", "names a Ray cluster: give it with --executor ray")
+
+
 def _cmd_plan(args) -> int:
     """Exit 0 with the cheapest deployment; 3 (``planner.EXIT_NOT_MET``) when none meets the
     SLOs at the rate (the closest are printed and saved); 2 on bad input."""
@@ -193,6 +199,7 @@ def _cmd_plan(args) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise ConfigError("--workers", f"must be >= 1, got {args.workers}")
+    _check_address(args)
     from simserve.paths import check_out_dir
     out = Path(args.out) if args.out else Path("runs") / f"{Path(args.scenario).stem}-plan"
     check_out_dir(out)
@@ -363,6 +370,7 @@ def _cmd_sweep(args) -> int:
     from simserve.plan.sweep import check_workers, load_sweep, save_sweep, sweep
 
     check_workers(args.workers, "--workers")
+    _check_address(args)
     spec = load_sweep(args.grid, args.overrides)
     out = Path(args.out) if args.out else default_out(Path("runs") / Path(args.grid).stem,
                                                       args.overrides)

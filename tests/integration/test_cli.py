@@ -259,3 +259,25 @@ def test_validate_reads_a_scenarios_plan_section(tmp_path, capsys, plan, expect)
 def test_validate_accepts_a_good_plan_section(capsys):
     code, out, _ = run_cli(["validate", DATA / "plan_small.yaml"], capsys)
     assert code == 0 and out.startswith(f"{DATA / 'plan_small.yaml'}: ok")
+
+
+@pytest.mark.parametrize("command", [
+    ["sweep", "{sweep}", "--workers", "1"],
+    ["plan", DATA / "plan_small.yaml", "--target-rate", "5", "--workers", "1"],
+])
+def test_address_without_the_ray_executor_is_refused(tmp_path, capsys, command):
+    # it was ignored: the points ran on local processes
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(f"base: {DATA / 'tiny.yaml'}\ngrid:\n  seed: [1, 2]\n")
+    argv = [str(a).replace("{sweep}", str(sweep)) for a in command]
+    code, out, err = run_cli([*argv, "--address", "10.0.0.1:6379", "--no-report", "--quiet",
+                              "--out", tmp_path / "o"], capsys)
+    assert code == 2 and out == "" and not (tmp_path / "o").exists()
+    assert err == "error: --address: names a Ray cluster: give it with --executor ray\n"
+
+
+def test_the_executor_refuses_an_address_it_would_ignore():
+    from simserve.errors import ConfigError
+    from simserve.plan.sweep import Executor
+    with pytest.raises(ConfigError, match="^address: names a Ray cluster"):
+        Executor("local", 1, "10.0.0.1:6379")
