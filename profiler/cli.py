@@ -18,8 +18,17 @@ class UsageError(Exception):
     """Reported as ``profiler: error: <message>`` with exit status 2."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line and exit 2, as simserve's own commands print them (argparse
+    prints the whole usage block above its error line)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {' '.join(message.split())} "
+                     f"(see {self.prog} --help)\n")
+
+
 def build_parser(prog: str = "python -m profiler") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog=prog,
         description="Measure a model's decoder kernels (GEMMs, paged attention, LM head and "
                     "sampling) on this machine and write a simserve profile (JSON).")
@@ -140,7 +149,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m profiler") -> int
     the command in usage messages and in the profile's ``provenance.command``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(prog)
-    args = parser.parse_args(argv)      # argparse itself exits 2 with a one-line usage error
+    args = parser.parse_args(argv)      # a usage error: one line, exit 2 (_Parser)
     try:
         out = run(args, argv, prog)
     except (UsageError, SimserveError) as e:

@@ -186,6 +186,12 @@ def _register_plan(sub) -> None:
     pl.set_defaults(handler=_cmd_plan)
 
 
+def _check_address(args) -> None:
+    """``--address`` names a Ray cluster: with the local executor it was ignored, silently."""
+    if args.address is not None and args.executor != "ray":
+        raise ConfigError("--address", "names a Ray cluster: give it with --executor ray")
+
+
 def _cmd_plan(args) -> int:
     """Exit 0 with the cheapest deployment; 3 (``planner.EXIT_NOT_MET``) when none meets the
     SLOs at the rate (the closest are printed and saved); 2 on bad input."""
@@ -193,6 +199,10 @@ def _cmd_plan(args) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise ConfigError("--workers", f"must be >= 1, got {args.workers}")
+    _check_address(args)
+    from simserve.paths import check_out_dir
+    out = Path(args.out) if args.out else Path("runs") / f"{Path(args.scenario).stem}-plan"
+    check_out_dir(out)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     t0 = time.perf_counter()
     try:
@@ -206,7 +216,6 @@ def _cmd_plan(args) -> int:
     print(result.answer())
     print(f"{len(result.table)} candidates, {result.simulated} simulated, "
           f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
-    out = Path(args.out) if args.out else Path("runs") / f"{Path(args.scenario).stem}-plan"
     result.save(out)
     print(f"results in {out}/ (plan.json, candidates.csv, probes.csv)")
     _report(args, out)
@@ -276,7 +285,7 @@ def _percentiles_flag(text: str) -> list[float]:
 def _cmd_run(args) -> int:
     from simserve.config import load_variants
     from simserve.deployment import check
-    from simserve.paths import default_out, folder_name, replaced_note
+    from simserve.paths import check_out_dir, default_out, folder_name, replaced_note
     from simserve.runner import comparison_table, coinciding, run, scenario_yaml
 
     if args.metric_percentiles is not None:
@@ -296,6 +305,7 @@ def _cmd_run(args) -> int:
     root = Path(args.out) if args.out else default_out(
         first.base_dir / first.output_dir if first.output_dir else
         Path("runs") / Path(args.scenario).stem, args.overrides)
+    check_out_dir(root)
     several = len(variants) > 1
     results, failed = {}, []
     for label, scenario in variants:
@@ -356,11 +366,15 @@ SWEEP_SHOWN = ("error", "completed", "num_rejected", "request_throughput", "requ
 def _cmd_sweep(args) -> int:
     from simserve.fmt import format_table
     from simserve.config import value_label
-    from simserve.paths import default_out
+    from simserve.paths import check_out_dir, default_out
     from simserve.plan.sweep import check_workers, load_sweep, save_sweep, sweep
 
     check_workers(args.workers, "--workers")
+    _check_address(args)
     spec = load_sweep(args.grid, args.overrides)
+    out = Path(args.out) if args.out else default_out(Path("runs") / Path(args.grid).stem,
+                                                      args.overrides)
+    check_out_dir(out)
     t0 = time.perf_counter()
     table = sweep(spec, executor=args.executor, workers=args.workers, address=args.address,
                   progress=True)
@@ -373,8 +387,6 @@ def _cmd_sweep(args) -> int:
         for f in spec.fields:           # an inline card by its name, as compare labels it
             view[f] = [value_label(v) if isinstance(v, (dict, list)) else v for v in view[f]]
         print(format_table(view, index=False))
-    out = Path(args.out) if args.out else default_out(Path("runs") / Path(args.grid).stem,
-                                                      args.overrides)
     save_sweep(table, spec, out)
     print(f"{len(table)} points ({len(failed)} failed) in {wall:.1f} s; table in "
           f"{out}/sweep.csv")
@@ -387,9 +399,12 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_capacity(args) -> int:
-    from simserve.paths import default_out
+    from simserve.paths import check_out_dir, default_out
     from simserve.plan.capacity import capacity
 
+    out = Path(args.out) if args.out else default_out(
+        Path("runs") / f"{Path(args.scenario).stem}-capacity", args.overrides)
+    check_out_dir(out)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     t0 = time.perf_counter()
     try:
@@ -403,8 +418,6 @@ def _cmd_capacity(args) -> int:
         raise
     print(result.table())
     print(f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
-    out = Path(args.out) if args.out else default_out(
-        Path("runs") / f"{Path(args.scenario).stem}-capacity", args.overrides)
     note = _replaced_search(out, result.to_dict())
     if note:
         print(f"note: {note}", file=sys.stderr)
@@ -458,6 +471,11 @@ def _cmd_validate(args) -> int:
                 raise
             where = label if kind == "sweep" else f"compare variant {label!r}"
             raise ConfigError(e.field, f"{e.message} (in {where})") from None
+    if kind == "scenario" and (variants[0][1].source or {}).get("plan") is not None:
+        # `simserve plan`'s search space: read as the planner reads it (it was passed unread)
+        from simserve.plan.planner import load_plan_inputs
+        from simserve.plan.space import candidates
+        candidates(load_plan_inputs(args.scenario, None, args.overrides)[3])  # names, prices
     print(f"{args.scenario}: ok" + (f" — {what}" if what else ""))
     for label, s in variants:
         s.replica.check_kv()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -567,6 +569,49 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
     raw = apply_overrides(raw, overrides or [])
     s = parse_scenario(raw, base_dir=path.parent, name=path.stem)
     return s.replace(overrides=tuple(overrides or ()), source=s.source)
+
+
+def check_overrides(overrides: Any) -> list[str]:
+    """``overrides`` of the Python API as a list of ``FIELD=VALUE`` strings: a lone string (each
+    of its characters would be one override) or an item that is not a string is a ConfigError."""
+    if overrides is None:
+        return []
+    if isinstance(overrides, (str, bytes)) or not isinstance(overrides, (list, tuple)):
+        raise ConfigError("overrides", f"expected a list of FIELD=VALUE strings, got "
+                                       f"{type(overrides).__name__} {overrides!r:.60}")
+    for item in overrides:
+        if not isinstance(item, str):
+            raise ConfigError("overrides", f"expected FIELD=VALUE strings, got "
+                                           f"{type(item).__name__} {item!r:.60}")
+    return list(overrides)
+
+
+def as_scenario(scenario: Any, overrides: Any = None) -> Scenario:
+    """What the Python API takes as a scenario: a Scenario, a scenario mapping (as parsed from
+    YAML; relative paths from the current directory) or the path of a scenario file, with
+    ``overrides`` applied to the mapping or file. Anything else is a ConfigError naming what
+    was given (not a TypeError from deep inside)."""
+    applied = check_overrides(overrides)
+    if isinstance(scenario, Scenario):
+        if applied:        # a resolved Scenario has no mapping left to set fields in
+            raise ConfigError("overrides", "apply to a scenario file or mapping, not to a "
+                                           "Scenario; use Scenario.replace(...) instead")
+        return scenario
+    if isinstance(scenario, Mapping):
+        raw = apply_overrides(copy.deepcopy(dict(scenario)), applied)
+        if "compare" in raw:
+            raise ConfigError("compare", "a scenario with compare: defines several variants; "
+                                         "run its file with simserve.compare()")
+        if _is_sweep(raw):
+            raise ConfigError("scenario", "is a sweep (base:/scenario: with grid:/zip:), not a "
+                                          "scenario: run it with simserve.sweep()")
+        s = parse_scenario(raw, base_dir=Path("."))
+        return s.replace(overrides=tuple(applied), source=s.source)
+    if isinstance(scenario, (str, os.PathLike)):
+        return load_scenario(scenario, applied)
+    raise ConfigError("scenario", f"expected a Scenario, a scenario mapping or the path of a "
+                                  f"scenario file, got {type(scenario).__name__} "
+                                  f"{scenario!r:.60}")
 
 
 def load_variants(path: str | Path,

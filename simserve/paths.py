@@ -163,6 +163,19 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: node}
 
 
+def check_out_dir(out: str | Path) -> None:
+    """Before anything runs: a SimserveError (the one ``make_out_dir`` would raise after the
+    run) when ``out`` or a folder above it is a file, so a long run, sweep or search is not
+    lost to it. Nothing is created."""
+    out = Path(out)
+    for at in (out, *out.parents):
+        if at.is_dir():
+            return
+        if os.path.lexists(at):
+            why = "File exists" if at == out else f"{at} is not a directory"
+            raise SimserveError(f"{out}: cannot create output directory ({why})")
+
+
 def make_out_dir(out: str | Path, name: Path | None = None) -> Path:
     """Create the output directory ``out`` (or ``name`` inside it) with its parents; an OS
     error is one SimserveError naming ``out``."""

@@ -13,6 +13,7 @@ import csv
 import dataclasses
 import gc
 import json
+import os
 import re
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
@@ -25,7 +26,7 @@ import numpy as np
 import yaml
 
 from simserve import deployment
-from simserve.config import Scenario, load_scenario, load_variants
+from simserve.config import Scenario, as_scenario, check_overrides, load_variants
 from simserve.engine import Replica, simulate
 from simserve.engine.build import build_replicas, engine_options, scenario_curves
 from simserve.errors import ConfigError, SimserveError
@@ -326,11 +327,12 @@ def class_slos(s: Scenario) -> dict[str, SloConfig]:
     return out
 
 
-def run(scenario: Scenario | str | Path, *, latency: LatencyModel | None = None,
+def run(scenario: Scenario | Mapping[str, Any] | str | Path, *, latency: LatencyModel | None = None,
         overrides: list[str] | None = None, fast_forward: bool = True,
         record_tokens: bool = False, progress: bool | str = False,
         keep_steps: bool = False) -> Result:
-    """Simulate a scenario (a Scenario, or a path to its YAML) and summarise it.
+    """Simulate a scenario (a Scenario, a scenario mapping as parsed from YAML, or a path to
+    its YAML; ``overrides``, ``FIELD=VALUE`` strings, apply to the last two) and summarise it.
 
     ``fast_forward=False`` steps one iteration per event; the results are the same (the
     equivalence tests check it), only slower. ``record_tokens=True`` keeps every output
@@ -341,7 +343,7 @@ def run(scenario: Scenario | str | Path, *, latency: LatencyModel | None = None,
     default a replica's steps past ``FOLD_STEPS`` are folded into the summary's sums as the
     run goes, and the ITL percentiles come from a sketch within 0.5 %: docs/metrics.md).
     """
-    s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
+    s = as_scenario(scenario, overrides)
     with _no_cyclic_gc():
         return _run(s, latency, fast_forward, record_tokens, progress, keep_steps)
 
@@ -403,7 +405,10 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
 
 def compare(path: str | Path, overrides: list[str] | None = None) -> dict[str, Result]:
     """Run every variant of a scenario file (see ``config.load_variants``), keyed by label."""
-    return {label: run(s) for label, s in load_variants(path, overrides)}
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError("path", f"expected the path of a scenario file (with a compare: "
+                                  f"section), got {type(path).__name__} {path!r:.60}")
+    return {label: run(s) for label, s in load_variants(path, check_overrides(overrides))}
 
 
 COMPARISON_METRICS = {

@@ -63,12 +63,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simserve.errors import ConfigError, DataError, SimserveError
-from simserve.live.client import check_endpoint_host, load_average
+from simserve.live.client import check_client_options, check_endpoint_host, load_average
 from simserve.live.fit import (PARAMS, Observation, decode_plan, fit, mixed_plan,
                                observations_from_probes, single_prefill_plans, step_features,
                                steady_plans)
 from simserve.live.probes import (LoadSteps, ProbePlan, load_steps, mixed_step, probe_server,
                                   steady_decode_step)
+from simserve.paths import check_out_dir
 
 if TYPE_CHECKING:   # the CLI builds its parser from this module: keep importing it cheap
     from simserve.config import Scenario
@@ -103,6 +104,7 @@ def calibrate(scenario: Scenario | str | Path, endpoint: str, *, base_profile: s
     from simserve.latency.profile import ProfileLatency
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     endpoint = check_endpoint_host(endpoint, allow_remote)
+    check_client_options(timeout, warmup)
     path = Path(base_profile) if base_profile else _scenario_profile(s)
     base = ProfileLatency.from_file(path, s.model)
     base_dict = {k: v for k, v in base.profile.items() if k != "calibration"}
@@ -170,6 +172,7 @@ def speed_check(scenario: Scenario | str | Path, endpoint: str, calibrated: dict
     from simserve.latency.profile import ProfileLatency
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     endpoint = check_endpoint_host(endpoint, allow_remote)
+    check_client_options(timeout, warmup)
     plan = plan.for_scenario(s)
     if not plan.concurrencies:
         raise ConfigError("engine", "no speed probe fits this scenario's max_num_seqs")
@@ -283,6 +286,9 @@ def register(subparsers) -> None:
     p.set_defaults(handler=_cmd_calibrate)
 
 
+MAX_REPEATS = 100       # rounds of probes: each takes minutes on a slow server
+
+
 def _cmd_calibrate(args) -> int:
     import sys
     kv_tokens = args.kv_tokens
@@ -294,8 +300,12 @@ def _cmd_calibrate(args) -> int:
         kv_tokens = kv_tokens_from_log(text)
         if kv_tokens is None:
             raise DataError(args.server_log, "no 'KV cache size: N tokens' line found")
-    if args.repeats < 1:
-        raise SimserveError(f"--repeats: must be >= 1, got {args.repeats}")
+    if not 1 <= args.repeats <= MAX_REPEATS:
+        raise SimserveError(f"--repeats: must be 1 to {MAX_REPEATS}, got {args.repeats}")
+    out = Path(args.out)     # before the probes (minutes of a live server), not after them
+    if out.is_dir():
+        raise SimserveError(f"{out}: is a directory; --out names the profile file to write")
+    check_out_dir(out.parent)
     plan = dataclasses.replace(ProbePlan(), repeats=args.repeats)
     profile = calibrate(args.scenario, args.endpoint, base_profile=args.profile,
                         model=args.model, plan=plan, num_gpu_blocks=args.num_gpu_blocks,
@@ -303,7 +313,7 @@ def _cmd_calibrate(args) -> int:
                         allow_remote=args.allow_remote, overrides=args.overrides,
                         log=lambda line: print(line, file=sys.stderr))
     print(format_calibration(profile["calibration"]))
-    out = write_calibrated(profile, args.out)
+    out = write_calibrated(profile, out)
     cal = profile["calibration"]
     sets = f"--set latency.model=profile --set latency.path={out}"
     if cal["num_gpu_blocks"]:

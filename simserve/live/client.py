@@ -54,6 +54,20 @@ def check_endpoint_host(endpoint: str, allow_remote: bool = False) -> str:
     return endpoint.rstrip("/")
 
 
+MAX_WARMUP = 1000           # warm-up requests: a few are enough; 10^9 of them never end
+
+
+def check_client_options(timeout: float, warmup: int) -> None:
+    """The per-request ``timeout`` (seconds, > 0 and finite: aiohttp cannot arm an infinite
+    one, and a negative or NaN one made every request fail at once) and the number of
+    ``warmup`` requests (0 to MAX_WARMUP), named as the command-line options."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not 0 < timeout < math.inf:
+        raise SimserveError(f"--timeout: must be > 0 and finite, got {timeout!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or not 0 <= warmup <= MAX_WARMUP:
+        raise SimserveError(f"--warmup: must be 0 to {MAX_WARMUP}, got {warmup!r}")
+
+
 def is_loopback(host: str) -> bool:
     """``localhost``, ``127.0.0.0/8`` or ``::1`` (names other than localhost are not resolved)."""
     if host.lower() == "localhost":

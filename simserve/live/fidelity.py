@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from simserve.errors import DataError, SimserveError
+from simserve.paths import check_out_dir
 
 if TYPE_CHECKING:   # the CLI builds its parser from this module: keep importing it cheap
     import pandas as pd
@@ -37,15 +38,32 @@ METRICS: tuple[tuple[str, str], ...] = (
 HEADLINE = METRICS[:7]
 
 
+WORK_KEYS = ("num_requests", "total_input_tokens", "total_output_tokens")   # compared as is
+
+
 def load_summary(run_dir: str | Path) -> dict:
+    """A run's ``summary.json``: a JSON object whose compared metrics are numbers (or null);
+    DataError naming the file and the key otherwise (not a traceback from the arithmetic)."""
     path = Path(run_dir) / "summary.json"
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise DataError(path, "not found (is this a `simserve run` or `simserve replay` "
                               "output directory?)") from None
     except (OSError, ValueError) as e:
         raise DataError(path, f"cannot read ({e})") from None
+    except RecursionError:
+        raise DataError(path, "cannot read (nested too deeply)") from None
+    if not isinstance(data, dict):
+        raise DataError(path, f"expected a JSON object of metrics, got {type(data).__name__}")
+    for key in (*(k for _, k in METRICS), *WORK_KEYS):
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise DataError(path, f"{key}: expected a number, got {value!r:.40}")
+    if all(data.get(k) is None for _, k in METRICS):
+        raise DataError(path, "holds none of the compared metrics (is this a `simserve run` or "
+                              "`simserve replay` output directory?)")
+    return data
 
 
 def rel_error(sim: float | None, real: float | None) -> float:
@@ -91,7 +109,7 @@ def format_table(table: pd.DataFrame, spread: bool) -> str:
 def workload_mismatch(real: Mapping, sim: Mapping) -> list[str]:
     """Differences that mean the two runs did not see the same work."""
     out = []
-    for key in ("num_requests", "total_input_tokens", "total_output_tokens"):
+    for key in WORK_KEYS:
         if real.get(key) != sim.get(key):
             out.append(f"{key}: real {real.get(key)}, sim {sim.get(key)}")
     return out
@@ -112,6 +130,11 @@ def _cmd_compare(args) -> int:
     if len(args.dirs) < 2:
         raise SimserveError("compare: give at least one real directory and one simulated one")
     *real_dirs, sim_dir = args.dirs
+    if args.csv:      # before the table is printed, not a traceback after it
+        csv = Path(args.csv)
+        if csv.is_dir():
+            raise SimserveError(f"--csv: {csv} is a directory; give the file to write")
+        check_out_dir(csv.parent)
     reals = [load_summary(d) for d in real_dirs]
     sim = load_summary(sim_dir)
     table = error_table(reals, sim)
@@ -125,5 +148,9 @@ def _cmd_compare(args) -> int:
             print(f"warning: {d} and {sim_dir} did not run the same work: "
                   f"{'; '.join(diffs)}", file=sys.stderr)
     if args.csv:
-        table.to_csv(args.csv, float_format="%.6g")
+        try:
+            Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+            table.to_csv(args.csv, float_format="%.6g")
+        except OSError as e:
+            raise SimserveError(f"--csv: cannot write {args.csv} ({e.strerror or e})") from None
     return 0

@@ -47,9 +47,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from simserve.errors import SimserveError
-from simserve.live.client import (WARMUP_IDS, EndpointError, Outcome, check_endpoint_host,
-                                  load_average, probe, prompt_ids, request_body, send)
-from simserve.paths import make_out_dir
+from simserve.live.client import (WARMUP_IDS, EndpointError, Outcome, check_client_options,
+                                  check_endpoint_host, load_average, probe, prompt_ids,
+                                  request_body, send)
+from simserve.paths import check_out_dir, make_out_dir
 
 if TYPE_CHECKING:   # the CLI builds its parser from this module: keep importing it cheap
     import pandas as pd
@@ -131,9 +132,9 @@ def replay(scenario: Scenario | str | Path, endpoint: str, *, model: str | None 
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     if max_requests is not None and max_requests < 1:
         raise SimserveError(f"--max-requests: must be >= 1, got {max_requests}")
-    for name, value in (("--time-limit", time_limit), ("--timeout", timeout)):
-        if value is not None and not value > 0:
-            raise SimserveError(f"{name}: must be > 0, got {value:g}")
+    if time_limit is not None and not time_limit > 0:
+        raise SimserveError(f"--time-limit: must be > 0, got {time_limit:g}")
+    check_client_options(timeout, warmup)
     endpoint = check_endpoint_host(endpoint, allow_remote)
     specs = build_workload(s.workload, s.seed, s.base_dir)
     if max_requests is not None:
@@ -331,8 +332,7 @@ def register(subparsers) -> None:
 
 def _cmd_replay(args) -> int:
     import sys
-    if args.warmup < 0:
-        raise SimserveError(f"--warmup: must be >= 0, got {args.warmup}")
+    check_out_dir(args.out)       # before the replay: a real run cannot be had again
     result = replay(args.scenario, args.endpoint, model=args.model,
                     max_requests=args.max_requests, time_limit=args.time_limit,
                     timeout=args.timeout, warmup=args.warmup, allow_remote=args.allow_remote,

@@ -198,6 +198,9 @@ def _cmd_serve(args) -> int:
     from simserve.config import load_scenario
     from simserve.deployment import check
 
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        # (it was taken as "not given": the scenario's model name, silently)
+        raise SimserveError("--served-model-name: must not be empty")
     scenario = load_scenario(args.scenario, args.overrides)
     check(scenario)
     num_ports = scenario_replicas(scenario) if args.port_per_replica else 1

@@ -32,14 +32,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from simserve.config import Scenario, load_scenario
+from simserve.config import Scenario, as_scenario
 from simserve.errors import ConfigError, SimserveError
 from simserve.fmt import format_table
 from simserve.limits import MAX_REPLICAS, MAX_REQUESTS, MAX_SECONDS
@@ -319,15 +319,24 @@ def _prepare(s: Scenario, notes: list[str], hold: str = "requests") -> tuple[Sce
     return s, a.rate
 
 
-def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = None,
-             tolerance: float = 0.05, seeds: int = 3, overrides: Sequence[str] | None = None,
-             max_replicas: int = 256, log: Log | None = None,
-             progress: bool = False, hold: str = "requests") -> CapacityResult:
+def capacity(scenario: Scenario | Mapping[str, Any] | str | Path, *,
+             target_rate: float | None = None, tolerance: float = 0.05, seeds: int = 3,
+             overrides: Sequence[str] | None = None, max_replicas: int = 256,
+             log: Log | None = None, progress: bool = False,
+             hold: str = "requests") -> CapacityResult:
     """Find the highest rate meeting the SLO attainment target (and, given ``target_rate``,
     the fewest replicas that serve it). ``log`` gets one line per probe; ``progress`` shows
     a bar counting probes on stderr (a bisection's length is not known ahead: no ETA).
     ``hold``: what every probe keeps fixed, ``"requests"`` (the count) or ``"duration"`` (the
     workload's seconds of arrivals; module docstring)."""
+    for name, value, integer in (("tolerance", tolerance, False), ("seeds", seeds, True),
+                                 ("target_rate", target_rate, False),
+                                 ("max_replicas", max_replicas, True)):
+        # the comparisons below would raise a bare TypeError ("x" < 1) or pass a 1.5 on
+        if value is not None and (isinstance(value, bool) or not isinstance(
+                value, int if integer else (int, float))):
+            raise ConfigError(name, f"expected {'an integer' if integer else 'a number'}, "
+                                    f"got {type(value).__name__} {value!r:.60}")
     # a bracket narrower than 1e-3 needs bisection steps past float precision (never ends)
     if not MIN_TOLERANCE <= tolerance < 1:
         raise ConfigError("tolerance", f"must be in [{MIN_TOLERANCE:g}, 1), got {tolerance:g}")
@@ -340,7 +349,7 @@ def capacity(scenario: Scenario | str | Path, *, target_rate: float | None = Non
     if not 1 <= max_replicas <= MAX_REPLICAS:
         raise ConfigError("max_replicas", f"must be >= 1 and <= {MAX_REPLICAS}, got "
                                           f"{max_replicas}")
-    s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
+    s = as_scenario(scenario, overrides)
     notes: list[str] = []
     s, start = _prepare(s, notes, hold)
     if hold == "duration" and target_rate is not None:

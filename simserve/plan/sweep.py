@@ -232,6 +232,10 @@ class Executor:
         if executor not in EXECUTORS:
             raise ConfigError("executor", f"unknown executor {executor!r}; expected one of: "
                                           f"{', '.join(EXECUTORS)}")
+        if address is not None and executor != "ray":
+            # (it was ignored: the points ran on local processes as if it were not given)
+            raise ConfigError("address", "names a Ray cluster: give it with executor ray, not "
+                                         f"{executor}")
         self.executor, self.address = executor, address
         self.workers = workers or os.cpu_count() or 1
         self._pool: ProcessPoolExecutor | None = None

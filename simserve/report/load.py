@@ -24,6 +24,26 @@ from simserve.errors import DataError
 from simserve.safeyaml import read_text
 
 
+# What the report reads from each file (a file cut short or edited by hand lacked one and the
+# report was a KeyError traceback): checked when the directory is read, named with its file.
+REQUEST_NEEDS = ("status", "ttft_s", "tpot_s", "e2el_s")
+STEP_NEEDS = ("replica", "start_s", "duration_s", "num_running", "num_waiting",
+              "num_prefill_tokens", "num_batched_tokens", "kv_blocks_used", "kv_blocks_total",
+              "num_preempted")
+CAPACITY_NEEDS = ("target_attainment", "max_rate", "first_failing_rate", "replicas", "spread",
+                  "target_rate", "replicas_needed")
+PROBE_NEEDS = ("phase", "rate", "replicas", "slo_attainment")
+PLAN_NEEDS = ("candidates", "model", "target_rate", "simulated")
+CANDIDATE_NEEDS = ("candidate",)
+
+
+def _needs(path: Path, have, needed: Sequence[str], what: str) -> None:
+    missing = [k for k in needed if k not in have]
+    if missing:
+        raise DataError(path, f"no {what} {missing[0]!r} (a simserve output cut short or "
+                              "edited?)")
+
+
 @dataclass
 class RunData:
     """One run's tables, as a report needs them."""
@@ -55,9 +75,16 @@ class RunData:
         overrides = tuple(line[len("# --set "):].strip()
                           for line in read_text(path / "scenario.yaml").splitlines()
                           if line.startswith("# --set "))
+        requests = _read_table(path / "requests")
+        steps = _read_table(path / "steps", optional=True)
+        summary = _read_json(path / "summary.json")
+        # the columns once every file is read: an unreadable file is named before a short one
+        assert requests is not None
+        _needs(_table_path(path / "requests"), requests.columns, REQUEST_NEEDS, "column")
+        if steps is not None:
+            _needs(_table_path(path / "steps"), steps.columns, STEP_NEEDS, "column")
         return cls(label or path.name, scenario.get("scheduler", {}).get("policy", "?"),
-                   _read_table(path / "requests"), _read_table(path / "steps", optional=True),
-                   _read_json(path / "summary.json"), scenario, path, overrides)
+                   requests, steps, summary, scenario, path, overrides)
 
 
 @dataclass
@@ -126,12 +153,14 @@ def load_inputs(paths: Sequence[str | Path]) -> Inputs:
                                         spec, d))
         elif (d / "plan.json").is_file():
             answer = _read_json(d / "plan.json")
+            _needs(d / "plan.json", answer, PLAN_NEEDS, "key")
             out.plans.append(PlanData(answer.get("scenario") or label, answer,
-                                      _read_csv(d / "candidates.csv"), d))
+                                      _read_csv(d / "candidates.csv", CANDIDATE_NEEDS), d))
         elif (d / "capacity.json").is_file():
             answer = _read_json(d / "capacity.json")
+            _needs(d / "capacity.json", answer, CAPACITY_NEEDS, "key")
             out.capacities.append(CapacityData(answer.get("scenario") or label, answer,
-                                               _read_csv(d / "probes.csv"), d))
+                                               _read_csv(d / "probes.csv", PROBE_NEEDS), d))
         elif variants := _variant_dirs(d):
             out.runs.extend(RunData.from_dir(v) for v in variants)
         else:
@@ -159,26 +188,36 @@ def _unique_labels(dirs: list[Path]) -> list[str]:
     return [str(d.resolve().relative_to(common)) or d.resolve().name for d in dirs]
 
 
+def _table_path(stem: Path) -> Path:
+    """The file ``_read_table`` reads for ``stem``."""
+    parquet = stem.with_suffix(".parquet")
+    return parquet if not stem.with_suffix(".csv").exists() and parquet.exists() \
+        else stem.with_suffix(".csv")
+
+
 def _read_table(stem: Path, optional: bool = False) -> pd.DataFrame | None:
     """``stem``.csv, else ``stem``.parquet (``simserve run --format parquet``); None for a
     missing ``optional`` table."""
     parquet = stem.with_suffix(".parquet")
     if not stem.with_suffix(".csv").exists() and parquet.exists():
         try:
-            return pd.read_parquet(parquet)
+            table = pd.read_parquet(parquet)
         except ImportError:
             raise DataError(parquet, "reading Parquet needs pyarrow "
                                      "(pip install 'simserve[parquet]')") from None
         except Exception as e:   # pyarrow's errors for a damaged file have no common base
             raise DataError(parquet, f"not a readable Parquet table ({e})") from None
+        return table
     if optional and not stem.with_suffix(".csv").exists():
         return None
     return _read_csv(stem.with_suffix(".csv"))
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
+def _read_csv(path: Path, needs: Sequence[str] = ()) -> pd.DataFrame:
     try:
-        return pd.read_csv(path)
+        table = pd.read_csv(path)
+        _needs(path, table.columns, needs, "column")
+        return table
     except FileNotFoundError:
         raise DataError(path, "file not found") from None
     except UnicodeDecodeError:

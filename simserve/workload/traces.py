@@ -13,6 +13,7 @@ Bad rows are found with vectorised checks; only the first one is reported, as ``
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,13 +128,28 @@ def read_length_columns(path: Path, columns: Sequence[str]) -> list[np.ndarray]:
 def _read_csv(path: Path, columns: Sequence[str]) -> pd.DataFrame:
     """Only ``columns`` of a CSV file; DataError for a missing column or an unreadable file."""
     try:
-        found = [str(c) for c in pd.read_csv(path, nrows=0).columns]
+        # the header as written (pandas renames a repeated name 'x.1' and reads the first)
+        found = [str(c) for c in pd.read_csv(path, header=None, nrows=1, dtype=str,
+                                             keep_default_na=False).iloc[0]]
+        twice = [c for c in columns if found.count(c) > 1]
+        if twice:
+            raise DataError(path, f"column {twice[0]!r} appears twice in the header",
+                            _csv_line(path, -1))
         missing = [c for c in columns if c not in found]
         if missing:
             raise DataError(path, f"missing required column {missing[0]!r}; "
                                   f"columns found: {', '.join(found)}")
         # All columns are read (not usecols) so that a row with extra fields is an error.
-        return pd.read_csv(path)[list(columns)]
+        # index_col=False: a first row with more fields than the header is otherwise read
+        # with its first column(s) as the index, every column shifted left (a trailing comma
+        # on each row does it); pandas then warns instead, and later long rows are errors
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", pd.errors.ParserWarning)
+            df = pd.read_csv(path, index_col=False)
+        if any(issubclass(w.category, pd.errors.ParserWarning) for w in caught):
+            raise DataError(path, "the row does not have the same number of fields as the "
+                                  "header", _csv_line(path, 0))
+        return df[list(columns)]
     except pd.errors.EmptyDataError:
         raise DataError(path, "the file is empty") from None
     except UnicodeDecodeError:
@@ -206,14 +222,14 @@ def _read_azure(path: Path, cfg: TraceConfig) -> _Rows:
     bad = whole.isna().to_numpy() | df["TIMESTAMP"].isna().to_numpy()
     if bad.any():
         i = int(np.argmax(bad))
-        raise DataError(path, f"bad TIMESTAMP {df['TIMESTAMP'].iloc[i]!r}; expected "
+        raise DataError(path, f"bad TIMESTAMP {str(df['TIMESTAMP'].iloc[i])!r}; expected "
                               f"YYYY-MM-DD HH:MM:SS[.fraction]", _csv_line(path, i))
     seconds = (whole - whole.min()).dt.total_seconds().to_numpy()
     fraction = pd.to_numeric(parts[1], errors="coerce").fillna(0.0).to_numpy()
     late = seconds > MAX_SECONDS
     if late.any():
         i = int(np.argmax(late))
-        raise DataError(path, f"TIMESTAMP {df['TIMESTAMP'].iloc[i]!r} is {seconds[i]:.3g} s "
+        raise DataError(path, f"TIMESTAMP {str(df['TIMESTAMP'].iloc[i])!r} is {seconds[i]:.3g} s "
                               f"after the first; a run spans at most {MAX_SECONDS:g} s",
                         _csv_line(path, i))
     return _Rows(seconds + fraction, *_token_columns(df, path, "ContextTokens",

@@ -483,3 +483,25 @@ def test_a_malformed_admission_cost_is_one_clear_error():
         ProfileLatency({**synthetic_profile(), "calibration": {"admission_s": "slow"}})
     with pytest.raises(DataError, match="calibration.admission_s"):
         ProfileLatency({**synthetic_profile(), "calibration": {"admission_s": -0.001}})
+
+
+@pytest.mark.parametrize("args, expect", [
+    # -1 and nan were accepted: every probe request failed at once, and a profile was written
+    (["--timeout", "-1"], "error: --timeout: must be > 0 and finite, got -1.0"),
+    (["--timeout", "nan"], "error: --timeout: must be > 0 and finite, got nan"),
+    (["--timeout", "inf"], "error: --timeout: must be > 0 and finite, got inf"),   # traceback
+    (["--repeats", "1000000000"], "error: --repeats: must be 1 to 100, got 1000000000"),
+    # found only when writing, after minutes of probes
+    (["--out", "{d}"], "error: {d}: is a directory; --out names the profile file to write"),
+    (["--out", "{d}/afile/c.json"], "error: {d}/afile: cannot create output directory "
+                                    "(File exists)"),
+])
+def test_cli_calibrate_checks_its_options_and_output_before_probing(tmp_path, capsys, args,
+                                                                    expect):
+    path = write_scenario(tmp_path)
+    (tmp_path / "afile").write_text("a file\n")
+    argv = ["calibrate", str(path), "--endpoint", "http://127.0.0.1:9", "--out",
+            str(tmp_path / "c.json"), *args]
+    code = main([a.replace("{d}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err == expect.replace("{d}", str(tmp_path)) + "\n"

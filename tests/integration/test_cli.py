@@ -213,3 +213,71 @@ def test_garbage_in_the_new_engine_knobs_is_one_error(tmp_path, capsys, setting,
     assert field in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command, work", [
+    (["run", DATA / "tiny.yaml"], "simserve.runner.run"),
+    (["sweep", "{sweep}", "--workers", "1"], "simserve.plan.sweep.sweep"),
+    (["capacity", DATA / "tiny.yaml", "--seeds", "1"], "simserve.plan.capacity.capacity"),
+    (["plan", DATA / "plan_small.yaml", "--target-rate", "5", "--workers", "1"],
+     "simserve.plan.planner.plan"),
+])
+@pytest.mark.parametrize("out", ["afile", "afile/sub"])
+def test_an_output_folder_that_cannot_be_made_is_refused_before_the_work(
+        tmp_path, capsys, monkeypatch, command, work, out):
+    # it was found only when saving: the whole run, sweep, search or plan ran (and printed
+    # its table) first, then the results were lost
+    def must_not_run(*args, **kwargs):
+        raise AssertionError(f"{work} ran before the output folder was checked")
+    monkeypatch.setattr(work, must_not_run)
+    (tmp_path / "afile").write_text("a file, not a folder\n")
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(f"base: {DATA / 'tiny.yaml'}\ngrid:\n  seed: [1, 2]\n")
+    argv = [str(a).replace("{sweep}", str(sweep)) for a in command]
+    code, stdout, err = run_cli([*argv, "--no-report", "--quiet", "--out", tmp_path / out],
+                                capsys)
+    assert code == 2 and stdout == ""
+    assert err.startswith(f"error: {tmp_path / out}: cannot create output directory (")
+    assert len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "s.yaml"]
+
+
+@pytest.mark.parametrize("plan, expect", [
+    # `validate` said ok; only `simserve plan` read the section
+    ("plan:\n  bogus: 1\n", "error: plan.bogus: unknown field"),
+    ("plan:\n  hardware: [H100]\n", "error: plan.hardware[0]: unknown name 'H100'"),
+    ("plan:\n  hardware: [H200]\n", "error: plan.prices.H200: no price per GPU-hour"),
+    ("plan:\n  tensor_parallel_size: [0]\n", "error: plan.tensor_parallel_size[0]: "),
+])
+def test_validate_reads_a_scenarios_plan_section(tmp_path, capsys, plan, expect):
+    path = tmp_path / "s.yaml"
+    path.write_text((DATA / "tiny.yaml").read_text() + plan)
+    code, out, err = run_cli(["validate", path], capsys)
+    assert code == 2 and out == "" and err.startswith(expect) and err.count("\n") == 1
+
+
+def test_validate_accepts_a_good_plan_section(capsys):
+    code, out, _ = run_cli(["validate", DATA / "plan_small.yaml"], capsys)
+    assert code == 0 and out.startswith(f"{DATA / 'plan_small.yaml'}: ok")
+
+
+@pytest.mark.parametrize("command", [
+    ["sweep", "{sweep}", "--workers", "1"],
+    ["plan", DATA / "plan_small.yaml", "--target-rate", "5", "--workers", "1"],
+])
+def test_address_without_the_ray_executor_is_refused(tmp_path, capsys, command):
+    # it was ignored: the points ran on local processes
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(f"base: {DATA / 'tiny.yaml'}\ngrid:\n  seed: [1, 2]\n")
+    argv = [str(a).replace("{sweep}", str(sweep)) for a in command]
+    code, out, err = run_cli([*argv, "--address", "10.0.0.1:6379", "--no-report", "--quiet",
+                              "--out", tmp_path / "o"], capsys)
+    assert code == 2 and out == "" and not (tmp_path / "o").exists()
+    assert err == "error: --address: names a Ray cluster: give it with --executor ray\n"
+
+
+def test_the_executor_refuses_an_address_it_would_ignore():
+    from simserve.errors import ConfigError
+    from simserve.plan.sweep import Executor
+    with pytest.raises(ConfigError, match="^address: names a Ray cluster"):
+        Executor("local", 1, "10.0.0.1:6379")

@@ -346,3 +346,83 @@ def test_wrong_shape_stream_chunks_fail_the_request_with_a_message(tmp_path):
     for n in WRONG_SHAPES:
         assert req.loc[n, "error"].startswith("bad stream chunk"), (n, req.loc[n, "error"])
     assert res.summary["num_failed"] == len(WRONG_SHAPES)
+
+
+@pytest.mark.parametrize("kwargs, expect", [
+    ({"timeout": float("inf")}, "--timeout: must be > 0 and finite, got inf"),  # a traceback
+    ({"timeout": float("nan")}, "--timeout: must be > 0 and finite, got nan"),  # aiohttp's
+    ({"warmup": 10**9}, "--warmup: must be 0 to 1000, got 1000000000"),         # never ended
+    ({"warmup": -1}, "--warmup: must be 0 to 1000, got -1"),
+])
+def test_client_options_are_refused_before_any_request(tmp_path, kwargs, expect):
+    from simserve.errors import SimserveError
+    path = write_scenario(tmp_path, [(0.0, 10, 2)])
+    with pytest.raises(SimserveError) as info:      # nothing listens on port 9
+        replay(path, "http://127.0.0.1:9", **kwargs)
+    assert str(info.value) == expect
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--timeout", "inf"], "error: --timeout: must be > 0 and finite, got inf"),
+    (["--out", "{d}/afile"], "error: {d}/afile: cannot create output directory (File exists)"),
+    (["--out", "{d}/afile/sub"], "error: {d}/afile/sub: cannot create output directory "
+                                 "({d}/afile is not a directory)"),
+])
+def test_cli_replay_checks_its_options_and_output_folder_first(tmp_path, capsys, args, expect):
+    # the output folder was found unusable only after the whole real run, which was lost
+    path = write_scenario(tmp_path, [(0.0, 10, 2)])
+    (tmp_path / "afile").write_text("a file\n")
+    argv = ["replay", str(path), "--endpoint", "http://127.0.0.1:9", "--out",
+            str(tmp_path / "out"), *args]
+    code = main([a.replace("{d}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err == expect.replace("{d}", str(tmp_path)) + "\n"
+
+
+GOOD_SUMMARY = {"num_requests": 3, "total_input_tokens": 30, "total_output_tokens": 6,
+                "median_ttft_ms": 10.0, "completed": 3}
+
+
+@pytest.mark.parametrize("real, expect", [
+    # each was a traceback from the arithmetic or a table of n/a with exit 0
+    ({**GOOD_SUMMARY, "median_ttft_ms": "x"}, "median_ttft_ms: expected a number, got 'x'"),
+    ({**GOOD_SUMMARY, "num_requests": "x"}, "num_requests: expected a number, got 'x'"),
+    ({**GOOD_SUMMARY, "completed": True}, "completed: expected a number, got True"),
+    ([1, 2], "expected a JSON object of metrics, got list"),
+    ({"a": 1}, "holds none of the compared metrics"),
+])
+def test_compare_refuses_a_summary_that_is_not_one(tmp_path, capsys, real, expect):
+    for name, summary in (("real", real), ("sim", GOOD_SUMMARY)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+    code = main(["compare", str(tmp_path / "real"), str(tmp_path / "sim")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: {tmp_path / 'real' / 'summary.json'}: {expect}")
+    assert err.count("\n") == 1 and err.endswith("\n")
+
+
+@pytest.mark.parametrize("csv, expect", [
+    ("{d}", "error: --csv: {d} is a directory; give the file to write"),
+    ("{d}/afile/t.csv", "error: {d}/afile: cannot create output directory (File exists)"),
+])
+def test_compare_checks_its_csv_path_before_printing(tmp_path, capsys, csv, expect):
+    # both were tracebacks from pandas after the table had been printed
+    for name in ("real", "sim"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(GOOD_SUMMARY))
+    (tmp_path / "afile").write_text("a file\n")
+    code = main(["compare", str(tmp_path / "real"), str(tmp_path / "sim"), "--csv",
+                 csv.replace("{d}", str(tmp_path))])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err == expect.replace("{d}", str(tmp_path)) + "\n"
+
+
+def test_compare_writes_its_csv_into_a_new_folder(tmp_path, capsys):
+    for name in ("real", "sim"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(GOOD_SUMMARY))
+    assert main(["compare", str(tmp_path / "real"), str(tmp_path / "sim"), "--csv",
+                 str(tmp_path / "new" / "t.csv")]) == 0
+    table = pd.read_csv(tmp_path / "new" / "t.csv", index_col=0)
+    assert table.loc["TTFT p50 ms", "sim"] == 10.0

@@ -202,6 +202,8 @@ def cli(*args, cwd):
     (["--host", "10.1.2.3"], "--host"),
     (["--port", "70000"], "--port"),
     (["--port", "-1"], "--port"),
+    (["--served-model-name", ""], "--served-model-name"),     # served the scenario's name
+    (["--served-model-name", " "], "--served-model-name"),
 ])
 def test_refuses_to_bind_what_it_should_not(tmp_path, args, field):
     path = write_scenario(tmp_path)

@@ -710,6 +710,24 @@ def test_simserve_profile_forwards_to_the_profiler(tmp_path, capsys):
     assert info.value.code == 0 and "usage: simserve profile" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["--model", "tiny-llama-45m", "--out", "p.json"], "the following arguments are required: "
+                                                       "--device"),
+    (["--model", "tiny-llama-45m", "--device", "cpu", "--out", "p.json", "--seed", "abc"],
+     "argument --seed: invalid int value: 'abc'"),
+    (["--model", "tiny-llama-45m", "--device", "tpu", "--out", "p.json"], "--device"),
+])
+def test_simserve_profile_usage_errors_are_one_line(capsys, argv, words):
+    # argparse printed its whole usage block (eight lines) above the error
+    from simserve.cli import main as simserve_main
+    with pytest.raises(SystemExit) as info:
+        simserve_main(["profile", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and len(err) == 1
+    assert err[0].startswith("error: simserve profile: ") and words in err[0]
+    assert err[0].endswith("(see simserve profile --help)")
+
+
 def test_simserve_profile_without_torch_says_how_to_install(monkeypatch, capsys):
     import importlib.util
     from simserve.cli import main as simserve_main

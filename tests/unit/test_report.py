@@ -172,6 +172,47 @@ def test_not_a_run_directory(tmp_path):
         load_inputs([tmp_path / "missing"])
 
 
+@pytest.mark.parametrize("file, cut, named", [
+    # each was a KeyError traceback from a figure; now the file and what it lacks
+    ("requests.csv", "ttft_s", "no column 'ttft_s'"),
+    ("requests.csv", "status", "no column 'status'"),
+    ("steps.csv", "replica", "no column 'replica'"),
+    ("steps.csv", "kv_blocks_total", "no column 'kv_blocks_total'"),
+])
+def test_a_run_table_cut_short_is_named(tmp_path, capsys, file, cut, named):
+    run = tiny_run(tmp_path / "r")
+    table = pd.read_csv(run / file)
+    table.drop(columns=[cut]).to_csv(run / file, index=False)
+    code = main(["report", str(run), "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {run / file}: {named} (")
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("kind, files, named", [
+    ("capacity", {"capacity.json": "{}", "probes.csv": "rate\n1\n"},
+     "capacity.json: no key 'target_attainment'"),
+    ("plan", {"plan.json": '{"scenario": "x"}', "candidates.csv": "candidate\n0\n"},
+     "plan.json: no key 'candidates'"),
+])
+def test_a_search_answer_cut_short_is_named(tmp_path, capsys, kind, files, named):
+    (tmp_path / kind).mkdir()
+    for name, text in files.items():
+        (tmp_path / kind / name).write_text(text)
+    code = main(["report", str(tmp_path / kind)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {tmp_path / kind}/{named} (")
+
+
+def test_capacity_probes_cut_short_are_named(tmp_path, capsys):
+    s = simserve.load_scenario(TINY, overrides=["workload.num_requests=20"])
+    capacity(s, seeds=1, tolerance=0.2).save(tmp_path / "cap")
+    probes = pd.read_csv(tmp_path / "cap" / "probes.csv")
+    probes.drop(columns=["phase"]).to_csv(tmp_path / "cap" / "probes.csv", index=False)
+    with pytest.raises(DataError, match=r"probes\.csv: no column 'phase'"):
+        load_inputs([tmp_path / "cap"])
+
+
 def test_cli_report_and_opt_out(tmp_path, capsys):
     assert main(["run", str(TINY), "--out", str(tmp_path / "r"), "--quiet", "--no-report"]) == 0
     assert not (tmp_path / "r" / "report.html").exists()

@@ -417,11 +417,34 @@ def test_missing_column(tmp_path):
     ("0,1,1\n1,2.5,1\n", 3, "column 'prompt_tokens' must be a whole number, got 2.5"),
     ("0,1,1\n\n\n1,2,\n", 5, "missing value in column 'output_tokens'"),  # blank lines counted
     ("0,1,1\n1,2,3,4\n", 3, "does not have the same number of fields"),
+    # an extra field on the first row made pandas read the first column as an index: every
+    # column shifted one to the left (arrival_s <- prompt_tokens, ...) and the run went on
+    ("1,2,3,4\n0,1,1\n", 2, "does not have the same number of fields"),
+    ("0,5,7,9\n1,5,7,9\n", 2, "does not have the same number of fields"),  # every row
 ])
 def test_bad_csv_row_names_file_and_line(tmp_path, body, line, why):
     p = write(tmp_path, "bad.csv", "arrival_s,prompt_tokens,output_tokens\n" + body)
     msg = error(DataError, trace, p, "csv")
     assert f"bad.csv:{line}: " in msg and why in msg
+
+
+def test_csv_rows_ending_in_a_comma_keep_their_columns(tmp_path):
+    # before, pandas read arrival_s as the index: arrivals 5, 6 and prompts of 7 tokens
+    p = write(tmp_path, "tc.csv", "arrival_s,prompt_tokens,output_tokens\n0,5,7,\n1,6,7,\n")
+    assert [(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens) for r in trace(p, "csv")] == \
+        [(0.0, 5, 7), (1.0, 6, 7)]
+
+
+@pytest.mark.parametrize("header, fmt", [
+    ("arrival_s,prompt_tokens,prompt_tokens,output_tokens", "csv"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens,ContextTokens", "azure"),
+])
+def test_csv_header_naming_a_column_twice_is_refused(tmp_path, header, fmt):
+    # pandas renames the second to 'prompt_tokens.1' and the first was used, silently
+    row = ",".join(["0"] + ["3"] * header.count(","))
+    p = write(tmp_path, "dup.csv", f"{header}\n{row}\n")
+    msg = error(DataError, trace, p, fmt)
+    assert "dup.csv:1: " in msg and "appears twice in the header" in msg
 
 
 def test_bad_azure_timestamp(tmp_path):
@@ -430,6 +453,13 @@ def test_bad_azure_timestamp(tmp_path):
                                   "2023-11-16 25:15:50.99,396,109\n")
     msg = error(DataError, trace, p, "azure")
     assert "az.csv:3: bad TIMESTAMP '2023-11-16 25:15:50.99'" in msg
+
+
+def test_numeric_azure_timestamp_is_quoted_as_written(tmp_path):
+    # a column pandas reads as numbers was quoted as "np.int64(5)"
+    p = write(tmp_path, "az.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n5,374,44\n")
+    msg = error(DataError, trace, p, "azure")
+    assert "az.csv:2: bad TIMESTAMP '5'; expected" in msg
 
 
 @pytest.mark.parametrize("line2, why", [
