@@ -483,7 +483,19 @@ def _check_async(s: Scenario) -> None:
                                  "cluster.faults")
 
 
+# the policies that model vLLM's own scheduler, whose engine arguments vLLM checks at start-up
+VLLM_POLICIES = ("vllm_v1", "vllm_v0", "priority", "vllm_native")
+
+
 def _check_budget(s: Scenario) -> None:
+    seqs = s.engine.max_num_seqs
+    if s.policy in VLLM_POLICIES and s.max_num_batched_tokens < seqs:
+        # vLLM refuses this at start-up (SchedulerConfig: max_num_batched_tokens must be >=
+        # max_num_seqs): a step could never feed one token to each sequence it runs
+        raise ConfigError("engine.max_num_batched_tokens",
+                          f"{s.max_num_batched_tokens} is smaller than engine.max_num_seqs "
+                          f"{seqs}; vLLM refuses this: it must be at least max_num_seqs (or "
+                          f"set engine.max_num_seqs lower)")
     if not s.chunked_prefill and s.max_num_batched_tokens < s.max_model_len:
         # vLLM refuses this too: without chunking a prompt longer than the budget never runs
         raise ConfigError("engine.max_num_batched_tokens",

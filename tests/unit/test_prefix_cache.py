@@ -238,7 +238,7 @@ def infinite_cache_hit_rate(specs) -> float:
 
 
 def test_mooncake_hit_rate_matches_an_infinite_cache_and_drops_when_tight():
-    specs = build_workload(mooncake(2, 1).workload, 0, Path("."))
+    specs = build_workload(mooncake(2, 8192).workload, 0, Path("."))
     expected = infinite_cache_hit_rate(specs)
     longest = max(r.num_prompt_tokens + r.num_output_tokens for r in specs)
     assert 0.3 < expected < 0.9
