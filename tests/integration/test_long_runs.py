@@ -179,4 +179,10 @@ def test_compare_skips_folded_runs_in_the_coincidence_check(monkeypatch):
     small_folds(monkeypatch, 32)
     a = simserve.run(DATA / "tiny.yaml")
     b = simserve.run(DATA / "tiny.yaml")
+    assert not a.has_steps and not b.has_steps
     assert coinciding({"a": a, "b": b}) == []
+    # the same run with its steps kept is compared, and coincides with its twin; the folded
+    # ones beside them are left out of the group
+    c = simserve.run(DATA / "tiny.yaml", keep_steps=True)
+    d = simserve.run(DATA / "tiny.yaml", keep_steps=True)
+    assert coinciding({"a": a, "c": c, "b": b, "d": d}) == [["c", "d"]]
