@@ -130,8 +130,17 @@ def run_checked(policy, limits, block_size, num_blocks, host_blocks, max_model_l
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_invariants_hold_for_every_policy(case):
-    rec, replicas, _ = run_checked(*case)
+    rec, replicas, plans = run_checked(*case)
     check_invariants(case, rec, replicas)
+    assert_plans_were_checked(rec, plans)
+
+
+def assert_plans_were_checked(rec, plans):
+    """The per-plan checks of run_checked ran: a run that served anyone made plans through
+    the wrapped ``schedule`` (they would pass vacuously if the engine went around it)."""
+    served = {r.id for r in rec.requests if r.status is Status.FINISHED}
+    assert plans or not served
+    assert {rid for p in plans for rid in p.request_ids} <= {r.id for r in rec.requests}
 
 
 def as_async(case):
@@ -202,6 +211,7 @@ def check_invariants(case, rec, replicas):
 def test_same_input_same_schedule(case):
     rec1, _, plans1 = run_checked(*case)
     rec2, _, plans2 = run_checked(*case)
+    assert_plans_were_checked(rec1, plans1)
     assert plans1 == plans2
     assert [r.token_times for r in rec1.requests] == [r.token_times for r in rec2.requests]
 
