@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -271,10 +272,13 @@ def test_unreachable_endpoint_refuses_to_start(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("url", ["http://10.0.0.5:8000", "http://example.com:80",
-                                 "http://192.168.1.2", "ftp://127.0.0.1"])
-def test_non_loopback_endpoints_are_refused(url):
-    with pytest.raises(EndpointError):
+@pytest.mark.parametrize("url, why", [
+    ("http://10.0.0.5:8000", "10.0.0.5 is not a loopback address"),
+    ("http://example.com:80", "example.com is not a loopback address"),
+    ("http://192.168.1.2", "192.168.1.2 is not a loopback address"),
+    ("ftp://127.0.0.1", "expected http://HOST:PORT, got 'ftp://127.0.0.1'")])
+def test_non_loopback_endpoints_are_refused(url, why):
+    with pytest.raises(EndpointError, match=f"^--endpoint: {re.escape(why)}"):
         check_endpoint_host(url)
 
 
@@ -282,7 +286,8 @@ def test_loopback_endpoints_are_accepted():
     assert check_endpoint_host("http://127.0.0.1:8011/") == "http://127.0.0.1:8011"
     assert check_endpoint_host("http://localhost:1") == "http://localhost:1"
     assert check_endpoint_host("http://[::1]:8011") == "http://[::1]:8011"
-    assert check_endpoint_host("http://10.0.0.5:8000", allow_remote=True)
+    assert check_endpoint_host("http://10.0.0.5:8000/", allow_remote=True) == \
+        "http://10.0.0.5:8000"
 
 
 def test_cli_replay_writes_run_files_and_compare_reads_them(tmp_path, capsys):
