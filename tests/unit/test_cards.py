@@ -223,7 +223,9 @@ def test_tensor_parallel_more_than_doubles_blocks_per_rank():
 
 def test_kv_heads_replicated_when_fewer_than_ranks():
     model = load_model("Llama-3.1-70B")  # 8 KV heads
-    assert kv_block_bytes(model, 16, 16) == kv_block_bytes(model, 16, 8)
+    # TP 8: one KV head per rank; TP 16: still one (replicated), not half of one:
+    # 16 tokens x K and V x 80 layers x 1 head x 128 x 2 bytes = 655,360
+    assert kv_block_bytes(model, 16, 16) == kv_block_bytes(model, 16, 8) == 655_360
 
 
 def test_llama_8b_on_h100():
