@@ -106,7 +106,7 @@ def test_cluster_and_disaggregated_runs_fold_per_replica(monkeypatch):
     assert dumps(folded.summary) == dumps(kept.summary)
     assert dumps(folded.summary) == dumps(simserve.run(scenario, fast_forward=False).summary)
     check_itl_close(exact.summary, folded.summary)
-    for a, b in zip(exact.summary["per_replica"], folded.summary["per_replica"]):
+    for a, b in zip(exact.summary["per_replica"], folded.summary["per_replica"], strict=True):
         assert a["num_steps"] == b["num_steps"] and a["completed"] == b["completed"]
         assert b["busy_s"] == pytest.approx(a["busy_s"], rel=1e-12)
 

@@ -240,7 +240,7 @@ def test_fast_forward_equals_stepping(case):
     fast, _, _ = run_checked(*case, fast_forward=True)
     slow, _, _ = run_checked(*case, fast_forward=False)
     assert _by_replica(fast) == _by_replica(slow)
-    for a, b in zip(fast.requests, slow.requests):
+    for a, b in zip(fast.requests, slow.requests, strict=True):
         assert a.id == b.id and a.status == b.status and a.reject_reason == b.reject_reason
         assert a.num_preemptions == b.num_preemptions
         assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s
@@ -256,7 +256,7 @@ def test_fast_forward_equals_stepping_on_the_roofline(case, per_token):
     fast, _, _ = run_checked(*case, fast_forward=True, latency=_roofline(per_token))
     slow, _, _ = run_checked(*case, fast_forward=False, latency=_roofline(per_token))
     assert _by_replica(fast) == _by_replica(slow)
-    for a, b in zip(fast.requests, slow.requests):
+    for a, b in zip(fast.requests, slow.requests, strict=True):
         assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s
         assert a.token_times == b.token_times
 
@@ -328,7 +328,7 @@ def test_stretches_that_arrivals_join_equal_stepping(case, prices):
     fast, _, _ = run_checked(*case, fast_forward=True, latency=latency)
     slow, _, _ = run_checked(*case, fast_forward=False, latency=latency)
     assert _by_replica(fast) == _by_replica(slow)
-    for a, b in zip(fast.requests, slow.requests):
+    for a, b in zip(fast.requests, slow.requests, strict=True):
         assert a.status == b.status and a.num_preemptions == b.num_preemptions
         assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s
         assert a.first_token_s == b.first_token_s
@@ -436,7 +436,7 @@ def test_fast_forward_with_prefix_caching_equals_stepping(case, prices):
     fast, fast_replicas, _ = run_checked(*case, fast_forward=True, latency=latency)
     slow, slow_replicas, _ = run_checked(*case, fast_forward=False, latency=latency)
     assert _by_replica(fast) == _by_replica(slow)
-    for a, b in zip(fast.requests, slow.requests):
+    for a, b in zip(fast.requests, slow.requests, strict=True):
         assert a.status == b.status and a.num_preemptions == b.num_preemptions
         assert a.num_cached_tokens == b.num_cached_tokens
         assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s

@@ -240,7 +240,7 @@ def test_fast_forward_equals_stepping_on_the_curved_moe_roofline(case):
     fast, _, _ = run_checked(*case, fast_forward=True, latency=_curved_moe())
     slow, _, _ = run_checked(*case, fast_forward=False, latency=_curved_moe())
     assert _by_replica(fast) == _by_replica(slow)
-    for a, b in zip(fast.requests, slow.requests):
+    for a, b in zip(fast.requests, slow.requests, strict=True):
         assert a.finish_s == b.finish_s and a.token_times == b.token_times
 
 

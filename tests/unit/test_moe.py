@@ -309,7 +309,7 @@ def test_fast_forward_equals_stepping_on_the_moe_roofline(case):
     fast, _, _ = run_checked(*case, fast_forward=True, latency=_moe_roofline())
     slow, _, _ = run_checked(*case, fast_forward=False, latency=_moe_roofline())
     assert _by_replica(fast) == _by_replica(slow)
-    for a, b in zip(fast.requests, slow.requests):
+    for a, b in zip(fast.requests, slow.requests, strict=True):
         assert a.finish_s == b.finish_s and a.token_times == b.token_times
 
 
