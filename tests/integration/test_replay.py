@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-aiohttp = pytest.importorskip("aiohttp")
+# aiohttp is a dependency of simserve (replay, calibrate, serve): imported, never skipped
 from aiohttp import web  # noqa: E402
 
 from simserve.cli import main  # noqa: E402
