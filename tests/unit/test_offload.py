@@ -195,6 +195,7 @@ def test_offload_runs_keep_blocks_and_tokens(case):
 
     fast, m = run(True)
     slow, _ = run(False)
+    assert sorted(r.id for r in fast.requests) == sorted(s.request_id for s in specs)  # all here
     assert [(r.id, r.status, r.token_times) for r in fast.requests] == \
         [(r.id, r.status, r.token_times) for r in slow.requests]
     for r in fast.requests:

@@ -336,6 +336,7 @@ def test_speculation_conserves_tokens_and_fast_forward_equals_stepping(case):
     assert (len(slow_plans) > 0) == bool(served) and (len(plans) > 0) == bool(served)
     assert [(r.id, r.status, r.finish_s, r.token_times) for r in fast.requests] == \
         [(r.id, r.status, r.finish_s, r.token_times) for r in slow.requests]
+    assert sorted(r.id for r in fast.requests) == sorted(s.request_id for s in case[5])
     for r in fast.requests:
         if r.status.value == "finished":
             # every output token exactly once, in time order, the first at TTFT
