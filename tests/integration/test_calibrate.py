@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-aiohttp = pytest.importorskip("aiohttp")
+# aiohttp is a dependency of simserve (replay, calibrate, serve): imported, never skipped
 from aiohttp import web  # noqa: E402
 
 from simserve.latency.schema import dump  # noqa: E402

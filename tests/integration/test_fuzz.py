@@ -888,5 +888,9 @@ def test_a_failing_variant_keeps_the_others(tmp_path, capsys, monkeypatch):
 
 
 def test_huge_seed_within_int64_is_accepted(capsys, tmp_path):
+    from simserve.config import load_scenario
     run_ok(["run", DATA / "tiny.yaml", "--set", f"seed={2**63 - 1}", "--no-report", "--quiet",
             "--out", tmp_path], capsys)
+    # used as given, not clipped or wrapped: the written scenario reruns with it
+    assert load_scenario(tmp_path / "scenario.yaml").seed == 2**63 - 1
+    assert json.loads((tmp_path / "summary.json").read_text())["num_requests"] == 60

@@ -106,7 +106,7 @@ def test_cluster_and_disaggregated_runs_fold_per_replica(monkeypatch):
     assert dumps(folded.summary) == dumps(kept.summary)
     assert dumps(folded.summary) == dumps(simserve.run(scenario, fast_forward=False).summary)
     check_itl_close(exact.summary, folded.summary)
-    for a, b in zip(exact.summary["per_replica"], folded.summary["per_replica"]):
+    for a, b in zip(exact.summary["per_replica"], folded.summary["per_replica"], strict=True):
         assert a["num_steps"] == b["num_steps"] and a["completed"] == b["completed"]
         assert b["busy_s"] == pytest.approx(a["busy_s"], rel=1e-12)
 
@@ -179,4 +179,10 @@ def test_compare_skips_folded_runs_in_the_coincidence_check(monkeypatch):
     small_folds(monkeypatch, 32)
     a = simserve.run(DATA / "tiny.yaml")
     b = simserve.run(DATA / "tiny.yaml")
+    assert not a.has_steps and not b.has_steps
     assert coinciding({"a": a, "b": b}) == []
+    # the same run with its steps kept is compared, and coincides with its twin; the folded
+    # ones beside them are left out of the group
+    c = simserve.run(DATA / "tiny.yaml", keep_steps=True)
+    d = simserve.run(DATA / "tiny.yaml", keep_steps=True)
+    assert coinciding({"a": a, "c": c, "b": b, "d": d}) == [["c", "d"]]

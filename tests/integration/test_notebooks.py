@@ -10,10 +10,10 @@ import importlib.util
 import re
 from pathlib import Path
 
+# nbformat, and nbclient which make_notebooks.py executes them with, are dev dependencies
+# that `make test` installs: imported, never skipped
+import nbformat
 import pytest
-
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 ADDRESS = re.compile(r" at 0x[0-9a-f]+")       # object reprs (a Styler's text/plain)

@@ -263,7 +263,8 @@ def test_resolved_requests_as_columns_give_the_same_results(monkeypatch, record_
     pd.testing.assert_frame_equal(whole.requests, often.requests)
     assert json.dumps(whole.summary, sort_keys=True) == json.dumps(often.summary, sort_keys=True)
     if record_tokens:
-        assert all(np.array_equal(a, b) for a, b in zip(whole.token_times, often.token_times))
+        assert all(np.array_equal(a, b)
+                   for a, b in zip(whole.token_times, often.token_times, strict=True))
 
 
 def test_progress_bar_of_a_run_and_its_log_interval(monkeypatch, capsys):

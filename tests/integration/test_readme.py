@@ -42,10 +42,44 @@ def test_every_block_is_run_or_said_why_not():
         assert first.startswith("simserve") or first in NOT_RUN, first
 
 
+def check_what_the_block_says(ns: dict) -> int:
+    """The block's comments as checks, for the names it defines; how many names it checked."""
+    import pandas as pd
+
+    import simserve
+    from simserve.config import load_variants
+    from simserve.plan.sweep import load_sweep
+    checked = 0
+    if "r" in ns:                         # one row per request, one per iteration, token times
+        r = ns["r"]
+        assert isinstance(r.requests, pd.DataFrame)
+        assert len(r.requests) == r.summary["num_requests"] > 0
+        assert len(r.steps) == r.summary["num_steps"] > 0
+        assert len(r.token_times[0]) == r.requests["num_output_tokens"].iloc[0]
+        checked += 1
+    if "results" in ns:                   # {label: Result}, one per compare variant
+        labels = [label for label, _ in load_variants("scenarios/compare_policies.yaml")]
+        assert list(ns["results"]) == labels
+        assert all(isinstance(v, simserve.Result) for v in ns["results"].values())
+        checked += 1
+    if "table" in ns:                     # one row per sweep point
+        points = len(load_sweep("scenarios/sweep_rate.yaml").scenarios())
+        assert list(ns["table"]["point"]) == list(range(points))
+        checked += 1
+    if "cap" in ns:                       # .max_rate, .probes
+        assert ns["cap"].max_rate > 0 and len(ns["cap"].probes) > 0
+        checked += 1
+    return checked
+
+
 @pytest.mark.parametrize("index", range(len(PYTHON)))
 def test_python_blocks_run(index, monkeypatch):
     monkeypatch.chdir(ROOT)               # README's paths are relative to the repository
-    exec(compile(PYTHON[index], f"README.md python block {index}", "exec"), {})
+    ns: dict = {}
+    exec(compile(PYTHON[index], f"README.md python block {index}", "exec"), ns)
+    # ...and give what their comments say (a new block that defines none of these names
+    # needs its own checks above)
+    assert check_what_the_block_says(ns) > 0
 
 
 RUN = [b for b in SHELL if " ".join(commands(b)[0][:2]).replace(".venv/bin/", "") not in NOT_RUN]

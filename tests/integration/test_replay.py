@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -15,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-aiohttp = pytest.importorskip("aiohttp")
+# aiohttp is a dependency of simserve (replay, calibrate, serve): imported, never skipped
 from aiohttp import web  # noqa: E402
 
 from simserve.cli import main  # noqa: E402
@@ -157,10 +158,11 @@ def write_scenario(tmp_path: Path, rows: list[tuple[float, int, int]], **engine)
     return path
 
 
-def test_multi_token_chunks_are_counted_exactly(tmp_path):
+def test_multi_token_chunks_are_counted_exactly(tmp_path, monkeypatch):
     rows = [(0.0, 40, 10), (0.01, 70, 7), (0.02, 33, 1), (0.05, 128, 12)]
-    with FakeServer(chunk_sizes=(1, 3, 2), ttft_s=0.03, token_s=0.004) as srv:
-        res = replay(write_scenario(tmp_path, rows), srv.url, warmup=1)
+    res = replay_on_a_simulated_clock(
+        monkeypatch, FakeServer(chunk_sizes=(1, 3, 2), ttft_s=0.03, token_s=0.004),
+        write_scenario(tmp_path, rows), warmup=1)
     req = res.requests.sort_values("request_id")
     assert list(req.columns[:len(REQUEST_COLUMNS)]) == list(REQUEST_COLUMNS)
     assert (req["status"] == "finished").all(), req["error"].tolist()
@@ -178,17 +180,22 @@ def test_multi_token_chunks_are_counted_exactly(tmp_path):
     s = res.summary
     assert s["completed"] == 4 and s["num_failed"] == 0 and s["total_output_tokens"] == 30
     assert s["total_chunks"] == 16
-    # TTFT >= the server's first-chunk delay; TPOT uses tokens, not chunks
-    assert (req["ttft_s"] >= 0.03).all() and (req["ttft_s"] < 0.5).all()
+    # on the simulated clock, TTFT is the server's first-chunk delay, 30 ms, and each later
+    # chunk of n tokens comes n x 4 ms after the one before: E2EL = 30 ms + 4 ms x (tokens - 1)
+    # (10 tokens: 66 ms; 7: 54; 1: 30; 12: 74) and TPOT uses tokens, not chunks: 4 ms
+    assert req["ttft_s"].tolist() == pytest.approx([0.03] * 4, abs=1e-12)
+    assert req["e2el_s"].tolist() == pytest.approx([0.066, 0.054, 0.03, 0.074], abs=1e-12)
     r0 = req.iloc[0]
     assert r0["tpot_s"] == pytest.approx((r0["e2el_s"] - r0["ttft_s"]) / 9)
+    assert req["tpot_s"].dropna().tolist() == pytest.approx([0.004] * 3)
     # ITL as vllm bench records it: one gap per chunk after the first (15 - 4 + ... = 12)
     gaps = np.concatenate([np.diff(g.to_numpy()) for _, g in
                            res.chunks.groupby("request_id")["time_s"]])
     assert len(gaps) == 16 - 4
     assert s["median_itl_ms"] == pytest.approx(np.median(gaps) * 1000)
-    # TPOT ~ 4 ms/token: a 3-token chunk is 12 ms after the previous one
-    assert 3.0 <= s["median_tpot_ms"] <= 30.0
+    # 4 ms a token: a 3-token chunk is 12 ms after the previous one
+    assert s["median_tpot_ms"] == pytest.approx(4.0)
+    assert sorted(np.round(gaps * 1000, 9)) == [4.0] * 3 + [8.0] * 4 + [12.0] * 5
 
 
 def test_request_protocol(tmp_path):
@@ -237,21 +244,59 @@ def test_token_count_mismatch_is_flagged(tmp_path):
     assert res.summary["token_count_mismatches"] == 2
 
 
-def test_bounds_max_requests_and_time_limit(tmp_path):
+def replay_on_a_simulated_clock(monkeypatch, server: FakeServer, *args, **kwargs):
+    """``replay(*args, **kwargs)`` against ``server``, both on one event loop whose clock jumps
+    to the next timer (test_calibrate.py's VirtualClockLoop): the server's sleeps and the
+    client's waits take no wall time, and what the client measures is the server's timing
+    alone, on any machine under any load."""
+    import types
+
+    import simserve.live.client
+    import simserve.live.replay
+    from tests.integration.test_calibrate import VirtualClockLoop
+
+    def run(coro):
+        async def serving():
+            runner = await server.start_here()
+            try:
+                return await coro
+            finally:
+                await server.stop_here(runner)
+        loop = VirtualClockLoop()
+        try:
+            return loop.run_until_complete(serving())
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    clock = types.SimpleNamespace(perf_counter=lambda: asyncio.get_running_loop().time())
+    with monkeypatch.context() as m:
+        m.setattr(asyncio, "run", run)
+        m.setattr(simserve.live.client, "time", clock)
+        m.setattr(simserve.live.replay, "time", clock)
+        try:
+            return replay(*args, server.url, **kwargs)
+        finally:
+            server._sock.close()
+
+
+def test_bounds_max_requests_and_time_limit(tmp_path, monkeypatch):
     rows = [(0.1 * i, 30, 40) for i in range(30)]
     path = write_scenario(tmp_path, rows)
-    with FakeServer(token_s=0.01) as srv:
-        few = replay(path, srv.url, warmup=0, max_requests=3)
-        t = time.perf_counter()
-        cut = replay(path, srv.url, warmup=0, time_limit=0.35)
-        wall = time.perf_counter() - t
+    few = replay_on_a_simulated_clock(monkeypatch, FakeServer(token_s=0.01), path, warmup=0,
+                                      max_requests=3)
     assert few.summary["num_requests"] == 3 and few.summary["completed"] == 3
-    # arrivals at 0, 0.1, 0.2, 0.3 are sent; each needs ~0.4 s, so all are cut at 0.35 s
+    # each request takes 0.02 s to its first token and 39 x 0.01 s more: 0.41 s; the last of
+    # the three arrives at 0.2 s and ends at 0.61 s
+    assert few.meta["wall_s"] == pytest.approx(0.61)
+    cut = replay_on_a_simulated_clock(monkeypatch, FakeServer(token_s=0.01), path, warmup=0,
+                                      time_limit=0.35)
+    # arrivals at 0, 0.1, 0.2, 0.3 are sent; each needs 0.41 s, so all are cut at 0.35 s
     assert cut.summary["num_requests"] == 4 and cut.meta["num_not_sent"] == 26
     assert cut.summary["failed_by_error"] == {"time limit": 4}
-    # it stopped at the limit, not after the last arrival (2.9 s) and its tokens: a bound on
-    # a hang, not a speed (a busy machine may be slow to start the client)
-    assert wall < 3.0
+    # it stopped at the limit, not after the last arrival (2.9 s) nor when the four streams
+    # ended (0.71 s): on the simulated clock, exactly at 0.35 s
+    assert cut.meta["wall_s"] == pytest.approx(0.35)
 
 
 def test_unreachable_endpoint_refuses_to_start(tmp_path, capsys):
@@ -271,10 +316,13 @@ def test_unreachable_endpoint_refuses_to_start(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("url", ["http://10.0.0.5:8000", "http://example.com:80",
-                                 "http://192.168.1.2", "ftp://127.0.0.1"])
-def test_non_loopback_endpoints_are_refused(url):
-    with pytest.raises(EndpointError):
+@pytest.mark.parametrize("url, why", [
+    ("http://10.0.0.5:8000", "10.0.0.5 is not a loopback address"),
+    ("http://example.com:80", "example.com is not a loopback address"),
+    ("http://192.168.1.2", "192.168.1.2 is not a loopback address"),
+    ("ftp://127.0.0.1", "expected http://HOST:PORT, got 'ftp://127.0.0.1'")])
+def test_non_loopback_endpoints_are_refused(url, why):
+    with pytest.raises(EndpointError, match=f"^--endpoint: {re.escape(why)}"):
         check_endpoint_host(url)
 
 
@@ -282,7 +330,8 @@ def test_loopback_endpoints_are_accepted():
     assert check_endpoint_host("http://127.0.0.1:8011/") == "http://127.0.0.1:8011"
     assert check_endpoint_host("http://localhost:1") == "http://localhost:1"
     assert check_endpoint_host("http://[::1]:8011") == "http://[::1]:8011"
-    assert check_endpoint_host("http://10.0.0.5:8000", allow_remote=True)
+    assert check_endpoint_host("http://10.0.0.5:8000/", allow_remote=True) == \
+        "http://10.0.0.5:8000"
 
 
 def test_cli_replay_writes_run_files_and_compare_reads_them(tmp_path, capsys):

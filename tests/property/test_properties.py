@@ -130,8 +130,17 @@ def run_checked(policy, limits, block_size, num_blocks, host_blocks, max_model_l
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_invariants_hold_for_every_policy(case):
-    rec, replicas, _ = run_checked(*case)
+    rec, replicas, plans = run_checked(*case)
     check_invariants(case, rec, replicas)
+    assert_plans_were_checked(rec, plans)
+
+
+def assert_plans_were_checked(rec, plans):
+    """The per-plan checks of run_checked ran: a run that served anyone made plans through
+    the wrapped ``schedule`` (they would pass vacuously if the engine went around it)."""
+    served = {r.id for r in rec.requests if r.status is Status.FINISHED}
+    assert plans or not served
+    assert {rid for p in plans for rid in p.request_ids} <= {r.id for r in rec.requests}
 
 
 def as_async(case):
@@ -202,6 +211,7 @@ def check_invariants(case, rec, replicas):
 def test_same_input_same_schedule(case):
     rec1, _, plans1 = run_checked(*case)
     rec2, _, plans2 = run_checked(*case)
+    assert_plans_were_checked(rec1, plans1)
     assert plans1 == plans2
     assert [r.token_times for r in rec1.requests] == [r.token_times for r in rec2.requests]
 
@@ -230,7 +240,7 @@ def test_fast_forward_equals_stepping(case):
     fast, _, _ = run_checked(*case, fast_forward=True)
     slow, _, _ = run_checked(*case, fast_forward=False)
     assert _by_replica(fast) == _by_replica(slow)
-    for a, b in zip(fast.requests, slow.requests):
+    for a, b in zip(fast.requests, slow.requests, strict=True):
         assert a.id == b.id and a.status == b.status and a.reject_reason == b.reject_reason
         assert a.num_preemptions == b.num_preemptions
         assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s
@@ -246,7 +256,7 @@ def test_fast_forward_equals_stepping_on_the_roofline(case, per_token):
     fast, _, _ = run_checked(*case, fast_forward=True, latency=_roofline(per_token))
     slow, _, _ = run_checked(*case, fast_forward=False, latency=_roofline(per_token))
     assert _by_replica(fast) == _by_replica(slow)
-    for a, b in zip(fast.requests, slow.requests):
+    for a, b in zip(fast.requests, slow.requests, strict=True):
         assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s
         assert a.token_times == b.token_times
 
@@ -318,7 +328,7 @@ def test_stretches_that_arrivals_join_equal_stepping(case, prices):
     fast, _, _ = run_checked(*case, fast_forward=True, latency=latency)
     slow, _, _ = run_checked(*case, fast_forward=False, latency=latency)
     assert _by_replica(fast) == _by_replica(slow)
-    for a, b in zip(fast.requests, slow.requests):
+    for a, b in zip(fast.requests, slow.requests, strict=True):
         assert a.status == b.status and a.num_preemptions == b.num_preemptions
         assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s
         assert a.first_token_s == b.first_token_s
@@ -426,7 +436,7 @@ def test_fast_forward_with_prefix_caching_equals_stepping(case, prices):
     fast, fast_replicas, _ = run_checked(*case, fast_forward=True, latency=latency)
     slow, slow_replicas, _ = run_checked(*case, fast_forward=False, latency=latency)
     assert _by_replica(fast) == _by_replica(slow)
-    for a, b in zip(fast.requests, slow.requests):
+    for a, b in zip(fast.requests, slow.requests, strict=True):
         assert a.status == b.status and a.num_preemptions == b.num_preemptions
         assert a.num_cached_tokens == b.num_cached_tokens
         assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s

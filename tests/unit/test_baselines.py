@@ -72,8 +72,21 @@ def test_orca_buddy_admits_fewer_than_the_free_blocks_allow():
 
 
 def test_orca_buddy_replaces_the_pool_and_refuses_a_prefix_cache():
+    from simserve.kv.prefix import PrefixBlockManager
     s = orca("oracle")
     assert isinstance(s.blocks, BuddyBlockManager) and s.blocks.num_blocks == 64
+    assert s.blocks.block_size == 1
+    # a pool that caches prefixes, or one already in use, cannot be swapped for the buddy one
+    limits = SchedulerLimits(max_num_seqs=16, max_num_batched_tokens=1000,
+                             enable_chunked_prefill=False, max_model_len=64)
+    used = BlockManager(64, 1)
+    used.allocate(7, 3)
+    for pool in (PrefixBlockManager(64, 16), used):
+        with pytest.raises(ValueError, match="buddy allocator needs an empty, non-caching"):
+            Orca(limits, pool, OrcaParams(reservation="oracle", allocator="buddy"))
+    # the paged allocator keeps the pool it is given
+    paged = BlockManager(64, 1)
+    assert Orca(limits, paged, OrcaParams(allocator="paged")).blocks is paged
 
 
 def test_buddy_reservation_larger_than_any_region_takes_the_empty_pool():

@@ -173,8 +173,13 @@ def test_bad_arguments(kwargs, message):
 
 
 def test_python_api_is_the_module_call():
+    assert simserve.capacity is capacity
     cap = simserve.capacity(scenario(), seeds=1, tolerance=0.1)
-    assert isinstance(cap, simserve.CapacityResult)
+    assert type(cap) is simserve.CapacityResult
+    # the arguments reach the search: the hand-computed knee, bracketed within 10 %
+    assert cap.max_rate <= KNEE < cap.first_failing_rate
+    assert (cap.first_failing_rate - cap.max_rate) / cap.max_rate <= 0.1
+    assert cap.seeds == [0] and cap.tolerance == 0.1
 
 
 # --- command line ------------------------------------------------------------------------------
@@ -352,5 +357,5 @@ def test_target_rate_on_disaggregated_cluster_grows_whole_copies():
     assert set(runs["replicas"] % 3) == {0}
     scaled = with_rate(s, 60, replicas=6)
     assert [g.replicas for g in scaled.cluster.groups] == [2, 4]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="4 replicas are not whole copies of 3"):
         with_rate(s, 60, replicas=4)

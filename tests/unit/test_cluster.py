@@ -97,7 +97,7 @@ def assert_same_runs(fast, slow):
     assert _by_replica(fast) == _by_replica(slow)
     assert fast.retries == slow.retries and fast.transfer_s == slow.transfer_s
     assert fast.failures == slow.failures
-    for a, b in zip(fast.requests, slow.requests):
+    for a, b in zip(fast.requests, slow.requests, strict=True):
         assert (a.id, a.status, a.reject_reason, a.replica) == (b.id, b.status, b.reject_reason,
                                                                 b.replica)
         assert a.num_preemptions == b.num_preemptions

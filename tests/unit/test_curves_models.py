@@ -202,8 +202,11 @@ def test_dense_stretch_and_join_steps_are_bit_identical_to_step_time(decode, cur
     p = StepPlan(tuple(range(b)), (1,) * b, (), (), tuple(decode), b)
     expected = [roof.step_time(p._replace(decode_ctx=tuple(c + i for c in decode)))
                 for i in range(steps)]
-    # (a stretch elsewhere on the curve first: the loop keeps its bracket from call to call)
-    assert roof.decode_stretch_sum(b, 3 * sum(decode) + 7)(0, 3)
+    # (a stretch elsewhere on the curve first: the loop keeps its bracket from call to call;
+    # it too prices as stepping does)
+    other = (3 * decode[0] + 7, *(3 * c for c in decode[1:]))
+    assert roof.decode_stretch_sum(b, sum(other))(0, 3) == [
+        roof.step_time(p._replace(decode_ctx=tuple(c + i for c in other))) for i in range(3)]
     fast = roof.decode_stretch_sum(b, sum(decode))
     assert tp > 1 or fast.func.__name__ == "memory_bound"      # (the loop under test)
     assert fast(0, steps) == expected
@@ -237,7 +240,7 @@ def test_fast_forward_equals_stepping_on_the_curved_moe_roofline(case):
     fast, _, _ = run_checked(*case, fast_forward=True, latency=_curved_moe())
     slow, _, _ = run_checked(*case, fast_forward=False, latency=_curved_moe())
     assert _by_replica(fast) == _by_replica(slow)
-    for a, b in zip(fast.requests, slow.requests):
+    for a, b in zip(fast.requests, slow.requests, strict=True):
         assert a.finish_s == b.finish_s and a.token_times == b.token_times
 
 

@@ -121,11 +121,19 @@ def test_decode_admission_waits_for_kv_blocks(tmp_path):
 def test_disaggregated_scenario_file_runs():
     results = compare("scenarios/disaggregated.yaml",
                                overrides=["workload.num_requests=200"])
+    roles = {"colocated-v0": ["mixed"] * 4, "colocated-chunked": ["mixed"] * 4,
+             "disaggregated-1p3d": ["prefill"] + ["decode"] * 3,
+             "disaggregated-2p2d": ["prefill"] * 2 + ["decode"] * 2}
+    assert sorted(results) == sorted(roles)
     for label, r in results.items():
-        gpus = sum(row["busy_s"] >= 0 for row in r.summary["per_replica"])
-        assert gpus == 4, label
+        # four GPUs in every variant, each in its role and each kept busy
+        assert [row["role"] for row in r.summary["per_replica"]] == roles[label], label
+        assert all(row["busy_s"] > 0 for row in r.summary["per_replica"]), label
         assert r.summary["completed"] == 200
-    assert results["disaggregated-1p3d"].summary["num_kv_transfers"] > 0
+        # a split variant hands each request's KV over once (a one-token request, finished
+        # by its prefill, stays); colocated variants hand nothing over
+        handed = int((r.requests["num_output_tokens"] > 1).sum())
+        assert r.summary.get("num_kv_transfers") == (handed if "disagg" in label else None)
 
 
 @st.composite

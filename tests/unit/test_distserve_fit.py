@@ -137,9 +137,19 @@ def test_shipped_lengths_are_the_seeded_draw():
 @pytest.mark.parametrize("path", sorted(PAPERS.glob("*.yaml")), ids=lambda p: p.name)
 def test_reproduction_scenarios_validate(path):
     """Every reproduction's scenario file loads with all its variants (the scripts run them)."""
+    import json
+
+    import yaml
+
     from simserve.config import load_variants
-    variants = dict(load_variants(path, []))
-    assert variants and all(s.workload is not None for s in variants.values())
+    variants = load_variants(path, [])
+    # one variant per entry of the file's compare: list, in its order, each a different
+    # scenario (a variant whose fields were not applied would equal another)
+    labels = [entry["label"] for entry in yaml.safe_load(path.read_text())["compare"]]
+    assert [label for label, _ in variants] == labels
+    resolved = {json.dumps({**s.to_dict(), "name": None}, sort_keys=True, default=str)
+                for _, s in variants}
+    assert len(resolved) == len(labels)
 
 
 def test_distserve_decode_blocks_are_distserves_formula():

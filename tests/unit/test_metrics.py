@@ -192,7 +192,7 @@ def test_summary_is_plain_json_and_nan_becomes_none():
 
 def test_token_times_must_align_with_requests():
     requests, token_times = make_requests(RUN)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="token_times must have one entry per request"):
         summarize(requests, token_times[:-1], NO_STEPS, SloConfig.none())
 
 
@@ -277,8 +277,15 @@ def test_format_summary_has_vllm_lines():
 
 
 def test_format_summary_is_deterministic_and_skips_goodput_without_slo():
-    s = run_summary()
-    assert format_summary(s) == format_summary(dict(s))
+    s = run_summary(percentiles=(99, 25, 90))
+    # the same text whatever order the summary's keys come in: reversed, or sorted as
+    # summary.json is written and read back (a copy in the same order, dict(s), could not
+    # differ); the percentile rows stay in numeric order: P25, P90, P99
+    text = format_summary(s)
+    assert format_summary(dict(reversed(list(s.items())))) == text
+    assert format_summary(json.loads(json.dumps(s, sort_keys=True))) == text
+    ttft = [line.split()[0] for line in text.splitlines() if " TTFT (ms): " in line]
+    assert ttft == ["Mean", "Median", "P25", "P90", "P99"]
     assert "goodput" not in format_summary(s) and "SLO" not in format_summary(s)
     assert format_summary(s, title="sim").splitlines()[0].count(" sim ") == 1
 

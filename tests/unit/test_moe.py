@@ -266,6 +266,11 @@ def test_expert_parallel_frees_memory_per_rank():
     # TP 2 shards every expert in half; EP 2 gives each rank half the experts whole: the same
     # bytes per rank (whole model / 2), so the KV room matches
     assert card.weight_bytes_per_rank(2, 2) == pytest.approx(card.weight_bytes_per_rank(2, 1))
+    # ...which holds too if EP were ignored; at TP 1, EP 2 leaves each rank half the routed
+    # experts (bf16) and everything else whole
+    experts = card.routed_expert_params * 2
+    assert card.weight_bytes_per_rank(1, 2) == card.weight_bytes - experts / 2
+    assert card.weight_bytes_per_rank(1, 1) == card.weight_bytes
     fp8 = serving_card(card, "fp8_per_block")
     # FP8 (+ 4 B per 128×128 block) for the linears and experts; the embedding, LM head, final
     # norm and per layer the router (2048 × 128), two norms and the q/k norms stay 2 bytes
@@ -304,7 +309,7 @@ def test_fast_forward_equals_stepping_on_the_moe_roofline(case):
     fast, _, _ = run_checked(*case, fast_forward=True, latency=_moe_roofline())
     slow, _, _ = run_checked(*case, fast_forward=False, latency=_moe_roofline())
     assert _by_replica(fast) == _by_replica(slow)
-    for a, b in zip(fast.requests, slow.requests):
+    for a, b in zip(fast.requests, slow.requests, strict=True):
         assert a.finish_s == b.finish_s and a.token_times == b.token_times
 
 

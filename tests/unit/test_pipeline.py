@@ -20,6 +20,7 @@ from simserve.kv.capacity import (kv_block_bytes, kv_capacity_blocks, pipeline_l
 from simserve.cluster.routing import make_router
 from simserve.latency.pipeline import PipelineLatency
 from simserve.latency.roofline import RooflineModel
+from simserve.sched import Status
 from simserve.sched.plan import StepPlan
 from simserve.workload.spec import RequestSpec
 from tests.helpers import make_request, make_scheduler, tokens
@@ -538,9 +539,10 @@ def test_pipelined_runs_keep_their_invariants(p, policy, reqs):
     sched.record_tokens = True
     r = Replica(0, sched, PerToken(p, stage_s=1.0), 10_000, depth=p)
     rec = simulate(specs, [r], make_router("round_robin"))
+    assert sorted(q.id for q in rec.requests) == list(range(len(specs)))
     for q in rec.requests:
         times = q.token_times
-        assert len(times) == q.num_output_tokens
+        assert q.status is Status.FINISHED and len(times) == q.num_output_tokens
         assert all(b - a >= p - 1e-9 for a, b in zip(times, times[1:]))
         assert times[0] >= q.spec.arrival_s + p - 1e-9
     log = rec.replicas[0].columns()

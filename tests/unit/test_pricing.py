@@ -73,17 +73,32 @@ def test_pipeline_prices_stages_and_the_base_cpu_part():
     assert p.cpu_s(DECODE) == base.cpu_s(DECODE) and p.frontend_delay_s == 0.001
 
 
+def _probes(source: str, path: Path) -> list[str]:
+    """``getattr``/``hasattr`` calls on a latency model in one module's source."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("getattr", "hasattr") and node.args:
+            target = ast.unparse(node.args[0])
+            if target.split(".")[-1] in ("latency", "base") \
+                    or path.name == "base.py" and path.parent.name == "latency":
+                found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
 def test_no_attribute_probes_of_a_latency_model():
     """``getattr``/``hasattr`` on a latency model (``latency``, ``r.latency``, a wrapper's
     ``base``; any object in latency/base.py): none in simserve/, its capabilities being
     Protocols read through Pricing."""
-    found = []
-    for path in ROOT.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                    and node.func.id in ("getattr", "hasattr") and node.args:
-                target = ast.unparse(node.args[0])
-                if target.split(".")[-1] in ("latency", "base") \
-                        or path.name == "base.py" and path.parent.name == "latency":
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    paths = sorted(ROOT.rglob("*.py"))
+    assert len(paths) > 50 and ROOT / "latency" / "base.py" in paths     # the package is seen
+    found = [hit for path in paths
+             for hit in _probes(path.read_text(encoding="utf-8"), path.relative_to(ROOT))]
     assert found == [], "\n".join(found)
+    # ...and the scan sees each kind of probe it forbids (and not other getattr calls)
+    probes = ("getattr(latency, 'decode_stretch', None)\nhasattr(r.latency, 'stages')\n"
+              "getattr(self.base, 'breakdown')\ngetattr(plan, 'padding', 0)\n")
+    assert [hit.split(": ", 1)[1] for hit in _probes(probes, Path("engine/x.py"))] == [
+        "getattr(latency, 'decode_stretch', None)", "hasattr(r.latency, 'stages')",
+        "getattr(self.base, 'breakdown')"]
+    assert len(_probes("getattr(plan, 'padding', 0)\n", Path("latency/base.py"))) == 1

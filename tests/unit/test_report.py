@@ -313,6 +313,19 @@ def _texts_overlap(fig, texts) -> list[tuple[str, str]]:
             if ba.overlaps(bb)]
 
 
+def test_the_overlap_check_sees_labels_that_overlap():
+    # the checks below would pass vacuously if _texts_overlap missed overlapping text
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    try:
+        texts = [ax.text(0.5, 0.5, "first label"), ax.text(0.52, 0.5, "second label"),
+                 ax.text(0.1, 0.1, "apart"), ax.text(0.5, 0.9, "")]
+        fig.canvas.draw()
+        assert _texts_overlap(fig, texts) == [("first label", "second label")]
+    finally:
+        plt.close(fig)
+
+
 def test_log_axis_tick_labels_do_not_overlap():
     from simserve.report import latency_cdfs
     fig = latency_cdfs([_synthetic_run("quickstart", "vllm_v1")])

@@ -116,10 +116,23 @@ def test_table_has_one_row_per_point_in_order_with_metrics(tmp_path):
         assert col in table
 
 
-def test_process_pool_gives_the_same_table_as_in_process(tmp_path):
+def test_process_pool_gives_the_same_table_as_in_process(tmp_path, monkeypatch):
+    from concurrent.futures import ProcessPoolExecutor
+
+    import simserve.plan.sweep as sweep_module
+    submitted = []
+
+    class CountingPool(ProcessPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):
+            submitted.append(args)
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_module, "ProcessPoolExecutor", CountingPool)
     path = write_grid(tmp_path, grid={"workload.rate": [5.0, 20.0, 80.0]})
     serial = sweep(path, workers=1)
+    assert submitted == []                              # workers=1: in this process
     parallel = sweep(path, workers=2)
+    assert len(submitted) == 3                          # every point went to the pool
     pd.testing.assert_frame_equal(serial, parallel)
 
 
