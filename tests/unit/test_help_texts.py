@@ -1,6 +1,6 @@
 """The command line's help as a newcomer reads it (`simserve --help`, each subcommand's
 `--help`): every option says what it does, examples name things that exist, and what a
-command writes is what its help says it writes."""
+command writes is what its help says it writes; the Python API's names are listed."""
 
 from __future__ import annotations
 
@@ -71,3 +71,12 @@ def test_commands_that_exit_non_zero_on_results_say_so():
     subs = _subparsers(_parser())
     for name in ("run", "sweep", "plan"):
         assert "Exit status" in _help(subs[name]), name
+
+
+def test_the_python_api_is_listed_by_dir_for_tab_completion():
+    """`import simserve; simserve.<TAB>` (Jupyter, IPython: dir()) showed nothing, the names
+    being imported on first use; dir() now lists the API."""
+    import simserve
+    names = dir(simserve)
+    assert set(simserve.__all__) <= set(names)
+    assert {"run", "compare", "sweep", "capacity", "plan", "ConfigError"} <= set(names)
