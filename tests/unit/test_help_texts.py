@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 from simserve.cli import _parser
 from simserve.live.serve import write_record
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -80,3 +83,13 @@ def test_the_python_api_is_listed_by_dir_for_tab_completion():
     names = dir(simserve)
     assert set(simserve.__all__) <= set(names)
     assert {"run", "compare", "sweep", "capacity", "plan", "ConfigError"} <= set(names)
+
+
+def test_a_result_shows_as_one_line_in_a_notebook():
+    """`r = simserve.run(...); r` in Jupyter printed the dataclass in full: the scenario, every
+    card field and the whole summary dict, about 6,000 characters."""
+    import simserve
+    r = simserve.run(str(ROOT / "tests" / "data" / "tiny.yaml"), progress=False)
+    text = repr(r)
+    assert "\n" not in text and len(text) < 300, text
+    assert "'tiny'" in text and f"{r.num_steps:,} steps" in text and "60 requests" in text
