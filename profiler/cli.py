@@ -33,8 +33,10 @@ def build_parser(prog: str = "python -m profiler") -> argparse.ArgumentParser:
         description="Measure a model's decoder kernels (GEMMs, paged attention, LM head and "
                     "sampling) on this machine and write a simserve profile (JSON).")
     p.add_argument("--model", required=True,
-                   help="shipped model card name (e.g. tiny-llama) or a model-card YAML file")
-    p.add_argument("--device", required=True, choices=("cuda", "cpu"))
+                   help="shipped model card name (e.g. tiny-llama-45m; simserve list models) or "
+                        "a model-card YAML file")
+    p.add_argument("--device", required=True, choices=("cuda", "cpu"),
+                   help="the device to measure on: cpu, or cuda (torch's current CUDA device)")
     p.add_argument("--out", required=True, type=Path, help="profile file to write")
     p.add_argument("--grid", default="quick", choices=("quick", "full"),
                    help="quick: coarse grids (the tiny model on one CPU thread: about 10 min of "
@@ -43,16 +45,18 @@ def build_parser(prog: str = "python -m profiler") -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: 1 on CPU, as vLLM's CPU worker; "
                         "torch's default on CUDA)")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
-    p.add_argument("--block-size", type=int, default=16, help="KV cache block size (tokens)")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"),
+                   help="weights, activations and KV cache (default bf16)")
+    p.add_argument("--block-size", type=int, default=16,
+                   help="KV cache block size in tokens (default 16)")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048,
                    help="the step token budget: the largest token count measured and the "
-                        "activation-peak step")
+                        "activation-peak step (default 2048)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest sequence measured: the context axes stop here (default: the "
                         "model card's max_position_embeddings)")
     p.add_argument("--max-num-seqs", type=int, default=256,
-                   help="rows sampled in the activation-peak step")
+                   help="rows sampled in the activation-peak step (default 256)")
     p.add_argument("--attention", default="auto",
                    choices=("auto", "reference", "flex", "triton", "flashinfer", "vllm_fa"),
                    help="paged attention backend (auto: flashinfer, else flex, on CUDA; "
@@ -68,8 +72,12 @@ def build_parser(prog: str = "python -m profiler") -> argparse.ArgumentParser:
     p.add_argument("--timer", default="auto", choices=("auto", "wall", "cpu"),
                    help="CPU clock (auto: the measuring thread's CPU time with one thread, which "
                         "leaves out other processes' time on a shared machine; wall otherwise)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of device memory for the profile's num_gpu_blocks, as "
+                        "vLLM's (default 0.9)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the weights, inputs, block shuffles and held-out batches "
+                        "(default 0)")
     p.add_argument("--note", default="",
                    help="free text kept in provenance.note (after the load average the profiler "
                         "records itself), e.g. how the machine was set up")

@@ -34,3 +34,9 @@ def __getattr__(name: str):
         import importlib
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'simserve' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The API too (imported on first use, so not yet in globals()): what `simserve.<TAB>`
+    completes in IPython and Jupyter."""
+    return sorted({*globals(), *__all__})

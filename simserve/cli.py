@@ -53,12 +53,20 @@ class _VersionAction(argparse.Action):
         parser.exit()
 
 
+# `simserve --help`'s first line: every command, in plain words (not the docstring's markup)
+DESCRIPTION = ("simserve, a simulator of LLM serving schedulers: run a scenario (or compare "
+               "variants of one), sweep a grid, find the capacity, plan a deployment, report, "
+               "validate, list what a scenario can name; replay a workload against a live "
+               "server, compare the two, calibrate to it, serve a simulation as one; profile "
+               "a model's kernels. Bad input: one error line, exit status 2.")
+
+
 def _parser(command: str | None = None) -> argparse.ArgumentParser:
     """Every subcommand is registered the same way: a ``register(subparsers)`` function adds its
     parser and sets ``handler`` (the built-in ones below; the live-server and profiler commands
     in their own modules). For one of the built-in ``command`` s only those are registered:
     the live-server modules import asyncio (a tenth of a second of a `simserve run`)."""
-    p = _Parser(prog="simserve", description=__doc__.splitlines()[0])
+    p = _Parser(prog="simserve", description=DESCRIPTION)
     p.add_argument("--version", action=_VersionAction, help="show the version and exit")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     registers = [_register_run, _register_report, _register_sweep, _register_capacity,
@@ -74,7 +82,11 @@ def _parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _register_run(sub) -> None:
-    run = sub.add_parser("run", help="simulate a scenario and write its results")
+    run = sub.add_parser("run", help="simulate a scenario and write its results",
+                         description="Simulate a scenario (or every variant of a compare "
+                                     "file) and write its results. Exit status: 0 when it "
+                                     "ran, whether or not the SLO was met; 2 bad input, or a "
+                                     "compare variant that failed (the others are written).")
     run.add_argument("scenario", help="scenario YAML file")
     run.add_argument("--out", help="output directory (default: the scenario's output_dir, "
                                    "else runs/<scenario file's name without .yaml>)")
@@ -110,7 +122,7 @@ def _register_run(sub) -> None:
 def _register_report(sub) -> None:
     rep = sub.add_parser("report", help="figures and report.html from output directories")
     rep.add_argument("dirs", nargs="+", metavar="RUN_DIR",
-                     help="a run, compare, sweep or capacity output directory")
+                     help="a run, compare, sweep, capacity or plan output directory")
     rep.add_argument("--out", help="where report.html and figures/ go (default: the one "
                                    "directory given; required for several)")
     rep.add_argument("--svg", action="store_true", help="also write each figure as SVG")
@@ -119,12 +131,17 @@ def _register_report(sub) -> None:
 
 
 def _register_sweep(sub) -> None:
-    swp = sub.add_parser("sweep", help="run a grid of scenario variants into one table")
+    swp = sub.add_parser("sweep", help="run a grid of scenario variants into one table",
+                         description="Run every point of a sweep file's grid into one table "
+                                     "(docs/capacity.md). Exit status: 0 when every point "
+                                     "ran; 2 bad input, or a point that failed (the others "
+                                     "are in the table).")
     swp.add_argument("grid", help="sweep file: base: or scenario:, then grid: and/or zip:")
     swp.add_argument("--out", help="output directory (default: runs/<sweep file name>, "
                                    "+<overrides> with --set)")
     swp.add_argument("--set", dest="overrides", action="append", default=[],
-                     metavar="FIELD=VALUE", help="override a field of the base scenario")
+                     metavar="FIELD=VALUE",
+                     help="override a field of the base scenario (repeatable)")
     swp.add_argument("--executor", choices=("local", "ray"), default="local",
                      help="local processes (default) or a Ray cluster")
     swp.add_argument("--address", help="Ray cluster address (default: start a local one)")

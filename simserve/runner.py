@@ -87,6 +87,14 @@ class Result:
     def requests(self, frame: pd.DataFrame) -> None:
         self._requests, self._columns = frame, None
 
+    def __repr__(self) -> str:
+        # what a notebook shows for `r`: a line, not the scenario and summary in full (6 kB)
+        s = self.summary
+        return (f"<simserve Result {self.scenario.name!r}: {s['num_requests']:,} requests "
+                f"({s['completed']:,} finished, {s['num_rejected']:,} rejected), "
+                f"{self.num_steps:,} steps, latency {self.latency_label}; .summary, .requests, "
+                f".steps, .table()>")
+
     @property
     def num_requests(self) -> int:
         """Rows of ``requests`` (without building the table)."""

@@ -83,7 +83,8 @@ class ReplayResult:
     def table(self) -> str:
         from simserve.metrics.summary import format_summary
         return format_summary(self.summary, title=f"replay: {self.scenario.name} "
-                                                  f"@ {self.meta['endpoint']}")
+                                                  f"@ {self.meta['endpoint']}",
+                              scheduler=False)
 
     def tokens(self) -> pd.DataFrame:
         """Every output token: ``request_id``, ``token_index``, ``time_s`` (its chunk's time)."""

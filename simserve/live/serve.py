@@ -185,8 +185,9 @@ def register(subparsers) -> None:
     p.add_argument("--served-model-name", metavar="NAME",
                    help="model name in /v1/models and requests (default: the scenario's model)")
     p.add_argument("--record", metavar="DIR",
-                   help="at shutdown, write served.csv and trace.csv (the arrivals as a trace "
-                        "`simserve run` can replay) into DIR")
+                   help="at shutdown, write served.csv, trace.csv (the arrivals as a trace "
+                        "`simserve run` can replay) and record.json (the clock's origin) "
+                        "into DIR")
     p.add_argument("--set", dest="overrides", action="append", default=[],
                    metavar="FIELD=VALUE", help="override a scenario field (repeatable)")
     p.add_argument("--allow-remote", action="store_true",

@@ -445,8 +445,11 @@ _SECTIONS = (("ttft", "TTFT", "Time to First Token"),
              ("e2el", "E2EL", "End-to-end Latency"))
 
 
-def format_summary(summary: dict[str, Any], title: str = "Serving Benchmark Result") -> str:
-    """A fixed-width table laid out like ``vllm bench serve``'s printout."""
+def format_summary(summary: dict[str, Any], title: str = "Serving Benchmark Result",
+                   scheduler: bool = True) -> str:
+    """A fixed-width table laid out like ``vllm bench serve``'s printout. ``scheduler=False``
+    (a replay's summary: a client sees tokens, not the server's steps, queues or KV cache)
+    leaves the scheduler's figures out and says so."""
     lines = [format(f" {title} ", "=^50")]
 
     def row(label: str, value: Any, fmt: str = ".2f") -> None:
@@ -489,22 +492,25 @@ def format_summary(summary: dict[str, Any], title: str = "Serving Benchmark Resu
     if "mean_normalized_latency_ms" in summary:     # absent in summaries written before
         row("Mean normalized latency (ms/token):", summary["mean_normalized_latency_ms"])
     section("Scheduler")
-    row("Engine steps:", summary["num_steps"])
-    if "median_scheduling_delay_ms" in summary:
-        row("Median scheduling delay (ms):", summary["median_scheduling_delay_ms"])
-        row("P99 scheduling delay (ms):", summary["p99_scheduling_delay_ms"])
-    row("Preemptions:", summary["total_preemptions"])
-    row("Mean running requests:", summary["mean_running"])
-    row("Mean waiting requests:", summary["mean_waiting"])
-    row("Mean KV cache utilization (%):", _pct(summary["mean_kv_utilization"]))
-    row("Max KV cache utilization (%):", _pct(summary["max_kv_utilization"]))
-    row("Mean batched tokens per step:", summary["mean_batched_tokens"])
-    if "prefix_cache_hit_rate" in summary:
-        row("Prefix cache hit rate (%):", _pct(summary["prefix_cache_hit_rate"]))
-    if "kv_offload" in summary:
-        ko = summary["kv_offload"]
-        row("KV offload: blocks loaded from host:", ko["loaded_blocks"])
-        row("KV offload: blocks stored to host:", ko["stored_blocks"])
+    if not scheduler:
+        lines.append("steps, queues, KV cache: not observed by a client")
+    else:
+        row("Engine steps:", summary["num_steps"])
+        if "median_scheduling_delay_ms" in summary:
+            row("Median scheduling delay (ms):", summary["median_scheduling_delay_ms"])
+            row("P99 scheduling delay (ms):", summary["p99_scheduling_delay_ms"])
+        row("Preemptions:", summary["total_preemptions"])
+        row("Mean running requests:", summary["mean_running"])
+        row("Mean waiting requests:", summary["mean_waiting"])
+        row("Mean KV cache utilization (%):", _pct(summary["mean_kv_utilization"]))
+        row("Max KV cache utilization (%):", _pct(summary["max_kv_utilization"]))
+        row("Mean batched tokens per step:", summary["mean_batched_tokens"])
+        if "prefix_cache_hit_rate" in summary:
+            row("Prefix cache hit rate (%):", _pct(summary["prefix_cache_hit_rate"]))
+        if "kv_offload" in summary:
+            ko = summary["kv_offload"]
+            row("KV offload: blocks loaded from host:", ko["loaded_blocks"])
+            row("KV offload: blocks stored to host:", ko["stored_blocks"])
     if "spec_decode" in summary:
         sd = summary["spec_decode"]
         section("Speculative Decoding")

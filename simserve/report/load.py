@@ -162,6 +162,7 @@ def load_inputs(paths: Sequence[str | Path]) -> Inputs:
             out.capacities.append(CapacityData(answer.get("scenario") or label, answer,
                                                _read_csv(d / "probes.csv", PROBE_NEEDS), d))
         elif variants := _variant_dirs(d):
+            _check_compare_dir(d, variants)
             out.runs.extend(RunData.from_dir(v) for v in variants)
         else:
             raise DataError(d, "not a simserve output directory (no summary.json, sweep.csv, "
@@ -178,6 +179,23 @@ def _variant_dirs(d: Path) -> list[Path]:
         rank = {name: i for i, name in enumerate(order)}
         subdirs.sort(key=lambda p: (rank.get(p.name, len(rank)), p.name))
     return subdirs
+
+
+def _check_compare_dir(d: Path, runs: list[Path]) -> None:
+    """A folder of runs that `simserve run` did not write as a compare (no comparison.csv)
+    beside other outputs (a compare, sweep, capacity or plan folder) is a folder of results,
+    ``runs/`` say, not a comparison: refused, naming what it holds."""
+    if (d / "comparison.csv").is_file():
+        return
+    others = sorted(p.name for p in d.iterdir() if p.is_dir() and p not in runs and (
+        any((p / f).is_file() for f in ("sweep.csv", "capacity.json", "plan.json"))
+        or any((q / "summary.json").is_file() for q in p.iterdir() if q.is_dir())))
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3
+                                         else "")
+        raise DataError(d, f"holds several outputs, not one: {len(runs)} run(s) and {shown}; "
+                           f"name the ones to report, e.g. simserve report {runs[0]} "
+                           f"{d / others[0]} --out DIR")
 
 
 def _unique_labels(dirs: list[Path]) -> list[str]:

@@ -111,3 +111,25 @@ def test_a_sweep_over_inline_cards_shows_their_names(tmp_path, capsys):
                  "--no-report"]) == 0
     out = capsys.readouterr().out
     assert "H100-custom" in out and "H100-slow" in out and "peak_flops" not in out
+
+
+def test_report_on_a_folder_of_several_outputs_names_them_instead_of_comparing_runs(tmp_path,
+                                                                                     capsys):
+    """`simserve report runs` (the folder every command writes into) made a 'Policy comparison'
+    of whichever subfolders were single runs, of different scenarios, and silently left out
+    the compare, sweep and capacity folders beside them; it now says to name the outputs."""
+    runs = tmp_path / "runs"
+    assert main(["run", str(TINY), "--out", str(runs / "tiny"), "--quiet", "--no-report"]) == 0
+    assert main(["capacity", str(TINY), "--seeds", "1", "--quiet", "--no-report",
+                 "--out", str(runs / "tiny-capacity")]) == 0
+    capsys.readouterr()
+    assert main(["report", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tiny-capacity" in err and "simserve report" in err
+    assert not (runs / "report.html").exists() and not (runs / "figures").exists()
+    # a folder of runs alone (no comparison.csv, nothing else beside them) is still a compare
+    import shutil
+    for name in ("a", "b"):
+        shutil.copytree(runs / "tiny", tmp_path / "only" / name)
+    assert main(["report", str(tmp_path / "only")]) == 0
+    assert (tmp_path / "only" / "report.html").is_file()

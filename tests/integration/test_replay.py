@@ -362,6 +362,23 @@ def test_cli_replay_writes_run_files_and_compare_reads_them(tmp_path, capsys):
     assert "TTFT p50" in out and "rel. error" in out and "output tok/s" in out
 
 
+def test_replay_summary_shows_no_scheduler_figures_a_client_cannot_see(tmp_path, capsys):
+    """A client sees tokens, not the server's steps, queues or KV cache: the replay's summary
+    said 'Engine steps: 0', 'Mean running requests: 0.00', 'Max KV cache utilization (%): 0.00'
+    for a server that ran; it now says the section is not observed."""
+    path = write_scenario(tmp_path, [(0.02 * i, 64, 8) for i in range(3)])
+    with FakeServer(ttft_s=0.02, token_s=0.005, chunk_sizes=(2,)) as srv:
+        code = main(["replay", str(path), "--endpoint", srv.url, "--out",
+                     str(tmp_path / "real"), "--warmup", "0"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "Mean TTFT (ms):" in out and "Successful requests:" in out
+    for label in ("Engine steps:", "Preemptions:", "Mean running requests:",
+                  "KV cache utilization", "Mean batched tokens per step:"):
+        assert label not in out, label
+    assert "not observed by a client" in out
+
+
 # Streams whose JSON parses but is not shaped as an OpenAI stream chunk: each request fails
 # with a message naming the chunk, never a traceback (issue #20's wrong-shape JSON).
 WRONG_SHAPES = {
