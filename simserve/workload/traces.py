@@ -354,11 +354,31 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
         return _numeric(column(k), k, path, minimum=1, integer=True, maximum=MAX_TOKENS,
                         lines=at)
 
+    prompt = tokens("input_length")
+    _check_hash_counts(hashes, prompt, path, at)
     return _Rows(_seconds(column("timestamp"), "timestamp", path, 1000.0, at) / 1000.0,  # ms
-                 tokens("input_length"), tokens("output_length"),
+                 prompt, tokens("output_length"),
                  hash_ids=hashes if any(h is not None for h in hashes) else None,
                  priority=np.asarray(priority, dtype=np.int64) if saw_priority else None,
                  klass=klass if any(klass) else None)
+
+
+MOONCAKE_BLOCK_TOKENS = 512   # prompt tokens per hash id (kv/prefix.py SOURCE_BLOCK_SIZE)
+
+
+def _check_hash_counts(hashes: list[tuple[int, ...] | None], prompt: np.ndarray, path: Path,
+                       lines: np.ndarray) -> None:
+    """A row names one hash id per 512-token block of its prompt, the last one partial: more
+    ids than ``ceil(input_length / 512)`` name blocks past the prompt's end, which no engine
+    writes (the trace is inconsistent, or input_length is not the prompt's length)."""
+    for i, h in enumerate(hashes):
+        if h is None:
+            continue
+        blocks = -(-int(prompt[i]) // MOONCAKE_BLOCK_TOKENS)
+        if len(h) > blocks:
+            raise DataError(path, f"hash_ids has {len(h):,} entries, more than the {blocks:,} "
+                                  f"blocks of {MOONCAKE_BLOCK_TOKENS} tokens that input_length "
+                                  f"{int(prompt[i]):,} fills", int(lines[i]))
 
 
 _READERS = {"azure": _read_azure, "mooncake": _read_mooncake, "burstgpt": _read_burstgpt,

@@ -474,6 +474,11 @@ def test_numeric_azure_timestamp_is_quoted_as_written(tmp_path):
      "field 'output_length' must be a JSON number"),
     ('{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [1, "a"]}',
      "hash_ids must be a list of integers"),
+    # one id per 512 prompt tokens: 2 ids name a block past a 10-token prompt's end
+    ('{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [1, 2]}',
+     "hash_ids has 2 entries, more than the 1 blocks of 512 tokens that input_length 10 fills"),
+    ('{"timestamp": 5, "input_length": 1025, "output_length": 2, "hash_ids": [1, 2, 3, 4]}',
+     "more than the 3 blocks of 512 tokens that input_length 1,025 fills"),
 ])
 def test_bad_mooncake_line(tmp_path, line2, why):
     p = write(tmp_path, "m.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 2}\n'
