@@ -27,7 +27,7 @@ from simserve.config import Scenario, apply_overrides, load_yaml, parse_scenario
 from simserve.errors import ConfigError, DataError, SimserveError
 from simserve.plan.bounds import Lengths, bound, kv_fits
 from simserve.plan.space import Candidate, PlanSpace, candidates
-from simserve.report.figures import PARETO_X, PARETO_Y
+from simserve.report.load import PARETO_X, PARETO_Y
 from simserve.paths import make_out_dir
 
 Log = Callable[[str], None]

@@ -154,8 +154,9 @@ def load_inputs(paths: Sequence[str | Path]) -> Inputs:
         elif (d / "plan.json").is_file():
             answer = _read_json(d / "plan.json")
             _needs(d / "plan.json", answer, PLAN_NEEDS, "key")
-            out.plans.append(PlanData(answer.get("scenario") or label, answer,
-                                      _read_csv(d / "candidates.csv", CANDIDATE_NEEDS), d))
+            table = _read_csv(d / "candidates.csv", CANDIDATE_NEEDS)
+            _check_plan(d / "plan.json", answer, d / "candidates.csv", table)
+            out.plans.append(PlanData(answer.get("scenario") or label, answer, table, d))
         elif (d / "capacity.json").is_file():
             answer = _read_json(d / "capacity.json")
             _needs(d / "capacity.json", answer, CAPACITY_NEEDS, "key")
@@ -167,6 +168,73 @@ def load_inputs(paths: Sequence[str | Path]) -> Inputs:
             raise DataError(d, "not a simserve output directory (no summary.json, sweep.csv, "
                                "capacity.json, plan.json, or run subdirectories)")
     return out
+
+
+# What the plan section reads from plan.json beyond PLAN_NEEDS, by type (PlanResult.to_dict);
+# a value of another type (an edited file) was a TypeError or KeyError traceback from the report
+_NUMBER = (int, float)
+PLAN_TYPES: dict[str, tuple[type, ...]] = {
+    "scenario": (str,), "model": (str,), "target_rate": _NUMBER, "candidates": (int,),
+    "simulated": (int,), "met": (bool,), "slo": (dict,), "pruned": (dict,),
+    "winner": (int,), "runners_up": (list,), "pareto": (list,), "closest": (list,),
+    "vllm_serve": (list,), "notes": (list,), "winner_row": (dict,)}
+PLAN_OPTIONAL = {"scenario", "met", "slo", "pruned", "winner", "runners_up", "pareto",
+                 "closest", "vllm_serve", "notes", "winner_row"}     # may be absent or null
+WINNER_ROW_TYPES: dict[str, tuple[type, ...]] = {
+    "deployment": (str,), "max_num_batched_tokens": _NUMBER, "max_num_seqs": _NUMBER,
+    "replicas": _NUMBER, "gpus": _NUMBER, "cost_per_hour": _NUMBER,
+    "cost_per_million_output_tokens": _NUMBER}
+# the Pareto chart of a plan: its axes, columns of the plan's candidate table (plan/planner.py),
+# and what else it reads from the table
+PARETO_X = "tokens_per_s_per_user"
+PARETO_Y = "output_tokens_per_s_per_gpu"
+PARETO_COLUMNS = (PARETO_X, PARETO_Y, "hardware", "mode", "deployment")
+
+
+def _check_plan(path: Path, a: dict, table_path: Path, table: pd.DataFrame) -> None:
+    """Every value the plan section reads, of the type it reads it as; the candidate ids it
+    names are rows of candidates.csv. DataError naming the key (``winner_row.gpus``)."""
+    def check(node: dict, key: str, kinds: tuple[type, ...], name: str,
+              optional: bool) -> None:
+        v = node.get(key)
+        if v is None and optional:
+            return
+        if key not in node:
+            raise DataError(path, f"no key {name!r} (a simserve output cut short or edited?)")
+        if v is None or isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
+            what = "a number" if kinds == _NUMBER else {
+                str: "a string", int: "an integer", bool: "true or false", dict: "an object",
+                list: "a list"}[kinds[0]]
+            raise DataError(path, f"{name} must be {what}, got {json.dumps(v)[:60]}")
+
+    for key, kinds in PLAN_TYPES.items():
+        check(a, key, kinds, key, key in PLAN_OPTIONAL)
+    for key in ("slo", "pruned"):
+        for k in a.get(key) or {}:
+            check(a[key], k, _NUMBER, f"{key}.{k}", optional=key == "slo")
+    for key in ("vllm_serve", "notes"):
+        for i, v in enumerate(a.get(key) or []):
+            check({"v": v}, "v", (str,), f"{key}[{i}]", optional=False)
+    if a.get("met"):
+        check(a, "winner", (int,), "winner", optional=False)
+        check(a, "winner_row", (dict,), "winner_row", optional=False)
+        for key, kinds in WINNER_ROW_TYPES.items():
+            check(a["winner_row"], key, kinds, f"winner_row.{key}", optional=False)
+    ids = pd.to_numeric(table["candidate"], errors="coerce")
+    twice = ids[ids.duplicated()].dropna()
+    if len(twice):
+        raise DataError(table_path, f"candidate {twice.iloc[0]:g} appears twice",
+                        int(twice.index[0]) + 2)
+    for key in ("winner", "runners_up", "pareto", "closest"):
+        named = a.get(key)
+        for i, c in enumerate(named if isinstance(named, list) else
+                              [] if named is None else [named]):
+            where = f"{key}[{i}]" if isinstance(named, list) else key
+            check({"c": c}, "c", (int,), where, optional=False)
+            if c not in set(ids.dropna()):
+                raise DataError(path, f"{where}: candidate {c} is not a row of {table_path}")
+    if a.get("pareto") or PARETO_X in table or PARETO_Y in table:
+        _needs(table_path, table.columns, PARETO_COLUMNS, "column")
 
 
 def _variant_dirs(d: Path) -> list[Path]:

@@ -204,6 +204,90 @@ def test_a_search_answer_cut_short_is_named(tmp_path, capsys, kind, files, named
     assert code == 2 and err.startswith(f"error: {tmp_path / kind}/{named} (")
 
 
+@pytest.fixture(scope="module")
+def plan_dir(tmp_path_factory) -> Path:
+    """A real `simserve plan` answer (8 H100 candidates of tests/data/plan_small.yaml)."""
+    space = dict(yaml.safe_load((DATA / "plan_small.yaml").read_text())["plan"])
+    space["hardware"] = ["H100-SXM"]
+    return simserve.plan(DATA / "plan_small.yaml", 30, space=space, workers=1).save(
+        tmp_path_factory.mktemp("plan") / "plan")
+
+
+def _drop(path: list[str]):
+    def edit(a: dict) -> None:
+        node = a
+        for k in path[:-1]:
+            node = node[k]
+        del node[path[-1]]
+    return edit
+
+
+def _set(path: list[str], value):
+    def edit(a: dict) -> None:
+        node = a
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+    return edit
+
+
+# each was a KeyError, TypeError, ValueError or AttributeError traceback from the plan section
+@pytest.mark.parametrize("edit, named", [
+    (_drop(["winner_row", "deployment"]), "no key 'winner_row.deployment'"),
+    (_drop(["winner"]), "no key 'winner'"),
+    (_set(["winner_row"], "x"), 'winner_row must be an object, got "x"'),
+    (_set(["winner_row", "cost_per_hour"], "cheap"),
+     'winner_row.cost_per_hour must be a number, got "cheap"'),
+    (_set(["winner_row", "gpus"], None), "winner_row.gpus must be a number, got null"),
+    (_set(["winner"], 99), "winner: candidate 99 is not a row of "),
+    (_set(["runners_up"], 5), "runners_up must be a list, got 5"),
+    (_set(["pareto"], [0, "a"]), 'pareto[1] must be an integer, got "a"'),
+    (_set(["pareto"], [99]), "pareto[0]: candidate 99 is not a row of "),
+    (lambda a: a.update(met=False, closest=[99]), "closest[0]: candidate 99 is not a row"),
+    (_set(["target_rate"], "fast"), 'target_rate must be a number, got "fast"'),
+    (_set(["slo"], [1]), "slo must be an object, got [1]"),
+    (_set(["slo", "attainment"], "most"), 'slo.attainment must be a number, got "most"'),
+    (_set(["pruned"], [1]), "pruned must be an object, got [1]"),
+    (_set(["notes"], 5), "notes must be a list, got 5"),
+    (_set(["vllm_serve"], [1]), "vllm_serve[0] must be a string, got 1"),
+    (_set(["met"], "yes"), 'met must be true or false, got "yes"'),
+])
+def test_a_plan_answer_with_a_deep_gap_is_named(plan_dir, tmp_path, capsys, edit, named):
+    import json
+    import shutil
+    d = shutil.copytree(plan_dir, tmp_path / "plan")
+    answer = json.loads((d / "plan.json").read_text())
+    edit(answer)
+    (d / "plan.json").write_text(json.dumps(answer))
+    code = main(["report", str(d), "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {d / 'plan.json'}: {named}"), err
+    assert err.count("\n") == 1 and not (tmp_path / "rep").exists()
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda t: t.drop(columns=["tokens_per_s_per_user"]), "no column 'tokens_per_s_per_user'"),
+    (lambda t: t.drop(columns=["hardware"]), "no column 'hardware'"),
+    (lambda t: t.assign(candidate=0), ":3: candidate 0 appears twice"),
+])
+def test_a_plan_table_with_a_deep_gap_is_named(plan_dir, tmp_path, capsys, edit, named):
+    import shutil
+    d = shutil.copytree(plan_dir, tmp_path / "plan")
+    edit(pd.read_csv(d / "candidates.csv")).to_csv(d / "candidates.csv", index=False)
+    code = main(["report", str(d), "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    where = f"error: {d / 'candidates.csv'}" + (named if named.startswith(":") else ": ")
+    assert code == 2 and err.startswith(where) and named in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "rep").exists()
+
+
+def test_a_plan_answer_as_written_is_reported(plan_dir, tmp_path):
+    import shutil
+    d = shutil.copytree(plan_dir, tmp_path / "plan")
+    assert main(["report", str(d), "--out", str(tmp_path / "rep")]) == 0
+    assert "Cheapest: H100-SXM" in (tmp_path / "rep" / "report.html").read_text()
+
+
 def test_capacity_probes_cut_short_are_named(tmp_path, capsys):
     s = simserve.load_scenario(TINY, overrides=["workload.num_requests=20"])
     capacity(s, seeds=1, tolerance=0.2).save(tmp_path / "cap")
