@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -289,6 +290,23 @@ def _read_burstgpt(path: Path, cfg: TraceConfig) -> _Rows:
     return _Rows(t[keep], prompt[keep], output[keep], num_skipped=int(failed.sum()))
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys repeat is refused: json keeps the last silently, so which
+    value was meant is a guess."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(k)
+            seen.add(k)
+    return obj
+
+
 def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
     keys = ("timestamp", "input_length", "output_length")
     cols: dict[str, list] = {k: [] for k in keys}
@@ -298,14 +316,19 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
     saw_priority = False
     lines: list[int] = []
     try:
-        with open(path, encoding="utf-8") as fh:
+        # utf-8-sig: a byte-order mark (Windows editors write one) is not part of line 1's
+        # JSON; the CSV readers (pandas) skip it too
+        with open(path, encoding="utf-8-sig") as fh:
             for lineno, text in enumerate(fh, 1):
                 if not text.strip():
                     continue
                 try:
-                    obj = json.loads(text)
+                    obj = json.loads(text, object_pairs_hook=_unique_keys)
                 except json.JSONDecodeError:
                     raise DataError(path, "the line is not valid JSON", lineno) from None
+                except _DuplicateKey as e:
+                    raise DataError(path, f"field {e.args[0]!r} appears twice in the line's "
+                                          f"object", lineno) from None
                 except RecursionError:
                     raise DataError(path, "the line's JSON is nested too deeply", lineno) from None
                 if not isinstance(obj, dict):

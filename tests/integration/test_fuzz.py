@@ -463,6 +463,8 @@ for id, line in [
                       '"hash_ids": [true]}'),
     ("hash-ids-float", '{"timestamp": 5, "input_length": 3, "output_length": 2, '
                        '"hash_ids": [1.5]}'),
+    ("duplicate-key", '{"timestamp": 5, "input_length": 3, "input_length": 9, '
+                      '"output_length": 2}'),
     ("hash-ids-past-prompt", '{"timestamp": 5, "input_length": 3, "output_length": 2, '
                              '"hash_ids": [1, 2]}'),
     ("not-object", "[1, 2, 3]"), ("null", "null"), ("truncated", '{"timestamp": 5'),
