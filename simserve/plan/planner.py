@@ -248,6 +248,9 @@ def _pruned(e: _Entry, which: str, reason: str) -> _Entry:
 
 # --- the capacity search of one candidate (runs in a worker) -----------------------------------
 
+SEARCH_FAILED = "search failed"     # a candidate's capacity search raised: nothing measured
+
+
 def _search(job: tuple) -> tuple[dict | None, str | None]:
     """The capacity search (fewest replicas for the target) of one candidate."""
     from simserve.plan.capacity import capacity
@@ -280,7 +283,7 @@ def _record(e: _Entry, value: dict | None, error: str | None, probes: list[dict]
     row["simulated"] = True
     row["start_rate"] = e.start_rate
     if value is None:
-        row.update(status="misses SLO", reason=error)
+        row.update(status=SEARCH_FAILED, reason=error)
         return
     for pr in value["probes"]:
         probes.append({"candidate": c.index, **pr})
@@ -399,6 +402,14 @@ def plan(scenario: Scenario | Mapping | str | Path, target_rate: float, *,
             best = f"${served[0]:.2f}/hour" if served else "none yet"
             log(f"wave {wave_no}: {len(wave)} simulated, {len(queue)} left; cheapest so far "
                 f"{best}")
+    ran = [e for e in entries if e.row.get("simulated")]
+    if ran and all(e.row["status"] == SEARCH_FAILED for e in ran):
+        # nothing was measured, so "none meets the SLOs" would be a guess: the reason is the
+        # input (a workload too short to find a capacity, say), the same for every candidate
+        first = min(ran, key=lambda e: e.cand.index)
+        raise SimserveError(f"plan: the capacity search failed for all {len(ran)} candidates "
+                            f"simulated; candidate {first.cand.index} ({first.cand.label}): "
+                            f"{first.row['reason']}")
     return _result(base, target_rate, sp, entries, probes, pruned, notes)
 
 

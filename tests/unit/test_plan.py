@@ -166,6 +166,24 @@ def test_bad_space_names_the_field(space, field, tmp_path):
     assert e.value.field.endswith(field), e.value.field
 
 
+def test_cli_searches_that_all_fail_are_bad_input_not_none_meets(capsys, tmp_path):
+    # 20 requests arrive almost at once at any high rate, so no capacity search finds a rate
+    # that fails: each candidate's search raised, was recorded as "misses SLO", and the plan
+    # said "no deployment meets the SLOs" (exit 3) over an empty table
+    space = tmp_path / "space.yaml"
+    space.write_text(json.dumps({"plan": {"hardware": ["H100-SXM"],
+                                          "tensor_parallel_size": [1, 2]}}))
+    rc = main(["plan", str(SMALL), "--target-rate", "5", "--plan", str(space),
+               "--set", "workload.num_requests=20", "--out", str(tmp_path / "o"), "--quiet"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: plan: the capacity search failed for all 2 candidates "
+                          "simulated; candidate 0 (H100-SXM TP1 colocated): capacity: SLO "
+                          "attainment still meets the target at "), err
+    assert "raise workload.num_requests" in err and "no deployment meets" not in out
+    assert not (tmp_path / "o").exists()
+
+
 def test_cli_none_meets_exit_3_with_closest(capsys, tmp_path):
     rc = main(["plan", str(SMALL), "--target-rate", "30", "--set", "slo.tpot_ms=4",
                "--out", str(tmp_path), "--quiet", "--no-report"])
