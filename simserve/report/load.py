@@ -160,6 +160,7 @@ def load_inputs(paths: Sequence[str | Path]) -> Inputs:
         elif (d / "capacity.json").is_file():
             answer = _read_json(d / "capacity.json")
             _needs(d / "capacity.json", answer, CAPACITY_NEEDS, "key")
+            _check_capacity(d / "capacity.json", answer)
             out.capacities.append(CapacityData(answer.get("scenario") or label, answer,
                                                _read_csv(d / "probes.csv", PROBE_NEEDS), d))
         elif variants := _variant_dirs(d):
@@ -191,35 +192,38 @@ PARETO_Y = "output_tokens_per_s_per_gpu"
 PARETO_COLUMNS = (PARETO_X, PARETO_Y, "hardware", "mode", "deployment")
 
 
+def _typed(path: Path, node: dict, key: str, kinds: tuple[type, ...], name: str,
+           optional: bool) -> None:
+    """``node[key]`` is one of ``kinds`` (``optional``: or absent, or null); DataError naming
+    the key as ``name`` (``winner_row.gpus``) otherwise."""
+    v = node.get(key)
+    if v is None and optional:
+        return
+    if key not in node:
+        raise DataError(path, f"no key {name!r} (a simserve output cut short or edited?)")
+    if v is None or isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
+        what = "a number" if kinds == _NUMBER else {
+            str: "a string", int: "an integer", bool: "true or false", dict: "an object",
+            list: "a list"}[kinds[0]]
+        raise DataError(path, f"{name} must be {what}, got {json.dumps(v)[:60]}")
+
+
 def _check_plan(path: Path, a: dict, table_path: Path, table: pd.DataFrame) -> None:
     """Every value the plan section reads, of the type it reads it as; the candidate ids it
     names are rows of candidates.csv. DataError naming the key (``winner_row.gpus``)."""
-    def check(node: dict, key: str, kinds: tuple[type, ...], name: str,
-              optional: bool) -> None:
-        v = node.get(key)
-        if v is None and optional:
-            return
-        if key not in node:
-            raise DataError(path, f"no key {name!r} (a simserve output cut short or edited?)")
-        if v is None or isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
-            what = "a number" if kinds == _NUMBER else {
-                str: "a string", int: "an integer", bool: "true or false", dict: "an object",
-                list: "a list"}[kinds[0]]
-            raise DataError(path, f"{name} must be {what}, got {json.dumps(v)[:60]}")
-
     for key, kinds in PLAN_TYPES.items():
-        check(a, key, kinds, key, key in PLAN_OPTIONAL)
+        _typed(path, a, key, kinds, key, key in PLAN_OPTIONAL)
     for key in ("slo", "pruned"):
         for k in a.get(key) or {}:
-            check(a[key], k, _NUMBER, f"{key}.{k}", optional=key == "slo")
+            _typed(path, a[key], k, _NUMBER, f"{key}.{k}", optional=key == "slo")
     for key in ("vllm_serve", "notes"):
         for i, v in enumerate(a.get(key) or []):
-            check({"v": v}, "v", (str,), f"{key}[{i}]", optional=False)
+            _typed(path, {"v": v}, "v", (str,), f"{key}[{i}]", optional=False)
     if a.get("met"):
-        check(a, "winner", (int,), "winner", optional=False)
-        check(a, "winner_row", (dict,), "winner_row", optional=False)
+        _typed(path, a, "winner", (int,), "winner", optional=False)
+        _typed(path, a, "winner_row", (dict,), "winner_row", optional=False)
         for key, kinds in WINNER_ROW_TYPES.items():
-            check(a["winner_row"], key, kinds, f"winner_row.{key}", optional=False)
+            _typed(path, a["winner_row"], key, kinds, f"winner_row.{key}", optional=False)
     ids = pd.to_numeric(table["candidate"], errors="coerce")
     twice = ids[ids.duplicated()].dropna()
     if len(twice):
@@ -230,11 +234,34 @@ def _check_plan(path: Path, a: dict, table_path: Path, table: pd.DataFrame) -> N
         for i, c in enumerate(named if isinstance(named, list) else
                               [] if named is None else [named]):
             where = f"{key}[{i}]" if isinstance(named, list) else key
-            check({"c": c}, "c", (int,), where, optional=False)
+            _typed(path, {"c": c}, "c", (int,), where, optional=False)
             if c not in set(ids.dropna()):
                 raise DataError(path, f"{where}: candidate {c} is not a row of {table_path}")
     if a.get("pareto") or PARETO_X in table or PARETO_Y in table:
         _needs(table_path, table.columns, PARETO_COLUMNS, "column")
+
+
+# What the capacity section and figure read from capacity.json (CapacityResult.to_dict)
+CAPACITY_TYPES: dict[str, tuple[type, ...]] = {
+    "scenario": (str,), "policy": (str,), "slo": (dict,), "target_attainment": _NUMBER,
+    "max_rate": _NUMBER, "first_failing_rate": _NUMBER, "per_gpu_rate": _NUMBER,
+    "replicas": (int,), "tensor_parallel_size": (int,), "pipeline_parallel_size": (int,),
+    "tolerance": _NUMBER, "seeds": (list,), "aggregate": (str,), "spread": (dict,),
+    "target_rate": _NUMBER, "replicas_needed": (int,), "notes": (list,)}
+CAPACITY_OPTIONAL = {"scenario", "policy", "slo", "pipeline_parallel_size", "aggregate",
+                     "target_rate", "replicas_needed", "notes"}
+
+
+def _check_capacity(path: Path, a: dict) -> None:
+    """Every value the capacity section reads, of the type it reads it as."""
+    for key, kinds in CAPACITY_TYPES.items():
+        _typed(path, a, key, kinds, key, key in CAPACITY_OPTIONAL)
+    for k in a.get("slo") or {}:
+        _typed(path, a["slo"], k, _NUMBER, f"slo.{k}", optional=True)
+    for k in ("min", "mean", "max"):
+        _typed(path, a["spread"], k, _NUMBER, f"spread.{k}", optional=False)
+    for i, v in enumerate(a.get("notes") or []):
+        _typed(path, {"v": v}, "v", (str,), f"notes[{i}]", optional=False)
 
 
 def _variant_dirs(d: Path) -> list[Path]:

@@ -281,6 +281,40 @@ def test_a_plan_table_with_a_deep_gap_is_named(plan_dir, tmp_path, capsys, edit,
     assert err.count("\n") == 1 and not (tmp_path / "rep").exists()
 
 
+@pytest.fixture(scope="module")
+def capacity_dir(tmp_path_factory) -> Path:
+    s = simserve.load_scenario(TINY, overrides=["workload.num_requests=20"])
+    return capacity(s, seeds=1, tolerance=0.2).save(tmp_path_factory.mktemp("cap") / "cap")
+
+
+# as for plan.json: each was a KeyError, TypeError, ValueError or IndexError traceback
+@pytest.mark.parametrize("edit, named", [
+    (_drop(["tensor_parallel_size"]), "no key 'tensor_parallel_size'"),
+    (_drop(["spread", "min"]), "no key 'spread.min'"),
+    (_set(["seeds"], 3), "seeds must be a list, got 3"),
+    (_set(["spread"], [1]), "spread must be an object, got [1]"),
+    (_set(["max_rate"], None), "max_rate must be a number, got null"),
+    (_set(["target_attainment"], "x"), 'target_attainment must be a number, got "x"'),
+    (_set(["replicas"], "1"), 'replicas must be an integer, got "1"'),
+    (_set(["slo"], [1]), "slo must be an object, got [1]"),
+    (_set(["notes"], 3), "notes must be a list, got 3"),
+])
+def test_a_capacity_answer_with_a_deep_gap_is_named(capacity_dir, tmp_path, capsys, edit,
+                                                      named):
+    import json
+    import shutil
+    d = shutil.copytree(capacity_dir, tmp_path / "cap")
+    answer = json.loads((d / "capacity.json").read_text())
+    edit(answer)
+    (d / "capacity.json").write_text(json.dumps(answer))
+    code = main(["report", str(d), "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {d / 'capacity.json'}: {named}"), err
+    assert err.count("\n") == 1 and not (tmp_path / "rep").exists()
+    shutil.copy(capacity_dir / "capacity.json", d / "capacity.json")   # as written: reported
+    assert main(["report", str(d), "--out", str(tmp_path / "rep")]) == 0
+
+
 def test_a_plan_answer_as_written_is_reported(plan_dir, tmp_path):
     import shutil
     d = shutil.copytree(plan_dir, tmp_path / "plan")
