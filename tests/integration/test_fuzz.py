@@ -239,6 +239,10 @@ field_case("latency", {"model": "roofline", "bandwidth_efficiency": 2},
            r"latency\.bandwidth_efficiency")
 field_case("latency", {"model": "profile"}, r"latency\.path: is required")
 field_case("latency", {"model": "profile", "path": "missing.json"}, r"latency\.path")
+# "" named the scenario's folder ("cannot read: Is a directory"), not the field
+field_case("latency", {"model": "profile", "path": ""}, r"^error: latency\.path: expected a "
+           r"profile file or a shipped profile's name, got an empty string")
+field_case("latency", {"model": "profile", "path": "  "}, r"^error: latency\.path: ")
 field_case("latency", {"model": "constant", "step_ms": 1, "base_ms": 1}, r"latency\.base_ms")
 
 # model cards: shipped names, inline shapes, a shipped card with overrides
