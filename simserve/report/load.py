@@ -35,6 +35,8 @@ CAPACITY_NEEDS = ("target_attainment", "max_rate", "first_failing_rate", "replic
 PROBE_NEEDS = ("phase", "rate", "replicas", "slo_attainment")
 PLAN_NEEDS = ("candidates", "model", "target_rate", "simulated")
 CANDIDATE_NEEDS = ("candidate",)
+# the load curves of a sweep table or capacity probes (report/figures.py load_curves)
+CURVE_NEEDS = ("policy", "request_throughput")
 
 
 def _needs(path: Path, have, needed: Sequence[str], what: str) -> None:
@@ -149,8 +151,9 @@ def load_inputs(paths: Sequence[str | Path]) -> Inputs:
             out.runs.append(RunData.from_dir(d, label))
         elif (d / "sweep.csv").is_file():
             spec = _read_yaml(d / "sweep.yaml") if (d / "sweep.yaml").is_file() else {}
-            out.sweeps.append(SweepData(spec.get("name") or label, _read_csv(d / "sweep.csv"),
-                                        spec, d))
+            table = _read_csv(d / "sweep.csv", CURVE_NEEDS[:1])
+            _check_sweep(d / "sweep.yaml", spec, d / "sweep.csv", table)
+            out.sweeps.append(SweepData(spec.get("name") or label, table, spec, d))
         elif (d / "plan.json").is_file():
             answer = _read_json(d / "plan.json")
             _needs(d / "plan.json", answer, PLAN_NEEDS, "key")
@@ -161,8 +164,11 @@ def load_inputs(paths: Sequence[str | Path]) -> Inputs:
             answer = _read_json(d / "capacity.json")
             _needs(d / "capacity.json", answer, CAPACITY_NEEDS, "key")
             _check_capacity(d / "capacity.json", answer)
+            probes = _read_csv(d / "probes.csv", PROBE_NEEDS + CURVE_NEEDS[1:])
+            _numeric_columns(d / "probes.csv", probes,
+                             ("rate", "replicas", "slo_attainment", *CURVE_NEEDS[1:]))
             out.capacities.append(CapacityData(answer.get("scenario") or label, answer,
-                                               _read_csv(d / "probes.csv", PROBE_NEEDS), d))
+                                               probes, d))
         elif variants := _variant_dirs(d):
             out.runs.extend(RunData.from_dir(v) for v in variants)
         else:
@@ -262,6 +268,33 @@ def _check_capacity(path: Path, a: dict) -> None:
         _typed(path, a["spread"], k, _NUMBER, f"spread.{k}", optional=False)
     for i, v in enumerate(a.get("notes") or []):
         _typed(path, {"v": v}, "v", (str,), f"notes[{i}]", optional=False)
+
+
+def _check_sweep(path: Path, spec: dict, table_path: Path, table: pd.DataFrame) -> None:
+    """What the sweep section reads from sweep.yaml (the base scenario's SLO, the axes) and
+    sweep.csv (numbers for its curves)."""
+    _typed(path, spec, "name", (str,), "name", optional=True)
+    _typed(path, spec, "scenario", (dict,), "scenario", optional=True)
+    for key in ("grid", "zip"):
+        _typed(path, spec, key, (dict,), key, optional=True)
+    slo = (spec.get("scenario") or {}).get("slo")
+    _typed(path, {"slo": slo}, "slo", (dict,), "scenario.slo", optional=True)
+    for k in slo or {}:
+        _typed(path, slo, k, _NUMBER, f"scenario.slo.{k}", optional=True)
+    ran = table["error"].isna() if "error" in table else pd.Series(True, index=table.index)
+    if ran.any():            # curves are drawn (a sweep whose every point failed has no metrics)
+        _needs(table_path, table.columns, CURVE_NEEDS, "column")
+        _numeric_columns(table_path, table, CURVE_NEEDS[1:])
+
+
+def _numeric_columns(path: Path, table: pd.DataFrame, columns: Sequence[str]) -> None:
+    """Each of ``columns`` holds numbers (or nothing, a failed point's)."""
+    for c in columns:
+        if not pd.api.types.is_numeric_dtype(table[c]) and table[c].notna().any():
+            values = pd.to_numeric(table[c], errors="coerce")
+            i = int((values.isna() & table[c].notna()).to_numpy().argmax())
+            raise DataError(path, f"column {c!r} is not a number: {str(table[c].iloc[i])!r}",
+                            i + 2)
 
 
 def _variant_dirs(d: Path) -> list[Path]:

@@ -315,6 +315,73 @@ def test_a_capacity_answer_with_a_deep_gap_is_named(capacity_dir, tmp_path, caps
     assert main(["report", str(d), "--out", str(tmp_path / "rep")]) == 0
 
 
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("sweep")
+    (d / "g.yaml").write_text(f"base: {TINY}\nset: {{workload.num_requests: 20}}\n"
+                              "grid: {workload.rate: [5, 20]}\n")
+    spec = load_sweep(d / "g.yaml")
+    return save_sweep(sweep(spec, workers=1), spec, d / "sweep")
+
+
+def _yaml_edit(edit):
+    def apply(path: Path) -> None:
+        spec = yaml.safe_load(path.read_text())
+        edit(spec)
+        path.write_text(yaml.safe_dump(spec))
+    return apply
+
+
+def _csv_edit(edit):
+    def apply(path: Path) -> None:
+        edit(pd.read_csv(path)).to_csv(path, index=False)
+        path.with_suffix(".parquet").unlink(missing_ok=True)
+    return apply
+
+
+# each was an AttributeError, ValueError or KeyError traceback from the sweep or capacity section
+@pytest.mark.parametrize("kind, file, edit, named", [
+    ("sweep", "sweep.yaml", _yaml_edit(_set(["scenario"], [1])),
+     "scenario must be an object, got [1]"),
+    ("sweep", "sweep.yaml", _yaml_edit(_set(["scenario", "slo"], [1])),
+     "scenario.slo must be an object, got [1]"),
+    ("sweep", "sweep.yaml", _yaml_edit(_set(["scenario", "slo", "ttft_ms"], "x")),
+     'scenario.slo.ttft_ms must be a number, got "x"'),
+    ("sweep", "sweep.yaml", _yaml_edit(_set(["grid"], [1])), "grid must be an object, got [1]"),
+    ("sweep", "sweep.csv", _csv_edit(lambda t: t.drop(columns=["policy"])),
+     "no column 'policy'"),
+    ("sweep", "sweep.csv", _csv_edit(lambda t: t.drop(columns=["request_throughput"])),
+     "no column 'request_throughput'"),
+    ("sweep", "sweep.csv", _csv_edit(lambda t: t.assign(request_throughput="x")),
+     "column 'request_throughput' is not a number: 'x'"),
+    ("capacity", "probes.csv", _csv_edit(lambda t: t.drop(columns=["request_throughput"])),
+     "no column 'request_throughput'"),
+    ("capacity", "probes.csv", _csv_edit(lambda t: t.assign(slo_attainment="most")),
+     "column 'slo_attainment' is not a number: 'most'"),
+])
+def test_a_sweep_or_probe_table_with_a_deep_gap_is_named(sweep_dir, capacity_dir, tmp_path,
+                                                         capsys, kind, file, edit, named):
+    import shutil
+    d = shutil.copytree(sweep_dir if kind == "sweep" else capacity_dir, tmp_path / kind)
+    edit(d / file)
+    code = main(["report", str(d), "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {d / file}") and named in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "rep").exists()
+
+
+def test_a_sweep_whose_every_point_failed_is_still_reported(sweep_dir, tmp_path):
+    # sweep_table writes no metric columns when no point ran: nothing to draw, nothing missing
+    import shutil
+    d = shutil.copytree(sweep_dir, tmp_path / "sweep")
+    table = pd.read_csv(d / "sweep.csv")
+    table = table[["point", "workload.rate", "policy", "offered_rate"]].assign(error="boom")
+    table.to_csv(d / "sweep.csv", index=False)
+    (d / "sweep.parquet").unlink(missing_ok=True)
+    assert main(["report", str(d), "--out", str(tmp_path / "rep")]) == 0
+    assert "Point 0 failed: boom" in (tmp_path / "rep" / "report.html").read_text()
+
+
 def test_a_plan_answer_as_written_is_reported(plan_dir, tmp_path):
     import shutil
     d = shutil.copytree(plan_dir, tmp_path / "plan")
