@@ -85,6 +85,7 @@ class RunData:
         _needs(_table_path(path / "requests"), requests.columns, REQUEST_NEEDS, "column")
         if steps is not None:
             _needs(_table_path(path / "steps"), steps.columns, STEP_NEEDS, "column")
+        _check_run(path / "summary.json", summary, path / "scenario.yaml", scenario)
         return cls(label or path.name, scenario.get("scheduler", {}).get("policy", "?"),
                    requests, steps, summary, scenario, path, overrides)
 
@@ -268,6 +269,41 @@ def _check_capacity(path: Path, a: dict) -> None:
         _typed(path, a["spread"], k, _NUMBER, f"spread.{k}", optional=False)
     for i, v in enumerate(a.get("notes") or []):
         _typed(path, {"v": v}, "v", (str,), f"notes[{i}]", optional=False)
+
+
+# What the run sections read from summary.json as numbers (the headline table, the policy bars,
+# the rejected count of the CDFs; tests/unit/test_report.py holds the report's keys to this)
+SUMMARY_NUMBERS = (
+    "completed", "num_rejected", "request_throughput", "request_goodput", "slo_attainment",
+    "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
+    "median_e2el_ms", "p99_e2el_ms", "total_preemptions", "mean_kv_utilization",
+    "prefix_cache_hit_rate")
+TRUST_TYPES: dict[str, tuple[type, ...]] = {
+    "expected_error_pct": (dict,), "curves": (str,), "basis": (str,), "outside_corpus": (list,)}
+
+
+def _check_run(path: Path, summary: dict, scenario_path: Path, scenario: dict) -> None:
+    """What the run sections read from summary.json and scenario.yaml, of the types they read."""
+    for key in SUMMARY_NUMBERS:
+        _typed(path, summary, key, _NUMBER, key, optional=True)
+    _typed(path, summary, "latency_model", (str,), "latency_model", optional=True)
+    _typed(path, summary, "latency_trust", (dict,), "latency_trust", optional=True)
+    trust = summary.get("latency_trust")
+    if trust:
+        for key, kinds in TRUST_TYPES.items():
+            _typed(path, trust, key, kinds, f"latency_trust.{key}", optional=False)
+        for k in trust["expected_error_pct"]:
+            _typed(path, trust["expected_error_pct"], k, _NUMBER,
+                   f"latency_trust.expected_error_pct.{k}", optional=False)
+        for i, v in enumerate(trust["outside_corpus"]):
+            _typed(path, {"v": v}, "v", (str,), f"latency_trust.outside_corpus[{i}]",
+                   optional=False)
+    _typed(scenario_path, scenario, "slo", (dict,), "slo", optional=True)
+    for k in scenario.get("slo") or {}:
+        _typed(scenario_path, scenario["slo"], k, _NUMBER, f"slo.{k}", optional=True)
+    _typed(scenario_path, scenario, "scheduler", (dict,), "scheduler", optional=True)
+    _typed(scenario_path, scenario.get("scheduler") or {}, "policy", (str,), "scheduler.policy",
+           optional=True)
 
 
 def _check_sweep(path: Path, spec: dict, table_path: Path, table: pd.DataFrame) -> None:

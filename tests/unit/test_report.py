@@ -382,6 +382,55 @@ def test_a_sweep_whose_every_point_failed_is_still_reported(sweep_dir, tmp_path)
     assert "Point 0 failed: boom" in (tmp_path / "rep" / "report.html").read_text()
 
 
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("run") / "run", **{"workload.num_requests": 20})
+
+
+def _json_edit(edit):
+    def apply(path: Path) -> None:
+        import json
+        answer = json.loads(path.read_text())
+        edit(answer)
+        path.write_text(json.dumps(answer))
+    return apply
+
+
+# each was a TypeError, KeyError, ValueError or AttributeError traceback from the run sections
+@pytest.mark.parametrize("file, edit, named", [
+    ("summary.json", _json_edit(_set(["request_throughput"], "x")),
+     'request_throughput must be a number, got "x"'),
+    ("summary.json", _json_edit(_set(["p99_ttft_ms"], [1])), "p99_ttft_ms must be a number"),
+    ("summary.json", _json_edit(_set(["latency_model"], [1])),
+     "latency_model must be a string, got [1]"),
+    ("summary.json", _json_edit(_set(["latency_trust"], {"curves": "x"})),
+     "no key 'latency_trust.expected_error_pct'"),
+    ("scenario.yaml", _yaml_edit(_set(["slo"], [1])), "slo must be an object, got [1]"),
+    ("scenario.yaml", _yaml_edit(_set(["slo", "ttft_ms"], "x")),
+     'slo.ttft_ms must be a number, got "x"'),
+    ("scenario.yaml", _yaml_edit(_set(["scheduler"], [1])),
+     "scheduler must be an object, got [1]"),
+    ("scenario.yaml", _yaml_edit(_set(["scheduler", "policy"], [1])),
+     "scheduler.policy must be a string, got [1]"),
+])
+def test_a_run_with_a_deep_gap_is_named(run_dir, tmp_path, capsys, file, edit, named):
+    import shutil
+    d = shutil.copytree(run_dir, tmp_path / "run")
+    edit(d / file)
+    # beside a sound run: the policy bars and the comparison table read every summary
+    code = main(["report", str(d), str(run_dir), "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {d / file}: {named}"), err
+    assert err.count("\n") == 1 and not (tmp_path / "rep").exists()
+
+
+def test_every_summary_number_the_report_reads_is_checked():
+    from simserve.report.build import HEADLINE
+    from simserve.report.figures import BARS
+    from simserve.report.load import SUMMARY_NUMBERS
+    assert set(HEADLINE) | {key for key, *_ in BARS} <= set(SUMMARY_NUMBERS)
+
+
 def test_a_plan_answer_as_written_is_reported(plan_dir, tmp_path):
     import shutil
     d = shutil.copytree(plan_dir, tmp_path / "plan")
