@@ -338,7 +338,8 @@ def _variant_dirs(d: Path) -> list[Path]:
     subdirs = sorted(p for p in d.iterdir() if (p / "summary.json").is_file())
     table = d / "comparison.csv"
     if table.is_file():
-        order = [str(x) for x in pd.read_csv(table, index_col=0).index]
+        # its first column names the variants (an unreadable file is named, not a traceback)
+        order = [str(x) for x in _read_csv(table).iloc[:, 0]]
         rank = {name: i for i, name in enumerate(order)}
         subdirs.sort(key=lambda p: (rank.get(p.name, len(rank)), p.name))
     return subdirs

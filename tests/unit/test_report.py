@@ -424,6 +424,23 @@ def test_a_run_with_a_deep_gap_is_named(run_dir, tmp_path, capsys, file, edit, n
     assert err.count("\n") == 1 and not (tmp_path / "rep").exists()
 
 
+@pytest.mark.parametrize("content, named", [
+    (b"", "not a readable CSV table (No columns to parse from file)"),
+    (b"\xff\xfe,x\n", "not a readable CSV table (not UTF-8 text)"),
+])
+def test_a_compare_folder_with_an_unreadable_comparison_csv_is_named(run_dir, tmp_path, capsys,
+                                                                     content, named):
+    # it was read with pandas directly: an EmptyDataError or UnicodeDecodeError traceback
+    import shutil
+    for name in ("a", "b"):
+        shutil.copytree(run_dir, tmp_path / "cmp" / name)
+    (tmp_path / "cmp" / "comparison.csv").write_bytes(content)
+    code = main(["report", str(tmp_path / "cmp"), "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"error: {tmp_path / 'cmp' / 'comparison.csv'}: {named}\n"
+    assert not (tmp_path / "rep").exists()
+
+
 def test_every_summary_number_the_report_reads_is_checked():
     from simserve.report.build import HEADLINE
     from simserve.report.figures import BARS
