@@ -48,7 +48,12 @@ def check_endpoint_host(endpoint: str, allow_remote: bool = False) -> str:
     ``/v1/completions``) is refused: every route under it would be a 404.
     """
     parts = urlsplit(endpoint)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        port = parts.port              # out of range or not a number: ValueError
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 \
+            or any(c.isspace() for c in parts.netloc):
         raise EndpointError(f"--endpoint: expected http://HOST:PORT, got {endpoint!r}")
     host = parts.hostname
     if not allow_remote and not is_loopback(host):

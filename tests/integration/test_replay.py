@@ -444,6 +444,14 @@ def test_an_openai_base_url_ending_in_v1_is_the_server_root(tmp_path, capsys):
     assert len(pd.read_csv(tmp_path / "real" / "tokens.csv")) == 2
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999", "http://127.0.0.1:abc",
+                                 "http://127.0.0.1:1 /v1"])
+def test_an_endpoint_with_a_bad_port_is_refused_not_called_unreachable(url):
+    # aiohttp refused the URL, which was reported as "unreachable; is the server running?"
+    with pytest.raises(EndpointError, match=r"^--endpoint: expected http://HOST:PORT, got "):
+        check_endpoint_host(url)
+
+
 @pytest.mark.parametrize("suffix", ["/v1/completions", "/v1/chat/completions", "/api",
                                     "/?x=1"])
 def test_an_endpoint_with_a_route_is_refused_naming_the_root_url(tmp_path, capsys, suffix):
