@@ -353,8 +353,10 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
                     cols[k].append(v)
                 h = obj.get("hash_ids")
                 if h is not None and (not isinstance(h, list) or any(
-                        type(x) is not int for x in h)):
-                    raise DataError(path, "hash_ids must be a list of integers", lineno)
+                        type(x) is not int or not -2**63 <= x < 2**63 for x in h)):
+                    # within int64: vllm_native turns them into a numpy int64 array
+                    raise DataError(path, "hash_ids must be a list of integers within int64",
+                                    lineno)
                 hashes.append(tuple(h) if h is not None else None)
                 q, c = obj.get("priority", 0), obj.get("class", "")
                 if type(q) is not int or not -2**63 <= q < 2**63:

@@ -474,6 +474,10 @@ def test_numeric_azure_timestamp_is_quoted_as_written(tmp_path):
      "field 'output_length' must be a JSON number"),
     ('{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [1, "a"]}',
      "hash_ids must be a list of integers"),
+    ('{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [1e2]}',
+     "hash_ids must be a list of integers within int64"),
+    ('{"timestamp": 5, "input_length": 10, "output_length": 2, '
+     '"hash_ids": [9223372036854775808]}', "hash_ids must be a list of integers within int64"),
     # json keeps the last of two equal keys silently: which length was meant is a guess
     ('{"timestamp": 5, "input_length": 10, "input_length": 20, "output_length": 2}',
      "field 'input_length' appears twice in the line's object"),
