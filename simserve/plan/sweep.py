@@ -222,6 +222,16 @@ def make_spec(base: dict | Scenario | str | Path, grid: dict | None = None,
     apply_overrides(base, list(overrides or []))
     _check_axes(grid or {}, zip_ or {})
     grid, zip_ = dict(grid or {}), dict(zip_ or {})
+    given = [(f"set.{k}", str(k)) for k in fixed or {}] + \
+        [(f"--set {k.strip()}", k.strip()) for k, _, _ in
+         (item.partition("=") for item in overrides or [])]
+    for where, key in given:
+        # every point sets the axis after set: and --set, so the fixed value was dropped
+        axis = next((a for a in (*grid, *zip_) if key == a or key.startswith(f"{a}.")), None)
+        if axis is not None:
+            section = "grid" if axis in grid else "zip"
+            raise ConfigError(where, f"is also varied by {section}.{axis}, whose values "
+                                     f"would replace it at every point; give it in one place")
     return SweepSpec(name or base.get("name", "sweep"), base, Path(base_dir or "."), grid, zip_)
 
 

@@ -222,6 +222,37 @@ def test_cli_bad_grid_is_one_line_and_exit_2(tmp_path, capsys, grid, message):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("sections, flags, message", [
+    # every point set the axis after set: and --set: the fixed value was dropped silently
+    ({"set": {"seed": 3}, "grid": {"seed": [1, 2]}}, [],
+     "error: set.seed: is also varied by grid.seed, whose values would replace it at every "
+     "point; give it in one place"),
+    ({"grid": {"seed": [1, 2]}}, ["--set", "seed=5"], "error: --set seed: is also varied by "
+                                                      "grid.seed"),
+    ({"grid": {"workload.rate": [5, 6]}, "zip": {"workload.prompt": [
+        {"dist": "fixed", "value": 8}, {"dist": "fixed", "value": 9}]}},
+     ["--set", "workload.prompt.value=3"], "error: --set workload.prompt.value: is also varied "
+                                            "by zip.workload.prompt"),
+])
+def test_a_fixed_field_that_an_axis_also_sets_is_refused(tmp_path, capsys, sections, flags,
+                                                          message):
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"base": str(TINY), **sections}))
+    code = main(["sweep", str(path), "--out", str(tmp_path / "o"), "--workers", "1", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(message) and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_fixed_field_beside_the_axes_still_applies(tmp_path, capsys):
+    # a whole section set beside an axis inside it is not dropped: its other fields stay
+    path = write_grid(tmp_path, grid={"workload.rate": [5.0, 20.0]})
+    assert main(["sweep", str(path), "--out", str(tmp_path / "o"), "--workers", "1", "--quiet",
+                 "--no-report", "--set", "workload.num_requests=7"]) == 0
+    table = pd.read_csv(tmp_path / "o" / "sweep.csv")
+    assert table["num_requests"].tolist() == [7, 7]
+
+
 def test_cli_sweep_overrides_get_their_own_default_folder(tmp_path, capsys, monkeypatch):
     """issue #33 item 1: `sweep --set` writes beside, not into, the sweep without overrides;
     a --no-report rerun removes the report of the earlier sweep in the folder it reuses."""
