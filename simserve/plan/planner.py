@@ -176,6 +176,27 @@ def load_plan_inputs(scenario: Scenario | Mapping | str | Path,
     return raw, base_dir, name, PlanSpace.from_mapping(plan_raw, raw, where)
 
 
+def _check_overrides(overrides: Sequence[str] | None, sp: PlanSpace, raw: dict) -> None:
+    """Refuse a ``--set`` of a field every candidate sets itself (it would be dropped)."""
+    varied = {"engine.tensor_parallel_size": "plan.tensor_parallel_size",
+              "engine.pipeline_parallel_size": "plan.pipeline_parallel_size",
+              "engine.enable_expert_parallel": "plan.expert_parallel",
+              "cluster.replicas": "the replica search (plan.max_replicas)",
+              "cluster.groups": "plan.disaggregation", "cluster.kv_transfer": "plan.kv_transfer"}
+    for knob in ("max_num_batched_tokens", "max_num_seqs"):
+        if all(v is not None for v in getattr(sp, knob)):     # None: the scenario's value
+            varied[f"engine.{knob}"] = f"plan.{knob}"
+    if list(sp.hardware) != [raw.get("hardware")]:   # the plan names other hardware
+        varied["hardware"] = "plan.hardware"
+    for item in overrides or []:
+        key = item.partition("=")[0].strip()
+        field = next((f for f in varied if key == f or key.startswith(f"{f}.")), None)
+        if field is not None:
+            raise ConfigError(f"--set {key}", f"simserve plan sets {field} for every "
+                                              f"candidate, from {varied[field]}: this value "
+                                              f"would be dropped; vary it there")
+
+
 # --- building and bounding candidates ----------------------------------------------------------
 
 @dataclass
@@ -331,6 +352,7 @@ def plan(scenario: Scenario | Mapping | str | Path, target_rate: float, *,
             or not 0 < target_rate < math.inf:
         raise ConfigError("target_rate", f"must be > 0 and finite, got {target_rate!r}")
     raw, base_dir, name, sp = load_plan_inputs(scenario, space, overrides)
+    _check_overrides(overrides, sp, raw)
     base = parse_scenario(raw, base_dir, name)
     notes: list[str] = []
     base, _ = _prepare(base, notes)            # the SLO and workload capacity search needs

@@ -166,6 +166,36 @@ def test_bad_space_names_the_field(space, field, tmp_path):
     assert e.value.field.endswith(field), e.value.field
 
 
+@pytest.mark.parametrize("override, field, source", [
+    # every candidate wrote its own value over these: the --set was dropped silently
+    ("engine.tensor_parallel_size=4", "engine.tensor_parallel_size", "plan.tensor_parallel_size"),
+    ("engine.max_num_batched_tokens=2048", "engine.max_num_batched_tokens",
+     "plan.max_num_batched_tokens"),
+    ("hardware=A100-80GB", "hardware", "plan.hardware"),
+    ("cluster.replicas=4", "cluster.replicas", "the replica search (plan.max_replicas)"),
+])
+def test_cli_a_set_that_every_candidate_replaces_is_refused(capsys, tmp_path, override, field,
+                                                              source):
+    rc = main(["plan", str(SMALL), "--target-rate", "5", "--set", override,
+               "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    key = override.partition("=")[0]
+    assert rc == 2 and err == (f"error: --set {key}: simserve plan sets {field} for every "
+                               f"candidate, from {source}: this value would be dropped; vary "
+                               f"it there\n"), err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_set_the_space_leaves_to_the_scenario_is_kept():
+    # plan_small's space gives no max_num_seqs (None: the scenario's), so --set reaches every
+    # candidate; and without plan.hardware the --set hardware is the one planned
+    space = _space(hardware=None, tensor_parallel_size=[1], disaggregation=["colocated"],
+                   max_num_batched_tokens=[1024])
+    r = plan(SMALL, 5, space=space, overrides=["engine.max_num_seqs=64", "hardware=L40S"],
+             workers=1)
+    assert set(r.table["max_num_seqs"]) == {64} and set(r.table["hardware"]) == {"L40S"}
+
+
 def test_cli_searches_that_all_fail_are_bad_input_not_none_meets(capsys, tmp_path):
     # 20 requests arrive almost at once at any high rate, so no capacity search finds a rate
     # that fails: each candidate's search raised, was recorded as "misses SLO", and the plan
