@@ -175,7 +175,12 @@ class LatencyConfig:
                         raise ConfigError(f.where(key), "a constant efficiency applies only "
                                                         "with efficiency: constant")
         elif model == "profile":
-            cfg = cls(model, path=f.str("path"),
+            path = f.str("path")
+            if isinstance(path, str) and not path.strip():
+                # "" is the scenario's own folder: "cannot read: Is a directory" named no field
+                raise ConfigError(f.where("path"), "expected a profile file or a shipped "
+                                                   "profile's name, got an empty string")
+            cfg = cls(model, path=path,
                       step_overhead_ms=f.float("step_overhead_ms", 0.0, min=0.0),
                       per_output_token_ms=f.float("per_output_token_ms", None, min=0.0,
                                                   max=MAX_SECONDS * 1000.0))

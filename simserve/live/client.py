@@ -38,20 +38,34 @@ class EndpointError(SimserveError):
 
 
 def check_endpoint_host(endpoint: str, allow_remote: bool = False) -> str:
-    """The endpoint without a trailing slash; refuse non-HTTP URLs and non-loopback hosts.
+    """The server's root URL (no trailing slash); refuse non-HTTP URLs and non-loopback hosts.
 
     Only loopback targets are allowed by default (this machine's network policy): ``localhost``,
     ``127.0.0.0/8`` and ``::1``. Host names other than ``localhost`` are not resolved.
+    The client adds the routes itself (``/health``, ``/v1/models``, ``/v1/completions``), so
+    the URL is the server's root; an OpenAI client's base URL (the root + ``/v1``) means the
+    same server and is read as its root. Any other path (a route such as
+    ``/v1/completions``) is refused: every route under it would be a 404.
     """
     parts = urlsplit(endpoint)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        port = parts.port              # out of range or not a number: ValueError
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1 \
+            or any(c.isspace() for c in parts.netloc):
         raise EndpointError(f"--endpoint: expected http://HOST:PORT, got {endpoint!r}")
     host = parts.hostname
     if not allow_remote and not is_loopback(host):
         raise EndpointError(f"--endpoint: {host} is not a loopback address; only 127.0.0.1, "
                             f"localhost or ::1 are replayed against unless --allow-remote is "
                             f"given")
-    return endpoint.rstrip("/")
+    path = parts.path.rstrip("/")
+    if path not in ("", "/v1") or parts.query or parts.fragment:
+        raise EndpointError(f"--endpoint: expected the server's root URL http://HOST:PORT "
+                            f"(the routes /v1/models and /v1/completions are added to it), "
+                            f"got {endpoint!r}")
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 MAX_WARMUP = 1000           # warm-up requests: a few are enough; 10^9 of them never end
@@ -93,9 +107,11 @@ async def probe(session, endpoint: str, timeout: float) -> dict[str, Any]:
         try:
             async with session.get(endpoint + path, timeout=to) as resp:
                 if resp.status != 200:
+                    info.setdefault("answers", {})[path] = f"HTTP {resp.status}"
                     continue
                 body = await resp.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+            info.setdefault("answers", {})[path] = _describe(e, timeout)
             continue
         if key == "model" and isinstance(body, dict) and isinstance(body.get("data"), list) \
                 and body["data"] and isinstance(body["data"][0], dict):
@@ -105,6 +121,13 @@ async def probe(session, endpoint: str, timeout: float) -> dict[str, Any]:
             version = body.get("version")
             info["engine_version"] = version if isinstance(version, str) else None
     return info
+
+
+def no_model(endpoint: str, info: dict[str, Any]) -> EndpointError:
+    """The error when no model was given and ``GET /v1/models`` named none, with its answer."""
+    answer = info.get("answers", {}).get("/v1/models")
+    why = f"answered {answer}" if answer else "names no model"
+    return EndpointError(f"{endpoint}: GET /v1/models {why}; pass --model NAME")
 
 
 def _describe(e: BaseException, timeout: float | None = None) -> str:

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simserve.live.client import (EndpointError, Outcome, probe, prompt_ids, request_body,
-                                  send)
+from simserve.live.client import (EndpointError, Outcome, no_model, probe, prompt_ids,
+                                  request_body, send)
 
 if TYPE_CHECKING:
     from simserve.config import Scenario
@@ -97,7 +97,7 @@ async def probe_server(s: Scenario, endpoint: str, model: str | None, plan: Prob
         info = await probe(session, endpoint, timeout=min(timeout, 10.0))
         model = model or info["model"]
         if not model:
-            raise EndpointError(f"{endpoint}: /v1/models names no model; pass --model")
+            raise no_model(endpoint, info)
         url = f"{endpoint}/v1/completions"
         counter = iter(range(10**9))
 

@@ -48,8 +48,8 @@ from typing import TYPE_CHECKING
 
 from simserve.errors import SimserveError
 from simserve.live.client import (WARMUP_IDS, EndpointError, Outcome, check_client_options,
-                                  check_endpoint_host, load_average, probe, prompt_ids,
-                                  request_body, send)
+                                  check_endpoint_host, load_average, no_model, probe,
+                                  prompt_ids, request_body, send)
 from simserve.paths import check_out_dir, make_out_dir
 
 if TYPE_CHECKING:   # the CLI builds its parser from this module: keep importing it cheap
@@ -156,7 +156,7 @@ async def _replay(s: Scenario, specs: list[RequestSpec], endpoint: str, model: s
         info = await probe(session, endpoint, timeout=min(timeout, 10.0))
         model = model or info["model"]
         if not model:
-            raise EndpointError(f"{endpoint}: /v1/models names no model; pass --model")
+            raise no_model(endpoint, info)
         url = f"{endpoint}/v1/completions"
         for i in range(warmup):
             rid = WARMUP_IDS + i          # their own prompts, never a workload request's

@@ -395,6 +395,16 @@ def capacity(scenario: Scenario | Mapping[str, Any] | str | Path, *,
         if needed is None:
             notes.append(f"{max_replicas} replicas do not serve {target_rate:g} req/s within "
                          f"the SLO (raise max_replicas, or the SLO cannot be met at any size)")
+        elif needed // unit * (hi / (replicas // unit)) < target_rate:
+            # more than linear: n copies serving more than n times the rate one copy misses
+            # at is a probe too short to load them (its requests arrive almost at once)
+            one = "copy" if unit > 1 else "replica"
+            notes.append(f"{needed} replica(s) meet the SLO at {target_rate:g} req/s, more "
+                         f"than {needed // unit} x the {hi / (replicas // unit):.3g} req/s one "
+                         f"{one} misses at: a probe too short to load them (each {one} gets "
+                         f"a share of its requests, arriving within a short time); raise "
+                         f"workload.num_requests (or workload.duration) for a steady-state "
+                         f"answer")
 
     if probes is not None:
         probes.close()

@@ -27,7 +27,7 @@ from simserve.config import Scenario, apply_overrides, load_yaml, parse_scenario
 from simserve.errors import ConfigError, DataError, SimserveError
 from simserve.plan.bounds import Lengths, bound, kv_fits
 from simserve.plan.space import Candidate, PlanSpace, candidates
-from simserve.report.figures import PARETO_X, PARETO_Y
+from simserve.report.load import PARETO_X, PARETO_Y
 from simserve.paths import make_out_dir
 
 Log = Callable[[str], None]
@@ -176,6 +176,27 @@ def load_plan_inputs(scenario: Scenario | Mapping | str | Path,
     return raw, base_dir, name, PlanSpace.from_mapping(plan_raw, raw, where)
 
 
+def _check_overrides(overrides: Sequence[str] | None, sp: PlanSpace, raw: dict) -> None:
+    """Refuse a ``--set`` of a field every candidate sets itself (it would be dropped)."""
+    varied = {"engine.tensor_parallel_size": "plan.tensor_parallel_size",
+              "engine.pipeline_parallel_size": "plan.pipeline_parallel_size",
+              "engine.enable_expert_parallel": "plan.expert_parallel",
+              "cluster.replicas": "the replica search (plan.max_replicas)",
+              "cluster.groups": "plan.disaggregation", "cluster.kv_transfer": "plan.kv_transfer"}
+    for knob in ("max_num_batched_tokens", "max_num_seqs"):
+        if all(v is not None for v in getattr(sp, knob)):     # None: the scenario's value
+            varied[f"engine.{knob}"] = f"plan.{knob}"
+    if list(sp.hardware) != [raw.get("hardware")]:   # the plan names other hardware
+        varied["hardware"] = "plan.hardware"
+    for item in overrides or []:
+        key = item.partition("=")[0].strip()
+        field = next((f for f in varied if key == f or key.startswith(f"{f}.")), None)
+        if field is not None:
+            raise ConfigError(f"--set {key}", f"simserve plan sets {field} for every "
+                                              f"candidate, from {varied[field]}: this value "
+                                              f"would be dropped; vary it there")
+
+
 # --- building and bounding candidates ----------------------------------------------------------
 
 @dataclass
@@ -248,6 +269,9 @@ def _pruned(e: _Entry, which: str, reason: str) -> _Entry:
 
 # --- the capacity search of one candidate (runs in a worker) -----------------------------------
 
+SEARCH_FAILED = "search failed"     # a candidate's capacity search raised: nothing measured
+
+
 def _search(job: tuple) -> tuple[dict | None, str | None]:
     """The capacity search (fewest replicas for the target) of one candidate."""
     from simserve.plan.capacity import capacity
@@ -280,7 +304,7 @@ def _record(e: _Entry, value: dict | None, error: str | None, probes: list[dict]
     row["simulated"] = True
     row["start_rate"] = e.start_rate
     if value is None:
-        row.update(status="misses SLO", reason=error)
+        row.update(status=SEARCH_FAILED, reason=error)
         return
     for pr in value["probes"]:
         probes.append({"candidate": c.index, **pr})
@@ -328,6 +352,7 @@ def plan(scenario: Scenario | Mapping | str | Path, target_rate: float, *,
             or not 0 < target_rate < math.inf:
         raise ConfigError("target_rate", f"must be > 0 and finite, got {target_rate!r}")
     raw, base_dir, name, sp = load_plan_inputs(scenario, space, overrides)
+    _check_overrides(overrides, sp, raw)
     base = parse_scenario(raw, base_dir, name)
     notes: list[str] = []
     base, _ = _prepare(base, notes)            # the SLO and workload capacity search needs
@@ -399,6 +424,14 @@ def plan(scenario: Scenario | Mapping | str | Path, target_rate: float, *,
             best = f"${served[0]:.2f}/hour" if served else "none yet"
             log(f"wave {wave_no}: {len(wave)} simulated, {len(queue)} left; cheapest so far "
                 f"{best}")
+    ran = [e for e in entries if e.row.get("simulated")]
+    if ran and all(e.row["status"] == SEARCH_FAILED for e in ran):
+        # nothing was measured, so "none meets the SLOs" would be a guess: the reason is the
+        # input (a workload too short to find a capacity, say), the same for every candidate
+        first = min(ran, key=lambda e: e.cand.index)
+        raise SimserveError(f"plan: the capacity search failed for all {len(ran)} candidates "
+                            f"simulated; candidate {first.cand.index} ({first.cand.label}): "
+                            f"{first.row['reason']}")
     return _result(base, target_rate, sp, entries, probes, pruned, notes)
 
 

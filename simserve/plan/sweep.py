@@ -104,6 +104,9 @@ def _check_axes(grid: Any, zip_: Any) -> None:
                 raise ConfigError(section, f"field names must be dotted paths, got {key!r}")
             if not isinstance(values, list) or not values:
                 raise ConfigError(f"{section}.{key}", "expected a non-empty list of values")
+    for key, values in grid.items():
+        _check_distinct(f"grid.{key}", values)
+    _check_distinct("zip", [tuple(row) for row in zip(*zip_.values())], rows=True)
     both = sorted(set(grid) & set(zip_))
     if both:
         raise ConfigError(f"zip.{both[0]}", "is also in grid; give each field in one place")
@@ -123,6 +126,28 @@ def _check_axes(grid: Any, zip_: Any) -> None:
                           f"{count:,} points ({' x '.join(axes)}) is more than the "
                           f"{MAX_SWEEP_POINTS:,} a sweep may have; use fewer values or split "
                           f"it into several sweeps")
+
+
+def _check_distinct(where: str, values: list, rows: bool = False) -> None:
+    """No value twice: a repeated value is the same point run twice (the same seed, the same
+    result), which a report then counts twice in its averages. 5 and 5.0 are one value."""
+    def canonical(v: Any) -> Any:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return float(v)
+        if isinstance(v, (list, tuple)):
+            return [canonical(x) for x in v]
+        if isinstance(v, dict):
+            return {str(k): canonical(x) for k, x in v.items()}
+        return v
+
+    seen: dict[str, int] = {}
+    for i, v in enumerate(values):
+        key = json.dumps(canonical(v), sort_keys=True, default=repr)
+        if key in seen:
+            what = "rows" if rows else "values"
+            raise ConfigError(where, f"{what} {seen[key]} and {i} repeat {v!r}; each point "
+                                     f"would run twice")
+        seen[key] = i
 
 
 def max_workers() -> int:
@@ -197,6 +222,16 @@ def make_spec(base: dict | Scenario | str | Path, grid: dict | None = None,
     apply_overrides(base, list(overrides or []))
     _check_axes(grid or {}, zip_ or {})
     grid, zip_ = dict(grid or {}), dict(zip_ or {})
+    given = [(f"set.{k}", str(k)) for k in fixed or {}] + \
+        [(f"--set {k.strip()}", k.strip()) for k, _, _ in
+         (item.partition("=") for item in overrides or [])]
+    for where, key in given:
+        # every point sets the axis after set: and --set, so the fixed value was dropped
+        axis = next((a for a in (*grid, *zip_) if key == a or key.startswith(f"{a}.")), None)
+        if axis is not None:
+            section = "grid" if axis in grid else "zip"
+            raise ConfigError(where, f"is also varied by {section}.{axis}, whose values "
+                                     f"would replace it at every point; give it in one place")
     return SweepSpec(name or base.get("name", "sweep"), base, Path(base_dir or "."), grid, zip_)
 
 

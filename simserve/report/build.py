@@ -156,7 +156,7 @@ def plan_section(plan: PlanData) -> Section:
     else:
         sec.blocks.append(H.paragraph("No deployment meets the SLOs at this rate; the closest "
                                       "are listed below.", "answer"))
-    ids = [a["winner"], *a.get("runners_up", [])] if a.get("met") else a.get("closest", [])
+    ids = [a["winner"], *(a.get("runners_up") or [])] if a.get("met") else a.get("closest") or []
     cols = [c for c in ("candidate", "deployment", "max_num_batched_tokens", "max_num_seqs",
                         "replicas", "gpus", "cost_per_hour", "cost_per_million_output_tokens",
                         "max_rate_per_copy", "status") if c in t]

@@ -20,14 +20,10 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from simserve.report.load import CapacityData, PlanData, RunData
+from simserve.report.load import PARETO_X, PARETO_Y, CapacityData, PlanData, RunData
 from simserve.fmt import human
 from simserve.report.style import (RC, SLO_COLOR, TARGET_COLOR, legend_label, mark_coinciding,
                                    series_styles)
-
-# the Pareto chart of a plan: its axes, columns of the plan's candidate table (plan/planner.py)
-PARETO_X = "tokens_per_s_per_user"
-PARETO_Y = "output_tokens_per_s_per_gpu"
 
 LATENCIES = (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2el", "E2EL"))
 

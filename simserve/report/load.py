@@ -35,6 +35,8 @@ CAPACITY_NEEDS = ("target_attainment", "max_rate", "first_failing_rate", "replic
 PROBE_NEEDS = ("phase", "rate", "replicas", "slo_attainment")
 PLAN_NEEDS = ("candidates", "model", "target_rate", "simulated")
 CANDIDATE_NEEDS = ("candidate",)
+# the load curves of a sweep table or capacity probes (report/figures.py load_curves)
+CURVE_NEEDS = ("policy", "request_throughput")
 
 
 def _needs(path: Path, have, needed: Sequence[str], what: str) -> None:
@@ -83,6 +85,7 @@ class RunData:
         _needs(_table_path(path / "requests"), requests.columns, REQUEST_NEEDS, "column")
         if steps is not None:
             _needs(_table_path(path / "steps"), steps.columns, STEP_NEEDS, "column")
+        _check_run(path / "summary.json", summary, path / "scenario.yaml", scenario)
         return cls(label or path.name, scenario.get("scheduler", {}).get("policy", "?"),
                    requests, steps, summary, scenario, path, overrides)
 
@@ -149,18 +152,24 @@ def load_inputs(paths: Sequence[str | Path]) -> Inputs:
             out.runs.append(RunData.from_dir(d, label))
         elif (d / "sweep.csv").is_file():
             spec = _read_yaml(d / "sweep.yaml") if (d / "sweep.yaml").is_file() else {}
-            out.sweeps.append(SweepData(spec.get("name") or label, _read_csv(d / "sweep.csv"),
-                                        spec, d))
+            table = _read_csv(d / "sweep.csv", CURVE_NEEDS[:1])
+            _check_sweep(d / "sweep.yaml", spec, d / "sweep.csv", table)
+            out.sweeps.append(SweepData(spec.get("name") or label, table, spec, d))
         elif (d / "plan.json").is_file():
             answer = _read_json(d / "plan.json")
             _needs(d / "plan.json", answer, PLAN_NEEDS, "key")
-            out.plans.append(PlanData(answer.get("scenario") or label, answer,
-                                      _read_csv(d / "candidates.csv", CANDIDATE_NEEDS), d))
+            table = _read_csv(d / "candidates.csv", CANDIDATE_NEEDS)
+            _check_plan(d / "plan.json", answer, d / "candidates.csv", table)
+            out.plans.append(PlanData(answer.get("scenario") or label, answer, table, d))
         elif (d / "capacity.json").is_file():
             answer = _read_json(d / "capacity.json")
             _needs(d / "capacity.json", answer, CAPACITY_NEEDS, "key")
+            _check_capacity(d / "capacity.json", answer)
+            probes = _read_csv(d / "probes.csv", PROBE_NEEDS + CURVE_NEEDS[1:])
+            _numeric_columns(d / "probes.csv", probes,
+                             ("rate", "replicas", "slo_attainment", *CURVE_NEEDS[1:]))
             out.capacities.append(CapacityData(answer.get("scenario") or label, answer,
-                                               _read_csv(d / "probes.csv", PROBE_NEEDS), d))
+                                               probes, d))
         elif variants := _variant_dirs(d):
             _check_compare_dir(d, variants)
             out.runs.extend(RunData.from_dir(v) for v in variants)
@@ -170,12 +179,168 @@ def load_inputs(paths: Sequence[str | Path]) -> Inputs:
     return out
 
 
+# What the plan section reads from plan.json beyond PLAN_NEEDS, by type (PlanResult.to_dict);
+# a value of another type (an edited file) was a TypeError or KeyError traceback from the report
+_NUMBER = (int, float)
+PLAN_TYPES: dict[str, tuple[type, ...]] = {
+    "scenario": (str,), "model": (str,), "target_rate": _NUMBER, "candidates": (int,),
+    "simulated": (int,), "met": (bool,), "slo": (dict,), "pruned": (dict,),
+    "winner": (int,), "runners_up": (list,), "pareto": (list,), "closest": (list,),
+    "vllm_serve": (list,), "notes": (list,), "winner_row": (dict,)}
+PLAN_OPTIONAL = {"scenario", "met", "slo", "pruned", "winner", "runners_up", "pareto",
+                 "closest", "vllm_serve", "notes", "winner_row"}     # may be absent or null
+WINNER_ROW_TYPES: dict[str, tuple[type, ...]] = {
+    "deployment": (str,), "max_num_batched_tokens": _NUMBER, "max_num_seqs": _NUMBER,
+    "replicas": _NUMBER, "gpus": _NUMBER, "cost_per_hour": _NUMBER,
+    "cost_per_million_output_tokens": _NUMBER}
+# the Pareto chart of a plan: its axes, columns of the plan's candidate table (plan/planner.py),
+# and what else it reads from the table
+PARETO_X = "tokens_per_s_per_user"
+PARETO_Y = "output_tokens_per_s_per_gpu"
+PARETO_COLUMNS = (PARETO_X, PARETO_Y, "hardware", "mode", "deployment")
+
+
+def _typed(path: Path, node: dict, key: str, kinds: tuple[type, ...], name: str,
+           optional: bool) -> None:
+    """``node[key]`` is one of ``kinds`` (``optional``: or absent, or null); DataError naming
+    the key as ``name`` (``winner_row.gpus``) otherwise."""
+    v = node.get(key)
+    if v is None and optional:
+        return
+    if key not in node:
+        raise DataError(path, f"no key {name!r} (a simserve output cut short or edited?)")
+    if v is None or isinstance(v, bool) and bool not in kinds or not isinstance(v, kinds):
+        what = "a number" if kinds == _NUMBER else {
+            str: "a string", int: "an integer", bool: "true or false", dict: "an object",
+            list: "a list"}[kinds[0]]
+        raise DataError(path, f"{name} must be {what}, got {json.dumps(v)[:60]}")
+
+
+def _check_plan(path: Path, a: dict, table_path: Path, table: pd.DataFrame) -> None:
+    """Every value the plan section reads, of the type it reads it as; the candidate ids it
+    names are rows of candidates.csv. DataError naming the key (``winner_row.gpus``)."""
+    for key, kinds in PLAN_TYPES.items():
+        _typed(path, a, key, kinds, key, key in PLAN_OPTIONAL)
+    for key in ("slo", "pruned"):
+        for k in a.get(key) or {}:
+            _typed(path, a[key], k, _NUMBER, f"{key}.{k}", optional=key == "slo")
+    for key in ("vllm_serve", "notes"):
+        for i, v in enumerate(a.get(key) or []):
+            _typed(path, {"v": v}, "v", (str,), f"{key}[{i}]", optional=False)
+    if a.get("met"):
+        _typed(path, a, "winner", (int,), "winner", optional=False)
+        _typed(path, a, "winner_row", (dict,), "winner_row", optional=False)
+        for key, kinds in WINNER_ROW_TYPES.items():
+            _typed(path, a["winner_row"], key, kinds, f"winner_row.{key}", optional=False)
+    ids = pd.to_numeric(table["candidate"], errors="coerce")
+    twice = ids[ids.duplicated()].dropna()
+    if len(twice):
+        raise DataError(table_path, f"candidate {twice.iloc[0]:g} appears twice",
+                        int(twice.index[0]) + 2)
+    for key in ("winner", "runners_up", "pareto", "closest"):
+        named = a.get(key)
+        for i, c in enumerate(named if isinstance(named, list) else
+                              [] if named is None else [named]):
+            where = f"{key}[{i}]" if isinstance(named, list) else key
+            _typed(path, {"c": c}, "c", (int,), where, optional=False)
+            if c not in set(ids.dropna()):
+                raise DataError(path, f"{where}: candidate {c} is not a row of {table_path}")
+    if a.get("pareto") or PARETO_X in table or PARETO_Y in table:
+        _needs(table_path, table.columns, PARETO_COLUMNS, "column")
+
+
+# What the capacity section and figure read from capacity.json (CapacityResult.to_dict)
+CAPACITY_TYPES: dict[str, tuple[type, ...]] = {
+    "scenario": (str,), "policy": (str,), "slo": (dict,), "target_attainment": _NUMBER,
+    "max_rate": _NUMBER, "first_failing_rate": _NUMBER, "per_gpu_rate": _NUMBER,
+    "replicas": (int,), "tensor_parallel_size": (int,), "pipeline_parallel_size": (int,),
+    "tolerance": _NUMBER, "seeds": (list,), "aggregate": (str,), "spread": (dict,),
+    "target_rate": _NUMBER, "replicas_needed": (int,), "notes": (list,)}
+CAPACITY_OPTIONAL = {"scenario", "policy", "slo", "pipeline_parallel_size", "aggregate",
+                     "target_rate", "replicas_needed", "notes"}
+
+
+def _check_capacity(path: Path, a: dict) -> None:
+    """Every value the capacity section reads, of the type it reads it as."""
+    for key, kinds in CAPACITY_TYPES.items():
+        _typed(path, a, key, kinds, key, key in CAPACITY_OPTIONAL)
+    for k in a.get("slo") or {}:
+        _typed(path, a["slo"], k, _NUMBER, f"slo.{k}", optional=True)
+    for k in ("min", "mean", "max"):
+        _typed(path, a["spread"], k, _NUMBER, f"spread.{k}", optional=False)
+    for i, v in enumerate(a.get("notes") or []):
+        _typed(path, {"v": v}, "v", (str,), f"notes[{i}]", optional=False)
+
+
+# What the run sections read from summary.json as numbers (the headline table, the policy bars,
+# the rejected count of the CDFs; tests/unit/test_report.py holds the report's keys to this)
+SUMMARY_NUMBERS = (
+    "completed", "num_rejected", "request_throughput", "request_goodput", "slo_attainment",
+    "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
+    "median_e2el_ms", "p99_e2el_ms", "total_preemptions", "mean_kv_utilization",
+    "prefix_cache_hit_rate")
+TRUST_TYPES: dict[str, tuple[type, ...]] = {
+    "expected_error_pct": (dict,), "curves": (str,), "basis": (str,), "outside_corpus": (list,)}
+
+
+def _check_run(path: Path, summary: dict, scenario_path: Path, scenario: dict) -> None:
+    """What the run sections read from summary.json and scenario.yaml, of the types they read."""
+    for key in SUMMARY_NUMBERS:
+        _typed(path, summary, key, _NUMBER, key, optional=True)
+    _typed(path, summary, "latency_model", (str,), "latency_model", optional=True)
+    _typed(path, summary, "latency_trust", (dict,), "latency_trust", optional=True)
+    trust = summary.get("latency_trust")
+    if trust:
+        for key, kinds in TRUST_TYPES.items():
+            _typed(path, trust, key, kinds, f"latency_trust.{key}", optional=False)
+        for k in trust["expected_error_pct"]:
+            _typed(path, trust["expected_error_pct"], k, _NUMBER,
+                   f"latency_trust.expected_error_pct.{k}", optional=False)
+        for i, v in enumerate(trust["outside_corpus"]):
+            _typed(path, {"v": v}, "v", (str,), f"latency_trust.outside_corpus[{i}]",
+                   optional=False)
+    _typed(scenario_path, scenario, "slo", (dict,), "slo", optional=True)
+    for k in scenario.get("slo") or {}:
+        _typed(scenario_path, scenario["slo"], k, _NUMBER, f"slo.{k}", optional=True)
+    _typed(scenario_path, scenario, "scheduler", (dict,), "scheduler", optional=True)
+    _typed(scenario_path, scenario.get("scheduler") or {}, "policy", (str,), "scheduler.policy",
+           optional=True)
+
+
+def _check_sweep(path: Path, spec: dict, table_path: Path, table: pd.DataFrame) -> None:
+    """What the sweep section reads from sweep.yaml (the base scenario's SLO, the axes) and
+    sweep.csv (numbers for its curves)."""
+    _typed(path, spec, "name", (str,), "name", optional=True)
+    _typed(path, spec, "scenario", (dict,), "scenario", optional=True)
+    for key in ("grid", "zip"):
+        _typed(path, spec, key, (dict,), key, optional=True)
+    slo = (spec.get("scenario") or {}).get("slo")
+    _typed(path, {"slo": slo}, "slo", (dict,), "scenario.slo", optional=True)
+    for k in slo or {}:
+        _typed(path, slo, k, _NUMBER, f"scenario.slo.{k}", optional=True)
+    ran = table["error"].isna() if "error" in table else pd.Series(True, index=table.index)
+    if ran.any():            # curves are drawn (a sweep whose every point failed has no metrics)
+        _needs(table_path, table.columns, CURVE_NEEDS, "column")
+        _numeric_columns(table_path, table, CURVE_NEEDS[1:])
+
+
+def _numeric_columns(path: Path, table: pd.DataFrame, columns: Sequence[str]) -> None:
+    """Each of ``columns`` holds numbers (or nothing, a failed point's)."""
+    for c in columns:
+        if not pd.api.types.is_numeric_dtype(table[c]) and table[c].notna().any():
+            values = pd.to_numeric(table[c], errors="coerce")
+            i = int((values.isna() & table[c].notna()).to_numpy().argmax())
+            raise DataError(path, f"column {c!r} is not a number: {str(table[c].iloc[i])!r}",
+                            i + 2)
+
+
 def _variant_dirs(d: Path) -> list[Path]:
     """A compare directory's runs, in comparison.csv's order when it is there."""
     subdirs = sorted(p for p in d.iterdir() if (p / "summary.json").is_file())
     table = d / "comparison.csv"
     if table.is_file():
-        order = [str(x) for x in pd.read_csv(table, index_col=0).index]
+        # its first column names the variants (an unreadable file is named, not a traceback)
+        order = [str(x) for x in _read_csv(table).iloc[:, 0]]
         rank = {name: i for i, name in enumerate(order)}
         subdirs.sort(key=lambda p: (rank.get(p.name, len(rank)), p.name))
     return subdirs

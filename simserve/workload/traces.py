@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -289,6 +290,23 @@ def _read_burstgpt(path: Path, cfg: TraceConfig) -> _Rows:
     return _Rows(t[keep], prompt[keep], output[keep], num_skipped=int(failed.sum()))
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys repeat is refused: json keeps the last silently, so which
+    value was meant is a guess."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateKey(k)
+            seen.add(k)
+    return obj
+
+
 def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
     keys = ("timestamp", "input_length", "output_length")
     cols: dict[str, list] = {k: [] for k in keys}
@@ -298,14 +316,19 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
     saw_priority = False
     lines: list[int] = []
     try:
-        with open(path, encoding="utf-8") as fh:
+        # utf-8-sig: a byte-order mark (Windows editors write one) is not part of line 1's
+        # JSON; the CSV readers (pandas) skip it too
+        with open(path, encoding="utf-8-sig") as fh:
             for lineno, text in enumerate(fh, 1):
                 if not text.strip():
                     continue
                 try:
-                    obj = json.loads(text)
+                    obj = json.loads(text, object_pairs_hook=_unique_keys)
                 except json.JSONDecodeError:
                     raise DataError(path, "the line is not valid JSON", lineno) from None
+                except _DuplicateKey as e:
+                    raise DataError(path, f"field {e.args[0]!r} appears twice in the line's "
+                                          f"object", lineno) from None
                 except RecursionError:
                     raise DataError(path, "the line's JSON is nested too deeply", lineno) from None
                 if not isinstance(obj, dict):
@@ -330,8 +353,10 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
                     cols[k].append(v)
                 h = obj.get("hash_ids")
                 if h is not None and (not isinstance(h, list) or any(
-                        type(x) is not int for x in h)):
-                    raise DataError(path, "hash_ids must be a list of integers", lineno)
+                        type(x) is not int or not -2**63 <= x < 2**63 for x in h)):
+                    # within int64: vllm_native turns them into a numpy int64 array
+                    raise DataError(path, "hash_ids must be a list of integers within int64",
+                                    lineno)
                 hashes.append(tuple(h) if h is not None else None)
                 q, c = obj.get("priority", 0), obj.get("class", "")
                 if type(q) is not int or not -2**63 <= q < 2**63:
@@ -354,11 +379,31 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
         return _numeric(column(k), k, path, minimum=1, integer=True, maximum=MAX_TOKENS,
                         lines=at)
 
+    prompt = tokens("input_length")
+    _check_hash_counts(hashes, prompt, path, at)
     return _Rows(_seconds(column("timestamp"), "timestamp", path, 1000.0, at) / 1000.0,  # ms
-                 tokens("input_length"), tokens("output_length"),
+                 prompt, tokens("output_length"),
                  hash_ids=hashes if any(h is not None for h in hashes) else None,
                  priority=np.asarray(priority, dtype=np.int64) if saw_priority else None,
                  klass=klass if any(klass) else None)
+
+
+MOONCAKE_BLOCK_TOKENS = 512   # prompt tokens per hash id (kv/prefix.py SOURCE_BLOCK_SIZE)
+
+
+def _check_hash_counts(hashes: list[tuple[int, ...] | None], prompt: np.ndarray, path: Path,
+                       lines: np.ndarray) -> None:
+    """A row names one hash id per 512-token block of its prompt, the last one partial: more
+    ids than ``ceil(input_length / 512)`` name blocks past the prompt's end, which no engine
+    writes (the trace is inconsistent, or input_length is not the prompt's length)."""
+    for i, h in enumerate(hashes):
+        if h is None:
+            continue
+        blocks = -(-int(prompt[i]) // MOONCAKE_BLOCK_TOKENS)
+        if len(h) > blocks:
+            raise DataError(path, f"hash_ids has {len(h):,} entries, more than the {blocks:,} "
+                                  f"blocks of {MOONCAKE_BLOCK_TOKENS} tokens that input_length "
+                                  f"{int(prompt[i]):,} fills", int(lines[i]))
 
 
 _READERS = {"azure": _read_azure, "mooncake": _read_mooncake, "burstgpt": _read_burstgpt,

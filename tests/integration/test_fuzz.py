@@ -239,6 +239,10 @@ field_case("latency", {"model": "roofline", "bandwidth_efficiency": 2},
            r"latency\.bandwidth_efficiency")
 field_case("latency", {"model": "profile"}, r"latency\.path: is required")
 field_case("latency", {"model": "profile", "path": "missing.json"}, r"latency\.path")
+# "" named the scenario's folder ("cannot read: Is a directory"), not the field
+field_case("latency", {"model": "profile", "path": ""}, r"^error: latency\.path: expected a "
+           r"profile file or a shipped profile's name, got an empty string")
+field_case("latency", {"model": "profile", "path": "  "}, r"^error: latency\.path: ")
 field_case("latency", {"model": "constant", "step_ms": 1, "base_ms": 1}, r"latency\.base_ms")
 
 # model cards: shipped names, inline shapes, a shipped card with overrides
@@ -463,6 +467,10 @@ for id, line in [
                       '"hash_ids": [true]}'),
     ("hash-ids-float", '{"timestamp": 5, "input_length": 3, "output_length": 2, '
                        '"hash_ids": [1.5]}'),
+    ("duplicate-key", '{"timestamp": 5, "input_length": 3, "input_length": 9, '
+                      '"output_length": 2}'),
+    ("hash-ids-past-prompt", '{"timestamp": 5, "input_length": 3, "output_length": 2, '
+                             '"hash_ids": [1, 2]}'),
     ("not-object", "[1, 2, 3]"), ("null", "null"), ("truncated", '{"timestamp": 5'),
     ("deep", '{"timestamp": 5, "x": ' + "[" * 100000 + "]" * 100000 + "}"),
     ("missing-field", '{"timestamp": 5, "input_length": 3}'),

@@ -492,3 +492,71 @@ def test_compare_writes_its_csv_into_a_new_folder(tmp_path, capsys):
                  str(tmp_path / "new" / "t.csv")]) == 0
     table = pd.read_csv(tmp_path / "new" / "t.csv", index_col=0)
     assert table.loc["TTFT p50 ms", "sim"] == 10.0
+
+
+def test_an_openai_base_url_ending_in_v1_is_the_server_root(tmp_path, capsys):
+    # http://HOST:PORT/v1 is what OpenAI client configs hold (base_url); it used to become
+    # http://HOST:PORT/v1/v1/models, a 404, reported as "/v1/models names no model"
+    assert check_endpoint_host("http://127.0.0.1:8011/v1") == "http://127.0.0.1:8011"
+    assert check_endpoint_host("http://localhost:8011/v1/") == "http://localhost:8011"
+    path = write_scenario(tmp_path, [(0.0, 10, 2)])
+    with FakeServer() as srv:
+        code = main(["replay", str(path), "--endpoint", srv.url + "/v1", "--out",
+                     str(tmp_path / "real"), "--warmup", "0", "--quiet"])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    meta = json.loads((tmp_path / "real" / "replay.json").read_text())
+    assert meta["endpoint"] == srv.url and meta["model"] == "fake-model"
+    assert len(pd.read_csv(tmp_path / "real" / "tokens.csv")) == 2
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999", "http://127.0.0.1:abc",
+                                 "http://127.0.0.1:1 /v1"])
+def test_an_endpoint_with_a_bad_port_is_refused_not_called_unreachable(url):
+    # aiohttp refused the URL, which was reported as "unreachable; is the server running?"
+    with pytest.raises(EndpointError, match=r"^--endpoint: expected http://HOST:PORT, got "):
+        check_endpoint_host(url)
+
+
+@pytest.mark.parametrize("suffix", ["/v1/completions", "/v1/chat/completions", "/api",
+                                    "/?x=1"])
+def test_an_endpoint_with_a_route_is_refused_naming_the_root_url(tmp_path, capsys, suffix):
+    path = write_scenario(tmp_path, [(0.0, 10, 2)])
+    code = main(["replay", str(path), "--endpoint", "http://127.0.0.1:9" + suffix,
+                 "--out", str(tmp_path / "out")])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("error: --endpoint: ")
+    assert "root URL http://HOST:PORT" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+class NoModelsServer(FakeServer):
+    """A server that streams completions but has no ``/v1/models`` route (a 404)."""
+
+    async def start_here(self) -> web.AppRunner:
+        async def health(request: web.Request) -> web.Response:
+            return web.Response(text="")
+
+        app = web.Application()
+        app.router.add_get("/health", health)
+        app.router.add_post("/v1/completions", self._handler)
+        runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
+        await runner.setup()
+        await web.SockSite(runner, self._sock).start()
+        return runner
+
+
+def test_a_server_without_a_model_list_names_its_answer(tmp_path, capsys):
+    path = write_scenario(tmp_path, [(0.0, 10, 2)])
+    with NoModelsServer() as srv:
+        code = main(["replay", str(path), "--endpoint", srv.url, "--out",
+                     str(tmp_path / "real"), "--warmup", "0", "--quiet"])
+        _, err = capsys.readouterr()
+        assert code == 2
+        assert err.count("\n") == 1
+        assert err == f"error: {srv.url}: GET /v1/models answered HTTP 404; pass --model NAME\n"
+        assert not (tmp_path / "real").exists()
+        code = main(["replay", str(path), "--endpoint", srv.url, "--out",
+                     str(tmp_path / "real"), "--warmup", "0", "--quiet", "--model", "m"])
+        assert code == 0, capsys.readouterr().err

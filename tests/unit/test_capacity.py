@@ -85,6 +85,23 @@ def test_fewest_replicas_for_a_target_rate():
     assert reps.loc[2, "slo_attainment"] == pytest.approx(6 / 50)
 
 
+def test_a_target_served_only_by_a_too_short_probe_says_so():
+    # 1000 req/s: the 50 requests arrive within 50 ms, round-robin over n replicas, n ms apart
+    # on each. The k-th request of a replica waits k·(100 − n) ms, so only the first of each
+    # makes TTFT ≤ 55 ms until n ≥ 55: with n = 45, 45 firsts + 5 seconds (waiting 55 ms, too
+    # long) = 45/50 good = 90%; with 44, 44/50. Answer 45 replicas, which serve 45 × ~10 req/s
+    # in steady state, not 1000: the answer was printed as if it were one, with no note
+    cap = capacity(scenario(), target_rate=1000, seeds=1)
+    assert cap.replicas_needed == 45
+    note = ("45 replica(s) meet the SLO at 1000 req/s, more than 45 x the "
+            f"{cap.first_failing_rate:.3g} req/s one replica misses at: a probe too short")
+    assert any(n.startswith(note) for n in cap.notes), cap.notes
+    assert "raise workload.num_requests" in cap.table()
+    # within the linear bound (3 replicas x ~10.2 req/s >= 25 req/s): no such note
+    assert not any("too short" in n for n in capacity(scenario(), target_rate=25,
+                                                       seeds=1).notes)
+
+
 def test_per_gpu_rate_divides_by_replicas_and_tensor_parallel():
     s = scenario(cluster__replicas=2, engine__tensor_parallel_size=2)
     cap = capacity(s, tolerance=0.05, seeds=1)

@@ -166,6 +166,54 @@ def test_bad_space_names_the_field(space, field, tmp_path):
     assert e.value.field.endswith(field), e.value.field
 
 
+@pytest.mark.parametrize("override, field, source", [
+    # every candidate wrote its own value over these: the --set was dropped silently
+    ("engine.tensor_parallel_size=4", "engine.tensor_parallel_size", "plan.tensor_parallel_size"),
+    ("engine.max_num_batched_tokens=2048", "engine.max_num_batched_tokens",
+     "plan.max_num_batched_tokens"),
+    ("hardware=A100-80GB", "hardware", "plan.hardware"),
+    ("cluster.replicas=4", "cluster.replicas", "the replica search (plan.max_replicas)"),
+])
+def test_cli_a_set_that_every_candidate_replaces_is_refused(capsys, tmp_path, override, field,
+                                                              source):
+    rc = main(["plan", str(SMALL), "--target-rate", "5", "--set", override,
+               "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    key = override.partition("=")[0]
+    assert rc == 2 and err == (f"error: --set {key}: simserve plan sets {field} for every "
+                               f"candidate, from {source}: this value would be dropped; vary "
+                               f"it there\n"), err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_set_the_space_leaves_to_the_scenario_is_kept():
+    # plan_small's space gives no max_num_seqs (None: the scenario's), so --set reaches every
+    # candidate; and without plan.hardware the --set hardware is the one planned
+    space = _space(hardware=None, tensor_parallel_size=[1], disaggregation=["colocated"],
+                   max_num_batched_tokens=[1024])
+    r = plan(SMALL, 5, space=space, overrides=["engine.max_num_seqs=64", "hardware=L40S"],
+             workers=1)
+    assert set(r.table["max_num_seqs"]) == {64} and set(r.table["hardware"]) == {"L40S"}
+
+
+def test_cli_searches_that_all_fail_are_bad_input_not_none_meets(capsys, tmp_path):
+    # 20 requests arrive almost at once at any high rate, so no capacity search finds a rate
+    # that fails: each candidate's search raised, was recorded as "misses SLO", and the plan
+    # said "no deployment meets the SLOs" (exit 3) over an empty table
+    space = tmp_path / "space.yaml"
+    space.write_text(json.dumps({"plan": {"hardware": ["H100-SXM"],
+                                          "tensor_parallel_size": [1, 2]}}))
+    rc = main(["plan", str(SMALL), "--target-rate", "5", "--plan", str(space),
+               "--set", "workload.num_requests=20", "--out", str(tmp_path / "o"), "--quiet"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: plan: the capacity search failed for all 2 candidates "
+                          "simulated; candidate 0 (H100-SXM TP1 colocated): capacity: SLO "
+                          "attainment still meets the target at "), err
+    assert "raise workload.num_requests" in err and "no deployment meets" not in out
+    assert not (tmp_path / "o").exists()
+
+
 def test_cli_none_meets_exit_3_with_closest(capsys, tmp_path):
     rc = main(["plan", str(SMALL), "--target-rate", "30", "--set", "slo.tpot_ms=4",
                "--out", str(tmp_path), "--quiet", "--no-report"])

@@ -204,6 +204,257 @@ def test_a_search_answer_cut_short_is_named(tmp_path, capsys, kind, files, named
     assert code == 2 and err.startswith(f"error: {tmp_path / kind}/{named} (")
 
 
+@pytest.fixture(scope="module")
+def plan_dir(tmp_path_factory) -> Path:
+    """A real `simserve plan` answer (8 H100 candidates of tests/data/plan_small.yaml)."""
+    space = dict(yaml.safe_load((DATA / "plan_small.yaml").read_text())["plan"])
+    space["hardware"] = ["H100-SXM"]
+    return simserve.plan(DATA / "plan_small.yaml", 30, space=space, workers=1).save(
+        tmp_path_factory.mktemp("plan") / "plan")
+
+
+def _drop(path: list[str]):
+    def edit(a: dict) -> None:
+        node = a
+        for k in path[:-1]:
+            node = node[k]
+        del node[path[-1]]
+    return edit
+
+
+def _set(path: list[str], value):
+    def edit(a: dict) -> None:
+        node = a
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+    return edit
+
+
+# each was a KeyError, TypeError, ValueError or AttributeError traceback from the plan section
+@pytest.mark.parametrize("edit, named", [
+    (_drop(["winner_row", "deployment"]), "no key 'winner_row.deployment'"),
+    (_drop(["winner"]), "no key 'winner'"),
+    (_set(["winner_row"], "x"), 'winner_row must be an object, got "x"'),
+    (_set(["winner_row", "cost_per_hour"], "cheap"),
+     'winner_row.cost_per_hour must be a number, got "cheap"'),
+    (_set(["winner_row", "gpus"], None), "winner_row.gpus must be a number, got null"),
+    (_set(["winner"], 99), "winner: candidate 99 is not a row of "),
+    (_set(["runners_up"], 5), "runners_up must be a list, got 5"),
+    (_set(["pareto"], [0, "a"]), 'pareto[1] must be an integer, got "a"'),
+    (_set(["pareto"], [99]), "pareto[0]: candidate 99 is not a row of "),
+    (lambda a: a.update(met=False, closest=[99]), "closest[0]: candidate 99 is not a row"),
+    (_set(["target_rate"], "fast"), 'target_rate must be a number, got "fast"'),
+    (_set(["slo"], [1]), "slo must be an object, got [1]"),
+    (_set(["slo", "attainment"], "most"), 'slo.attainment must be a number, got "most"'),
+    (_set(["pruned"], [1]), "pruned must be an object, got [1]"),
+    (_set(["notes"], 5), "notes must be a list, got 5"),
+    (_set(["vllm_serve"], [1]), "vllm_serve[0] must be a string, got 1"),
+    (_set(["met"], "yes"), 'met must be true or false, got "yes"'),
+])
+def test_a_plan_answer_with_a_deep_gap_is_named(plan_dir, tmp_path, capsys, edit, named):
+    import json
+    import shutil
+    d = shutil.copytree(plan_dir, tmp_path / "plan")
+    answer = json.loads((d / "plan.json").read_text())
+    edit(answer)
+    (d / "plan.json").write_text(json.dumps(answer))
+    code = main(["report", str(d), "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {d / 'plan.json'}: {named}"), err
+    assert err.count("\n") == 1 and not (tmp_path / "rep").exists()
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda t: t.drop(columns=["tokens_per_s_per_user"]), "no column 'tokens_per_s_per_user'"),
+    (lambda t: t.drop(columns=["hardware"]), "no column 'hardware'"),
+    (lambda t: t.assign(candidate=0), ":3: candidate 0 appears twice"),
+])
+def test_a_plan_table_with_a_deep_gap_is_named(plan_dir, tmp_path, capsys, edit, named):
+    import shutil
+    d = shutil.copytree(plan_dir, tmp_path / "plan")
+    edit(pd.read_csv(d / "candidates.csv")).to_csv(d / "candidates.csv", index=False)
+    code = main(["report", str(d), "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    where = f"error: {d / 'candidates.csv'}" + (named if named.startswith(":") else ": ")
+    assert code == 2 and err.startswith(where) and named in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "rep").exists()
+
+
+@pytest.fixture(scope="module")
+def capacity_dir(tmp_path_factory) -> Path:
+    s = simserve.load_scenario(TINY, overrides=["workload.num_requests=20"])
+    return capacity(s, seeds=1, tolerance=0.2).save(tmp_path_factory.mktemp("cap") / "cap")
+
+
+# as for plan.json: each was a KeyError, TypeError, ValueError or IndexError traceback
+@pytest.mark.parametrize("edit, named", [
+    (_drop(["tensor_parallel_size"]), "no key 'tensor_parallel_size'"),
+    (_drop(["spread", "min"]), "no key 'spread.min'"),
+    (_set(["seeds"], 3), "seeds must be a list, got 3"),
+    (_set(["spread"], [1]), "spread must be an object, got [1]"),
+    (_set(["max_rate"], None), "max_rate must be a number, got null"),
+    (_set(["target_attainment"], "x"), 'target_attainment must be a number, got "x"'),
+    (_set(["replicas"], "1"), 'replicas must be an integer, got "1"'),
+    (_set(["slo"], [1]), "slo must be an object, got [1]"),
+    (_set(["notes"], 3), "notes must be a list, got 3"),
+])
+def test_a_capacity_answer_with_a_deep_gap_is_named(capacity_dir, tmp_path, capsys, edit,
+                                                      named):
+    import json
+    import shutil
+    d = shutil.copytree(capacity_dir, tmp_path / "cap")
+    answer = json.loads((d / "capacity.json").read_text())
+    edit(answer)
+    (d / "capacity.json").write_text(json.dumps(answer))
+    code = main(["report", str(d), "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {d / 'capacity.json'}: {named}"), err
+    assert err.count("\n") == 1 and not (tmp_path / "rep").exists()
+    shutil.copy(capacity_dir / "capacity.json", d / "capacity.json")   # as written: reported
+    assert main(["report", str(d), "--out", str(tmp_path / "rep")]) == 0
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("sweep")
+    (d / "g.yaml").write_text(f"base: {TINY}\nset: {{workload.num_requests: 20}}\n"
+                              "grid: {workload.rate: [5, 20]}\n")
+    spec = load_sweep(d / "g.yaml")
+    return save_sweep(sweep(spec, workers=1), spec, d / "sweep")
+
+
+def _yaml_edit(edit):
+    def apply(path: Path) -> None:
+        spec = yaml.safe_load(path.read_text())
+        edit(spec)
+        path.write_text(yaml.safe_dump(spec))
+    return apply
+
+
+def _csv_edit(edit):
+    def apply(path: Path) -> None:
+        edit(pd.read_csv(path)).to_csv(path, index=False)
+        path.with_suffix(".parquet").unlink(missing_ok=True)
+    return apply
+
+
+# each was an AttributeError, ValueError or KeyError traceback from the sweep or capacity section
+@pytest.mark.parametrize("kind, file, edit, named", [
+    ("sweep", "sweep.yaml", _yaml_edit(_set(["scenario"], [1])),
+     "scenario must be an object, got [1]"),
+    ("sweep", "sweep.yaml", _yaml_edit(_set(["scenario", "slo"], [1])),
+     "scenario.slo must be an object, got [1]"),
+    ("sweep", "sweep.yaml", _yaml_edit(_set(["scenario", "slo", "ttft_ms"], "x")),
+     'scenario.slo.ttft_ms must be a number, got "x"'),
+    ("sweep", "sweep.yaml", _yaml_edit(_set(["grid"], [1])), "grid must be an object, got [1]"),
+    ("sweep", "sweep.csv", _csv_edit(lambda t: t.drop(columns=["policy"])),
+     "no column 'policy'"),
+    ("sweep", "sweep.csv", _csv_edit(lambda t: t.drop(columns=["request_throughput"])),
+     "no column 'request_throughput'"),
+    ("sweep", "sweep.csv", _csv_edit(lambda t: t.assign(request_throughput="x")),
+     "column 'request_throughput' is not a number: 'x'"),
+    ("capacity", "probes.csv", _csv_edit(lambda t: t.drop(columns=["request_throughput"])),
+     "no column 'request_throughput'"),
+    ("capacity", "probes.csv", _csv_edit(lambda t: t.assign(slo_attainment="most")),
+     "column 'slo_attainment' is not a number: 'most'"),
+])
+def test_a_sweep_or_probe_table_with_a_deep_gap_is_named(sweep_dir, capacity_dir, tmp_path,
+                                                         capsys, kind, file, edit, named):
+    import shutil
+    d = shutil.copytree(sweep_dir if kind == "sweep" else capacity_dir, tmp_path / kind)
+    edit(d / file)
+    code = main(["report", str(d), "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {d / file}") and named in err, err
+    assert err.count("\n") == 1 and not (tmp_path / "rep").exists()
+
+
+def test_a_sweep_whose_every_point_failed_is_still_reported(sweep_dir, tmp_path):
+    # sweep_table writes no metric columns when no point ran: nothing to draw, nothing missing
+    import shutil
+    d = shutil.copytree(sweep_dir, tmp_path / "sweep")
+    table = pd.read_csv(d / "sweep.csv")
+    table = table[["point", "workload.rate", "policy", "offered_rate"]].assign(error="boom")
+    table.to_csv(d / "sweep.csv", index=False)
+    (d / "sweep.parquet").unlink(missing_ok=True)
+    assert main(["report", str(d), "--out", str(tmp_path / "rep")]) == 0
+    assert "Point 0 failed: boom" in (tmp_path / "rep" / "report.html").read_text()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return tiny_run(tmp_path_factory.mktemp("run") / "run", **{"workload.num_requests": 20})
+
+
+def _json_edit(edit):
+    def apply(path: Path) -> None:
+        import json
+        answer = json.loads(path.read_text())
+        edit(answer)
+        path.write_text(json.dumps(answer))
+    return apply
+
+
+# each was a TypeError, KeyError, ValueError or AttributeError traceback from the run sections
+@pytest.mark.parametrize("file, edit, named", [
+    ("summary.json", _json_edit(_set(["request_throughput"], "x")),
+     'request_throughput must be a number, got "x"'),
+    ("summary.json", _json_edit(_set(["p99_ttft_ms"], [1])), "p99_ttft_ms must be a number"),
+    ("summary.json", _json_edit(_set(["latency_model"], [1])),
+     "latency_model must be a string, got [1]"),
+    ("summary.json", _json_edit(_set(["latency_trust"], {"curves": "x"})),
+     "no key 'latency_trust.expected_error_pct'"),
+    ("scenario.yaml", _yaml_edit(_set(["slo"], [1])), "slo must be an object, got [1]"),
+    ("scenario.yaml", _yaml_edit(_set(["slo", "ttft_ms"], "x")),
+     'slo.ttft_ms must be a number, got "x"'),
+    ("scenario.yaml", _yaml_edit(_set(["scheduler"], [1])),
+     "scheduler must be an object, got [1]"),
+    ("scenario.yaml", _yaml_edit(_set(["scheduler", "policy"], [1])),
+     "scheduler.policy must be a string, got [1]"),
+])
+def test_a_run_with_a_deep_gap_is_named(run_dir, tmp_path, capsys, file, edit, named):
+    import shutil
+    d = shutil.copytree(run_dir, tmp_path / "run")
+    edit(d / file)
+    # beside a sound run: the policy bars and the comparison table read every summary
+    code = main(["report", str(d), str(run_dir), "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {d / file}: {named}"), err
+    assert err.count("\n") == 1 and not (tmp_path / "rep").exists()
+
+
+@pytest.mark.parametrize("content, named", [
+    (b"", "not a readable CSV table (No columns to parse from file)"),
+    (b"\xff\xfe,x\n", "not a readable CSV table (not UTF-8 text)"),
+])
+def test_a_compare_folder_with_an_unreadable_comparison_csv_is_named(run_dir, tmp_path, capsys,
+                                                                     content, named):
+    # it was read with pandas directly: an EmptyDataError or UnicodeDecodeError traceback
+    import shutil
+    for name in ("a", "b"):
+        shutil.copytree(run_dir, tmp_path / "cmp" / name)
+    (tmp_path / "cmp" / "comparison.csv").write_bytes(content)
+    code = main(["report", str(tmp_path / "cmp"), "--out", str(tmp_path / "rep")])
+    err = capsys.readouterr().err
+    assert code == 2 and err == f"error: {tmp_path / 'cmp' / 'comparison.csv'}: {named}\n"
+    assert not (tmp_path / "rep").exists()
+
+
+def test_every_summary_number_the_report_reads_is_checked():
+    from simserve.report.build import HEADLINE
+    from simserve.report.figures import BARS
+    from simserve.report.load import SUMMARY_NUMBERS
+    assert set(HEADLINE) | {key for key, *_ in BARS} <= set(SUMMARY_NUMBERS)
+
+
+def test_a_plan_answer_as_written_is_reported(plan_dir, tmp_path):
+    import shutil
+    d = shutil.copytree(plan_dir, tmp_path / "plan")
+    assert main(["report", str(d), "--out", str(tmp_path / "rep")]) == 0
+    assert "Cheapest: H100-SXM" in (tmp_path / "rep" / "report.html").read_text()
+
+
 def test_capacity_probes_cut_short_are_named(tmp_path, capsys):
     s = simserve.load_scenario(TINY, overrides=["workload.num_requests=20"])
     capacity(s, seeds=1, tolerance=0.2).save(tmp_path / "cap")

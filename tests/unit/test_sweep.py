@@ -55,6 +55,12 @@ def test_mismatched_zip_lengths_are_one_clear_error():
     ({"seed": [1]}, {"seed": [2]}, r"zip\.seed: is also in grid"),
     ({}, {}, r"nothing to sweep"),
     ([1, 2], {}, r"grid: expected a mapping"),
+    # a value twice was the same point run twice, counted twice in a report's averages
+    ({"workload.rate": [5, 10, 5]}, {}, r"grid\.workload\.rate: values 0 and 2 repeat 5"),
+    ({"workload.rate": [5, 5.0]}, {}, r"grid\.workload\.rate: values 0 and 1 repeat 5\.0"),
+    ({"workload.prompt": [{"dist": "fixed", "value": 8}, {"value": 8.0, "dist": "fixed"}]}, {},
+     r"grid\.workload\.prompt: values 0 and 1 repeat"),
+    ({}, {"seed": [1, 2, 1], "workload.rate": [5, 6, 5]}, r"zip: rows 0 and 2 repeat \(1, 5\)"),
 ])
 def test_bad_axes(grid, zip_, message):
     with pytest.raises(ConfigError, match=message):
@@ -217,6 +223,8 @@ def test_cli_sweep_writes_table_and_report(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("grid, message", [
     ({"engine.max_num_seqz": [1, 2]}, "error: engine.max_num_seqz: unknown field"),
     ({"workload.rate": 3}, "error: grid.workload.rate: expected a non-empty list"),
+    ({"workload.rate": [5, 5]}, "error: grid.workload.rate: values 0 and 1 repeat 5; each "
+                                "point would run twice"),
 ])
 def test_cli_bad_grid_is_one_line_and_exit_2(tmp_path, capsys, grid, message):
     code = main(["sweep", str(write_grid(tmp_path, grid=grid)), "--out", str(tmp_path / "o")])
@@ -224,6 +232,38 @@ def test_cli_bad_grid_is_one_line_and_exit_2(tmp_path, capsys, grid, message):
     assert code == 2
     assert err.startswith(message) and err.count("\n") == 1
     assert "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("sections, flags, message", [
+    # every point set the axis after set: and --set: the fixed value was dropped silently
+    ({"set": {"seed": 3}, "grid": {"seed": [1, 2]}}, [],
+     "error: set.seed: is also varied by grid.seed, whose values would replace it at every "
+     "point; give it in one place"),
+    ({"grid": {"seed": [1, 2]}}, ["--set", "seed=5"], "error: --set seed: is also varied by "
+                                                      "grid.seed"),
+    ({"grid": {"workload.rate": [5, 6]}, "zip": {"workload.prompt": [
+        {"dist": "fixed", "value": 8}, {"dist": "fixed", "value": 9}]}},
+     ["--set", "workload.prompt.value=3"], "error: --set workload.prompt.value: is also varied "
+                                            "by zip.workload.prompt"),
+])
+def test_a_fixed_field_that_an_axis_also_sets_is_refused(tmp_path, capsys, sections, flags,
+                                                          message):
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"base": str(TINY), **sections}))
+    code = main(["sweep", str(path), "--out", str(tmp_path / "o"), "--workers", "1", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(message) and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_fixed_field_beside_the_axes_still_applies(tmp_path, capsys):
+    # a whole section set beside an axis inside it is not dropped: its other fields stay
+    path = write_grid(tmp_path, grid={"workload.rate": [5.0, 20.0]})
+    assert main(["sweep", str(path), "--out", str(tmp_path / "o"), "--workers", "1", "--quiet",
+                 "--no-report", "--set", "workload.num_requests=7"]) == 0
+    table = pd.read_csv(tmp_path / "o" / "sweep.csv")
+    assert table["num_requests"].tolist() == [7, 7]
 
 
 def test_cli_sweep_overrides_get_their_own_default_folder(tmp_path, capsys, monkeypatch):

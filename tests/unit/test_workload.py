@@ -474,12 +474,37 @@ def test_numeric_azure_timestamp_is_quoted_as_written(tmp_path):
      "field 'output_length' must be a JSON number"),
     ('{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [1, "a"]}',
      "hash_ids must be a list of integers"),
+    ('{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [1e2]}',
+     "hash_ids must be a list of integers within int64"),
+    ('{"timestamp": 5, "input_length": 10, "output_length": 2, '
+     '"hash_ids": [9223372036854775808]}', "hash_ids must be a list of integers within int64"),
+    # json keeps the last of two equal keys silently: which length was meant is a guess
+    ('{"timestamp": 5, "input_length": 10, "input_length": 20, "output_length": 2}',
+     "field 'input_length' appears twice in the line's object"),
+    ('{"timestamp": 5, "input_length": 10, "output_length": 2, "x": {"a": 1, "a": 2}}',
+     "field 'a' appears twice"),
+    # one id per 512 prompt tokens: 2 ids name a block past a 10-token prompt's end
+    ('{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [1, 2]}',
+     "hash_ids has 2 entries, more than the 1 blocks of 512 tokens that input_length 10 fills"),
+    ('{"timestamp": 5, "input_length": 1025, "output_length": 2, "hash_ids": [1, 2, 3, 4]}',
+     "more than the 3 blocks of 512 tokens that input_length 1,025 fills"),
 ])
 def test_bad_mooncake_line(tmp_path, line2, why):
     p = write(tmp_path, "m.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 2}\n'
                                    + line2 + "\n")
     msg = error(DataError, trace, p, "mooncake")
     assert "m.jsonl:2: " in msg and why in msg
+
+
+def test_a_mooncake_file_with_a_byte_order_mark_is_read(tmp_path):
+    # the CSV formats (pandas) skip a UTF-8 BOM; the JSONL reader called line 1 "not valid JSON"
+    body = ('{"timestamp": 0, "input_length": 10, "output_length": 2}\n'
+            '{"timestamp": 500, "input_length": 20, "output_length": 3}\n')
+    p = tmp_path / "m.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    reqs = trace(p, "mooncake")
+    assert [(r.arrival_s, r.num_prompt_tokens, r.num_output_tokens) for r in reqs] == \
+        [(0.0, 10, 2), (0.5, 20, 3)]
 
 
 def test_empty_trace_and_empty_window(tmp_path):
