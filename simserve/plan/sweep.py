@@ -104,9 +104,6 @@ def _check_axes(grid: Any, zip_: Any) -> None:
                 raise ConfigError(section, f"field names must be dotted paths, got {key!r}")
             if not isinstance(values, list) or not values:
                 raise ConfigError(f"{section}.{key}", "expected a non-empty list of values")
-    for key, values in grid.items():
-        _check_distinct(f"grid.{key}", values)
-    _check_distinct("zip", [tuple(row) for row in zip(*zip_.values())], rows=True)
     both = sorted(set(grid) & set(zip_))
     if both:
         raise ConfigError(f"zip.{both[0]}", "is also in grid; give each field in one place")
@@ -114,6 +111,11 @@ def _check_axes(grid: Any, zip_: Any) -> None:
     if len(set(lengths.values())) > 1:
         listed = ", ".join(f"{k} has {n}" for k, n in lengths.items())
         raise ConfigError("zip", f"lists must all have the same length: {listed}")
+    # after the shape checks: zip() stops at the shortest list, and a field in both places is
+    # that mistake, not a value repeated
+    for key, values in grid.items():
+        _check_distinct(f"grid.{key}", values)
+    _check_distinct("zip", [tuple(row) for row in zip(*zip_.values())], rows=True)
     if not grid and not zip_:
         raise ConfigError("grid", "nothing to sweep: give grid: and/or zip: with lists of values")
     # counted before anything is expanded: 10^12 points must not be built to be refused
