@@ -111,11 +111,6 @@ def _check_axes(grid: Any, zip_: Any) -> None:
     if len(set(lengths.values())) > 1:
         listed = ", ".join(f"{k} has {n}" for k, n in lengths.items())
         raise ConfigError("zip", f"lists must all have the same length: {listed}")
-    # after the shape checks: zip() stops at the shortest list, and a field in both places is
-    # that mistake, not a value repeated
-    for key, values in grid.items():
-        _check_distinct(f"grid.{key}", values)
-    _check_distinct("zip", [tuple(row) for row in zip(*zip_.values())], rows=True)
     if not grid and not zip_:
         raise ConfigError("grid", "nothing to sweep: give grid: and/or zip: with lists of values")
     # counted before anything is expanded: 10^12 points must not be built to be refused
@@ -128,6 +123,11 @@ def _check_axes(grid: Any, zip_: Any) -> None:
                           f"{count:,} points ({' x '.join(axes)}) is more than the "
                           f"{MAX_SWEEP_POINTS:,} a sweep may have; use fewer values or split "
                           f"it into several sweeps")
+    # after the shape and size checks: zip() stops at the shortest list, and a field in both
+    # places is that mistake, not a value repeated
+    for key, values in grid.items():
+        _check_distinct(f"grid.{key}", values)
+    _check_distinct("zip", [tuple(row) for row in zip(*zip_.values())], rows=True)
 
 
 def _check_distinct(where: str, values: list, rows: bool = False) -> None:
