@@ -494,6 +494,14 @@ VLLM_POLICIES = ("vllm_v1", "vllm_v0", "priority", "vllm_native")
 
 def _check_budget(s: Scenario) -> None:
     seqs = s.engine.max_num_seqs
+    if s.policy in VLLM_POLICIES and s.max_num_batched_tokens < seqs \
+            and s.engine.max_num_batched_tokens is None:
+        # the budget is vLLM's default (resolve_replica): the field written is the cap
+        raise ConfigError("engine.max_num_seqs",
+                          f"{seqs} is more than the token budget {s.max_num_batched_tokens} "
+                          f"(vLLM's default when engine.max_num_batched_tokens is not given); "
+                          f"vLLM refuses this: set engine.max_num_batched_tokens to at least "
+                          f"{seqs}, or engine.max_num_seqs lower")
     if s.policy in VLLM_POLICIES and s.max_num_batched_tokens < seqs:
         # vLLM refuses this at start-up (SchedulerConfig: max_num_batched_tokens must be >=
         # max_num_seqs): a step could never feed one token to each sequence it runs

@@ -104,9 +104,6 @@ def _check_axes(grid: Any, zip_: Any) -> None:
                 raise ConfigError(section, f"field names must be dotted paths, got {key!r}")
             if not isinstance(values, list) or not values:
                 raise ConfigError(f"{section}.{key}", "expected a non-empty list of values")
-    for key, values in grid.items():
-        _check_distinct(f"grid.{key}", values)
-    _check_distinct("zip", [tuple(row) for row in zip(*zip_.values())], rows=True)
     both = sorted(set(grid) & set(zip_))
     if both:
         raise ConfigError(f"zip.{both[0]}", "is also in grid; give each field in one place")
@@ -126,6 +123,11 @@ def _check_axes(grid: Any, zip_: Any) -> None:
                           f"{count:,} points ({' x '.join(axes)}) is more than the "
                           f"{MAX_SWEEP_POINTS:,} a sweep may have; use fewer values or split "
                           f"it into several sweeps")
+    # after the shape and size checks: zip() stops at the shortest list, and a field in both
+    # places is that mistake, not a value repeated
+    for key, values in grid.items():
+        _check_distinct(f"grid.{key}", values)
+    _check_distinct("zip", [tuple(row) for row in zip(*zip_.values())], rows=True)
 
 
 def _check_distinct(where: str, values: list, rows: bool = False) -> None:

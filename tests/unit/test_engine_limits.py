@@ -50,3 +50,14 @@ def test_validate_names_the_field_and_exits_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "engine.max_num_batched_tokens: 64 is smaller than engine.max_num_seqs 256" in err
     assert "Traceback" not in err
+
+
+def test_a_sequence_cap_above_the_default_budget_names_the_field_that_was_set():
+    # no max_num_batched_tokens given: vLLM's default (8192 with chunked prefill) is below the
+    # cap the user raised; the error named engine.max_num_batched_tokens, a field not written
+    with pytest.raises(ConfigError, match=r"^engine\.max_num_seqs: 9000 is more than the "
+                                          r"token budget 8192 \(vLLM's default"):
+        parse_scenario(scenario("vllm_v1", max_num_seqs=9000))
+    # given explicitly, the budget is the field named
+    with pytest.raises(ConfigError, match=r"^engine\.max_num_batched_tokens: 8192 is smaller"):
+        parse_scenario(scenario("vllm_v1", max_num_seqs=9000, max_num_batched_tokens=8192))

@@ -67,6 +67,19 @@ def test_bad_axes(grid, zip_, message):
         expand(grid, zip_)
 
 
+@pytest.mark.parametrize("grid, zip_, message", [
+    # zip() stops at the shortest list: rows (1, 3) and (1, 3) looked repeated, while the
+    # lists' lengths were the mistake
+    ({}, {"b": [1, 1, 2], "c": [3, 3]}, r"zip: lists must all have the same length: "
+                                        r"b has 3, c has 2"),
+    # a field in both places: "is also in grid", not its values repeating in one of them
+    ({"seed": [1, 1]}, {"seed": [2, 3]}, r"zip\.seed: is also in grid"),
+])
+def test_the_structural_error_wins_over_a_repeated_value(grid, zip_, message):
+    with pytest.raises(ConfigError, match=message):
+        expand(grid, zip_)
+
+
 def test_unknown_field_in_the_grid_fails_before_anything_runs(tmp_path, monkeypatch):
     ran = []
     monkeypatch.setattr("simserve.plan.sweep.run_scenarios", lambda *a, **k: ran.append(1))
