@@ -265,7 +265,9 @@ def register(subparsers) -> None:
                                                 "live server; write a calibrated profile")
     p.add_argument("scenario", help="scenario YAML: engine knobs of the server, the model, and "
                                     "(latency.path) the base profile")
-    p.add_argument("--endpoint", required=True, help="server base URL, e.g. http://127.0.0.1:8011")
+    p.add_argument("--endpoint", required=True,
+                   help="the server's root URL, e.g. http://127.0.0.1:8011 (an OpenAI base "
+                        "URL ending in /v1 is read as its root)")
     p.add_argument("--out", required=True, help="calibrated profile (JSON) to write")
     p.add_argument("--profile", help="base profile (default: the scenario's latency.path)")
     p.add_argument("--model", help="model name to request (default: the first of /v1/models)")

@@ -44,8 +44,10 @@ def check_endpoint_host(endpoint: str, allow_remote: bool = False) -> str:
     ``127.0.0.0/8`` and ``::1``. Host names other than ``localhost`` are not resolved.
     The client adds the routes itself (``/health``, ``/v1/models``, ``/v1/completions``), so
     the URL is the server's root; an OpenAI client's base URL (the root + ``/v1``) means the
-    same server and is read as its root. Any other path (a route such as
-    ``/v1/completions``) is refused: every route under it would be a 404.
+    same server and is read as its root. Any other path is kept as the root's (a server
+    behind a reverse proxy at ``http://gw/llama``), but one that ends in a route the client
+    adds (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``) is
+    refused: the routes under it would be 404s.
     """
     parts = urlsplit(endpoint)
     try:
@@ -61,11 +63,17 @@ def check_endpoint_host(endpoint: str, allow_remote: bool = False) -> str:
                             f"localhost or ::1 are replayed against unless --allow-remote is "
                             f"given")
     path = parts.path.rstrip("/")
-    if path not in ("", "/v1") or parts.query or parts.fragment:
+    if path.endswith(_ROUTES) or parts.query or parts.fragment:
         raise EndpointError(f"--endpoint: expected the server's root URL http://HOST:PORT "
                             f"(the routes /v1/models and /v1/completions are added to it), "
                             f"got {endpoint!r}")
-    return f"{parts.scheme}://{parts.netloc}"
+    if path.endswith("/v1"):           # an OpenAI client's base URL: the root + /v1
+        path = path[:-3]
+    return f"{parts.scheme}://{parts.netloc}{path}"
+
+
+# the routes the client adds to the root (an endpoint ending in one is a route, not a root)
+_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/version")
 
 
 MAX_WARMUP = 1000           # warm-up requests: a few are enough; 10^9 of them never end

@@ -312,7 +312,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("replay", help="send a scenario's workload to a live "
                                              "OpenAI-compatible server and record it")
     p.add_argument("scenario", help="scenario YAML file (its workload is replayed)")
-    p.add_argument("--endpoint", required=True, help="server base URL, e.g. http://127.0.0.1:8011")
+    p.add_argument("--endpoint", required=True,
+                   help="the server's root URL, e.g. http://127.0.0.1:8011 (an OpenAI base "
+                        "URL ending in /v1 is read as its root)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--model", help="model name to request (default: the first of /v1/models)")
     p.add_argument("--max-requests", type=int, metavar="N", help="send at most the first N")

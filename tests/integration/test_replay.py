@@ -518,8 +518,8 @@ def test_an_endpoint_with_a_bad_port_is_refused_not_called_unreachable(url):
         check_endpoint_host(url)
 
 
-@pytest.mark.parametrize("suffix", ["/v1/completions", "/v1/chat/completions", "/api",
-                                    "/?x=1"])
+@pytest.mark.parametrize("suffix", ["/v1/completions", "/v1/chat/completions/", "/v1/models",
+                                    "/health", "/?x=1", "/llama/v1/completions"])
 def test_an_endpoint_with_a_route_is_refused_naming_the_root_url(tmp_path, capsys, suffix):
     path = write_scenario(tmp_path, [(0.0, 10, 2)])
     code = main(["replay", str(path), "--endpoint", "http://127.0.0.1:9" + suffix,
@@ -529,6 +529,14 @@ def test_an_endpoint_with_a_route_is_refused_naming_the_root_url(tmp_path, capsy
     assert err.count("\n") == 1 and err.startswith("error: --endpoint: ")
     assert "root URL http://HOST:PORT" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_path_prefix_is_kept_as_the_root_of_a_server_behind_a_proxy():
+    # a reverse proxy serving the engine under a prefix: its routes are the prefix's
+    assert check_endpoint_host("http://127.0.0.1:8011/llama") == "http://127.0.0.1:8011/llama"
+    assert check_endpoint_host("http://127.0.0.1:8011/llama/v1/") == \
+        "http://127.0.0.1:8011/llama"
+    assert check_endpoint_host("http://localhost:1/a/b/") == "http://localhost:1/a/b"
 
 
 class NoModelsServer(FakeServer):
