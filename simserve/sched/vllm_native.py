@@ -35,6 +35,7 @@ import numpy as np
 
 from simserve.errors import ConfigError
 from simserve.kv.blocks import BlockManager
+from simserve.kv.prefix import SOURCE_BLOCK_SIZE
 from simserve.sched.batch import SchedulerLimits
 from simserve.sched.core import Scheduler
 from simserve.sched.facts import PolicyFacts
@@ -48,7 +49,6 @@ INSTALL_HINT = ("install vLLM into simserve's environment: `pip install 'simserv
 
 VOCAB = 32000          # token ids the fake prompts use: [FIRST_ID, VOCAB)
 FIRST_ID = 4           # below: special tokens of a Llama tokenizer
-SOURCE_BLOCK = 512     # tokens per trace hash id (Mooncake), as kv.prefix.SOURCE_BLOCK_SIZE
 
 
 @dataclass(frozen=True)
@@ -146,8 +146,8 @@ def prompt_token_ids(req: Request) -> list[int]:
     t = np.arange(req.num_prompt_tokens, dtype=np.uint64)
     streams = np.full(len(t), _mix(-1, req.id), dtype=np.uint64)
     if ids:
-        shared = min(len(t), len(ids) * SOURCE_BLOCK)
-        streams[:shared] = (np.array(ids, dtype=np.int64)[np.arange(shared) // SOURCE_BLOCK]
+        shared = min(len(t), len(ids) * SOURCE_BLOCK_SIZE)
+        streams[:shared] = (np.array(ids, dtype=np.int64)[np.arange(shared) // SOURCE_BLOCK_SIZE]
                             * 2 + 1).astype(np.uint64)
     return (FIRST_ID + _mix_array(streams, t) % np.uint64(VOCAB - FIRST_ID)).tolist()
 

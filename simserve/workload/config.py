@@ -44,6 +44,7 @@ from typing import Any
 
 from simserve.errors import ConfigError
 from simserve.fields import Fields
+from simserve.kv.prefix import SOURCE_BLOCK_SIZE
 from simserve.limits import MAX_REQUESTS, MAX_SECONDS, MAX_TOKENS, MAX_ZIPF_SUPPORT
 
 ARRIVALS = ("poisson", "gamma", "constant", "burst")
@@ -349,7 +350,8 @@ class WorkloadConfig:
         belongs to the user alone, as its content does)."""
         if self.shared_prefix is not None:
             return self.shared_prefix.system_prompt_len
-        return math.gcd(self.prefix_len, 512) if self.prefix_len else 512
+        return math.gcd(self.prefix_len, SOURCE_BLOCK_SIZE) if self.prefix_len \
+            else SOURCE_BLOCK_SIZE
 
     @staticmethod
     def from_fields(f: Fields) -> WorkloadConfig:

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from simserve.errors import ConfigError, DataError
+from simserve.kv.prefix import SOURCE_BLOCK_SIZE
 from simserve.limits import MAX_REQUESTS, MAX_SECONDS, MAX_TOKENS
 from simserve.workload.config import TraceConfig
 from simserve.workload.spec import RequestSpec
@@ -393,7 +394,6 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
                  klass=klass if any(klass) else None)
 
 
-MOONCAKE_BLOCK_TOKENS = 512   # prompt tokens per hash id (kv/prefix.py SOURCE_BLOCK_SIZE)
 
 
 def _check_hash_counts(hashes: list[tuple[int, ...] | None], prompt: np.ndarray, path: Path,
@@ -404,10 +404,10 @@ def _check_hash_counts(hashes: list[tuple[int, ...] | None], prompt: np.ndarray,
     for i, h in enumerate(hashes):
         if h is None:
             continue
-        blocks = -(-int(prompt[i]) // MOONCAKE_BLOCK_TOKENS)
+        blocks = -(-int(prompt[i]) // SOURCE_BLOCK_SIZE)
         if len(h) > blocks:
             raise DataError(path, f"hash_ids has {len(h):,} entries, more than the {blocks:,} "
-                                  f"blocks of {MOONCAKE_BLOCK_TOKENS} tokens that input_length "
+                                  f"blocks of {SOURCE_BLOCK_SIZE} tokens that input_length "
                                   f"{int(prompt[i]):,} fills", int(lines[i]))
 
 
