@@ -24,7 +24,8 @@ higher rate, as a benchmark harness that runs each rate for a fixed time measure
 their queues build: the two answers differ most where a queue grows slowly.
 
 The fewest replicas for a target rate is a search over ``cluster.replicas`` at that rate (same
-seeds and aggregation), starting from the per-replica capacity found above.
+seeds and aggregation), starting from the per-replica capacity found above; a count passed only
+by probes that are one burst (every request arriving before the median one ends) is refused.
 """
 
 from __future__ import annotations
