@@ -24,7 +24,8 @@ higher rate, as a benchmark harness that runs each rate for a fixed time measure
 their queues build: the two answers differ most where a queue grows slowly.
 
 The fewest replicas for a target rate is a search over ``cluster.replicas`` at that rate (same
-seeds and aggregation), starting from the per-replica capacity found above.
+seeds and aggregation), starting from the per-replica capacity found above; a count passed only
+by probes that are one burst (every request arriving before the median one ends) is refused.
 """
 
 from __future__ import annotations
@@ -189,9 +190,14 @@ class _Prober:
                 f"over {MAX_REQUESTS:,} requests; the SLO still holds below that rate (tighten "
                 f"the SLO or shorten workload.duration)")
         if key not in self.cache:
-            summary = run(with_rate(self.base, rate, replicas, seed)).summary
+            result = run(with_rate(self.base, rate, replicas, seed))
+            summary = result.summary
             row = {"phase": phase, "rate": rate, "replicas": replicas, "seed": seed,
                    **{m: summary.get(m) for m in PROBE_METRICS}}
+            arrivals = result.requests["arrival_s"]
+            # first to last arrival (not in probes.csv): is the probe a load or one burst?
+            row["arrival_span_s"] = float(arrivals.max() - arrivals.min()) if len(arrivals) \
+                else 0.0
             # met: the attainment target and every run-level criterion (slo.AGGREGATES)
             row["slo_met"] = bool(summary.get("slo_met"))
             for k in ("slo_tbt_ms", "slo_scheduling_delay_ms", "slo_normalized_latency_ms"):
@@ -392,17 +398,21 @@ def capacity(scenario: Scenario | Mapping[str, Any] | str | Path, *,
         unit = unit_size(s.cluster)
         needed = _fewest_replicas(prober, target_rate, lo / (replicas // unit),
                                   max_replicas // unit, unit)
+        if needed is not None and hold == "requests":
+            _check_loaded(prober, target_rate, needed, lo / (replicas // unit), unit)
         if needed is None:
             notes.append(f"{max_replicas} replicas do not serve {target_rate:g} req/s within "
                          f"the SLO (raise max_replicas, or the SLO cannot be met at any size)")
         elif needed // unit * (hi / (replicas // unit)) < target_rate:
             # more than linear: n copies serving more than n times the rate one copy misses
-            # at is a probe too short to load them (its requests arrive almost at once)
+            # at is a transient, a probe too short for a steady load (one burst is refused by
+            # _check_loaded above)
             one = "copy" if unit > 1 else "replica"
             notes.append(f"{needed} replica(s) meet the SLO at {target_rate:g} req/s, more "
                          f"than {needed // unit} x the {hi / (replicas // unit):.3g} req/s one "
-                         f"{one} misses at: a probe too short to load them (each {one} gets "
-                         f"a share of its requests, arriving within a short time); raise "
+                         f"{one} misses at: a probe too short to load them steadily (each "
+                         f"{one} gets a share of its requests, arriving within a short time); "
+                         f"raise "
                          f"workload.num_requests (or workload.duration) for a steady-state "
                          f"answer")
 
@@ -418,6 +428,35 @@ def capacity(scenario: Scenario | Mapping[str, Any] | str | Path, *,
         slo={k: v for k, v in s.slo.to_dict().items() if k != "attainment"}, notes=notes,
         data_parallel_size=s.engine.data_parallel_size,
         pipeline_parallel_size=s.engine.pipeline_parallel_size, hold=hold)
+
+
+def _check_loaded(prober: _Prober, rate: float, replicas: int, per_unit: float,
+                  unit: int) -> None:
+    """Refuse a replica count whose probes at ``rate`` are one burst: with every seed, all
+    requests arrived before the median one finished (the rule ``_check_duration`` applies to
+    a held duration), so no replica ever held a load and the count answers nothing (50
+    requests at 1000 req/s "needed" 45 replicas of a 10 req/s engine). A probe that outlasts
+    its median request but still passes more than linearly keeps its answer, with a note."""
+    rows = [prober.cache[(rate, replicas, seed)] for seed in prober.seeds]
+    if not all(r["median_e2el_ms"] is not None and r["arrival_span_s"] < r["median_e2el_ms"] / 1000
+               for r in rows):
+        return
+    row = rows[0]
+    e2el = row["median_e2el_ms"]
+    need = math.floor(rate * e2el / 1000) + 2      # (need - 1) / rate > one median request
+    one = "copy" if unit > 1 else "replica"
+    fix = (f"raise workload.num_requests to at least {need:,}, the fewest that outlast one "
+           f"request (many times that for a steady state), or give a lower target"
+           if need <= MAX_REQUESTS else
+           f"outlasting one request at this rate takes over {MAX_REQUESTS:,} requests, a "
+           f"run's most: give a lower target")
+    raise ConfigError(
+        "target_rate",
+        f"{rate:g} req/s is one burst for a probe of {row['num_requests']:,} requests: they "
+        f"arrive within {row['arrival_span_s'] * 1000:.3g} ms, less than the {e2el:.3g} ms "
+        f"the median request lasted on {replicas} replica(s), so no replica ever held a load "
+        f"and the {replicas} replica(s) it passes mean nothing; {fix} (one {one} serves "
+        f"{per_unit:.3g} req/s)")
 
 
 def _bracket(prober: _Prober, rate: float, replicas: int, workload) -> tuple[float, float]:

@@ -55,6 +55,9 @@ class SweepSpec:
     base_dir: Path
     grid: dict[str, list]
     zip: dict[str, list]
+    # (where it was given, field) for each fixed change already applied to ``base``, in the
+    # order applied: ("set.seed", "seed") from the file's set:, ("--set seed", "seed")
+    fixed: tuple[tuple[str, str], ...] = ()
 
     @property
     def fields(self) -> list[str]:
@@ -74,9 +77,29 @@ class SweepSpec:
                     set_field(raw, key, value)
                 s = parse_scenario(raw, base_dir=self.base_dir, name=self.name)
             except ConfigError as e:
-                raise ConfigError(e.field, f"{e.message} (in sweep point {i}: {where})") from None
+                raise (self._blame(e, point) if i == 0 else None) or ConfigError(
+                    e.field, f"{e.message} (in sweep point {i}: {where})") from None
             out.append(s)
         return out
+
+    def _blame(self, e: ConfigError, point: dict[str, Any]) -> ConfigError | None:
+        """The first point's error named after the set: field or --set option it comes from,
+        when the point has no part in it: the field is a fixed one, no axis sets it, and the
+        base scenario with the fixed changes but without the point fails the same way. None
+        when the point may be to blame (the caller names it; an error at a later point always
+        is: the first point passed with the same fixed changes)."""
+        given = next(((where, key) for where, key in reversed(self.fixed)
+                      if e.field == key or e.field.startswith(f"{key}.")), None)
+        if given is None or any(e.field == a or e.field.startswith(f"{a}.") for a in point):
+            return None
+        try:
+            parse_scenario(copy.deepcopy(self.base), base_dir=self.base_dir, name=self.name)
+        except ConfigError as alone:
+            if (alone.field, alone.message) == (e.field, e.message):
+                where, key = given
+                return ConfigError(where, e.message if e.field == key
+                                   else f"{e.field}: {e.message}")
+        return None
 
     def to_dict(self) -> dict:
         return {"name": self.name, "scenario": self.base, "grid": self.grid, "zip": self.zip}
@@ -224,7 +247,7 @@ def make_spec(base: dict | Scenario | str | Path, grid: dict | None = None,
     apply_overrides(base, list(overrides or []))
     _check_axes(grid or {}, zip_ or {})
     grid, zip_ = dict(grid or {}), dict(zip_ or {})
-    given = [(f"set.{k}", str(k)) for k in fixed or {}] + \
+    given = [(f"set.{k}", str(k).strip()) for k in fixed or {}] + \
         [(f"--set {k.strip()}", k.strip()) for k, _, _ in
          (item.partition("=") for item in overrides or [])]
     for where, key in given:
@@ -234,7 +257,8 @@ def make_spec(base: dict | Scenario | str | Path, grid: dict | None = None,
             section = "grid" if axis in grid else "zip"
             raise ConfigError(where, f"is also varied by {section}.{axis}, whose values "
                                      f"would replace it at every point; give it in one place")
-    return SweepSpec(name or base.get("name", "sweep"), base, Path(base_dir or "."), grid, zip_)
+    return SweepSpec(name or base.get("name", "sweep"), base, Path(base_dir or "."), grid, zip_,
+                     tuple(given))
 
 
 # --- running ----------------------------------------------------------------------------------

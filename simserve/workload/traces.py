@@ -13,6 +13,7 @@ Bad rows are found with vectorised checks; only the first one is reported, as ``
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -353,6 +354,9 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
                         # true is not 1 (as in scenario files); a list is not a length
                         raise DataError(path, f"field {k!r} is not a number: {v!r}"[:200],
                                         lineno)
+                    if type(v) is float and not math.isfinite(v):
+                        # Python's json reads NaN, Infinity, -Infinity; NaN is not a gap
+                        raise DataError(path, _not_finite(k, v), lineno)
                     if isinstance(v, int) and not -2**63 <= v < 2**63:   # JSON ints are unbounded
                         raise DataError(path, f"field {k!r} is out of range: "
                                               f"{str(v)[:20]}... ({len(str(v))} digits)", lineno)
@@ -365,6 +369,8 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
                                     lineno)
                 hashes.append(tuple(h) if h is not None else None)
                 q, c = obj.get("priority", 0), obj.get("class", "")
+                if type(q) is float and not math.isfinite(q):
+                    raise DataError(path, _not_finite("priority", q), lineno)
                 if type(q) is not int or not -2**63 <= q < 2**63:
                     raise DataError(path, f"priority must be an integer within int64, got "
                                           f"{q!r}", lineno)
@@ -394,6 +400,9 @@ def _read_mooncake(path: Path, cfg: TraceConfig) -> _Rows:
                  klass=klass if any(klass) else None)
 
 
+def _not_finite(field: str, v: float) -> str:
+    """A JSON trace's NaN or +-Infinity as the file spells it (json.dumps: NaN, Infinity)."""
+    return f"field {field!r} is not a finite number: {json.dumps(v)}"
 
 
 def _check_hash_counts(hashes: list[tuple[int, ...] | None], prompt: np.ndarray, path: Path,

@@ -85,21 +85,57 @@ def test_fewest_replicas_for_a_target_rate():
     assert reps.loc[2, "slo_attainment"] == pytest.approx(6 / 50)
 
 
-def test_a_target_served_only_by_a_too_short_probe_says_so():
-    # 1000 req/s: the 50 requests arrive within 50 ms, round-robin over n replicas, n ms apart
-    # on each. The k-th request of a replica waits k·(100 − n) ms, so only the first of each
-    # makes TTFT ≤ 55 ms until n ≥ 55: with n = 45, 45 firsts + 5 seconds (waiting 55 ms, too
-    # long) = 45/50 good = 90%; with 44, 44/50. Answer 45 replicas, which serve 45 × ~10 req/s
-    # in steady state, not 1000: the answer was printed as if it were one, with no note
-    cap = capacity(scenario(), target_rate=1000, seeds=1)
-    assert cap.replicas_needed == 45
-    note = ("45 replica(s) meet the SLO at 1000 req/s, more than 45 x the "
+def test_a_target_served_only_by_a_short_probe_says_so():
+    # 100 req/s: the 50 requests arrive within 490 ms (longer than one 100 ms request, so the
+    # replicas are loaded), round-robin over n replicas, a request every 10·n ms on each. The
+    # k-th request of a replica waits k·(100 − 10·n) ms, so it makes TTFT = 10 + k·(100 − 10·n)
+    # ≤ 55 ms while k ≤ 45 / (100 − 10·n). n = 9: k ≤ 4, 5 good of each replica's 5 or 6 = 45/50
+    # = 90%; n = 8: k ≤ 2, 3 good each = 24/50. Answer 9 replicas, which in steady state serve
+    # 9 × ~10 req/s, not 100: the answer of this 50-request transient carries a note
+    cap = capacity(scenario(), target_rate=100, seeds=1)
+    assert cap.replicas_needed == 9
+    reps = cap.probes[cap.probes["phase"] == "replicas"].set_index("replicas")
+    assert reps.loc[9, "slo_attainment"] == pytest.approx(45 / 50)
+    assert reps.loc[8, "slo_attainment"] == pytest.approx(24 / 50)
+    note = ("9 replica(s) meet the SLO at 100 req/s, more than 9 x the "
             f"{cap.first_failing_rate:.3g} req/s one replica misses at: a probe too short")
     assert any(n.startswith(note) for n in cap.notes), cap.notes
     assert "raise workload.num_requests" in cap.table()
     # within the linear bound (3 replicas x ~10.2 req/s >= 25 req/s): no such note
     assert not any("too short" in n for n in capacity(scenario(), target_rate=25,
                                                        seeds=1).notes)
+
+
+def test_a_target_whose_probe_is_one_burst_is_refused():
+    # 1000 req/s: the 50 requests arrive within 49 ms, before the first 100 ms request ends.
+    # Each of n replicas gets one or two, n ms apart; only the first of each makes TTFT ≤ 55 ms
+    # until n ≥ 55, so 45 replicas pass (45/50 = 90%). That number answered "45 replicas" (with
+    # a note), though no replica was ever loaded; a 10 req/s engine needs ~100 at 1000 req/s.
+    # Outlasting one request takes (n − 1) / 1000 s > 0.1 s: n ≥ 101
+    with pytest.raises(ConfigError, match=r"^target_rate: 1000 req/s is one burst for a probe "
+                                          r"of 50 requests: they arrive within 49 ms, less than "
+                                          r"the 100 ms the median request lasted on 45 "
+                                          r"replica\(s\).* at least 101, "):
+        capacity(scenario(), target_rate=1000, seeds=1)
+    # with 101 requests it is a load (a transient one): an answer, with the note
+    cap = capacity(scenario(workload__num_requests=101), target_rate=1000, seeds=1)
+    assert cap.replicas_needed is not None and any("too short" in n for n in cap.notes)
+
+
+def test_cli_a_target_no_run_can_probe_is_one_line_and_exit_2(tmp_path, capsys):
+    # 30 requests at 1e300 req/s answered "8 replicas" plus a note
+    raw = {**CONSTANT, "workload": {**CONSTANT["workload"], "num_requests": 30}}
+    code = main(["capacity", str(write(tmp_path, raw)), "--target-rate", "1e300", "--quiet",
+                 "--no-report", "--seeds", "1", "--out", str(tmp_path / "o")])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("error: --target-rate: 1e+300 req/s is one burst for a probe of 30 "
+                          "requests: ")
+    assert err.endswith("; outlasting one request at this rate takes over 10,000,000 "
+                        "requests, a run's most: give a lower target (one replica serves "
+                        "9.93 req/s)\n"), err
+    assert "replicas for" not in out
+    assert not (tmp_path / "o").exists()
 
 
 def test_per_gpu_rate_divides_by_replicas_and_tensor_parallel():

@@ -270,6 +270,45 @@ def test_a_fixed_field_that_an_axis_also_sets_is_refused(tmp_path, capsys, secti
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("fixed, flags, message", [
+    # a bad fixed value was blamed on "sweep point 0" though no point has a part in it
+    ({}, ["--set", "engine.max_num_seqs=0"],
+     "error: --set engine.max_num_seqs: must be >= 1, got 0\n"),
+    ({}, ["--set", "engine.max_num_seqz=4"],
+     "error: --set engine.max_num_seqz: unknown field (did you mean max_num_seqs?)\n"),
+    ({}, ["--set", "engine={max_num_seqs: abc}"],
+     "error: --set engine: engine.max_num_seqs: expected an integer, got 'abc'\n"),
+    ({"engine.max_num_seqs": 0}, [], "error: set.engine.max_num_seqs: must be >= 1, got 0\n"),
+    # --set is applied after set:, so its value is the one at fault
+    ({"engine.max_num_seqs": 4}, ["--set", "engine.max_num_seqs=-2"],
+     "error: --set engine.max_num_seqs: must be >= 1, got -2\n"),
+])
+def test_a_bad_fixed_value_names_set_not_a_point(tmp_path, capsys, fixed, flags, message):
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"base": str(TINY), "set": fixed,
+                                    "grid": {"workload.rate": [5, 6]}}))
+    for command in (["sweep", str(path), "--out", str(tmp_path / "o"), "--workers", "1"],
+                    ["validate", str(path)]):
+        code = main([*command, *flags])
+        err = capsys.readouterr().err
+        assert code == 2 and err == message, err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("axis, point", [([64, 1024], 1), ([1024, 64], 0)])
+def test_a_fixed_value_bad_only_with_some_points_still_names_the_point(tmp_path, axis, point):
+    # max_num_batched_tokens below max_model_len without chunked prefill: the set: value is
+    # wrong only beside a long max_model_len, so the point that has it is named
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({
+        "base": str(TINY), "grid": {"engine.max_model_len": axis},
+        "set": {"engine.max_num_batched_tokens": 100, "engine.enable_chunked_prefill": False}}))
+    with pytest.raises(ConfigError, match=rf"^engine\.max_num_batched_tokens: 100 is smaller "
+                                          rf"than max_model_len 1024.*\(in sweep point {point}: "
+                                          rf"engine\.max_model_len=1024\)$"):
+        load_sweep(path).scenarios()
+
+
 def test_a_fixed_field_beside_the_axes_still_applies(tmp_path, capsys):
     # a whole section set beside an axis inside it is not dropped: its other fields stay
     path = write_grid(tmp_path, grid={"workload.rate": [5.0, 20.0]})

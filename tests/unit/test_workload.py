@@ -496,6 +496,24 @@ def test_bad_mooncake_line(tmp_path, line2, why):
     assert "m.jsonl:2: " in msg and why in msg
 
 
+@pytest.mark.parametrize("field", ["timestamp", "input_length", "output_length", "priority"])
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_a_mooncake_number_that_is_not_finite_is_named(tmp_path, capsys, field, value):
+    # Python's json reads NaN; a NaN timestamp was reported as a "missing value"
+    from simserve.cli import main
+    row = {"timestamp": "5", "input_length": "10", "output_length": "2", "priority": "1"}
+    row[field] = value
+    write(tmp_path, "m.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 2}\n'
+                               + "{" + ", ".join(f'"{k}": {v}' for k, v in row.items()) + "}\n")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("model: tiny-llama-45m\nhardware: H100-SXM\n"
+                        "workload: {trace: m.jsonl, format: mooncake}\n")
+    assert main(["validate", str(scenario)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {tmp_path / 'm.jsonl'}:2: field {field!r} is not a finite number: " \
+                  f"{value}\n", err
+
+
 def test_a_mooncake_file_with_a_byte_order_mark_is_read(tmp_path):
     # the CSV formats (pandas) skip a UTF-8 BOM; the JSONL reader called line 1 "not valid JSON"
     body = ('{"timestamp": 0, "input_length": 10, "output_length": 2}\n'
