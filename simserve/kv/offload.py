@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from simserve.kv.prefix import SOURCE_BLOCK_SIZE, PrefixBlockManager
+from simserve.kv.prefix import PrefixBlockManager
+from simserve.workload.spec import SOURCE_BLOCK_SIZE
 
 GIB = 2**30
 

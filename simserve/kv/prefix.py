@@ -57,8 +57,8 @@ from itertools import islice
 from operator import itemgetter
 
 from simserve.kv.blocks import BlockManager
+from simserve.workload.spec import SOURCE_BLOCK_SIZE
 
-SOURCE_BLOCK_SIZE = 512   # tokens per Mooncake hash id
 _ROOT = 0                 # parent key of block 0
 # Keys of blocks whose content no other request has: ``_UNIQUE + (request id << 32) + block``,
 # outside the range of Python's hash() (a key's only job is to be equal exactly when content

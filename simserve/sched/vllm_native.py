@@ -35,7 +35,7 @@ import numpy as np
 
 from simserve.errors import ConfigError
 from simserve.kv.blocks import BlockManager
-from simserve.kv.prefix import SOURCE_BLOCK_SIZE
+from simserve.workload.spec import SOURCE_BLOCK_SIZE
 from simserve.sched.batch import SchedulerLimits
 from simserve.sched.core import Scheduler
 from simserve.sched.facts import PolicyFacts

@@ -44,8 +44,8 @@ from typing import Any
 
 from simserve.errors import ConfigError
 from simserve.fields import Fields
-from simserve.kv.prefix import SOURCE_BLOCK_SIZE
 from simserve.limits import MAX_REQUESTS, MAX_SECONDS, MAX_TOKENS, MAX_ZIPF_SUPPORT
+from simserve.workload.spec import SOURCE_BLOCK_SIZE
 
 ARRIVALS = ("poisson", "gamma", "constant", "burst")
 TRACE_FORMATS = ("azure", "mooncake", "burstgpt", "csv")

@@ -7,6 +7,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
+# prompt tokens per trace hash id (Mooncake's block: equal ids, identical content); the prefix
+# cache (kv/prefix.py) derives each engine block's content from the ids it overlaps
+SOURCE_BLOCK_SIZE = 512
+
 
 @dataclass(frozen=True, slots=True)
 class RequestSpec:

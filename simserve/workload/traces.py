@@ -24,10 +24,9 @@ import numpy as np
 import pandas as pd
 
 from simserve.errors import ConfigError, DataError
-from simserve.kv.prefix import SOURCE_BLOCK_SIZE
 from simserve.limits import MAX_REQUESTS, MAX_SECONDS, MAX_TOKENS
 from simserve.workload.config import TraceConfig
-from simserve.workload.spec import RequestSpec
+from simserve.workload.spec import SOURCE_BLOCK_SIZE, RequestSpec
 
 
 # int64 bounds as floats (2**63 itself is a float, and would wrap to -2**63 in a cast)
