@@ -303,6 +303,11 @@ def runs_section(runs: list[RunData]) -> Section:
                 f"No timeline for {r.label}: the run wrote no per-step table (a long run "
                 "writes steps.csv only when asked: simserve run --steps)."))
             continue
+        if not len(r.steps):
+            sec.blocks.append(H.paragraph(
+                f"No timeline for {r.label}: its per-step table has no steps (a replay of a "
+                "live server sees only its requests, not the engine's steps)."))
+            continue
         sec.figures.append((f"timeline_{r.label}", f"{r.label}: requests running and "
                             "waiting, tokens per step (prefill vs decode), KV blocks in use, "
                             "and preemptions over simulated time.", F.timeline(r)))

@@ -3,6 +3,8 @@ alternative to CSV, and a start-up that imports neither pandas nor the report be
 
 from __future__ import annotations
 
+import warnings
+
 import json
 import subprocess
 import sys
@@ -62,6 +64,18 @@ def test_report_without_steps_says_why(tiny, tmp_path):
     out = tiny.save(tmp_path / "r", steps=False)
     html = write_report([out]).read_text()
     assert "No timeline for r" in html
+
+
+def test_report_on_a_header_only_steps_table_says_why_without_warnings(tiny, tmp_path):
+    # a replay writes steps.csv with its header only (a server shows no steps): the timeline
+    # was four empty panels, and matplotlib warned "No artists with labels" on stderr
+    out = tiny.save(tmp_path / "r")
+    (out / "steps.csv").write_text((out / "steps.csv").read_text().splitlines()[0] + "\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        html = write_report([out]).read_text()
+    assert "No timeline for r: its per-step table has no steps" in html
+    assert not (out / "figures" / "timeline_r.png").exists()
 
 
 def test_parquet_tables_equal_the_csv_ones(tmp_path):
