@@ -11,7 +11,7 @@ import copy
 import dataclasses
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -550,6 +550,28 @@ def apply_overrides(raw: Any, overrides: list[str]) -> Any:
             raise ConfigError("--set", f"expected FIELD=VALUE, got {item!r}")
         set_field(raw, key, safeyaml.parse_value(text, f"--set {key.strip()}"))
     return raw
+
+
+def given_fields(fixed: Mapping[str, Any] | None,
+                 overrides: Sequence[str] | None) -> list[tuple[str, str]]:
+    """The dotted fields that a sweep's ``set:`` entries and ``--set`` overrides give, each
+    with where it was given (``set.KEY``, ``--set KEY``). A mapping value gives each of its
+    leaves too: ``--set engine={max_num_seqs: 64}`` sets ``engine.max_num_seqs``."""
+    out: list[tuple[str, str]] = []
+
+    def leaves(where: str, key: str, value: Any) -> None:
+        out.append((where, key))
+        if isinstance(value, dict):
+            for k, v in value.items():
+                leaves(where, f"{key}.{k}", v)
+
+    for k, v in (fixed or {}).items():
+        leaves(f"set.{k}", str(k).strip(), v)
+    for item in overrides or []:
+        key, _, text = item.partition("=")
+        key = key.strip()
+        leaves(f"--set {key}", key, safeyaml.parse_value(text, f"--set {key}"))
+    return out
 
 
 def _load_raw(path: Path) -> dict:

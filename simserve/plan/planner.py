@@ -23,7 +23,8 @@ from typing import Any
 
 import pandas as pd
 
-from simserve.config import Scenario, apply_overrides, load_yaml, parse_scenario
+from simserve.config import (Scenario, apply_overrides, given_fields, load_yaml,
+                             parse_scenario)
 from simserve.errors import ConfigError, DataError, SimserveError
 from simserve.plan.bounds import Lengths, bound, kv_fits
 from simserve.plan.space import Candidate, PlanSpace, candidates
@@ -188,11 +189,10 @@ def _check_overrides(overrides: Sequence[str] | None, sp: PlanSpace, raw: dict) 
             varied[f"engine.{knob}"] = f"plan.{knob}"
     if list(sp.hardware) != [raw.get("hardware")]:   # the plan names other hardware
         varied["hardware"] = "plan.hardware"
-    for item in overrides or []:
-        key = item.partition("=")[0].strip()
+    for where, key in given_fields(None, overrides):
         field = next((f for f in varied if key == f or key.startswith(f"{f}.")), None)
         if field is not None:
-            raise ConfigError(f"--set {key}", f"simserve plan sets {field} for every "
+            raise ConfigError(where, f"simserve plan sets {field} for every "
                                               f"candidate, from {varied[field]}: this value "
                                               f"would be dropped; vary it there")
 

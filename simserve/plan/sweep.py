@@ -35,7 +35,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from simserve.config import Scenario, apply_overrides, load_yaml, parse_scenario, set_field
+from simserve.config import (Scenario, apply_overrides, given_fields, load_yaml,
+                             parse_scenario, set_field)
 from simserve.errors import ConfigError, SimserveError
 from simserve.fields import Fields
 from simserve.limits import MAX_SWEEP_POINTS, MAX_WORKERS, MAX_WORKERS_PER_CPU
@@ -250,7 +251,7 @@ def make_spec(base: dict | Scenario | str | Path, grid: dict | None = None,
     given = [(f"set.{k}", str(k).strip()) for k in fixed or {}] + \
         [(f"--set {k.strip()}", k.strip()) for k, _, _ in
          (item.partition("=") for item in overrides or [])]
-    for where, key in given:
+    for where, key in given_fields(fixed, overrides):
         # every point sets the axis after set: and --set, so the fixed value was dropped
         axis = next((a for a in (*grid, *zip_) if key == a or key.startswith(f"{a}.")), None)
         if axis is not None:

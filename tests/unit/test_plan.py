@@ -186,6 +186,20 @@ def test_cli_a_set_that_every_candidate_replaces_is_refused(capsys, tmp_path, ov
     assert not (tmp_path / "o").exists()
 
 
+def test_cli_a_set_of_a_whole_section_holding_a_planned_field_is_refused(capsys, tmp_path):
+    # --set engine={...} replaced the section, and the candidates then wrote their own
+    # tensor_parallel_size over the one inside it: dropped silently
+    rc = main(["plan", str(SMALL), "--target-rate", "5", "--set",
+               "engine={tensor_parallel_size: 4, max_num_seqs: 64}", "--out",
+               str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == ("error: --set engine: simserve plan sets "
+                               "engine.tensor_parallel_size for every candidate, from "
+                               "plan.tensor_parallel_size: this value would be dropped; vary "
+                               "it there\n"), err
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_set_the_space_leaves_to_the_scenario_is_kept():
     # plan_small's space gives no max_num_seqs (None: the scenario's), so --set reaches every
     # candidate; and without plan.hardware the --set hardware is the one planned

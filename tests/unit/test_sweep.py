@@ -259,6 +259,11 @@ def test_cli_bad_grid_is_one_line_and_exit_2(tmp_path, capsys, grid, message):
         {"dist": "fixed", "value": 8}, {"dist": "fixed", "value": 9}]}},
      ["--set", "workload.prompt.value=3"], "error: --set workload.prompt.value: is also varied "
                                             "by zip.workload.prompt"),
+    # a whole section given, one of its fields an axis: that field was dropped
+    ({"grid": {"engine.max_num_seqs": [8, 16]}}, ["--set", "engine={max_num_seqs: 4}"],
+     "error: --set engine: is also varied by grid.engine.max_num_seqs"),
+    ({"set": {"engine": {"max_num_seqs": 4}}, "grid": {"engine.max_num_seqs": [8, 16]}}, [],
+     "error: set.engine: is also varied by grid.engine.max_num_seqs"),
 ])
 def test_a_fixed_field_that_an_axis_also_sets_is_refused(tmp_path, capsys, sections, flags,
                                                           message):
