@@ -291,17 +291,9 @@ class _JumpingSelector:
         return getattr(self._real, name)
 
 
-@contextmanager
-def engine_on_a_simulated_clock(monkeypatch, slowdown: float = 1.0):
-    """A FakeEngine behind a real HTTP server on 127.0.0.1, run on the same event loop as
-    the probing client, a VirtualClockLoop: ``asyncio.run`` (which calibrate and speed_check
-    call) starts the server first, and the client's ``time.perf_counter`` reads the
-    simulated clock. ``slowdown`` multiplies every step's cost (a machine running slower
-    than it was)."""
-    import simserve.live.client
-    import simserve.live.probes
-    server = FakeServer(handler=FakeEngine(slowdown=slowdown).handler)
-
+def run_beside(server: FakeServer):
+    """An ``asyncio.run`` for tests: a fresh VirtualClockLoop that starts ``server`` on it
+    first, runs the coroutine, then stops the server (its socket is the caller's to close)."""
     def run(coro):
         async def serving():
             runner = await server.start_here()
@@ -315,9 +307,21 @@ def engine_on_a_simulated_clock(monkeypatch, slowdown: float = 1.0):
         finally:
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
+    return run
 
+
+@contextmanager
+def engine_on_a_simulated_clock(monkeypatch, slowdown: float = 1.0):
+    """A FakeEngine behind a real HTTP server on 127.0.0.1, run on the same event loop as
+    the probing client, a VirtualClockLoop: ``asyncio.run`` (which calibrate and speed_check
+    call) starts the server first, and the client's ``time.perf_counter`` reads the
+    simulated clock. ``slowdown`` multiplies every step's cost (a machine running slower
+    than it was)."""
+    import simserve.live.client
+    import simserve.live.probes
+    server = FakeServer(handler=FakeEngine(slowdown=slowdown).handler)
     clock = types.SimpleNamespace(perf_counter=lambda: asyncio.get_running_loop().time())
-    monkeypatch.setattr(asyncio, "run", run)
+    monkeypatch.setattr(asyncio, "run", run_beside(server))
     monkeypatch.setattr(simserve.live.client, "time", clock)
     monkeypatch.setattr(simserve.live.probes, "time", clock)
     try:

@@ -253,25 +253,11 @@ def replay_on_a_simulated_clock(monkeypatch, server: FakeServer, *args, **kwargs
 
     import simserve.live.client
     import simserve.live.replay
-    from tests.integration.test_calibrate import VirtualClockLoop
-
-    def run(coro):
-        async def serving():
-            runner = await server.start_here()
-            try:
-                return await coro
-            finally:
-                await server.stop_here(runner)
-        loop = VirtualClockLoop()
-        try:
-            return loop.run_until_complete(serving())
-        finally:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
+    from tests.integration.test_calibrate import run_beside
 
     clock = types.SimpleNamespace(perf_counter=lambda: asyncio.get_running_loop().time())
     with monkeypatch.context() as m:
-        m.setattr(asyncio, "run", run)
+        m.setattr(asyncio, "run", run_beside(server))
         m.setattr(simserve.live.client, "time", clock)
         m.setattr(simserve.live.replay, "time", clock)
         try:
