@@ -84,19 +84,22 @@ class SweepSpec:
         return out
 
     def _blame(self, e: ConfigError, point: dict[str, Any]) -> ConfigError | None:
-        """The first point's error named after the set: field or --set option it comes from,
-        when the point has no part in it: the field is a fixed one, no axis sets it, and the
-        base scenario with the fixed changes but without the point fails the same way. None
+        """The first point's error named after the set: field or --set option it comes from, or
+        after the base scenario, when the point has no part in it: no axis sets the field, and
+        the base scenario with the fixed changes but without the point fails the same way. None
         when the point may be to blame (the caller names it; an error at a later point always
         is: the first point passed with the same fixed changes)."""
+        if any(e.field == a or e.field.startswith(f"{a}.") for a in point):
+            return None
         given = next(((where, key) for where, key in reversed(self.fixed)
                       if e.field == key or e.field.startswith(f"{key}.")), None)
-        if given is None or any(e.field == a or e.field.startswith(f"{a}.") for a in point):
-            return None
         try:
             parse_scenario(copy.deepcopy(self.base), base_dir=self.base_dir, name=self.name)
         except ConfigError as alone:
             if (alone.field, alone.message) == (e.field, e.message):
+                if given is None:          # the base scenario's own value
+                    return ConfigError(e.field, f"{e.message} (in the sweep's base scenario, "
+                                                f"before any point)")
                 where, key = given
                 return ConfigError(where, e.message if e.field == key
                                    else f"{e.field}: {e.message}")

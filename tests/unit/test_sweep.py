@@ -300,6 +300,22 @@ def test_a_bad_fixed_value_names_set_not_a_point(tmp_path, capsys, fixed, flags,
     assert not (tmp_path / "o").exists()
 
 
+def test_a_bad_value_in_the_base_scenario_names_the_base_not_a_point(tmp_path, capsys):
+    # the base file's own bad value was blamed on "sweep point 0"
+    base = yaml.safe_load(TINY.read_text())
+    base["engine"]["max_num_seqs"] = 0
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({"base": "base.yaml", "grid": {"workload.rate": [5, 6]}}))
+    for command in (["sweep", str(path), "--out", str(tmp_path / "o"), "--workers", "1"],
+                    ["validate", str(path)]):
+        assert main(command) == 2
+        assert capsys.readouterr().err == ("error: engine.max_num_seqs: must be >= 1, got 0 "
+                                           "(in the sweep's base scenario, before any "
+                                           "point)\n")
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("axis, point", [([64, 1024], 1), ([1024, 64], 0)])
 def test_a_fixed_value_bad_only_with_some_points_still_names_the_point(tmp_path, axis, point):
     # max_num_batched_tokens below max_model_len without chunked prefill: the set: value is
