@@ -95,6 +95,12 @@ class Result:
                 f"{self.num_steps:,} steps, latency {self.latency_label}; .summary, .requests, "
                 f".steps, .table()>")
 
+    def request_column(self, name: str) -> np.ndarray:
+        """One column of ``requests`` as an array (without building the table)."""
+        if self._columns is not None:
+            return self._columns[name]
+        return self.requests[name].to_numpy()
+
     @property
     def num_requests(self) -> int:
         """Rows of ``requests`` (without building the table)."""

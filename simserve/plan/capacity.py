@@ -194,7 +194,7 @@ class _Prober:
             summary = result.summary
             row = {"phase": phase, "rate": rate, "replicas": replicas, "seed": seed,
                    **{m: summary.get(m) for m in PROBE_METRICS}}
-            arrivals = result.requests["arrival_s"]
+            arrivals = result.request_column("arrival_s")
             # first to last arrival (not in probes.csv): is the probe a load or one burst?
             row["arrival_span_s"] = float(arrivals.max() - arrivals.min()) if len(arrivals) \
                 else 0.0

@@ -85,6 +85,14 @@ def test_fewest_replicas_for_a_target_rate():
     assert reps.loc[2, "slo_attainment"] == pytest.approx(6 / 50)
 
 
+def test_a_replica_search_builds_no_request_tables(monkeypatch):
+    # a probe reads its arrivals from the run's columns: a DataFrame per probe costs time
+    def no_table(self):
+        raise AssertionError("a probe built Result.requests")
+    monkeypatch.setattr(simserve.Result, "requests", property(no_table))
+    assert capacity(scenario(), target_rate=25, seeds=1).replicas_needed == 3
+
+
 def test_a_target_served_only_by_a_short_probe_says_so():
     # 100 req/s: the 50 requests arrive within 490 ms (longer than one 100 ms request, so the
     # replicas are loaded), round-robin over n replicas, a request every 10·n ms on each. The
