@@ -244,6 +244,18 @@ def _seconds(v: Any, where: str) -> float:
     return v
 
 
+def _nonneg(v: Any, where: str) -> float:
+    if _num(v, where) < 0:
+        raise _Invalid(where, f"must be >= 0, got {v}")
+    return v
+
+
+def _fraction(v: Any, where: str) -> float:
+    if not 0 < _num(v, where) <= 1:
+        raise _Invalid(where, f"must be a fraction in (0, 1], got {v}")
+    return v
+
+
 def _str(v: Any, where: str) -> str:
     if not isinstance(v, str):
         raise _Invalid(where, f"expected a string, got {_kind(v)} {v!r}")
@@ -396,14 +408,14 @@ _SETTINGS = _record({
 _ATTENTION = _record({
     "backend": _choice("reference", "flex", "triton", "flashinfer"), "compiled": _bool,
     "compile_seconds": _str_to_seconds, "fallback": _optional(_str),
-    "self_check_rel_err": _num, "note": _str,
+    "self_check_rel_err": _nonneg, "note": _str,
 })
 _MEMORY = _record({
     "weights_bytes": _pos_int, "kv_bytes_per_token": _pos_int, "block_bytes": _pos_int,
     "activation_peak_bytes": _nonneg_int,
     "activation_peak_method": _choice("measured", "estimated"),
     "total_bytes": _optional(_nonneg_int), "free_bytes": _optional(_nonneg_int),
-    "gpu_memory_utilization": _num, "num_gpu_blocks": _optional(_nonneg_int), "note": _str,
+    "gpu_memory_utilization": _fraction, "num_gpu_blocks": _optional(_nonneg_int), "note": _str,
 })
 _HELDOUT = _list(_record({
     "prefill": _list(_pair), "decode_ctx": _list(_nonneg_int), "num_sampled": _nonneg_int,

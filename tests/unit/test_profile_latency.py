@@ -181,6 +181,22 @@ def test_malformed_profiles_give_one_clear_error(tmp_path):
         simserve.run(scenario(tmp_path, "absent.json"))
 
 
+@pytest.mark.parametrize("section, field, value, message", [
+    ("memory", "gpu_memory_utilization", 1.5, "must be a fraction in \\(0, 1\\], got 1.5"),
+    ("memory", "gpu_memory_utilization", 0, "must be a fraction in \\(0, 1\\], got 0"),
+    ("attention", "self_check_rel_err", -0.1, "must be >= 0, got -0.1"),
+])
+def test_informational_fields_out_of_range_are_refused(tmp_path, section, field, value,
+                                                       message):
+    # fields the simulator does not read are still checked: a file with them out of range
+    # was not written by the profiler, and reading it silently would hide that
+    bad = synthetic_profile()
+    bad[section][field] = value
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ProfileError, match=f"{section}.{field}: {message}"):
+        simserve.run(scenario(tmp_path, "bad.json"))
+
+
 # --------------------------------------------------------------------------------------------
 # Decode attention of a batch with spread-out contexts
 
