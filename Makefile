@@ -13,7 +13,7 @@ demo: $(VENV)/.installed
 TEST_ARGS ?=
 # compileall first: the CLI processes, notebook kernels and README commands the tests start
 # then read simserve's bytecode instead of each compiling it again where PYTHONDONTWRITEBYTECODE
-# is set (as on our CI machines; about 0.25 s a process on the 2-core VM)
+# is set (as on our development VMs; about 0.25 s a process on the 2-core VM)
 test: lint
 	$(BIN)/python -m compileall -q simserve profiler
 	$(BIN)/python -m pytest tests $(TEST_ARGS)
