@@ -432,8 +432,11 @@ def test_weights_bytes_match_the_allocated_parameters(profile_file):
 
 
 def test_run_profile_in_process_with_flex_eager_and_tiny_grid():
-    grid = Grid(tokens=(1, 16), prefill_chunk=(8, 32), prefill_ctx=(0, 40), decode_batch=(1, 3),
-                decode_ctx=(5, 50), lm_seqs=(1, 4), heldout=2, heldout_max_decodes=4,
+    # one context per attention axis and one held-out step: eager FlexAttention costs ~50 ms a
+    # call whatever the shape, so the points are the time (the quick-grid profile above has
+    # multi-point context axes, test_flex_eager_backend_matches_dense prefills without context)
+    grid = Grid(tokens=(1, 16), prefill_chunk=(8, 32), prefill_ctx=(40,), decode_batch=(1, 3),
+                decode_ctx=(50,), lm_seqs=(1, 4), heldout=1, heldout_max_decodes=4,
                 heldout_max_ctx=60, warmup=0, repeats=3, point_budget_s=0.1)
     opts = Options(attention="flex", compile=False, max_num_batched_tokens=32,
                    grid_override=grid, command="test")
