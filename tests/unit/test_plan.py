@@ -34,9 +34,9 @@ VLLM_ARGS = {
 }
 
 
-# The bounds, the vllm serve line and Ray fan-out do not need plan_small's 120 requests per
-# probe: 40 give each bound something to prune (cost 4-6, slo 4, throughput 3 candidates) in
-# under half the time
+# The bounds, the vllm serve line, the report and Ray fan-out do not need plan_small's 120
+# requests per probe: 40 give each bound something to prune (cost 4-6, slo 4, throughput 3
+# candidates) in under half the time
 FEWER = ["workload.num_requests=40"]
 
 
@@ -248,7 +248,7 @@ def test_cli_none_meets_exit_3_with_closest(capsys, tmp_path):
 
 def test_cli_plan_writes_report(capsys, tmp_path):
     rc = main(["plan", str(SMALL), "--target-rate", "30", "--out", str(tmp_path), "--quiet",
-               "--workers", "1"])
+               "--workers", "1", *(f"--set={o}" for o in FEWER)])
     assert rc == 0
     html = (tmp_path / "report.html").read_text()
     assert "Plan: plan_small" in html and "Pareto" in html
