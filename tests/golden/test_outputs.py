@@ -19,16 +19,16 @@ Mooncake-format trace, a calibrated profile (front-end delay) and tensor paralle
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
-import io
 import json
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.helpers import shipped_output, simserve_quietly
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"
@@ -210,11 +210,19 @@ def _cases() -> dict[str, dict]:
 CASES = _cases()
 
 
-def run_case(name: str, out: Path) -> dict[str, str]:
-    """Run one case with the CLI into ``out``; the sha256 of every file it wrote."""
-    from simserve.cli import main
+def _shared(case: dict) -> bool:
+    """A shipped file run with no options: its run is shipped_output's."""
+    return "file" in case and case.get("command", "run") == "run" and not case["argv"]
 
+
+def run_case(name: str, out: Path) -> dict[str, str]:
+    """Run one case with the CLI into ``out``; the sha256 of every file it wrote. A shipped
+    file run plainly is run once per test process (``shipped_output``, where ``out`` is not
+    used): integration/test_scenarios.py reads its summaries from the same run."""
     case = CASES[name]
+    command = case.get("command", "run")
+    if _shared(case):
+        return _hashes(shipped_output(case["file"]))
     if "file" in case:
         scenario = case["file"]
     else:
@@ -228,13 +236,13 @@ def run_case(name: str, out: Path) -> dict[str, str]:
         for fname, make in case.get("extra", {}).items():
             (src / fname).write_text(make())
     result = out / "result"
-    command = case.get("command", "run")
-    argv = [command, str(scenario), "--out", str(result), "--no-report", "--quiet",
-            *case["argv"]]
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        rc = main(argv)
-    assert rc == 0, f"{name}: simserve {' '.join(argv)} exited {rc}: {err.getvalue()}"
+    simserve_quietly([command, str(scenario), "--out", str(result), "--no-report", "--quiet",
+                      *case["argv"]])
+    return _hashes(result)
+
+
+def _hashes(result: Path) -> dict[str, str]:
+    """The sha256 of every hashed file of a run's folder, by path within it."""
     return {str(p.relative_to(result)): hashlib.sha256(_portable(p, result)).hexdigest()
             for p in sorted(result.rglob("*")) if p.is_file() and p.suffix in HASHED}
 
@@ -270,7 +278,8 @@ def test_outputs_are_byte_identical(name, tmp_path):
     want = expected[key]
     assert sorted(got) == sorted(want), f"{name}: files differ from the golden run"
     changed = [f for f in want if got[f] != want[f]]
-    assert not changed, f"{name}: outputs changed: {', '.join(changed)} (in {tmp_path})"
+    where = shipped_output(CASES[name]["file"]) if _shared(CASES[name]) else tmp_path
+    assert not changed, f"{name}: outputs changed: {', '.join(changed)} (in {where})"
 
 
 def test_every_golden_entry_has_a_case():

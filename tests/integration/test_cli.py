@@ -1,4 +1,8 @@
-"""The command line: happy paths, and bad input giving one clear message and exit code 2."""
+"""The command line: happy paths, and bad input giving one clear message and exit code 2.
+
+Runs whose report is not what a test checks pass ``--no-report`` (writing it is most of a tiny
+run's time; test_run_writes_outputs_and_prints_table keeps the default, and test_report.py
+tests reports)."""
 
 from __future__ import annotations
 
@@ -36,7 +40,8 @@ def test_run_writes_outputs_and_prints_table(tmp_path, capsys):
 def test_tokens_file_gives_exact_itl(tmp_path, capsys):
     import numpy as np
     import pandas as pd
-    assert run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path, "--quiet", "--tokens"],
+    assert run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path, "--quiet", "--tokens",
+                    "--no-report"],
                    capsys)[0] == 0
     tokens = pd.read_csv(tmp_path / "tokens.csv")
     requests = pd.read_csv(tmp_path / "requests.csv")
@@ -51,16 +56,17 @@ def test_tokens_file_gives_exact_itl(tmp_path, capsys):
 
 
 def test_resolved_scenario_reruns_to_identical_outputs(tmp_path, capsys):
-    assert run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "a"], capsys)[0] == 0
+    assert run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "a", "--no-report"],
+                   capsys)[0] == 0
     # the written scenario.yaml is itself a valid scenario that reproduces the run
-    rerun = ["run", tmp_path / "a" / "scenario.yaml", "--out", tmp_path / "b"]
+    rerun = ["run", tmp_path / "a" / "scenario.yaml", "--out", tmp_path / "b", "--no-report"]
     assert run_cli(rerun, capsys)[0] == 0
     for name in ("requests.csv", "steps.csv", "summary.json"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
 
 def test_set_override_changes_the_run(tmp_path, capsys):
-    code, _, err = run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path, "--quiet",
+    code, _, err = run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path, "--quiet", "--no-report",
                             "--set", "engine.max_num_seqs=2", "--set", "scheduler.policy=sarathi"],
                            capsys)
     assert code == 0, err
@@ -74,7 +80,8 @@ def test_compare_runs_every_variant(tmp_path, capsys):
     src = (DATA / "tiny.yaml").read_text() + "compare:\n  scheduler.policy: [vllm_v0, sarathi]\n"
     path = tmp_path / "cmp.yaml"
     path.write_text(src)
-    code, out, err = run_cli(["run", path, "--out", tmp_path / "o", "--quiet"], capsys)
+    code, out, err = run_cli(["run", path, "--out", tmp_path / "o", "--quiet", "--no-report"],
+                             capsys)
     assert code == 0, err
     assert (tmp_path / "o" / "vllm_v0" / "summary.json").is_file()
     assert (tmp_path / "o" / "sarathi" / "summary.json").is_file()
@@ -165,9 +172,9 @@ def test_console_script_subprocess(tmp_path):
 
 def test_stepwise_switch_gives_identical_outputs(tmp_path, capsys):
     """Fast-forward is an optimisation, never a modelling choice: --stepwise must agree."""
-    assert run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "ff", "--quiet"], capsys)[0] == 0
-    assert run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "st", "--quiet", "--stepwise"],
-                   capsys)[0] == 0
+    run = ["run", DATA / "tiny.yaml", "--quiet", "--no-report", "--out"]
+    assert run_cli([*run, tmp_path / "ff"], capsys)[0] == 0
+    assert run_cli([*run, tmp_path / "st", "--stepwise"], capsys)[0] == 0
     for name in ("requests.csv", "steps.csv", "summary.json"):
         assert (tmp_path / "ff" / name).read_bytes() == (tmp_path / "st" / name).read_bytes()
 
@@ -183,7 +190,8 @@ def test_async_pipeline_runs_and_is_refused_for_a_policy_without_an_async_schedu
     # async scheduling with PP (vLLM 0.32's V2 model runner, 2026-11-25) runs for vllm_v1;
     # for a policy without vLLM's AsyncScheduler it is one line naming the field, exit 2
     path = scenario_with(tmp_path, PP_ASYNC)
-    code, _, err = run_cli(["run", path, "--out", tmp_path / "ok", "--quiet"], capsys)
+    code, _, err = run_cli(["run", path, "--out", tmp_path / "ok", "--quiet", "--no-report"],
+                           capsys)
     assert code == 0, err
     out = tmp_path / "bad"
     code, _, err = run_cli(["run", path, "--set", "scheduler.policy=sarathi", "--out", out],

@@ -115,9 +115,12 @@ def run_checked(policy, limits, block_size, num_blocks, host_blocks, max_model_l
             assert 0 <= sched.blocks.num_host_free <= sched.blocks.num_host_blocks
             assert len(set(plan.request_ids)) == len(plan.request_ids)
             assert all(n >= 1 for n in plan.num_new_tokens)
-            # every scheduled request holds the blocks for what it computes this step
+            # every scheduled request holds the blocks for what it computes this step (running
+            # looked up by id once per plan: a scan per request made this check most of a
+            # stepped run's time)
+            running = {q.id: q for q in reversed(sched.running)} if plan.request_ids else {}
             for rid, n in zip(plan.request_ids, plan.num_new_tokens):
-                req = next(q for q in sched.running if q.id == rid)
+                req = running[rid]
                 assert sched.blocks.held(rid) * block_size >= req.num_computed_tokens + n
                 assert req.num_computed_tokens + n <= req.num_tokens
             return plan

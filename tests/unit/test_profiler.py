@@ -380,14 +380,15 @@ def test_token_axis_caps_at_the_step_budget():
 @pytest.fixture(scope="module")
 def profile_file(tmp_path_factory) -> Path:
     """The CLI, in process, on the toy model read from a YAML file, quick grid, 1 thread;
-    contexts up to 512 (the quick grid's 2048 would double the time and test nothing more)."""
+    contexts up to 384 and a 96-token step budget, neither on the quick grid, so both show up as
+    added points (the quick grid's 2048 would take many times as long and test nothing more)."""
     d = tmp_path_factory.mktemp("prof")
     card = d / "toy.yaml"
     card.write_text(TOY_YAML)
     out = d / "toy.json"
     rc = main(["--model", str(card), "--device", "cpu", "--out", str(out), "--grid", "quick",
-               "--threads", "1", "--max-num-batched-tokens", "256", "--block-size", "16",
-               "--max-model-len", "512"])
+               "--threads", "1", "--max-num-batched-tokens", "96", "--block-size", "16",
+               "--max-model-len", "384"])
     assert rc == 0
     return out
 
@@ -403,7 +404,7 @@ def test_cli_quick_profile_validates(profile_file):
     assert p["attention"]["backend"] == "reference"
     assert p["attention"]["self_check_rel_err"] < 2e-2
     lin = p["linear"]
-    assert lin["tokens"][-1] == 256                          # the step budget is on the grid
+    assert lin["tokens"][-1] == 96                           # the step budget is on the grid
     assert set(lin["ops"]) == set(DecoderLayer.OPS)
     assert all(a <= m <= b for a, m, b in zip(lin["p10"], lin["seconds"], lin["p90"]))
     assert all(s > 0 for s in lin["seconds"])
@@ -412,7 +413,7 @@ def test_cli_quick_profile_validates(profile_file):
     dec = p["attn_decode"]["seconds"]
     assert dec[-1][-1] > dec[0][0]
     # the context axes stop at --max-model-len, which is on them
-    assert p["attn_decode"]["ctx"] == [16, 256, 512] and p["attn_prefill"]["ctx"] == [0, 512]
+    assert p["attn_decode"]["ctx"] == [16, 256, 384] and p["attn_prefill"]["ctx"] == [0, 384]
     mem = p["memory"]
     assert mem["activation_peak_method"] == "estimated" and mem["num_gpu_blocks"] is None
     # K and V, 2 layers, 1 KV head of 32, bf16
@@ -420,7 +421,7 @@ def test_cli_quick_profile_validates(profile_file):
     assert mem["block_bytes"] == 16 * mem["kv_bytes_per_token"]
     assert len(p["heldout"]) >= 1
     for step in p["heldout"]:
-        assert sum(q for q, _ in step["prefill"]) + len(step["decode_ctx"]) <= 256
+        assert sum(q for q, _ in step["prefill"]) + len(step["decode_ctx"]) <= 96
         assert step["seconds"] > 0
 
 
@@ -432,8 +433,11 @@ def test_weights_bytes_match_the_allocated_parameters(profile_file):
 
 
 def test_run_profile_in_process_with_flex_eager_and_tiny_grid():
-    grid = Grid(tokens=(1, 16), prefill_chunk=(8, 32), prefill_ctx=(0, 40), decode_batch=(1, 3),
-                decode_ctx=(5, 50), lm_seqs=(1, 4), heldout=2, heldout_max_decodes=4,
+    # one context per attention axis and one held-out step: eager FlexAttention costs ~50 ms a
+    # call whatever the shape, so the points are the time (the quick-grid profile above has
+    # multi-point context axes, test_flex_eager_backend_matches_dense prefills without context)
+    grid = Grid(tokens=(1, 16), prefill_chunk=(8, 32), prefill_ctx=(40,), decode_batch=(1, 3),
+                decode_ctx=(50,), lm_seqs=(1, 4), heldout=1, heldout_max_decodes=4,
                 heldout_max_ctx=60, warmup=0, repeats=3, point_budget_s=0.1)
     opts = Options(attention="flex", compile=False, max_num_batched_tokens=32,
                    grid_override=grid, command="test")
