@@ -10,8 +10,8 @@ demo: $(VENV)/.installed
 
 # One pytest-xdist worker per core, each test file on one worker, so that a module's shared
 # fixture is computed once (every test is safe in parallel). On the 2-core VM: 4 min 24 s
-# against 7 min 33 s serial when idle, 4 min 21 s against 5 min 50 s (a subset) beside two
-# busy processes, for about 10 % more CPU (benchmarks/RESULTS.md, 2026-11-29).
+# against 7 min 33 s serial when idle; beside two busy processes, a subset in 3 min 55 s -
+# 4 min 23 s against 5 min 43 s - 5 min 54 s; about 10 % more CPU (benchmarks/RESULTS.md).
 # TEST_ARGS="-n 0" runs the suite in one process.
 TEST_ARGS ?= -n auto --dist loadfile
 # compileall first: the CLI processes, notebook kernels and README commands the tests start
