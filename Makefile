@@ -8,9 +8,12 @@ BIN := $(VENV)/bin
 demo: $(VENV)/.installed
 	$(BIN)/simserve run scenarios/quickstart.yaml --out runs/quickstart
 
-# TEST_ARGS="-n auto --dist loadfile": one pytest-xdist worker per core, each test file on one
-# worker (every test is safe in parallel); a gain only on an otherwise idle machine
-TEST_ARGS ?=
+# One pytest-xdist worker per core, each test file on one worker, so that a module's shared
+# fixture is computed once (every test is safe in parallel). On the 2-core VM: 4 min 24 s
+# against 7 min 33 s serial when idle; beside two busy processes, a subset in 3 min 55 s -
+# 4 min 23 s against 5 min 43 s - 5 min 54 s; about 10 % more CPU (benchmarks/RESULTS.md).
+# TEST_ARGS="-n 0" runs the suite in one process.
+TEST_ARGS ?= -n auto --dist loadfile
 # compileall first: the CLI processes, notebook kernels and README commands the tests start
 # then read simserve's bytecode instead of each compiling it again where PYTHONDONTWRITEBYTECODE
 # is set (as on our development VMs; about 0.25 s a process on the 2-core VM)

@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 
 from simserve.cli import main
 
@@ -96,3 +97,86 @@ def test_shell_blocks_run(index, tmp_path, monkeypatch, capsys):
         code = main(argv[1:] + quick)
         out, err = capsys.readouterr()
         assert code == 0, f"{' '.join(argv)}: exit {code}\n{err}"
+        check_what_the_command_did(argv[1:], out, tmp_path)
+
+
+def check_what_the_command_did(args: list[str], out: str, cwd: Path) -> None:
+    """A README command gives what its line says: every folder or file it names as written
+    is there, inside the folder it ran in; a compare prints one table row per variant; a
+    ``--set`` reaches the scenario it saved; ``validate`` says ok; ``list policies`` lists
+    every policy; a sweep's table has a row per point; a capacity search answers; a report
+    has its page and figures."""
+    import json
+
+    import pandas as pd
+
+    from simserve.config import file_kind, load_variants
+    from simserve.plan.sweep import load_sweep
+    from simserve.sched import POLICIES
+
+    what = " ".join(args)
+    named = [Path(p) for p in re.findall(r"(?:results in|table in|report:) (\S+?)/?(?:\s|$)",
+                                         out)]
+    if args[0] in ("run", "sweep", "capacity", "report"):
+        assert named, f"{what}: names no output\n{out}"
+    for path in named:
+        assert path.exists(), f"{what}: names {path}, which is not there"
+        assert (cwd / path).resolve().is_relative_to(cwd.resolve()), f"{what}: wrote {path}"
+    sets = [a for prev, a in zip(args, args[1:]) if prev == "--set"]
+    if args[0] == "run" and file_kind(args[1]) == "compare":
+        labels = [label for label, _ in load_variants(args[1])]
+        table = out.split("\n\n")[-1]             # the comparison, after the runs' lines
+        rows = [line.split()[0] for line in table.splitlines()[1:] if line.strip()]
+        assert set(labels) <= set(rows), f"{what}: table rows {rows}, variants {labels}"
+        assert len(named) == len(labels)           # one results folder each
+    elif args[0] == "run":
+        summary = json.loads((named[0] / "summary.json").read_text())
+        assert summary["completed"] > 0 and "requests" in out
+        saved = yaml.safe_load((named[0] / "scenario.yaml").read_text())
+        for override in sets:                      # engine.max_num_seqs=64 as saved
+            field, value = override.split("=", 1)
+            node = saved
+            for part in field.split("."):
+                node = node[part]
+            assert node == yaml.safe_load(value), f"{what}: {field} saved as {node}"
+    elif args[0] == "validate":
+        assert out.startswith(f"{args[1]}: ok"), out
+    elif args[0] == "list" and args[1] == "policies":
+        listed = {line.split()[0] for line in out.splitlines() if line.strip()}
+        assert listed == set(POLICIES), listed ^ set(POLICIES)
+    elif args[0] == "sweep":
+        table = pd.read_csv(named[0])
+        assert len(table) == len(load_sweep(args[1]).scenarios())
+        assert table["error"].isna().all()
+    elif args[0] == "capacity":
+        answer = json.loads((named[0] / "capacity.json").read_text())
+        assert answer["max_rate"] > 0 and answer["replicas_needed"] >= 1, answer
+        assert answer["target_rate"] == float(args[args.index("--target-rate") + 1])
+    elif args[0] == "report":
+        page = named[0].read_text()
+        figures = sorted((named[0].parent / "figures").glob("*.png"))
+        assert figures and page.count("<img") == len(figures), (len(figures), page.count("<img"))
+
+
+def test_the_command_checks_catch_a_command_that_did_not_do_it(tmp_path, monkeypatch, capsys):
+    """check_what_the_command_did fails where the output falls short of what the line says."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["list", "policies"]) == 0
+    listed = capsys.readouterr().out
+    check_what_the_command_did(["list", "policies"], listed, tmp_path)
+    with pytest.raises(AssertionError):                 # a policy missing from the list
+        check_what_the_command_did(["list", "policies"], listed.split("\n", 1)[1], tmp_path)
+    with pytest.raises(AssertionError):
+        check_what_the_command_did(["validate", "s.yaml"], "s.yaml: error\n", tmp_path)
+    with pytest.raises(AssertionError):                 # names a folder that is not there
+        check_what_the_command_did(["run", "s.yaml"], "results in runs/s/\n", tmp_path)
+    with pytest.raises(AssertionError):                 # names no output at all
+        check_what_the_command_did(["sweep", "g.yaml"], "0 points\n", tmp_path)
+    run = tmp_path / "runs" / "q"
+    quick = str(ROOT / "scenarios" / "quickstart.yaml")
+    assert main(["run", quick, "--no-report", "--out", str(run)]) == 0
+    said = capsys.readouterr().out
+    check_what_the_command_did(["run", quick], said, tmp_path)
+    with pytest.raises(AssertionError):                 # a --set the saved scenario lacks
+        check_what_the_command_did(["run", quick, "--set", "engine.max_num_seqs=7"], said,
+                                   tmp_path)
