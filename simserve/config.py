@@ -300,6 +300,7 @@ def parse_scenario(raw: Any, base_dir: Path = Path("."), name: str = "scenario")
     bad = ignored() if ignored is not None else None   # a knob the policy would not read
     if bad is not None:
         raise ConfigError(f"scheduler.{bad[0]}", bad[1])
+    _other_policys_knob(sched.raw, policy, params_type)
     sched.done()
     workload = WorkloadConfig.from_fields(Fields(f.any("workload"), "workload"))
     slo = SloConfig.from_fields(f.section("slo"))
@@ -327,6 +328,23 @@ def _check_engine_policy(s: Scenario) -> None:
     if s.cluster.disaggregated:
         raise ConfigError("cluster.groups", "vllm_native: disaggregated prefill/decode replicas "
                                             "are not supported; use vllm_v1")
+
+
+def _other_policys_knob(raw: Mapping[str, Any], policy: str, params_type: type | None) -> None:
+    """A ``scheduler`` key that is not this policy's knob but another's (``waiting_served_ratio``
+    on vllm_v1) is named with the policies that read it."""
+    own = {"policy"} | ({fd.name for fd in dataclasses.fields(params_type)}
+                        if params_type is not None else set())
+    for key in raw:
+        if key in own:
+            continue
+        owners = [name for name in policy_names()
+                  if (t := describe(name).params_type) is not None
+                  and key in {fd.name for fd in dataclasses.fields(t)}]
+        if owners:
+            raise ConfigError(f"scheduler.{key}",
+                              f"a knob of policy {' and '.join(owners)}, not of {policy} "
+                              f"(scheduler.policy: {owners[0]} to use it)")
 
 
 def _percentiles(f: Fields) -> tuple[float, ...]:

@@ -15,7 +15,7 @@ import gc
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -40,6 +40,7 @@ from simserve.metrics.recorder import itl_sample
 from simserve.paths import make_out_dir, rebase_paths
 from simserve.sched.request import Status
 from simserve.workload import build_workload
+from simserve.workload.spec import RequestSpec, SpecColumns
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -163,7 +164,31 @@ class Result:
         """The printed summary (``vllm bench serve`` layout)."""
         from simserve.metrics.summary import format_summary
         title = f"simserve: {self.scenario.name} ({self.scenario.policy})"
-        return format_summary(self.summary, title=title)
+        return format_summary(self.summary, title=title, subtitle=self._what())
+
+    def _what(self) -> str:
+        """What was simulated, in one line: model, hardware, parallelism, the load."""
+        s = self.scenario
+        e = s.engine
+        par = ", ".join(f"{k} {v}" for k, v in (("TP", e.tensor_parallel_size),
+                                                   ("PP", e.pipeline_parallel_size),
+                                                   ("DP", e.data_parallel_size)) if v > 1)
+        w = s.workload
+        if w.trace is not None:
+            load = f"trace {Path(w.trace.path).name}" + (f" at {w.trace.rate:g} req/s"
+                                                          if w.trace.rate else "")
+        elif w.stages:
+            load = f"{len(w.stages)} load stages"
+        elif w.arrival is not None and w.arrival.rate is not None:
+            load = f"{w.arrival.process} arrivals at {w.arrival.rate:g} req/s"
+        else:
+            load = "all at once"
+        c = s.cluster
+        where = (f"{c.replicas} replicas in {len(c.groups)} group"
+                 f"{'s' if len(c.groups) > 1 else ''}" if c.groups else
+                 s.hardware.name + (f" ({par})" if par else "")
+                 + (f" x {c.replicas} replicas" if c.replicas > 1 else ""))
+        return f"{s.model.name} on {where}; {self.summary['num_requests']:,} requests, {load}"
 
     def tokens(self) -> pd.DataFrame:
         """Every output token: ``request_id``, ``token_index`` (0-based), ``time_s``."""
@@ -381,6 +406,7 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
     if latency is None:        # a model passed in is the caller's to vouch for
         deployment.check(s)
     specs = build_workload(s.workload, s.seed, s.base_dir)
+    shares_nothing = _no_content(specs)
     replicas = build_replicas(s, latency)
     for replica in replicas:
         replica.scheduler.record_tokens = record_tokens
@@ -409,12 +435,25 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
     pricings = {id(r.latency): r.pricing for r in replicas}.values()
     result.latency_label = replicas[0].latency.label
     result.warnings = [w for p in pricings for w in p.warnings()]
+    if shares_nothing and any(r.blocks.caches_prefixes for r in replicas):
+        result.warnings.append(
+            "prefix caching is on, but no request says what its prompt holds (no hash_ids: "
+            "not a Mooncake trace, no prefix_len or shared_prefix): only a preempted request "
+            "can hit its own cached blocks (docs/scenario.md, workload)")
     result.summary["latency_model"] = result.latency_label
     trust = latency_trust(s, scenario_curves(s)) if latency is None else None
     if trust is not None:
         result.summary["latency_trust"] = trust
     result.summary["warnings"] = result.warnings
     return result
+
+
+def _no_content(specs: Sequence[RequestSpec]) -> bool:
+    """True if no request names its prompt's content (``hash_ids``): a prefix cache can then
+    share nothing between requests."""
+    if isinstance(specs, SpecColumns):
+        return specs.hash_ids is None and specs.table is None
+    return all(spec.hash_ids is None for spec in specs)
 
 
 def compare(path: str | Path, overrides: list[str] | None = None) -> dict[str, Result]:
@@ -436,9 +475,13 @@ COMPARISON_METRICS = {
 
 
 def comparison_table(results: dict[str, Result]) -> pd.DataFrame:
-    """One row per variant, the headline metrics as columns."""
+    """One row per variant, the headline metrics as columns; and the prefix cache's hit rate
+    (a fraction; shown as a percentage) when any variant caches prefixes."""
     import pandas as pd
-    rows = {label: {col: r.summary.get(key) for col, key in COMPARISON_METRICS.items()}
+    metrics = dict(COMPARISON_METRICS)
+    if any(r.scenario.engine.enable_prefix_caching for r in results.values()):
+        metrics["prefix cache hit rate"] = "prefix_cache_hit_rate"
+    rows = {label: {col: r.summary.get(key) for col, key in metrics.items()}
             for label, r in results.items()}
     return pd.DataFrame.from_dict(rows, orient="index")
 

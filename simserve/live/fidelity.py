@@ -127,6 +127,11 @@ def register(subparsers) -> None:
 
 def _cmd_compare(args) -> int:
     import sys
+    for d in args.dirs:                  # (the other `compare`: a scenario file's variants)
+        if Path(d).is_file() and Path(d).suffix in (".yaml", ".yml"):
+            raise SimserveError(f"compare: {d} is a scenario file; `simserve compare` reads "
+                                "output folders (replayed real runs, then a simulated one). "
+                                f"To run a file's compare: variants, `simserve run {d}`")
     if len(args.dirs) < 2:
         raise SimserveError("compare: give at least one real directory and one simulated one")
     *real_dirs, sim_dir = args.dirs

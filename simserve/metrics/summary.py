@@ -446,11 +446,13 @@ _SECTIONS = (("ttft", "TTFT", "Time to First Token"),
 
 
 def format_summary(summary: dict[str, Any], title: str = "Serving Benchmark Result",
-                   scheduler: bool = True) -> str:
+                   scheduler: bool = True, subtitle: str = "") -> str:
     """A fixed-width table laid out like ``vllm bench serve``'s printout. ``scheduler=False``
     (a replay's summary: a client sees tokens, not the server's steps, queues or KV cache)
     leaves the scheduler's figures out and says so."""
     lines = [format(f" {title} ", "=^50")]
+    if subtitle:                          # what was simulated (model, hardware, load)
+        lines.append(subtitle)
 
     def row(label: str, value: Any, fmt: str = ".2f") -> None:
         if value is None:

@@ -273,7 +273,10 @@ def sweep_section(sweep: SweepData) -> Section:
 
 def runs_section(runs: list[RunData]) -> Section:
     several = len(runs) > 1
-    sec = Section("Policy comparison" if several else f"Run: {runs[0].label}")
+    one_policy = len({r.policy for r in runs}) == 1
+    sec = Section(f"Run: {runs[0].label}" if not several else
+                  f"Comparison of {len(runs)} {runs[0].policy} runs" if one_policy else
+                  "Policy comparison")
     slo = runs[0].slo
     sec.blocks.append(H.paragraph(
         f"SLO: {_slo_words(slo)}, attainment target {slo.get('attainment', 0.9):.0%}."
@@ -296,7 +299,8 @@ def runs_section(runs: list[RunData]) -> Section:
                         "red lines are the SLO limits.", F.latency_cdfs(runs)))
     if several:
         sec.figures.append(("policy_bars", "Headline metrics side by side, one colour per "
-                            "policy.", F.policy_bars(runs)))
+                            "policy" + ("; runs of one policy differ by hatch." if one_policy
+                                        else "."), F.policy_bars(runs)))
     for r in runs:
         if r.steps is None:
             sec.blocks.append(H.paragraph(

@@ -369,7 +369,8 @@ def policy_bars(runs: Sequence[RunData], title: str = "") -> Figure:
         else:
             ax.set_ylim(0, max(heights + [0.0]) * (1.35 if many else 1.15) or 1.0)
         ax.grid(axis="x", visible=False)
-    fig.suptitle(title or "Policy comparison")
+    fig.suptitle(title or ("Policy comparison" if len({r.policy for r in runs}) > 1 else
+                           f"Comparison of {len(runs)} {runs[0].policy} runs" if runs else ""))
     return fig
 
 

@@ -87,6 +87,8 @@ def test_compare_runs_every_variant(tmp_path, capsys):
     assert (tmp_path / "o" / "sarathi" / "summary.json").is_file()
     assert "vllm_v0" in out and "sarathi" in out
     assert (tmp_path / "o" / "comparison.csv").is_file()
+    # (no variant caches prefixes: no hit-rate column)
+    assert "hit rate" not in (tmp_path / "o" / "comparison.csv").read_text()
 
 
 def test_list_and_validate(capsys):
@@ -289,3 +291,60 @@ def test_the_executor_refuses_an_address_it_would_ignore():
     from simserve.plan.sweep import Executor
     with pytest.raises(ConfigError, match="^address: names a Ray cluster"):
         Executor("local", 1, "10.0.0.1:6379")
+
+
+def test_the_summary_says_what_was_simulated(tmp_path, capsys):
+    code, out, err = run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "r", "--no-report",
+                              "--set", "engine.tensor_parallel_size=2"], capsys)
+    assert code == 0, err
+    title, what = out.splitlines()[:2]
+    assert "simserve: tiny (vllm_v1)" in title
+    assert what == "tiny-llama-45m on H100-SXM (TP 2); 60 requests, poisson arrivals at 20 req/s"
+
+
+def test_prefix_caching_with_nothing_to_share_is_said_and_the_hit_rate_is_a_column(
+        tmp_path, capsys):
+    """A compare with prefix caching shows each variant's hit rate (blank where caching is
+    off); a workload whose requests name no content gets a warning, one that does gets none."""
+    src = BASE + ("compare:\n  - {label: none}\n"
+                  "  - {label: cached, engine.enable_prefix_caching: true}\n"
+                  "  - {label: shared, engine.enable_prefix_caching: true, "
+                  "workload.prefix_len: 128}\n")
+    path = tmp_path / "cmp.yaml"
+    path.write_text(src)
+    code, out, err = run_cli(["run", path, "--out", tmp_path / "o", "--quiet", "--no-report"],
+                             capsys)
+    assert code == 0, err
+    warned = [line for line in err.splitlines() if "no request says what its prompt holds" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: cached:"), err
+    table = (tmp_path / "o" / "comparison.csv").read_text().splitlines()
+    assert table[0].endswith(",prefix cache hit rate")
+    rates = {row.split(",")[0]: row.split(",")[-1] for row in table[1:]}
+    assert rates["none"] == "" and float(rates["cached"]) == 0 and float(rates["shared"]) > 0.2
+    assert "prefix cache hit rate (%)" in out
+    summary = json.loads((tmp_path / "o" / "cached" / "summary.json").read_text())
+    assert summary["warnings"] == [w.removeprefix("warning: cached: ") for w in warned]
+    # a single run says so too
+    code, out, err = run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "p", "--quiet",
+                              "--no-report", "--set", "engine.enable_prefix_caching=true"],
+                             capsys)
+    assert code == 0 and "no request says what its prompt holds" in err
+
+
+def test_compare_given_a_scenario_file_says_to_run_it(capsys):
+    code, out, err = run_cli(["compare", ROOT / "scenarios" / "compare_policies.yaml"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "is a scenario file" in err and "simserve run" in err
+
+
+def test_another_policys_knob_is_named_with_its_policy(tmp_path, capsys):
+    code, out, err = run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "o",
+                              "--set", "scheduler.waiting_served_ratio=1.2"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert err == ("error: scheduler.waiting_served_ratio: a knob of policy tgi, not of "
+                   "vllm_v1 (scheduler.policy: tgi to use it)\n")
+    assert not (tmp_path / "o").exists()
+    # a misspelt knob is still an unknown field
+    code, out, err = run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "o",
+                              "--set", "scheduler.waiting_served_rato=1.2"], capsys)
+    assert code == 2 and "unknown field" in err

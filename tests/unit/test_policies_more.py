@@ -414,7 +414,9 @@ def test_policy_knobs_are_validated_and_written_back():
     assert again.policy_params == s.policy_params and again.to_dict() == s.to_dict()
     with pytest.raises(ConfigError, match=r"scheduler\.max_waiting_tokenz: unknown field"):
         parse_scenario(scenario("tgi", max_waiting_tokenz=5))
-    with pytest.raises(ConfigError, match=r"scheduler\.waiting_served_ratio: unknown field"):
+    # another policy's knob: named with the policy that reads it
+    with pytest.raises(ConfigError, match=r"scheduler\.waiting_served_ratio: a knob of policy "
+                                          r"tgi, not of vllm_v1"):
         parse_scenario(scenario("vllm_v1", waiting_served_ratio=1.0))
     with pytest.raises(ConfigError, match=r"scheduler\.error_dist: unknown value"):
         parse_scenario(scenario("s3", error_dist="cauchy"))

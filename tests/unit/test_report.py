@@ -71,6 +71,19 @@ def test_compare_run_from_the_cli_reports_every_variant(tmp_path, capsys):
     page = (out / "report.html").read_text()
     assert page.index("vllm_v0") < page.index("sarathi") < page.index("static")  # file order
     assert "Overrides: --set workload.num_requests=30." in page   # what made these runs
+    assert "<h2>Policy comparison</h2>" in page
+
+
+def test_a_comparison_of_one_policys_runs_is_not_called_a_policy_comparison(tmp_path):
+    from simserve.report.build import runs_section
+    tiny_run(tmp_path / "slow")
+    tiny_run(tmp_path / "fast", **{"workload.rate": 40})
+    inputs = load_inputs([tmp_path / "slow", tmp_path / "fast"])
+    sec = runs_section(inputs.runs)
+    assert sec.title == "Comparison of 2 vllm_v1 runs"
+    (name, caption, fig), = [f for f in sec.figures if f[0] == "policy_bars"]
+    assert "runs of one policy differ by hatch" in caption
+    assert fig._suptitle.get_text() == "Comparison of 2 vllm_v1 runs"
 
 
 @pytest.mark.parametrize("override", ["scheduler.policy=tgi", "scheduler={policy: tgi}"])
