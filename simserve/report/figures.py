@@ -196,14 +196,16 @@ def throughput_vs_load(curves: Sequence[Curve], *, x_label: str = "offered load 
         axes[-1][0].set_xlabel(x_label)
     else:
         top.set_xlabel(x_label)
-    for c in curves:
-        knee = knees.get(c.label)
-        if knee is None:
-            continue
+    kneed = [c for c in curves if knees.get(c.label) is not None]
+    for i, c in enumerate(kneed):
+        knee = knees[c.label]
         for row in axes:
             row[0].axvline(knee, color=styles[c.label]["color"], linewidth=3, alpha=0.3)
-        top.annotate(f"knee {knee:.3g}", (knee, 1.0), xycoords=("data", "axes fraction"),
-                     xytext=(3, -12), textcoords="offset points", fontsize=9,
+        # several knees: each names its series (series of one policy share a colour), one
+        # line lower than the last
+        top.annotate(f"{c.label}: knee {knee:.3g}" if len(kneed) > 1 else f"knee {knee:.3g}",
+                     (knee, 1.0), xycoords=("data", "axes fraction"),
+                     xytext=(3, -12 - 11 * i), textcoords="offset points", fontsize=9,
                      color=styles[c.label]["color"])
     if any(knees.get(c.label) is not None for c in curves):
         kinds.append(Line2D([], [], color="black", linewidth=3, alpha=0.3,

@@ -541,6 +541,22 @@ def test_knee_is_the_last_load_before_the_first_miss():
     assert Curve("x", "vllm_v1", points).knee(0.99) == 2
 
 
+def test_knees_of_several_series_say_whose_they_are():
+    from simserve.report.figures import throughput_vs_load
+    def points(x):
+        att = [1.0, 0.95, 0.5]
+        return pd.DataFrame({"request_throughput": [2.0, 4.0, 5.0], "request_goodput": x,
+                             "slo_attainment": att, "attainment_min": att,
+                             "attainment_max": att}, index=x)
+    curves = [Curve("L40S", "vllm_v1", points([2, 4, 8])),
+              Curve("H200", "vllm_v1", points([4, 16, 32]))]
+    fig = throughput_vs_load(curves, target=0.9)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "L40S: knee 4" in texts and "H200: knee 16" in texts
+    one = throughput_vs_load(curves[:1], target=0.9)
+    assert [t.get_text() for t in one.axes[0].texts] == ["knee 4"]
+
+
 def test_figures_from_in_memory_results():
     from simserve.report import latency_cdfs, policy_bars, timeline
     results = {p: simserve.run(TINY, overrides=[f"scheduler.policy={p}",
