@@ -74,6 +74,9 @@ def test_a_run_carries_its_error_band_and_says_when_it_leaves_the_corpus():
     assert any("band is for runs simulated with async" in line
                for line in trust_lines(sync_trust))
     assert not any("band is for runs simulated with async" in line for line in trust_lines(trust))
+    # said once: not again among the ways the run leaves the corpus
+    assert len(trust_lines(sync_trust)) == 2
+    assert not any("async_scheduling off" in line for line in trust_lines(sync_trust))
     far = scenario(hardware="H200", scheduler={"policy": "sarathi"},
                    engine={"tensor_parallel_size": 8, "max_model_len": 32768})
     words = " ".join(outside(far, curves.corpus))
