@@ -341,6 +341,10 @@ def _other_policys_knob(raw: Mapping[str, Any], policy: str, params_type: type |
         owners = [name for name in policy_names()
                   if (t := describe(name).params_type) is not None
                   and key in {fd.name for fd in dataclasses.fields(t)}]
+        if owners == ["vllm_native"] and key == "scheduling_policy":
+            raise ConfigError(f"scheduler.{key}", "a knob of policy vllm_native (vLLM's own "
+                              "scheduler, vLLM installed); simserve's model of vLLM's priority "
+                              "scheduling is scheduler.policy: priority")
         if owners:
             raise ConfigError(f"scheduler.{key}",
                               f"a knob of policy {' and '.join(owners)}, not of {policy} "

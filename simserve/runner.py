@@ -13,6 +13,7 @@ import csv
 import dataclasses
 import gc
 import json
+import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -170,25 +171,31 @@ class Result:
         """What was simulated, in one line: model, hardware, parallelism, the load."""
         s = self.scenario
         e = s.engine
-        par = ", ".join(f"{k} {v}" for k, v in (("TP", e.tensor_parallel_size),
-                                                   ("PP", e.pipeline_parallel_size),
-                                                   ("DP", e.data_parallel_size)) if v > 1)
+        parts = [f"{k} {v}" for k, v in (("TP", e.tensor_parallel_size),
+                                          ("PP", e.pipeline_parallel_size),
+                                          ("DP", e.data_parallel_size)) if v > 1]
+        if e.enable_expert_parallel and e.tensor_parallel_size * e.data_parallel_size > 1:
+            parts.append(f"EP {e.tensor_parallel_size * e.data_parallel_size}")
+        par = ", ".join(parts)
         w = s.workload
         if w.trace is not None:
             load = f"trace {Path(w.trace.path).name}" + (f" at {w.trace.rate:g} req/s"
                                                           if w.trace.rate else "")
         elif w.stages:
             load = f"{len(w.stages)} load stages"
-        elif w.arrival is not None and w.arrival.rate is not None:
+        elif w.arrival is not None and w.arrival.rate is not None \
+                and math.isfinite(w.arrival.rate):
             load = f"{w.arrival.process} arrivals at {w.arrival.rate:g} req/s"
         else:
             load = "all at once"
+        if w.max_concurrency is not None:
+            load += f", at most {w.max_concurrency:,} in flight"
         c = s.cluster
-        where = (f"{c.replicas} replicas in {len(c.groups)} group"
-                 f"{'s' if len(c.groups) > 1 else ''}" if c.groups else
-                 s.hardware.name + (f" ({par})" if par else "")
+        where = (f"{_count(c.replicas, 'replica')} in {_count(len(c.groups), 'group')}"
+                 if c.groups else s.hardware.name + (f" ({par})" if par else "")
                  + (f" x {c.replicas} replicas" if c.replicas > 1 else ""))
-        return f"{s.model.name} on {where}; {self.summary['num_requests']:,} requests, {load}"
+        n = self.summary["num_requests"]
+        return f"{s.model.name} on {where}; {_count(n, 'request')}, {load}"
 
     def tokens(self) -> pd.DataFrame:
         """Every output token: ``request_id``, ``token_index`` (0-based), ``time_s``."""
@@ -449,11 +456,15 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
 
 
 def _no_content(specs: Sequence[RequestSpec]) -> bool:
-    """True if no request names its prompt's content (``hash_ids``): a prefix cache can then
-    share nothing between requests."""
+    """True if no request names its prompt's content (``hash_ids``, none or empty): a prefix
+    cache can then share nothing between requests."""
     if isinstance(specs, SpecColumns):
-        return specs.hash_ids is None and specs.table is None
-    return all(spec.hash_ids is None for spec in specs)
+        return not specs.hash_ids and not any(specs.tables)
+    return not any(spec.hash_ids for spec in specs)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def compare(path: str | Path, overrides: list[str] | None = None) -> dict[str, Result]:
@@ -476,10 +487,11 @@ COMPARISON_METRICS = {
 
 def comparison_table(results: dict[str, Result]) -> pd.DataFrame:
     """One row per variant, the headline metrics as columns; and the prefix cache's hit rate
-    (a fraction; shown as a percentage) when any variant caches prefixes."""
+    (a fraction; shown as a percentage) when any variant's summary has one (it caches
+    prefixes)."""
     import pandas as pd
     metrics = dict(COMPARISON_METRICS)
-    if any(r.scenario.engine.enable_prefix_caching for r in results.values()):
+    if any("prefix_cache_hit_rate" in r.summary for r in results.values()):
         metrics["prefix cache hit rate"] = "prefix_cache_hit_rate"
     rows = {label: {col: r.summary.get(key) for col, key in metrics.items()}
             for label, r in results.items()}
@@ -551,7 +563,9 @@ def collect(s: Scenario, rec: Recorder, replicas: list[Replica]) -> Result:
     summary = summarize(requests, None, None, s.slo, percentiles=s.metric_percentiles,
                         itl=sketch if sketch is not None else itl_sample(rec),
                         class_slos=class_slos(s) if has_classes else None,
-                        prefix_caching=s.engine.enable_prefix_caching, levels=levels)
+                        # (any replica: a cluster group may turn caching on alone)
+                        prefix_caching=any(r.blocks.caches_prefixes for r in replicas),
+                        levels=levels)
     summary.update(cluster_summary(rec, replicas, requests))
     if s.engine.speculative_config is not None:
         summary["spec_decode"] = spec_decode_summary(

@@ -24,7 +24,7 @@ from simserve.report import figures as F
 from simserve.report import html as H
 from simserve.report.load import (CapacityData, Inputs, PlanData, RunData, SweepData,
                                   load_inputs)
-from simserve.report.style import RC
+from simserve.report.style import HATCHES, RC
 
 HEADLINE = {
     "completed": "completed", "num_rejected": "rejected", "request_throughput": "req/s",
@@ -300,7 +300,8 @@ def runs_section(runs: list[RunData]) -> Section:
     if several:
         sec.figures.append(("policy_bars", "Headline metrics side by side, one colour per "
                             "policy" + ("; runs of one policy differ by hatch." if one_policy
-                                        else "."), F.policy_bars(runs)))
+                                        and len(runs) <= len(HATCHES) else "."),
+                            F.policy_bars(runs)))
     for r in runs:
         if r.steps is None:
             sec.blocks.append(H.paragraph(

@@ -344,7 +344,46 @@ def test_another_policys_knob_is_named_with_its_policy(tmp_path, capsys):
     assert err == ("error: scheduler.waiting_served_ratio: a knob of policy tgi, not of "
                    "vllm_v1 (scheduler.policy: tgi to use it)\n")
     assert not (tmp_path / "o").exists()
+    # vLLM's own scheduler's priority knob: the simulated priority policy is named
+    code, out, err = run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "o",
+                              "--set", "scheduler.scheduling_policy=priority"], capsys)
+    assert code == 2 and "scheduler.policy: priority" in err and err.count("\n") == 1
     # a misspelt knob is still an unknown field
     code, out, err = run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "o",
                               "--set", "scheduler.waiting_served_rato=1.2"], capsys)
     assert code == 2 and "unknown field" in err
+
+
+def test_requests_with_empty_hash_ids_name_no_content():
+    from simserve.runner import _no_content
+    from simserve.workload.spec import RequestSpec, SpecColumns
+    assert _no_content([RequestSpec(0, 0.0, 10, 2, ()), RequestSpec(1, 0.1, 10, 2, None)])
+    assert not _no_content([RequestSpec(0, 0.0, 10, 2, ()), RequestSpec(1, 0.1, 10, 2, (7,))])
+    assert _no_content(SpecColumns([0.0], [10], [2], hash_ids=()))
+    assert not _no_content(SpecColumns([0.0], [10], [2], hash_ids=(3,)))
+    assert not _no_content(SpecColumns([0.0, 1.0], [10, 10], [2, 2],
+                                       hash_tables=([0, 1], [(), (5,)])))
+
+
+def test_a_group_that_caches_prefixes_reports_its_hit_rate(tmp_path, capsys):
+    src = BASE + ("compare:\n  - {label: plain}\n"
+                  "  - label: grouped\n    cluster.groups:\n"
+                  "      - {name: a, replicas: 1, engine: {enable_prefix_caching: true}}\n")
+    path = tmp_path / "cmp.yaml"
+    path.write_text(src)
+    code, out, err = run_cli(["run", path, "--out", tmp_path / "o", "--quiet", "--no-report"],
+                             capsys)
+    assert code == 0, err
+    summary = json.loads((tmp_path / "o" / "grouped" / "summary.json").read_text())
+    assert "prefix_cache_hit_rate" in summary
+    assert (tmp_path / "o" / "comparison.csv").read_text().splitlines()[0].endswith(
+        ",prefix cache hit rate")
+
+
+def test_the_summary_line_for_a_closed_loop_all_at_once(tmp_path, capsys):
+    code, out, err = run_cli(["run", DATA / "tiny.yaml", "--out", tmp_path / "r", "--no-report",
+                              "--set", "workload.rate=.inf", "--set", "workload.max_concurrency=4",
+                              "--set", "workload.num_requests=1"], capsys)
+    assert code == 0, err
+    assert out.splitlines()[1] == ("tiny-llama-45m on H100-SXM; 1 request, all at once, "
+                                   "at most 4 in flight")

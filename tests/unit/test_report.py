@@ -84,6 +84,12 @@ def test_a_comparison_of_one_policys_runs_is_not_called_a_policy_comparison(tmp_
     (name, caption, fig), = [f for f in sec.figures if f[0] == "policy_bars"]
     assert "runs of one policy differ by hatch" in caption
     assert fig._suptitle.get_text() == "Comparison of 2 vllm_v1 runs"
+    # more runs than hatches: the caption does not promise them
+    for rate in (10, 30, 50):
+        tiny_run(tmp_path / f"r{rate}", **{"workload.rate": rate})
+    five = load_inputs([tmp_path / d for d in ("slow", "fast", "r10", "r30", "r50")]).runs
+    caption = next(c for n, c, _ in runs_section(five).figures if n == "policy_bars")
+    assert "hatch" not in caption
 
 
 @pytest.mark.parametrize("override", ["scheduler.policy=tgi", "scheduler={policy: tgi}"])
