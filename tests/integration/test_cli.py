@@ -302,18 +302,22 @@ def test_the_summary_says_what_was_simulated(tmp_path, capsys):
     assert what == "tiny-llama-45m on H100-SXM (TP 2); 60 requests, poisson arrivals at 20 req/s"
 
 
+def run_compare(tmp_path, capsys, variants: str):
+    """tiny.yaml with the ``compare:`` list ``variants`` (YAML lines), run into tmp_path/o."""
+    path = tmp_path / "cmp.yaml"
+    path.write_text(BASE + "compare:\n" + variants)
+    return run_cli(["run", path, "--out", tmp_path / "o", "--quiet", "--no-report"], capsys)
+
+
 def test_prefix_caching_with_nothing_to_share_is_said_and_the_hit_rate_is_a_column(
         tmp_path, capsys):
     """A compare with prefix caching shows each variant's hit rate (blank where caching is
     off); a workload whose requests name no content gets a warning, one that does gets none."""
-    src = BASE + ("compare:\n  - {label: none}\n"
-                  "  - {label: cached, engine.enable_prefix_caching: true}\n"
-                  "  - {label: shared, engine.enable_prefix_caching: true, "
-                  "workload.prefix_len: 128}\n")
-    path = tmp_path / "cmp.yaml"
-    path.write_text(src)
-    code, out, err = run_cli(["run", path, "--out", tmp_path / "o", "--quiet", "--no-report"],
-                             capsys)
+    code, out, err = run_compare(tmp_path, capsys,
+                                 "  - {label: none}\n"
+                                 "  - {label: cached, engine.enable_prefix_caching: true}\n"
+                                 "  - {label: shared, engine.enable_prefix_caching: true, "
+                                 "workload.prefix_len: 128}\n")
     assert code == 0, err
     warned = [line for line in err.splitlines() if "no request says what its prompt holds" in line]
     assert len(warned) == 1 and warned[0].startswith("warning: cached:"), err
@@ -366,13 +370,11 @@ def test_requests_with_empty_hash_ids_name_no_content():
 
 
 def test_a_group_that_caches_prefixes_reports_its_hit_rate(tmp_path, capsys):
-    src = BASE + ("compare:\n  - {label: plain}\n"
-                  "  - label: grouped\n    cluster.groups:\n"
-                  "      - {name: a, replicas: 1, engine: {enable_prefix_caching: true}}\n")
-    path = tmp_path / "cmp.yaml"
-    path.write_text(src)
-    code, out, err = run_cli(["run", path, "--out", tmp_path / "o", "--quiet", "--no-report"],
-                             capsys)
+    code, out, err = run_compare(tmp_path, capsys,
+                                 "  - {label: plain}\n"
+                                 "  - label: grouped\n    cluster.groups:\n"
+                                 "      - {name: a, replicas: 1, "
+                                 "engine: {enable_prefix_caching: true}}\n")
     assert code == 0, err
     summary = json.loads((tmp_path / "o" / "grouped" / "summary.json").read_text())
     assert "prefix_cache_hit_rate" in summary
