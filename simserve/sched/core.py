@@ -238,10 +238,18 @@ class Scheduler(StepsInFlight, Verifying, StretchAdmission):
         allocates them in running order, ``grow_decodes``). Returns False, having changed
         nothing, if any condition fails."""
         running = self.running
+        if self.overlap:
+            # a step in flight (async scheduling): the requests it skips (held_in_flight) are
+            # left out, as the loop passes over them. Only where the rule is done_in_flight's
+            # alone: not pipelined (a held sampled token, a decode stagger)
+            if self.holds_sampled or self.decode_stagger:
+                return False
+            running = [r for r in running
+                       if not (r.num_pending and r.num_generated >= r.num_output_tokens)]
         n = len(running)
         blocks = self.blocks
         if not n or n > batch.token_budget or n > batch.seq_budget \
-                or self.speculative is not None or self.overlap:
+                or self.speculative is not None:
             return False
         ctx = [r.num_computed_tokens for r in running]
         # each decoding: it has sampled a token and computed all but that one (-1: it has not)

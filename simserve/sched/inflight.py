@@ -116,6 +116,16 @@ class StepsInFlight:
         # delivered (vLLM caches up to request.num_tokens, which has no placeholders); a
         # token is in flight now, so the limit is never None
         limits = blocks.cache_limits if isinstance(blocks, PrefixBlockManager) else None
+        if limits is None and not stagger:    # (the usual: the loop below, less its branches)
+            for req, n in entries:
+                c = req.num_computed_tokens = req.num_computed_tokens + n
+                req.num_in_flight += 1
+                if c == req.num_prompt_tokens + req.num_generated:
+                    req.num_generated += 1
+                    req.num_pending += 1
+                    sampled.append(req)
+            self.steps_in_flight += 1
+            return InFlight(plan, entries, sampled)
         for req, n in entries:
             req.num_computed_tokens += n
             req.num_in_flight += 1
@@ -146,8 +156,17 @@ class StepsInFlight:
         if prefix is not None:
             limits, cache_upto = prefix.cache_limits, prefix.cache_upto
             bs, keyed = prefix.block_size, prefix.keyed_blocks
+        running = Status.RUNNING
+        if prefix is None:                    # (the usual: the loop below, less its branches)
+            for req in step.sampled:
+                if req.status is running:
+                    req.num_pending -= 1
+                if req.num_generated >= req.num_output_tokens and not req.num_pending:
+                    finished.append(req)
+            self.retire(finished, t_end)
+            return finished
         for req in step.sampled:
-            if req.status is Status.RUNNING:
+            if req.status is running:
                 pending = req.num_pending = req.num_pending - 1
                 if prefix is not None:   # AsyncScheduler caches the blocks its output fills
                     # its cache limit (as in launch), then cache_upto where a block may fill
