@@ -477,9 +477,11 @@ def _cmd_validate(args) -> int:
         what = (f"{len(variants)} variants: {', '.join(label for label, _ in variants)}"
                 if kind == "compare" else "")
     requests: dict[str, int] = {}       # workloads (traces, lengths files) read once each
+    planned = kind == "scenario" and (variants[0][1].source or {}).get("plan") is not None
     for label, s in variants:
         try:
-            check(s)
+            if not planned:     # (a plan replaces the deployment: its candidates are checked)
+                check(s)
             key = repr((s.workload, s.seed, s.base_dir.resolve()))
             if key not in requests:
                 requests[key] = len(build_workload(s.workload, s.seed, s.base_dir))
@@ -488,12 +490,13 @@ def _cmd_validate(args) -> int:
                 raise
             where = label if kind == "sweep" else f"compare variant {label!r}"
             raise ConfigError(e.field, f"{e.message} (in {where})") from None
-    if kind == "scenario" and (variants[0][1].source or {}).get("plan") is not None:
-        # `simserve plan`'s search space: read as the planner reads it (it was passed unread)
-        from simserve.plan.planner import load_plan_inputs
-        from simserve.plan.space import candidates
-        candidates(load_plan_inputs(args.scenario, None, args.overrides)[3])  # names, prices
+    if planned:
+        # `simserve plan`'s search space, and its candidates built as the planner builds them
+        from simserve.plan.planner import check_plan
+        what = check_plan(args.scenario, args.overrides)
     print(f"{args.scenario}: ok" + (f" — {what}" if what else ""))
+    if planned:
+        return 0
     for label, s in variants:
         s.replica.check_kv()
         blocks = s.replica.num_gpu_blocks

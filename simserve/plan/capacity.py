@@ -59,6 +59,12 @@ MAX_SEEDS = 100         # runs per probe
 HOLDS = ("requests", "duration")    # what stays fixed while the rate moves
 
 
+class SloUnreachable(SimserveError):
+    """The SLO is missed even at a rate where requests rarely overlap: no load of this
+    deployment meets it (``simserve plan`` records such a candidate as not serving the rate,
+    not as a failed search)."""
+
+
 @dataclass
 class CapacityResult:
     """The answer and every probe that supports it (``probes``: one row per run)."""
@@ -82,6 +88,19 @@ class CapacityResult:
     data_parallel_size: int = 1     # DP + EP (#18): ranks of a replica, each TP GPUs
     pipeline_parallel_size: int = 1  # stages of a replica, each TP GPUs
     hold: str = "requests"          # what every probe kept fixed: the count, or the duration
+    # the replica count serves the target only in a probe too short to load it steadily (the
+    # count is then a lower bound: ``notes`` says so)
+    short_probe: bool = False
+
+    def __repr__(self) -> str:
+        need = "" if self.target_rate is None else (
+            f", {self.replicas_needed} replica(s) for {self.target_rate:g} req/s"
+            if self.replicas_needed is not None else
+            f", no replica count found for {self.target_rate:g} req/s")
+        notes = f"; {len(self.notes)} note(s): .notes" if self.notes else ""
+        return (f"<CapacityResult {self.scenario}: max rate {self.max_rate:.4g} req/s on "
+                f"{self.replicas} replica(s){need}{notes}; .table(), .rate_table(), "
+                f".probes ({len(self.probes)} runs)>")
 
     @property
     def gpus_per_replica(self) -> int:
@@ -149,6 +168,7 @@ class CapacityResult:
             **({"pipeline_parallel_size": self.pipeline_parallel_size}
                if self.pipeline_parallel_size > 1 else {}),
             **({"hold": self.hold} if self.hold != "requests" else {}),
+            **({"short_probe": True} if self.short_probe else {}),
         }
 
     def save(self, out: str | Path) -> Path:
@@ -382,7 +402,7 @@ def capacity(scenario: Scenario | Mapping[str, Any] | str | Path, *,
             break
         lo, hi = lo / 2, lo                                 # a later seed misses: step down
     else:
-        raise SimserveError(f"capacity: some seed misses the target even at {lo:.3g} req/s")
+        raise SloUnreachable(f"capacity: some seed misses the target even at {lo:.3g} req/s")
     while (hi - lo) / lo > tolerance:
         mid = math.sqrt(lo * hi)
         if prober.passes(mid, replicas, "bisect"):
@@ -393,7 +413,7 @@ def capacity(scenario: Scenario | Mapping[str, Any] | str | Path, *,
     spread = {"min": min(spread_at), "mean": sum(spread_at) / len(spread_at),
               "max": max(spread_at)}
 
-    needed = None
+    needed, short_probe = None, False
     if target_rate is not None:
         unit = unit_size(s.cluster)
         needed = _fewest_replicas(prober, target_rate, lo / (replicas // unit),
@@ -407,6 +427,7 @@ def capacity(scenario: Scenario | Mapping[str, Any] | str | Path, *,
             # more than linear: n copies serving more than n times the rate one copy misses
             # at is a transient, a probe too short for a steady load (one burst is refused by
             # _check_loaded above)
+            short_probe = True
             one = "copy" if unit > 1 else "replica"
             notes.append(f"{needed} replica(s) meet the SLO at {target_rate:g} req/s, more "
                          f"than {needed // unit} x the {hi / (replicas // unit):.3g} req/s one "
@@ -427,7 +448,8 @@ def capacity(scenario: Scenario | Mapping[str, Any] | str | Path, *,
         target_rate=target_rate, replicas_needed=needed,
         slo={k: v for k, v in s.slo.to_dict().items() if k != "attainment"}, notes=notes,
         data_parallel_size=s.engine.data_parallel_size,
-        pipeline_parallel_size=s.engine.pipeline_parallel_size, hold=hold)
+        pipeline_parallel_size=s.engine.pipeline_parallel_size, hold=hold,
+        short_probe=short_probe)
 
 
 def _check_loaded(prober: _Prober, rate: float, replicas: int, per_unit: float,
@@ -485,7 +507,7 @@ def _bracket(prober: _Prober, rate: float, replicas: int, workload) -> tuple[flo
         if prober.passes(rate / 2, replicas, "bracket", all_seeds=False):
             return rate / 2, rate
         rate /= 2
-    raise SimserveError(
+    raise SloUnreachable(
         f"capacity: SLO attainment is below the target even at {rate:.3g} req/s, where "
         f"requests rarely overlap; the SLO cannot be met by this deployment (check the limits "
         f"against one request's latency)")

@@ -27,7 +27,7 @@ from simserve.config import (Scenario, apply_overrides, given_fields, load_yaml,
                              parse_scenario)
 from simserve.errors import ConfigError, DataError, SimserveError
 from simserve.plan.bounds import Lengths, bound, kv_fits
-from simserve.plan.space import Candidate, PlanSpace, candidates
+from simserve.plan.space import GIVEN_PRICE, Candidate, PlanSpace, candidates
 from simserve.report.load import PARETO_X, PARETO_Y
 from simserve.paths import make_out_dir
 
@@ -55,6 +55,8 @@ class PlanResult:
     closest: list[int]                  # when none serves R: the nearest misses
     commands: list[str]                 # the winner's `vllm serve` line(s)
     notes: list[str] = field(default_factory=list)
+    clocks: dict[str, str] = field(default_factory=dict)   # hardware -> its step-time model
+    probe_requests: int | str = ""      # requests a capacity probe runs
 
     @property
     def met(self) -> bool:
@@ -68,12 +70,20 @@ class PlanResult:
         return self.table.set_index("candidate").loc[index]
 
     def ranking(self) -> pd.DataFrame:
-        """The winner and runners-up (or, when none meets the SLOs, the closest)."""
+        """The winner and runners-up (or, when none meets the SLOs, the closest, with the
+        latencies of one request alone on each); a replica count that rests on probes too
+        short to load it steadily says so in its status."""
         ids = [self.winner, *self.runners_up] if self.met else self.closest
         cols = ["candidate", "deployment", "max_num_batched_tokens", "max_num_seqs",
                 "replicas", "gpus", "cost_per_hour", "cost_per_million_output_tokens",
                 "max_rate_per_copy", PARETO_Y, PARETO_X, "status"]
-        t = self.table.set_index("candidate", drop=False).loc[ids, cols]
+        if not self.met:     # (none serves the rate: no replica count or cost to show)
+            cols[4:8] = ["lone_ttft_ms", "lone_tpot_ms"]
+        table = self.table
+        if "short_probe" in table:
+            table = table.assign(status=table["status"].where(
+                ~table["short_probe"].astype(bool), table["status"] + " (short probe)"))
+        t = table.set_index("candidate", drop=False).loc[ids, [c for c in cols if c in table]]
         return t.reset_index(drop=True)
 
     def answer(self) -> str:
@@ -90,8 +100,11 @@ class PlanResult:
                       f"{w['max_num_batched_tokens']}, max_num_seqs {w['max_num_seqs']}) × "
                       f"{w['replicas']} replica(s) = {w['gpus']} GPU(s), "
                       f"${w['cost_per_hour']:.2f}/hour, "
-                      f"${w['cost_per_million_output_tokens']:.3f} per million output tokens",
-                      "", "vllm serve command (one per replica):"]
+                      f"${w['cost_per_million_output_tokens']:.3f} per million output tokens"]
+            if bool(w.get("short_probe", False)):
+                lines.append(f"warning: {w['reason']}; raise workload.num_requests for a "
+                             f"steady-state answer")
+            lines += ["", "vllm serve command (one per replica):"]
             lines += [f"  {c}" for c in self.commands]
             lines += ["", "the cheapest and the runners-up:"]
         else:
@@ -101,8 +114,41 @@ class PlanResult:
             lines += ["", f"Pareto frontier (output tokens/s per GPU against tokens/s per user, "
                           f"at each deployment's max rate): candidates "
                           f"{', '.join(map(str, self.pareto))}"]
+        lines += ["", *self.assumptions()]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def assumptions(self) -> list[str]:
+        """What the answer assumes, in words: the price of a GPU-hour of each hardware and
+        where it comes from, the step-time model that times it, and how each candidate was
+        probed."""
+        prices = self.space.get("prices", {})
+        lines = ["assumed:"]
+        for name in self.clocks:
+            p = next((v for k, v in prices.items() if k.lower() == str(name).lower()), None)
+            price = (f"${p['price_per_hour']:g}/GPU-hour ("
+                     + ("yours" if p["source"] == GIVEN_PRICE else "shipped default, an "
+                        "assumption: plan.prices sets your own") + ")") if p else "no price"
+            clock = self.clocks.get(str(name), "")
+            lines.append(f"  {name}: {price}; step times: {clock}")
+        sp = self.space
+        lines.append(f"  each candidate probed with {self.probe_requests} requests a run, "
+                     f"{sp.get('seeds')} seed(s) a rate, capacity to within "
+                     f"{sp.get('tolerance', 0):.0%}")
+        kinds = {("fitted" if "fitted" in c else "estimate") for c in self.clocks.values()}
+        if len(kinds) > 1:
+            lines.append("  the hardware are timed by step-time models of different standing "
+                         "(fitted to measured runs, or estimates): compare costs across them "
+                         "with that in mind")
+        return lines
+
+    def __repr__(self) -> str:
+        answer = (f"cheapest: candidate {self.winner}, {self.row(self.winner)['deployment']}"
+                  if self.met else "no deployment meets the SLOs")
+        notes = f"; {len(self.notes)} note(s): .notes" if self.notes else ""
+        return (f"<PlanResult {self.scenario}: {self.target_rate:g} req/s of {self.model}, "
+                f"{len(self.table)} candidates, {self.simulated} simulated; {answer}{notes}; "
+                f".answer(), .ranking(), .table, .probes>")
 
     def to_dict(self) -> dict:
         return {"scenario": self.scenario, "model": self.model, "target_rate": self.target_rate,
@@ -110,7 +156,8 @@ class PlanResult:
                 "runners_up": self.runners_up, "pareto": self.pareto, "closest": self.closest,
                 "candidates": len(self.table), "pruned": self.pruned,
                 "simulated": self.simulated, "vllm_serve": self.commands, "space": self.space,
-                "notes": self.notes,
+                "notes": self.notes, "assumed": [a.strip() for a in self.assumptions()[1:]],
+                "clocks": self.clocks, "probe_requests": self.probe_requests,
                 "winner_row": _plain(self.row(self.winner).to_dict()) if self.met else None}
 
     def save(self, out: str | Path) -> Path:
@@ -204,6 +251,7 @@ class _Entry:
     cand: Candidate
     row: dict
     scenario: Scenario | None = None
+    parsed: Scenario | None = None      # the candidate's scenario, if it parses
     start_rate: float = 0.0
     cost_lb: float = math.inf
 
@@ -226,7 +274,7 @@ def _build(cand: Candidate, raw: dict, base_dir: Path, name: str, space: PlanSpa
            lengths: Lengths, target: float, prune: bool, model) -> _Entry:
     from simserve.plan.capacity import with_rate
     row: dict[str, Any] = {**cand.to_dict(), "status": "", "pruned_by": None, "reason": None,
-                           "simulated": False}
+                           "simulated": False, "short_probe": False}
     e = _Entry(cand, row)
     why = _divides(model, cand)
     if why:
@@ -235,6 +283,7 @@ def _build(cand: Candidate, raw: dict, base_dir: Path, name: str, space: PlanSpa
         s = parse_scenario(cand.fields(raw, space.kv_transfer), base_dir, name)
     except ConfigError as err:      # what simserve (or vLLM) refuses to combine
         return _pruned(e, "config", f"{err.field}: {err.message}")
+    e.parsed = s
     row.update(max_num_batched_tokens=s.max_num_batched_tokens,   # resolved (vLLM's)
                max_num_seqs=s.engine.max_num_seqs)
     why = kv_fits(s)
@@ -262,6 +311,25 @@ def _build(cand: Candidate, raw: dict, base_dir: Path, name: str, space: PlanSpa
     return e
 
 
+def _clock(s: Scenario) -> str:
+    """The step-time model that times ``s``, in words, saying whether it is fitted to measured
+    runs or an estimate."""
+    from simserve.engine.build import scenario_curves
+    if s.latency.model != "roofline":
+        return f"latency.model {s.latency.model}"
+    try:
+        curves = scenario_curves(s)
+    except ConfigError as err:
+        return f"roofline ({err.message})"
+    if curves is None:
+        return f"roofline from the {s.hardware.name} spec sheet (an estimate)"
+    err_pct = curves.expected_error_pct
+    if err_pct:
+        band = f", E2E mean ±{err_pct['e2e_mean']:g} %" if "e2e_mean" in err_pct else ""
+        return f"roofline with the {curves.name} curves, fitted to measured vLLM runs{band}"
+    return f"roofline with the {curves.name} efficiency curves (an estimate)"
+
+
 def _pruned(e: _Entry, which: str, reason: str) -> _Entry:
     e.row.update(status=f"pruned: {which}", pruned_by=which, reason=reason)
     return e
@@ -274,11 +342,13 @@ SEARCH_FAILED = "search failed"     # a candidate's capacity search raised: noth
 
 def _search(job: tuple) -> tuple[dict | None, str | None]:
     """The capacity search (fewest replicas for the target) of one candidate."""
-    from simserve.plan.capacity import capacity
+    from simserve.plan.capacity import SloUnreachable, capacity
     scenario, target, seeds, tolerance, max_replicas = job
     try:
         r = capacity(scenario, target_rate=target, seeds=seeds, tolerance=tolerance,
                      max_replicas=max_replicas)
+    except SloUnreachable as e:     # measured: no load of it meets the SLO
+        return {"unreachable": str(e)}, None
     except SimserveError as e:
         return None, str(e)
     except Exception as e:  # noqa: BLE001 - recorded against the candidate, never fatal
@@ -291,7 +361,8 @@ def _search(job: tuple) -> tuple[dict | None, str | None]:
            "median_tpot_ms_at_max": float(at_max["median_tpot_ms"].mean()),
            "median_ttft_ms_at_max": float(at_max["median_ttft_ms"].mean()),
            "attainment_at_max": float(at_max["slo_attainment"].min()),
-           "runs": len(p), "notes": r.notes, "probes": p.to_dict("records")}
+           "runs": len(p), "notes": r.notes, "probes": p.to_dict("records"),
+           "short_probe": r.short_probe}
     if r.replicas_needed is not None:
         at = p[(p["rate"] == target) & (p["replicas"] == r.replicas_needed)]
         out["output_throughput_at_target"] = float(at["output_throughput"].mean())
@@ -305,6 +376,9 @@ def _record(e: _Entry, value: dict | None, error: str | None, probes: list[dict]
     row["start_rate"] = e.start_rate
     if value is None:
         row.update(status=SEARCH_FAILED, reason=error)
+        return
+    if "unreachable" in value:
+        row.update(status="not served", reason=value["unreachable"].removeprefix("capacity: "))
         return
     for pr in value["probes"]:
         probes.append({"candidate": c.index, **pr})
@@ -326,6 +400,11 @@ def _record(e: _Entry, value: dict | None, error: str | None, probes: list[dict]
         row.update(status="not served", reason=f"{'; '.join(value['notes'])}")
         return
     gpus = need * c.gpus_per_replica
+    if value["short_probe"]:
+        row.update(short_probe=True,
+                   reason=f"{need} replica(s) served the target only in probes too short to "
+                          f"load them steadily (more than {need // c.unit_replicas} × the "
+                          f"rate one copy misses at): a lower bound")
     row.update(status="serves target", replicas=need, gpus=gpus,
                cost_per_hour=gpus * c.price_per_hour,
                attainment_at_target=value["attainment_at_target"])
@@ -345,52 +424,12 @@ def plan(scenario: Scenario | Mapping | str | Path, target_rate: float, *,
     the space of ``space`` (or the scenario's ``plan:`` section). ``prune=False`` simulates
     every candidate that can start (the exhaustive search the SLO, throughput and cost bounds
     are checked against). ``log`` gets a line per wave."""
-    from simserve.plan.capacity import _prepare
     from simserve.plan.sweep import Executor
     log = log or (lambda line: None)
     if isinstance(target_rate, bool) or not isinstance(target_rate, (int, float)) \
             or not 0 < target_rate < math.inf:
         raise ConfigError("target_rate", f"must be > 0 and finite, got {target_rate!r}")
-    raw, base_dir, name, sp = load_plan_inputs(scenario, space, overrides)
-    _check_overrides(overrides, sp, raw)
-    base = parse_scenario(raw, base_dir, name)
-    notes: list[str] = []
-    base, _ = _prepare(base, notes)            # the SLO and workload capacity search needs
-    if base.slo.ttft_ms is None and base.slo.e2el_ms is None:
-        raise ConfigError("slo", "planning needs slo.ttft_ms or slo.e2el_ms: a queue that "
-                                 "grows without bound breaks no TPOT limit, so without one "
-                                 "every deployment would 'serve' any rate")
-    if base.cluster.groups or base.cluster.replicas != 1:
-        notes.append("the scenario's cluster replicas/groups are replaced by each candidate's")
-    if base.latency.model != "roofline" and len(sp.hardware) > 1:
-        raise ConfigError("plan.hardware", f"latency.model {base.latency.model} prices one "
-                                           "device; planning across hardware needs latency."
-                                           "model: roofline")
-    if base.workload.arrival is not None and base.workload.arrival.num_requests is not None:
-        raw = copy.deepcopy(raw)     # the count capacity search fixes, for every candidate
-        w = raw.setdefault("workload", {})
-        w.pop("duration", None)
-        w["num_requests"] = base.workload.arrival.num_requests
-    lengths = Lengths.of(base)
-    cands = candidates(sp)
-    entries = [_build(c, raw, base_dir, name, sp, lengths, target_rate, prune, base.model)
-               for c in cands]
-    pruned = {b: 0 for b in BOUNDS}
-    for e in entries:
-        if e.row["pruned_by"]:
-            pruned[e.row["pruned_by"]] += 1
-    if all(e.row["pruned_by"] in ("parallelism", "config", "memory") for e in entries):
-        raise ConfigError("plan", f"no candidate of the {len(entries)} can start: the "
-                                  "parallelism does not divide the model or the weights and one "
-                                  "max_model_len request do not fit (widen "
-                                  "plan.tensor_parallel_size / plan.hardware, or lower "
-                                  "engine.max_model_len)")
-    if all(e.row["pruned_by"] in ("parallelism", "config", "memory", "throughput")
-           for e in entries) \
-            and pruned["throughput"]:
-        raise ConfigError("target_rate", f"{target_rate:g} req/s is beyond every candidate "
-                                         f"with at most {sp.max_replicas} replicas (throughput "
-                                         "bound); lower it or raise plan.max_replicas")
+    base, sp, entries, pruned, notes = _built(scenario, target_rate, space, overrides, prune)
     queue = sorted((e for e in entries if e.scenario is not None),
                    key=lambda e: (e.cost_lb, e.cand.index))
     probes: list[dict] = []
@@ -435,8 +474,79 @@ def plan(scenario: Scenario | Mapping | str | Path, target_rate: float, *,
     return _result(base, target_rate, sp, entries, probes, pruned, notes)
 
 
+def check_plan(scenario: str | Path, overrides: Sequence[str] | None = None) -> str:
+    """``simserve validate`` of a scenario with a ``plan:`` section: its candidates built as
+    the planner builds them (the base deployment itself need not start: every candidate
+    replaces its hardware and parallelism); what can start, in words. ConfigError when none
+    can."""
+    _, _, entries, pruned, _ = _built(scenario, 1.0, None, overrides, prune=False)
+    left = sum(1 for e in entries if e.scenario is not None)
+    removed = ", ".join(f"{b} {pruned[b]}" for b in ("parallelism", "config", "memory")
+                        if pruned[b])
+    return (f"plan of {len(entries)} candidate deployments, {left} can start"
+            + (f" (ruled out: {removed})" if removed else ""))
+
+
+def _built(scenario: Scenario | Mapping | str | Path, target_rate: float,
+           space: PlanSpace | Mapping | str | Path | None, overrides: Sequence[str] | None,
+           prune: bool) -> tuple[Scenario, PlanSpace, list[_Entry], dict[str, int], list[str]]:
+    """The plan's inputs read and every candidate built and bounded (nothing simulated but
+    the lone requests of the bounds): the base scenario, the space, the candidates, how many
+    each bound pruned, and the notes so far. ConfigError when no candidate can start or none
+    can reach the rate."""
+    from simserve.plan.capacity import _prepare
+    raw, base_dir, name, sp = load_plan_inputs(scenario, space, overrides)
+    _check_overrides(overrides, sp, raw)
+    base = parse_scenario(raw, base_dir, name)
+    notes: list[str] = []
+    base, _ = _prepare(base, notes)            # the SLO and workload capacity search needs
+    if base.slo.ttft_ms is None and base.slo.e2el_ms is None:
+        raise ConfigError("slo", "planning needs slo.ttft_ms or slo.e2el_ms: a queue that "
+                                 "grows without bound breaks no TPOT limit, so without one "
+                                 "every deployment would 'serve' any rate")
+    if base.cluster.groups or base.cluster.replicas != 1:
+        notes.append("the scenario's cluster replicas/groups are replaced by each candidate's")
+    if base.latency.model != "roofline" and len(sp.hardware) > 1:
+        raise ConfigError("plan.hardware", f"latency.model {base.latency.model} prices one "
+                                           "device; planning across hardware needs latency."
+                                           "model: roofline")
+    if base.workload.arrival is not None and base.workload.arrival.num_requests is not None:
+        raw = copy.deepcopy(raw)     # the count capacity search fixes, for every candidate
+        w = raw.setdefault("workload", {})
+        w.pop("duration", None)
+        w["num_requests"] = base.workload.arrival.num_requests
+    lengths = Lengths.of(base)
+    cands = candidates(sp)
+    entries = [_build(c, raw, base_dir, name, sp, lengths, target_rate, prune, base.model)
+               for c in cands]
+    pruned = {b: 0 for b in BOUNDS}
+    for e in entries:
+        if e.row["pruned_by"]:
+            pruned[e.row["pruned_by"]] += 1
+    if all(e.row["pruned_by"] in ("parallelism", "config", "memory") for e in entries):
+        raise ConfigError("plan", f"no candidate of the {len(entries)} can start: the "
+                                  "parallelism does not divide the model or the weights and one "
+                                  "max_model_len request do not fit (widen "
+                                  "plan.tensor_parallel_size / plan.hardware, or lower "
+                                  "engine.max_model_len)")
+    if all(e.row["pruned_by"] in ("parallelism", "config", "memory", "throughput")
+           for e in entries) \
+            and pruned["throughput"]:
+        raise ConfigError("target_rate", f"{target_rate:g} req/s is beyond every candidate "
+                                         f"with at most {sp.max_replicas} replicas (throughput "
+                                         "bound); lower it or raise plan.max_replicas")
+    return base, sp, entries, pruned, notes
+
+
 def _result(base: Scenario, target: float, sp: PlanSpace, entries: list[_Entry],
             probes: list[dict], pruned: dict[str, int], notes: list[str]) -> PlanResult:
+    clocks: dict[str, str] = {}
+    for e in entries:
+        if e.parsed is not None and e.cand.hardware not in clocks:
+            clocks[e.cand.hardware] = _clock(e.parsed)
+    w = base.workload
+    probe_requests: int | str = (w.trace.num_requests or "the trace's") if w.trace is not None \
+        else (w.arrival.num_requests if w.arrival is not None else "")
     table = pd.DataFrame([e.row for e in entries])
     for col in ("replicas", "gpus", "cost_per_hour", "cost_per_million_output_tokens",
                 "max_rate_per_copy", "max_rate_per_gpu", PARETO_X, PARETO_Y, "rate_bound",
@@ -452,16 +562,27 @@ def _result(base: Scenario, target: float, sp: PlanSpace, entries: list[_Entry],
     ranked = [int(i) for i in ok["candidate"]]
     winner = ranked[0] if ranked else None
     runners = ranked[1:1 + sp.runners_up]
+    short = [i for i in ranked[:1 + sp.runners_up]
+             if bool(table.loc[table["candidate"] == i, "short_probe"].iloc[0])]
+    if short:
+        notes = [*notes, f"candidate(s) {', '.join(map(str, short))} (status 'short probe'): "
+                         f"their replica counts served {target:g} req/s only in probes too "
+                         f"short to load them steadily, so they (and their costs) are lower "
+                         f"bounds; raise workload.num_requests (now {probe_requests}) for a "
+                         f"steady-state answer"]
     pareto = _pareto(table)
     closest: list[int] = []
     if winner is None:
         ran = table[table["max_rate_per_copy"].notna()]
         unit = (ran["prefill_replicas"] + ran["decode_replicas"]).clip(lower=1)
         ran = ran.assign(_share=-ran["max_rate_per_copy"] * (sp.max_replicas // unit))
-        closest = [int(i) for i in ran.sort_values(["_share", "candidate"])["candidate"]][:5]
-        if not closest:
-            slo = table[table["pruned_by"] == "slo"].sort_values(["lone_ttft_ms", "candidate"])
-            closest = [int(i) for i in slo["candidate"]][:5]
+        closest = [int(i) for i in ran.sort_values(["_share", "candidate"])["candidate"]]
+        # then those that sustain no load, the best alone first (missed by the SLO bound, or
+        # measured missing it at any rate)
+        alone = table[(table["pruned_by"] == "slo") | (
+            (table["status"] == "not served") & table["max_rate_per_copy"].isna())]
+        alone = alone.sort_values(["lone_ttft_ms", "candidate"])
+        closest = (closest + [int(i) for i in alone["candidate"]])[:5]
     commands: list[str] = []
     if winner is not None:
         e = next(e for e in entries if e.cand.index == winner)
@@ -477,7 +598,8 @@ def _result(base: Scenario, target: float, sp: PlanSpace, entries: list[_Entry],
         scenario=base.name, model=base.model.name, target_rate=target,
         slo={k: v for k, v in base.slo.to_dict().items()}, space=sp.to_dict(), table=table,
         probes=probe_table, pruned=pruned, winner=winner, runners_up=runners, pareto=pareto,
-        closest=closest, commands=commands, notes=notes)
+        closest=closest, commands=commands, notes=notes, clocks=clocks,
+        probe_requests=probe_requests)
 
 
 def _pareto(table: pd.DataFrame) -> list[int]:

@@ -60,6 +60,9 @@ def default_prices() -> dict[str, Price]:
             for name, v in raw.items()}
 
 
+GIVEN_PRICE = "given in the plan"     # a price's source when the plan gives it
+
+
 @dataclass(frozen=True)
 class PlanSpace:
     """What ``simserve plan`` varies (module docstring), as read from a ``plan:`` mapping."""
@@ -108,7 +111,7 @@ class PlanSpace:
                     or not 0 < value < 1e6:
                 raise ConfigError(f"{f.where('prices')}.{name}",
                                   f"expected a price per GPU-hour > 0, got {value!r}")
-            prices[str(name)] = Price(float(value), "given in the plan")
+            prices[str(name)] = Price(float(value), GIVEN_PRICE)
         space = cls(
             hardware=tuple(hardware), tensor_parallel_size=tuple(tp),
             pipeline_parallel_size=tuple(pp), expert_parallel=tuple(ep),

@@ -160,9 +160,21 @@ def plan_section(plan: PlanData) -> Section:
     cols = [c for c in ("candidate", "deployment", "max_num_batched_tokens", "max_num_seqs",
                         "replicas", "gpus", "cost_per_hour", "cost_per_million_output_tokens",
                         "max_rate_per_copy", "status") if c in t]
+    if not a.get("met"):            # none serves the rate: how each does alone instead
+        cols = [c for c in cols if c not in ("replicas", "gpus", "cost_per_hour",
+                                             "cost_per_million_output_tokens")]
+        cols[4:4] = [c for c in ("lone_ttft_ms", "lone_tpot_ms") if c in t]
+    if "short_probe" in t:
+        t = t.assign(status=t["status"].where(~t["short_probe"].fillna(False).astype(bool),
+                                              t["status"] + " (short probe)"))
     ranked = t.set_index("candidate", drop=False).loc[ids, cols] if ids else t.iloc[:0][cols]
+    for col in ("replicas", "gpus", "max_num_batched_tokens", "max_num_seqs"):
+        if col in ranked:           # (counts: read back from CSV as floats where some are NaN)
+            ranked[col] = ranked[col].astype("Int64")
     sec.after += [H.heading("Cheapest and runners-up" if a.get("met") else "Closest", 3),
                   H.table(ranked.reset_index(drop=True), index=False)]
+    if a.get("assumed"):
+        sec.blocks.append(H.paragraph("Assumed: " + "; ".join(a["assumed"]) + "."))
     for note in a.get("notes") or []:
         sec.blocks.append(H.paragraph(f"Note: {note}"))
     sec.figures.append((f"{plan.label}_pareto", "Output tokens/s per GPU against tokens/s per "

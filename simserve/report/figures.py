@@ -537,5 +537,9 @@ def plan_pareto(plan: PlanData, title: str = "") -> Figure:
     ax.set_ylabel("output tokens/s per GPU (at max rate)")
     ax.set_ylim(bottom=0)
     ax.set_title(title or f"{plan.label}: throughput per GPU vs speed per user")
-    ax.legend(loc="best", frameon=False, fontsize=8)
+    if len(pts):
+        ax.legend(loc="best", frameon=False, fontsize=8)
+    else:                           # (no candidate sustained a load: nothing to plot)
+        ax.text(0.5, 0.5, "no simulated deployment sustained any load", ha="center",
+                va="center", transform=ax.transAxes)
     return fig

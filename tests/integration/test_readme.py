@@ -67,8 +67,11 @@ def check_what_the_block_says(ns: dict) -> int:
         points = len(load_sweep("scenarios/sweep_rate.yaml").scenarios())
         assert list(ns["table"]["point"]) == list(range(points))
         checked += 1
-    if "cap" in ns:                       # .max_rate, .probes
-        assert ns["cap"].max_rate > 0 and len(ns["cap"].probes) > 0
+    if "cap" in ns:                       # .max_rate, .replicas_needed, .notes
+        cap = ns["cap"]
+        assert cap.max_rate > 0 and len(cap.probes) > 0
+        # a steady answer: no "probe too short" note (README's 3,000 requests a probe)
+        assert cap.replicas_needed is not None and not cap.short_probe, cap.notes
         checked += 1
     return checked
 

@@ -3,8 +3,10 @@ own argument names, Ray fan-out, bad input (one line, exit 2) and "none meets" (
 
 from __future__ import annotations
 
+import csv
 import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from simserve.plan.command import engine_flags
 from simserve.plan.planner import load_plan_inputs, plan
 
 SMALL = Path(__file__).parents[1] / "data" / "plan_small.yaml"
+PLAN_70B = Path(__file__).parents[2] / "benchmarks" / "data" / "plan_llama70b.yaml"
 
 # vLLM's `vllm serve` flags, written down from vllm-project/vllm vllm/engine/arg_utils.py
 # (EngineArgs.add_cli_args) at commit 99d7eb5d6a512cfcc5a2b104f24ebf2d6cda772b (the 0.11
@@ -258,3 +261,102 @@ def test_cli_plan_writes_report(capsys, tmp_path):
 def test_run_and_validate_ignore_the_plan_section(capsys):
     assert main(["validate", str(SMALL)]) == 0
     assert "plan_small" in capsys.readouterr().out
+
+
+# one H100 (TP 1) and one L40S, 120 requests a probe: the L40S needs 7 replicas for 30 req/s,
+# more than 7 x the rate one misses at (the probe is too short to load them steadily)
+TWO_CARDS = {"hardware": ["L40S", "H100-SXM"], "tensor_parallel_size": [1],
+             "disaggregation": ["colocated"], "max_num_batched_tokens": [4096], "runners_up": 2,
+             "prices": {"L40S": 0.9}}
+
+
+def test_replica_counts_from_probes_too_short_are_flagged():
+    # the capacity search's note ("a probe too short to load them steadily") was dropped: the
+    # plan listed 9 L40S replicas at 2.42 req/s each as serving 40 req/s, with no notes
+    r = plan(SMALL, 30, space=TWO_CARDS, workers=1)
+    rows = r.table.set_index("candidate")
+    assert r.winner == 1 and r.runners_up == [0]
+    assert bool(rows.loc[0, "short_probe"]) and not bool(rows.loc[1, "short_probe"])
+    assert rows.loc[0, "status"] == "serves target" and "lower bound" in rows.loc[0, "reason"]
+    assert rows.loc[0, "replicas"] * rows.loc[0, "max_rate_per_copy"] < 30
+    assert list(r.ranking()["status"]) == ["serves target", "serves target (short probe)"]
+    assert len(r.notes) == 1 and r.notes[0].startswith("candidate(s) 0 (status 'short probe')")
+    assert "raise workload.num_requests (now 120)" in r.notes[0]
+    assert r.notes[0] in r.answer() and r.to_dict()["notes"] == r.notes
+
+
+def test_plan_says_what_it_assumed():
+    r = plan(SMALL, 30, space=TWO_CARDS, workers=1)
+    lines = r.assumptions()
+    assert lines[0] == "assumed:"
+    l40s, h100 = lines[1], lines[2]
+    assert l40s.startswith("  L40S: $0.9/GPU-hour (yours); step times: roofline from the L40S "
+                           "spec sheet (an estimate)")
+    assert h100.startswith("  H100-SXM: $2.25/GPU-hour (shipped default, an assumption") \
+        and "h100-vllm curves, fitted to measured vLLM runs, E2E mean ±" in h100
+    assert lines[3] == "  each candidate probed with 120 requests a run, 1 seed(s) a rate, " \
+                       "capacity to within 10%"
+    assert "different standing" in lines[4]      # one fitted, one an estimate
+    assert "\n".join(lines) in r.answer()
+    assert r.to_dict()["assumed"] == [a.strip() for a in lines[1:]]
+    one = plan(SMALL, 30, space={**TWO_CARDS, "hardware": ["L40S"]}, workers=1)
+    assert not any("different standing" in a for a in one.assumptions())
+
+
+def test_a_candidate_that_misses_the_slo_at_any_load_is_not_served_not_a_failure(capsys,
+                                                                               tmp_path):
+    # a TTFT limit just above one request's (the bound passes it) is missed at every rate: the
+    # capacity search raised, the candidate was "search failed" and, alone, the plan exited 2
+    # as bad input instead of 3 (none meets) with the lone-request latencies
+    space = tmp_path / "space.yaml"
+    space.write_text(json.dumps({"plan": {**TWO_CARDS, "hardware": ["H100-SXM"]}}))
+    args = ["plan", str(SMALL), "--target-rate", "30", "--plan", str(space), "--set",
+            "slo.ttft_ms=32", "--set", "workload.num_requests=40", "--out", str(tmp_path / "o"),
+            "--quiet"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rc = main(args)
+    # (the Pareto figure with no point to plot warned "No artists with labels found")
+    assert not [w for w in caught if "artists" in str(w.message)]
+    out = capsys.readouterr().out
+    assert rc == 3, out
+    answer = json.loads((tmp_path / "o" / "plan.json").read_text())
+    assert not answer["met"] and answer["closest"] == [0]
+    rows = list(csv.DictReader((tmp_path / "o" / "candidates.csv").open()))
+    assert rows[0]["status"] == "not served" and "even at" in rows[0]["reason"]
+    header = out.splitlines()[3]
+    assert "lone_ttft_ms" in header and "replicas" not in header and "cost_per_hour" not in header
+    html = (tmp_path / "o" / "report.html").read_text()
+    assert "<th>lone_ttft_ms</th>" in html
+
+
+def test_validate_checks_a_plans_candidates_not_its_base_deployment(capsys, tmp_path):
+    # the shipped 70B plan example's base (70B on one H100) cannot start; its candidates can
+    assert main(["validate", str(PLAN_70B)]) == 0
+    assert "plan of 432 candidate deployments, 150 can start (ruled out: config 156, " \
+           "memory 126)" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    raw = yaml.safe_load(SMALL.read_text())
+    raw["model"] = "Llama-3.1-70B"
+    raw["plan"] = {"hardware": ["L40S"], "tensor_parallel_size": [1]}
+    bad.write_text(yaml.safe_dump(raw))
+    assert main(["validate", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: plan: no candidate of the 1 can start") and err.count("\n") == 1
+
+
+def test_plan_and_capacity_results_read_well_in_a_notebook():
+    import inspect
+    params = inspect.signature(simserve.plan).parameters
+    assert list(params)[:2] == ["scenario", "target_rate"] and "space" in params
+    assert simserve.plan.__doc__.startswith("``simserve.plan(scenario, target_rate")
+    r = plan(SMALL, 30, space=TWO_CARDS, workers=1)
+    text = repr(r)
+    assert text.startswith("<PlanResult plan_small: 30 req/s of Llama-3.1-8B, 2 candidates, "
+                           "2 simulated; cheapest: candidate 1, H100-SXM TP1 colocated; 1 note")
+    assert len(text) < 300
+    cap = simserve.capacity(SMALL, target_rate=30, overrides=["hardware=L40S"])
+    text = repr(cap)
+    assert text.startswith("<CapacityResult plan_small: max rate ") and "7 replica(s) for 30 " \
+        "req/s; 1 note(s): .notes" in text and len(text) < 300
+    assert cap.short_probe and cap.to_dict()["short_probe"] is True
