@@ -283,12 +283,19 @@ def latency_cdfs(runs: Sequence[RunData], title: str = "") -> Figure:
     styles = _run_styles(runs)
     slo = runs[0].slo if runs else {}
     for ax, (key, name) in zip(axes[0], LATENCIES):
+        drawn: list[tuple[str, np.ndarray]] = []
+        hidden: list[str] = []   # runs this panel draws under another's line, legend silent
         for r in runs:
             done = r.requests[r.requests["status"] == "finished"]
             values = np.sort(done[f"{key}_s"].dropna().to_numpy(float) * 1000.0)
             values = values[values > 0]
             if len(values):
                 st = styles[r.label]
+                if not st.get("same_as"):    # (the legend says = or ≈ already otherwise)
+                    match = next((f for f, v in drawn if _near(values, v)), None)
+                    if match is not None:
+                        hidden.append(f"{r.label} ≈ {match}")
+                    drawn.append((r.label, values))
                 frac = np.arange(1, len(values) + 1) / len(values)
                 # a marker at every tenth of the requests: near colours still tell apart
                 marks = sorted({min(len(values) - 1, int(f * len(values)))
@@ -299,6 +306,9 @@ def latency_cdfs(runs: Sequence[RunData], title: str = "") -> Figure:
                         markerfacecolor=st["markerfacecolor"] or st["color"])
         if slo.get(f"{key}_ms"):
             ax.axvline(slo[f"{key}_ms"], color=SLO_COLOR, linestyle=":", linewidth=1.5)
+        if hidden:      # too close to tell apart in this panel alone: said where it happens
+            ax.text(0.98, 0.03, "here " + "; ".join(hidden), transform=ax.transAxes,
+                    ha="right", va="bottom", fontsize=8, wrap=True)
         ax.set_xscale("log")
         _log_axis(ax, "x")
         ax.set_ylim(0, 1.02)
