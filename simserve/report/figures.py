@@ -66,6 +66,9 @@ def _tick(v: float, _pos: object = None) -> str:
     return f"{v:,.0f}" if v >= 1 and float(v).is_integer() else human(v)
 
 
+SHARED_KNEE_COLOR = "#555555"     # a knee line that several series share
+
+
 def _near(a: np.ndarray, b: np.ndarray, rel: float = 0.05) -> bool:
     """Two samples whose CDFs a figure cannot tell apart: at the 1st to 99th percentiles,
     within ``rel`` of each other (5 % is 0.02 of a decade on a log axis)."""
@@ -196,22 +199,30 @@ def throughput_vs_load(curves: Sequence[Curve], *, x_label: str = "offered load 
         axes[-1][0].set_xlabel(x_label)
     else:
         top.set_xlabel(x_label)
-    kneed = [c for c in curves if knees.get(c.label) is not None]
-    for i, c in enumerate(kneed):
-        knee = knees[c.label]
+    # one line per knee value, in its series' colour (grey when series share it), labelled
+    # with the value alone: the legend says whose knee it is (series labels are long, and
+    # written beside the line they ran into each other and the legend)
+    at: dict[float, list[str]] = {}
+    for c in curves:
+        if knees.get(c.label) is not None:
+            at.setdefault(knees[c.label], []).append(c.label)
+    for i, (knee, labels) in enumerate(sorted(at.items())):
+        color = styles[labels[0]]["color"] if len(labels) == 1 else SHARED_KNEE_COLOR
         for row in axes:
-            row[0].axvline(knee, color=styles[c.label]["color"], linewidth=3, alpha=0.3)
-        # several knees: each names its series (series of one policy share a colour), one
-        # line lower than the last
-        top.annotate(f"{c.label}: knee {knee:.3g}" if len(kneed) > 1 else f"knee {knee:.3g}",
-                     (knee, 1.0), xycoords=("data", "axes fraction"),
-                     xytext=(3, -12 - 11 * i), textcoords="offset points", fontsize=9,
-                     color=styles[c.label]["color"])
-    if any(knees.get(c.label) is not None for c in curves):
+            row[0].axvline(knee, color=color, linewidth=3, alpha=0.3)
+        top.annotate(f"knee {knee:.3g}", (knee, 1.0), xycoords=("data", "axes fraction"),
+                     xytext=(3, -12 - 11 * (i % 2)), textcoords="offset points", fontsize=9,
+                     color=color)
+    if at:
         kinds.append(Line2D([], [], color="black", linewidth=3, alpha=0.3,
                             label="knee: highest load\nmeeting the target"))
+    handles = _series_handles(styles)
+    if len(curves) > 1:
+        for h, c in zip(handles, curves):
+            if knees.get(c.label) is not None:
+                h.set_label(f"{h.get_label()} (knee {knees[c.label]:.3g})")
     top.set_title(title or f"Throughput and goodput vs {x_label}")
-    _legend(fig, _series_handles(styles) + kinds)
+    _legend(fig, handles + kinds)
     return fig
 
 

@@ -16,7 +16,7 @@ from simserve.plan.capacity import capacity
 from simserve.cli import main
 from simserve.errors import DataError, SimserveError
 from simserve.report import POLICY_COLORS, RunData, load_inputs, policy_color, write_report
-from simserve.report.figures import Curve, _binned
+from simserve.report.figures import SHARED_KNEE_COLOR, Curve, _binned
 from simserve.report.style import series_styles
 from simserve.plan.sweep import load_sweep, save_sweep, sweep
 
@@ -557,10 +557,19 @@ def test_knees_of_several_series_say_whose_they_are():
     curves = [Curve("L40S", "vllm_v1", points([2, 4, 8])),
               Curve("H200", "vllm_v1", points([4, 16, 32]))]
     fig = throughput_vs_load(curves, target=0.9)
-    texts = [t.get_text() for t in fig.axes[0].texts]
-    assert "L40S: knee 4" in texts and "H200: knee 16" in texts
+    # the legend says whose knee each is; beside its line, the value alone (the series'
+    # labels written there ran into each other and into the legend)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "L40S (knee 4)" in legend and "H200 (knee 16)" in legend
+    assert sorted(t.get_text() for t in fig.axes[0].texts) == ["knee 16", "knee 4"]
     one = throughput_vs_load(curves[:1], target=0.9)
     assert [t.get_text() for t in one.axes[0].texts] == ["knee 4"]
+    assert [t.get_text() for t in one.legends[0].get_texts()][0] == "L40S"
+    # two series with one knee: one line, grey, labelled once
+    same = [curves[0], Curve("A100", "vllm_v0", points([2, 4, 8]))]
+    fig = throughput_vs_load(same, target=0.9)
+    assert [t.get_text() for t in fig.axes[0].texts] == ["knee 4"]
+    assert fig.axes[0].texts[0].get_color() == SHARED_KNEE_COLOR
 
 
 def test_figures_from_in_memory_results():
