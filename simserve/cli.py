@@ -528,14 +528,29 @@ def _cmd_list(args) -> int:
                                "tokens"))
     else:
         from simserve.cards import list_hardware, load_hardware
+        from simserve.latency.efficiency import load_curves
+        from simserve.plan.space import default_prices
+        prices = {k.lower(): v.per_hour for k, v in default_prices().items()}
         rows = []
         for name in list_hardware():
             h = load_hardware(name)
             fp8 = f" ({h.peak_flops_fp8 / 1e12:.4g} FP8)" if h.peak_flops_fp8 else ""
+            # what a roofline run on it is timed by, and what `simserve plan` costs it at
+            if h.efficiency:
+                curves = load_curves(h.efficiency)
+                on = (curves.corpus or {}).get("hardware")
+                fitted = (f"fitted to measured vLLM runs on {on}"
+                          + (" (transferred)" if on != name else "")) if on else "fitted"
+                clock = (f"{h.efficiency} curves, "
+                         + (fitted if curves.expected_error_pct else "an estimate"))
+            else:
+                clock = "spec sheet, an estimate"
+            price = prices.get(name.lower())
+            cost = f"; plan price ${price:g}/GPU-hour (default)" if price else ""
             rows.append((name, f"{h.kind}, {h.mem_bytes / 1e9:.4g} GB memory at "
                                f"{h.mem_bandwidth / 1e12:.3g} TB/s, {h.peak_flops / 1e12:.4g} "
                                f"TFLOP/s dense{fp8}, link {h.interconnect_bandwidth / 1e9:.3g} "
-                               "GB/s a direction"))
+                               f"GB/s a direction; step times: {clock}{cost}"))
     width = max(len(name) for name, _ in rows)
     for name, line in rows:
         print(f"{name:<{width}}  {line}")

@@ -326,6 +326,9 @@ def _clock(s: Scenario) -> str:
     err_pct = curves.expected_error_pct
     if err_pct:
         band = f", E2E mean ±{err_pct['e2e_mean']:g} %" if "e2e_mean" in err_pct else ""
+        on = (curves.corpus or {}).get("hardware")
+        if on and on != s.hardware.name:
+            band = f" on {on} (transferred to {s.hardware.name})"
         return f"roofline with the {curves.name} curves, fitted to measured vLLM runs{band}"
     return f"roofline with the {curves.name} efficiency curves (an estimate)"
 

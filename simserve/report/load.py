@@ -145,6 +145,11 @@ def load_inputs(paths: Sequence[str | Path]) -> Inputs:
         if not d.is_dir():
             raise DataError(d, "not a directory (expected a run, compare, sweep, capacity "
                                "or plan output directory)")
+    seen: dict[Path, Path] = {}
+    for d in dirs:      # (the same runs twice: two series of one run, under two labels)
+        first = seen.setdefault(d.resolve(), d)
+        if first is not d:
+            raise DataError(d, f"given twice (also as {first}): name each directory once")
     labels = _unique_labels(dirs)
     out = Inputs()
     for d, label in zip(dirs, labels):

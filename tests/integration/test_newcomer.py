@@ -38,8 +38,16 @@ def test_list_says_what_each_entry_is(capsys):
                 if x.startswith("Llama-3.1-8B "))
     assert "8.03B parameters" in line and "weights 16.1 GB" in line and "128 KiB a token" in line
     assert main(["list", "hardware"]) == 0
-    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("H100-SXM "))
+    lines = {x.split()[0]: x for x in capsys.readouterr().out.splitlines()}
+    line = lines["H100-SXM"]
     assert "80 GB memory at 3.35 TB/s" in line and "989 TFLOP/s" in line
+    # what times each card and what `simserve plan` costs it at (the plan depends on both)
+    assert line.endswith("step times: h100-vllm curves, fitted to measured vLLM runs on "
+                         "H100-SXM; plan price $2.25/GPU-hour (default)")
+    assert "h100-vllm curves, fitted to measured vLLM runs on H100-SXM (transferred)" \
+        in lines["H200"] and "plan price" not in lines["H200"]
+    assert "step times: spec sheet, an estimate; plan price $0.87" in lines["L40S"]
+    assert "step times: a100 curves, an estimate; plan price $1.49" in lines["A100-80GB"]
     assert main(["list", "policies"]) == 0
     lines = dict(re.split(r"\s{2,}", x, maxsplit=1)
                  for x in capsys.readouterr().out.splitlines())

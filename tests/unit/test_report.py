@@ -189,6 +189,10 @@ def test_not_a_run_directory(tmp_path):
         load_inputs([tmp_path])
     with pytest.raises(DataError, match="not a directory"):
         load_inputs([tmp_path / "missing"])
+    # the same directory twice made two series of one run, under two labels
+    (tmp_path / "x").mkdir()
+    with pytest.raises(DataError, match=r"given twice \(also as .*x\): name each directory once"):
+        load_inputs([tmp_path / "x", tmp_path / "." / "x"])
 
 
 @pytest.mark.parametrize("file, cut, named", [
