@@ -224,6 +224,13 @@ class Scenario:
         check_context(self)
         _check_budget(self)
 
+    def __repr__(self) -> str:
+        """One line (the dataclass's ran to thousands of characters in a notebook): what
+        runs on what, and where the rest is."""
+        return (f"<Scenario {self.name}: {self.model.name} on {self.hardware.name}, policy "
+                f"{self.policy}, seed {self.seed}; .engine, .workload, .slo, .latency, "
+                f".cluster>")
+
     # -- resolved engine values (what vLLM would compute at start-up) ------------------------
     @property
     def max_model_len(self) -> int:
@@ -652,6 +659,9 @@ def check_overrides(overrides: Any) -> list[str]:
         if not isinstance(item, str):
             raise ConfigError("overrides", f"expected FIELD=VALUE strings, got "
                                            f"{type(item).__name__} {item!r:.60}")
+        key, sep, _ = item.partition("=")
+        if not sep or not key.strip():   # (named here: "--set" would name the CLI's flag)
+            raise ConfigError("overrides", f"expected FIELD=VALUE, got {item!r:.60}")
     return list(overrides)
 
 

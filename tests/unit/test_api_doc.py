@@ -85,3 +85,10 @@ def test_links_lead_to_headings_that_exist():
             slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
                      for h in re.findall(r"^#+ (.*)$", text, re.M)}
             assert anchor in slugs, f"{page}#{anchor}"
+
+
+def test_a_scenario_prints_in_one_line():
+    # the dataclass repr ran to 3,663 characters in a notebook cell
+    s = simserve.load_scenario(Path(__file__).parents[2] / "scenarios" / "quickstart.yaml")
+    assert repr(s) == ("<Scenario quickstart: Llama-3.1-8B on H100-SXM, policy vllm_v1, seed 0; "
+                       ".engine, .workload, .slo, .latency, .cluster>")

@@ -54,6 +54,14 @@ def test_overrides_must_be_a_list_of_strings(overrides):
     assert message(simserve.run, TINY, overrides=overrides).startswith("overrides: expected")
 
 
+@pytest.mark.parametrize("item", ["workload.rate", "=3", " =3"])
+def test_an_override_without_field_or_value_names_the_argument_not_the_cli_flag(item):
+    # Python said "--set: expected FIELD=VALUE", naming a flag the caller never used
+    for call in (simserve.run, simserve.compare):
+        assert message(call, TINY, overrides=[item]) == \
+            f"overrides: expected FIELD=VALUE, got {item!r}"
+
+
 def test_overrides_on_a_resolved_scenario_are_refused_not_dropped():
     # they were silently ignored: the run was the scenario's own
     s = load_scenario(TINY)
