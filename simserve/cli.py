@@ -478,9 +478,15 @@ def _cmd_validate(args) -> int:
                 if kind == "compare" else "")
     requests: dict[str, int] = {}       # workloads (traces, lengths files) read once each
     planned = kind == "scenario" and (variants[0][1].source or {}).get("plan") is not None
+    run_fails = ""      # a plan file whose own deployment `simserve run` would refuse
     for label, s in variants:
         try:
-            if not planned:     # (a plan replaces the deployment: its candidates are checked)
+            if planned:         # (a plan replaces the deployment: its candidates are checked)
+                try:
+                    check(s)
+                except ConfigError as e:
+                    run_fails = str(e)
+            else:
                 check(s)
             key = repr((s.workload, s.seed, s.base_dir.resolve()))
             if key not in requests:
@@ -496,6 +502,8 @@ def _cmd_validate(args) -> int:
         what = check_plan(args.scenario, args.overrides)
     print(f"{args.scenario}: ok" + (f" — {what}" if what else ""))
     if planned:
+        print(f"  note: simserve run of this file would fail: {run_fails}" if run_fails
+              else "  simserve run of this file: ok too")
         return 0
     for label, s in variants:
         s.replica.check_kv()
@@ -546,7 +554,8 @@ def _cmd_list(args) -> int:
             else:
                 clock = "spec sheet, an estimate"
             price = prices.get(name.lower())
-            cost = f"; plan price ${price:g}/GPU-hour (default)" if price else ""
+            cost = f"; plan price ${price:g}/GPU-hour (default)" if price \
+                else "; no plan price (simserve plan needs one: plan.prices)"
             rows.append((name, f"{h.kind}, {h.mem_bytes / 1e9:.4g} GB memory at "
                                f"{h.mem_bandwidth / 1e12:.3g} TB/s, {h.peak_flops / 1e12:.4g} "
                                f"TFLOP/s dense{fp8}, link {h.interconnect_bandwidth / 1e9:.3g} "

@@ -62,7 +62,11 @@ HOLDS = ("requests", "duration")    # what stays fixed while the rate moves
 class SloUnreachable(SimserveError):
     """The SLO is missed even at a rate where requests rarely overlap: no load of this
     deployment meets it (``simserve plan`` records such a candidate as not serving the rate,
-    not as a failed search)."""
+    not as a failed search). ``probes``: the runs that showed it (as ``CapacityResult``'s)."""
+
+    def __init__(self, message: str, probes: pd.DataFrame):
+        super().__init__(message)
+        self.probes = probes
 
 
 @dataclass
@@ -184,6 +188,11 @@ Log = Callable[[str], None]
 
 class _Prober:
     """Runs (rate, replicas, seed) probes once each and keeps every row."""
+
+    def table(self) -> pd.DataFrame:
+        """Every probe run so far, one row each."""
+        return pd.DataFrame(self.rows, columns=["phase", "rate", "replicas", "seed",
+                                                *PROBE_METRICS, "slo_met"])
 
     def __init__(self, base: Scenario, seeds: list[int], log: Log, bar: Any = None,
                  held_duration: float | None = None):
@@ -402,7 +411,8 @@ def capacity(scenario: Scenario | Mapping[str, Any] | str | Path, *,
             break
         lo, hi = lo / 2, lo                                 # a later seed misses: step down
     else:
-        raise SloUnreachable(f"capacity: some seed misses the target even at {lo:.3g} req/s")
+        raise SloUnreachable(f"capacity: some seed misses the target even at {lo:.3g} req/s",
+                             prober.table())
     while (hi - lo) / lo > tolerance:
         mid = math.sqrt(lo * hi)
         if prober.passes(mid, replicas, "bisect"):
@@ -443,8 +453,7 @@ def capacity(scenario: Scenario | Mapping[str, Any] | str | Path, *,
         scenario=s.name, policy=s.policy, target_attainment=s.slo.attainment, max_rate=lo,
         first_failing_rate=hi, tolerance=tolerance, seeds=prober.seeds, replicas=replicas,
         tensor_parallel_size=s.engine.tensor_parallel_size, spread=spread,
-        probes=pd.DataFrame(prober.rows, columns=["phase", "rate", "replicas", "seed",
-                                                  *PROBE_METRICS, "slo_met"]),
+        probes=prober.table(),
         target_rate=target_rate, replicas_needed=needed,
         slo={k: v for k, v in s.slo.to_dict().items() if k != "attainment"}, notes=notes,
         data_parallel_size=s.engine.data_parallel_size,
@@ -510,7 +519,7 @@ def _bracket(prober: _Prober, rate: float, replicas: int, workload) -> tuple[flo
     raise SloUnreachable(
         f"capacity: SLO attainment is below the target even at {rate:.3g} req/s, where "
         f"requests rarely overlap; the SLO cannot be met by this deployment (check the limits "
-        f"against one request's latency)")
+        f"against one request's latency)", prober.table())
 
 
 def _num_requests(workload) -> int | str | None:

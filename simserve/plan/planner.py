@@ -102,8 +102,7 @@ class PlanResult:
                       f"${w['cost_per_hour']:.2f}/hour, "
                       f"${w['cost_per_million_output_tokens']:.3f} per million output tokens"]
             if bool(w.get("short_probe", False)):
-                lines.append(f"warning: {w['reason']}; raise workload.num_requests for a "
-                             f"steady-state answer")
+                lines.append(f"warning: {w['reason']} (see the note below)")
             lines += ["", "vllm serve command (one per replica):"]
             lines += [f"  {c}" for c in self.commands]
             lines += ["", "the cheapest and the runners-up:"]
@@ -135,11 +134,13 @@ class PlanResult:
         lines.append(f"  each candidate probed with {self.probe_requests} requests a run, "
                      f"{sp.get('seeds')} seed(s) a rate, capacity to within "
                      f"{sp.get('tolerance', 0):.0%}")
-        kinds = {("fitted" if "fitted" in c else "estimate") for c in self.clocks.values()}
+        kinds = {("transferred" if "transferred" in c else "fitted" if "fitted" in c
+                  else "estimate") for c in self.clocks.values()}
         if len(kinds) > 1:
             lines.append("  the hardware are timed by step-time models of different standing "
-                         "(fitted to measured runs, or estimates): compare costs across them "
-                         "with that in mind")
+                         "(fitted to measured runs on that hardware, transferred from "
+                         "another, or estimates): compare costs across them with that in "
+                         "mind")
         return lines
 
     def __repr__(self) -> str:
@@ -311,10 +312,13 @@ def _build(cand: Candidate, raw: dict, base_dir: Path, name: str, space: PlanSpa
     return e
 
 
-def _clock(s: Scenario) -> str:
-    """The step-time model that times ``s``, in words, saying whether it is fitted to measured
-    runs or an estimate."""
+def _clock(scenarios: list[Scenario]) -> str:
+    """The step-time model that times these candidates (of one hardware), in words: fitted to
+    measured runs on this hardware, transferred from another, or an estimate; with a fitted
+    set, how many candidates lie outside its measured runs, and why (a run's trust note)."""
     from simserve.engine.build import scenario_curves
+    from simserve.latency.trust import latency_trust
+    s = scenarios[0]
     if s.latency.model != "roofline":
         return f"latency.model {s.latency.model}"
     try:
@@ -324,13 +328,26 @@ def _clock(s: Scenario) -> str:
     if curves is None:
         return f"roofline from the {s.hardware.name} spec sheet (an estimate)"
     err_pct = curves.expected_error_pct
-    if err_pct:
-        band = f", E2E mean ±{err_pct['e2e_mean']:g} %" if "e2e_mean" in err_pct else ""
-        on = (curves.corpus or {}).get("hardware")
-        if on and on != s.hardware.name:
-            band = f" on {on} (transferred to {s.hardware.name})"
-        return f"roofline with the {curves.name} curves, fitted to measured vLLM runs{band}"
-    return f"roofline with the {curves.name} efficiency curves (an estimate)"
+    if not err_pct:
+        return f"roofline with the {curves.name} efficiency curves (an estimate)"
+    on = (curves.corpus or {}).get("hardware")
+    text = f"roofline with the {curves.name} curves, fitted to measured vLLM runs"
+    if on and on != s.hardware.name:
+        text += f" on {on} (transferred to {s.hardware.name})"
+    elif "e2e_mean" in err_pct:
+        text += f", E2E mean ±{err_pct['e2e_mean']:g} % within them"
+    reasons: dict[str, None] = {}
+    out = 0
+    for c in scenarios:
+        trust = latency_trust(c, scenario_curves(c)) or {}
+        why = [w.split(":")[0] for w in trust.get("outside_corpus", [])
+               if not w.startswith("hardware ")]      # (said above)
+        out += bool(why)
+        reasons.update(dict.fromkeys(why))
+    if out:
+        text += (f"; {out} of {len(scenarios)} candidates outside those runs "
+                 f"({', '.join(reasons)})")
+    return text
 
 
 def _pruned(e: _Entry, which: str, reason: str) -> _Entry:
@@ -351,7 +368,8 @@ def _search(job: tuple) -> tuple[dict | None, str | None]:
         r = capacity(scenario, target_rate=target, seeds=seeds, tolerance=tolerance,
                      max_replicas=max_replicas)
     except SloUnreachable as e:     # measured: no load of it meets the SLO
-        return {"unreachable": str(e)}, None
+        return {"unreachable": str(e), "probes": e.probes.to_dict("records"),
+                "runs": len(e.probes)}, None
     except SimserveError as e:
         return None, str(e)
     except Exception as e:  # noqa: BLE001 - recorded against the candidate, never fatal
@@ -381,7 +399,10 @@ def _record(e: _Entry, value: dict | None, error: str | None, probes: list[dict]
         row.update(status=SEARCH_FAILED, reason=error)
         return
     if "unreachable" in value:
-        row.update(status="not served", reason=value["unreachable"].removeprefix("capacity: "))
+        for pr in value["probes"]:
+            probes.append({"candidate": c.index, **pr})
+        row.update(status="not served", reason=value["unreachable"].removeprefix("capacity: "),
+                   runs=value["runs"])
         return
     for pr in value["probes"]:
         probes.append({"candidate": c.index, **pr})
@@ -480,26 +501,34 @@ def plan(scenario: Scenario | Mapping | str | Path, target_rate: float, *,
 def check_plan(scenario: str | Path, overrides: Sequence[str] | None = None) -> str:
     """``simserve validate`` of a scenario with a ``plan:`` section: its candidates built as
     the planner builds them (the base deployment itself need not start: every candidate
-    replaces its hardware and parallelism); what can start, in words. ConfigError when none
-    can."""
-    _, _, entries, pruned, _ = _built(scenario, 1.0, None, overrides, prune=False)
+    replaces its hardware and parallelism); what can start, and a ``--set`` the planner would
+    refuse, in words. ConfigError when none can start."""
+    _, sp, entries, pruned, _ = _built(scenario, 1.0, None, overrides, prune=False,
+                                       check_sets=False)
     left = sum(1 for e in entries if e.scenario is not None)
     removed = ", ".join(f"{b} {pruned[b]}" for b in ("parallelism", "config", "memory")
                         if pruned[b])
-    return (f"plan of {len(entries)} candidate deployments, {left} can start"
+    text = (f"plan of {len(entries)} candidate deployments, {left} can start"
             + (f" (ruled out: {removed})" if removed else ""))
+    try:                # a --set that `simserve plan` would refuse (`run` keeps it)
+        _check_overrides(overrides, sp, load_plan_inputs(scenario, None, overrides)[0])
+    except ConfigError as err:
+        text += f"; simserve plan would refuse {err}"
+    return text
 
 
 def _built(scenario: Scenario | Mapping | str | Path, target_rate: float,
            space: PlanSpace | Mapping | str | Path | None, overrides: Sequence[str] | None,
-           prune: bool) -> tuple[Scenario, PlanSpace, list[_Entry], dict[str, int], list[str]]:
+           prune: bool, check_sets: bool = True
+           ) -> tuple[Scenario, PlanSpace, list[_Entry], dict[str, int], list[str]]:
     """The plan's inputs read and every candidate built and bounded (nothing simulated but
     the lone requests of the bounds): the base scenario, the space, the candidates, how many
     each bound pruned, and the notes so far. ConfigError when no candidate can start or none
     can reach the rate."""
     from simserve.plan.capacity import _prepare
     raw, base_dir, name, sp = load_plan_inputs(scenario, space, overrides)
-    _check_overrides(overrides, sp, raw)
+    if check_sets:      # (validate checks a file for run and plan alike: a --set run keeps)
+        _check_overrides(overrides, sp, raw)
     base = parse_scenario(raw, base_dir, name)
     notes: list[str] = []
     base, _ = _prepare(base, notes)            # the SLO and workload capacity search needs
@@ -543,10 +572,11 @@ def _built(scenario: Scenario | Mapping | str | Path, target_rate: float,
 
 def _result(base: Scenario, target: float, sp: PlanSpace, entries: list[_Entry],
             probes: list[dict], pruned: dict[str, int], notes: list[str]) -> PlanResult:
-    clocks: dict[str, str] = {}
+    by_card: dict[str, list[Scenario]] = {}
     for e in entries:
-        if e.parsed is not None and e.cand.hardware not in clocks:
-            clocks[e.cand.hardware] = _clock(e.parsed)
+        if e.parsed is not None:
+            by_card.setdefault(e.cand.hardware, []).append(e.parsed)
+    clocks = {card: _clock(scenarios) for card, scenarios in by_card.items()}
     w = base.workload
     probe_requests: int | str = (w.trace.num_requests or "the trace's") if w.trace is not None \
         else (w.arrival.num_requests if w.arrival is not None else "")
@@ -571,8 +601,7 @@ def _result(base: Scenario, target: float, sp: PlanSpace, entries: list[_Entry],
         notes = [*notes, f"candidate(s) {', '.join(map(str, short))} (status 'short probe'): "
                          f"their replica counts served {target:g} req/s only in probes too "
                          f"short to load them steadily, so they (and their costs) are lower "
-                         f"bounds; raise workload.num_requests (now {probe_requests}) for a "
-                         f"steady-state answer"]
+                         f"bounds; {_longer(base, probe_requests)} for a steady-state answer"]
     pareto = _pareto(table)
     closest: list[int] = []
     if winner is None:
@@ -603,6 +632,13 @@ def _result(base: Scenario, target: float, sp: PlanSpace, entries: list[_Entry],
         probes=probe_table, pruned=pruned, winner=winner, runners_up=runners, pareto=pareto,
         closest=closest, commands=commands, notes=notes, clocks=clocks,
         probe_requests=probe_requests)
+
+
+def _longer(base: Scenario, probe_requests: int | str) -> str:
+    """How to make every probe longer, in words."""
+    if base.workload.trace is not None:
+        return "replay more of the trace (workload.num_requests, workload.end_s) or a longer one"
+    return f"raise workload.num_requests (now {probe_requests})"
 
 
 def _pareto(table: pd.DataFrame) -> list[int]:

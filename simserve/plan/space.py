@@ -111,6 +111,8 @@ class PlanSpace:
                     or not 0 < value < 1e6:
                 raise ConfigError(f"{f.where('prices')}.{name}",
                                   f"expected a price per GPU-hour > 0, got {value!r}")
+            for known in [k for k in prices if k.lower() == str(name).lower()]:
+                del prices[known]          # (a card's name in another case: one price)
             prices[str(name)] = Price(float(value), GIVEN_PRICE)
         space = cls(
             hardware=tuple(hardware), tensor_parallel_size=tuple(tp),

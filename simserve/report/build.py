@@ -174,7 +174,7 @@ def plan_section(plan: PlanData) -> Section:
     sec.after += [H.heading("Cheapest and runners-up" if a.get("met") else "Closest", 3),
                   H.table(ranked.reset_index(drop=True), index=False)]
     if a.get("assumed"):
-        sec.blocks.append(H.paragraph("Assumed: " + "; ".join(a["assumed"]) + "."))
+        sec.blocks.append(H.bullets("Assumed:", a["assumed"]))
     for note in a.get("notes") or []:
         sec.blocks.append(H.paragraph(f"Note: {note}"))
     sec.figures.append((f"{plan.label}_pareto", "Output tokens/s per GPU against tokens/s per "

@@ -211,7 +211,7 @@ def throughput_vs_load(curves: Sequence[Curve], *, x_label: str = "offered load 
         for row in axes:
             row[0].axvline(knee, color=color, linewidth=3, alpha=0.3)
         top.annotate(f"knee {knee:.3g}", (knee, 1.0), xycoords=("data", "axes fraction"),
-                     xytext=(3, -12 - 11 * (i % 2)), textcoords="offset points", fontsize=9,
+                     xytext=(3, -12 - 11 * i), textcoords="offset points", fontsize=9,
                      color=color)
     if at:
         kinds.append(Line2D([], [], color="black", linewidth=3, alpha=0.3,

@@ -43,6 +43,12 @@ def paragraph(s: str, cls: str | None = None) -> str:
     return f"<p{attr}>{text(s)}</p>"
 
 
+def bullets(lead: str, items: list[str]) -> str:
+    """A paragraph's lead and a list of items under it."""
+    return (f"<p>{text(lead)}</p><ul>" + "".join(f"<li>{text(i)}</li>" for i in items)
+            + "</ul>")
+
+
 def table(df: pd.DataFrame, index: bool = True) -> str:
     """A table with numbers as people read them (simserve.fmt: 11,150 not 1.115e+04)."""
     shown = attainment_percent(df).astype(object).map(human)

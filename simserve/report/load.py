@@ -191,9 +191,10 @@ PLAN_TYPES: dict[str, tuple[type, ...]] = {
     "scenario": (str,), "model": (str,), "target_rate": _NUMBER, "candidates": (int,),
     "simulated": (int,), "met": (bool,), "slo": (dict,), "pruned": (dict,),
     "winner": (int,), "runners_up": (list,), "pareto": (list,), "closest": (list,),
-    "vllm_serve": (list,), "notes": (list,), "winner_row": (dict,)}
+    "vllm_serve": (list,), "notes": (list,), "winner_row": (dict,), "assumed": (list,)}
 PLAN_OPTIONAL = {"scenario", "met", "slo", "pruned", "winner", "runners_up", "pareto",
-                 "closest", "vllm_serve", "notes", "winner_row"}     # may be absent or null
+                 "closest", "vllm_serve", "notes", "winner_row",
+                 "assumed"}     # may be absent or null
 WINNER_ROW_TYPES: dict[str, tuple[type, ...]] = {
     "deployment": (str,), "max_num_batched_tokens": _NUMBER, "max_num_seqs": _NUMBER,
     "replicas": _NUMBER, "gpus": _NUMBER, "cost_per_hour": _NUMBER,
@@ -229,7 +230,7 @@ def _check_plan(path: Path, a: dict, table_path: Path, table: pd.DataFrame) -> N
     for key in ("slo", "pruned"):
         for k in a.get(key) or {}:
             _typed(path, a[key], k, _NUMBER, f"{key}.{k}", optional=key == "slo")
-    for key in ("vllm_serve", "notes"):
+    for key in ("vllm_serve", "notes", "assumed"):
         for i, v in enumerate(a.get(key) or []):
             _typed(path, {"v": v}, "v", (str,), f"{key}[{i}]", optional=False)
     if a.get("met"):

@@ -14,7 +14,8 @@ tests' tiny scenario under every policy (stepwise and fast-forward, token times 
 swap preemption (counted blocks, roofline and measured-profile pricing), clusters with routers
 that observe per-step state, heterogeneous groups, disaggregated prefill/decode, failures
 (retry and fail, with and without disaggregation), prefix caching over a generated
-Mooncake-format trace, a calibrated profile (front-end delay) and tensor parallelism.
+Mooncake-format trace, async scheduling (with prefix caching, and with preemptions), a
+calibrated profile (front-end delay) and tensor parallelism.
 """
 
 from __future__ import annotations
@@ -180,6 +181,17 @@ def _cases() -> dict[str, dict]:
     cases["prefix-vllm_v1--stepwise"] = {**cases["prefix-vllm_v1"],
                                          "argv": ["--tokens", "--stepwise"],
                                          "same_as": "prefix-vllm_v1"}
+    # async scheduling (stepped, steps in flight): with prefix caching (hits and a
+    # preemption) and, on 40 blocks, preemptions under vllm_v1 and priority
+    cases["async-prefix-vllm_v1"] = {
+        "raw": _tiny(engine={**PREFIX_ENGINE, "async_scheduling": True}, workload=MOONCAKE,
+                     slo={"ttft_ms": 200, "tpot_ms": 10}),
+        "extra": {"mooncake.jsonl": _mooncake_trace}, "argv": ["--tokens"]}
+    for policy in ("vllm_v1", "priority"):
+        cases[f"async-preempt-{policy}"] = {
+            "raw": _tiny(scheduler={"policy": policy},
+                         engine={"async_scheduling": True, "num_gpu_blocks": 40}),
+            "argv": ["--tokens"]}
     cases["prefix-cluster-prefix_aware"] = {
         "raw": _tiny(engine=PREFIX_ENGINE, workload=MOONCAKE,
                      cluster={"replicas": 2, "router": "prefix_aware"}),

@@ -45,7 +45,8 @@ def test_list_says_what_each_entry_is(capsys):
     assert line.endswith("step times: h100-vllm curves, fitted to measured vLLM runs on "
                          "H100-SXM; plan price $2.25/GPU-hour (default)")
     assert "h100-vllm curves, fitted to measured vLLM runs on H100-SXM (transferred)" \
-        in lines["H200"] and "plan price" not in lines["H200"]
+        in lines["H200"]
+    assert lines["H200"].endswith("; no plan price (simserve plan needs one: plan.prices)")
     assert "step times: spec sheet, an estimate; plan price $0.87" in lines["L40S"]
     assert "step times: a100 curves, an estimate; plan price $1.49" in lines["A100-80GB"]
     assert main(["list", "policies"]) == 0

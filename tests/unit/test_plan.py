@@ -258,9 +258,15 @@ def test_cli_plan_writes_report(capsys, tmp_path):
     assert (tmp_path / "figures" / "plan_small_pareto.png").is_file()
 
 
-def test_run_and_validate_ignore_the_plan_section(capsys):
+def test_validate_checks_a_plan_file_for_plan_and_run_alike(capsys):
     assert main(["validate", str(SMALL)]) == 0
-    assert "plan_small" in capsys.readouterr().out
+    assert capsys.readouterr().out.splitlines() == [
+        f"{SMALL}: ok — plan of 24 candidate deployments, 24 can start",
+        "  simserve run of this file: ok too"]
+    # a --set that `simserve plan` drops (it sets the field per candidate), which `run` keeps
+    assert main(["validate", str(SMALL), "--set", "engine.tensor_parallel_size=2"]) == 0
+    assert "simserve plan would refuse --set engine.tensor_parallel_size: simserve plan sets " \
+        "engine.tensor_parallel_size for every candidate" in capsys.readouterr().out
 
 
 # one H100 (TP 1) and one L40S, 120 requests a probe: the L40S needs 7 replicas for 30 req/s,
@@ -283,6 +289,16 @@ def test_replica_counts_from_probes_too_short_are_flagged():
     assert len(r.notes) == 1 and r.notes[0].startswith("candidate(s) 0 (status 'short probe')")
     assert "raise workload.num_requests (now 120)" in r.notes[0]
     assert r.notes[0] in r.answer() and r.to_dict()["notes"] == r.notes
+
+
+def test_a_price_given_in_another_case_is_the_one_used_and_said():
+    # the shipped 'H100-SXM' and a given 'h100-sxm' both stayed: the cost used the given one,
+    # the assumed block said the default
+    r = plan(SMALL, 30, space={**TWO_CARDS, "hardware": ["H100-SXM"],
+                               "prices": {"h100-sxm": 1.0}}, workers=1)
+    assert r.row(r.winner)["cost_per_hour"] == 1.0
+    assert r.assumptions()[1].startswith("  H100-SXM: $1/GPU-hour (yours)")
+    assert [k for k in r.space["prices"] if k.lower() == "h100-sxm"] == ["h100-sxm"]
 
 
 def test_plan_says_what_it_assumed():
@@ -324,6 +340,10 @@ def test_a_candidate_that_misses_the_slo_at_any_load_is_not_served_not_a_failure
     assert not answer["met"] and answer["closest"] == [0]
     rows = list(csv.DictReader((tmp_path / "o" / "candidates.csv").open()))
     assert rows[0]["status"] == "not served" and "even at" in rows[0]["reason"]
+    # the runs that showed it are kept (they were lost with the exception)
+    probes = list(csv.DictReader((tmp_path / "o" / "probes.csv").open()))
+    assert len(probes) == int(rows[0]["runs"]) > 5
+    assert all(p["candidate"] == "0" and p["slo_met"] == "False" for p in probes)
     header = out.splitlines()[3]
     assert "lone_ttft_ms" in header and "replicas" not in header and "cost_per_hour" not in header
     html = (tmp_path / "o" / "report.html").read_text()
@@ -331,10 +351,14 @@ def test_a_candidate_that_misses_the_slo_at_any_load_is_not_served_not_a_failure
 
 
 def test_validate_checks_a_plans_candidates_not_its_base_deployment(capsys, tmp_path):
-    # the shipped 70B plan example's base (70B on one H100) cannot start; its candidates can
+    # the shipped 70B plan example's base (70B on one H100) cannot start; its candidates can:
+    # validate refused the file `simserve plan` ran (it now says what `run` would do)
     assert main(["validate", str(PLAN_70B)]) == 0
+    out = capsys.readouterr().out
     assert "plan of 432 candidate deployments, 150 can start (ruled out: config 156, " \
-           "memory 126)" in capsys.readouterr().out
+           "memory 126)" in out
+    assert "note: simserve run of this file would fail: model: Llama-3.1-70B's weights need " \
+        "141.1 GB per device" in out
     bad = tmp_path / "bad.yaml"
     raw = yaml.safe_load(SMALL.read_text())
     raw["model"] = "Llama-3.1-70B"
