@@ -84,7 +84,7 @@ def _base_latency(s: Scenario) -> LatencyModel:
                                               f", nor a shipped profile of that name (shipped: "
                                               f"{', '.join(list_profiles()) or 'none'})")
         tp = s.engine.tensor_parallel_size
-        return ProfileLatency.from_file(path, s.model,
+        model = ProfileLatency.from_file(path, s.model,
                                         step_overhead_s=(lat.step_overhead_ms or 0.0) / 1000.0,
                                         per_output_token_s=(lat.per_output_token_ms
                                                             or 0.0) / 1000.0,
@@ -95,6 +95,12 @@ def _base_latency(s: Scenario) -> LatencyModel:
                                             s.model, s.hardware, tensor_parallel_size=tp,
                                         ).allreduce_s if tp > 1 else None,
                                         **_moe_options(s))
+        from simserve.latency.profile import other_device
+        prov = model.profile["provenance"]
+        why = other_device(prov["device"], prov["device_name"], s.hardware)
+        if why:
+            model.notes.append(why)
+        return model
     if lat.model == "constant":
         assert lat.step_ms is not None      # config requires it for a constant model
         return ConstantLatency(lat.step_ms / 1000.0)

@@ -182,6 +182,9 @@ class ProfileLatency:
             profile["memory"]["block_bytes"]
         self._swap_block_s = block_bytes / host_link_bandwidth if host_link_bandwidth else 0.0
         self.extrapolated: Counter[str] = Counter()
+        # what the run should know of this profile beside its lookups (engine/build.py's
+        # device check)
+        self.notes: list[str] = []
         # Tensor parallelism the profile was not measured at: per-layer compute (linear ops,
         # attention, LM head; all split by heads or columns across ranks) scaled by measured
         # ranks / TP, plus the roofline's ring all-reduce (``allreduce_s(tokens)``), labelled
@@ -344,9 +347,10 @@ class ProfileLatency:
         return value
 
     def warnings(self) -> list[str]:
-        """Human-readable notes on grid extrapolation during the run (empty if none)."""
-        return [f"{self.label}: {name} extrapolated beyond the measured grid in {k} lookups"
-                for name, k in sorted(self.extrapolated.items())]
+        """Human-readable notes: the profile's device against the scenario's, and grid
+        extrapolation during the run (empty if none)."""
+        return self.notes + [f"{self.label}: {name} extrapolated beyond the measured grid in "
+                             f"{k} lookups" for name, k in sorted(self.extrapolated.items())]
 
 
 _CALIBRATION_DEFAULTS = {"step_overhead_s": 0.0, "per_output_token_s": 0.0, "scale": 1.0,
@@ -395,3 +399,17 @@ def resolve_profile_path(path: str | Path, base_dir: str | Path = ".") -> Path |
         if shipped.exists():
             return shipped
     return None
+
+
+def other_device(profile_device: str, device_name: str, hardware: Any) -> str:
+    """Why a profile measured on ``device_name`` (its provenance: ``profile_device`` "cpu" or
+    "cuda") is not of the scenario's ``hardware`` (a card: ``name``, ``kind``), or "" when it
+    is: a CPU profile on a CPU card; a GPU profile whose device name holds the card's family
+    (the name up to its first dash: "H100" of H100-SXM in "NVIDIA H100 80GB HBM3")."""
+    kind = "cpu" if profile_device == "cpu" else "gpu"
+    family = str(hardware.name).split("-")[0].lower()
+    if kind == hardware.kind and (kind == "cpu" or family in device_name.lower()):
+        return ""
+    return (f"latency.path: the profile was measured on {device_name}, but hardware is "
+            f"{hardware.name}: its step times are that device's (hardware sets only the "
+            f"memory, the KV blocks and the links here)")

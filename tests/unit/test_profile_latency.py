@@ -481,3 +481,27 @@ def test_cpu_part_is_the_breakdowns_engine_costs():
     assert m.cpu_s(plan(prefill=[(16, 0), (8, 40)], decode=[100, 200], sampled=3)) == \
         pytest.approx(1.5e-3 + 3e-4 + 3 * 3e-5)
     assert m.cpu_s(plan()) == 0.0
+
+
+def test_a_profile_of_another_device_is_named_in_the_runs_warnings():
+    # an H100 profile on hardware A100-80GB ran with the H100's step times and said nothing
+    import simserve
+    from simserve.cards import load_hardware
+    from simserve.latency.profile import other_device
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert other_device("cuda", h100, load_hardware("H100-SXM")) == ""
+    assert other_device("cpu", "AMD EPYC", load_hardware("cpu-epyc-2core")) == ""
+    for card in ("A100-80GB", "H200", "L40S", "cpu-epyc-2core"):
+        assert other_device("cuda", h100, load_hardware(card)).startswith(
+            f"latency.path: the profile was measured on {h100}, but hardware is {card}")
+    assert other_device("cpu", "AMD EPYC", load_hardware("H100-SXM"))
+    quick = ["workload.num_requests=30", "latency.model=profile",
+             "latency.path=Llama-3.1-8B_H100-SXM_bf16"]
+    from pathlib import Path
+    quickstart = Path(__file__).parents[2] / "scenarios" / "quickstart.yaml"
+    r = simserve.run(quickstart, overrides=[*quick, "hardware=A100-80GB"])
+    assert r.warnings[0].startswith(f"latency.path: the profile was measured on {h100}, but "
+                                    "hardware is A100-80GB")
+    assert r.summary["warnings"] == r.warnings
+    same = simserve.run(quickstart, overrides=quick)
+    assert not any("measured on" in w for w in same.warnings)
