@@ -118,7 +118,7 @@ class RooflineModel(RooflineStretchPricing):
         check_expert_parallel(model, ep)
         self.model, self.hw, self.tp, self.dp, self.ep = model, hw, tp, dp, ep
         self.curves = curves
-        self.label = (f"roofline ({hw.name} spec)" if curves is None else
+        self.label = (f"roofline ({hw.name} spec; estimate)" if curves is None else
                       f"roofline ({hw.name} spec, {curves.name} efficiency curves; estimate)")
         self.step_overhead_s = (DEFAULT_STEP_OVERHEAD_S[hw.kind] if step_overhead_s is None
                                 else step_overhead_s)

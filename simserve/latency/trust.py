@@ -90,17 +90,35 @@ def trust_lines(trust: dict[str, Any] | None) -> list[str]:
     err = trust["expected_error_pct"]
     names = {"ttft_mean": "TTFT mean", "e2e_mean": "E2E mean", "itl_mean": "ITL mean",
              "ttft_p99": "TTFT p99", "e2e_p99": "E2E p99"}
-    band = ", ".join(f"{label} ±{err[k]:g} %" for k, label in names.items() if k in err)
-    lines = [f"Expected error of the {trust['curves']} step-time model: {band} "
-             f"({trust['basis']})."]
+    band = ", ".join(f"{label} {err[k]:g} %" for k, label in names.items() if k in err)
     outside_runs = [w for w in trust["outside_corpus"] if not w.startswith(ASYNC_OFF)]
-    if len(outside_runs) < len(trust["outside_corpus"]):    # (said once, here)
-        lines.append("That band is for runs simulated with async scheduling "
-                     "(engine.async_scheduling: true), as the measured runs had it (vLLM's "
-                     "default); simulated synchronously, as this run is, each step also pays "
-                     "the engine's CPU time and an arrival waits one step less, and the same "
-                     "set is further from them, TTFT most (docs/fidelity.md, 'Measured vLLM "
-                     "on H100', gives the errors).")
+    sync = len(outside_runs) < len(trust["outside_corpus"])
+    # (a median, not a bound: said so, and never as "±")
+    lines = [f"Expected error of the {trust['curves']} step-time model"
+             + (" with async scheduling" if sync else "")
+             + f", as the median absolute error over the measured runs (each predicted by a fit "
+               f"without its model): {band}."]
+    if sync:    # (said once, here)
+        lines.append("This run is synchronous (engine.async_scheduling: false), unlike the "
+                     "measured runs (vLLM's default is async): each step also pays the "
+                     "engine's CPU time and an arrival waits one step less, so the same set is "
+                     "further from them, TTFT most (docs/fidelity.md, 'Measured vLLM on H100', "
+                     "gives the errors); set engine.async_scheduling: true for the band above.")
     if outside_runs:
         lines.append("Outside the measured runs: " + "; ".join(outside_runs) + ".")
     return lines
+
+
+def no_band_line(latency_label: str) -> str:
+    """What a run priced by a model with no measured error says instead of a band (a roofline
+    on a spec sheet or unfitted curves, a kernel profile): "" for the test models (constant,
+    linear), which make no claim."""
+    if latency_label.startswith("roofline"):
+        return ("No measured error for this step-time model: an estimate from the hardware's "
+                "spec sheet (and efficiency curves where it has them), not checked against "
+                "served runs on it (docs/fidelity.md).")
+    if latency_label.startswith("profile"):
+        return ("No measured error for this step-time model: kernel times measured on the "
+                "profile's device, not whole served runs; `simserve calibrate` fits it to a "
+                "live server (docs/fidelity.md).")
+    return ""

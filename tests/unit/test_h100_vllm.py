@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -71,9 +72,11 @@ def test_a_run_carries_its_error_band_and_says_when_it_leaves_the_corpus():
     sync = sync_trust["outside_corpus"]
     assert len(sync) == 1 and sync[0].startswith("async_scheduling off")
     # ... and the band is said to be async scheduling's, where it is shown
-    assert any("band is for runs simulated with async" in line
-               for line in trust_lines(sync_trust))
-    assert not any("band is for runs simulated with async" in line for line in trust_lines(trust))
+    assert any("This run is synchronous" in line for line in trust_lines(sync_trust))
+    assert trust_lines(sync_trust)[0].startswith("Expected error of the h100-vllm step-time "
+                                                 "model with async scheduling, as the median")
+    assert not any("This run is synchronous" in line for line in trust_lines(trust))
+    assert not any("±" in line for line in trust_lines(trust) + trust_lines(sync_trust))
     # said once: not again among the ways the run leaves the corpus
     assert len(trust_lines(sync_trust)) == 2
     assert not any("async_scheduling off" in line for line in trust_lines(sync_trust))
@@ -139,3 +142,21 @@ def test_malformed_engine_terms_name_the_key(engine, error):
     raw["engine"] = engine
     with pytest.raises(DataError, match=error):
         parse_curves(raw, "x.json")
+
+
+def test_a_run_without_a_measured_error_says_so(capsys, tmp_path):
+    # only runs on the fitted set said how far to trust them; an L40S roofline (a spec-sheet
+    # estimate) or a kernel profile said nothing, and the L40S label lacked "estimate"
+    from simserve.cli import main
+    from simserve.latency.trust import no_band_line
+    quick = ["--set", "workload.num_requests=20", "--no-report"]
+    quickstart = Path(__file__).parents[2] / "scenarios" / "quickstart.yaml"
+    assert main(["run", str(quickstart), "--set", "hardware=L40S", *quick, "--out",
+                 str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "[latency: roofline (L40S spec; estimate)]" in out
+    assert "No measured error for this step-time model: an estimate from the hardware's spec " \
+           "sheet" in out and "Expected error" not in out
+    assert no_band_line("profile (Llama-3.1-8B on NVIDIA H100 80GB HBM3, bf16)").startswith(
+        "No measured error for this step-time model: kernel times")
+    assert no_band_line("linear (5 ms + ...)") == ""

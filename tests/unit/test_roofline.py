@@ -36,7 +36,7 @@ ROOF = RooflineModel(LLAMA, H100)
 
 def test_is_a_latency_model_with_label():
     model: LatencyModel = ROOF
-    assert model.label == "roofline (H100-SXM spec)"
+    assert model.label == "roofline (H100-SXM spec; estimate)"
 
 
 def test_empty_plan_costs_nothing():
@@ -330,9 +330,9 @@ def test_scenario_efficiency_field():
     s = parse_scenario(base)
     assert "efficiency curves" in build_latency(s).label            # the default
     s = parse_scenario({**base, "latency": {"efficiency": "constant"}})
-    assert build_latency(s).label == "roofline (H100-SXM spec)"
+    assert build_latency(s).label == "roofline (H100-SXM spec; estimate)"
     s = parse_scenario({**base, "latency": {"flops_efficiency": 0.5}})   # implies constant
-    assert build_latency(s).label == "roofline (H100-SXM spec)"
+    assert build_latency(s).label == "roofline (H100-SXM spec; estimate)"
     with pytest.raises(ConfigError, match=r"latency\.flops_efficiency"):
         parse_scenario({**base, "latency": {"efficiency": "curves", "flops_efficiency": 0.5}})
     s = parse_scenario({**base, "hardware": "L40S", "latency": {"efficiency": "curves"}})
