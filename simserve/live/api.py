@@ -10,7 +10,8 @@ without the other. Everything runs on one asyncio event loop (no threads), so a
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -113,12 +114,14 @@ class ReplicaStats:
     num_preemptions: int           # vllm:num_preemptions_total
     prompt_tokens: int             # vllm:prompt_tokens_total (prompts of finished requests)
     generation_tokens: int         # vllm:generation_tokens_total
-    requests_finished: int         # vllm:request_success_total{finished_reason="length"}
+    requests_finished: int         # vllm:request_success_total, every finished_reason
     # vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds,
     # vllm:e2e_request_latency_seconds (simulated times: from the request's arrival)
     ttft: Histogram = Histogram.empty(TTFT_BUCKETS)
     itl: Histogram = Histogram.empty(ITL_BUCKETS)
     e2el: Histogram = Histogram.empty(E2E_BUCKETS)
+    # requests_finished by the finish_reason their responses carry ("stop", "length")
+    finished_by_reason: Mapping[str, int] = field(default_factory=dict)
 
 
 class LiveSimulation(Protocol):
@@ -135,9 +138,10 @@ class LiveSimulation(Protocol):
     error: BaseException | None    # set once the simulation has stopped on an error
 
     def submit(self, num_prompt_tokens: int, num_output_tokens: int,
-               replica: int | None = None) -> TokenStream:
+               replica: int | None = None, finish_reason: str = "length") -> TokenStream:
         """Accept a request now; ``replica`` pins it to one replica (one port per replica),
-        None lets the scenario's router choose."""
+        None lets the scenario's router choose; ``finish_reason``: what its response will say
+        when it ends (counted by /metrics as vLLM counts it)."""
         ...
 
     def draw_output_tokens(self) -> int:

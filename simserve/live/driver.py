@@ -91,10 +91,11 @@ class _Counters:
     them."""
 
     __slots__ = ("preemptions", "prompt_tokens", "generation_tokens", "finished", "ttft",
-                 "itl", "e2el")
+                 "itl", "e2el", "by_reason")
 
     def __init__(self) -> None:
         self.preemptions = self.prompt_tokens = self.generation_tokens = self.finished = 0
+        self.by_reason: dict[str, int] = {}       # finished, by the finish_reason answered
         self.ttft = _Buckets(TTFT_BUCKETS)
         self.itl = _Buckets(ITL_BUCKETS)
         self.e2el = _Buckets(E2E_BUCKETS)
@@ -196,6 +197,7 @@ class WallClockSimulation:
         self._outputs = _output_lengths(s)
         self._num_submitted = 0
         self._streams: dict[int, TokenStream] = {}     # requests not yet done, by id
+        self._reasons: dict[int, str] = {}    # their finish_reason, for /metrics
         self._requests: dict[int, Request] = {}
         self._loop = loop or asyncio.get_running_loop()
         self._t0: float | None = None        # loop.time() of the first request: simulated 0
@@ -218,7 +220,7 @@ class WallClockSimulation:
         return 0.0 if self._t0 is None else self._loop.time() - self._t0
 
     def submit(self, num_prompt_tokens: int, num_output_tokens: int,
-               replica: int | None = None) -> TokenStream:
+               replica: int | None = None, finish_reason: str = "length") -> TokenStream:
         if self.error is not None:
             raise RuntimeError("the simulation stopped on an error") from self.error
         if self._t0 is None:                 # the first request arrives at exactly 0
@@ -231,6 +233,7 @@ class WallClockSimulation:
         self._num_submitted += 1
         stream = TokenStream(rid, num_prompt_tokens, num_output_tokens, t)
         self._streams[rid] = stream
+        self._reasons[rid] = finish_reason
         req = self._requests[rid] = Request(RequestSpec(rid, t, num_prompt_tokens,
                                                         num_output_tokens))
         if replica is not None:
@@ -252,7 +255,8 @@ class WallClockSimulation:
             out.append(ReplicaStats(r.index, len(sched.running), sched.num_waiting,
                                     blocks.num_used / blocks.num_blocks, c.preemptions,
                                     c.prompt_tokens, c.generation_tokens, c.finished,
-                                    c.ttft.snapshot(), c.itl.snapshot(), c.e2el.snapshot()))
+                                    c.ttft.snapshot(), c.itl.snapshot(), c.e2el.snapshot(),
+                                    dict(c.by_reason)))
         return out
 
     def close(self) -> None:
@@ -262,6 +266,7 @@ class WallClockSimulation:
         for stream in list(self._streams.values()):   # wake every waiting handler
             stream.end()
         self._streams.clear()
+        self._reasons.clear()
         self._requests.clear()
 
     # -- the wall-clock pump ---------------------------------------------------------------
@@ -315,11 +320,14 @@ class WallClockSimulation:
         # (with async scheduling num_generated already counts the tokens of steps in flight)
         if req.num_generated - req.num_pending >= req.num_output_tokens:
             c.finished += 1
+            reason = self._reasons.get(req.id, "length")
+            c.by_reason[reason] = c.by_reason.get(reason, 0) + 1
             c.e2el.observe(t - stream.arrival_s)
             self._end(req, "", replica)
 
     def _end(self, req: Request, reason: str, replica: int | None = None) -> None:
         stream = self._streams.pop(req.id, None)
+        self._reasons.pop(req.id, None)
         if stream is None:
             return
         del self._requests[req.id]

@@ -133,7 +133,8 @@ class Frontend:
             return error_response(RequestError(f"the simulation stopped: {self.sim.error!r}",
                                                None, 500, "InternalServerError"))
         output_len, finish = self._output(req)
-        stream = self.sim.submit(req.prompt_len, output_len, self.replica)
+        stream = self.sim.submit(req.prompt_len, output_len, self.replica,
+                                 finish_reason=finish)
         if stream.done and stream.reject_reason:
             return error_response(RequestError(
                 _rejection_message(stream, self.sim.max_model_len), "input_tokens"))
@@ -329,6 +330,9 @@ def prometheus_text(model: str, stats) -> str:
     metric = "vllm:request_success_total"
     lines += [f"# HELP {metric} Count of successfully processed requests.",
               f"# TYPE {metric} counter"]
-    lines += [f'{metric}{{engine="{s.index}",finished_reason="length",model_name="{name}"}} '
-              f'{float(s.requests_finished)!r}' for s in stats]
+    for s in stats:     # by the finish_reason each response carried, as vLLM labels them
+        by = dict(s.finished_by_reason) or {"length": s.requests_finished}
+        lines += [f'{metric}{{engine="{s.index}",finished_reason="{reason}",'
+                  f'model_name="{name}"}} {float(by.get(reason, 0))!r}'
+                  for reason in ("length", "stop")]
     return "\n".join(lines) + "\n"

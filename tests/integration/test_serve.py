@@ -408,3 +408,29 @@ def test_an_unwritable_record_folder_is_refused_before_serving(tmp_path, where):
     out = cli("serve", str(path), "--port", "0", "--record", where, cwd=tmp_path)  # 60 s cap
     assert out.returncode == 2 and out.stderr.startswith("error: --record: cannot write into")
     assert len(out.stderr.strip().splitlines()) == 1 and "serving" not in out.stdout
+
+
+def test_metrics_count_finished_requests_by_the_finish_reason_answered(tmp_path):
+    # every finished request was counted as finished_reason="length", a "stop" one too
+    from simserve.config import load_scenario
+    from simserve.live.driver import WallClockSimulation
+    from simserve.live.http import prometheus_text
+
+    async def main():
+        sim = WallClockSimulation(load_scenario(write_scenario(tmp_path)))
+        streams = [sim.submit(50, 3, None, finish_reason="stop"),
+                   sim.submit(40, 2, None, finish_reason="stop"), sim.submit(30, 2, None)]
+        for s in streams:
+            while await s.take():
+                pass
+        stats = sim.stats()
+        sim.close()
+        return stats
+
+    [st] = asyncio.run(main())
+    assert st.requests_finished == 3 and st.finished_by_reason == {"stop": 2, "length": 1}
+    text = prometheus_text("m", [st])
+    assert 'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 2.0' \
+        in text
+    assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} ' \
+        '1.0' in text

@@ -26,7 +26,8 @@ class ScriptedSim:
         self.error: BaseException | None = None
         self.submitted: list[tuple[int, int, int | None]] = []
 
-    def submit(self, num_prompt_tokens, num_output_tokens, replica=None) -> TokenStream:
+    def submit(self, num_prompt_tokens, num_output_tokens, replica=None,
+               finish_reason="length") -> TokenStream:
         self.submitted.append((num_prompt_tokens, num_output_tokens, replica))
         stream = TokenStream(len(self.submitted), num_prompt_tokens, num_output_tokens, 0.0)
         if num_prompt_tokens + num_output_tokens > 90:
