@@ -141,7 +141,8 @@ class Frontend:
         fmt = _Format(chat, self.sim.model_name, int(self.clock()), stream.request_id,
                       self.sim.vocab_size, req.return_token_ids)
         if req.stream:
-            return await self._stream(request, stream, fmt, finish, req.include_usage)
+            return await self._stream(request, stream, fmt, finish, req.include_usage,
+                                      req.continuous_usage)
         while await stream.take():
             pass
         if stream.taken < stream.num_output_tokens:
@@ -161,16 +162,19 @@ class Frontend:
         return min(drawn, cap), "length" if drawn >= cap else "stop"
 
     async def _stream(self, request: web.Request, stream: TokenStream, fmt: _Format,
-                      finish: str, include_usage: bool) -> web.StreamResponse:
+                      finish: str, include_usage: bool,
+                      continuous: bool = False) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                            "Cache-Control": "no-cache"})
         try:
             await resp.prepare(request)
+            prompt = stream.num_prompt_tokens if continuous else None
             if fmt.chat:
-                await resp.write(fmt.role_chunk())
+                await resp.write(fmt.role_chunk(prompt))
             while n := await stream.take():
                 last = stream.taken == stream.num_output_tokens
-                await resp.write(fmt.token_chunk(stream.taken - n, n, finish if last else None))
+                await resp.write(fmt.token_chunk(stream.taken - n, n, finish if last else None,
+                                                 prompt))
             if stream.taken < stream.num_output_tokens:   # cut short (the server stops): a
                 if request.transport is not None:        # dropped connection, never a stream
                     request.transport.close()            # that looks complete
@@ -237,7 +241,16 @@ class _Format:
         return [FIRST_TOKEN_ID + (self.rid * 7919 + i * 104729) % span
                 for i in range(first, first + n)]
 
-    def token_chunk(self, first: int, n: int, finish: str | None) -> bytes:
+    @staticmethod
+    def _running_usage(prompt: int | None, completion: int) -> str:
+        """A chunk's usage so far (continuous_usage_stats: ``prompt`` given), else nothing."""
+        if prompt is None:
+            return ""
+        return (f',"usage":{{"prompt_tokens":{prompt},"total_tokens":{prompt + completion},'
+                f'"completion_tokens":{completion}}}')
+
+    def token_chunk(self, first: int, n: int, finish: str | None,
+                    prompt: int | None = None) -> bytes:
         # formatted by hand (ids are ints, the text needs no escaping): this runs once per
         # token and stream, and json.dumps was a tenth of the server's time per token
         ids = self.ids(first, n)
@@ -250,11 +263,13 @@ class _Format:
         else:
             choice = (f'{{"index":0,"text":{text},"logprobs":null,"finish_reason":{fin},'
                       f'"stop_reason":null{tail}}}')
-        return f"data: {self.head}{choice}]}}\n\n".encode()
+        usage = self._running_usage(prompt, first + n)
+        return f"data: {self.head}{choice}]{usage}}}\n\n".encode()
 
-    def role_chunk(self) -> bytes:
+    def role_chunk(self, prompt: int | None = None) -> bytes:
         return (f'data: {self.head}{{"index":0,"delta":{{"role":"assistant","content":""}},'
-                f'"logprobs":null,"finish_reason":null}}]}}\n\n').encode()
+                f'"logprobs":null,"finish_reason":null}}]{self._running_usage(prompt, 0)}}}'
+                f'\n\n').encode()
 
     def _usage(self, stream: TokenStream) -> dict[str, int]:
         p, c = stream.num_prompt_tokens, stream.taken

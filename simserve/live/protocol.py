@@ -270,6 +270,8 @@ class GenerateRequest:
     stream: bool
     include_usage: bool
     return_token_ids: bool
+    # stream_options.continuous_usage_stats (with include_usage): usage in every chunk
+    continuous_usage: bool = False
 
 
 def read_request(body: dict[str, Any], chat: bool, limits: Limits,
@@ -291,12 +293,12 @@ def read_request(body: dict[str, Any], chat: bool, limits: Limits,
     if options and not stream:
         raise RequestError("Stream options can only be defined when `stream=True`.",
                            "stream_options")
-    include_usage = False
+    include_usage = continuous = False
     if options is not None:      # vLLM's StreamOptions: include_usage defaults to true
         try:
             include_usage = _flag(options, "include_usage") if "include_usage" in options \
                 else True
-            _flag(options, "continuous_usage_stats")
+            continuous = _flag(options, "continuous_usage_stats") and include_usage
         except RequestError as e:
             raise RequestError(f"stream_options.{e.message}", f"stream_options.{e.param}") \
                 from None
@@ -345,4 +347,4 @@ def read_request(body: dict[str, Any], chat: bool, limits: Limits,
                            f"context left: max_model_len {limit} - {prompt_len} prompt tokens),"
                            f" got {_show(min_tokens)}.", "min_tokens")
     return GenerateRequest(prompt_len, max_tokens, min_tokens, ignore_eos, stream,
-                           include_usage, return_ids)
+                           include_usage, return_ids, continuous)

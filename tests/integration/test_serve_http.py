@@ -120,6 +120,28 @@ def test_streamed_chat_starts_with_the_role_and_ends_with_usage():
     assert usage["usage"] == {"prompt_tokens": 3, "total_tokens": 6, "completion_tokens": 3}
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "abcd efgh", "max_tokens": 3}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "abcd efgh"}],
+                              "max_completion_tokens": 3})])
+def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(path, body):
+    # it was checked and then ignored: only the last chunk carried usage
+    sim = ScriptedSim()
+    body = {**body, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    _, _, text = call(sim, lambda c: post(c, path, body))
+    events = sse(text)[:-1]
+    assert all("usage" in e for e in events)
+    done = [e["usage"]["completion_tokens"] for e in events]
+    assert done == sorted(done) and done[-2:] == [3, 3]        # (the last: the usage chunk)
+    assert all(e["usage"]["prompt_tokens"] == 3 and e["usage"]["total_tokens"] == 3 + c
+               for e, c in zip(events, done))
+    # without include_usage it adds nothing (vLLM's rule)
+    body["stream_options"] = {"include_usage": False, "continuous_usage_stats": True}
+    _, _, text = call(sim, lambda c: post(c, path, body))
+    assert all("usage" not in e for e in sse(text)[:-1])
+
+
 def test_without_include_usage_the_stream_ends_with_done_only():
     sim = ScriptedSim()
     body = {"prompt": "a b", "max_tokens": 2, "ignore_eos": True, "stream": True}
