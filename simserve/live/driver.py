@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 INF = math.inf
 
 
+# ``Served.reject_reason`` of a request still running when the server stopped
+CUT_AT_SHUTDOWN = "cut_at_shutdown"
+
+
 @dataclass(frozen=True, slots=True)
 class Served:
     """One request as the simulation served it (``record``): simulated seconds since the first
@@ -263,7 +267,15 @@ class WallClockSimulation:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for stream in list(self._streams.values()):   # wake every waiting handler
+        for rid, stream in list(self._streams.items()):   # wake every waiting handler
+            req = self._requests.get(rid)
+            if self.served is not None and req is not None:   # (the record: every request)
+                nan = math.nan
+                self.served.append(Served(
+                    rid, req.replica, stream.arrival_s, stream.num_prompt_tokens,
+                    stream.num_output_tokens,
+                    nan if stream.first_token_s is None else stream.first_token_s, nan,
+                    CUT_AT_SHUTDOWN))
             stream.end()
         self._streams.clear()
         self._reasons.clear()

@@ -434,3 +434,30 @@ def test_metrics_count_finished_requests_by_the_finish_reason_answered(tmp_path)
         in text
     assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} ' \
         '1.0' in text
+
+
+def test_a_request_cut_at_shutdown_is_in_the_record(tmp_path):
+    # "stopped after 18 requests" while served.csv held the 16 that had finished
+    import pandas as pd
+
+    from simserve.config import load_scenario
+    from simserve.live.driver import CUT_AT_SHUTDOWN, WallClockSimulation
+    from simserve.live.serve import write_record
+
+    async def main():
+        sim = WallClockSimulation(load_scenario(write_scenario(tmp_path)), record=True)
+        done = sim.submit(30, 1, None)
+        while await done.take():
+            pass
+        cut = sim.submit(30, 4000, None)        # far from done when the server stops
+        await asyncio.sleep(0.05)
+        sim.close()
+        assert cut.done and cut.taken < 4000
+        return sim
+
+    sim = asyncio.run(main())
+    write_record(sim.served, tmp_path / "rec")
+    served = pd.read_csv(tmp_path / "rec" / "served.csv", keep_default_na=False)
+    assert len(served) == sim.num_submitted == 2
+    assert list(served["reject_reason"]) == ["", CUT_AT_SHUTDOWN]
+    assert len(pd.read_csv(tmp_path / "rec" / "trace.csv")) == 2
