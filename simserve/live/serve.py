@@ -169,8 +169,15 @@ def write_record(served, out: Path, clock_origin: float | None = None) -> None:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="serve a scenario's simulated cluster behind an "
-                                            "OpenAI-compatible HTTP endpoint, on the wall clock")
+    p = subparsers.add_parser(
+        "serve", help="serve a scenario's simulated cluster behind an OpenAI-compatible HTTP "
+                      "endpoint, on the wall clock",
+        description="Serve a scenario's simulated cluster behind vLLM's OpenAI-compatible API "
+                    "(POST /v1/completions and /v1/chat/completions, streamed or not; GET "
+                    "/v1/models, /metrics, /health, /version): each request is simulated as "
+                    "it arrives and its tokens are sent on the wall clock. A file with "
+                    "compare: is refused. Stop with Ctrl-C or SIGTERM (exit status 0); bad "
+                    "input is one line and exit status 2. docs/serve.md has the details.")
     p.add_argument("scenario", help="scenario YAML file (cluster, policy, KV, latency model; "
                                     "its workload gives output lengths a request leaves open)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -210,10 +217,13 @@ def _cmd_serve(args) -> int:
     if record is not None:
         check_record_dir(record)
 
+    from simserve.engine.build import build_latency
+    clock = build_latency(scenario).label     # (what a run's line says: which step-time model)
+
     def ready(urls: list[str]) -> None:
-        for url in urls:
+        for url in urls:     # (the URL ends the line: scripts read it there)
             print(f"serving {scenario.model.name} ({scenario.name}) on {url}", flush=True)
-        print("stop with Ctrl-C or SIGTERM", file=sys.stderr, flush=True)
+        print(f"latency: {clock}; stop with Ctrl-C or SIGTERM", file=sys.stderr, flush=True)
 
     import asyncio
     n = asyncio.run(serve(scenario, args.host, args.port, port_per_replica=args.port_per_replica,

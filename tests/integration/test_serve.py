@@ -257,6 +257,9 @@ def stop_server(proc: subprocess.Popen) -> str:
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "Traceback" not in err
+    # which step-time model serves, as a run's line says it
+    assert "latency: roofline (H100-SXM spec, h100-vllm efficiency curves; estimate); stop " \
+        "with Ctrl-C or SIGTERM" in err
     return out
 
 
