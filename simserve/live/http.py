@@ -59,6 +59,22 @@ def error_response(e: RequestError) -> web.Response:
     return resp
 
 
+@web.middleware
+async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """An unknown route (404) or method (405) answered in the API's JSON error shape, as the
+    handlers answer everything else (aiohttp's default is plain text)."""
+    try:
+        return await handler(request)
+    except web.HTTPMethodNotAllowed as e:
+        allowed = ", ".join(sorted(e.allowed_methods))
+        return error_response(RequestError(f"Method {request.method} is not allowed for "
+                                           f"{request.path} (allowed: {allowed})", None, 405,
+                                           "MethodNotAllowedError"))
+    except web.HTTPNotFound:
+        return error_response(RequestError(f"No route {request.path}", None, 404,
+                                           "NotFoundError"))
+
+
 # --------------------------------------------------------------------------------------------
 # The application
 
@@ -76,7 +92,7 @@ class Frontend:
         self.created = int(clock())
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors])
         app.add_routes([
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),

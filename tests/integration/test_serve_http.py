@@ -530,3 +530,19 @@ def test_a_body_that_stalls_or_turns_to_garbage_midway_is_dropped(monkeypatch, r
     got = call(sim, two_parts)
     assert got.startswith(b"HTTP/1.1 408 ") and b"RequestTimeoutError" in got, got[:300]
     assert not sim.submitted
+
+
+def test_an_unknown_route_or_method_is_answered_in_the_apis_json_error_shape():
+    # they were aiohttp's plain text "404: Not Found" / "405: Method Not Allowed"
+    async def both(c):
+        out = []
+        for resp in (await c.get("/v1/nope"), await c.get("/v1/completions")):
+            out.append((resp.status, resp.headers.get("Content-Type", ""), await resp.json()))
+        return out
+
+    (s1, t1, b1), (s2, t2, b2) = call(ScriptedSim(), both)
+    assert (s1, b1["error"]["type"], b1["error"]["code"]) == (404, "NotFoundError", 404)
+    assert b1["error"]["message"] == "No route /v1/nope" and t1.startswith("application/json")
+    assert (s2, b2["error"]["type"]) == (405, "MethodNotAllowedError")
+    assert b2["error"]["message"] == "Method GET is not allowed for /v1/completions (allowed: " \
+                                     "POST)" and t2.startswith("application/json")
