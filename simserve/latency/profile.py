@@ -147,7 +147,8 @@ class ProfileLatency:
                  expert_balancedness: float = 1.0):
         self.profile = profile
         prov = profile["provenance"]
-        threads = "" if prov["device"] == "cuda" else f", {prov['threads']} threads"
+        n = prov["threads"]
+        threads = "" if prov["device"] == "cuda" else f", {n} thread{'' if n == 1 else 's'}"
         self.label = (f"profile ({profile['model']['name']} on {prov['device_name']}, "
                       f"{prov['dtype']}{threads})")
         self.source = source
