@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -556,6 +556,9 @@ class HardwareSpec:
     # of the roofline only (latency/roofline.py, latency/pipeline.py)
     scaleout_latency: float | None = None
     efficiency: str = ""           # the roofline's efficiency curve set (latency/efficiency.py)
+    # the shipped card it was made from ({spec: NAME, ...} or NAME; "" for a whole inline
+    # mapping): what a measured profile's device is matched against (latency/profile.py)
+    base: str = field(default="", compare=False)
 
     @property
     def fp8_flops(self) -> float:
@@ -616,7 +619,10 @@ def load_hardware(spec: Any, path: str = "hardware") -> HardwareSpec:
     """A hardware spec from a shipped name, an inline mapping, or ``{spec: NAME, **overrides}``."""
     if isinstance(spec, HardwareSpec):
         return spec
-    return _parse_hardware(_resolve(spec, path, "hardware", "spec"), path)
+    hw = _parse_hardware(_resolve(spec, path, "hardware", "spec"), path)
+    base = spec if isinstance(spec, str) else spec.get("spec") if isinstance(spec, Mapping) \
+        else None
+    return replace(hw, base=base) if isinstance(base, str) else hw
 
 
 def _numbers_from_strings(raw: Any) -> Any:

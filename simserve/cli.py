@@ -353,11 +353,10 @@ def _cmd_run(args) -> int:
         print(f"simulated {result.summary['num_requests']:,} requests, {result.num_steps:,} "
               f"steps in {wall:.2f} s [latency: {result.latency_label}]; results in {path}/")
         if not args.quiet and (args.verbose or not several):
-            from simserve.latency.trust import no_band_line, trust_lines
-            trust = result.summary.get("latency_trust")
-            for line in trust_lines(trust) if trust else [no_band_line(result.latency_label)]:
-                if line:
-                    print(line)
+            from simserve.config import async_allowed
+            from simserve.latency.trust import run_trust_lines
+            for line in run_trust_lines(result.summary, async_allowed(result.scenario)):
+                print(line)
     if several and results:
         from simserve.fmt import format_table   # (pandas: only a compare needs it here)
         table = comparison_table(results)

@@ -494,6 +494,16 @@ def _straddling_replica(size: int, per_node: int, replicas: int) -> tuple[int, i
 ASYNC_POLICIES = ("vllm_v1", "priority", "vllm_native")
 
 
+def async_allowed(s: Scenario) -> bool:
+    """Whether ``s`` could run with ``engine.async_scheduling`` on (what a synchronous run's
+    trust note advises)."""
+    try:
+        _check_async(s)
+    except ConfigError:
+        return False
+    return True
+
+
 def _check_async(s: Scenario) -> None:
     """What ``engine.async_scheduling`` models (vLLM v1's AsyncScheduler), and what it does
     not yet: one clear error for the rest."""

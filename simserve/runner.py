@@ -441,7 +441,8 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
     result = collect(s, rec, replicas)
     pricings = {id(r.latency): r.pricing for r in replicas}.values()
     result.latency_label = replicas[0].latency.label
-    result.warnings = [w for p in pricings for w in p.warnings()]
+    # (once each: replica groups that share a model say the same)
+    result.warnings = list(dict.fromkeys(w for p in pricings for w in p.warnings()))
     if shares_nothing and any(r.blocks.caches_prefixes for r in replicas):
         result.warnings.append(
             "prefix caching is on, but no request says what its prompt holds (no hash_ids: "

@@ -16,7 +16,7 @@ class LatencyModel(Protocol):
     ``step_time`` returns the wall-clock seconds the replica spends on ``plan``: model compute,
     attention over the KV cache, LM head and sampling, per-step CPU/scheduling overhead, and any
     swap transfers the plan carries. ``label`` names the model's source for reports
-    (e.g. ``"roofline (H100-SXM spec)"``). Everything else a model may offer is one of the
+    (e.g. ``"roofline (H100-SXM spec; estimate)"``). Everything else a model may offer is one of the
     Protocols below; the engine reads them only through :class:`Pricing`.
     """
 

@@ -404,12 +404,16 @@ def resolve_profile_path(path: str | Path, base_dir: str | Path = ".") -> Path |
 
 def other_device(profile_device: str, device_name: str, hardware: Any) -> str:
     """Why a profile measured on ``device_name`` (its provenance: ``profile_device`` "cpu" or
-    "cuda") is not of the scenario's ``hardware`` (a card: ``name``, ``kind``), or "" when it
-    is: a CPU profile on a CPU card; a GPU profile whose device name holds the card's family
-    (the name up to its first dash: "H100" of H100-SXM in "NVIDIA H100 80GB HBM3")."""
+    "cuda") is not of the scenario's ``hardware``, or "" when it is: a CPU profile on a CPU
+    card; a GPU profile whose device name has the card's family as a whole word (the shipped
+    card's name up to its first dash: "H100" of H100-SXM in "NVIDIA H100 80GB HBM3"; an
+    inline card's own shipped base, ``{spec: H100-SXM, name: mine}``). The cards of one
+    family (the A100s) are not told apart."""
+    import re
     kind = "cpu" if profile_device == "cpu" else "gpu"
-    family = str(hardware.name).split("-")[0].lower()
-    if kind == hardware.kind and (kind == "cpu" or family in device_name.lower()):
+    family = str(getattr(hardware, "base", "") or hardware.name).split("-")[0].lower()
+    words = {w.lower() for w in re.split(r"[^A-Za-z0-9]+", device_name) if w}
+    if kind == hardware.kind and (kind == "cpu" or family in words):
         return ""
     return (f"latency.path: the profile was measured on {device_name}, but hardware is "
             f"{hardware.name}: its step times are that device's (hardware sets only the "

@@ -83,8 +83,9 @@ def outside(s: Scenario, corpus: dict[str, Any]) -> list[str]:
     return out
 
 
-def trust_lines(trust: dict[str, Any] | None) -> list[str]:
-    """The summary's ``latency_trust`` in words (console and report)."""
+def trust_lines(trust: dict[str, Any] | None, can_async: bool = True) -> list[str]:
+    """The summary's ``latency_trust`` in words (console and report); ``can_async``: whether
+    the run's scenario could turn async scheduling on (what a synchronous run is told to do)."""
     if not trust:
         return []
     err = trust["expected_error_pct"]
@@ -103,7 +104,9 @@ def trust_lines(trust: dict[str, Any] | None) -> list[str]:
                      "measured runs (vLLM's default is async): each step also pays the "
                      "engine's CPU time and an arrival waits one step less, so the same set is "
                      "further from them, TTFT most (docs/fidelity.md, 'Measured vLLM on H100', "
-                     "gives the errors); set engine.async_scheduling: true for the band above.")
+                     "gives the errors)"
+                     + ("; set engine.async_scheduling: true for the band above." if can_async
+                        else "."))
     if outside_runs:
         lines.append("Outside the measured runs: " + "; ".join(outside_runs) + ".")
     return lines
@@ -117,8 +120,22 @@ def no_band_line(latency_label: str) -> str:
         return ("No measured error for this step-time model: an estimate from the hardware's "
                 "spec sheet (and efficiency curves where it has them), not checked against "
                 "served runs on it (docs/fidelity.md).")
+    if latency_label.startswith("profile") and latency_label.endswith("calibrated)"):
+        return ("No measured error for this step-time model: kernel times measured on the "
+                "profile's device, calibrated against one live server (docs/fidelity.md).")
     if latency_label.startswith("profile"):
         return ("No measured error for this step-time model: kernel times measured on the "
                 "profile's device, not whole served runs; `simserve calibrate` fits it to a "
                 "live server (docs/fidelity.md).")
     return ""
+
+
+def run_trust_lines(summary: dict[str, Any], can_async: bool = True) -> list[str]:
+    """What a run says of how far to trust its latencies: its band (``trust_lines``), or that
+    its model has none (``no_band_line``); ``can_async``: whether its scenario could turn async
+    scheduling on."""
+    trust = summary.get("latency_trust")
+    if trust:
+        return trust_lines(trust, can_async)
+    line = no_band_line(str(summary.get("latency_model") or ""))
+    return [line] if line else []

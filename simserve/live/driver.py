@@ -55,6 +55,8 @@ INF = math.inf
 
 # ``Served.reject_reason`` of a request still running when the server stopped
 CUT_AT_SHUTDOWN = "cut_at_shutdown"
+# ... and of one still running when the simulation stopped on an error
+SIMULATION_ERROR = "simulation_error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +277,7 @@ class WallClockSimulation:
                     rid, req.replica, stream.arrival_s, stream.num_prompt_tokens,
                     stream.num_output_tokens,
                     nan if stream.first_token_s is None else stream.first_token_s, nan,
-                    CUT_AT_SHUTDOWN))
+                    CUT_AT_SHUTDOWN if self.error is None else SIMULATION_ERROR))
             stream.end()
         self._streams.clear()
         self._reasons.clear()

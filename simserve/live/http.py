@@ -67,9 +67,11 @@ async def _json_errors(request: web.Request, handler: Any) -> web.StreamResponse
         return await handler(request)
     except web.HTTPMethodNotAllowed as e:
         allowed = ", ".join(sorted(e.allowed_methods))
-        return error_response(RequestError(f"Method {request.method} is not allowed for "
+        resp = error_response(RequestError(f"Method {request.method} is not allowed for "
                                            f"{request.path} (allowed: {allowed})", None, 405,
                                            "MethodNotAllowedError"))
+        resp.headers["Allow"] = ",".join(sorted(e.allowed_methods))    # (RFC 9110)
+        return resp
     except web.HTTPNotFound:
         return error_response(RequestError(f"No route {request.path}", None, 404,
                                            "NotFoundError"))

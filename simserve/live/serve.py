@@ -217,8 +217,11 @@ def _cmd_serve(args) -> int:
     if record is not None:
         check_record_dir(record)
 
-    from simserve.engine.build import build_latency
-    clock = build_latency(scenario).label     # (what a run's line says: which step-time model)
+    from simserve.engine.build import build_replicas
+    replicas = build_replicas(scenario)       # (what a run's line says: which step-time model)
+    clock = replicas[0].latency.label
+    for warning in dict.fromkeys(w for r in replicas for w in r.pricing.warnings()):
+        print(f"warning: {warning}", file=sys.stderr)
 
     def ready(urls: list[str]) -> None:
         for url in urls:     # (the URL ends the line: scripts read it there)

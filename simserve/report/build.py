@@ -122,9 +122,13 @@ def _provenance(inputs: Inputs) -> str:
              + (f", {len(inputs.plans)} plan(s)." if inputs.plans else ".")]
     if models:
         parts.append("Step latency: " + "; ".join(models) + ".")
-    from simserve.latency.trust import trust_lines
-    trusted = {line for r in inputs.runs for line in trust_lines(r.summary.get("latency_trust"))}
-    parts.extend(sorted(trusted))
+    # each run's trust lines; said once when every run says the same, else each with its run
+    from simserve.latency.trust import run_trust_lines
+    said = {r.label: run_trust_lines(r.summary) for r in inputs.runs}
+    if len({tuple(v) for v in said.values()}) == 1:
+        parts.extend(next(iter(said.values()), []))
+    else:
+        parts.extend(f"{label}: {line}" for label, lines in said.items() for line in lines)
     return " ".join(parts)
 
 

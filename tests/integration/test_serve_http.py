@@ -546,3 +546,8 @@ def test_an_unknown_route_or_method_is_answered_in_the_apis_json_error_shape():
     assert (s2, b2["error"]["type"]) == (405, "MethodNotAllowedError")
     assert b2["error"]["message"] == "Method GET is not allowed for /v1/completions (allowed: " \
                                      "POST)" and t2.startswith("application/json")
+
+    async def allow(c):
+        return (await c.get("/v1/chat/completions")).headers.get("Allow")
+
+    assert call(ScriptedSim(), allow) == "POST"          # (RFC 9110: a 405 says what is)

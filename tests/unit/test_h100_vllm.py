@@ -160,3 +160,19 @@ def test_a_run_without_a_measured_error_says_so(capsys, tmp_path):
     assert no_band_line("profile (Llama-3.1-8B on NVIDIA H100 80GB HBM3, bf16)").startswith(
         "No measured error for this step-time model: kernel times")
     assert no_band_line("linear (5 ms + ...)") == ""
+    assert "calibrated against one live server" in no_band_line(
+        "profile (Llama-3.1-8B on NVIDIA H100 80GB HBM3, bf16, calibrated)")
+
+
+def test_the_sync_note_advises_async_only_where_the_scenario_allows_it():
+    from simserve.config import async_allowed
+    from simserve.latency.trust import run_trust_lines
+    s = scenario()
+    summary = simserve.run(s).summary
+    assert async_allowed(s)
+    assert run_trust_lines(summary, True)[1].endswith(
+        "set engine.async_scheduling: true for the band above.")
+    # swap preemption cannot run asynchronously: the advice would be refused
+    swap = scenario(engine={"preemption_mode": "swap"})
+    assert not async_allowed(swap)
+    assert "async_scheduling: true" not in run_trust_lines(summary, False)[1]

@@ -495,6 +495,11 @@ def test_a_profile_of_another_device_is_named_in_the_runs_warnings():
         assert other_device("cuda", h100, load_hardware(card)).startswith(
             f"latency.path: the profile was measured on {h100}, but hardware is {card}")
     assert other_device("cpu", "AMD EPYC", load_hardware("H100-SXM"))
+    # an inline card is matched by the shipped card it is made from, not its own name; the
+    # family is a whole word of the device's name (GH200 is not an H200)
+    assert other_device("cuda", h100, load_hardware({"spec": "H100-SXM", "name": "mine"})) == ""
+    assert other_device("cuda", h100, load_hardware({"spec": "A100-80GB", "name": "nvidia-x"}))
+    assert other_device("cuda", "NVIDIA GH200 480GB", load_hardware("H200"))
     quick = ["workload.num_requests=30", "latency.model=profile",
              "latency.path=Llama-3.1-8B_H100-SXM_bf16"]
     from pathlib import Path

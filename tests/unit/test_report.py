@@ -709,3 +709,21 @@ def test_fractions_are_shown_as_percentages_wherever_a_table_shows_them():
     assert list(out.columns) == ["SLO attainment (%)", "mean KV use (%)",
                                  "prefix cache hit rate (%)", "meets target", "TTFT p50 ms"]
     assert out.iloc[0].tolist() == [95.0, pytest.approx(9.86), 50.0, "yes", 12.0]
+
+
+def test_the_report_says_each_runs_trust_beside_its_name():
+    # the runs' trust lines were pooled into one set (two near-identical bands, "this run is
+    # synchronous" without saying which) and a run with no measured error said nothing
+    import simserve
+    from simserve.report.build import _provenance
+    from simserve.report.load import Inputs
+    quick = Path(__file__).parents[2] / "scenarios" / "quickstart.yaml"
+    small = ["workload.num_requests=20"]
+    h100 = simserve.run(quick, overrides=small)
+    l40s = simserve.run(quick, overrides=[*small, "hardware=L40S"])
+    text = _provenance(Inputs(runs=[RunData.from_result("h100", h100),
+                                    RunData.from_result("l40s", l40s)]))
+    assert "h100: Expected error of the h100-vllm step-time model" in text
+    assert "l40s: No measured error for this step-time model" in text
+    one = _provenance(Inputs(runs=[RunData.from_result("h100", h100)]))
+    assert "h100:" not in one and "Expected error of the h100-vllm" in one
