@@ -402,18 +402,31 @@ def resolve_profile_path(path: str | Path, base_dir: str | Path = ".") -> Path |
     return None
 
 
+FORM_FACTORS = {"pcie", "nvl"}     # device-name words that set a card apart (SXM: the default)
+
+
 def other_device(profile_device: str, device_name: str, hardware: Any) -> str:
     """Why a profile measured on ``device_name`` (its provenance: ``profile_device`` "cpu" or
     "cuda") is not of the scenario's ``hardware``, or "" when it is: a CPU profile on a CPU
-    card; a GPU profile whose device name has the card's family as a whole word (the shipped
+    card; a GPU profile whose device name has, as whole words, the card's family (the shipped
     card's name up to its first dash: "H100" of H100-SXM in "NVIDIA H100 80GB HBM3"; an
-    inline card's own shipped base, ``{spec: H100-SXM, name: mine}``). The cards of one
-    family (the A100s) are not told apart."""
+    inline card's shipped base, ``{spec: H100-SXM, name: mine}``), the same form factor
+    (PCIe, NVL; none for SXM) and, where both name one, the same memory size (40GB, 80GB)."""
     import re
+
+    def words(name: str) -> set[str]:
+        return {w.lower() for w in re.split(r"[^A-Za-z0-9]+", name) if w}
+
     kind = "cpu" if profile_device == "cpu" else "gpu"
-    family = str(getattr(hardware, "base", "") or hardware.name).split("-")[0].lower()
-    words = {w.lower() for w in re.split(r"[^A-Za-z0-9]+", device_name) if w}
-    if kind == hardware.kind and (kind == "cpu" or family in words):
+    card = str(getattr(hardware, "base", "") or hardware.name)
+    have, want = words(device_name), words(card)
+    memory = {w for w in have if re.fullmatch(r"\d+gb", w)}
+    card_memory = {w for w in want if re.fullmatch(r"\d+gb", w)}
+    same = kind == hardware.kind and (kind == "cpu" or (
+        card.split("-")[0].lower() in have
+        and have & FORM_FACTORS == want & FORM_FACTORS
+        and (not memory or not card_memory or memory == card_memory)))
+    if same:
         return ""
     return (f"latency.path: the profile was measured on {device_name}, but hardware is "
             f"{hardware.name}: its step times are that device's (hardware sets only the "

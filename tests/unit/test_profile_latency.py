@@ -500,6 +500,17 @@ def test_a_profile_of_another_device_is_named_in_the_runs_warnings():
     assert other_device("cuda", h100, load_hardware({"spec": "H100-SXM", "name": "mine"})) == ""
     assert other_device("cuda", h100, load_hardware({"spec": "A100-80GB", "name": "nvidia-x"}))
     assert other_device("cuda", "NVIDIA GH200 480GB", load_hardware("H200"))
+    # the form factor and, where both name one, the memory size set cards of a family apart
+    # (device names as torch.cuda.get_device_name gives them)
+    for card, device, same in [
+            ("H100-SXM", "NVIDIA H100 PCIe", False), ("H100-SXM", "NVIDIA H100 NVL", False),
+            ("A100-80GB", "NVIDIA A100-SXM4-80GB", True),
+            ("A100-40GB", "NVIDIA A100-SXM4-80GB", False),
+            ("A100-80GB-PCIe", "NVIDIA A100 80GB PCIe", True),
+            ("A100-80GB-PCIe", "NVIDIA A100-SXM4-80GB", False),
+            ("A100-80GB", "NVIDIA A100 80GB PCIe", False), ("H200", "NVIDIA H200", True),
+            ("L40S", "NVIDIA L40S", True), ("L40S", "NVIDIA L40", False)]:
+        assert (other_device("cuda", device, load_hardware(card)) == "") is same, (card, device)
     quick = ["workload.num_requests=30", "latency.model=profile",
              "latency.path=Llama-3.1-8B_H100-SXM_bf16"]
     from pathlib import Path
