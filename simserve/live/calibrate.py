@@ -105,7 +105,8 @@ def calibrate(scenario: Scenario | str | Path, endpoint: str, *, base_profile: s
     s = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     endpoint = check_endpoint_host(endpoint, allow_remote)
     check_client_options(timeout, warmup)
-    path = Path(base_profile) if base_profile else _scenario_profile(s)
+    path = _profile_path(base_profile, Path("."), "--profile") if base_profile \
+        else _scenario_profile(s)
     base = ProfileLatency.from_file(path, s.model)
     base_dict = {k: v for k, v in base.profile.items() if k != "calibration"}
     kernels = ProfileLatency(base_dict, source=str(path))   # kernels only: no overhead, scale 1
@@ -209,8 +210,19 @@ def _scenario_profile(s: Scenario) -> Path:
     if s.latency.model != "profile" or not s.latency.path:
         raise ConfigError("latency.path", "calibration needs a base profile: set latency.model: "
                                           "profile and latency.path, or pass --profile")
-    p = Path(s.latency.path)
-    return p if p.is_absolute() else s.base_dir / p
+    return _profile_path(s.latency.path, s.base_dir, "latency.path")
+
+
+def _profile_path(given: str | Path, base_dir: Path, where: str) -> Path:
+    """A profile as ``simserve run`` finds it (a file relative to ``base_dir``, else a shipped
+    profile's bare name); ConfigError naming ``where`` when neither exists."""
+    from simserve.latency.profile import list_profiles, resolve_profile_path
+    path = resolve_profile_path(given, base_dir)
+    if path is None:
+        raise ConfigError(where, f"profile file not found: {Path(base_dir) / given}, nor a "
+                                 f"shipped profile of that name (shipped: "
+                                 f"{', '.join(list_profiles()) or 'none'})")
+    return path
 
 
 def _kv_blocks(s: Scenario, num_gpu_blocks: int | None, kv_tokens: int | None) -> int | None:
@@ -317,7 +329,8 @@ def _cmd_calibrate(args) -> int:
     print(format_calibration(profile["calibration"]))
     out = write_calibrated(profile, out)
     cal = profile["calibration"]
-    sets = f"--set latency.model=profile --set latency.path={out}"
+    # (absolute: a scenario reads latency.path relative to its own folder)
+    sets = f"--set latency.model=profile --set latency.path={Path(out).resolve()}"
     if cal["num_gpu_blocks"]:
         sets += f" --set engine.num_gpu_blocks={cal['num_gpu_blocks']}"
     print(f"calibrated profile: {out}\nsimulate with: simserve run SCENARIO {sets}")

@@ -220,10 +220,16 @@ def _cmd_serve(args) -> int:
     from simserve.engine.build import build_replicas
     replicas = build_replicas(scenario)       # (what a run's line says: which step-time model)
     clock = replicas[0].latency.label
-    for warning in dict.fromkeys(w for r in replicas for w in r.pricing.warnings()):
-        print(f"warning: {warning}", file=sys.stderr)
+    blocks = replicas[0].scheduler.blocks
+    warnings = list(dict.fromkeys(w for r in replicas for w in r.pricing.warnings()))
 
     def ready(urls: list[str]) -> None:
+        # (once serving: a port that cannot be bound stays one line)
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
+        # as vLLM logs it at start-up (what `simserve calibrate --server-log` reads)
+        print(f"GPU KV cache size: {blocks.num_blocks * blocks.block_size:,} tokens",
+              file=sys.stderr)
         for url in urls:     # (the URL ends the line: scripts read it there)
             print(f"serving {scenario.model.name} ({scenario.name}) on {url}", flush=True)
         print(f"latency: {clock}; stop with Ctrl-C or SIGTERM", file=sys.stderr, flush=True)

@@ -509,3 +509,18 @@ def test_cli_calibrate_checks_its_options_and_output_before_probing(tmp_path, ca
     code = main([a.replace("{d}", str(tmp_path)) for a in argv])
     err = capsys.readouterr().err
     assert code == 2 and err == expect.replace("{d}", str(tmp_path)) + "\n"
+
+
+def test_the_base_profile_is_found_as_simserve_run_finds_it(tmp_path):
+    # scenarios/tiny_cpu_profile.yaml names a shipped profile by its bare name, which `run`
+    # finds and calibrate read as a file beside the scenario ("cannot read")
+    from simserve.errors import ConfigError
+    from simserve.live.calibrate import _profile_path
+    name = "tiny-llama-45m_cpu-epyc-2core_bf16_1t"
+    assert _profile_path(name, tmp_path, "latency.path").name == f"{name}.json"
+    mine = tmp_path / "mine.json"
+    mine.write_text("{}")
+    assert _profile_path("mine.json", tmp_path, "--profile") == mine
+    with pytest.raises(ConfigError, match=r"^--profile: profile file not found: .*nope\.json, "
+                                          r"nor a shipped profile"):
+        _profile_path("nope.json", tmp_path, "--profile")

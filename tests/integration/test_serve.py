@@ -260,6 +260,9 @@ def stop_server(proc: subprocess.Popen) -> str:
     # which step-time model serves, as a run's line says it
     assert "latency: roofline (H100-SXM spec, h100-vllm efficiency curves; estimate); stop " \
         "with Ctrl-C or SIGTERM" in err
+    # the KV capacity logged as vLLM logs it, which `simserve calibrate --server-log` reads
+    from simserve.live.calibrate import kv_tokens_from_log
+    assert kv_tokens_from_log(err) is not None and kv_tokens_from_log(err) > 0
     return out
 
 
