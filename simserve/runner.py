@@ -412,7 +412,8 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
          record_tokens: bool, progress: bool | str = False, keep_steps: bool = False) -> Result:
     if latency is None:        # a model passed in is the caller's to vouch for
         deployment.check(s)
-    specs = build_workload(s.workload, s.seed, s.base_dir)
+    workload_notes: list[str] = []
+    specs = build_workload(s.workload, s.seed, s.base_dir, workload_notes)
     shares_nothing = _no_content(specs)
     replicas = build_replicas(s, latency)
     for replica in replicas:
@@ -442,7 +443,8 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
     pricings = {id(r.latency): r.pricing for r in replicas}.values()
     result.latency_label = replicas[0].latency.label
     # (once each: replica groups that share a model say the same)
-    result.warnings = list(dict.fromkeys(w for p in pricings for w in p.warnings()))
+    result.warnings = workload_notes + list(dict.fromkeys(w for p in pricings
+                                                           for w in p.warnings()))
     if shares_nothing and any(r.blocks.caches_prefixes for r in replicas):
         result.warnings.append(
             "prefix caching is on, but no request says what its prompt holds (no hash_ids: "

@@ -379,6 +379,14 @@ def test_burstgpt_skips_failures_and_filters_model(tmp_path):
     assert arrivals(chat.requests).tolist() == [0.0, 7.0]
     msg = error(DataError, trace, p, "burstgpt", model="Claude")
     assert "no rows with Model 'Claude'" in msg and "ChatGPT, GPT-4" in msg
+    # a run says it dropped them (it was an INFO log line nobody saw)
+    import simserve
+    r = simserve.run({"name": "b", "model": "Llama-3.1-8B", "hardware": "H100-SXM",
+                      "scheduler": {"policy": "vllm_v1"}, "latency": {"model": "roofline"},
+                      "workload": {"trace": str(p), "format": "burstgpt"}})
+    assert r.summary["num_requests"] == 3
+    assert r.warnings[0] == f"{p}: skipped 2 failed requests (zero output tokens: BurstGPT's " \
+                            "mark of a failure)" and r.summary["warnings"] == r.warnings
 
 
 def test_plain_csv_sorts_stably_and_rescales(tmp_path):
