@@ -336,6 +336,11 @@ def register(subparsers) -> None:
 def _cmd_replay(args) -> int:
     import sys
     check_out_dir(args.out)       # before the replay: a real run cannot be had again
+    earlier = Path(args.out)
+    if (earlier / "replay.json").is_file() or (earlier / "summary.json").is_file():
+        # (said first: a replay of a real server cannot be had again once overwritten)
+        print(f"note: replacing the results already in {earlier}/ (give --out another folder "
+              f"to keep them)", file=sys.stderr)
     result = replay(args.scenario, args.endpoint, model=args.model,
                     max_requests=args.max_requests, time_limit=args.time_limit,
                     timeout=args.timeout, warmup=args.warmup, allow_remote=args.allow_remote,

@@ -328,10 +328,16 @@ def test_cli_replay_writes_run_files_and_compare_reads_them(tmp_path, capsys):
                      str(tmp_path / "real"), "--warmup", "0", "--quiet"])
     out, err = capsys.readouterr()
     assert code == 0, err
+    assert "note: replacing" not in err
     real = tmp_path / "real"
     for name in ("scenario.yaml", "requests.csv", "steps.csv", "summary.json", "tokens.csv",
                  "chunks.csv", "replay.json"):
         assert (real / name).is_file(), name
+    # a second replay into the same folder says it replaces the first (it did so silently)
+    with FakeServer(ttft_s=0.02, token_s=0.005, chunk_sizes=(2,)) as srv:
+        assert main(["replay", str(path), "--endpoint", srv.url, "--out", str(real),
+                     "--warmup", "0", "--quiet"]) == 0
+    assert f"note: replacing the results already in {real}/" in capsys.readouterr().err
     req = pd.read_csv(real / "requests.csv", keep_default_na=False)
     assert len(req) == 6 and set(req["status"]) == {"finished"}
     assert len(pd.read_csv(real / "tokens.csv")) == 48
