@@ -719,8 +719,10 @@ def load_variants(path: str | Path,
     path = Path(path)
     raw = _load_raw(path)
     _refuse_sweep(path, raw)
-    compare = raw.pop("compare", None)
+    # (overrides first, compare: too: --set compare=null runs the base scenario alone, and
+    # --set 'compare=[{label: a, ...}]' replaces the variants)
     raw = apply_overrides(raw, overrides or [])
+    compare = raw.pop("compare", None)
     applied = tuple(overrides or ())
     if compare is None:
         s = parse_scenario(raw, base_dir=path.parent, name=path.stem)

@@ -389,3 +389,16 @@ def test_the_summary_line_for_a_closed_loop_all_at_once(tmp_path, capsys):
     assert code == 0, err
     assert out.splitlines()[1] == ("tiny-llama-45m on H100-SXM; 1 request, all at once, "
                                    "at most 4 in flight")
+
+
+def test_a_set_of_compare_runs_the_base_alone_or_other_variants():
+    # `--set compare=null` was "compare: unknown field (in compare variant 'vllm_v1')": the
+    # overrides reached each variant after compare: was split off
+    from simserve.config import load_variants
+    path = ROOT / "scenarios" / "compare_more_policies.yaml"
+    [(label, s)] = load_variants(path, ["compare=null"])
+    assert label == "compare_more_policies" and s.policy == "vllm_v1"
+    two = load_variants(path, ["compare=[{label: a, scheduler.policy: priority}, "
+                               "{label: b, scheduler.policy: tgi}]"])
+    assert [(label, s.policy) for label, s in two] == [("a", "priority"), ("b", "tgi")]
+    assert len(load_variants(path)) == 10
