@@ -459,7 +459,7 @@ def format_summary(summary: dict[str, Any], title: str = "Serving Benchmark Resu
             text = "n/a"
         elif isinstance(value, bool):
             text = "yes" if value else "no"
-        elif isinstance(value, int):
+        elif isinstance(value, (int, str)):
             text = str(value)
         else:
             text = format(value, fmt)
@@ -477,6 +477,10 @@ def format_summary(summary: dict[str, Any], title: str = "Serving Benchmark Resu
         row("Failed requests:", summary["num_failed"])
         for reason, count in summary.get("failed_by_reason", {}).items():
             row(f"  {reason}:", count)
+    if summary.get("num_replica_failures"):      # (failure injection: what it did)
+        row("Replica failures:", summary["num_replica_failures"])
+        row("Retries (requests retried):", f"{summary['num_retries']} "
+                                           f"({summary.get('num_retried_requests', 0)})")
     row("Benchmark duration (s):", summary["duration_s"])
     row("Total input tokens:", summary["total_input_tokens"])
     row("Total generated tokens:", summary["total_output_tokens"])
@@ -509,6 +513,8 @@ def format_summary(summary: dict[str, Any], title: str = "Serving Benchmark Resu
         row("Mean batched tokens per step:", summary["mean_batched_tokens"])
         if "prefix_cache_hit_rate" in summary:
             row("Prefix cache hit rate (%):", _pct(summary["prefix_cache_hit_rate"]))
+        if "pipeline" in summary:                # stage time idle while the pipeline had work
+            row("Pipeline bubbles (%):", _pct(summary["pipeline"]["bubble_fraction"]))
         if "kv_offload" in summary:
             ko = summary["kv_offload"]
             row("KV offload: blocks loaded from host:", ko["loaded_blocks"])

@@ -276,6 +276,20 @@ def test_format_summary_has_vllm_lines():
     assert f"{'  prompt_too_long:':<40} 1" in lines
 
 
+def test_format_summary_shows_failures_retries_and_pipeline_bubbles():
+    # they were only in summary.json: a faults run printed "Failed requests: 4" alone
+    s = {**run_summary(SloConfig(ttft_ms=600, tpot_ms=300)), "num_replica_failures": 6,
+         "num_retries": 111, "num_retried_requests": 90,
+         "pipeline": {"bubble_fraction": 0.25, "stage_bubble_fraction": [0.2, 0.3],
+                      "in_flight_s": 10.0}}
+    lines = format_summary(s).splitlines()
+    assert f"{'Replica failures:':<40} 6" in lines
+    assert f"{'Retries (requests retried):':<40} 111 (90)" in lines
+    assert f"{'Pipeline bubbles (%):':<40} 25.00" in lines
+    plain = format_summary(run_summary(SloConfig(ttft_ms=600, tpot_ms=300)))
+    assert "Replica failures" not in plain and "Pipeline bubbles" not in plain
+
+
 def test_format_summary_is_deterministic_and_skips_goodput_without_slo():
     s = run_summary(percentiles=(99, 25, 90))
     # the same text whatever order the summary's keys come in: reversed, or sorted as
