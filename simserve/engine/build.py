@@ -76,13 +76,9 @@ def _base_latency(s: Scenario) -> LatencyModel:
     from simserve.latency.roofline import ConstantLatency, LinearLatency, RooflineModel
     lat = s.latency
     if lat.model == "profile":
-        from simserve.latency.profile import ProfileLatency, list_profiles, resolve_profile_path
+        from simserve.latency.profile import ProfileLatency, find_profile
         assert lat.path is not None         # config requires it for a profile
-        path = resolve_profile_path(lat.path, s.base_dir)
-        if path is None:
-            raise ConfigError("latency.path", f"profile file not found: {s.base_dir / lat.path}"
-                                              f", nor a shipped profile of that name (shipped: "
-                                              f"{', '.join(list_profiles()) or 'none'})")
+        path = find_profile(lat.path, s.base_dir, "latency.path")
         tp = s.engine.tensor_parallel_size
         model = ProfileLatency.from_file(path, s.model,
                                         step_overhead_s=(lat.step_overhead_ms or 0.0) / 1000.0,

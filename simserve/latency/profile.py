@@ -402,6 +402,18 @@ def resolve_profile_path(path: str | Path, base_dir: str | Path = ".") -> Path |
     return None
 
 
+def find_profile(given: str | Path, base_dir: str | Path, where: str) -> Path:
+    """:func:`resolve_profile_path`, or a ConfigError naming ``where`` when neither a file nor
+    a shipped profile of that name exists (``simserve run`` and ``calibrate`` alike)."""
+    from simserve.errors import ConfigError
+    path = resolve_profile_path(given, base_dir)
+    if path is None:
+        raise ConfigError(where, f"profile file not found: {Path(base_dir) / given}, nor a "
+                                 f"shipped profile of that name (shipped: "
+                                 f"{', '.join(list_profiles()) or 'none'})")
+    return path
+
+
 FORM_FACTORS = {"pcie", "nvl"}     # device-name words that set a card apart (SXM: the default)
 
 

@@ -216,13 +216,8 @@ def _scenario_profile(s: Scenario) -> Path:
 def _profile_path(given: str | Path, base_dir: Path, where: str) -> Path:
     """A profile as ``simserve run`` finds it (a file relative to ``base_dir``, else a shipped
     profile's bare name); ConfigError naming ``where`` when neither exists."""
-    from simserve.latency.profile import list_profiles, resolve_profile_path
-    path = resolve_profile_path(given, base_dir)
-    if path is None:
-        raise ConfigError(where, f"profile file not found: {Path(base_dir) / given}, nor a "
-                                 f"shipped profile of that name (shipped: "
-                                 f"{', '.join(list_profiles()) or 'none'})")
-    return path
+    from simserve.latency.profile import find_profile
+    return find_profile(given, base_dir, where)
 
 
 def _kv_blocks(s: Scenario, num_gpu_blocks: int | None, kv_tokens: int | None) -> int | None:
