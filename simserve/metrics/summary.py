@@ -275,15 +275,19 @@ def _aggregates(slo: SloConfig, itl: Any, norm: np.ndarray, delay: np.ndarray,
         else:
             value = percentile(itl, q) if len(itl) else 0.0
         out["slo_tbt_ms"] = value * MS_PER_S
+        out["slo_tbt_percentile"], out["slo_tbt_limit_ms"] = q, slo.tbt_ms
         met &= out["slo_tbt_ms"] <= slo.tbt_ms
     if slo.scheduling_delay_ms is not None:
         q = slo.scheduling_delay_percentile
         out["slo_scheduling_delay_ms"] = percentile(delay, q) * MS_PER_S \
             if len(delay) else float("inf")
+        out["slo_scheduling_delay_percentile"] = q
+        out["slo_scheduling_delay_limit_ms"] = slo.scheduling_delay_ms
         met &= out["slo_scheduling_delay_ms"] <= slo.scheduling_delay_ms
     if slo.normalized_latency_ms is not None:
         out["slo_normalized_latency_ms"] = float(norm.mean()) * MS_PER_S if len(norm) \
             else float("inf")
+        out["slo_normalized_latency_limit_ms"] = slo.normalized_latency_ms
         met &= out["slo_normalized_latency_ms"] <= slo.normalized_latency_ms
     out["slo_met"] = bool(met)
     return out
@@ -534,11 +538,11 @@ def format_summary(summary: dict[str, Any], title: str = "Serving Benchmark Resu
         section("SLO")
         row("Good requests:", summary["num_good"])
         row("SLO attainment (%):", _pct(summary["slo_attainment"]))
-        for key, label in (("slo_tbt_ms", "SLO TBT percentile (ms):"),
-                           ("slo_scheduling_delay_ms", "SLO scheduling delay (ms):"),
-                           ("slo_normalized_latency_ms", "SLO normalized latency (ms/token):")):
-            if key in summary:
-                row(label, summary[key])
+        for name, label, unit in (("tbt", "TBT", "ms"),
+                                  ("scheduling_delay", "scheduling delay", "ms"),
+                                  ("normalized_latency", "normalized latency", "ms/token")):
+            if f"slo_{name}_ms" in summary:
+                row(*_criterion(summary, name, label, unit))
         row("SLO attainment target (%):", _pct(summary["slo_attainment_target"]))
         row("SLO met:", summary["slo_met"])
     if summary.get("per_replica"):
@@ -561,6 +565,18 @@ def format_summary(summary: dict[str, Any], title: str = "Serving Benchmark Resu
         row("Mean TPOT (ms):", c["mean_tpot_ms"])
     lines.append("=" * 50)
     return "\n".join(lines)
+
+
+def _criterion(summary: dict[str, Any], name: str, label: str, unit: str) -> tuple[str, Any]:
+    """A run-level SLO criterion's printed row: which percentile, the measured value and its
+    limit (a summary written before they were kept names neither)."""
+    q = summary.get(f"slo_{name}_percentile")
+    if q is not None:
+        label = f"{'median' if q == 50 else f'P{q:g}'} {label}"
+    value, limit = summary[f"slo_{name}_ms"], summary.get(f"slo_{name}_limit_ms")
+    if limit is not None and value is not None:
+        value = f"{value:.2f} (limit {limit:g})"
+    return f"SLO {label} ({unit}):", value
 
 
 def _pct(fraction: float | None) -> float | None:

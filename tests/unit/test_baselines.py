@@ -201,6 +201,29 @@ def test_run_level_criteria_by_hand():
     assert ok["slo_tbt_ms"] == pytest.approx(1980) and ok["slo_met"] is True
 
 
+def test_run_level_criteria_name_their_percentile_and_limit():
+    from simserve.metrics.slo import SloConfig
+    from simserve.metrics.summary import format_summary
+    s = _summary(SloConfig(tbt_ms=1900, tbt_percentile=50, scheduling_delay_ms=300,
+                           scheduling_delay_percentile=90, normalized_latency_ms=1000))
+    assert (s["slo_tbt_percentile"], s["slo_tbt_limit_ms"]) == (50, 1900)
+    assert (s["slo_scheduling_delay_percentile"], s["slo_scheduling_delay_limit_ms"]) == (90, 300)
+    assert s["slo_normalized_latency_limit_ms"] == 1000
+    lines = format_summary(s).splitlines()
+    assert any(x.startswith("SLO median TBT (ms):") and x.endswith("1000.00 (limit 1900)")
+               for x in lines)
+    assert any(x.startswith("SLO P90 scheduling delay (ms):") and x.endswith("(limit 300)")
+               for x in lines)
+    assert any(x.startswith("SLO normalized latency (ms/token):")
+               and x.endswith("1041.67 (limit 1000)") for x in lines)
+    p99 = format_summary(_summary(SloConfig(tbt_ms=1900)))
+    assert "SLO P99 TBT (ms):" in p99 and "1980.00 (limit 1900)" in p99
+    # a summary written before the percentile and limit were kept: the value alone
+    old = {k: v for k, v in s.items() if not k.endswith(("_percentile", "_limit_ms"))}
+    assert any(x.startswith("SLO TBT (ms):") and x.endswith(" 1000.00")
+               for x in format_summary(old).splitlines())
+
+
 def test_run_level_criteria_parse_and_validate():
     from simserve.errors import ConfigError
     from simserve.fields import Fields
