@@ -20,6 +20,14 @@ seed: nothing is copied from a published trace. Run it again to regenerate them 
   ``gpt`` turns), the format ``vllm bench serve --dataset-name sharegpt`` reads; the text is
   made of generated words.
 
+* ``burstgpt_sample.csv`` — BurstGPT's CSV format (``Timestamp`` in seconds from the trace's
+  start, ``Model``, ``Request tokens``, ``Response tokens``, ``Total tokens``, ``Log Type``):
+  bursty arrivals (a rate that switches between quiet and busy minutes), two models, and some
+  rows with 0 response tokens, BurstGPT's mark of a failed request (simserve skips them).
+* ``classes_sample.csv`` — the plain ``csv`` format (``arrival_s``, ``prompt_tokens``,
+  ``output_tokens``) with the optional ``priority`` and ``class`` columns: short interactive
+  chat (priority 0) mixed with long batch summarisation jobs (priority 1).
+
 They are samples for trying trace replay, prefix caching and the dataset loaders from a clone
 (and for the tests), not measurements of any real service.
 """
@@ -110,15 +118,51 @@ def sharegpt(rng: np.random.Generator, n: int = 100) -> list[dict]:
     return out
 
 
+def burstgpt(rng: np.random.Generator, seconds: float = 600.0) -> list[str]:
+    lines = ["Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"]
+    t = 0.0
+    while True:
+        busy = int(t // 60) % 3 == 1                        # every third minute is busy
+        t += float(rng.exponential(1 / (6.0 if busy else 1.5)))
+        if t >= seconds:
+            return lines
+        model = "GPT-4" if rng.random() < 0.25 else "ChatGPT"
+        prompt = int(np.clip(round(lognormal(rng, 600, 2000, 1)[0]), 1, 8000))
+        failed = rng.random() < 0.03
+        output = 0 if failed else int(np.clip(round(lognormal(rng, 250, 700, 1)[0]), 1, 2000))
+        log = "Conversation log" if rng.random() < 0.6 else "API log"
+        lines.append(f"{t:.3f},{model},{prompt},{output},{prompt + output},{log}")
+
+
+def classes(rng: np.random.Generator, n: int = 400) -> list[str]:
+    times = np.cumsum(rng.exponential(1 / 4.0, n))
+    lines = ["arrival_s,prompt_tokens,output_tokens,priority,class"]
+    for t in times:
+        if rng.random() < 0.7:
+            p, o = lognormal(rng, 300, 900, 1)[0], lognormal(rng, 150, 400, 1)[0]
+            prio, name = 0, "interactive"
+        else:
+            p, o = lognormal(rng, 3000, 6000, 1)[0], lognormal(rng, 400, 900, 1)[0]
+            prio, name = 1, "batch"
+        p, o = int(np.clip(round(p), 1, 12000)), int(np.clip(round(o), 1, 2000))
+        lines.append(f"{t:.4f},{p},{o},{prio},{name}")
+    return lines
+
+
 def main() -> None:
     rng = np.random.default_rng(np.random.SeedSequence(20261123))
-    mc, az, sg, sj = (np.random.default_rng(s) for s in rng.bit_generator.seed_seq.spawn(4))
+    # (one stream per file; spawned children keep their order, so a new file's stream leaves
+    # the others' bytes unchanged)
+    mc, az, sg, sj, bg, cl = (np.random.default_rng(s)
+                              for s in rng.bit_generator.seed_seq.spawn(6))
     (HERE / "mooncake_prefix_sample.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in mooncake(mc)))
     (HERE / "azure_conv_sample.csv").write_text("\n".join(azure(az)) + "\n")
     (HERE / "sharegpt_lengths_sample.csv").write_text("\n".join(sharegpt_lengths(sg)) + "\n")
     (HERE / "sharegpt_sample.json").write_text(
         "[\n" + ",\n".join(json.dumps(c) for c in sharegpt(sj)) + "\n]\n")
+    (HERE / "burstgpt_sample.csv").write_text("\n".join(burstgpt(bg)) + "\n")
+    (HERE / "classes_sample.csv").write_text("\n".join(classes(cl)) + "\n")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ TRACES = Path(__file__).resolve().parents[2] / "scenarios" / "traces"
 AZURE = TRACES / "azure_conv_sample.csv"
 MOONCAKE = TRACES / "mooncake_prefix_sample.jsonl"
 SHAREGPT = TRACES / "sharegpt_lengths_sample.csv"
+BURSTGPT_SAMPLE = TRACES / "burstgpt_sample.csv"
+CLASSES = TRACES / "classes_sample.csv"
 
 
 def parse(raw: dict) -> WorkloadConfig:
@@ -387,6 +389,24 @@ def test_burstgpt_skips_failures_and_filters_model(tmp_path):
     assert r.summary["num_requests"] == 3
     assert r.warnings[0] == f"{p}: skipped 2 failed requests (zero output tokens: BurstGPT's " \
                             "mark of a failure)" and r.summary["warnings"] == r.warnings
+
+
+def test_shipped_burstgpt_and_classes_samples_load():
+    """The samples of the two formats docs/scenario.md shows: BurstGPT (two models, failed
+    rows) and a plain csv with priority and class columns."""
+    raw = pd.read_csv(BURSTGPT_SAMPLE)
+    failed = int((raw["Response tokens"] == 0).sum())
+    loaded = load_trace(parse({"trace": BURSTGPT_SAMPLE.name, "format": "burstgpt"}).trace,
+                        TRACES)
+    assert failed > 0 and loaded.num_skipped == failed
+    assert len(loaded.requests) == len(raw) - failed
+    gpt4 = load_trace(parse({"trace": BURSTGPT_SAMPLE.name, "format": "burstgpt",
+                             "model": "GPT-4"}).trace, TRACES)
+    assert 0 < len(gpt4.requests) < len(loaded.requests)
+    assert len(gpt4.requests) + gpt4.num_skipped == int((raw["Model"] == "GPT-4").sum())
+    reqs = trace(CLASSES, "csv")
+    assert {(r.priority, r.klass) for r in reqs} == {(0, "interactive"), (1, "batch")}
+    assert len(reqs) == len(pd.read_csv(CLASSES))
 
 
 def test_plain_csv_sorts_stably_and_rescales(tmp_path):
