@@ -5,8 +5,9 @@
 Edit the cells here, not the .ipynb files, and run this again: it executes each notebook
 (nbclient, the python3 kernel) and saves it with its outputs, so they read on a code host without
 running anything. Every number comes from a seeded simulation, so running it again gives the
-same outputs. tests/integration/test_notebooks.py executes both notebooks again and checks that
-the saved outputs are what the code gives today.
+same outputs. tests/integration/test_notebooks.py executes every notebook again and checks that
+the saved outputs are what the code gives today. It needs nbclient, nbformat and ipykernel (the
+dev extras that ``make test`` installs).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ COMPARE = [
 # Comparing scheduling policies
 
 This notebook runs one workload — Llama-3.1-8B on one H100, with request lengths like Azure's
-conversation trace — under each of simserve's scheduling policies, and compares them: first at one
-load, then across loads, to find where each policy stops meeting its latency SLOs.
+conversation trace — under five of simserve's scheduling policies (docs/policies.md lists them
+all), and compares them: first at one load, then across loads, to find where each policy stops
+meeting its latency SLOs.
 
 Everything here uses simserve's Python API; every result is a pandas DataFrame. The workloads are
 kept small (300 requests) so the whole notebook runs in seconds. Step times come from a roofline
@@ -60,6 +62,11 @@ Each row is one policy. *Goodput* counts only requests that met every SLO (here 
 TPOT ≤ 50 ms); *SLO attainment* is the share of all requests that did (a percentage in every
 table, a fraction in the data). `static` batching waits
 for a whole batch to finish before admitting new requests, so its time to first token explodes.
+`orca` and `vllm_v1` differ by little at this load (their mean TTFTs by under 1 %): with ample
+KV cache both admit whatever arrives at the next iteration, beside the running decodes. They part
+when the cache is tight (`orca` reserves a request's whole output at admission and never
+preempts) or a prompt exceeds the token budget (`orca` runs it whole, `vllm_v1` in chunks):
+docs/policies.md.
 
 The distributions say more than percentiles. The report module's figure functions take
 `RunData` records, which `RunData.from_result` makes from in-memory results."""),
@@ -77,7 +84,8 @@ timeline(runs[3])   # vllm_v1"""),
 styled(results["vllm_v1"].steps.head())"""),
     new_markdown_cell("""\
 Were any two policies' schedules identical — every step the same? `coinciding` answers: none
-above; but `sarathi` at vLLM's 8192-token budget schedules exactly as `vllm_v1` does:"""),
+above; but `sarathi` at vLLM's 8192-token budget schedules exactly as `vllm_v1` does (the KV
+capacity aside: `vllm_v1` keeps one null block back):"""),
     new_code_cell("""\
 at_8192 = {policy: simserve.run("../scenarios/quickstart.yaml",
                                 overrides=["workload.num_requests=300",
@@ -218,7 +226,9 @@ styled(pd.DataFrame(rows))"""),
 - Few requests make a noisy answer: with 300 requests a few unlucky ones move attainment by a
   percent. Raise `num_requests` and `seeds` for decisions.
 - From the command line: `simserve capacity scenarios/quickstart.yaml --target-rate 40` prints
-  the same table and writes a report with these figures."""),
+  this table for the scenario's own 1,000 requests, 3 seeds and 5 % tolerance (so its numbers
+  differ from the 300-request, 2-seed search here: docs/capacity.md shows its output) and
+  writes a report with these figures."""),
 ]
 
 
@@ -272,7 +282,9 @@ table["pruned_by"].value_counts()"""),
     new_markdown_cell("""\
 The Pareto frontier of throughput per GPU against tokens/s per user (the chart AIConfigurator
 and InferenceMAX publish), each point a deployment at its own max rate; the ring is the
-cheapest deployment for the target rate."""),
+cheapest deployment for the target rate. Candidates that cost the same per hour are ranked by
+the higher max rate per GPU (docs/capacity.md), not by cost per token: so the pick may sit a
+hair off the frontier beside a runner-up of the same price."""),
     new_code_cell("""\
 plan_pareto(PlanData.from_result(result))"""),
     new_markdown_cell("""\

@@ -39,9 +39,9 @@ def build_parser(prog: str = "python -m profiler") -> argparse.ArgumentParser:
                    help="the device to measure on: cpu, or cuda (torch's current CUDA device)")
     p.add_argument("--out", required=True, type=Path, help="profile file to write")
     p.add_argument("--grid", default="quick", choices=("quick", "full"),
-                   help="quick: coarse grids (the tiny model on one CPU thread: about 10 min of "
-                        "CPU time, more wall time on a busy machine); full: fine grids, "
-                        "several times longer")
+                   help="quick: coarse grids (the tiny model on one CPU thread: about 12 min, "
+                        "more on a busy machine); full: fine grids (about 15 min; an 8B model "
+                        "on an H100: about 5 min)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads (default: 1 on CPU, as vLLM's CPU worker; "
                         "torch's default on CUDA)")

@@ -385,7 +385,8 @@ def _cmd_sweep(args) -> int:
     from simserve.fmt import format_table
     from simserve.config import value_label
     from simserve.paths import check_out_dir, default_out
-    from simserve.plan.sweep import check_workers, load_sweep, save_sweep, sweep
+    from simserve.plan.sweep import (check_workers, load_sweep, replaced_sweep_note, save_sweep,
+                                     sweep)
 
     check_workers(args.workers, "--workers")
     _check_address(args)
@@ -393,6 +394,9 @@ def _cmd_sweep(args) -> int:
     out = Path(args.out) if args.out else default_out(Path("runs") / Path(args.grid).stem,
                                                       args.overrides)
     check_out_dir(out)
+    note = replaced_sweep_note(out, spec)
+    if note:                      # said before the run: the table there is about to go
+        print(f"note: {note}", file=sys.stderr)
     t0 = time.perf_counter()
     table = sweep(spec, executor=args.executor, workers=args.workers, address=args.address,
                   progress=True)

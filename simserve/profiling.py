@@ -13,8 +13,10 @@ import sys
 
 # README's install line: the CPU wheel first, or pip resolves torch to a CUDA build (GBs of
 # nvidia-* wheels) on Linux
-INSTALL_HINT = ("install the CPU wheel first, pip install torch==2.13.0 --index-url "
-                "https://download.pytorch.org/whl/cpu, then pip install -e '.[profile]'")
+INSTALL_HINT = ("on a CPU-only machine install the CPU wheel first, pip install torch==2.13.0 "
+                "--index-url https://download.pytorch.org/whl/cpu, then pip install -e "
+                "'.[profile]' (with a GPU: pip install -e '.[profile]' alone, which takes "
+                "torch's CUDA build)")
 HELP = ("-h", "--help")
 
 

@@ -504,13 +504,15 @@ def comparison_table(results: dict[str, Result]) -> pd.DataFrame:
 def coinciding(results: dict[str, Result]) -> list[list[str]]:
     """Groups of labels whose runs scheduled every step identically (the same steps table and
     the same request times): policies that coincide at these knobs, whose curves hide each
-    other in a figure."""
+    other in a figure. The KV capacity is not part of a schedule: vLLM v1 keeps a null block
+    back, so its ``kv_blocks_total`` is one less than another policy's on the same memory."""
     import pandas as pd
     groups: dict[tuple, list[str]] = {}
     for label, r in results.items():
         if not r.has_steps:          # a long run's steps were folded: nothing to compare
             continue
-        key = (int(pd.util.hash_pandas_object(r.steps.drop(columns="step"), index=False).sum()),
+        steps = r.steps.drop(columns=["step", "kv_blocks_total"], errors="ignore")
+        key = (int(pd.util.hash_pandas_object(steps, index=False).sum()),
                int(pd.util.hash_pandas_object(r.requests[["first_token_s", "finish_s"]],
                                               index=False).sum()))
         groups.setdefault(key, []).append(label)

@@ -137,7 +137,7 @@ class PlanResult:
         kinds = {("transferred" if "transferred" in c else "fitted" if "fitted" in c
                   else "estimate") for c in self.clocks.values()}
         if len(kinds) > 1:
-            lines.append("  the hardware are timed by step-time models of different standing "
+            lines.append("  these cards are timed by step-time models of different standing "
                          "(fitted to measured runs on that hardware, transferred from "
                          "another, or estimates): compare costs across them with that in "
                          "mind")

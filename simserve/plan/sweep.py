@@ -129,6 +129,9 @@ def _check_axes(grid: Any, zip_: Any) -> None:
         for key, values in axes.items():
             if not isinstance(key, str) or not key.strip():
                 raise ConfigError(section, f"field names must be dotted paths, got {key!r}")
+            if isinstance(values, dict):
+                raise ConfigError(f"{section}.{key}", "expected a list of values; a nested "
+                                  "field is one dotted path (engine.max_num_seqs: [16, 64])")
             if not isinstance(values, list) or not values:
                 raise ConfigError(f"{section}.{key}", "expected a non-empty list of values")
     both = sorted(set(grid) & set(zip_))
@@ -195,6 +198,9 @@ def check_workers(workers: int | None, field: str = "workers") -> None:
                                  f"processes only share the same cores), got {workers!r}")
 
 
+SWEEP_FIELDS = ("base", "scenario", "name", "set", "grid", "zip")   # a sweep file's own
+
+
 def load_sweep(path: str | Path, overrides: Sequence[str] | None = None) -> SweepSpec:
     """Read a sweep file; ``overrides`` (``FIELD=VALUE``) apply to its base scenario."""
     path = Path(path)
@@ -206,10 +212,15 @@ def load_sweep(path: str | Path, overrides: Sequence[str] | None = None) -> Swee
                                      f"run {path}` (a sweep file names base: or scenario: and "
                                      "grid:/zip:)")
     if f.has("base") == f.has("scenario"):
+        if isinstance(raw, dict) and not f.has("base"):
+            f.only(SWEEP_FIELDS)     # a misspelt base: (bsae:) is named as the unknown field
         raise ConfigError("base", "give either base: (a scenario file) or scenario: (inline), "
                                   "exactly one")
     if f.has("base"):
         base_path = path.parent / f.str("base")
+        if not base_path.is_file():
+            raise ConfigError("base", f"{f.str('base')}: file not found (a path relative to the "
+                                      f"sweep file's folder, {path.parent}/)")
         base, base_dir = load_yaml(base_path), base_path.parent
     else:
         base, base_dir = f.any("scenario"), path.parent
@@ -479,14 +490,42 @@ def save_sweep(table: pd.DataFrame, spec: SweepSpec, out: str | Path) -> Path:
         _nested_as_json(table).to_parquet(out / "sweep.parquet", index=False)
     elif (out / "sweep.parquet").is_file():     # an earlier sweep's, beside this one's CSV
         (out / "sweep.parquet").unlink()
-    # paths relative to `out`, so `simserve sweep OUT/sweep.yaml` reruns the same points
+    (out / "sweep.yaml").write_text(yaml.safe_dump(sweep_record(spec, out), sort_keys=False))
+    return out
+
+
+def sweep_record(spec: SweepSpec, out: str | Path) -> dict[str, Any]:
+    """What ``save_sweep`` writes to ``out/sweep.yaml``: the spec, its paths relative to
+    ``out``, so that ``simserve sweep OUT/sweep.yaml`` reruns the same points."""
+    out = Path(out)
     d = spec.to_dict()
     d["scenario"] = rebase_paths(d["scenario"], spec.base_dir, out)
     for axes in ("grid", "zip"):
         d[axes] = {k: [rebase_value(k, v, spec.base_dir, out) for v in values]
                    for k, values in d[axes].items()}
-    (out / "sweep.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
-    return out
+    return d
+
+
+def replaced_sweep_note(out: str | Path, spec: SweepSpec) -> str | None:
+    """A sentence when ``out`` holds another sweep's table (its ``sweep.yaml`` records other
+    points or another base scenario), naming what differs; None otherwise."""
+    old_path = Path(out) / "sweep.yaml"
+    if not old_path.is_file():
+        return None
+    new = sweep_record(spec, out)
+    try:
+        old = yaml.safe_load(old_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return f"replacing the files in {out}/ (its sweep.yaml is not one simserve wrote)"
+    if old == new:
+        return None
+    if not isinstance(old, dict):
+        return f"replacing the files in {out}/ (its sweep.yaml is not one simserve wrote)"
+    changed = [k for k in (*new, *(k for k in old if k not in new)) if old.get(k) != new.get(k)]
+    what = f"name: {old.get('name')} → {new.get('name')}; " \
+        if old.get("name") != new.get("name") else ""
+    return (f"replacing the results of a different sweep in {out}/ ({what}differs in "
+            f"{', '.join(changed)})")
 
 
 def _nested_as_json(table: pd.DataFrame) -> pd.DataFrame:

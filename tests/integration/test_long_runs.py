@@ -189,3 +189,21 @@ def test_compare_skips_folded_runs_in_the_coincidence_check(monkeypatch):
     c = simserve.run(DATA / "tiny.yaml", keep_steps=True)
     d = simserve.run(DATA / "tiny.yaml", keep_steps=True)
     assert coinciding({"a": a, "c": c, "b": b, "d": d}) == [["c", "d"]]
+
+
+def test_vllm_v1_coincides_with_sarathi_at_its_budget_despite_its_null_block():
+    """vllm_v1 keeps a null block back (its kv_blocks_total is one less): the capacity is not
+    part of the schedule, so at vLLM's 8192-token budget with ample KV it coincides with sarathi
+    (docs/policies.md); a smaller budget does not."""
+    from simserve.runner import coinciding
+    runs = {p: simserve.run(SCENARIOS / "quickstart.yaml",
+                            overrides=["workload.num_requests=200", f"scheduler.policy={p}"])
+            for p in ("vllm_v1", "sarathi")}
+    totals = {p: int(r.steps["kv_blocks_total"].iloc[0]) for p, r in runs.items()}
+    assert totals["vllm_v1"] == totals["sarathi"] - 1
+    assert coinciding(runs) == [["vllm_v1", "sarathi"]]
+    runs["sarathi_512"] = simserve.run(
+        SCENARIOS / "quickstart.yaml",
+        overrides=["workload.num_requests=200", "scheduler.policy=sarathi",
+                   "engine.max_num_batched_tokens=512"])
+    assert coinciding(runs) == [["vllm_v1", "sarathi"]]

@@ -742,9 +742,10 @@ def test_simserve_profile_without_torch_says_how_to_install(monkeypatch, capsys)
     err = capsys.readouterr().err.strip().splitlines()
     # README's CPU-safe install line (the CPU wheel first), not a bare '.[profile]' that pulls
     # torch's CUDA build on Linux
-    assert err == ["error: simserve profile needs torch, which is not installed; install the "
-                   "CPU wheel first, pip install torch==2.13.0 --index-url "
-                   "https://download.pytorch.org/whl/cpu, then pip install -e '.[profile]'"]
+    assert err == ["error: simserve profile needs torch, which is not installed; on a CPU-only "
+                   "machine install the CPU wheel first, pip install torch==2.13.0 --index-url "
+                   "https://download.pytorch.org/whl/cpu, then pip install -e '.[profile]' (with "
+                   "a GPU: pip install -e '.[profile]' alone, which takes torch's CUDA build)"]
     readme = (REPO / "README.md").read_text()
     assert "pip install torch==2.13.0 --index-url\nhttps://download.pytorch.org/whl/cpu" in readme
 

@@ -233,6 +233,51 @@ def test_cli_sweep_writes_table_and_report(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "out" / "report.html").is_file()
 
 
+def test_cli_sweep_says_when_it_replaces_another_sweeps_table(tmp_path, capsys):
+    """A sweep into a folder holding another sweep's table says so before it runs (as run and
+    capacity do); the same sweep again, or its saved sweep.yaml rerun there, says nothing."""
+    out = tmp_path / "out"
+    first = write_grid(tmp_path, name="rates", grid={"workload.rate": [5.0, 20.0]})
+    assert main(["sweep", str(first), "--out", str(out), "--workers", "1", "--no-report",
+                 "--quiet"]) == 0
+    assert "note:" not in capsys.readouterr().err
+    assert main(["sweep", str(first), "--out", str(out), "--workers", "1", "--no-report",
+                 "--quiet"]) == 0
+    assert "note:" not in capsys.readouterr().err
+    assert main(["sweep", str(out / "sweep.yaml"), "--out", str(out), "--workers", "1",
+                 "--no-report", "--quiet"]) == 0
+    assert "note:" not in capsys.readouterr().err
+    other = tmp_path / "other"
+    other.mkdir()
+    second = write_grid(other, name="seqs", grid={"engine.max_num_seqs": [4, 8]})
+    assert main(["sweep", str(second), "--out", str(out), "--workers", "1", "--no-report",
+                 "--quiet"]) == 0
+    notes = [x for x in capsys.readouterr().err.splitlines() if x.startswith("note:")]
+    assert notes == [f"note: replacing the results of a different sweep in {out}/ (name: rates "
+                     f"→ seqs; differs in name, grid)"]
+    assert pd.read_csv(out / "sweep.csv")["engine.max_num_seqs"].tolist() == [4, 8]
+
+
+def test_sweep_file_typos_name_what_was_typed(tmp_path):
+    """A misspelt base: is named as the unknown field; a base that is not there names the field
+    and the folder it was looked for in; a nested grid says to write a dotted path."""
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"bsae": str(TINY), "grid": {"seed": [1, 2]}}))
+    with pytest.raises(ConfigError, match=r"^bsae: unknown field; known fields here: base, "
+                                          r"grid, name, scenario, set, zip$"):
+        load_sweep(path)
+    path.write_text(yaml.safe_dump({"base": "nothere.yaml", "grid": {"seed": [1, 2]}}))
+    with pytest.raises(ConfigError) as e:
+        load_sweep(path)
+    assert str(e.value) == (f"base: nothere.yaml: file not found (a path relative to the sweep "
+                            f"file's folder, {tmp_path}/)")
+    path.write_text(yaml.safe_dump({"base": str(TINY),
+                                    "grid": {"engine": {"max_num_seqs": [16, 64]}}}))
+    with pytest.raises(ConfigError, match=r"^grid\.engine: expected a list of values; a nested "
+                                          r"field is one dotted path"):
+        load_sweep(path)
+
+
 @pytest.mark.parametrize("grid, message", [
     ({"engine.max_num_seqz": [1, 2]}, "error: engine.max_num_seqz: unknown field"),
     ({"workload.rate": 3}, "error: grid.workload.rate: expected a non-empty list"),
