@@ -8,17 +8,21 @@ is stepping's, step for step (docs/cluster.md, exactness with fast-forward)."""
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Generator
 from functools import partial
 from typing import Any
 
 from simserve.engine.clock import Clock, Interrupt
-from simserve.engine.mode import BATCH_QUEUE, PIPELINE, RUN_AHEAD, SOLO, STEPPING, Mode
+from simserve.engine.mode import (ASYNC_SOLO, BATCH_QUEUE, PIPELINE, RUN_AHEAD, SOLO, STEPPING,
+                                  Mode)
 from simserve.engine.pipeline import pipeline_loop
 from simserve.engine.queue import queue_loop
 from simserve.engine.queue import sleep as _sleep
 from simserve.engine.replica import Flight, Replica
 from simserve.engine.runtime import Runtime, join_arrivals, pull_arrivals
+from simserve.metrics.tokens import TokenLog
+from simserve.sched.async_stretch import AsyncStretch
 from simserve.sched.core import Scheduler
 from simserve.sched.inflight import InFlight
 from simserve.sched.plan import StepPlan
@@ -141,6 +145,75 @@ def batch_queue_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     engine thus makes at most one step per CPU part. With depth 1 nothing overlaps and a
     step takes ``step_time``, as in the other loops."""
     return queue_loop(env, c, r, r.batch_queue_depth, AsyncTiming(c, r))
+
+
+def async_solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
+    """:func:`batch_queue_loop` with a queue of two (async scheduling) on one replica, nothing
+    else going on: it takes its arrivals itself, as the solo loop does (those due by each
+    moment the batch queue loop would resume at), and never waits on the SimPy clock but to
+    sleep until the next arrival. Where a decode step is scheduled with one step in flight,
+    nothing waiting, it fast-forwards an async decode stretch (sched/async_stretch.py) up to
+    the first step that would see the next arrival; the result is the batch queue loop's,
+    step for step."""
+    arrivals, sched = c.arrivals, r.scheduler
+    timing = AsyncTiming(c, r)
+    tokens = r.tokens
+    assert tokens is not None
+    queue: deque[tuple[InFlight, float]] = deque()
+    now = env.now
+    while True:
+        if arrivals.next_time <= now:
+            pull_arrivals(c, now)
+        if len(queue) < 2 and sched.has_work:
+            plan = sched.schedule()
+            if not plan.is_empty:
+                stretch = AsyncStretch.plan(sched, plan, SOLO_STRETCH) if queue else None
+                if stretch is None:
+                    queue.append(timing.launch(sched, plan, now))
+                    continue
+                now = _async_stretch(c, r, sched, timing, tokens, stretch, queue, now)
+                continue
+        if not queue:
+            if c.finished or arrivals.next_time == INF:
+                return           # all done (or deadlocked: simulate() sees nothing left)
+            now = arrivals.next_time
+            yield env.at(now)    # idle until the next arrival
+            continue
+        held, now = queue.popleft()
+        if arrivals.next_time <= now:   # (the batch queue loop resumes after them)
+            pull_arrivals(c, now)
+        timing.land(sched, held, now)
+
+
+def _async_stretch(c: Runtime, r: Replica, sched: Scheduler, timing: AsyncTiming,
+                   tokens: TokenLog, stretch: AsyncStretch,
+                   queue: deque[tuple[InFlight, float]], now: float) -> float:
+    """Run ``stretch`` (its first plan just scheduled at ``now``, the queue's one step in
+    flight): its steps recorded, the step in flight delivered, its steps but the last
+    delivered and the last left in flight in the queue; the time the loop goes on from (the
+    output of the last step delivered)."""
+    held, held_end = queue.popleft()
+    members = {id(m[0]) for m in stretch.members}
+    bm = sched.blocks
+    others = sum(bm.held(q.id) for q in sched.running if id(q) not in members)
+    running, used = len(sched.running) + sched.num_parked, bm.num_used
+    stretch.price(r.pricing, r.pricing.cpu_s, now, held_end, timing.cpu_free,
+                  c.arrivals.next_time)
+    k = stretch.num_steps
+    kv, runs = stretch.rows(running, used, others)
+    c.rec.async_stretch(r, stretch.starts, stretch.durations, kv, runs)
+    timing.land(sched, held, held_end)
+    finished, in_flight = stretch.apply()
+    ends = stretch.ends
+    if k > 1:
+        tokens.stretch(stretch, ends[:k - 1])  # type: ignore[arg-type]
+    r.num_outstanding -= len(finished)
+    now = ends[k - 2] if k > 1 else held_end
+    if finished:
+        c.done_steps(r, finished, now)
+    timing.free_at, timing.cpu_free = ends[-1], stretch.cpu_free
+    queue.append((in_flight, ends[-1]))
+    return now
 
 
 class AsyncTiming:
@@ -268,4 +341,4 @@ def _hold(env: Clock, c: Runtime, r: Replica, stretch: Stretch | None, start: fl
 
 _LOOPS: dict[str, Callable[[Clock, Runtime, Replica], Loop]] = {
     SOLO: solo_loop, RUN_AHEAD: run_ahead_loop, STEPPING: stepping_loop,
-    BATCH_QUEUE: batch_queue_loop, PIPELINE: pipeline_loop}
+    BATCH_QUEUE: batch_queue_loop, ASYNC_SOLO: async_solo_loop, PIPELINE: pipeline_loop}

@@ -11,8 +11,8 @@ from typing import Any
 from simserve.engine.replica import Replica, Router
 
 # the loops (engine/loops.py, engine/pipeline.py)
-SOLO, RUN_AHEAD, STEPPING, BATCH_QUEUE, PIPELINE = (
-    "solo", "run_ahead", "stepping", "batch_queue", "pipeline")
+SOLO, RUN_AHEAD, STEPPING, BATCH_QUEUE, ASYNC_SOLO, PIPELINE = (
+    "solo", "run_ahead", "stepping", "batch_queue", "async_solo", "pipeline")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,8 +26,8 @@ class Mode:
 
     @property
     def pull(self) -> bool:
-        """One replica takes its arrivals itself (the solo loop): no arrival process."""
-        return self.loop == SOLO
+        """One replica takes its arrivals itself (the solo loops): no arrival process."""
+        return self.loop in (SOLO, ASYNC_SOLO)
 
     @property
     def fault_end_rule(self) -> bool:
@@ -47,10 +47,16 @@ class Mode:
                              "disaggregation or failures")
         if pipelined and (disaggregated or faults is not None):
             raise ValueError("pipeline-parallel replicas run colocated, without failures")
-        fast_forward = fast_forward and not batch_queue
-        run_ahead = fast_forward and not disaggregated and not pipelined
+        # async scheduling on one replica (a batch queue of two, no pipeline) takes its
+        # arrivals itself and fast-forwards decode stretches (sched/async_stretch.py)
+        async_solo = (fast_forward and batch_queue and not pipelined and len(replicas) == 1
+                      and faults is None and replicas[0].batch_queue_depth == 2)
+        fast_forward = fast_forward and (not batch_queue or async_solo)
+        run_ahead = fast_forward and not disaggregated and not pipelined and not batch_queue
         if pipelined:
             loop = PIPELINE
+        elif async_solo:
+            loop = ASYNC_SOLO
         elif batch_queue:
             loop = BATCH_QUEUE
         elif run_ahead and len(replicas) == 1 and faults is None:

@@ -368,6 +368,72 @@ def test_arrivals_join_stretches(policy):
     assert len(joins) < 20             # ... so there are few stretches
 
 
+# -- fast-forward with async scheduling ----------------------------------------------------------
+
+def _async_latency(name):
+    """Latency models for the async cases: ones with a CPU part (a fixed step overhead, a cost
+    per sampled row) that async scheduling overlaps, and one without."""
+    return {"toy": lambda: None, "roofline": _roofline, "roofline+cpu": lambda: _roofline(7e-4),
+            "h100-vllm": lambda: _curved_roofline("h100-vllm"),
+            "h100+cpu": lambda: _curved_roofline("h100", 7e-4)}[name]()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(joining_scenarios(), st.sampled_from(["toy", "roofline", "roofline+cpu", "h100-vllm",
+                                             "h100+cpu"]))
+def test_async_stretches_equal_stepping(case, prices):
+    """Async scheduling on one replica (engine/loops.py's async_solo_loop, its decode
+    stretches: sched/async_stretch.py) against the batch queue loop stepping: the same steps
+    (times, counts, KV blocks used, running), the same per-request times and tokens, and
+    nothing left in flight."""
+    policy, limits, *rest = case
+    case = ("priority" if policy == "priority" else "vllm_v1",
+            dataclasses.replace(limits, preemption_mode="recompute", async_scheduling=True),
+            *rest)
+    fast, reps, _ = run_checked(*case, fast_forward=True, latency=_async_latency(prices))
+    slow, _, _ = run_checked(*case, fast_forward=False, latency=_async_latency(prices))
+    assert _by_replica(fast) == _by_replica(slow)
+    for a, b in zip(fast.requests, slow.requests, strict=True):
+        assert a.status == b.status and a.num_preemptions == b.num_preemptions
+        assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s
+        assert a.first_token_s == b.first_token_s
+        assert a.token_times == b.token_times
+    check_invariants(case, fast, reps)
+    assert reps[0].scheduler.steps_in_flight == 0
+    assert all(q.num_in_flight == q.num_pending == 0 for q in fast.requests)
+
+
+@pytest.mark.parametrize("policy", ["vllm_v1", "priority"])
+def test_async_runs_fast_forward_decode_stretches(policy):
+    """The async cases do take stretches (the steps between two arrivals), and equal stepping (a fixed case, with a CPU part and KV that runs out now and then)."""
+    from simserve.sched.async_stretch import AsyncStretch
+    sizes = []
+    apply = AsyncStretch.apply
+
+    def counted(self):
+        sizes.append(self.num_steps)
+        return apply(self)
+
+    limits = SchedulerLimits(max_num_seqs=32, max_num_batched_tokens=2048,
+                             enable_chunked_prefill=True, async_scheduling=True)
+    specs = [RequestSpec(i, 0.05 * i, 50 + (37 * i) % 200, 40 + (53 * i) % 150, None, i % 3)
+             for i in range(200)]
+    case = (policy, limits, 16, 400, 0, 512, specs, 1)
+    AsyncStretch.apply = counted
+    try:
+        fast, _, _ = run_checked(*case, fast_forward=True, latency=_roofline(7e-4))
+    finally:
+        AsyncStretch.apply = apply
+    slow, _, _ = run_checked(*case, fast_forward=False, latency=_roofline(7e-4))
+    assert _by_replica(fast) == _by_replica(slow)
+    assert [r.token_times for r in fast.requests] == [r.token_times for r in slow.requests]
+    steps = len(rec_steps := slow.columns()["start_s"])
+    assert steps == len(fast.columns()["start_s"]) and rec_steps.size
+    # an arrival every 0.05 s cuts them (about 8 steps each): a third of the steps in them
+    assert len(sizes) > 20 and sum(sizes) > steps // 4
+    assert any(r.num_preemptions for r in slow.requests)   # (the KV does run out)
+
+
 # -- fast-forward with prefix caching (issue #31) ---------------------------------------------
 
 def _cache_state(blocks):

@@ -7,8 +7,9 @@ import pytest
 
 from simserve.cluster.routing import make_router
 from simserve.engine import Replica
-from simserve.engine.loops import batch_queue_loop, loop_for, solo_loop
-from simserve.engine.mode import BATCH_QUEUE, PIPELINE, RUN_AHEAD, SOLO, STEPPING, Mode
+from simserve.engine.loops import async_solo_loop, batch_queue_loop, loop_for, solo_loop
+from simserve.engine.mode import (ASYNC_SOLO, BATCH_QUEUE, PIPELINE, RUN_AHEAD, SOLO, STEPPING,
+                                  Mode)
 from simserve.latency import ConstantLatency
 from tests.helpers import make_scheduler
 
@@ -51,6 +52,21 @@ def test_steps_in_flight_pick_the_queue_loops_for_every_replica():
     assert (m.loop, m.fast_forward) == (BATCH_QUEUE, False)
     assert loop_for(m) is batch_queue_loop
     assert Mode.of([replica(pp=2)], True, None, ROUND_ROBIN, None).loop == PIPELINE
+
+
+def test_one_async_replica_alone_pulls_its_arrivals_and_fast_forwards():
+    # async scheduling on one replica: the async solo loop (its decode stretches fast-forward)
+    m = Mode.of([replica(async_scheduling=True)], True, None, ROUND_ROBIN, None)
+    assert (m.loop, m.pull, m.fast_forward, m.tracked) == (ASYNC_SOLO, True, True, False)
+    assert loop_for(m) is async_solo_loop
+    # stepwise (--stepwise, the live driver): the batch queue loop, every step an event
+    m = Mode.of([replica(async_scheduling=True)], False, None, ROUND_ROBIN, None)
+    assert (m.loop, m.pull, m.fast_forward) == (BATCH_QUEUE, False, False)
+    # two async replicas, or a pipeline: the batch queue and pipeline loops, stepped
+    assert Mode.of([replica(0, async_scheduling=True), replica(1, async_scheduling=True)],
+                   True, None, ROUND_ROBIN, None).loop == BATCH_QUEUE
+    m = Mode.of([replica(async_scheduling=True, pp=2)], True, None, ROUND_ROBIN, None)
+    assert (m.loop, m.fast_forward) == (PIPELINE, False)
 
 
 def test_what_is_not_modelled_is_refused():
