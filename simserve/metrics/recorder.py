@@ -149,25 +149,6 @@ class StepLog:
         else:
             del g[last:]
 
-    def async_stretch(self, replica: Replica, starts: list[float], durations: list[float],
-                      kv_blocks_used: list[int], runs: list[tuple[int, int, int]]) -> None:
-        """An async decode stretch's steps (sched/async_stretch.py): their starts, durations
-        and KV blocks used, and runs of steps of one (decoding, running) count, each one
-        group; nothing waits and nothing prefills."""
-        log = self.replicas.get(replica.index) or self.log(replica)
-        s = log.steps
-        s["start_s"].fromlist(starts)
-        s["duration_s"].fromlist(durations)
-        s["kv_blocks_used"].fromlist(kv_blocks_used)
-        index, sched = replica.index, replica.scheduler
-        waiting, num_blocks = sched.num_waiting, sched.blocks.num_blocks
-        rows: list[int] = []
-        for n, m, running in runs:
-            rows += (n, index, 0, 0, m, m, running, waiting, num_blocks, 0, 0, 0)
-        log.group_records.fromlist(rows)
-        if len(s["start_s"]) > log.fold_at and self.folding:
-            self.compact()                  # (the latest finishes; folds what it can)
-
     def columns(self) -> dict[str, np.ndarray]:
         if self.num_folded:
             raise ValueError("the steps of a long run were folded away (keep_steps=True, "

@@ -405,7 +405,8 @@ def test_async_stretches_equal_stepping(case, prices):
 
 @pytest.mark.parametrize("policy", ["vllm_v1", "priority"])
 def test_async_runs_fast_forward_decode_stretches(policy):
-    """The async cases do take stretches (the steps between two arrivals), and equal stepping (a fixed case, with a CPU part and KV that runs out now and then)."""
+    """The async cases do take stretches (the steps between two arrivals), and equal stepping
+    (a fixed case, with a CPU part and KV that runs out now and then)."""
     from simserve.sched.async_stretch import AsyncStretch
     sizes = []
     apply = AsyncStretch.apply
