@@ -134,7 +134,8 @@ def batch_queue_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     n starts, right after the output of n-1 is delivered: it sees the arrivals and the frees
     up to then, and not those of step n. An empty plan is not queued (vLLM queues it, and
     its output, with nothing scheduled, is taken at once: the same order). Depth 1 is the
-    synchronous engine, stepped. Every step is its own event: no fast-forward.
+    synchronous engine, stepped. Every step is its own event: no fast-forward (one replica
+    with a queue of two runs :func:`async_solo_loop` instead, which fast-forwards).
 
     The CPU part of a step (the latency model's ``cpu_s(plan)``, else its ``step_overhead_s``:
     scheduling, input preparation, a cost per sampled sequence) runs from the moment it is
