@@ -42,6 +42,7 @@ counts instructions instead).
     python benchmarks/sim_speed.py --sizes 10000 --repeat 5
     python benchmarks/sim_speed.py --workload vidur --sizes 10000 50000 --stepwise 10000
     python benchmarks/sim_speed.py --workload shared_prefix --repeat 2 --stepwise 10000
+    python benchmarks/sim_speed.py --async --sizes 10000 --stepwise 10000   # async scheduling
 """
 
 from __future__ import annotations
@@ -205,6 +206,9 @@ def main() -> None:
                     help="sizes also run stepwise (phases only) for the ratio, checked equal")
     ap.add_argument("--steps", action="store_true",
                     help="pass --steps to simserve run (write steps.csv in full)")
+    ap.add_argument("--async", dest="async_", action="store_true",
+                    help="engine.async_scheduling on in every run (the issues' targets, "
+                         "set for synchronous runs, are not printed)")
     args = ap.parse_args()
     sizes = args.sizes or DEFAULT_SIZES[args.workload]
     policies = args.policies or DEFAULT_POLICIES[args.workload]
@@ -213,8 +217,8 @@ def main() -> None:
     extra = ["--steps"] if args.steps else []
     compiled = compile_bytecode()
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start "
-          f"(timings inflate when the machine is busy); workload {args.workload}, "
-          f"medians of {args.repeat}")
+          f"(timings inflate when the machine is busy); workload {args.workload}"
+          f"{' with async scheduling' if args.async_ else ''}, medians of {args.repeat}")
     print("whole process: `simserve run --no-report --quiet`, wall and CPU seconds, peak RSS, "
           "output size;\nphases (wall / CPU seconds): start-up to the scenario loaded, "
           "simserve.run, of which the metrics (columns, summary), Result.save;\n"
@@ -231,6 +235,8 @@ def main() -> None:
                     raw = json.loads(json.dumps(WORKLOADS[args.workload]))
                     raw["scheduler"]["policy"] = policy
                     raw["engine"].update(engine)
+                    if args.async_:
+                        raw["engine"]["async_scheduling"] = True
                     raw["workload"]["num_requests"] = n
                     scen = scens[label] = Path(tmp) / f"{policy}-{n}-{len(scens)}.yaml"
                     scen.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -261,9 +267,9 @@ def main() -> None:
                           f"{pair(ps, 'metrics')} {pair(ps, 'write')} "
                           f"{ps[0]['steps']:10,d} | {step_col:>8s}",
                           flush=True)
-                    if args.workload == "bench":
+                    if args.workload == "bench" and not args.async_:
                         print_targets(n, w, ps)
-                if args.workload == "shared_prefix":
+                if args.workload == "shared_prefix" and not args.async_:
                     # the ratio of each round's pair (run within seconds of each other), median
                     on, off = whole["cache on"], whole["cache off"]
                     ratio = statistics.median(a["wall"] / b["wall"] for a, b in zip(on, off))
