@@ -20,13 +20,13 @@ from simserve.engine.pipeline import pipeline_loop
 from simserve.engine.queue import queue_loop
 from simserve.engine.queue import sleep as _sleep
 from simserve.engine.replica import Flight, Replica
-from simserve.engine.runtime import Runtime, join_arrivals, pull_arrivals
+from simserve.engine.runtime import Runtime, _arrive, join_arrivals, pull_arrivals
 from simserve.metrics.tokens import TokenLog
-from simserve.sched.async_stretch import AsyncStretch
+from simserve.sched.async_stretch import AsyncJoin, AsyncStretch
 from simserve.sched.core import Scheduler
 from simserve.sched.inflight import InFlight
 from simserve.sched.plan import StepPlan
-from simserve.sched.stretch import Join, Stretch
+from simserve.sched.stretch import Join, Joined, Stretch
 
 Loop = Generator[Any, Any, None]
 
@@ -160,6 +160,8 @@ def async_solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     timing = AsyncTiming(c, r)
     tokens = r.tokens
     assert tokens is not None
+    # arrivals may join a stretch where the policy says when it admits them
+    join = partial(_async_join, c, r) if sched.facts.joins_stretch else None
     queue: deque[tuple[InFlight, float]] = deque()
     now = env.now
     while True:
@@ -172,7 +174,7 @@ def async_solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
                 if stretch is None:
                     queue.append(timing.launch(sched, plan, now))
                     continue
-                now = _async_stretch(c, r, sched, timing, tokens, stretch, queue, now)
+                now = _async_stretch(c, r, sched, timing, tokens, stretch, queue, now, join)
                 continue
         if not queue:
             if c.finished or arrivals.next_time == INF:
@@ -188,7 +190,8 @@ def async_solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
 
 def _async_stretch(c: Runtime, r: Replica, sched: Scheduler, timing: AsyncTiming,
                    tokens: TokenLog, stretch: AsyncStretch,
-                   queue: deque[tuple[InFlight, float]], now: float) -> float:
+                   queue: deque[tuple[InFlight, float]], now: float,
+                   join: AsyncJoin | None) -> float:
     """Run ``stretch`` (its first plan just scheduled at ``now``, the queue's one step in
     flight): its steps recorded, the step in flight delivered, its steps but the last
     delivered and the last left in flight in the queue; the time the loop goes on from (the
@@ -199,15 +202,16 @@ def _async_stretch(c: Runtime, r: Replica, sched: Scheduler, timing: AsyncTiming
     others = sum(bm.held(q.id) for q in sched.running if id(q) not in members)
     running, used = len(sched.running) + sched.num_parked, bm.num_used
     stretch.price(r.pricing, r.pricing.cpu_s, now, held_end, timing.cpu_free,
-                  c.arrivals.next_time)
+                  c.arrivals.next_time, join)
     k = stretch.num_steps
     kv, runs = stretch.rows(running, used, others)
     c.rec.async_stretch(r, stretch.starts, stretch.durations, kv, runs)
     timing.land(sched, held, held_end)
     finished, in_flight = stretch.apply()
     ends = stretch.ends
-    if k > 1:
-        tokens.stretch(stretch, ends[:k - 1])  # type: ignore[arg-type]
+    if k > 1:   # (those that joined at the last step have no token delivered yet)
+        tokens.stretch(stretch, ends[:k - 1],  # type: ignore[arg-type]
+                       [m for m in stretch.members if m[4] < k - 1])
     r.num_outstanding -= len(finished)
     now = ends[k - 2] if k > 1 else held_end
     if finished:
@@ -215,6 +219,39 @@ def _async_stretch(c: Runtime, r: Replica, sched: Scheduler, timing: AsyncTiming
     timing.free_at, timing.cpu_free = ends[-1], stretch.cpu_free
     queue.append((in_flight, ends[-1]))
     return now
+
+
+def _async_join(c: Runtime, r: Replica, stretch: AsyncStretch, i: int, due: float,
+                start: float, decoding: int, running: int) -> tuple[Joined, float] | None:
+    """The async solo loop's join (``AsyncStretch.price``): the arrivals due by ``due``, the
+    schedule time of the stretch's step ``i``, admitted at that step (starting at ``start``)
+    beside ``decoding`` decodes with ``running`` requests running, if ``schedule()`` would
+    admit every one of them whole then (none rejected, the policy's ``stretch_admits``, and
+    their blocks and every member's growth surely fit: ``room_to_join``); they arrive and are
+    admitted as stepping would, and the next arrival's time is the new cut. Otherwise None,
+    and nothing changed: the stretch ends before step i."""
+    specs = c.arrivals.due(due)
+    sched, limit = r.scheduler, r.max_model_len
+    order = sched.admission_order(specs)
+    blocks = sched.blocks
+    prompts = [s.num_prompt_tokens for s in order]
+    need = 0
+    for spec, p in zip(order, prompts):
+        total = p + spec.num_output_tokens
+        if total > limit or blocks.blocks_for(total) > blocks.num_blocks:
+            return None                       # to be rejected (rejection_reason): step it
+        need += blocks.blocks_for(p)
+    if not stretch.room_to_join(need, len(order), decoding) \
+            or not sched.stretch_admits(prompts, decoding, running):
+        return None
+    c.arrivals.skip(len(specs))
+    for spec in specs:
+        _arrive(c, spec)
+    joined = []
+    for p in prompts:
+        req = sched.waiting[0]
+        joined.append((req, p, sched.join_stretch(req, p, start), 0))
+    return joined, c.arrivals.next_time
 
 
 class AsyncTiming:

@@ -372,10 +372,11 @@ class Recorder:
             self.compact()                  # (the latest finishes; folds what it can)
 
     def async_stretch(self, replica: Replica, starts: list[float], durations: list[float],
-                      kv_blocks_used: list[int], runs: list[tuple[int, int, int]]) -> None:
+                      kv_blocks_used: list[int],
+                      runs: list[tuple[int, int, int, int, int]]) -> None:
         """An async decode stretch's steps (sched/async_stretch.py): their starts, durations
-        and KV blocks used, and runs of steps of one (decoding, running) count, each one
-        group; nothing waits and nothing prefills."""
+        and KV blocks used, and runs of steps of one count, each one group: (steps, prefill
+        tokens, prefill sequences, decoding, running); nothing waits."""
         log = self.replicas.get(replica.index) or self.log(replica)
         s = log.steps
         s["start_s"].fromlist(starts)
@@ -384,8 +385,9 @@ class Recorder:
         index, sched = replica.index, replica.scheduler
         waiting, num_blocks = sched.num_waiting, sched.blocks.num_blocks
         rows: list[int] = []
-        for n, m, running in runs:
-            rows += (n, index, 0, 0, m, m, running, waiting, num_blocks, 0, 0, 0)
+        for n, tokens, seqs, m, running in runs:
+            rows += (n, index, tokens, seqs, m, tokens + m, running, waiting, num_blocks, 0, 0,
+                     0)
         log.group_records.fromlist(rows)
         if len(s["start_s"]) > log.fold_at and self.folding:
             self.compact()                  # (the latest finishes; folds what it can)

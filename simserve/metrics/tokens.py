@@ -31,7 +31,7 @@ from simserve.metrics.sketch import LogHistogram
 from simserve.sched.request import Request, TokenTrack
 
 if TYPE_CHECKING:
-    from simserve.sched.stretch import Stretch
+    from simserve.sched.stretch import Member, Stretch
 
 CHUNK = LEVEL_CHUNK   # steps read at a time after a run: bounds the memory of long runs
 # a run of at most this many steps (all replicas) keeps its gaps while they are read (a few MB);
@@ -92,8 +92,10 @@ class TokenLog:
                         tr.extra = {}
                     tr.extra[index] = c - 1
 
-    def stretch(self, stretch: Stretch, ends: list[float]) -> None:
-        """The first ``len(ends)`` steps of a fast-forwarded stretch, ending at ``ends``.
+    def stretch(self, stretch: Stretch, ends: list[float],
+                members: list[Member] | None = None) -> None:
+        """The first ``len(ends)`` steps of a fast-forwarded stretch, ending at ``ends``
+        (``members``: those of its members that take any of them, where not all do).
 
         Member j takes steps offset[j] .. min(k, stop[j]) - 1. Inside the stretch every member has
         one gap per step between its steps; entering it, a member that decoded in the step just
@@ -107,7 +109,8 @@ class TokenLog:
             self.step_ends.extend(ends)
         extra, diff = self.itl_extra, self.itl_diff
         d = a - self.base                        # step a's entry in diff
-        members = stretch.members
+        if members is None:
+            members = stretch.members
         last, t_last = a + k - 1, ends[-1]       # where members that run to the end stop
         adjacent = stays = late = 0
         for req, _, _, e, o in members:

@@ -34,20 +34,27 @@ steps before it delivered. So the state after it is exactly the stepped loop's, 
 from __future__ import annotations
 
 from collections.abc import Callable
-from heapq import heapify, heappop
+from heapq import heapify, heappop, heappush
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from simserve.kv.blocks import BlockManager
 from simserve.sched.inflight import InFlight
 from simserve.sched.plan import Prices, StepPlan
-from simserve.sched.stretch import INF, Member, Pricing, _fit_blocks, _forget, stretch_prices
+from simserve.sched.stretch import (INF, Joined, Member, Pricing, _fit_blocks, _forget,
+                                    stretch_prices)
 
 if TYPE_CHECKING:
     from simserve.sched.core import Scheduler
     from simserve.sched.request import Request
 
 _stop = itemgetter(3)
+
+# The async solo loop's join (``AsyncStretch.price``): ``join(stretch, i, due, start, decoding,
+# running)``, the arrivals due by ``due`` (step i's schedule time) admitted at step i starting
+# at ``start``, beside ``decoding`` decodes with ``running`` requests running; their
+# (request, prompt, blocks, 0) and the next arrival's time, or None
+AsyncJoin = Callable[["AsyncStretch", int, float, float, int, int], "tuple[Joined, float] | None"]
 
 
 class AsyncStretch:
@@ -56,7 +63,7 @@ class AsyncStretch:
     decodes, in running order, each a :data:`~simserve.sched.stretch.Member` (offset 0)."""
 
     __slots__ = ("sched", "first_plan", "members", "num_steps", "starts", "durations", "ends",
-                 "cpu_free", "segments")
+                 "cpu_free", "segments", "planned", "joins", "joined_blocks")
 
     def __init__(self, sched: Scheduler, plan: StepPlan, members: list[Member], k: int):
         self.sched = sched
@@ -71,6 +78,10 @@ class AsyncStretch:
         self.ends: list[float] = []
         self.cpu_free = 0.0
         self.segments: list[tuple[int, int]] = []
+        self.planned = len(members)      # members[planned:] joined while it was priced
+        # the steps at which requests joined: step -> (their prompt tokens, how many)
+        self.joins: dict[int, tuple[int, int]] = {}
+        self.joined_blocks = 0           # the blocks they hold (allocated when applied)
 
     # -- planning --------------------------------------------------------------------------
     @classmethod
@@ -117,30 +128,79 @@ class AsyncStretch:
 
     # -- pricing ---------------------------------------------------------------------------
     def price(self, pricing: Pricing, cpu_s: Callable[[StepPlan], float], now: float,
-              held_end: float, cpu_free: float, cut: float = INF) -> None:
+              held_end: float, cpu_free: float, cut: float = INF,
+              join: AsyncJoin | None = None) -> None:
         """The steps' times, from step 0 scheduled at ``now`` with the step in flight ending
         at ``held_end`` and the CPU free at ``cpu_free``, each computed as
         ``AsyncTiming.launch`` computes it (the same operations: the same values); only the
         steps scheduled before ``cut`` (the next arrival) are kept (step 0 always is):
         ``num_steps`` shrinks to match. Each segment (a run of steps of one membership) is
-        priced from its own plan, in chunks of about as many steps as reach the cut."""
+        priced from its own plan, in chunks of about as many steps as reach the cut.
+
+        ``join`` (the async solo loop's): at the first step scheduled at or after ``cut``,
+        ``join(self, i, e(i - 2), e(i - 1), m, running)`` either returns None, and the
+        stretch ends before step i, or admits the arrivals as ``schedule()`` would there,
+        each with its whole prompt beside the m decodes: step i is then a mixed step (a
+        segment of its own), they are members from it on (offset i), and pricing goes on
+        to the next cut it returns."""
         k, plan, members = self.num_steps, self.first_plan, self.members
         by_sum = None if plan.extra_s else pricing.decode_stretch_sum
+        mixed_sum = pricing.mixed_step_sum
         forget = pricing.forget_prices
         priced: list[tuple[int, Prices]] = []
-        num_priced = 0
+        priced_end = 0                       # the step after the last one priced
         starts, durations, ends, segments = self.starts, self.durations, self.ends, self.segments
         sched_at, free_at = now, held_end    # e(i - 2): step i's schedule time; e(i - 1)
         m = len(members)
         ctx_sum = sum(c for _, c, _, _, _ in members)
+        # members whose last step is behind, by step: out of the decodes from step e on, out
+        # of running from e + 1 on (its output delivered at e(e - 1))
         ahead = [(e, c) for _, c, _, e, _ in members if e < k]
         heapify(ahead)
+        done = [e for _, _, _, e, _ in members if e < k]
+        heapify(done)
+        running = m                          # from step 1 on (the finishers in flight gone)
         i = 0
         while i < k:
             while ahead and ahead[0][0] <= i:       # members whose last step is behind
                 _, c = heappop(ahead)
                 m -= 1
                 ctx_sum -= c
+            if i and sched_at >= cut:               # step i sees an arrival
+                while done and done[0] + 1 <= i:
+                    heappop(done)
+                    running -= 1
+                got = join(self, i, sched_at, free_at, m, running) if join is not None \
+                    else None
+                if got is None:
+                    k = i
+                    break
+                joined, cut = got
+                prompts = tuple([p for _, p, _, _ in joined])
+                total = ctx_sum + m * i
+                jplan = self._join_plan(i, joined)
+                d = mixed_sum(m, total, prompts, (0,) * len(prompts)) \
+                    if mixed_sum is not None else pricing.step_time(jplan)
+                o = cpu_s(jplan)
+                segments.append((i, m))
+                self.joins[i] = (sum(prompts), len(joined))
+                for req, p, h, _ in joined:        # step i feeds its prompt: position p - 1
+                    c, e = p - 1 - i, i + req.num_output_tokens
+                    members.append((req, c, h, e, i))
+                    self.joined_blocks += h
+                    m += 1
+                    running += 1
+                    ctx_sum += c
+                    if e < k:
+                        heappush(ahead, (e, c))
+                        heappush(done, e)
+                start, end, cpu_free = _launch(sched_at, free_at, cpu_free, d, o)
+                starts.append(start)
+                durations.append(end - start)
+                ends.append(end)
+                sched_at, free_at = free_at, end
+                i += 1
+                continue
             i1 = ahead[0][0] if ahead else k
             i0 = i
             segments.append((i0, m))
@@ -154,55 +214,82 @@ class AsyncStretch:
                 o = cpu_s(seg)
             if forget is not None:
                 priced.append((i0, prices))
+            stop = False
             while i < i1:
-                if i and sched_at >= cut:          # step i would see the arrival: not taken
-                    k = i
+                if i and sched_at >= cut:          # step i would see the arrival
+                    stop = True
                     break
                 n = i1 - i
                 if cut < INF:                      # about as many as reach the cut
                     d = durations[-1] if durations else 0.0
                     n = min(n, int((cut - sched_at) / d) + 2 if d > 0 else 2)
                 chunk = prices(i - i0, n)
-                num_priced += n
+                priced_end = i + n
                 for d in chunk:
-                    if i and sched_at >= cut:      # step i would see the arrival: not taken
-                        k = i
+                    if i and sched_at >= cut:
+                        stop = True
                         break
-                    # AsyncTiming.launch's arithmetic
-                    start = free_at if free_at > sched_at else sched_at
-                    overhead = o if o < d else d
-                    ready = (cpu_free if cpu_free > sched_at else sched_at) + overhead
-                    cpu_free = ready
-                    end = (free_at if free_at > ready else ready) + (d - overhead)
+                    start, end, cpu_free = _launch(sched_at, free_at, cpu_free, d, o)
                     starts.append(start)
                     durations.append(end - start)
                     ends.append(end)
                     sched_at, free_at = free_at, end
                     i += 1
-                if i >= k:
+                if stop:
                     break
-        if forget is not None and num_priced > k:
-            _forget(forget, priced, k, num_priced)
+            if stop and forget is not None and priced_end > i:
+                # (the prices of this segment from step i on: dropped, step i joined or not)
+                _forget(forget, priced, i, priced_end)
+                priced_end = i
+        if forget is not None and priced_end > k:
+            _forget(forget, priced, k, priced_end)
         self.num_steps = k
         self.cpu_free = cpu_free
         while segments[-1][0] >= k:                # (a segment begun past the cut)
             segments.pop()
 
+    def _join_plan(self, i: int, joined: Joined) -> StepPlan:
+        """The plan of a step ``i`` at which ``joined`` join: the members left decoding, in
+        running order, then each newcomer's whole prompt."""
+        left = [(r, c) for r, c, _, e, _ in self.members if e > i]
+        n = len(left)
+        new = tuple([p for _, p, _, _ in joined])
+        return StepPlan(tuple([r.id for r, _ in left] + [r.id for r, _, _, _ in joined]),
+                        (1,) * n + new, new, (0,) * len(new), tuple([c + i for _, c in left]),
+                        n + len(joined))
+
+    def room_to_join(self, blocks: int, num: int, decoding: int) -> bool:
+        """True if ``num`` requests holding ``blocks`` new KV blocks in all may join at the
+        step being priced, at which ``decoding`` members are left, and every member still
+        fits every later step of the stretch: the blocks in use now (those of the members
+        that finished since counted still, as their frees come a step late), those of the
+        requests that joined, and at most k // bs + 1 blocks each grown over its k steps."""
+        bm = self.sched.blocks
+        grow = (self.num_steps - 1) // bm.block_size + 1
+        held = bm.num_used + self.joined_blocks
+        return held + blocks + (decoding + num) * grow <= bm.num_blocks
+
     # -- what the recorder keeps -------------------------------------------------------------
     def rows(self, running: int, used: int,
-             held: int) -> tuple[list[int], list[tuple[int, int, int]]]:
+             held: int) -> tuple[list[int], list[tuple[int, int, int, int, int]]]:
         """The KV blocks in use after scheduling each step, and the steps in runs of one
-        (decoding, running) count: (steps, decoding, running). ``running``, ``used``: the
-        running requests and blocks in use now, after step 0 was scheduled; ``held``: the
-        blocks of the running requests that are not members (their last token in flight:
-        freed when the step in flight is delivered, before step 1 is scheduled)."""
+        count: (steps, prefill tokens, prefill sequences, decoding, running). ``running``,
+        ``used``: the running requests and blocks in use now, after step 0 was scheduled;
+        ``held``: the blocks of the running requests that are not members (their last token
+        in flight: freed when the step in flight is delivered, before step 1 is
+        scheduled)."""
         k = self.num_steps
         bs = self.sched.blocks.block_size
         extra = [0] * (k + 1)
-        gone = [0] * (k + 1)                 # members out of running from step i on
+        gone = [0] * (k + 1)                 # running from step i on: + joined, - gone
         if k > 1:
             extra[1] -= held
-        for _, c, h, e, _ in self.members:
+        for j, (_, c, h, e, o) in enumerate(self.members):
+            if o >= k:
+                continue
+            if j >= self.planned:            # joined at step o: its prompt's blocks then
+                extra[o] += h
+                gone[o] -= 1
             # step i holds ceil((c + i + 1) / bs) blocks from step first = h * bs - c on (one
             # more every bs steps) while it decodes (i < e); freed before step e + 1
             first = h * bs - c
@@ -219,70 +306,88 @@ class AsyncStretch:
             if i:
                 total += extra[i]
             kv.append(total)
-        runs: list[tuple[int, int, int]] = []
         segments = self.segments
         bounds = [s for s, _ in segments[1:]] + [k]
-        # decoding per step from the segments; running: ``running`` at step 0, the members
-        # with e >= i after
         decoding = []
         for (s0, m), s1 in zip(segments, bounds):
             decoding += [m] * (s1 - s0)
-        left = len(self.members)
+        joins = self.joins
+        runs: list[tuple[int, int, int, int, int]] = []
+        left = self.planned
         for i in range(k):
-            if i == 0:
-                r = running
-            else:
-                left -= gone[i]
-                r = left
+            left -= gone[i] if i else 0
+            r = running if i == 0 else left
             m = decoding[i]
-            if runs and runs[-1][1] == m and runs[-1][2] == r:
-                n, _, _ = runs[-1]
-                runs[-1] = (n + 1, m, r)
+            tokens, seqs = joins.get(i, (0, 0))
+            if runs and not seqs and runs[-1][1:] == (0, 0, m, r):
+                runs[-1] = (runs[-1][0] + 1, 0, 0, m, r)
             else:
-                runs.append((1, m, r))
+                runs.append((1, tokens, seqs, m, r))
         return kv, runs
 
     # -- applying --------------------------------------------------------------------------
     def apply(self) -> tuple[list[Request], InFlight]:
         """After the step that was in flight is delivered: steps 0 .. k - 2 delivered (the
-        members' counters, their finishes at their last steps' ends, the blocks grown) and
-        step k - 1 launched as ``Scheduler.launch`` does (what ``deliver`` later takes);
-        the requests that finished, and the step in flight."""
+        members' counters, their finishes at their last steps' ends, the blocks grown, those
+        of the requests that joined allocated) and step k - 1 launched as
+        ``Scheduler.launch`` does (what ``deliver`` later takes); the requests that
+        finished, and the step in flight."""
         k = self.num_steps
         ends = self.ends
         sched = self.sched
         bs = sched.blocks.block_size
+        planned = self.planned
         finished = []
         grown = []
         added = 0
         entries: list[tuple[Request, int]] = []
         sampled: list[Request] = []
         ctx = []
-        for req, c, h, e, _ in self.members:
+        new: list[int] = []
+        for j, (req, c, h, e, o) in enumerate(self.members):
             if e >= k:                  # takes step k - 1, launched: its token in flight
                 req.num_computed_tokens = c + k
-                req.num_generated += k
+                req.num_generated += k - o
                 req.num_pending += 1
                 req.num_in_flight += 1
                 need = -(-(c + k) // bs)
-                if need > h:
+                if j >= planned:        # joined: the block manager has none of its blocks
+                    grown.append((req.id, need))
+                    added += need
+                elif need > h:
                     grown.append((req.id, need))
                     added += need - h
-                entries.append((req, 1))
                 sampled.append(req)
-                ctx.append(c + k - 1)
+                if o == k - 1:          # joined at the last step: its prompt in flight
+                    entries.append((req, c + k))
+                    new.append(c + k)
+                else:
+                    entries.append((req, 1))
+                    ctx.append(c + k - 1)
             else:                       # its last token at step e - 1, delivered
                 req.num_computed_tokens = c + e
-                req.num_generated += e
+                req.num_generated += e - o
                 req.finish_s = ends[e - 1]
                 finished.append(req)
         if finished:
             sched.retire(finished, None)
-        fitted = sched.blocks.grow_to(grown, added)   # fits: plan() checked it
+        fitted = sched.blocks.grow_to(grown, added)   # fits: plan() and joins checked it
         assert fitted is not None
         sched.current_step += k - 1     # the schedule() calls of steps 1 .. k - 1
         sched.steps_in_flight += 1      # (the delivered one was taken off by deliver)
-        n = len(entries)
-        plan = StepPlan(tuple([r.id for r in sampled]), (1,) * n, (), (), tuple(ctx), n, 0, 0,
-                        0, self.first_plan.extra_s)
+        n = len(ctx)
+        plan = StepPlan(tuple([r.id for r in sampled]), (1,) * n + tuple(new), tuple(new),
+                        (0,) * len(new), tuple(ctx), n + len(new), 0, 0, 0,
+                        self.first_plan.extra_s)
         return finished, InFlight(plan, entries, sampled)
+
+
+def _launch(sched_at: float, free_at: float, cpu_free: float, d: float,
+            o: float) -> tuple[float, float, float]:
+    """``AsyncTiming.launch``'s arithmetic for a step of ``d`` seconds, ``o`` of them its CPU
+    part, scheduled at ``sched_at`` while the device is busy until ``free_at`` and the CPU
+    until ``cpu_free``: its recorded start, its end, and when the CPU is free again."""
+    overhead = o if o < d else d
+    ready = (cpu_free if cpu_free > sched_at else sched_at) + overhead
+    end = (free_at if free_at > ready else ready) + (d - overhead)
+    return (free_at if free_at > sched_at else sched_at), end, ready

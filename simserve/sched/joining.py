@@ -25,13 +25,16 @@ class StretchAdmission:
 
         def _join(self, req: Request) -> None: ...
 
-    def stretch_admits(self, prompts: list[int], decoding: int) -> bool:
+    def stretch_admits(self, prompts: list[int], decoding: int,
+                       running: int | None = None) -> bool:
         """With ``joins_stretch``: True if ``schedule()``, at a step where the ``decoding``
         running requests all decode and nothing else is running, swapped or waiting but
         requests that just arrived (in that order, none with anything computed) whose prompts
         past their cached prefixes are ``prompts`` tokens, would admit every one of them with
         all of those, KV blocks aside (the stretch makes sure of those:
-        ``Stretch.join_hits``)."""
+        ``Stretch.join_hits``). ``running``: the running requests, where more than the
+        decoding (async scheduling: those whose last token is in flight are not scheduled
+        but hold their ``max_num_seqs`` slot)."""
         raise NotImplementedError
 
     def admission_order(self, specs: list[Any]) -> list[Any]:
@@ -40,7 +43,8 @@ class StretchAdmission:
         orders its queue)."""
         return specs
 
-    def admits_whole(self, prompts: list[int], decoding: int, threshold: int) -> bool:
+    def admits_whole(self, prompts: list[int], decoding: int, threshold: int,
+                     running: int | None = None) -> bool:
         """``stretch_admits`` for a policy that, after the ``decoding`` decodes, admits the
         waiting head while ``may_admit`` allows, each with its prompt cut to ``threshold``
         (0: none) and the token budget left (``clip``): all of ``prompts`` come in whole if
@@ -48,7 +52,7 @@ class StretchAdmission:
         prompt cut, and those behind it find the budget spent: they do not all join)."""
         limits = self.limits
         budget = limits.max_num_batched_tokens - decoding
-        seqs = limits.max_num_seqs - decoding
+        seqs = limits.max_num_seqs - (decoding if running is None else running)
         for p in prompts:
             if budget <= 0 or seqs <= 0 or 0 < threshold < p or p > budget:
                 return False

@@ -34,13 +34,15 @@ class Sarathi(Scheduler):
             self._new_prefills(batch)
         return batch.freeze()
 
-    def stretch_admits(self, prompts: list[int], decoding: int) -> bool:
+    def stretch_admits(self, prompts: list[int], decoding: int,
+                       running: int | None = None) -> bool:
         # schedule() then: _decodes gives every running request its token, _partial_prefills
         # has nothing to do (everyone decodes), nothing is swapped, and _new_prefills admits
         # the arrived while may_admit allows, each prompt cut by the base clip: the
         # long-prefill threshold, never lifted here (unlike vLLM v1's), and the budget left.
         # No gate besides the blocks (which the stretch checks: Stretch.room_to_join)
-        return self.admits_whole(prompts, decoding, self.limits.long_prefill_token_threshold)
+        return self.admits_whole(prompts, decoding, self.limits.long_prefill_token_threshold,
+                                 running)
 
     def _decodes(self, batch: Batch) -> None:
         if self._decode_all_at_once(batch):   # the usual case: every running request decodes

@@ -66,15 +66,17 @@ class VllmV1(Scheduler):
             self._admit_waiting(batch)
         return batch.freeze()
 
-    def stretch_admits(self, prompts: list[int], decoding: int) -> bool:
+    def stretch_admits(self, prompts: list[int], decoding: int,
+                       running: int | None = None) -> bool:
         # schedule() then: the threshold (everyone eligible: the decoding and the arrived),
         # decode_all for the running, then _admit_waiting while the budgets and max_num_seqs
         # allow; a prompt is admitted whole if neither the threshold nor the budget left cuts
         # it (without chunked prefill one that does not fit waits): any cut, and they do not
         # all join
         limits = self.limits
-        threshold = limits.long_prefill_token_threshold if decoding + len(prompts) > 1 else 0
-        return self.admits_whole(prompts, decoding, threshold)
+        held = decoding if running is None else running     # (running: every one eligible)
+        threshold = limits.long_prefill_token_threshold if held + len(prompts) > 1 else 0
+        return self.admits_whole(prompts, decoding, threshold, running)
 
     def clip(self, req: Request, n: int, batch: Batch) -> int:
         threshold = self._threshold

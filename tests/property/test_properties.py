@@ -405,34 +405,41 @@ def test_async_stretches_equal_stepping(case, prices):
 
 @pytest.mark.parametrize("policy", ["vllm_v1", "priority"])
 def test_async_runs_fast_forward_decode_stretches(policy):
-    """The async cases do take stretches (the steps between two arrivals), and equal stepping
-    (a fixed case, with a CPU part and KV that runs out now and then)."""
+    """The async cases do take stretches, arrivals join them, and they equal stepping (fixed
+    cases with a CPU part: ample KV, where most arrivals join; and KV that runs out now and
+    then, where the stretches' room checks keep them out)."""
     from simserve.sched.async_stretch import AsyncStretch
-    sizes = []
     apply = AsyncStretch.apply
-
-    def counted(self):
-        sizes.append(self.num_steps)
-        return apply(self)
-
     limits = SchedulerLimits(max_num_seqs=32, max_num_batched_tokens=2048,
                              enable_chunked_prefill=True, async_scheduling=True)
-    specs = [RequestSpec(i, 0.05 * i, 50 + (37 * i) % 200, 40 + (53 * i) % 150, None, i % 3)
-             for i in range(200)]
-    case = (policy, limits, 16, 400, 0, 512, specs, 1)
-    AsyncStretch.apply = counted
-    try:
-        fast, _, _ = run_checked(*case, fast_forward=True, latency=_roofline(7e-4))
-    finally:
-        AsyncStretch.apply = apply
-    slow, _, _ = run_checked(*case, fast_forward=False, latency=_roofline(7e-4))
-    assert _by_replica(fast) == _by_replica(slow)
-    assert [r.token_times for r in fast.requests] == [r.token_times for r in slow.requests]
-    steps = len(rec_steps := slow.columns()["start_s"])
-    assert steps == len(fast.columns()["start_s"]) and rec_steps.size
-    # an arrival every 0.05 s cuts them (about 8 steps each): a third of the steps in them
-    assert len(sizes) > 20 and sum(sizes) > steps // 4
-    assert any(r.num_preemptions for r in slow.requests)   # (the KV does run out)
+    for gap, num_blocks in ((0.15, 4000), (0.05, 400)):
+        specs = [RequestSpec(i, gap * i, 50 + (37 * i) % 200, 40 + (53 * i) % 150, None, i % 3)
+                 for i in range(200)]
+        sizes, joins = [], []
+
+        def counted(self, sizes=sizes, joins=joins):
+            sizes.append(self.num_steps)
+            joins.append(sum(n for _, n in self.joins.values()))
+            return apply(self)
+
+        case = (policy, limits, 16, num_blocks, 0, 512, specs, 1)
+        AsyncStretch.apply = counted
+        try:
+            fast, _, _ = run_checked(*case, fast_forward=True, latency=_roofline(7e-4))
+        finally:
+            AsyncStretch.apply = apply
+        slow, _, _ = run_checked(*case, fast_forward=False, latency=_roofline(7e-4))
+        assert _by_replica(fast) == _by_replica(slow)
+        assert [r.token_times for r in fast.requests] == [r.token_times for r in slow.requests]
+        steps = len(slow.columns()["start_s"])
+        assert steps == len(fast.columns()["start_s"]) > 0
+        if num_blocks == 4000:
+            # most arrivals (one every 0.15 s) join a stretch going on (a stretch ends when
+            # its longest member when planned is done): most steps in a few stretches
+            assert sum(joins) > 150 and len(sizes) < 60 and sum(sizes) > steps * 3 // 4
+        else:
+            assert any(r.num_preemptions for r in slow.requests)   # (the KV does run out)
+            assert len(sizes) > 20
 
 
 # -- fast-forward with prefix caching (issue #31) ---------------------------------------------
