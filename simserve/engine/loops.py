@@ -153,8 +153,8 @@ def async_solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     else going on: it takes its arrivals itself, as the solo loop does (those due by each
     moment the batch queue loop would resume at), and never waits on the SimPy clock but to
     sleep until the next arrival. Where a decode step is scheduled with one step in flight,
-    nothing waiting, it fast-forwards an async decode stretch (sched/async_stretch.py) up to
-    the first step that would see the next arrival; the result is the batch queue loop's,
+    nothing waiting, it fast-forwards an async decode stretch (sched/async_stretch.py), which
+    arrivals join where the policy admits them whole; the result is the batch queue loop's,
     step for step."""
     arrivals, sched = c.arrivals, r.scheduler
     timing = AsyncTiming(c, r)

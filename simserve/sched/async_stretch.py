@@ -20,14 +20,19 @@ freed: when its last step's output is delivered, at e(s - 1), so the step schedu
 (s + 1) is the first to see them free; the step scheduled at e(s - 2) still counts them, and it
 in ``running``.
 
-The stretch ends before the first step that would be scheduled at or after the next arrival,
-and at its last step that step stays in flight: the stepped loop goes on from there, with the
-steps before it delivered. So the state after it is exactly the stepped loop's, step for step
-(``tests/property``: async runs fast-forwarded against stepped, on every latency model).
+Arrivals may join it (``price``'s ``join``, for a policy with ``joins_stretch``): at the first
+step whose schedule sees them, if ``schedule()`` would admit them whole there beside the
+decodes (``stretch_admits`` with the running count: the requests whose last token is in flight
+keep their ``max_num_seqs`` slots) and their blocks surely fit (``room_to_join``, which counts
+the blocks of members that finished until their late frees), that step is a mixed step and
+they are members from it on; otherwise the stretch ends before that step. Its last step stays
+in flight: the stepped loop goes on from there, with the steps before it delivered. So the
+state after it is exactly the stepped loop's, step for step (``tests/property``: async runs
+fast-forwarded against stepped, on every latency model).
 
     stretch = AsyncStretch.plan(sched, plan, max_steps)        # None: step it
-    stretch.price(pricing, now, held_end, cpu_free, cut)         # the steps' times
-    rows = stretch.rows(running, used)                           # the recorder's
+    stretch.price(pricing, cpu_s, now, held_end, cpu_free, cut, join)   # the steps' times
+    kv, runs = stretch.rows(running, used, held)                 # the recorder's
     finished, in_flight = stretch.apply()                        # after ``held`` is delivered
 """
 
@@ -222,7 +227,7 @@ class AsyncStretch:
                 n = i1 - i
                 if cut < INF:                      # about as many as reach the cut
                     d = durations[-1] if durations else 0.0
-                    n = min(n, int((cut - sched_at) / d) + 2 if d > 0 else 2)
+                    n = min(n, int(min((cut - sched_at) / d, n)) + 2 if d > 0 else 2)
                 chunk = prices(i - i0, n)
                 priced_end = i + n
                 for d in chunk:
