@@ -65,7 +65,8 @@ AsyncJoin = Callable[["AsyncStretch", int, float, float, int, int], "tuple[Joine
 class AsyncStretch:
     """Steps 0 .. k - 1 of an async decode stretch on one scheduler, starting with
     ``first_plan`` (just scheduled, with one step in flight). ``members``: the requests it
-    decodes, in running order, each a :data:`~simserve.sched.stretch.Member` (offset 0)."""
+    decodes, in running order, each a :data:`~simserve.sched.stretch.Member` (offset 0, or
+    the step at which it joined: ``members[planned:]``)."""
 
     __slots__ = ("sched", "first_plan", "members", "num_steps", "starts", "durations", "ends",
                  "cpu_free", "segments", "planned", "joins", "joined_blocks")
