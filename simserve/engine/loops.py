@@ -204,9 +204,11 @@ def _async_stretch(c: Runtime, r: Replica, sched: Scheduler, timing: AsyncTiming
     stretch.price(r.pricing, r.pricing.cpu_s, now, held_end, timing.cpu_free,
                   c.arrivals.next_time, join)
     k = stretch.num_steps
+    timing.land(sched, held, held_end)
+    # (the rows from the counts before that delivery; with prefix caching the replay of the
+    # blocks' operations goes on from it)
     kv, runs = stretch.rows(running, used, others)
     c.rec.async_stretch(r, stretch.starts, stretch.durations, kv, runs)
-    timing.land(sched, held, held_end)
     finished, in_flight = stretch.apply()
     ends = stretch.ends
     if k > 1:   # (those that joined at the last step have no token delivered yet)

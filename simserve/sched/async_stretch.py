@@ -44,10 +44,11 @@ from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from simserve.kv.blocks import BlockManager
+from simserve.kv.prefix import PrefixBlockManager
 from simserve.sched.inflight import InFlight
 from simserve.sched.plan import Prices, StepPlan
-from simserve.sched.stretch import (INF, Joined, Member, Pricing, _fit_blocks, _forget,
-                                    stretch_prices)
+from simserve.sched.stretch import (INF, Joined, Member, Pricing, _CacheReplay, _fit_blocks,
+                                    _forget, stretch_prices)
 
 if TYPE_CHECKING:
     from simserve.sched.core import Scheduler
@@ -69,7 +70,7 @@ class AsyncStretch:
     the step at which it joined: ``members[planned:]``)."""
 
     __slots__ = ("sched", "first_plan", "members", "num_steps", "starts", "durations", "ends",
-                 "cpu_free", "segments", "planned", "joins", "joined_blocks")
+                 "cpu_free", "segments", "planned", "joins", "joined_blocks", "cache")
 
     def __init__(self, sched: Scheduler, plan: StepPlan, members: list[Member], k: int):
         self.sched = sched
@@ -88,6 +89,10 @@ class AsyncStretch:
         # the steps at which requests joined: step -> (their prompt tokens, how many)
         self.joins: dict[int, tuple[int, int]] = {}
         self.joined_blocks = 0           # the blocks they hold (allocated when applied)
+        # with prefix caching, the named blocks' operations in stepping's order, each member's
+        # free a step late (``_CacheReplay`` with ``delay`` 1); nobody joins then
+        self.cache = _CacheReplay(sched.blocks, members, k, plan, delay=1) \
+            if type(sched.blocks) is PrefixBlockManager else None
 
     # -- planning --------------------------------------------------------------------------
     @classmethod
@@ -95,7 +100,8 @@ class AsyncStretch:
         """The stretch that starts with ``plan`` (just made by ``schedule()`` with one step in
         flight), of at most ``max_steps`` steps; None where it cannot be (it is stepped)."""
         blocks = sched.blocks
-        if (max_steps < 2 or type(blocks) is not BlockManager   # (named or host-tier blocks)
+        if (max_steps < 2 or type(blocks) not in (BlockManager, PrefixBlockManager)  # (a host
+                # tier's writes follow each block filled: stepped)
                 or sched.speculative is not None or sched.waiting or sched.swapped
                 or sched.num_parked or sched.holds_sampled or sched.decode_stagger
                 or not sched.facts.monotone_admission or not sched.facts.continues_past_finish
@@ -176,8 +182,8 @@ class AsyncStretch:
                 while done and done[0] + 1 <= i:
                     heappop(done)
                     running -= 1
-                got = join(self, i, sched_at, free_at, m, running) if join is not None \
-                    else None
+                got = join(self, i, sched_at, free_at, m, running) \
+                    if join is not None and self.cache is None else None
                 if got is None:
                     k = i
                     break
@@ -288,6 +294,9 @@ class AsyncStretch:
         bs = self.sched.blocks.block_size
         extra = [0] * (k + 1)
         gone = [0] * (k + 1)                 # running from step i on: + joined, - gone
+        cache = self.cache
+        if cache is not None:                # (after the step in flight was delivered)
+            cache.run_to(2 * k)
         if k > 1:
             extra[1] -= held
         for j, (_, c, h, e, o) in enumerate(self.members):
@@ -306,12 +315,15 @@ class AsyncStretch:
             if e + 1 < k:
                 extra[e + 1] -= h + grown
                 gone[e + 1] += 1
-        kv = []
-        total = used
-        for i in range(k):
-            if i:
-                total += extra[i]
-            kv.append(total)
+        if cache is not None:
+            kv = cache.used[:k]
+        else:
+            kv = []
+            total = used
+            for i in range(k):
+                if i:
+                    total += extra[i]
+                kv.append(total)
         segments = self.segments
         bounds = [s for s, _ in segments[1:]] + [k]
         decoding = []
@@ -376,9 +388,17 @@ class AsyncStretch:
                 req.finish_s = ends[e - 1]
                 finished.append(req)
         if finished:
-            sched.retire(finished, None)
-        fitted = sched.blocks.grow_to(grown, added)   # fits: plan() and joins checked it
-        assert fitted is not None
+            sched.retire(finished, None)    # (with prefix caching released by the replay)
+        cache = self.cache
+        if cache is not None:
+            cache.run_to(2 * k)
+            limits = cache.bm.cache_limits   # each in flight: its tokens known so far
+            for req in sampled:
+                limits[req.id] = req.num_prompt_tokens + req.num_generated - req.num_pending
+            cache.settle(self.members, k)
+        else:
+            fitted = sched.blocks.grow_to(grown, added)   # fits: plan() and joins checked it
+            assert fitted is not None
         sched.current_step += k - 1     # the schedule() calls of steps 1 .. k - 1
         sched.steps_in_flight += 1      # (the delivered one was taken off by deliver)
         n = len(ctx)

@@ -572,10 +572,16 @@ class _CacheReplay:
     recorder's ``kv_blocks_used``), as far as done. ``owed``: takes counted (``used``) but not
     yet taken off the pool, done with the next join's (``admit``) or by the next ``run_to``."""
 
-    __slots__ = ("bm", "takes", "frees", "due", "pos", "used", "found", "owed")
+    __slots__ = ("bm", "takes", "frees", "due", "pos", "used", "found", "owed", "delay",
+                 "fresh")
 
     def __init__(self, bm: PrefixBlockManager, members: list[Member], k: int,
-                 first_plan: StepPlan):
+                 first_plan: StepPlan, delay: int = 0):
+        # ``delay`` 1: async scheduling's (sched/async_stretch.py), where a member's blocks are
+        # freed when its last step's output is delivered, after the next step's takes (its
+        # free is F(e), not F(e - 1)); the step in flight before the stretch is delivered for
+        # real after step 0's takes, before the replay goes on (``fresh``: it then reads the
+        # blocks in use afresh), and a member's cache limit goes as it frees
         # (no reference back to the stretch: a cycle would keep both alive until the cyclic
         # collector, paused during a run, frees them)
         self.bm = bm
@@ -585,6 +591,8 @@ class _CacheReplay:
         self.pos = 1
         self.owed = 0
         self.used = [bm.num_used]
+        self.delay = delay
+        self.fresh = bool(delay)
         # (``hits``: a single newcomer's hit blocks, for admit)
         self.found: list[int] | None = None
         for req, c, h, e, _ in members:
@@ -601,16 +609,17 @@ class _CacheReplay:
         first = h * bs - c
         for i in range(first, min(k, e), bs):
             takes[i] += 1
-        if e <= k:
-            f = self.frees.get(e - 1)
+        at = e - 1 + self.delay              # F(at): its free
+        if at < k:
+            f = self.frees.get(at)
             entry = (req.id, c + e, len(range(first, e, bs)))
             if f is None:
-                self.frees[e - 1] = [entry]
+                self.frees[at] = [entry]
                 due = self.due
-                if due and due[-1] > e - 1:
-                    due.insert(bisect_left(due, e - 1), e - 1)
+                if due and due[-1] > at:
+                    due.insert(bisect_left(due, at), at)
                 else:
-                    due.append(e - 1)
+                    due.append(at)
             else:
                 f.append(entry)
 
@@ -627,9 +636,12 @@ class _CacheReplay:
         if p >= pos:
             return
         takes, used, frees, due = self.takes, self.used, self.frees, self.due
-        release = bm.release
+        release = self._release if self.delay else bm.release
         i = p >> 1
         cur = used[-1]                     # blocks in use
+        if self.fresh:                     # (the step in flight delivered since: delay 1)
+            cur = bm.num_blocks - bm.num_free
+            self.fresh = False
         f_end = pos >> 1                   # F(j) for j < f_end; T(j) for j < (pos + 1) >> 1
         lo = bisect_left(due, i)
         if p & 1:                          # F(i) first
@@ -668,9 +680,15 @@ class _CacheReplay:
     def _free(self, frees: list[tuple[int, int, int]]) -> None:
         """F(i): each member that finished credited with the blocks its decodes took, then
         released (its tokens' full blocks cached first)."""
-        release = self.bm.release
+        release = self._release if self.delay else self.bm.release
         for rid, n, grown in frees:
             release(rid, n, grown)
+
+    def _release(self, rid: int, n: int, grown: int) -> None:
+        """A member's free under async scheduling: its cache limit went when its last token
+        was delivered, just before (``StepsInFlight.deliver``)."""
+        self.bm.cache_limits.pop(rid, None)
+        self.bm.release(rid, n, grown)
 
     def hits(self, specs: list[Any], j: int, decoding: int, k: int) -> list[int] | None:
         """The cached prompt tokens of the requests ``specs`` arriving to join at step ``j``
@@ -760,6 +778,6 @@ class _CacheReplay:
     def settle(self, members: list[Member], k: int) -> None:
         """After ``k`` steps applied: the members still running are credited with the blocks
         their decodes took, and the blocks they filled are cached."""
-        bs = self.bm.block_size
-        self.bm.hand_over_all([(req.id, len(range(h * bs - c, k, bs)), c + k)
-                               for req, c, h, e, _ in members if e > k])
+        bs, late = self.bm.block_size, self.delay
+        self.bm.hand_over_all([(req.id, len(range(h * bs - c, k, bs)), c + k - late)
+                               for req, c, h, e, _ in members if e > k - late])

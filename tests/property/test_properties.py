@@ -523,6 +523,69 @@ def test_fast_forward_with_prefix_caching_equals_stepping(case, prices):
     check_invariants(case, fast, fast_replicas)
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(caching_scenarios(), st.sampled_from(["toy", "roofline+cpu", "h100-vllm"]))
+def test_async_stretches_with_prefix_caching_equal_stepping(case, prices):
+    """Async scheduling with prefix caching (sched/async_stretch.py with the cache replay, each
+    member's free a step late): the same steps, times, tokens and cache hits as the stepped
+    batch queue, and the cache left exactly as stepping leaves it (pool order, keys, copies,
+    evictions), on one replica (the async solo loop) and on two (stepped)."""
+    policy, limits, *rest = case
+    case = ("priority" if policy == "priority" else "vllm_v1",
+            dataclasses.replace(limits, async_scheduling=True), *rest)
+    fast, fast_replicas, _ = run_checked(*case, fast_forward=True,
+                                         latency=_async_latency(prices))
+    slow, slow_replicas, _ = run_checked(*case, fast_forward=False,
+                                         latency=_async_latency(prices))
+    assert _by_replica(fast) == _by_replica(slow)
+    for a, b in zip(fast.requests, slow.requests, strict=True):
+        assert a.status == b.status and a.num_preemptions == b.num_preemptions
+        assert a.num_cached_tokens == b.num_cached_tokens
+        assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s
+        assert a.token_times == b.token_times
+    for f, s in zip(fast_replicas, slow_replicas):
+        assert _cache_state(f.blocks) == _cache_state(s.blocks)
+        assert f.blocks.cache_limits == s.blocks.cache_limits == {}
+    check_invariants(case, fast, fast_replicas)
+
+
+def test_async_prefix_caching_runs_take_stretches():
+    """The async cache cases do take stretches: a shared-prefix chat load (groups of users
+    sharing a system prompt, each user's prompt recurring) with a tight cache, fast-forwarded
+    and stepped alike, with hits and evictions."""
+    from simserve.sched.async_stretch import AsyncStretch
+    sizes = []
+    apply = AsyncStretch.apply
+
+    def counted(self):
+        if self.cache is not None:
+            sizes.append(self.num_steps)
+        return apply(self)
+
+    limits = SchedulerLimits(max_num_seqs=16, max_num_batched_tokens=512,
+                             enable_chunked_prefill=True, async_scheduling=True)
+    specs = []
+    for i in range(150):
+        u = (7 * i) % 12                     # 12 users in 3 groups, prompts recurring
+        ids = [1000 + u // 4] * 6 + [(u + 1) * 100 + b for b in range(4)]
+        specs.append(RequestSpec(i, 0.2 * i, 80, 30 + (13 * i) % 60, tuple(ids)))
+    case = ("vllm_v1", limits, 16, 60, 0, 256, specs, 1, None, True)
+    AsyncStretch.apply = counted
+    try:
+        fast, fast_replicas, _ = run_checked(*case, fast_forward=True, latency=_roofline(7e-4))
+    finally:
+        AsyncStretch.apply = apply
+    slow, slow_replicas, _ = run_checked(*case, fast_forward=False, latency=_roofline(7e-4))
+    assert _by_replica(fast) == _by_replica(slow)
+    assert [(r.num_cached_tokens, r.token_times) for r in fast.requests] == \
+        [(r.num_cached_tokens, r.token_times) for r in slow.requests]
+    assert _cache_state(fast_replicas[0].blocks) == _cache_state(slow_replicas[0].blocks)
+    steps = len(slow.columns()["start_s"])
+    assert len(sizes) > 20 and sum(sizes) > steps // 3
+    assert sum(r.num_cached_tokens for r in slow.requests) > 0          # hits
+    assert slow_replicas[0].blocks.num_evicted > 0                        # and evictions
+
+
 @pytest.mark.parametrize("policy", ["vllm_v1", "sarathi", "priority"])
 @pytest.mark.parametrize("num_blocks", [150, 4000])
 def test_arrivals_with_cache_hits_join_stretches(policy, num_blocks):
