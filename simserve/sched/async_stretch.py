@@ -25,7 +25,10 @@ step whose schedule sees them, if ``schedule()`` would admit them whole there be
 decodes (``stretch_admits`` with the running count: the requests whose last token is in flight
 keep their ``max_num_seqs`` slots) and their blocks surely fit (``room_to_join``, which counts
 the blocks of members that finished until their late frees), that step is a mixed step and
-they are members from it on; otherwise the stretch ends before that step. Its last step stays
+they are members from it on; otherwise the stretch ends before that step. With prefix caching
+the named blocks' operations are replayed in stepping's order (sched/stretch.py's
+``_CacheReplay`` with ``delay`` 1: a member's free after the next step's takes), and arrivals
+end the stretch instead of joining it. Its last step stays
 in flight: the stepped loop goes on from there, with the steps before it delivered. So the
 state after it is exactly the stepped loop's, step for step (``tests/property``: async runs
 fast-forwarded against stepped, on every latency model).
