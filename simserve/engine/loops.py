@@ -201,12 +201,13 @@ def _async_stretch(c: Runtime, r: Replica, sched: Scheduler, timing: AsyncTiming
     bm = sched.blocks
     others = sum(bm.held(q.id) for q in sched.running if id(q) not in members)
     running, used = len(sched.running) + sched.num_parked, bm.num_used
+    # the step in flight is delivered first (at held_end, before step 1 is scheduled): the
+    # blocks it frees are free for the steps after (with prefix caching the replay of the
+    # blocks' operations goes on from there); the rows start from the counts before it
+    timing.land(sched, held, held_end)
     stretch.price(r.pricing, r.pricing.cpu_s, now, held_end, timing.cpu_free,
                   c.arrivals.next_time, join)
     k = stretch.num_steps
-    timing.land(sched, held, held_end)
-    # (the rows from the counts before that delivery; with prefix caching the replay of the
-    # blocks' operations goes on from it)
     kv, runs = stretch.rows(running, used, others)
     c.rec.async_stretch(r, stretch.starts, stretch.durations, kv, runs)
     finished, in_flight = stretch.apply()
@@ -228,8 +229,9 @@ def _async_join(c: Runtime, r: Replica, stretch: AsyncStretch, i: int, due: floa
     """The async solo loop's join (``AsyncStretch.price``): the arrivals due by ``due``, the
     schedule time of the stretch's step ``i``, admitted at that step (starting at ``start``)
     beside ``decoding`` decodes with ``running`` requests running, if ``schedule()`` would
-    admit every one of them whole then (none rejected, the policy's ``stretch_admits``, and
-    their blocks and every member's growth surely fit: ``room_to_join``); they arrive and are
+    admit every one of them whole then (none rejected, the policy's ``stretch_admits`` of
+    their prompts past their cached prefixes, and their blocks and every member's growth
+    surely fit, their cache hits sure: ``AsyncStretch.join_hits``); they arrive and are
     admitted as stepping would, and the next arrival's time is the new cut. Otherwise None,
     and nothing changed: the stretch ends before step i."""
     specs = c.arrivals.due(due)
@@ -237,22 +239,21 @@ def _async_join(c: Runtime, r: Replica, stretch: AsyncStretch, i: int, due: floa
     order = sched.admission_order(specs)
     blocks = sched.blocks
     prompts = [s.num_prompt_tokens for s in order]
-    need = 0
     for spec, p in zip(order, prompts):
         total = p + spec.num_output_tokens
         if total > limit or blocks.blocks_for(total) > blocks.num_blocks:
             return None                       # to be rejected (rejection_reason): step it
-        need += blocks.blocks_for(p)
-    if not stretch.room_to_join(need, len(order), decoding) \
-            or not sched.stretch_admits(prompts, decoding, running):
+    hits = stretch.join_hits(order, i, decoding)   # their cached prefixes; None: no room
+    if hits is None or not sched.stretch_admits([p - h for p, h in zip(prompts, hits)],
+                                                decoding, running):
         return None
     c.arrivals.skip(len(specs))
     for spec in specs:
         _arrive(c, spec)
     joined = []
-    for p in prompts:
+    for p, hit in zip(prompts, hits):
         req = sched.waiting[0]
-        joined.append((req, p, sched.join_stretch(req, p, start), 0))
+        joined.append((req, p, stretch.admit(req, p, hit, i, start), hit))
     return joined, c.arrivals.next_time
 
 

@@ -27,8 +27,8 @@ keep their ``max_num_seqs`` slots) and their blocks surely fit (``room_to_join``
 the blocks of members that finished until their late frees), that step is a mixed step and
 they are members from it on; otherwise the stretch ends before that step. With prefix caching
 the named blocks' operations are replayed in stepping's order (sched/stretch.py's
-``_CacheReplay`` with ``delay`` 1: a member's free after the next step's takes), and arrivals
-end the stretch instead of joining it. Its last step stays
+``_CacheReplay`` with ``delay`` 1: a member's free after the next step's takes), a newcomer's
+cache hits looked up there as in a synchronous stretch. Its last step stays
 in flight: the stepped loop goes on from there, with the steps before it delivered. So the
 state after it is exactly the stepped loop's, step for step (``tests/property``: async runs
 fast-forwarded against stepped, on every latency model).
@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from heapq import heapify, heappop, heappush
 from operator import itemgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
@@ -185,23 +185,28 @@ class AsyncStretch:
                 while done and done[0] + 1 <= i:
                     heappop(done)
                     running -= 1
-                got = join(self, i, sched_at, free_at, m, running) \
-                    if join is not None and self.cache is None else None
+                got = join(self, i, sched_at, free_at, m, running) if join is not None \
+                    else None
                 if got is None:
                     k = i
                     break
                 joined, cut = got
-                prompts = tuple([p for _, p, _, _ in joined])
+                # each computes its prompt past its cached prefix
+                prompts = tuple([p - hit for _, p, _, hit in joined])
+                hits = tuple([hit for _, _, _, hit in joined])
                 total = ctx_sum + m * i
                 jplan = self._join_plan(i, joined)
-                d = mixed_sum(m, total, prompts, (0,) * len(prompts)) \
-                    if mixed_sum is not None else pricing.step_time(jplan)
+                d = mixed_sum(m, total, prompts, hits) if mixed_sum is not None \
+                    else pricing.step_time(jplan)
                 o = cpu_s(jplan)
                 segments.append((i, m))
                 self.joins[i] = (sum(prompts), len(joined))
+                cache = self.cache
                 for req, p, h, _ in joined:        # step i feeds its prompt: position p - 1
                     c, e = p - 1 - i, i + req.num_output_tokens
                     members.append((req, c, h, e, i))
+                    if cache is not None:
+                        cache.add(req, c, h, e)
                     self.joined_blocks += h
                     m += 1
                     running += 1
@@ -268,17 +273,44 @@ class AsyncStretch:
         running order, then each newcomer's whole prompt."""
         left = [(r, c) for r, c, _, e, _ in self.members if e > i]
         n = len(left)
-        new = tuple([p for _, p, _, _ in joined])
+        new = tuple([p - hit for _, p, _, hit in joined])
         return StepPlan(tuple([r.id for r, _ in left] + [r.id for r, _, _, _ in joined]),
-                        (1,) * n + new, new, (0,) * len(new), tuple([c + i for _, c in left]),
-                        n + len(joined))
+                        (1,) * n + new, new, tuple([hit for _, _, _, hit in joined]),
+                        tuple([c + i for _, c in left]), n + len(joined))
+
+    def join_hits(self, specs: list[Any], i: int, decoding: int) -> list[int] | None:
+        """For the requests ``specs`` that arrive to join at step ``i``, at which ``decoding``
+        members decode: the prompt tokens each finds cached when ``schedule()`` admits it
+        then (0 without prefix caching), if their blocks and every member's growth surely fit;
+        None otherwise, or where a hit cannot be known for sure now (the cache replay's
+        ``hits``, as in a synchronous stretch: the frees before step i are done by then)."""
+        if self.cache is not None:
+            return self.cache.hits(specs, i, decoding, self.num_steps)
+        bm = self.sched.blocks
+        need = sum(bm.blocks_for(s.num_prompt_tokens) for s in specs)
+        return [0] * len(specs) if self.room_to_join(need, len(specs), decoding) else None
+
+    def admit(self, req: Request, p: int, hit: int, i: int, start: float) -> int:
+        """Admit the waiting head ``req`` (prompt ``p``, ``hit`` tokens of it cached) at step
+        ``i``, starting at ``start``, as ``schedule()`` would; the KV blocks it holds then
+        (with prefix caching allocated now, after step i's decodes took theirs, and its cache
+        limit set as the step's launch sets it: its prompt; otherwise when applied)."""
+        held = self.sched.join_stretch(req, p, start)
+        cache = self.cache
+        if cache is None:
+            return held
+        req.num_cached_tokens = req.num_computed_tokens = hit
+        held = cache.admit(req, p, hit, i)
+        cache.bm.cache_limits[req.id] = p
+        return held
 
     def room_to_join(self, blocks: int, num: int, decoding: int) -> bool:
         """True if ``num`` requests holding ``blocks`` new KV blocks in all may join at the
         step being priced, at which ``decoding`` members are left, and every member still
         fits every later step of the stretch: the blocks in use now (those of the members
-        that finished since counted still, as their frees come a step late), those of the
-        requests that joined, and at most k // bs + 1 blocks each grown over its k steps."""
+        that finished since counted still, as their frees come a step late; the step in
+        flight before the stretch was delivered), those of the requests that joined, and at
+        most k // bs + 1 blocks each grown over its k steps."""
         bm = self.sched.blocks
         grow = (self.num_steps - 1) // bm.block_size + 1
         held = bm.num_used + self.joined_blocks

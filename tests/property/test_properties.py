@@ -550,16 +550,18 @@ def test_async_stretches_with_prefix_caching_equal_stepping(case, prices):
 
 
 def test_async_prefix_caching_runs_take_stretches():
-    """The async cache cases do take stretches: a shared-prefix chat load (groups of users
-    sharing a system prompt, each user's prompt recurring) with a tight cache, fast-forwarded
-    and stepped alike, with hits and evictions."""
+    """The async cache cases do take stretches, and arrivals join them with their cache hits: a
+    shared-prefix chat load (groups of users sharing a system prompt, each user's prompt
+    recurring) with a tight cache, fast-forwarded and stepped alike, with hits and
+    evictions."""
     from simserve.sched.async_stretch import AsyncStretch
-    sizes = []
+    sizes, joins = [], []
     apply = AsyncStretch.apply
 
     def counted(self):
         if self.cache is not None:
             sizes.append(self.num_steps)
+            joins.append(sum(n for _, n in self.joins.values()))
         return apply(self)
 
     limits = SchedulerLimits(max_num_seqs=16, max_num_batched_tokens=512,
@@ -581,7 +583,7 @@ def test_async_prefix_caching_runs_take_stretches():
         [(r.num_cached_tokens, r.token_times) for r in slow.requests]
     assert _cache_state(fast_replicas[0].blocks) == _cache_state(slow_replicas[0].blocks)
     steps = len(slow.columns()["start_s"])
-    assert len(sizes) > 20 and sum(sizes) > steps // 3
+    assert len(sizes) > 10 and sum(sizes) > steps // 2 and sum(joins) > 50
     assert sum(r.num_cached_tokens for r in slow.requests) > 0          # hits
     assert slow_replicas[0].blocks.num_evicted > 0                        # and evictions
 
