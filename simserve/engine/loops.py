@@ -20,7 +20,7 @@ from simserve.engine.pipeline import pipeline_loop
 from simserve.engine.queue import queue_loop
 from simserve.engine.queue import sleep as _sleep
 from simserve.engine.replica import Flight, Replica
-from simserve.engine.runtime import Runtime, _arrive, join_arrivals, pull_arrivals
+from simserve.engine.runtime import Runtime, join_arrivals, pull_arrivals
 from simserve.metrics.tokens import TokenLog
 from simserve.sched.async_stretch import AsyncJoin, AsyncStretch
 from simserve.sched.core import Scheduler
@@ -226,35 +226,10 @@ def _async_stretch(c: Runtime, r: Replica, sched: Scheduler, timing: AsyncTiming
 
 def _async_join(c: Runtime, r: Replica, stretch: AsyncStretch, i: int, due: float,
                 start: float, decoding: int, running: int) -> tuple[Joined, float] | None:
-    """The async solo loop's join (``AsyncStretch.price``): the arrivals due by ``due``, the
-    schedule time of the stretch's step ``i``, admitted at that step (starting at ``start``)
-    beside ``decoding`` decodes with ``running`` requests running, if ``schedule()`` would
-    admit every one of them whole then (none rejected, the policy's ``stretch_admits`` of
-    their prompts past their cached prefixes, and their blocks and every member's growth
-    surely fit, their cache hits sure: ``AsyncStretch.join_hits``); they arrive and are
-    admitted as stepping would, and the next arrival's time is the new cut. Otherwise None,
-    and nothing changed: the stretch ends before step i."""
-    specs = c.arrivals.due(due)
-    sched, limit = r.scheduler, r.max_model_len
-    order = sched.admission_order(specs)
-    blocks = sched.blocks
-    prompts = [s.num_prompt_tokens for s in order]
-    for spec, p in zip(order, prompts):
-        total = p + spec.num_output_tokens
-        if total > limit or blocks.blocks_for(total) > blocks.num_blocks:
-            return None                       # to be rejected (rejection_reason): step it
-    hits = stretch.join_hits(order, i, decoding)   # their cached prefixes; None: no room
-    if hits is None or not sched.stretch_admits([p - h for p, h in zip(prompts, hits)],
-                                                decoding, running):
-        return None
-    c.arrivals.skip(len(specs))
-    for spec in specs:
-        _arrive(c, spec)
-    joined = []
-    for p, hit in zip(prompts, hits):
-        req = sched.waiting[0]
-        joined.append((req, p, stretch.admit(req, p, hit, i, start), hit))
-    return joined, c.arrivals.next_time
+    """The async solo loop's join (``AsyncStretch.price``): ``join_arrivals`` of the arrivals
+    due by ``due``, the schedule time of the stretch's step ``i``, admitted at that step
+    (starting at ``start``) beside ``decoding`` decodes with ``running`` requests running."""
+    return join_arrivals(c, r, stretch, i, start, decoding, due, running)
 
 
 class AsyncTiming:

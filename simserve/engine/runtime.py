@@ -29,6 +29,7 @@ from simserve.sched.core import Scheduler
 from simserve.sched.inflight import InFlight
 from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
+from simserve.sched.async_stretch import AsyncStretch
 from simserve.sched.stretch import Joined, Stretch
 from simserve.workload.spec import RequestSpec
 
@@ -465,8 +466,9 @@ def _arrive(c: Runtime, spec: RequestSpec) -> None:
     c.dispatch(req)
 
 
-def join_arrivals(c: Runtime, r: Replica, stretch: Stretch, j: int, start: float,
-                  decoding: int) -> tuple[Joined, float] | None:
+def join_arrivals(c: Runtime, r: Replica, stretch: Stretch | AsyncStretch, j: int, start: float,
+                  decoding: int, due_by: float | None = None,
+                  running: int | None = None) -> tuple[Joined, float] | None:
     """The solo loop's ``join`` (``Stretch.price``): the arrivals due by ``start``, the start
     of the stretch's step ``j``, at which ``decoding`` members decode. If ``schedule()`` would
     admit every one of them whole then (the policy's ``stretch_admits`` of their prompts past
@@ -474,8 +476,12 @@ def join_arrivals(c: Runtime, r: Replica, stretch: Stretch, j: int, start: float
     stretch, and their cache hits are sure: ``Stretch.join_hits``), they arrive
     and are admitted as stepping would (all arrive, then each is admitted in turn) and join
     the stretch; the next arrival's time is the new cut. Otherwise None, and nothing changed:
-    the stretch ends before step j and the loop takes them as it would have."""
-    due = c.arrivals.due(start)
+    the stretch ends before step j and the loop takes them as it would have.
+
+    Under async scheduling (``AsyncStretch``) step j is scheduled before it starts: the
+    arrivals ``due_by`` its schedule time join, beside ``decoding`` decodes with ``running``
+    requests running (those whose last token is in flight keep their slots)."""
+    due = c.arrivals.due(start if due_by is None else due_by)
     sched, limit = r.scheduler, r.max_model_len
     specs = sched.admission_order(due)   # (the order schedule() would admit them in)
     blocks = sched.blocks
@@ -486,7 +492,7 @@ def join_arrivals(c: Runtime, r: Replica, stretch: Stretch, j: int, start: float
             return None                       # to be rejected (rejection_reason): step it
     hits = stretch.join_hits(specs, j, decoding)   # their cached prefixes; None: no room
     if hits is None or not sched.stretch_admits([p - h for p, h in zip(prompts, hits)],
-                                                decoding):
+                                                decoding, running):
         return None
     c.arrivals.skip(len(due))
     for spec in due:
