@@ -510,6 +510,12 @@ def test_fast_forward_with_prefix_caching_equals_stepping(case, prices):
     copies, evictions)."""
     latency = {"toy": lambda: None, "roofline": _roofline,
                "h100": lambda: _curved_roofline("h100"), "h100-vllm-moe": _fitted_moe}[prices]()
+    _cached_runs_equal(case, latency)
+
+
+def _cached_runs_equal(case, latency):
+    """``case`` fast-forwarded and stepped, with prefix caching: the same steps, per-request
+    times, tokens and cache hits, and the caches left alike."""
     fast, fast_replicas, _ = run_checked(*case, fast_forward=True, latency=latency)
     slow, slow_replicas, _ = run_checked(*case, fast_forward=False, latency=latency)
     assert _by_replica(fast) == _by_replica(slow)
@@ -520,6 +526,7 @@ def test_fast_forward_with_prefix_caching_equals_stepping(case, prices):
         assert a.token_times == b.token_times
     for f, s in zip(fast_replicas, slow_replicas):
         assert _cache_state(f.blocks) == _cache_state(s.blocks)
+        assert f.blocks.cache_limits == s.blocks.cache_limits == {}
     check_invariants(case, fast, fast_replicas)
 
 
@@ -533,20 +540,7 @@ def test_async_stretches_with_prefix_caching_equal_stepping(case, prices):
     policy, limits, *rest = case
     case = ("priority" if policy == "priority" else "vllm_v1",
             dataclasses.replace(limits, async_scheduling=True), *rest)
-    fast, fast_replicas, _ = run_checked(*case, fast_forward=True,
-                                         latency=_async_latency(prices))
-    slow, slow_replicas, _ = run_checked(*case, fast_forward=False,
-                                         latency=_async_latency(prices))
-    assert _by_replica(fast) == _by_replica(slow)
-    for a, b in zip(fast.requests, slow.requests, strict=True):
-        assert a.status == b.status and a.num_preemptions == b.num_preemptions
-        assert a.num_cached_tokens == b.num_cached_tokens
-        assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s
-        assert a.token_times == b.token_times
-    for f, s in zip(fast_replicas, slow_replicas):
-        assert _cache_state(f.blocks) == _cache_state(s.blocks)
-        assert f.blocks.cache_limits == s.blocks.cache_limits == {}
-    check_invariants(case, fast, fast_replicas)
+    _cached_runs_equal(case, _async_latency(prices))
 
 
 def test_async_prefix_caching_runs_take_stretches():
