@@ -51,7 +51,7 @@ from simserve.kv.prefix import PrefixBlockManager
 from simserve.sched.inflight import InFlight
 from simserve.sched.plan import Prices, StepPlan
 from simserve.sched.stretch import (INF, Joined, Member, Pricing, _CacheReplay, _fit_blocks,
-                                    _forget, stretch_prices)
+                                    _forget, join_plan, segment_plan, stretch_prices)
 
 if TYPE_CHECKING:
     from simserve.sched.core import Scheduler
@@ -134,12 +134,7 @@ class AsyncStretch:
 
     def segment_plan(self, i0: int) -> StepPlan:
         """The plan ``schedule()`` makes for step ``i0``: the members left, each decoding."""
-        if i0 == 0:
-            return self.first_plan
-        left = [(r, c) for r, c, _, e, _ in self.members if e > i0]
-        n = len(left)
-        return StepPlan(tuple([r.id for r, _ in left]), (1,) * n, (), (),
-                        tuple([c + i0 for _, c in left]), n, 0, 0, 0, self.first_plan.extra_s)
+        return segment_plan(self.first_plan, self.members, i0)
 
     # -- pricing ---------------------------------------------------------------------------
     def price(self, pricing: Pricing, cpu_s: Callable[[StepPlan], float], now: float,
@@ -195,7 +190,7 @@ class AsyncStretch:
                 prompts = tuple([p - hit for _, p, _, hit in joined])
                 hits = tuple([hit for _, _, _, hit in joined])
                 total = ctx_sum + m * i
-                jplan = self._join_plan(i, joined)
+                jplan = join_plan(members, i, joined)
                 d = mixed_sum(m, total, prompts, hits) if mixed_sum is not None \
                     else pricing.step_time(jplan)
                 o = cpu_s(jplan)
@@ -267,16 +262,6 @@ class AsyncStretch:
         self.cpu_free = cpu_free
         while segments[-1][0] >= k:                # (a segment begun past the cut)
             segments.pop()
-
-    def _join_plan(self, i: int, joined: Joined) -> StepPlan:
-        """The plan of a step ``i`` at which ``joined`` join: the members left decoding, in
-        running order, then each newcomer's whole prompt."""
-        left = [(r, c) for r, c, _, e, _ in self.members if e > i]
-        n = len(left)
-        new = tuple([p - hit for _, p, _, hit in joined])
-        return StepPlan(tuple([r.id for r, _ in left] + [r.id for r, _, _, _ in joined]),
-                        (1,) * n + new, new, tuple([hit for _, _, _, hit in joined]),
-                        tuple([c + i for _, c in left]), n + len(joined))
 
     def join_hits(self, specs: list[Any], i: int, decoding: int) -> list[int] | None:
         """For the requests ``specs`` that arrive to join at step ``i``, at which ``decoding``

@@ -222,13 +222,7 @@ class Stretch:
     def segment_plan(self, i0: int) -> StepPlan:
         """The plan of step ``i0``: exactly what ``schedule()`` would make then (the requests
         left, in running order, each decoding; step 0 is the stretch's own plan)."""
-        if i0 == 0:
-            return self.first_plan
-        left = [m for m in self.members if _stop(m) > i0]
-        n = len(left)
-        return StepPlan(tuple([r.id for r, _, _, _, _ in left]), (1,) * n, (), (),   # (positional)
-                        tuple([c + i0 for _, c, _, _, _ in left]), n, 0, 0, 0,
-                        self.first_plan.extra_s)
+        return segment_plan(self.first_plan, self.members, i0)
 
     # -- pricing ---------------------------------------------------------------------------
     def price(self, latency: Pricing, start: float, cut: float = INF, cut_end: float = INF,
@@ -295,7 +289,7 @@ class Stretch:
                 if mixed_sum is not None:        # (a model that reads Σ ctx of the decodes)
                     d = mixed_sum(m, total, prompts, hits)
                 else:
-                    d = latency.step_time(self._join_plan(i0, joined))
+                    d = latency.step_time(join_plan(members, i0, joined))
                 durations.append(d)
                 acc.append(acc[-1] + d)
                 begun.append((i0, m, total))
@@ -412,16 +406,6 @@ class Stretch:
         req.num_cached_tokens = req.num_computed_tokens = hit
         return self.cache.admit(req, p, hit, j)
 
-    def _join_plan(self, j: int, joined: Joined) -> StepPlan:
-        """The plan of a step ``j`` at which ``joined`` join: what ``schedule()`` makes then
-        (the members left decoding, in running order, then each newcomer's whole prompt)."""
-        left = [(r, c) for r, c, _, e, _ in self.members if e > j]
-        n = len(left)
-        new = tuple([p - hit for _, p, _, hit in joined])
-        return StepPlan(tuple([r.id for r, _ in left] + [r.id for r, _, _, _ in joined]),
-                        (1,) * n + new, new, tuple([hit for _, _, _, hit in joined]),
-                        tuple([c + j for _, c in left]), n + len(joined))
-
     # -- applying --------------------------------------------------------------------------
     def blocks_used(self) -> list[int]:
         """KV blocks in use after scheduling each of its steps (for the recorder)."""
@@ -504,6 +488,29 @@ class Stretch:
         fitted = sched.blocks.grow_to(grown, added)   # fits: plan() and joins checked it
         assert fitted is not None
         return finished
+
+
+def segment_plan(first_plan: StepPlan, members: list[Member], i0: int) -> StepPlan:
+    """The plan of a stretch's step ``i0`` (a sync or an async one): what ``schedule()``
+    makes then, the members left, in running order, each decoding (step 0: ``first_plan``)."""
+    if i0 == 0:
+        return first_plan
+    left = [m for m in members if _stop(m) > i0]
+    n = len(left)
+    return StepPlan(tuple([r.id for r, _, _, _, _ in left]), (1,) * n, (), (),   # (positional)
+                    tuple([c + i0 for _, c, _, _, _ in left]), n, 0, 0, 0, first_plan.extra_s)
+
+
+def join_plan(members: list[Member], j: int, joined: Joined) -> StepPlan:
+    """The plan of a stretch's step ``j`` at which ``joined`` join: what ``schedule()`` makes
+    then (the members left decoding, in running order, then each newcomer's prompt past its
+    cached prefix)."""
+    left = [(r, c) for r, c, _, e, _ in members if e > j]
+    n = len(left)
+    new = tuple([p - hit for _, p, _, hit in joined])
+    return StepPlan(tuple([r.id for r, _ in left] + [r.id for r, _, _, _ in joined]),
+                    (1,) * n + new, new, tuple([hit for _, _, _, hit in joined]),
+                    tuple([c + j for _, c in left]), n + len(joined))
 
 
 def _forget(forget: Callable[[Prices, int, int], None], priced: list[tuple[int, Prices]],
