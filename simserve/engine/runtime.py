@@ -482,13 +482,15 @@ def join_arrivals(c: Runtime, r: Replica, stretch: Stretch | AsyncStretch, j: in
     arrivals ``due_by`` its schedule time join, beside ``decoding`` decodes with ``running``
     requests running (those whose last token is in flight keep their slots)."""
     due = c.arrivals.due(start if due_by is None else due_by)
-    sched, limit = r.scheduler, r.max_model_len
+    sched = r.scheduler
     specs = sched.admission_order(due)   # (the order schedule() would admit them in)
     blocks = sched.blocks
+    # rejection_reason's limits: max_model_len, and blocks_for(total) <= num_blocks, that is
+    # total <= num_blocks * block_size
+    limit = min(r.max_model_len, blocks.num_blocks * blocks.block_size)
     prompts = [s.num_prompt_tokens for s in specs]
     for spec, p in zip(specs, prompts):
-        total = p + spec.num_output_tokens
-        if total > limit or blocks.blocks_for(total) > blocks.num_blocks:
+        if p + spec.num_output_tokens > limit:
             return None                       # to be rejected (rejection_reason): step it
     hits = stretch.join_hits(specs, j, decoding)   # their cached prefixes; None: no room
     if hits is None or not sched.stretch_admits([p - h for p, h in zip(prompts, hits)],

@@ -63,7 +63,10 @@ class RooflineStretchPricing:
         """``decode_stretch`` of a plain decode step of ``b`` requests whose contexts sum to
         ``total_ctx`` (a roofline decode step depends on nothing else), without building the
         plan: what the engine prices a stretch's later segments with."""
-        if self.curves is not None:
+        if self.curves is not None:        # (_curve_stretch_sum's memo read here: every
+            by_base = self._curve_sum_prices.get(b)    # decode segment of a stretch asks)
+            if by_base is not None:
+                return partial(by_base, total_ctx + b)
             return self._curve_stretch_sum(b, total_ctx)
         base = total_ctx + b               # Σ (c + i) + b = base + b·i: exact integers
         terms = self._decode_terms.get(b)

@@ -362,9 +362,11 @@ class Recorder:
                 rows += _group_row(i1, index, plan.num_prefill_tokens, len(plan.prefill_lens),
                                    len(plan.decode_ctx), m, waiting, num_blocks, 0, 0, 0)
             elif i0 in joins:   # requests joined: their prompts beside the m decodes
+                # _group_row(1, index, tokens, seqs, m, m + seqs, waiting, num_blocks, 0, 0,
+                # 0), inline
                 tokens, seqs = joins[i0]
-                rows += _group_row(1, index, tokens, seqs, m, m + seqs, waiting, num_blocks,
-                                   0, 0, 0)
+                rows += (1, index, tokens, seqs, m, tokens + m, m + seqs, waiting, num_blocks,
+                         0, 0, 0)
             else:   # _group_row(i1 - i0, index, 0, 0, m, m, waiting, num_blocks, 0, 0, 0), inline
                 rows += (i1 - i0, index, 0, 0, m, m, m, waiting, num_blocks, 0, 0, 0)
         log.group_records.fromlist(rows)
@@ -407,7 +409,7 @@ def _group_row(num_steps: int, replica: int, prefill_tokens: int, prefill_seqs: 
                decode_seqs: int, running: int, waiting: int, num_blocks: int, preempted: int,
                swap_out: int, swap_in: int) -> list[int]:
     """One group's record, in GROUP_FIELDS order (written out once more, for speed, in
-    Recorder.stretch's decode segments)."""
+    Recorder.stretch's decode and join segments)."""
     return [num_steps, replica, prefill_tokens, prefill_seqs, decode_seqs,
             prefill_tokens + decode_seqs, running, waiting, num_blocks, preempted, swap_out,
             swap_in]

@@ -41,6 +41,31 @@ class RequestSpec:
             raise ValueError(f"request {self.request_id}: arrival_s must be >= 0")
 
 
+_new = object.__new__
+# RequestSpec's slots, set as its frozen __init__ sets them, without the checks of
+# __post_init__ (SpecColumns checks whole columns when made): a third of the cost of
+# RequestSpec(...), and a run of a million requests makes a million of them
+_SET_SLOTS = tuple(getattr(RequestSpec, f).__set__ for f in (
+    "request_id", "arrival_s", "num_prompt_tokens", "num_output_tokens", "hash_ids", "priority",
+    "klass"))
+
+
+def _checked(request_id: int, arrival_s: float, num_prompt_tokens: int,
+             num_output_tokens: int, hash_ids: tuple[int, ...] | None, priority: int,
+             klass: str) -> RequestSpec:
+    """``RequestSpec(...)`` of values already checked (SpecColumns: see ``_SET_SLOTS``)."""
+    spec = _new(RequestSpec)
+    a, b, c, d, e, f, g = _SET_SLOTS
+    a(spec, request_id)
+    b(spec, arrival_s)
+    c(spec, num_prompt_tokens)
+    d(spec, num_output_tokens)
+    e(spec, hash_ids)
+    f(spec, priority)
+    g(spec, klass)
+    return spec
+
+
 class SpecColumns(Sequence[RequestSpec]):
     """A synthetic workload's requests as columns, each :class:`RequestSpec` made when it is
     read (about 30 bytes a request instead of some 250 for the objects: what lets a run of
@@ -73,9 +98,11 @@ class SpecColumns(Sequence[RequestSpec]):
                 self.table is not None and len(self.table) != n):
             raise ValueError("SpecColumns: columns of different lengths")
         # the checks RequestSpec makes, on whole columns; the first bad row raises its error
+        # (and __getitem__ makes specs without them)
         for col, low in ((self.prompt, 1), (self.output, 1), (self.arrival_s, 0)):
             if n and min(col) < low:
-                self[next(i for i, v in enumerate(col) if v < low)]
+                i = next(i for i, v in enumerate(col) if v < low)
+                RequestSpec(i, self.arrival_s[i], self.prompt[i], self.output[i])
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -93,10 +120,11 @@ class SpecColumns(Sequence[RequestSpec]):
             i += len(self)
         hash_ids = self.hash_ids if self.table is None else self.tables[self.table[i]]
         if self.klass is None:
-            return RequestSpec(i, self.arrival_s[i], self.prompt[i], self.output[i], hash_ids)
+            return _checked(i, self.arrival_s[i], self.prompt[i], self.output[i], hash_ids, 0,
+                            "")
         priority, name = self.classes[self.klass[i]]
-        return RequestSpec(i, self.arrival_s[i], self.prompt[i], self.output[i], hash_ids,
-                           priority, name)
+        return _checked(i, self.arrival_s[i], self.prompt[i], self.output[i], hash_ids,
+                        priority, name)
 
     def __iter__(self) -> Iterator[RequestSpec]:
         return (self[i] for i in range(len(self)))

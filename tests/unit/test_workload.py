@@ -220,6 +220,26 @@ def test_ids_follow_arrival_order():
     assert np.all(np.diff(arrivals(reqs)) >= 0)
 
 
+def test_column_specs_are_the_specs_their_values_make():
+    from simserve.workload.spec import SpecColumns
+    cols = SpecColumns([0.0, 1.5], [10, 20], [3, 4], klass=[1, 0],
+                       classes=[(0, "chat"), (2, "batch")],
+                       hash_tables=([0, 1], [(7,), (7, 8)]))
+    made = [RequestSpec(0, 0.0, 10, 3, (7,), 2, "batch"),
+            RequestSpec(1, 1.5, 20, 4, (7, 8), 0, "chat")]
+    assert list(cols) == made and [hash(s) for s in cols] == [hash(s) for s in made]
+    assert cols[-1] == made[1] and cols[0:1] == made[:1]
+    with pytest.raises(AttributeError):        # frozen, as RequestSpec(...) makes them
+        cols[0].num_prompt_tokens = 5          # type: ignore[misc]
+    # the values are checked when the columns are made (the specs are then made unchecked)
+    for arrival, prompt, output, why in (
+            ([0.0, 1.0], [10, 0], [3, 3], "request 1: num_prompt_tokens"),
+            ([0.0, 1.0], [10, 10], [0, 3], "request 0: num_output_tokens"),
+            ([-1.0, 1.0], [10, 10], [3, 3], "request 0: arrival_s")):
+        with pytest.raises(ValueError, match=why):
+            SpecColumns(arrival, prompt, output)
+
+
 # --- lengths ---------------------------------------------------------------------------------
 
 def lengths(dist: dict, n: int = 20000) -> np.ndarray:
