@@ -170,6 +170,7 @@ class AsyncStretch:
         done = [e for _, _, _, e, _ in members if e < k]
         heapify(done)
         running = m                          # from step 1 on (the finishers in flight gone)
+        last_decode = 0.0                    # the last decode step's duration (how far to price)
         i = 0
         while i < k:
             while ahead and ahead[0][0] <= i:       # members whose last step is behind
@@ -235,8 +236,9 @@ class AsyncStretch:
                     stop = True
                     break
                 n = i1 - i
-                if cut < INF:                      # about as many as reach the cut
-                    d = durations[-1] if durations else 0.0
+                if cut < INF:                      # about as many as reach the cut (at the
+                    # last decode step's duration: a join's mixed step is no guide)
+                    d = last_decode or (durations[-1] if durations else 0.0)
                     n = min(n, int(min((cut - sched_at) / d, n)) + 2 if d > 0 else 2)
                 chunk = prices(i - i0, n)
                 priced_end = i + n
@@ -250,6 +252,7 @@ class AsyncStretch:
                     ends.append(end)
                     sched_at, free_at = free_at, end
                     i += 1
+                    last_decode = end - start
                 if stop:
                     break
             if stop and forget is not None and priced_end > i:

@@ -257,6 +257,7 @@ class Stretch:
         acc = [start]            # acc[m]: start of step m; acc[-1]: end of the last priced
         durations: list[float] = []
         begun: list[Segment] = []
+        last_decode = 0.0        # the last decode step priced (to guess how far to price)
         # the membership: m members left, their ctx summing to ctx_sum; the finishes ahead,
         # (the step a member is gone by, its ctx), in a heap (a member runs past k otherwise)
         m = len(members)
@@ -324,11 +325,12 @@ class Stretch:
                     prices = stretch_prices(latency, self.segment_plan(i0))
                 if forget is not None:
                     priced.append((i0, prices))
-                # as many steps as would reach the cut at the last price (a segment's first
+                # as many steps as would reach the cut at the last decode step's price (a
+                # join's mixed step is no guide to the decodes after it; a segment's first
                 # step alone if nothing is priced yet)
                 n = i1 - i0
                 if cut < INF:
-                    d = durations[-1] if durations else 0.0
+                    d = last_decode or (durations[-1] if durations else 0.0)
                     n = min(n, int((cut - acc[-1]) / d) + 1) if d > 0 else 1
                 i = i0
                 while True:
@@ -336,10 +338,11 @@ class Stretch:
                     durations += chunk
                     acc += accumulate(chunk, initial=acc.pop())
                     i += n
+                    d = chunk[-1]
                     if i == i1 or acc[-1] >= cut:
                         break
-                    d = chunk[-1]
                     n = min(i1 - i, int((cut - acc[-1]) / d) + 1) if d > 0 else i1 - i
+                last_decode = d
             if acc[-1] >= cut:
                 if join is None:
                     break
