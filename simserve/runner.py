@@ -41,7 +41,7 @@ from simserve.metrics.recorder import itl_sample
 from simserve.paths import make_out_dir, rebase_paths
 from simserve.sched.request import Status
 from simserve.workload import build_workload
-from simserve.workload.spec import RequestSpec, SpecColumns
+from simserve.workload.spec import RequestSpec, SpecColumns, longest_request
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -438,6 +438,7 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
     finally:
         if bar is not None:
             bar.close()
+    longest = longest_request(specs)
     del specs                       # (the workload's columns: not needed by the tables)
     result = collect(s, rec, replicas)
     pricings = {id(r.latency): r.pricing for r in replicas}.values()
@@ -451,7 +452,7 @@ def _run(s: Scenario, latency: LatencyModel | None, fast_forward: bool,
             "not a Mooncake trace, no prefix_len or shared_prefix): only a preempted request "
             "can hit its own cached blocks (docs/scenario.md, workload)")
     result.summary["latency_model"] = result.latency_label
-    trust = latency_trust(s, scenario_curves(s)) if latency is None else None
+    trust = latency_trust(s, scenario_curves(s), longest) if latency is None else None
     if trust is not None:
         result.summary["latency_trust"] = trust
     result.summary["warnings"] = result.warnings

@@ -26,20 +26,25 @@ FITTED_TERMS = ("step_overhead_ms", "per_output_token_ms", "frontend_delay_ms",
                 "flops_efficiency", "bandwidth_efficiency")
 
 
-def latency_trust(s: Scenario, curves: EfficiencyCurves | None) -> dict[str, Any] | None:
+def latency_trust(s: Scenario, curves: EfficiencyCurves | None,
+                  longest: int | None = None) -> dict[str, Any] | None:
     """``{"curves", "expected_error_pct", "basis", "outside_corpus": [...]}`` for a scenario
     priced by a fitted curve set (``curves``: the set its roofline uses, or None), else
-    None."""
+    None. ``longest``: the longest request of its workload, prompt and output tokens
+    (``outside``)."""
     if curves is None or not curves.expected_error_pct:
         return None
     return {"curves": curves.name, "expected_error_pct": dict(curves.expected_error_pct),
             "basis": "median absolute % error per stage over the measured runs, each model "
                      "predicted by a fit without it",
-            "outside_corpus": outside(s, curves.corpus)}
+            "outside_corpus": outside(s, curves.corpus, longest)}
 
 
-def outside(s: Scenario, corpus: dict[str, Any]) -> list[str]:
-    """The ways ``s`` leaves what ``corpus`` measured, in words (empty: inside)."""
+def outside(s: Scenario, corpus: dict[str, Any], longest: int | None = None) -> list[str]:
+    """The ways ``s`` leaves what ``corpus`` measured, in words (empty: inside). Contexts are
+    judged by ``longest``, the longest request of its workload (prompt and output tokens;
+    one longer than ``max_model_len`` is rejected, never run), else by ``max_model_len``
+    (what the scenario allows)."""
     out: list[str] = []
     e, m = s.engine, s.model
     if corpus.get("hardware") and s.hardware.name != corpus["hardware"]:
@@ -58,9 +63,12 @@ def outside(s: Scenario, corpus: dict[str, Any]) -> list[str]:
                    f"{tp_hi}")
     if e.pipeline_parallel_size > 1 or e.data_parallel_size > 1:
         out.append("pipeline or data parallelism: the runs had neither")
-    ctx, longest = corpus.get("max_context"), s.max_model_len   # (resolved: the card's if unset)
-    if ctx and longest > ctx:
-        out.append(f"max_model_len {longest:,}: the runs' requests held at most "
+    ctx, limit = corpus.get("max_context"), s.max_model_len   # (resolved: the card's if unset)
+    if ctx and longest is not None and min(longest, limit) > ctx:
+        out.append(f"requests of up to {min(longest, limit):,} tokens: the runs' requests "
+                   f"held at most {ctx:,} (longer contexts are extrapolated)")
+    elif ctx and longest is None and limit > ctx:
+        out.append(f"max_model_len {limit:,}: the runs' requests held at most "
                    f"{ctx:,} tokens (longer contexts are extrapolated)")
     moe = corpus.get("moe_models")
     if moe is not None and m.is_moe and m.name not in moe:

@@ -7,6 +7,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
+import numpy as np
+
 # prompt tokens per trace hash id (Mooncake's block: equal ids, identical content); the prefix
 # cache (kv/prefix.py) derives each engine block's content from the ids it overlaps
 SOURCE_BLOCK_SIZE = 512
@@ -135,6 +137,16 @@ class SpecColumns(Sequence[RequestSpec]):
         return NotImplemented
 
     __hash__ = None   # type: ignore[assignment]   (mutable-sized like a list: unhashable)
+
+
+def longest_request(specs: Sequence[RequestSpec]) -> int:
+    """The most tokens any request holds (its prompt and output), 0 for none."""
+    if isinstance(specs, SpecColumns):
+        if not len(specs):
+            return 0
+        prompt, output = (np.frombuffer(a, dtype=np.int64) for a in (specs.prompt, specs.output))
+        return int((prompt + output).max())
+    return max((s.num_prompt_tokens + s.num_output_tokens for s in specs), default=0)
 
 
 def _array(typecode: str, values: Any) -> array:

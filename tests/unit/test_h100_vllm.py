@@ -104,9 +104,19 @@ def test_a_run_carries_its_error_band_and_says_when_it_leaves_the_corpus():
     words = outside(split, curves.corpus)
     assert "disaggregated prefill/decode: the runs served on single engines" in words
     assert not any(w.startswith("async_scheduling") for w in words)
-    # max_model_len unset: the card's own (Llama-3.1-8B: 131,072 positions)
+    # max_model_len unset: the card's own (Llama-3.1-8B: 131,072 positions); without the
+    # workload's longest request, what the scenario allows is judged
     unset = parse_scenario({**scenario().to_dict(), "engine": {}})
     assert "max_model_len 131,072" in " ".join(outside(unset, curves.corpus))
+    # with it (a run's), the longest request, as long as max_model_len lets it run
+    assert not any("tokens" in w for w in outside(unset, curves.corpus, longest=2000))
+    assert ("requests of up to 5,000 tokens: the runs' requests held at most 2,482 (longer "
+            "contexts are extrapolated)") in outside(unset, curves.corpus, longest=5000)
+    assert "requests of up to 32,768 tokens" in " ".join(outside(far, curves.corpus, 10**6))
+    assert not any("tokens" in w for w in outside(mine, curves.corpus, longest=10**6))
+    # a run judges its own requests: 320 tokens each here, inside whatever max_model_len
+    roomy = scenario(engine={"max_model_len": 32768, "async_scheduling": True})
+    assert simserve.run(roomy).summary["latency_trust"]["outside_corpus"] == []
     # a model priced any other way carries no band: nothing measured judges it
     assert latency_trust(scenario(latency={"efficiency": "constant"}),
                          scenario_curves(scenario(latency={"efficiency": "constant"}))) is None
