@@ -7,9 +7,14 @@ then waiting ones, chunked prefill under one budget; see ``vllm_v1``), with two 
 * waiting requests are served in order of ``(priority, arrival time)`` — a lower value is served
   first, ties by arrival — and a preempted request goes back into that order, not to the front;
 * when a running request's blocks do not fit, the victim is the running request with the
-  largest ``(priority, arrival time)`` (the first in running order among equals), even one
-  already scheduled in this step (its tokens are
-  handed back to the budget); if that is the request itself, the walk over running requests stops.
+  largest ``(priority, arrival time)``, even one already scheduled in this step (its tokens are
+  handed back to the budget); if that is the request itself, the walk over running requests
+  stops. Requests that arrive at one instant of the simulated clock arrived one after another
+  at a real server (its ``arrival_time`` is the wall clock as each comes in): among equals the
+  victim is the latest to arrive, the largest id. (vLLM's ``max()`` given equal times keeps the
+  first in running order instead, which a real server never meets; with it, requests of one
+  priority that arrive together and do not all fit preempt each other in turn, each the one
+  that had got furthest, and a run need never end.)
 
 Priorities come from ``workload.classes`` (or a trace's ``priority`` column). A waiting request
 never preempts a running one, as in vLLM: it gets in as the running ones finish or are
@@ -32,9 +37,10 @@ def rank(req: Request) -> tuple[int, float, int]:
     return req.spec.priority, req.spec.arrival_s, req.id
 
 
-def victim_rank(req: Request) -> tuple[int, float]:
-    """vLLM's preemption order: the running request with the largest of these goes first."""
-    return req.spec.priority, req.spec.arrival_s
+def victim_rank(req: Request) -> tuple[int, float, int]:
+    """vLLM's preemption order: the running request with the largest of these goes first (ids
+    in arrival order: the module docstring)."""
+    return req.spec.priority, req.spec.arrival_s, req.id
 
 
 class Priority(VllmV1):
@@ -88,8 +94,8 @@ class Priority(VllmV1):
 
     def preemption_victim(self, batch: Batch, req: Request) -> Request:
         """The lowest-priority running request, even one already scheduled in this step (it
-        is taken back out). vLLM: max over (priority, arrival); on a tie, max() keeps the first
-        in running order (arrival bursts tie often), not the largest id."""
+        is taken back out): vLLM's max over (priority, arrival), the latest arrival among
+        equals (the module docstring)."""
         victim = max(self.running, key=victim_rank)
         if victim.id in batch.scheduled:
             self._unschedule(batch, victim)

@@ -25,6 +25,7 @@ stand-in (tests/unit/test_vllm_native.py) where vLLM is not installed. Learned f
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections import deque
@@ -189,12 +190,20 @@ class VllmNative(Scheduler):
                                      blocks.caches_prefixes)
         self._reqs: dict[str, Request] = {}
         self._outputs: deque[dict[str, list[int]]] = deque()   # launched steps' fake outputs
+        self._last_arrival = -math.inf
 
     def add(self, req: Request) -> None:
         super().add(req)
         rid = vllm_id(req.id)
         self._reqs[rid] = req
-        self.backend.add(rid, prompt_token_ids(req), req.num_output_tokens, req.spec.arrival_s,
+        # a real server's arrival_time is the wall clock as each request comes in: requests
+        # at one simulated instant come in one after another, each a hair later (with equal
+        # times vLLM's priority preemption can go round forever: sched/priority.py)
+        t = req.spec.arrival_s
+        if t <= self._last_arrival:
+            t = math.nextafter(self._last_arrival, math.inf)
+        self._last_arrival = t
+        self.backend.add(rid, prompt_token_ids(req), req.num_output_tokens, t,
                          req.spec.priority)
 
     def schedule(self) -> StepPlan:
