@@ -93,7 +93,10 @@ def _register_run(sub) -> None:
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                      help="override a scenario field, e.g. --set engine.max_num_seqs=64 "
                           "(repeatable)")
-    run.add_argument("--quiet", action="store_true", help="do not print the summary table")
+    run.add_argument("--quiet", action="store_true",
+                     help="print only the one line saying where the results are (and "
+                          "warnings): no progress bar, summary table or notes on how far "
+                          "to trust the latencies")
     run.add_argument("--verbose", action="store_true",
                      help="with a compare: section, also print every variant's summary table "
                           "(by default only the comparison table)")

@@ -583,11 +583,17 @@ def apply_overrides(raw: Any, overrides: list[str]) -> Any:
     """Apply ``a.b.c=value`` strings (value parsed as YAML) to a scenario mapping."""
     if not isinstance(raw, dict):
         raise ConfigError("scenario", "the scenario file must be a mapping of sections")
+    given: dict[str, str] = {}
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError("--set", f"expected FIELD=VALUE, got {item!r}")
-        set_field(raw, key, safeyaml.parse_value(text, f"--set {key.strip()}"))
+        key = key.strip()
+        if key in given:          # (as a key given twice in a YAML mapping is refused)
+            raise ConfigError(f"--set {key}", f"given twice ({given[key]!r}, then {item!r}): "
+                                              f"give it once")
+        given[key] = item
+        set_field(raw, key, safeyaml.parse_value(text, f"--set {key}"))
     return raw
 
 

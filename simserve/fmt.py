@@ -36,9 +36,10 @@ def human(x: Any) -> str:
                                   getattr(x, "dtype", None) is not None and x.dtype.kind in "iu"):
         return f"{int(v):,}"
     a = abs(v)
-    if a >= 100:
+    # (by what each format rounds to: 99.97 is "100", as 100 is, not "100.0")
+    if a >= 99.95:
         return f"{v:,.0f}"
-    if a >= 10:
+    if a >= 9.995:
         return f"{v:.1f}"
     if a >= 1:
         return f"{v:.2f}"

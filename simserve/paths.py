@@ -165,15 +165,28 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
 
 def check_out_dir(out: str | Path) -> None:
     """Before anything runs: a SimserveError (the one ``make_out_dir`` would raise after the
-    run) when ``out`` or a folder above it is a file, so a long run, sweep or search is not
-    lost to it. Nothing is created."""
+    run) when ``out`` cannot be created, so a long run, sweep or search is not lost to it: a
+    folder above it is a file, or the first folder missing cannot be made there (no
+    permission, a read-only or virtual file system: it is made and removed again). Nothing is
+    left created."""
     out = Path(out)
+    missing = None                  # the highest folder of ``out`` that does not exist
     for at in (out, *out.parents):
         if at.is_dir():
-            return
+            break
         if os.path.lexists(at):
             why = "File exists" if at == out else f"{at} is not a directory"
             raise SimserveError(f"{out}: cannot create output directory ({why})")
+        missing = at
+    if missing is None:
+        return
+    try:
+        missing.mkdir()
+    except FileExistsError:         # (made meanwhile by someone else: it can be)
+        return
+    except OSError as e:
+        raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
+    missing.rmdir()
 
 
 def make_out_dir(out: str | Path, name: Path | None = None) -> Path:

@@ -138,6 +138,11 @@ def _read_csv(path: Path, columns: Sequence[str]) -> pd.DataFrame:
             raise DataError(path, f"column {twice[0]!r} appears twice in the header",
                             _csv_line(path, -1))
         missing = [c for c in columns if c not in found]
+        if missing and found and found[0].lstrip().startswith(("{", "[")):
+            raise DataError(path, f"missing required column {missing[0]!r}: the file reads "
+                                  f"as JSON, not CSV (a Mooncake trace is workload.trace."
+                                  f"format: mooncake; a ShareGPT file, workload.lengths."
+                                  f"format: sharegpt)")
         if missing:
             raise DataError(path, f"missing required column {missing[0]!r}; "
                                   f"columns found: {', '.join(found)}")

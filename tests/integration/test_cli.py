@@ -145,6 +145,16 @@ def test_bad_override_syntax(capsys):
     assert code == 2 and "FIELD=VALUE" in err
 
 
+def test_a_field_set_twice_is_refused(tmp_path, capsys):
+    # the last one won, silently, into a folder named after both (a key given twice in YAML
+    # is refused)
+    code, out, err = run_cli(["run", DATA / "tiny.yaml", "--set", "seed=1", "--set", " seed=2",
+                              "--out", tmp_path / "o"], capsys)
+    assert code == 2 and out == "" and not (tmp_path / "o").exists()
+    assert err.strip() == ("error: --set seed: given twice ('seed=1', then ' seed=2'): give "
+                           "it once")
+
+
 def test_trace_with_bad_row_names_file_and_line(tmp_path, capsys):
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,10,5\n0.5,abc,5\n")
@@ -232,7 +242,7 @@ def test_garbage_in_the_new_engine_knobs_is_one_error(tmp_path, capsys, setting,
     (["plan", DATA / "plan_small.yaml", "--target-rate", "5", "--workers", "1"],
      "simserve.plan.planner.plan"),
 ])
-@pytest.mark.parametrize("out", ["afile", "afile/sub"])
+@pytest.mark.parametrize("out", ["afile", "afile/sub", "locked/sub"])
 def test_an_output_folder_that_cannot_be_made_is_refused_before_the_work(
         tmp_path, capsys, monkeypatch, command, work, out):
     # it was found only when saving: the whole run, sweep, search or plan ran (and printed
@@ -240,6 +250,13 @@ def test_an_output_folder_that_cannot_be_made_is_refused_before_the_work(
     def must_not_run(*args, **kwargs):
         raise AssertionError(f"{work} ran before the output folder was checked")
     monkeypatch.setattr(work, must_not_run)
+    mkdir = Path.mkdir
+
+    def refused(self, *args, **kwargs):   # a folder the OS will not make (no permission,
+        if self.name == "locked":         # a read-only or virtual file system)
+            raise PermissionError(13, "Permission denied")
+        return mkdir(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "mkdir", refused)
     (tmp_path / "afile").write_text("a file, not a folder\n")
     sweep = tmp_path / "s.yaml"
     sweep.write_text(f"base: {DATA / 'tiny.yaml'}\ngrid:\n  seed: [1, 2]\n")
@@ -248,6 +265,7 @@ def test_an_output_folder_that_cannot_be_made_is_refused_before_the_work(
                                 capsys)
     assert code == 2 and stdout == ""
     assert err.startswith(f"error: {tmp_path / out}: cannot create output directory (")
+    assert err.strip().endswith("(Permission denied)") == out.startswith("locked")
     assert len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "s.yaml"]
 

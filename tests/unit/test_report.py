@@ -711,6 +711,15 @@ def test_fractions_are_shown_as_percentages_wherever_a_table_shows_them():
     assert out.iloc[0].tolist() == [95.0, pytest.approx(9.86), 50.0, "yes", 12.0]
 
 
+def test_a_number_rounded_up_to_the_next_size_is_shown_as_that_size_is():
+    # a capacity table showed attainment 100 for 1.0 and "100.0" for 0.9997 in one column
+    from simserve.fmt import format_table, human
+    assert [human(x) for x in (100.0, 99.97, 99.94, 9.996, 9.99, 12.34, -99.97)] == [
+        "100", "100", "99.9", "10.0", "9.99", "12.3", "-100"]
+    table = format_table(pd.DataFrame({"max attainment": [1.0, 0.9997]}))
+    assert table.split() == ["max", "attainment", "(%)", "0", "100", "1", "100"]
+
+
 def test_the_report_says_each_runs_trust_beside_its_name():
     # the runs' trust lines were pooled into one set (two near-identical bands, "this run is
     # synchronous" without saying which) and a run with no measured error said nothing

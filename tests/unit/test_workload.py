@@ -429,6 +429,14 @@ def test_shipped_burstgpt_and_classes_samples_load():
     assert len(reqs) == len(pd.read_csv(CLASSES))
 
 
+def test_a_json_trace_read_as_csv_says_which_format_it_may_be():
+    # it printed a JSON record as the "columns found"
+    with pytest.raises(DataError, match=r"missing required column 'TIMESTAMP': the file reads "
+                                        r"as JSON, not CSV \(a Mooncake trace is workload\."
+                                        r"trace\.format: mooncake"):
+        trace(MOONCAKE, "azure")
+
+
 def test_plain_csv_sorts_stably_and_rescales(tmp_path):
     p = write(tmp_path, "t.csv", "arrival_s,prompt_tokens,output_tokens,note\n"
                                  "10,1,1,a\n12,2,2,b\n10,3,3,c\n16,4,4,d\n")
