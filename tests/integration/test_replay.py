@@ -42,7 +42,9 @@ class FakeServer:
         self.bodies: list[dict] = []
         self.sent_chunks: dict[int, list[tuple[float, int]]] = {}
         self._handler = handler or self._completions
-        self._loop = asyncio.new_event_loop()
+        # its own loop, made when it is served in its thread (a server started on a test's
+        # loop instead, start_here, has none: an unused loop left open leaked its sockets)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -54,15 +56,20 @@ class FakeServer:
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> FakeServer:
+        self._loop = asyncio.new_event_loop()
         self._thread.start()
         assert self._ready.wait(10), "fake server did not start"
         return self
 
     def __exit__(self, *exc) -> None:
+        assert self._loop is not None and self._stop is not None
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def _serve(self) -> None:
+        assert self._loop is not None
         asyncio.set_event_loop(self._loop)
         self._loop.run_until_complete(self._main())
 
