@@ -51,7 +51,7 @@ from simserve.kv.prefix import PrefixBlockManager
 from simserve.sched.inflight import InFlight
 from simserve.sched.plan import Prices, StepPlan
 from simserve.sched.stretch import (INF, Joined, Member, Pricing, _CacheReplay, _fit_blocks,
-                                    _forget, join_plan, segment_plan, stretch_prices)
+                                    _forget, join_hits, join_plan, segment_plan, stretch_prices)
 
 if TYPE_CHECKING:
     from simserve.sched.core import Scheduler
@@ -272,11 +272,7 @@ class AsyncStretch:
         then (0 without prefix caching), if their blocks and every member's growth surely fit;
         None otherwise, or where a hit cannot be known for sure now (the cache replay's
         ``hits``, as in a synchronous stretch: the frees before step i are done by then)."""
-        if self.cache is not None:
-            return self.cache.hits(specs, i, decoding, self.num_steps)
-        bm = self.sched.blocks
-        need = sum(bm.blocks_for(s.num_prompt_tokens) for s in specs)
-        return [0] * len(specs) if self.room_to_join(need, len(specs), decoding) else None
+        return join_hits(self, specs, i, decoding)
 
     def admit(self, req: Request, p: int, hit: int, i: int, start: float) -> int:
         """Admit the waiting head ``req`` (prompt ``p``, ``hit`` tokens of it cached) at step

@@ -392,11 +392,7 @@ class Stretch:
         it then (0 without prefix caching), if their blocks and every member's growth surely
         fit (``room_to_join``); None otherwise, or where a hit cannot be known for sure now
         (``_CacheReplay.hits``): the stretch then ends before step j."""
-        if self.cache is not None:
-            return self.cache.hits(specs, j, decoding, self.num_steps)
-        bm = self.sched.blocks
-        need = sum(bm.blocks_for(s.num_prompt_tokens) for s in specs)
-        return [0] * len(specs) if self.room_to_join(need, len(specs), decoding) else None
+        return join_hits(self, specs, j, decoding)
 
     def admit(self, req: Request, p: int, hit: int, j: int, start: float) -> int:
         """Admit the waiting head ``req`` (prompt ``p``, ``hit`` tokens of it cached:
@@ -491,6 +487,17 @@ class Stretch:
         fitted = sched.blocks.grow_to(grown, added)   # fits: plan() and joins checked it
         assert fitted is not None
         return finished
+
+
+def join_hits(stretch: Any, specs: list[Any], j: int, decoding: int) -> list[int] | None:
+    """``join_hits`` of a synchronous or async stretch (``stretch``: its ``cache`` replay or
+    None, ``sched``, ``num_steps`` and ``room_to_join``)."""
+    cache: _CacheReplay | None = stretch.cache
+    if cache is not None:
+        return cache.hits(specs, j, decoding, stretch.num_steps)
+    bm = stretch.sched.blocks
+    need = sum(bm.blocks_for(s.num_prompt_tokens) for s in specs)
+    return [0] * len(specs) if stretch.room_to_join(need, len(specs), decoding) else None
 
 
 def segment_plan(first_plan: StepPlan, members: list[Member], i0: int) -> StepPlan:
