@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -16,8 +15,6 @@ from simserve.workload.spec import RequestSpec
 from simserve.workload.synthetic import generate
 
 __all__ = ["RequestClass", "RequestSpec", "WorkloadConfig", "build_workload"]
-
-log = logging.getLogger(__name__)
 
 
 def build_workload(cfg: WorkloadConfig, seed: int, base_dir: Path,
@@ -37,7 +34,8 @@ def build_workload(cfg: WorkloadConfig, seed: int, base_dir: Path,
     if trace.num_skipped:
         note = (f"{cfg.trace.path}: skipped {trace.num_skipped:,} failed requests (zero output "
                 f"tokens: BurstGPT's mark of a failure)")
-        log.info("%s", note)
+        import logging            # (paid only by the trace runs that skip rows)
+        logging.getLogger(__name__).info("%s", note)
         if notes is not None:       # (a run's warnings say it)
             notes.append(note)
     if cfg.classes and not trace.has_priority:   # a class's priority, where the trace has none
