@@ -10,6 +10,10 @@ deterministic.
 
 * ``round_robin``: the next replica in turn;
 * ``random``: uniformly at random, from its own seeded stream;
+
+  (these two choose by the order of arrivals alone: ``ahead(n, k)`` routes the next ``n``
+  arrivals over ``k`` replicas at once, as ``n`` calls would, so a run with no failures can
+  route its whole workload before it starts and step each replica on its own: engine/mode.py)
 * ``least_outstanding``: fewest requests routed to it and not yet done (changes only when a
   request arrives, moves or finishes: not per-step state);
 * ``least_kv`` (per-step state): lowest KV-cache utilisation (blocks used / blocks), then
@@ -71,6 +75,11 @@ class _RoundRobin:
         self.turn += 1
         return replica
 
+    def ahead(self, n: int, k: int) -> list[int]:
+        """The positions among ``k`` replicas that the next ``n`` calls would pick."""
+        turn, self.turn = self.turn, self.turn + n
+        return [i % k for i in range(turn, turn + n)]
+
 
 class _Random:
     observes_state = False
@@ -81,6 +90,12 @@ class _Random:
 
     def __call__(self, req: Request, replicas: Sequence[Replica]) -> Replica:
         return replicas[int(self.rng.integers(len(replicas)))]
+
+    def ahead(self, n: int, k: int) -> list[int]:
+        """The positions among ``k`` replicas that the next ``n`` calls would pick (drawn one
+        at a time, as the calls draw them: NumPy promises no more than that)."""
+        draw = self.rng.integers
+        return [int(draw(k)) for _ in range(n)]
 
 
 @_router(observes_state=False)

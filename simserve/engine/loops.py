@@ -49,14 +49,14 @@ def solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     """One replica, nothing else going on: it takes its arrivals itself and never waits on the
     SimPy clock but to sleep until the next arrival; its stretches run past finishes and may
     start with a mixed step (the module docstring says why that is exact)."""
-    arrivals, sched = c.arrivals, r.scheduler
+    arrivals, sched = c.arrivals_of(r), r.scheduler
     # arrivals may join a stretch (sched/stretch.py) when the policy says when it admits them
     join = partial(join_arrivals, c, r) if sched.facts.joins_stretch else None
     sched.adds_at_step_end = True
     now = env.now
     while True:
         if arrivals.next_time <= now:
-            pull_arrivals(c, now)
+            pull_arrivals(c, r, arrivals, now)
         plan = sched.schedule() if sched.has_work else None
         if plan is None or plan.is_empty:
             if c.finished or arrivals.next_time == INF:
@@ -156,7 +156,7 @@ def async_solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     nothing waiting, it fast-forwards an async decode stretch (sched/async_stretch.py), which
     arrivals join where the policy admits them whole; the result is the batch queue loop's,
     step for step."""
-    arrivals, sched = c.arrivals, r.scheduler
+    arrivals, sched = c.arrivals_of(r), r.scheduler
     timing = AsyncTiming(c, r)
     tokens = r.tokens
     assert tokens is not None
@@ -166,7 +166,7 @@ def async_solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     now = env.now
     while True:
         if arrivals.next_time <= now:
-            pull_arrivals(c, now)
+            pull_arrivals(c, r, arrivals, now)
         if len(queue) < 2 and sched.has_work:
             plan = sched.schedule()
             if not plan.is_empty:
@@ -184,7 +184,7 @@ def async_solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
             continue
         held, now = queue.popleft()
         if arrivals.next_time <= now:   # (the batch queue loop resumes after them)
-            pull_arrivals(c, now)
+            pull_arrivals(c, r, arrivals, now)
         timing.land(sched, held, now)
 
 
@@ -206,7 +206,7 @@ def _async_stretch(c: Runtime, r: Replica, sched: Scheduler, timing: AsyncTiming
     # blocks' operations goes on from there); the rows start from the counts before it
     timing.land(sched, held, held_end)
     stretch.price(r.pricing, r.pricing.cpu_s, now, held_end, timing.cpu_free,
-                  c.arrivals.next_time, join)
+                  c.arrivals_of(r).next_time, join)
     k = stretch.num_steps
     kv, runs = stretch.rows(running, used, others)
     c.rec.async_stretch(r, stretch.starts, stretch.durations, kv, runs)

@@ -23,10 +23,13 @@ class Mode:
     tracked: bool           # a step in flight may be cut short (a KV landing, a failure)
     entry_observes: bool    # the entry router reads per-step state (KV use, tokens left...)
     decode_observes: bool   # the decode router does
+    # several replicas run the solo loops, each over its own arrivals, routed before the run
+    # (a router that chooses by the order of arrivals alone: ``ahead``, cluster/routing.py)
+    routed_ahead: bool = False
 
     @property
     def pull(self) -> bool:
-        """One replica takes its arrivals itself (the solo loops): no arrival process."""
+        """Each replica takes its arrivals itself (the solo loops): no arrival process."""
         return self.loop in (SOLO, ASYNC_SOLO)
 
     @property
@@ -47,10 +50,18 @@ class Mode:
                              "disaggregation or failures")
         if pipelined and (disaggregated or faults is not None):
             raise ValueError("pipeline-parallel replicas run colocated, without failures")
-        # async scheduling on one replica (a batch queue of two, no pipeline) takes its
-        # arrivals itself and fast-forwards decode stretches (sched/async_stretch.py)
-        async_solo = (fast_forward and batch_queue and not pipelined and len(replicas) == 1
-                      and faults is None and replicas[0].batch_queue_depth == 2)
+        # several replicas, no failures, and a router that chooses by the order of arrivals
+        # alone (round_robin, random): where each arrival goes is known before the run, and
+        # nothing else passes between the replicas, so each runs as a lone replica would over
+        # its own arrivals (its steps, its clock), routed ahead
+        ahead = (len(replicas) > 1 and faults is None and not disaggregated
+                 and hasattr(router, "ahead"))
+        # async scheduling on one replica (a batch queue of two, no pipeline), or on several
+        # routed ahead, takes its arrivals itself and fast-forwards decode stretches
+        # (sched/async_stretch.py)
+        async_solo = (fast_forward and batch_queue and not pipelined and faults is None
+                      and (len(replicas) == 1 or ahead)
+                      and all(r.batch_queue_depth == 2 for r in replicas))
         fast_forward = fast_forward and (not batch_queue or async_solo)
         run_ahead = fast_forward and not disaggregated and not pipelined and not batch_queue
         if pipelined:
@@ -59,15 +70,17 @@ class Mode:
             loop = ASYNC_SOLO
         elif batch_queue:
             loop = BATCH_QUEUE
-        elif run_ahead and len(replicas) == 1 and faults is None:
+        elif run_ahead and faults is None and (len(replicas) == 1 or ahead):
             # one replica, nothing else going on: nothing can happen between two of its step
             # boundaries but arrivals, and where an arrival goes is forced, so the replica
             # takes the arrivals due by each boundary itself (as the URGENT arrival events
             # would have, in the same order) and never waits on the SimPy clock but to sleep
+            # (several routed ahead: each so, over its own arrivals)
             loop = SOLO
         else:
             loop = RUN_AHEAD if run_ahead else STEPPING
         return cls(loop, fast_forward, disaggregated,
                    tracked=disaggregated or faults is not None,
                    entry_observes=getattr(router, "observes_state", True),
-                   decode_observes=getattr(decode_router, "observes_state", True))
+                   decode_observes=getattr(decode_router, "observes_state", True),
+                   routed_ahead=ahead and loop in (SOLO, ASYNC_SOLO))

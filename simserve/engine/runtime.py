@@ -38,7 +38,8 @@ _LAND, _UNPIN = 0, 1     # inbox entries: a KV cache landing; a prefill replica'
 
 
 class Arrivals:
-    """The workload's cursor: the next arrival time is what bounds a fast-forward stretch."""
+    """The workload's cursor: the next arrival time is what bounds a fast-forward stretch (a
+    replica's own, over the arrivals routed to it, when they are routed ahead: ``Routed``)."""
 
     def __init__(self, specs: Sequence[RequestSpec]):
         self.specs = specs
@@ -74,6 +75,22 @@ class Arrivals:
         self.done = self.next_time == INF
 
 
+class Routed(Sequence[RequestSpec]):
+    """The specs of the arrivals routed to one replica (``Runtime.route_ahead``), in order:
+    positions ``where`` of ``specs``, each spec made when read (a workload's columns make
+    theirs so)."""
+
+    def __init__(self, specs: Sequence[RequestSpec], times: Sequence[float], where: list[int]):
+        self.specs, self.where = specs, where
+        self.arrival_s = [times[i] for i in where]   # (what Arrivals reads as its times)
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def __getitem__(self, i: int) -> RequestSpec:   # type: ignore[override]
+        return self.specs[self.where[i]]
+
+
 class Runtime:
     """What the replicas share: the pools, routers, the count of unresolved requests, requests
     in transit between replicas, failures. All times are SimPy's."""
@@ -99,6 +116,9 @@ class Runtime:
         self.transfer_s: Callable[..., float] = transfer_s or _no_decode_pool
         # how the replicas are stepped (engine/mode.py): the loop, what may cut a step short
         self.mode = Mode.of(self.replicas, fast_forward, faults, router, decode_router)
+        # replica index -> its own arrivals, when they are routed before the run
+        self.routed: dict[int, Arrivals] | None = \
+            self.route_ahead(specs) if self.mode.routed_ahead else None
         self.faults, self.on_failure, self.max_retries = faults, on_failure, max_retries
         if faults is not None and any(r.factory is None for r in replicas):
             raise ValueError("fault injection needs each replica's scheduler factory")
@@ -114,6 +134,24 @@ class Runtime:
         # prefilled, no live decode replica: (request, prefill replica, tokens, pin)
         self.decode_backlog: list[tuple[Request, Replica, int, int]] = []
         self.gate: ClientGate | None = None   # the benchmark client's concurrency limit
+
+    def route_ahead(self, specs: Sequence[RequestSpec]) -> dict[int, Arrivals]:
+        """Each replica's arrivals, routed now (a router that chooses by their order alone:
+        ``ahead``), as the router would route them one by one at their times. The summary's
+        window starts at the first arrival, whichever replica takes it first."""
+        k = len(self.entry)
+        picks = self.router.ahead(len(specs), k)   # type: ignore[attr-defined]
+        where: list[list[int]] = [[] for _ in range(k)]
+        for i, p in enumerate(picks):
+            where[p].append(i)
+        times = self.arrivals.times
+        if len(times):
+            self.rec.first_arrival = times[0]
+        return {r.index: Arrivals(Routed(specs, times, w)) for r, w in zip(self.entry, where)}
+
+    def arrivals_of(self, r: Replica) -> Arrivals:
+        """The arrivals a solo loop's replica takes itself: all of them, or its own."""
+        return self.arrivals if self.routed is None else self.routed[r.index]
 
     # -- the pieces the replica loop asks for ------------------------------------------------
     def arrival_rules(self, r: Replica) -> tuple[bool, bool]:
@@ -178,13 +216,17 @@ class Runtime:
     def live(self, pool: list[Replica]) -> list[Replica]:
         return pool if self.faults is None else [r for r in pool if r.up]
 
-    def dispatch(self, req: Request) -> None:
-        """Route a request (new, or retried after a failure) to its first replica."""
-        pool = self.entry if self.faults is None else [r for r in self.entry if r.up]
-        if not pool:
-            self.backlog.append(req)
-            return
-        replica = self.router(req, pool)
+    def dispatch(self, req: Request, to: Replica | None = None) -> None:
+        """Route a request (new, or retried after a failure) to its first replica (``to``: a
+        solo loop's replica, taking its own arrivals: the router's choice, or forced)."""
+        if to is not None:
+            replica = to
+        else:
+            pool = self.entry if self.faults is None else [r for r in self.entry if r.up]
+            if not pool:
+                self.backlog.append(req)
+                return
+            replica = self.router(req, pool)
         req.replica = replica.index
         if self.mode.disaggregated:
             self._dispatch_split(req, replica)
@@ -460,10 +502,10 @@ def arrival_process(env: Clock, c: Runtime) -> Generator[Any, Any, None]:
     arrivals.done = True
 
 
-def _arrive(c: Runtime, spec: RequestSpec) -> None:
+def _arrive(c: Runtime, spec: RequestSpec, to: Replica | None = None) -> None:
     req = Request(spec)
     c.rec.add_request(req)
-    c.dispatch(req)
+    c.dispatch(req, to)
 
 
 def join_arrivals(c: Runtime, r: Replica, stretch: Stretch | AsyncStretch, j: int, start: float,
@@ -481,7 +523,8 @@ def join_arrivals(c: Runtime, r: Replica, stretch: Stretch | AsyncStretch, j: in
     Under async scheduling (``AsyncStretch``) step j is scheduled before it starts: the
     arrivals ``due_by`` its schedule time join, beside ``decoding`` decodes with ``running``
     requests running (those whose last token is in flight keep their slots)."""
-    due = c.arrivals.due(start if due_by is None else due_by)
+    arrivals = c.arrivals if c.routed is None else c.routed[r.index]
+    due = arrivals.due(start if due_by is None else due_by)
     sched = r.scheduler
     specs = sched.admission_order(due)   # (the order schedule() would admit them in)
     blocks = sched.blocks
@@ -496,19 +539,19 @@ def join_arrivals(c: Runtime, r: Replica, stretch: Stretch | AsyncStretch, j: in
     if hits is None or not sched.stretch_admits([p - h for p, h in zip(prompts, hits)],
                                                 decoding, running):
         return None
-    c.arrivals.skip(len(due))
+    arrivals.skip(len(due))
     for spec in due:
-        _arrive(c, spec)
+        _arrive(c, spec, r)
     joined = []
     for p, hit in zip(prompts, hits):
         req = sched.waiting[0]
         joined.append((req, p, stretch.admit(req, p, hit, j, start), hit))
-    return joined, c.arrivals.next_time
+    return joined, arrivals.next_time
 
 
-def pull_arrivals(c: Runtime, now: float) -> None:
-    """Every arrival due by ``now`` (``Mode.pull``: the solo loop)."""
-    arrivals = c.arrivals
+def pull_arrivals(c: Runtime, r: Replica, arrivals: Arrivals, now: float) -> None:
+    """Every arrival of ``arrivals`` (``c.arrivals_of(r)``) due by ``now``, to replica ``r``
+    (``Mode.pull``: the solo loops)."""
     while arrivals.next_time <= now:
-        _arrive(c, arrivals.advance())
+        _arrive(c, arrivals.advance(), r)
     arrivals.done = arrivals.next_time == INF

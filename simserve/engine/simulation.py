@@ -67,4 +67,7 @@ def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: 
         if req.status not in (Status.FINISHED, Status.REJECTED, Status.FAILED):
             req.status = Status.REJECTED
             req.reject_reason = "unschedulable"
+    if c.mode.routed_ahead:    # (each replica took its own arrivals: back in arrival order,
+        # as the workload numbers them, ties by id)
+        rec.requests.sort(key=lambda q: (q.spec.arrival_s, q.id))
     return rec

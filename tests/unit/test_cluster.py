@@ -138,6 +138,18 @@ def test_round_robin_cycles_and_random_is_seeded():
     assert seq1 != [make_router("random", seed=7, pool=1)(None, reps).index for _ in range(20)]
 
 
+@pytest.mark.parametrize("name", ["round_robin", "random"])
+def test_routing_ahead_is_routing_one_by_one(name):
+    # ``ahead(n, k)``: the replicas the next n calls would pick, the router's state moved on
+    # as far (a run routed before it starts takes the same replicas as one routed as it goes)
+    reps = replicas_of(*(make_scheduler("vllm_v1") for _ in range(3)))
+    one, many = make_router(name, seed=3), make_router(name, seed=3)
+    calls = [one(None, reps).index for _ in range(50)]
+    assert many.ahead(20, 3) + many.ahead(30, 3) == calls
+    assert [one(None, reps).index for _ in range(5)] == [many(None, reps).index for _ in range(5)]
+    assert set(calls) == {0, 1, 2}
+
+
 def test_least_outstanding_and_least_kv_and_jsq_tokens():
     a, b = make_scheduler("vllm_v1", num_blocks=100), make_scheduler("vllm_v1", num_blocks=10)
     reps = replicas_of(a, b)
@@ -372,6 +384,35 @@ def test_heterogeneous_cluster_end_to_end_both_ways():
     assert fast.steps.equals(slow.steps)
     assert fast.summary["completed"] == 120
     assert sum(row["completed"] for row in fast.summary["per_replica"]) == 120
+
+
+@pytest.mark.parametrize("router", ["round_robin", "random"])
+@pytest.mark.parametrize("engine", [{}, {"async_scheduling": True},
+                                    {"enable_prefix_caching": True}])
+def test_clusters_routed_ahead_equal_stepping(router, engine):
+    # round_robin and random route by arrival order alone: each replica runs the solo loop
+    # over its own arrivals (engine/mode.py), arrivals joining its stretches; the same steps,
+    # requests and summary as stepping every replica together. Two groups of different
+    # policies and KV sizes; the prompts share prefixes, and the rate keeps them all busy.
+    raw = base_raw(router=router, groups=[
+        {"name": "a", "replicas": 2},
+        {"name": "b", "replicas": 1, "scheduler": {"policy": "priority"},
+         "engine": {"num_gpu_blocks": 40}}])
+    raw["engine"].update(engine)
+    raw["latency"] = {"model": "roofline"}
+    raw["workload"] = {"arrival": "poisson", "rate": 40, "num_requests": 300,
+                       "shared_prefix": {"num_unique_system_prompts": 3,
+                                         "num_users_per_system_prompt": 2,
+                                         "system_prompt_len": 48, "question_len": 40,
+                                         "output_len": 60}}
+    s = parse_scenario(raw)
+    fast = simserve.run(s)
+    slow = simserve.run(s, fast_forward=False)
+    assert fast.requests.equals(slow.requests)
+    assert fast.steps.equals(slow.steps)
+    assert fast.summary == slow.summary
+    assert fast.summary["completed"] == 300
+    assert all(row["completed"] > 50 for row in fast.summary["per_replica"])
 
 
 def test_cluster_scenario_file_runs():

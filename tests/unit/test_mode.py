@@ -15,6 +15,7 @@ from tests.helpers import make_scheduler
 
 ROUND_ROBIN = make_router("round_robin", 0)
 LEAST_KV = make_router("least_kv", 0)
+LEAST_OUTSTANDING = make_router("least_outstanding", 0)
 
 
 def replica(i: int = 0, *, role: str = "mixed", async_scheduling: bool = False,
@@ -32,10 +33,29 @@ def test_one_replica_alone_pulls_its_arrivals():
 
 
 def test_several_replicas_or_failures_run_ahead_and_stepwise_steps():
-    assert Mode.of([replica(0), replica(1)], True, None, ROUND_ROBIN, None).loop == RUN_AHEAD
+    # a router that reads state the replicas change (finishes, KV use): they run ahead together
+    for router in (LEAST_OUTSTANDING, LEAST_KV):
+        m = Mode.of([replica(0), replica(1)], True, None, router, None)
+        assert (m.loop, m.routed_ahead) == (RUN_AHEAD, False)
     m = Mode.of([replica()], True, object(), ROUND_ROBIN, None)     # a fault schedule
     assert (m.loop, m.tracked) == (RUN_AHEAD, True)
+    m = Mode.of([replica(0), replica(1)], True, object(), ROUND_ROBIN, None)
+    assert (m.loop, m.routed_ahead) == (RUN_AHEAD, False)
     assert Mode.of([replica()], False, None, ROUND_ROBIN, None).loop == STEPPING
+    assert Mode.of([replica(0), replica(1)], False, None, ROUND_ROBIN, None).loop == STEPPING
+
+
+def test_replicas_routed_by_arrival_order_alone_each_run_solo():
+    # round_robin and random choose by the order of arrivals alone: routed before the run,
+    # each replica runs the solo loop over its own arrivals (sync or async)
+    for name in ("round_robin", "random"):
+        m = Mode.of([replica(0), replica(1), replica(2)], True, None, make_router(name, 0), None)
+        assert (m.loop, m.pull, m.routed_ahead, m.tracked) == (SOLO, True, True, False)
+        m = Mode.of([replica(0, async_scheduling=True), replica(1, async_scheduling=True)],
+                    True, None, make_router(name, 0), None)
+        assert (m.loop, m.pull, m.routed_ahead, m.fast_forward) == (ASYNC_SOLO, True, True, True)
+    # one replica: no routing to do ahead
+    assert not Mode.of([replica()], True, None, ROUND_ROBIN, None).routed_ahead
 
 
 def test_disaggregation_steps_and_tracks_flights():
@@ -62,9 +82,10 @@ def test_one_async_replica_alone_pulls_its_arrivals_and_fast_forwards():
     # stepwise (--stepwise, the live driver): the batch queue loop, every step an event
     m = Mode.of([replica(async_scheduling=True)], False, None, ROUND_ROBIN, None)
     assert (m.loop, m.pull, m.fast_forward) == (BATCH_QUEUE, False, False)
-    # two async replicas, or a pipeline: the batch queue and pipeline loops, stepped
+    # two async replicas behind a router that reads their state, or a pipeline: the batch
+    # queue and pipeline loops, stepped
     assert Mode.of([replica(0, async_scheduling=True), replica(1, async_scheduling=True)],
-                   True, None, ROUND_ROBIN, None).loop == BATCH_QUEUE
+                   True, None, LEAST_KV, None).loop == BATCH_QUEUE
     m = Mode.of([replica(async_scheduling=True, pp=2)], True, None, ROUND_ROBIN, None)
     assert (m.loop, m.fast_forward) == (PIPELINE, False)
 
