@@ -43,6 +43,11 @@ counts instructions instead).
     python benchmarks/sim_speed.py --workload vidur --sizes 10000 50000 --stepwise 10000
     python benchmarks/sim_speed.py --workload shared_prefix --repeat 2 --stepwise 10000
     python benchmarks/sim_speed.py --async --sizes 10000 --stepwise 10000   # async scheduling
+    python benchmarks/sim_speed.py --replicas 4 --router least_outstanding --sizes 10000
+
+``--replicas N`` runs a cluster of N replicas behind ``--router`` (round_robin by default) at
+N times the workload's rate, so that each replica carries what the one replica did; the
+issues' targets (set for one replica) are not printed then.
 """
 
 from __future__ import annotations
@@ -209,7 +214,14 @@ def main() -> None:
     ap.add_argument("--async", dest="async_", action="store_true",
                     help="engine.async_scheduling on in every run (the issues' targets, "
                          "set for synchronous runs, are not printed)")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="a cluster of this many replicas at as many times the rate (the "
+                         "issues' targets, set for one replica, are not printed)")
+    ap.add_argument("--router", default="round_robin", help="the cluster's router")
     args = ap.parse_args()
+    if args.replicas < 1:
+        ap.error("--replicas: at least 1")
+    one = args.replicas == 1 and not args.async_    # (the issues' targets apply)
     sizes = args.sizes or DEFAULT_SIZES[args.workload]
     policies = args.policies or DEFAULT_POLICIES[args.workload]
     if args.workload == "vidur" and not AZURE.exists():
@@ -218,7 +230,9 @@ def main() -> None:
     compiled = compile_bytecode()
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start "
           f"(timings inflate when the machine is busy); workload {args.workload}"
-          f"{' with async scheduling' if args.async_ else ''}, medians of {args.repeat}")
+          f"{' with async scheduling' if args.async_ else ''}"
+          f"{f', {args.replicas} replicas ({args.router})' if args.replicas > 1 else ''}, "
+          f"medians of {args.repeat}")
     print("whole process: `simserve run --no-report --quiet`, wall and CPU seconds, peak RSS, "
           "output size;\nphases (wall / CPU seconds): start-up to the scenario loaded, "
           "simserve.run, of which the metrics (columns, summary), Result.save;\n"
@@ -237,6 +251,9 @@ def main() -> None:
                     raw["engine"].update(engine)
                     if args.async_:
                         raw["engine"]["async_scheduling"] = True
+                    if args.replicas > 1:
+                        raw["cluster"] = {"replicas": args.replicas, "router": args.router}
+                        raw["workload"]["rate"] *= args.replicas
                     raw["workload"]["num_requests"] = n
                     scen = scens[label] = Path(tmp) / f"{policy}-{n}-{len(scens)}.yaml"
                     scen.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -267,9 +284,9 @@ def main() -> None:
                           f"{pair(ps, 'metrics')} {pair(ps, 'write')} "
                           f"{ps[0]['steps']:10,d} | {step_col:>8s}",
                           flush=True)
-                    if args.workload == "bench" and not args.async_:
+                    if args.workload == "bench" and one:
                         print_targets(n, w, ps)
-                if args.workload == "shared_prefix" and not args.async_:
+                if args.workload == "shared_prefix" and one:
                     # the ratio of each round's pair (run within seconds of each other), median
                     on, off = whole["cache on"], whole["cache off"]
                     ratio = statistics.median(a["wall"] / b["wall"] for a, b in zip(on, off))
