@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Generator, Sequence
 from heapq import heapify, heappop, heappush
@@ -80,9 +81,10 @@ class Routed(Sequence[RequestSpec]):
     positions ``where`` of ``specs``, each spec made when read (a workload's columns make
     theirs so)."""
 
-    def __init__(self, specs: Sequence[RequestSpec], times: Sequence[float], where: list[int]):
+    def __init__(self, specs: Sequence[RequestSpec], times: Sequence[float],
+                 where: Sequence[int]):
         self.specs, self.where = specs, where
-        self.arrival_s = [times[i] for i in where]   # (what Arrivals reads as its times)
+        self.arrival_s = array("d", map(times.__getitem__, where))   # (Arrivals' times)
 
     def __len__(self) -> int:
         return len(self.where)
@@ -141,7 +143,7 @@ class Runtime:
         window starts at the first arrival, whichever replica takes it first."""
         k = len(self.entry)
         picks = self.router.ahead(len(specs), k)   # type: ignore[attr-defined]
-        where: list[list[int]] = [[] for _ in range(k)]
+        where = [array("q") for _ in range(k)]       # (typed: 8 bytes a request)
         for i, p in enumerate(picks):
             where[p].append(i)
         times = self.arrivals.times
