@@ -12,8 +12,9 @@ deterministic.
 * ``random``: uniformly at random, from its own seeded stream;
 
   (these two choose by the order of arrivals alone: ``ahead(n, k)`` routes the next ``n``
-  arrivals over ``k`` replicas at once, as ``n`` calls would, so a run with no failures can
-  route its whole workload before it starts and step each replica on its own: engine/mode.py)
+  arrivals over ``k`` replicas at once, as ``n`` calls would, so a fast-forwarded colocated
+  run with no failures, no pipeline and no client concurrency limit can route its whole
+  workload before it starts and run each replica on its own: engine/mode.py)
 * ``least_outstanding``: fewest requests routed to it and not yet done (changes only when a
   request arrives, moves or finishes: not per-step state);
 * ``least_kv`` (per-step state): lowest KV-cache utilisation (blocks used / blocks), then

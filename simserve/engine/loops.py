@@ -46,9 +46,11 @@ def loop_for(mode: Mode) -> Callable[[Clock, Runtime, Replica], Loop]:
 
 
 def solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
-    """One replica, nothing else going on: it takes its arrivals itself and never waits on the
-    SimPy clock but to sleep until the next arrival; its stretches run past finishes and may
-    start with a mixed step (the module docstring says why that is exact)."""
+    """One replica, nothing else going on (or each of several whose arrivals were routed
+    ahead, ``Mode.routed_ahead``: nothing else passes between them): it takes its arrivals
+    itself and never waits on the SimPy clock but to sleep until the next arrival; its
+    stretches run past finishes and may start with a mixed step (the module docstring says why
+    that is exact)."""
     arrivals, sched = c.arrivals_of(r), r.scheduler
     # arrivals may join a stretch (sched/stretch.py) when the policy says when it admits them
     join = partial(join_arrivals, c, r) if sched.facts.joins_stretch else None
@@ -64,7 +66,8 @@ def solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
             now = arrivals.next_time
             yield env.at(now)    # idle until the next arrival
             continue
-        # one replica: the router has no choice to make, so only a step's start is cut
+        # its arrivals' replica is known (one replica, or routed ahead): no router observes
+        # it, so only a step's start is cut
         stretch, ends, end = _take(c, r, sched, plan, now, arrivals.next_time, INF,
                                    SOLO_STRETCH if join else MAX_STRETCH, past_finish=True,
                                    join=join)
@@ -150,9 +153,10 @@ def batch_queue_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
 
 def async_solo_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     """:func:`batch_queue_loop` with a queue of two (async scheduling) on one replica, nothing
-    else going on: it takes its arrivals itself, as the solo loop does (those due by each
-    moment the batch queue loop would resume at), and never waits on the SimPy clock but to
-    sleep until the next arrival. Where a decode step is scheduled with one step in flight,
+    else going on (or on each of several routed ahead, as :func:`solo_loop`): it takes its
+    arrivals itself, as the solo loop does (those due by each moment the batch queue loop
+    would resume at), and never waits on the SimPy clock but to sleep until the next
+    arrival. Where a decode step is scheduled with one step in flight,
     nothing waiting, it fast-forwards an async decode stretch (sched/async_stretch.py), which
     arrivals join where the policy admits them whole; the result is the batch queue loop's,
     step for step."""

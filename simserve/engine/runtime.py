@@ -16,6 +16,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Generator, Sequence
 from heapq import heapify, heappop, heappush
+from itertools import islice
 from typing import Any, cast
 
 from simserve.clients import ClientGate
@@ -32,7 +33,7 @@ from simserve.sched.plan import StepPlan
 from simserve.sched.request import Request, Status
 from simserve.sched.async_stretch import AsyncStretch
 from simserve.sched.stretch import Joined, Stretch
-from simserve.workload.spec import RequestSpec
+from simserve.workload.spec import RequestSpec, SpecColumns
 
 INF = math.inf
 _LAND, _UNPIN = 0, 1     # inbox entries: a KV cache landing; a prefill replica's KV released
@@ -118,7 +119,9 @@ class Runtime:
         self.transfer_s: Callable[..., float] = transfer_s or _no_decode_pool
         # how the replicas are stepped (engine/mode.py): the loop, what may cut a step short
         self.mode = Mode.of(self.replicas, fast_forward, faults, router, decode_router)
-        # replica index -> its own arrivals, when they are routed before the run
+        # replica index -> its own arrivals, when they are routed before the run; then also
+        # each request's place in the workload (``simulate`` puts its requests back in order)
+        self.arrival_order: Callable[[Request], int] | None = None
         self.routed: dict[int, Arrivals] | None = \
             self.route_ahead(specs) if self.mode.routed_ahead else None
         self.faults, self.on_failure, self.max_retries = faults, on_failure, max_retries
@@ -139,8 +142,15 @@ class Runtime:
 
     def route_ahead(self, specs: Sequence[RequestSpec]) -> dict[int, Arrivals]:
         """Each replica's arrivals, routed now (a router that chooses by their order alone:
-        ``ahead``), as the router would route them one by one at their times. The summary's
-        window starts at the first arrival, whichever replica takes it first."""
+        ``ahead``), as the router would route them one by one at their times. The recorder's
+        first arrival (what its folding waits for) is the workload's first, whichever replica
+        takes it first; ``arrival_order`` gives each request's place in the workload."""
+        if isinstance(specs, SpecColumns) or all(
+                a.request_id < b.request_id for a, b in zip(specs, islice(specs, 1, None))):
+            self.arrival_order = _request_id    # (a built workload's ids are its order)
+        else:
+            place = {s.request_id: i for i, s in enumerate(specs)}
+            self.arrival_order = lambda q: place[q.id]
         k = len(self.entry)
         picks = self.router.ahead(len(specs), k)   # type: ignore[attr-defined]
         where = [array("q") for _ in range(k)]       # (typed: 8 bytes a request)
@@ -470,6 +480,10 @@ def _pin(blocks: BlockManager, pin: int, proxy: Request, tokens: int) -> None:
         if cached and prefix.allocate_cached(pin, tokens, cached) is not None:
             return
     blocks.allocate(pin, tokens)
+
+
+def _request_id(req: Request) -> int:
+    return req.id
 
 
 def _no_decode_pool(*args: Any) -> Any:

@@ -67,7 +67,6 @@ def simulate(specs: Sequence[RequestSpec], replicas: Sequence[Replica], router: 
         if req.status not in (Status.FINISHED, Status.REJECTED, Status.FAILED):
             req.status = Status.REJECTED
             req.reject_reason = "unschedulable"
-    if c.mode.routed_ahead:    # (each replica took its own arrivals: back in arrival order,
-        # as the workload numbers them, ties by id)
-        rec.requests.sort(key=lambda q: (q.spec.arrival_s, q.id))
+    if c.arrival_order is not None:   # (each replica took its own arrivals: back in the
+        rec.requests.sort(key=c.arrival_order)   # workload's order, as stepping adds them)
     return rec

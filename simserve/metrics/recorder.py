@@ -187,7 +187,9 @@ class Recorder:
     folding: bool = False
     itl_sketch: LogHistogram | None = None     # the folded inter-token gaps (a long run)
     itl_done: bool = False                     # every gap folded (``itl``: after the run)
-    first_arrival: float | None = None         # of the requests seen by the first compaction
+    # of the requests seen by the first compaction (the workload's first when it is routed
+    # ahead: engine/runtime.py's route_ahead, its replicas taking their arrivals out of order)
+    first_arrival: float | None = None
     last_finish: float = -math.inf             # latest finish resolved so far (client clock)
     replicas: dict[int, StepLog] = field(default_factory=dict)
     tokens: dict[int, TokenLog] = field(default_factory=dict)     # output tokens per replica
