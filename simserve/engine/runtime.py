@@ -539,7 +539,7 @@ def join_arrivals(c: Runtime, r: Replica, stretch: Stretch | AsyncStretch, j: in
     Under async scheduling (``AsyncStretch``) step j is scheduled before it starts: the
     arrivals ``due_by`` its schedule time join, beside ``decoding`` decodes with ``running``
     requests running (those whose last token is in flight keep their slots)."""
-    arrivals = c.arrivals if c.routed is None else c.routed[r.index]
+    arrivals = c.arrivals_of(r)
     due = arrivals.due(start if due_by is None else due_by)
     sched = r.scheduler
     specs = sched.admission_order(due)   # (the order schedule() would admit them in)
