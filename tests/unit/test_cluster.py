@@ -386,6 +386,13 @@ def test_heterogeneous_cluster_end_to_end_both_ways():
     assert sum(row["completed"] for row in fast.summary["per_replica"]) == 120
 
 
+def shared_prefix_chat(n: int) -> dict:
+    """A workload section: ``n`` requests at 40 req/s, 3 system prompts x 2 users."""
+    return {"arrival": "poisson", "rate": 40, "num_requests": n,
+            "shared_prefix": {"num_unique_system_prompts": 3, "num_users_per_system_prompt": 2,
+                              "system_prompt_len": 48, "question_len": 40, "output_len": 60}}
+
+
 @pytest.mark.parametrize("router", ["round_robin", "random"])
 @pytest.mark.parametrize("engine", [{}, {"async_scheduling": True},
                                     {"enable_prefix_caching": True}])
@@ -400,11 +407,7 @@ def test_clusters_routed_ahead_equal_stepping(router, engine):
          "engine": {"num_gpu_blocks": 40}}])
     raw["engine"].update(engine)
     raw["latency"] = {"model": "roofline"}
-    raw["workload"] = {"arrival": "poisson", "rate": 40, "num_requests": 300,
-                       "shared_prefix": {"num_unique_system_prompts": 3,
-                                         "num_users_per_system_prompt": 2,
-                                         "system_prompt_len": 48, "question_len": 40,
-                                         "output_len": 60}}
+    raw["workload"] = shared_prefix_chat(300)
     s = parse_scenario(raw)
     fast = simserve.run(s)
     slow = simserve.run(s, fast_forward=False)
@@ -433,11 +436,7 @@ def test_one_replica_behind_a_router_that_reads_its_cache_equals_stepping():
     # prefix_aware's probe of the cache ran inside a join's lookup and broke its count
     raw = base_raw(replicas=1, router="prefix_aware")
     raw["engine"]["enable_prefix_caching"] = True
-    raw["workload"] = {"arrival": "poisson", "rate": 40, "num_requests": 200,
-                       "shared_prefix": {"num_unique_system_prompts": 3,
-                                         "num_users_per_system_prompt": 2,
-                                         "system_prompt_len": 48, "question_len": 40,
-                                         "output_len": 60}}
+    raw["workload"] = shared_prefix_chat(200)
     s = parse_scenario(raw)
     fast, slow = simserve.run(s), simserve.run(s, fast_forward=False)
     assert fast.requests.equals(slow.requests) and fast.steps.equals(slow.steps)
