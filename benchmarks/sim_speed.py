@@ -67,6 +67,8 @@ from pathlib import Path
 
 import yaml
 
+from simserve.cluster.routing import ROUTERS
+
 ROOT = Path(__file__).resolve().parent.parent
 AZURE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
@@ -217,7 +219,8 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=1,
                     help="a cluster of this many replicas at as many times the rate (the "
                          "issues' targets, set for one replica, are not printed)")
-    ap.add_argument("--router", default="round_robin", help="the cluster's router")
+    ap.add_argument("--router", default="round_robin", choices=ROUTERS,
+                    help="the cluster's router")
     args = ap.parse_args()
     if args.replicas < 1:
         ap.error("--replicas: at least 1")
