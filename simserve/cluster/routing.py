@@ -3,7 +3,8 @@
 A router is a callable ``router(req, replicas) -> replica`` over the live replicas of one pool
 (the replicas of a colocated cluster, or the prefill or decode pool of a disaggregated one),
 with an attribute ``observes_state``: True when its choice depends on state that changes every
-engine step (KV blocks, tokens computed, cached prefixes). The engine then makes sure every
+engine step (KV blocks, tokens computed, cached prefixes); False for one that reads only
+``index`` and ``num_outstanding`` (or the order of arrivals). The engine then makes sure every
 replica's state at the arrival time is exactly the state stepping one iteration per event would
 show (docs/cluster.md, "Exactness"). Ties always go to the lowest replica index, so a run is
 deterministic.
@@ -16,7 +17,9 @@ deterministic.
   run with no failures, no pipeline and no client concurrency limit can route its whole
   workload before it starts and run each replica on its own: engine/mode.py)
 * ``least_outstanding``: fewest requests routed to it and not yet done (changes only when a
-  request arrives, moves or finishes: not per-step state);
+  request arrives, moves or finishes: not per-step state; a colocated cluster behind it runs
+  engine/loops.py's counted loop, in which an arrival cuts back only the stretch in flight of
+  the replica it goes to);
 * ``least_kv`` (per-step state): lowest KV-cache utilisation (blocks used / blocks), then
   fewest outstanding;
 * ``jsq_tokens`` (per-step state): join the shortest queue counted in tokens, the fewest tokens

@@ -1,9 +1,10 @@
 """The replica loops: each replica is one SimPy process that asks its scheduler for a StepPlan,
 prices it, holds the clock for that long and applies it; an idle replica sleeps until given
 work. Which loop runs a run's replicas is decided once (engine/mode.py, :func:`loop_for`):
-solo, run-ahead, stepping, batch queue or pipeline (docs/architecture.md, the engine). Decode
-stretches are fast-forwarded (sched/stretch.py), never past an outside event, so the result
-is stepping's, step for step (docs/cluster.md, exactness with fast-forward)."""
+solo, counted, run-ahead, stepping, batch queue or pipeline (docs/architecture.md, the
+engine). Decode stretches are fast-forwarded (sched/stretch.py), never past an outside event
+that could change them (or cut back to the steps before it), so the result is stepping's,
+step for step (docs/cluster.md, exactness with fast-forward)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from functools import partial
 from typing import Any
 
 from simserve.engine.clock import Clock, Interrupt
-from simserve.engine.mode import (ASYNC_SOLO, BATCH_QUEUE, PIPELINE, RUN_AHEAD, SOLO, STEPPING,
-                                  Mode)
+from simserve.engine.mode import (ASYNC_SOLO, BATCH_QUEUE, COUNTED, PIPELINE, RUN_AHEAD, SOLO,
+                                  STEPPING, Mode)
 from simserve.engine.pipeline import pipeline_loop
 from simserve.engine.queue import queue_loop
 from simserve.engine.queue import sleep as _sleep
@@ -35,6 +36,9 @@ MAX_STRETCH = 256
 # The solo loop's: arrivals join its stretches rather than cut them, so longer ones waste
 # nothing and spare the work each stretch costs over its members (planning, applying).
 SOLO_STRETCH = 1024
+# The counted loop prices a stretch up to the arrival this many arrivals ahead per replica (any
+# of them may cut it back: the steps priced past that cut would mostly be dropped)
+COUNTED_AHEAD = 2
 INF = math.inf
 _NO_ENDS: list[float] = []   # (a plain step's; never changed)
 
@@ -98,6 +102,62 @@ def run_ahead_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
                 continue
             end = held
         now = c.finish_steps(r, sched, plan, stretch, ends, end)
+
+
+def counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
+    """Several replicas behind a router that reads only how many requests each holds and has
+    not finished (``least_outstanding``), no failures (``Mode.of``). A stretch is priced past
+    the arrivals, which may go elsewhere, and (but with prefix caching, whose stretches are
+    applied as priced) past finishes, as the solo loop's. One that ends before the next
+    arrival is applied at once; one that reaches it holds the clock, and an arrival routed to
+    this replica cuts it back to the steps that start before the arrival
+    (``Runtime.cut_back``): the replica then plans again from the last one kept, seeing the
+    arrival, as stepping would. Before the router looks, the requests that the stretches in
+    flight finished by then are counted off (``Runtime.settle``)."""
+    arrivals, sched = c.arrivals, r.scheduler
+    past_finish = not sched.blocks.caches_prefixes
+    ahead = COUNTED_AHEAD * len(c.entry)
+    now = env.now
+    while True:
+        plan = sched.schedule() if sched.has_work else None
+        if plan is None or plan.is_empty:
+            woken = yield from _sleep(env, c, r, now)
+            if woken is None:
+                return
+            now = woken
+            continue
+        held = arrivals.next_time
+        waiting = sched.num_waiting
+        stretch, ends, end = _take(c, r, sched, plan, now, arrivals.ahead_time(ahead), INF,
+                                   MAX_STRETCH, past_finish, record_before=held)
+        settled = 0
+        if end >= held:     # it may be cut back: hold the clock until it ends
+            if stretch is None:
+                f = r.flight = Flight([now], [end], None)
+            else:
+                f = r.flight = Flight(stretch.starts, ends, stretch, _finish_ends(stretch, ends)
+                                      if stretch.past_finish else [])
+            while True:
+                try:
+                    yield env.at(end)
+                    break
+                except Interrupt:   # (an arrival routed here cut it back)
+                    end = f.ends[-1]
+            r.flight = None
+            settled = f.settled
+            if stretch is not None:     # the steps that ran (starts: cut back with ends)
+                k = len(ends)
+                if k < stretch.num_steps:
+                    stretch.num_steps = k
+                    del stretch.durations[k:]
+                c.rec.stretch(r, stretch, waiting)
+        now = c.finish_steps(r, sched, plan, stretch, ends, end, settled)
+
+
+def _finish_ends(stretch: Stretch, ends: list[float]) -> list[float]:
+    """The ends of the steps at which members of a stretch past finishes finish, in order."""
+    k = len(ends)
+    return sorted([ends[e - 1] for _, _, _, e, _ in stretch.members if e <= k])
 
 
 def stepping_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
@@ -308,11 +368,13 @@ def _outside_events(c: Runtime, r: Replica) -> Callable[[], tuple[float, float]]
 
 def _take(c: Runtime, r: Replica, sched: Scheduler, plan: StepPlan, start: float, cut: float,
           cut_end: float, max_steps: int, past_finish: bool = False,
-          join: Join | None = None) -> tuple[Stretch | None, list[float], float]:
+          join: Join | None = None,
+          record_before: float = INF) -> tuple[Stretch | None, list[float], float]:
     """Price and record the step that starts with ``plan`` at ``start``, fast-forwarded into a
     stretch as far as the outside events allow (arrivals may ``join`` it: the solo loop's):
     the stretch (None for one step), the end of each of its steps (empty for one step), and
-    its end."""
+    its end. A stretch that ends at or after ``record_before`` is the caller's to record,
+    once it is over (the counted loop's, which an arrival may cut back)."""
     if plan.prefill_lens:        # requests scheduled for the first time (always a prefill)
         for req in sched.newly_scheduled:
             req.first_scheduled_s = start
@@ -321,7 +383,8 @@ def _take(c: Runtime, r: Replica, sched: Scheduler, plan: StepPlan, start: float
         # requests join only a stretch past finishes (nothing else waits)
         stretch.price(r.pricing, start, cut, cut_end, join if stretch.past_finish else None)
         if stretch.num_steps > 1:
-            c.rec.stretch(r, stretch)
+            if stretch.end < record_before:
+                c.rec.stretch(r, stretch)
             ends = stretch.starts[1:]
             ends.append(stretch.end)
             return stretch, ends, stretch.end
@@ -360,5 +423,5 @@ def _hold(env: Clock, c: Runtime, r: Replica, stretch: Stretch | None, start: fl
 
 
 _LOOPS: dict[str, Callable[[Clock, Runtime, Replica], Loop]] = {
-    SOLO: solo_loop, RUN_AHEAD: run_ahead_loop, STEPPING: stepping_loop,
+    SOLO: solo_loop, RUN_AHEAD: run_ahead_loop, STEPPING: stepping_loop, COUNTED: counted_loop,
     BATCH_QUEUE: batch_queue_loop, ASYNC_SOLO: async_solo_loop, PIPELINE: pipeline_loop}

@@ -11,8 +11,8 @@ from typing import Any
 from simserve.engine.replica import Replica, Router
 
 # the loops (engine/loops.py, engine/pipeline.py)
-SOLO, RUN_AHEAD, STEPPING, BATCH_QUEUE, ASYNC_SOLO, PIPELINE = (
-    "solo", "run_ahead", "stepping", "batch_queue", "async_solo", "pipeline")
+SOLO, RUN_AHEAD, STEPPING, BATCH_QUEUE, ASYNC_SOLO, PIPELINE, COUNTED = (
+    "solo", "run_ahead", "stepping", "batch_queue", "async_solo", "pipeline", "counted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +20,8 @@ class Mode:
     loop: str               # which loop runs every replica (one of the names above)
     fast_forward: bool      # decode stretches priced and applied at once
     disaggregated: bool     # prefill and decode pools, the KV handed from one to the other
-    tracked: bool           # a step in flight may be cut short (a KV landing, a failure)
+    tracked: bool           # a step in flight may be cut short (a KV landing, a failure, an
+                            # arrival routed to it: the counted loop)
     entry_observes: bool    # the entry router reads per-step state (KV use, tokens left...)
     decode_observes: bool   # the decode router does
     # several replicas run the solo loops, each over its own arrivals, routed before the run
@@ -70,6 +71,15 @@ class Mode:
             loop = ASYNC_SOLO
         elif batch_queue:
             loop = BATCH_QUEUE
+        elif run_ahead and faults is None and len(replicas) > 1 and not ahead and not getattr(
+                router, "observes_state", True):
+            # several replicas behind a router that reads only the count of requests each
+            # holds (least_outstanding), which changes when a request arrives or finishes, no
+            # failures: each replica prices its stretches past other replicas' arrivals and
+            # its own finishes, an arrival cuts back only the stretch in flight of the replica
+            # it goes to, and the finishes of stretches in flight are counted at each
+            # arrival before the router looks (engine/loops.py's counted_loop)
+            loop = COUNTED
         elif run_ahead and faults is None and (len(replicas) == 1 or ahead):
             # one replica, nothing else going on: nothing can happen between two of its step
             # boundaries but arrivals, and where an arrival goes is forced, so the replica
@@ -80,7 +90,7 @@ class Mode:
         else:
             loop = RUN_AHEAD if run_ahead else STEPPING
         return cls(loop, fast_forward, disaggregated,
-                   tracked=disaggregated or faults is not None,
+                   tracked=disaggregated or faults is not None or loop == COUNTED,
                    entry_observes=getattr(router, "observes_state", True),
                    decode_observes=getattr(decode_router, "observes_state", True),
                    routed_ahead=ahead and loop in (SOLO, ASYNC_SOLO))

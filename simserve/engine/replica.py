@@ -65,11 +65,15 @@ class Replica:
 @dataclass(slots=True)
 class Flight:
     """The steps a replica is holding the clock for: their starts and ends (one plain step, or
-    a fast-forwarded stretch, which may be cut back while in flight)."""
+    a fast-forwarded stretch, which may be cut back while in flight). In the counted loop
+    (engine/loops.py) also the ends of the steps at which its requests finish, in order, and
+    how many of those the replica's ``num_outstanding`` already counts (``Runtime.settle``)."""
 
     starts: list[float]
     ends: list[float]
     stretch: Stretch | None
+    finish_ends: list[float] = field(default_factory=list)
+    settled: int = 0
 
 
 Router = Callable[[Request, Sequence[Replica]], Replica]

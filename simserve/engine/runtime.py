@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from simserve.clients import ClientGate
 from simserve.engine.clock import LATE, NORMAL, URGENT, Clock
-from simserve.engine.mode import Mode
+from simserve.engine.mode import COUNTED, Mode
 from simserve.engine.replica import Replica, Router, rejection_reason
 from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
@@ -76,6 +76,11 @@ class Arrivals:
         self.next_time = self.times[self.next] if self.next < len(self.times) else INF
         self.done = self.next_time == INF
 
+    def ahead_time(self, n: int) -> float:
+        """The time of the ``n``-th arrival to come (n >= 1; infinite past the last)."""
+        i = self.next + n - 1
+        return self.times[i] if i < len(self.times) else INF
+
 
 class Routed(Sequence[RequestSpec]):
     """The specs of the arrivals routed to one replica (``Runtime.route_ahead``), in order:
@@ -119,6 +124,9 @@ class Runtime:
         self.transfer_s: Callable[..., float] = transfer_s or _no_decode_pool
         # how the replicas are stepped (engine/mode.py): the loop, what may cut a step short
         self.mode = Mode.of(self.replicas, fast_forward, faults, router, decode_router)
+        # an arrival cuts back only the stretch in flight of the replica it goes to, and the
+        # router counts the finishes in flight first (the counted loop: engine/loops.py)
+        self.counted = self.mode.loop == COUNTED
         # replica index -> its own arrivals, when they are routed before the run; then also
         # each request's place in the workload (``simulate`` puts its requests back in order)
         self.arrival_order: Callable[[Request], int] | None = None
@@ -188,19 +196,21 @@ class Runtime:
             self.progress(len(self.arrivals.specs) - self.pending)
 
     def finish_steps(self, r: Replica, sched: Scheduler, plan: StepPlan,
-                     stretch: Stretch | None, ends: list[float], now: float) -> float:
+                     stretch: Stretch | None, ends: list[float], now: float,
+                     settled: int = 0) -> float:
         """Apply a replica's step that ended at ``now`` (or the steps of ``stretch`` that ran,
         ending at ``ends``): its scheduler's counters, the token log, the requests it
-        finished; returns ``now``."""
+        finished (``settled`` of them counted already: ``settle``); returns ``now``. A
+        stretch cut back to its first step is that step (``plan``), applied as one."""
         tokens = r.tokens
         assert tokens is not None
-        if stretch is not None:
+        if stretch is not None and len(ends) > 1:
             finished = stretch.apply(ends)
             tokens.stretch(stretch, ends)
         else:
             finished = sched.complete(plan, now)
             tokens.step(now, sched.sampled, sched.sampled_tokens)
-        r.num_outstanding -= len(finished)
+        r.num_outstanding -= len(finished) - settled
         if finished:
             self.done_steps(r, finished, now)
         return now
@@ -238,6 +248,8 @@ class Runtime:
             if not pool:
                 self.backlog.append(req)
                 return
+            if self.counted:
+                self.settle(pool)
             replica = self.router(req, pool)
         req.replica = replica.index
         if self.mode.disaggregated:
@@ -248,8 +260,39 @@ class Runtime:
             self.reject(req, reason)
             return
         replica.num_outstanding += 1
+        if self.counted:    # its next step sees the request: the steps after are not the same
+            self.cut_back(replica, self.env.now)
         replica.scheduler.add(req)
         wake(replica)
+
+    def settle(self, pool: list[Replica]) -> None:
+        """The counted loop's replicas as the router sees them now: each request that a
+        stretch in flight finished in a step that ended before now is no longer counted in
+        ``num_outstanding`` (a step that ends now has not ended for an arrival now: arrivals
+        come first), as stepping would have it (the stretch is applied at its end:
+        ``finish_steps`` takes the settled ones off what it counts)."""
+        now = self.env.now
+        for q in pool:
+            f = q.flight
+            if f is not None and f.finish_ends:
+                n = bisect_left(f.finish_ends, now)
+                if n > f.settled:
+                    q.num_outstanding -= n - f.settled
+                    f.settled = n
+
+    def cut_back(self, r: Replica, t: float) -> None:
+        """Cut the stretch in flight on ``r`` (if any) back to its steps that start before
+        ``t``: the replica holds the clock until the last one kept ends, then plans again.
+        (The counted loop records a stretch in flight once it is over.)"""
+        f = r.flight
+        if f is not None and f.stretch is not None and f.starts[-1] >= t:
+            keep = bisect_left(f.starts, t)         # >= 1: step 0 started before t
+            if not self.counted:
+                self.rec.log(r).trim(keep)
+            del f.starts[keep:], f.ends[keep:]
+            if f.finish_ends:                       # (those in the steps kept: all settled)
+                del f.finish_ends[bisect_right(f.finish_ends, f.ends[-1]):]
+            r.proc.interrupt()
 
     def _dispatch_split(self, req: Request, prefill: Replica) -> None:
         """Prefill replica and decode replica at once (Splitwise's cluster-level scheduler).
@@ -327,12 +370,7 @@ class Runtime:
         """Something reaches replica ``r`` at ``t`` (> now): queue it, cut a stretch in flight
         back to the steps starting before ``t``, and wake the replica then if it is idle."""
         heappush(r.inbox, (t, payload[1].id if kind == _UNPIN else payload[0].id, kind, payload))
-        f = r.flight
-        if f is not None and f.stretch is not None and f.starts[-1] >= t:
-            keep = bisect_left(f.starts, t)         # >= 1: step 0 started at or before now
-            self.rec.log(r).trim(keep)
-            del f.starts[keep:], f.ends[keep:]
-            r.proc.interrupt()
+        self.cut_back(r, t)
         self.env.call_at(t, URGENT, lambda: wake(r))
 
     def drain(self, r: Replica, now: float) -> None:

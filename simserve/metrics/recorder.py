@@ -334,12 +334,13 @@ class Recorder:
             len(plan.decode_ctx), len(sched.running) + sched.num_parked, sched.num_waiting,
             sched.blocks.num_blocks, plan.num_preempted, plan.swap_out_blocks, plan.swap_in_blocks))
 
-    def stretch(self, replica: Replica, stretch: Stretch) -> None:
+    def stretch(self, replica: Replica, stretch: Stretch, waiting: int | None = None) -> None:
         """A priced stretch's steps, one group per segment begun (``Stretch.begun``): the
         steps of a segment differ only in their times and KV blocks used; every running
         request is in it. The first segment has the stretch plan's counts (a mixed first step
         is a segment of its own); a step at which requests joined is one too; the others
-        decode."""
+        decode. ``waiting``: the requests waiting at its steps, if not the scheduler's now
+        (a stretch recorded once it is over: engine/loops.py's counted loop)."""
         log = self.replicas.get(replica.index) or self.log(replica)
         s = log.steps
         s["start_s"].fromlist(stretch.starts)          # (fromlist: twice as fast as extend)
@@ -349,7 +350,9 @@ class Recorder:
         plan = stretch.first_plan
         segments = stretch.begun
         index, sched = replica.index, replica.scheduler
-        waiting, num_blocks = sched.num_waiting, sched.blocks.num_blocks
+        if waiting is None:
+            waiting = sched.num_waiting
+        num_blocks = sched.blocks.num_blocks
         rows: list[int] = []
         joins = stretch.joins
         ends = [seg[0] for seg in segments]     # (each segment ends where the next begins)

@@ -21,6 +21,7 @@ from simserve.cluster.faults import FaultSchedule
 from simserve.kv.blocks import BlockManager
 from simserve.kv.capacity import kv_block_bytes, kv_capacity_blocks
 from simserve.kv.prefix import PrefixBlockManager
+from simserve.latency import ConstantLatency
 from simserve.latency.roofline import RooflineModel
 from simserve.cluster.routing import (jsq_tokens, least_kv, least_outstanding, make_router,
                               prefix_aware)
@@ -416,6 +417,61 @@ def test_clusters_routed_ahead_equal_stepping(router, engine):
     assert fast.summary == slow.summary
     assert fast.summary["completed"] == 300
     assert all(row["completed"] > 50 for row in fast.summary["per_replica"])
+
+
+@pytest.mark.parametrize("policy, engine", [
+    ("vllm_v1", {}), ("vllm_v1", {"enable_prefix_caching": True}),
+    ("vllm_v1", {"num_gpu_blocks": 24, "max_num_seqs": 3}),
+    ("sarathi", {"enable_prefix_caching": True, "num_gpu_blocks": 30}),
+    ("vllm_v0", {}), ("vllm_v0", {"num_gpu_blocks": 24, "max_num_seqs": 3})])
+def test_clusters_behind_least_outstanding_equal_stepping(policy, engine):
+    # least_outstanding reads only the requests a replica holds: each replica's stretches run
+    # past the arrivals that go elsewhere and past its own finishes (counted off for the
+    # router at each arrival), an arrival routed to it cuts its stretch in flight back. The
+    # same steps, requests and summary as stepping every replica together; with prefix
+    # caching, and with KV pressure (preemptions, steps that wait)
+    raw = base_raw(router="least_outstanding", groups=[
+        {"name": "a", "replicas": 2},
+        {"name": "b", "replicas": 1, "scheduler": {"policy": "priority"},
+         "engine": {"num_gpu_blocks": 40}}])
+    raw["engine"].update(engine)
+    raw["scheduler"]["policy"] = policy
+    raw["latency"] = {"model": "roofline"}
+    raw["workload"] = shared_prefix_chat(300)
+    s = parse_scenario(raw)
+    fast = simserve.run(s)
+    slow = simserve.run(s, fast_forward=False)
+    assert fast.requests.equals(slow.requests)
+    assert fast.steps.equals(slow.steps)
+    assert fast.summary == slow.summary
+    assert fast.summary["completed"] == 300
+    assert all(row["completed"] > 50 for row in fast.summary["per_replica"])
+
+
+def test_least_outstanding_counts_a_finish_in_flight_only_once_its_step_has_ended():
+    # every step takes 0.25 s and every arrival is at a multiple of it, so arrivals come at
+    # the very instants steps end, finishes among them: the router counts a request that a
+    # stretch in flight finished only if its step ended before the arrival, not at the same
+    # instant (stepping takes arrivals first), and sends each request where stepping does
+    rng = np.random.default_rng(7)
+    ticks = np.sort(rng.integers(0, 160, 90))
+    specs = [RequestSpec(i, 0.25 * int(t), int(rng.integers(5, 60)), int(rng.integers(2, 30)))
+             for i, t in enumerate(ticks)]
+
+    def run(fast_forward):
+        reps = [Replica(i, make_scheduler("vllm_v1"), ConstantLatency(0.25), 10_000)
+                for i in range(3)]
+        for r in reps:
+            r.scheduler.record_tokens = True
+        rec = simulate(specs, reps, make_router("least_outstanding"), fast_forward=fast_forward)
+        return rec, reps
+
+    slow, _ = run(False)
+    fast, reps = run(True)
+    assert_same_runs(fast, slow)
+    check_accounting(fast, reps, specs)
+    finishes = {q.finish_s for q in slow.requests}
+    assert sum(s.arrival_s in finishes for s in specs) >= 20
 
 
 def test_requests_routed_ahead_come_back_in_the_workload_order():

@@ -7,9 +7,10 @@ import pytest
 
 from simserve.cluster.routing import make_router
 from simserve.engine import Replica
-from simserve.engine.loops import async_solo_loop, batch_queue_loop, loop_for, solo_loop
-from simserve.engine.mode import (ASYNC_SOLO, BATCH_QUEUE, PIPELINE, RUN_AHEAD, SOLO, STEPPING,
-                                  Mode)
+from simserve.engine.loops import (async_solo_loop, batch_queue_loop, counted_loop, loop_for,
+                                   solo_loop)
+from simserve.engine.mode import (ASYNC_SOLO, BATCH_QUEUE, COUNTED, PIPELINE, RUN_AHEAD, SOLO,
+                                  STEPPING, Mode)
 from simserve.latency import ConstantLatency
 from tests.helpers import make_scheduler
 
@@ -33,10 +34,20 @@ def test_one_replica_alone_pulls_its_arrivals():
 
 
 def test_several_replicas_or_failures_run_ahead_and_stepwise_steps():
-    # a router that reads state the replicas change (finishes, KV use): they run ahead together
-    for router in (LEAST_OUTSTANDING, LEAST_KV):
-        m = Mode.of([replica(0), replica(1)], True, None, router, None)
-        assert (m.loop, m.routed_ahead) == (RUN_AHEAD, False)
+    # a router that reads per-step state (KV use): the replicas run ahead together, every
+    # arrival bounding every replica's stretches
+    m = Mode.of([replica(0), replica(1)], True, None, LEAST_KV, None)
+    assert (m.loop, m.routed_ahead, m.tracked) == (RUN_AHEAD, False, False)
+    # one that reads only the count of requests a replica holds: an arrival cuts back the
+    # stretch in flight of the replica it goes to (so stretches in flight are tracked)
+    m = Mode.of([replica(0), replica(1)], True, None, LEAST_OUTSTANDING, None)
+    assert (m.loop, m.routed_ahead, m.tracked) == (COUNTED, False, True)
+    assert loop_for(m) is counted_loop
+    # with failures it runs ahead as the others do; stepwise it steps
+    m = Mode.of([replica(0), replica(1)], True, object(), LEAST_OUTSTANDING, None)
+    assert m.loop == RUN_AHEAD
+    assert Mode.of([replica(0), replica(1)], False, None, LEAST_OUTSTANDING, None).loop == \
+        STEPPING
     m = Mode.of([replica()], True, object(), ROUND_ROBIN, None)     # a fault schedule
     assert (m.loop, m.tracked) == (RUN_AHEAD, True)
     m = Mode.of([replica(0), replica(1)], True, object(), ROUND_ROBIN, None)
