@@ -289,7 +289,8 @@ class Runtime:
             keep = bisect_left(f.starts, t)         # >= 1: step 0 started before t
             if not self.counted:
                 self.rec.log(r).trim(keep)
-            del f.starts[keep:], f.ends[keep:]
+            f.stretch.cut_back(keep)                # (its starts are the flight's)
+            del f.ends[keep:]
             if f.finish_ends:                       # (those in the steps kept: all settled)
                 del f.finish_ends[bisect_right(f.finish_ends, f.ends[-1]):]
             r.proc.interrupt()

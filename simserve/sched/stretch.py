@@ -117,7 +117,7 @@ class Stretch:
 
     __slots__ = ("sched", "first_plan", "members", "num_steps", "past_finish", "mixed",
                  "starts", "durations", "begun", "end", "planned", "joins", "freed",
-                 "joined_blocks", "cache")
+                 "joined_blocks", "cache", "forget", "priced")
 
     def __init__(self, sched: Scheduler, plan: StepPlan, members: list[Member], num_steps: int,
                  past_finish: bool, mixed: bool):
@@ -367,10 +367,20 @@ class Stretch:
         self.end = acc.pop()
         self.starts, self.durations, self.begun = acc, durations, begun
         self.num_steps = len(acc)
+        self.forget, self.priced = forget, priced    # (cut_back's, if cut back in flight)
         if self.cache is not None and self.past_finish:
             # (the solo loop's: applied next, never cut back) the blocks of every step, so
             # that the KV blocks used at each are known (blocks_used)
             self.cache.run_to(2 * self.num_steps - 1)
+
+    def cut_back(self, keep: int) -> None:
+        """Keep only its first ``keep`` steps (a stretch in flight cut back: engine/runtime.py's
+        ``cut_back``): a model that counts what it prices takes back what the others counted,
+        as stepping never prices them."""
+        n = len(self.starts)
+        if self.forget is not None and keep < n:
+            _forget(self.forget, self.priced, keep, n)
+        del self.starts[keep:]
 
     # -- joining -----------------------------------------------------------------------------
     def room_to_join(self, blocks: int, num: int, decoding: int) -> bool:

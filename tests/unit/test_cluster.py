@@ -22,6 +22,7 @@ from simserve.kv.blocks import BlockManager
 from simserve.kv.capacity import kv_block_bytes, kv_capacity_blocks
 from simserve.kv.prefix import PrefixBlockManager
 from simserve.latency import ConstantLatency
+from simserve.latency.profile import ProfileLatency
 from simserve.latency.roofline import RooflineModel
 from simserve.cluster.routing import (jsq_tokens, least_kv, least_outstanding, make_router,
                               prefix_aware)
@@ -472,6 +473,28 @@ def test_least_outstanding_counts_a_finish_in_flight_only_once_its_step_has_ende
     check_accounting(fast, reps, specs)
     finishes = {q.finish_s for q in slow.requests}
     assert sum(s.arrival_s in finishes for s in specs) >= 20
+
+
+@pytest.mark.parametrize("router", ["least_outstanding", "least_kv"])
+def test_a_cluster_counts_the_profile_lookups_stepping_counts(router):
+    # a profile counts its lookups past the measured grid (the run's warnings): the steps a
+    # stretch priced and then dropped (cut back in flight by an arrival, or past an event)
+    # are taken back, so the counts are stepping's
+    from tests.unit.test_profile_latency import curved_decode_profile
+    rng = np.random.default_rng(1)
+    t = np.cumsum(rng.exponential(0.02, 200))
+    specs = [RequestSpec(i, float(t[i]), int(rng.integers(900, 1200)), int(rng.integers(20, 300)))
+             for i in range(200)]
+    counts = []
+    for fast_forward in (True, False):
+        latency = ProfileLatency(curved_decode_profile())
+        reps = [Replica(i, make_scheduler("vllm_v1", budget=512, num_blocks=4000,
+                                          block_size=16), latency, 10_000) for i in range(3)]
+        rec = simulate(specs, reps, make_router(router), fast_forward=fast_forward)
+        assert all(q.status is Status.FINISHED for q in rec.requests)
+        counts.append(dict(latency.extrapolated))
+    assert counts[0] == counts[1]
+    assert counts[0]["attn_decode"] > 1000
 
 
 def test_requests_routed_ahead_come_back_in_the_workload_order():
