@@ -21,7 +21,7 @@ from simserve.engine.pipeline import pipeline_loop
 from simserve.engine.queue import queue_loop
 from simserve.engine.queue import sleep as _sleep
 from simserve.engine.replica import Flight, Replica
-from simserve.engine.runtime import Runtime, join_arrivals, pull_arrivals
+from simserve.engine.runtime import Runtime, join_arrivals, join_waiting, pull_arrivals
 from simserve.metrics.tokens import TokenLog
 from simserve.sched.async_stretch import AsyncJoin, AsyncStretch
 from simserve.sched.core import Scheduler
@@ -111,12 +111,18 @@ def counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     applied as priced) past finishes, as the solo loop's. One that ends before the next
     arrival is applied at once; one that reaches it holds the clock, and an arrival routed to
     this replica cuts it back to the steps that start before the arrival
-    (``Runtime.cut_back``): the replica then plans again from the last one kept, seeing the
-    arrival, as stepping would. Before the router looks, the requests that the stretches in
-    flight finished by then are counted off (``Runtime.settle``)."""
+    (``Runtime.cut_back``). When the last one kept ends, the requests routed here by then
+    join the stretch at its next step if the policy would admit them whole there
+    (``Stretch.rejoin``, ``join_waiting``: as arrivals join the solo loop's), and it goes on;
+    otherwise the replica plans again from there, seeing them, as stepping would. Before the
+    router looks, the requests that the stretches in flight finished by then are counted off
+    (``Runtime.settle``)."""
     arrivals, sched = c.arrivals, r.scheduler
     past_finish = not sched.blocks.caches_prefixes
     ahead = COUNTED_AHEAD * len(c.entry)
+    # the requests routed here while a stretch past finishes was in flight may join it where
+    # they cut it back (the policy says when it admits them)
+    join = partial(join_waiting, c, r, ahead) if sched.facts.joins_stretch else None
     now = env.now
     while True:
         plan = sched.schedule() if sched.has_work else None
@@ -131,12 +137,13 @@ def counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
         stretch, ends, end = _take(c, r, sched, plan, now, arrivals.ahead_time(ahead), INF,
                                    MAX_STRETCH, past_finish, record_before=held)
         settled = 0
-        if end >= held:     # it may be cut back: hold the clock until it ends
+        deferred = stretch is not None and end >= held     # (_take left it to record)
+        while end >= held:     # it may be cut back: hold the clock until it ends
             if stretch is None:
                 f = r.flight = Flight([now], [end], None)
             else:
                 f = r.flight = Flight(stretch.starts, ends, stretch, _finish_ends(stretch, ends)
-                                      if stretch.past_finish else [])
+                                      if stretch.past_finish else [], settled)
             while True:
                 try:
                     yield env.at(end)
@@ -145,12 +152,23 @@ def counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
                     end = f.ends[-1]
             r.flight = None
             settled = f.settled
-            if stretch is not None:     # the steps that ran (starts: cut back with ends)
-                k = len(ends)
-                if k < stretch.num_steps:
-                    stretch.num_steps = k
-                    del stretch.durations[k:]
-                c.rec.stretch(r, stretch, waiting)
+            if stretch is None:
+                break
+            k = len(ends)           # the steps that ran (starts: cut back with ends)
+            if k == stretch.num_steps:
+                break
+            stretch.num_steps = k
+            del stretch.durations[k:]
+            # cut back by arrivals routed here, due by now (the start of its step k): they
+            # join it there if schedule() would admit them whole, and it goes on
+            if (join is None or not stretch.past_finish
+                    or not stretch.rejoin(r.pricing, k, end, arrivals.ahead_time(ahead), join)):
+                break
+            ends = stretch.starts[1:]
+            ends.append(stretch.end)
+            end, held = stretch.end, arrivals.next_time
+        if deferred:
+            c.rec.stretch(r, stretch, waiting)   # type: ignore[arg-type]
         now = c.finish_steps(r, sched, plan, stretch, ends, end, settled)
 
 

@@ -590,18 +590,57 @@ def join_arrivals(c: Runtime, r: Replica, stretch: Stretch | AsyncStretch, j: in
     for spec, p in zip(specs, prompts):
         if p + spec.num_output_tokens > limit:
             return None                       # to be rejected (rejection_reason): step it
-    hits = stretch.join_hits(specs, j, decoding)   # their cached prefixes; None: no room
-    if hits is None or not sched.stretch_admits([p - h for p, h in zip(prompts, hits)],
-                                                decoding, running):
+    hits = _joining_hits(r, stretch, specs, prompts, j, decoding, running)
+    if hits is None:
         return None
     arrivals.skip(len(due))
     for spec in due:
         _arrive(c, spec, r)
+    return _admit_waiting(r, stretch, prompts, hits, j, start), arrivals.next_time
+
+
+def join_waiting(c: Runtime, r: Replica, ahead: int, stretch: Stretch, j: int, start: float,
+                 decoding: int) -> tuple[Joined, float] | None:
+    """The counted loop's ``join`` (``Stretch.rejoin``): the requests routed to ``r`` while
+    its stretch was in flight, waiting now (nothing else waits beside a stretch past
+    finishes), join it at its step ``j``, starting at ``start``, at which ``decoding`` members
+    decode, as ``join_arrivals`` would have them join; the next cut is the arrival ``ahead``
+    arrivals on. None if there are none, or if ``schedule()`` would not admit them whole."""
+    sched = r.scheduler
+    waiting = sched.waiting
+    if not waiting:
+        return None
+    specs = [q.spec for q in waiting]         # (in the order schedule() admits them)
+    prompts = [s.num_prompt_tokens for s in specs]
+    hits = _joining_hits(r, stretch, specs, prompts, j, decoding, None)
+    if hits is None:
+        return None
+    return _admit_waiting(r, stretch, prompts, hits, j, start), c.arrivals.ahead_time(ahead)
+
+
+def _joining_hits(r: Replica, stretch: Stretch | AsyncStretch, specs: list[RequestSpec],
+                  prompts: list[int], j: int, decoding: int,
+                  running: int | None) -> list[int] | None:
+    """The prompt tokens each of ``specs`` would find cached if they joined ``stretch`` at
+    step ``j`` (``Stretch.join_hits``), if ``schedule()`` would admit them all whole there;
+    None otherwise."""
+    hits = stretch.join_hits(specs, j, decoding)   # their cached prefixes; None: no room
+    if hits is None or not r.scheduler.stretch_admits([p - h for p, h in zip(prompts, hits)],
+                                                      decoding, running):
+        return None
+    return hits
+
+
+def _admit_waiting(r: Replica, stretch: Stretch | AsyncStretch, prompts: list[int],
+                   hits: list[int], j: int, start: float) -> Joined:
+    """Admit the waiting requests, whose prompts are ``prompts`` (``hits`` of them cached), at
+    step ``j`` of ``stretch``, starting at ``start``, in turn as ``schedule()`` would."""
+    sched = r.scheduler
     joined = []
     for p, hit in zip(prompts, hits):
         req = sched.waiting[0]
         joined.append((req, p, stretch.admit(req, p, hit, j, start), hit))
-    return joined, arrivals.next_time
+    return joined
 
 
 def pull_arrivals(c: Runtime, r: Replica, arrivals: Arrivals, now: float) -> None:

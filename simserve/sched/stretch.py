@@ -117,7 +117,7 @@ class Stretch:
 
     __slots__ = ("sched", "first_plan", "members", "num_steps", "past_finish", "mixed",
                  "starts", "durations", "begun", "end", "planned", "joins", "freed",
-                 "joined_blocks", "cache", "forget", "priced")
+                 "joined_blocks", "cache", "forget", "priced", "bound")
 
     def __init__(self, sched: Scheduler, plan: StepPlan, members: list[Member], num_steps: int,
                  past_finish: bool, mixed: bool):
@@ -246,17 +246,37 @@ class Stretch:
         and returns them with the next cut: step j becomes a mixed step (a segment of its
         own), they are members from step j on (offset j), and pricing goes on.
         """
-        k, plan = self.num_steps, self.first_plan
+        self.bound = self.num_steps
+        self._price(latency, 0, [start], [], [], [], cut, cut_end, join, 1)
+
+    def rejoin(self, latency: Pricing, j: int, start: float, cut: float, join: Join) -> bool:
+        """Go on pricing a stretch past finishes (no prefix caching) from its step ``j``,
+        which starts at ``start``: it was priced and cut back to its first ``j`` steps, and the
+        requests that arrived since (the counted loop's: engine/loops.py) ``join`` it there, as
+        they would have joined it while it was priced (``price``'s ``join``), then pricing goes
+        on to ``cut`` as ``price`` does. True if they joined; otherwise it ends before step j,
+        as it was."""
+        assert self.cache is None and self.past_finish
+        self.num_steps = self.bound      # (room_to_join reads the bound while pricing)
+        self.freed = 0                   # (counted again up to step j)
+        acc = self.starts[:j]
+        acc.append(start)
+        self._price(latency, j, acc, self.durations[:j], [s for s in self.begun if s[0] < j],
+                    [p for p in self.priced if p[0] < j], start, INF, join, j)
+        return self.num_steps > j
+
+    def _price(self, latency: Pricing, i0: int, acc: list[float], durations: list[float],
+               begun: list[Segment], priced: list[tuple[int, Prices]], cut: float,
+               cut_end: float, join: Join | None, floor: int) -> None:
+        """``price`` from step ``i0`` (``acc``: the starts of the steps before it and its own;
+        ``durations``, ``begun``, ``priced``: theirs), keeping at least ``floor`` steps."""
+        k, plan = self.bound, self.first_plan
         members = self.members
         by_sum = None if plan.extra_s else latency.decode_stretch_sum
         mixed_sum = latency.mixed_step_sum
         # a model that counts something as it prices (a profile's grid lookups) takes back
         # what steps priced and then dropped counted: (segment start, its prices) to tell it
         forget = latency.forget_prices
-        priced: list[tuple[int, Prices]] = []
-        acc = [start]            # acc[m]: start of step m; acc[-1]: end of the last priced
-        durations: list[float] = []
-        begun: list[Segment] = []
         last_decode = 0.0        # the last decode step priced (to guess how far to price)
         # the membership: m members left, their ctx summing to ctx_sum; the finishes ahead,
         # (the step a member is gone by, its ctx), in a heap (a member runs past k otherwise)
@@ -264,7 +284,6 @@ class Stretch:
         ctx_sum = sum(map(_ctx, members))
         ahead = [(e, c, h) for _, c, h, e, _ in members if e < k] if self.past_finish else []
         heapify(ahead)
-        i0 = 0
         while i0 < k:
             while ahead and ahead[0][0] <= i0:     # members that finished before step i0
                 _, c, h = heappop(ahead)
@@ -359,7 +378,7 @@ class Stretch:
         keep = bisect_left(acc, cut, 0, n) if cut < INF else n            # first start >= cut
         if cut_end < INF:
             keep = min(keep, bisect_left(acc, cut_end, 1, n + 1) - 1)     # first end >= it
-        keep = max(keep, 1)                                               # step 0 always runs
+        keep = max(keep, floor)                                           # step 0 always runs
         if keep < n:
             if forget is not None:
                 _forget(forget, priced, keep, n)
