@@ -21,7 +21,8 @@ deterministic.
   engine/loops.py's counted loop, in which an arrival cuts back only the stretch in flight of
   the replica it goes to);
 * ``least_kv`` (per-step state): lowest KV-cache utilisation (blocks used / blocks), then
-  fewest outstanding;
+  fewest outstanding (what a replica with a stretch in flight can tell at any instant:
+  ``kv_in_use``, so it runs the counted loop too);
 * ``jsq_tokens`` (per-step state): join the shortest queue counted in tokens, the fewest tokens
   of work left (prompt tokens not yet computed plus output tokens not yet generated);
 * ``prefix_aware`` (per-step state): the most prompt tokens already in its prefix cache
@@ -29,7 +30,7 @@ deterministic.
   caching by ``least_outstanding``.
 
 Routers use only duck-typed replica attributes (``index``, ``num_outstanding``,
-``scheduler``), so this module imports nothing of the engine.
+``scheduler``, ``flight``), so this module imports nothing of the engine.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ Replica = Any
 
 class Router(Protocol):
     observes_state: bool
+    # optional: True for a router that reads only ``index``, ``num_outstanding`` and
+    # :func:`kv_in_use`, which the counted loop keeps exact while stretches are in flight
+    # (engine/loops.py's counted_loop)
 
     def __call__(self, req: Request, replicas: Sequence[Replica]) -> Replica: ...
 
@@ -107,12 +111,25 @@ def least_outstanding(req: Request, replicas: Sequence[Replica]) -> Replica:
     return min(replicas, key=lambda r: (r.num_outstanding, r.index))
 
 
+def kv_in_use(replica: Replica) -> int:
+    """The KV blocks a replica uses now, as stepping would show them (after scheduling the step
+    it is running): its block manager's count, or, for a stretch in flight in the counted
+    loop (not applied yet), the count of the step it is at (``Runtime.settle`` sets it)."""
+    f = replica.flight
+    if f is not None and f.kv_now >= 0:
+        return int(f.kv_now)
+    return int(replica.scheduler.blocks.num_used)
+
+
 @_router(observes_state=True)
 def least_kv(req: Request, replicas: Sequence[Replica]) -> Replica:
     def key(r: Replica) -> tuple[float, int, int]:
-        blocks = r.scheduler.blocks
-        return (blocks.num_used / blocks.num_blocks, r.num_outstanding, r.index)
+        return (kv_in_use(r) / r.scheduler.blocks.num_blocks, r.num_outstanding, r.index)
     return min(replicas, key=key)
+
+
+setattr(least_kv, "reads_flights", True)          # noqa: B010 (a function attribute)
+setattr(least_outstanding, "reads_flights", True)  # noqa: B010
 
 
 def outstanding_tokens(replica: Replica) -> int:

@@ -71,14 +71,16 @@ class Mode:
             loop = ASYNC_SOLO
         elif batch_queue:
             loop = BATCH_QUEUE
-        elif run_ahead and faults is None and len(replicas) > 1 and not ahead and not getattr(
-                router, "observes_state", True):
+        elif run_ahead and faults is None and len(replicas) > 1 and not ahead and (
+                not getattr(router, "observes_state", True)
+                or getattr(router, "reads_flights", False)):
             # several replicas behind a router that reads only the count of requests each
-            # holds (least_outstanding), which changes when a request arrives or finishes, no
-            # failures: each replica prices its stretches past other replicas' arrivals and
-            # its own finishes, an arrival cuts back only the stretch in flight of the replica
-            # it goes to, and the finishes of stretches in flight are counted at each
-            # arrival before the router looks (engine/loops.py's counted_loop)
+            # holds (least_outstanding), which changes when a request arrives or finishes, or
+            # also the KV blocks each uses (least_kv), no failures: each replica prices its
+            # stretches past other replicas' arrivals and its own finishes, an arrival cuts
+            # back only the stretch in flight of the replica it goes to, and what the router
+            # reads of the stretches in flight is brought to the arrival's instant before it
+            # looks (engine/loops.py's counted_loop)
             loop = COUNTED
         elif run_ahead and faults is None and (len(replicas) == 1 or ahead):
             # one replica, nothing else going on: nothing can happen between two of its step

@@ -67,13 +67,18 @@ class Flight:
     """The steps a replica is holding the clock for: their starts and ends (one plain step, or
     a fast-forwarded stretch, which may be cut back while in flight). In the counted loop
     (engine/loops.py) also the ends of the steps at which its requests finish, in order, and
-    how many of those the replica's ``num_outstanding`` already counts (``Runtime.settle``)."""
+    how many of those the replica's ``num_outstanding`` already counts (``Runtime.settle``),
+    and the KV blocks it uses now, as stepping would show them (``kv_in_use``)."""
 
     starts: list[float]
     ends: list[float]
     stretch: Stretch | None
     finish_ends: list[float] = field(default_factory=list)
     settled: int = 0
+    # and, for a router that reads KV use (least_kv), the blocks in use after scheduling each
+    # of its steps, and at the step it is at now (-1: not known; the block manager's count)
+    used: list[int] | None = None
+    kv_now: int = -1
 
 
 Router = Callable[[Request, Sequence[Replica]], Replica]

@@ -127,6 +127,8 @@ class Runtime:
         # an arrival cuts back only the stretch in flight of the replica it goes to, and the
         # router counts the finishes in flight first (the counted loop: engine/loops.py)
         self.counted = self.mode.loop == COUNTED
+        # ... and the router reads the KV blocks each replica uses (least_kv)
+        self.reads_kv = self.counted and self.mode.entry_observes
         # replica index -> its own arrivals, when they are routed before the run; then also
         # each request's place in the workload (``simulate`` puts its requests back in order)
         self.arrival_order: Callable[[Request], int] | None = None
@@ -270,15 +272,25 @@ class Runtime:
         stretch in flight finished in a step that ended before now is no longer counted in
         ``num_outstanding`` (a step that ends now has not ended for an arrival now: arrivals
         come first), as stepping would have it (the stretch is applied at its end:
-        ``finish_steps`` takes the settled ones off what it counts)."""
+        ``finish_steps`` takes the settled ones off what it counts). For a router that reads
+        KV use, each stretch in flight's blocks in use at the step it is at, likewise
+        (``routing.kv_in_use``)."""
         now = self.env.now
         for q in pool:
             f = q.flight
-            if f is not None and f.finish_ends:
+            if f is None:
+                continue
+            if f.finish_ends:
                 n = bisect_left(f.finish_ends, now)
                 if n > f.settled:
                     q.num_outstanding -= n - f.settled
                     f.settled = n
+            if self.reads_kv and f.stretch is not None:
+                # the step it is at: the last one that started before now (one that starts
+                # now is not scheduled yet for an arrival now)
+                if f.used is None:
+                    f.used = f.stretch.blocks_used()
+                f.kv_now = f.used[bisect_left(f.starts, now) - 1]
 
     def cut_back(self, r: Replica, t: float) -> None:
         """Cut the stretch in flight on ``r`` (if any) back to its steps that start before

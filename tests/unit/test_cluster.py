@@ -420,18 +420,24 @@ def test_clusters_routed_ahead_equal_stepping(router, engine):
     assert all(row["completed"] > 50 for row in fast.summary["per_replica"])
 
 
-@pytest.mark.parametrize("policy, engine", [
-    ("vllm_v1", {}), ("vllm_v1", {"enable_prefix_caching": True}),
-    ("vllm_v1", {"num_gpu_blocks": 24, "max_num_seqs": 3}),
-    ("sarathi", {"enable_prefix_caching": True, "num_gpu_blocks": 30}),
-    ("vllm_v0", {}), ("vllm_v0", {"num_gpu_blocks": 24, "max_num_seqs": 3})])
-def test_clusters_behind_least_outstanding_equal_stepping(policy, engine):
-    # least_outstanding reads only the requests a replica holds: each replica's stretches run
-    # past the arrivals that go elsewhere and past its own finishes (counted off for the
-    # router at each arrival), an arrival routed to it cuts its stretch in flight back. The
-    # same steps, requests and summary as stepping every replica together; with prefix
+@pytest.mark.parametrize("router, policy, engine", [
+    ("least_outstanding", "vllm_v1", {}),
+    ("least_outstanding", "vllm_v1", {"enable_prefix_caching": True}),
+    ("least_outstanding", "vllm_v1", {"num_gpu_blocks": 24, "max_num_seqs": 3}),
+    ("least_outstanding", "sarathi", {"enable_prefix_caching": True, "num_gpu_blocks": 30}),
+    ("least_outstanding", "vllm_v0", {}),
+    ("least_outstanding", "vllm_v0", {"num_gpu_blocks": 24, "max_num_seqs": 3}),
+    ("least_kv", "vllm_v1", {}),
+    ("least_kv", "sarathi", {"enable_prefix_caching": True, "num_gpu_blocks": 30}),
+    ("least_kv", "vllm_v0", {"num_gpu_blocks": 24, "max_num_seqs": 3})])
+def test_clusters_behind_counting_routers_equal_stepping(router, policy, engine):
+    # least_outstanding reads only the requests a replica holds, least_kv also its KV use:
+    # each replica's stretches run past the arrivals that go elsewhere and past its own
+    # finishes (what the router reads of them brought to each arrival's instant), an arrival
+    # routed to a replica cuts its stretch in flight back, and those routed there join it.
+    # The same steps, requests and summary as stepping every replica together; with prefix
     # caching, and with KV pressure (preemptions, steps that wait)
-    raw = base_raw(router="least_outstanding", groups=[
+    raw = base_raw(router=router, groups=[
         {"name": "a", "replicas": 2},
         {"name": "b", "replicas": 1, "scheduler": {"policy": "priority"},
          "engine": {"num_gpu_blocks": 40}}])
@@ -449,11 +455,13 @@ def test_clusters_behind_least_outstanding_equal_stepping(policy, engine):
     assert all(row["completed"] > 50 for row in fast.summary["per_replica"])
 
 
-def test_least_outstanding_counts_a_finish_in_flight_only_once_its_step_has_ended():
+@pytest.mark.parametrize("router", ["least_outstanding", "least_kv"])
+def test_a_counting_router_sees_a_step_in_flight_only_once_it_has_ended(router):
     # every step takes 0.25 s and every arrival is at a multiple of it, so arrivals come at
     # the very instants steps end, finishes among them: the router counts a request that a
-    # stretch in flight finished only if its step ended before the arrival, not at the same
-    # instant (stepping takes arrivals first), and sends each request where stepping does
+    # stretch in flight finished (and the KV blocks a step frees or takes) only if the step
+    # before ended before the arrival, not at the same instant (stepping takes arrivals
+    # first), and sends each request where stepping does
     rng = np.random.default_rng(7)
     ticks = np.sort(rng.integers(0, 160, 90))
     specs = [RequestSpec(i, 0.25 * int(t), int(rng.integers(5, 60)), int(rng.integers(2, 30)))
@@ -464,7 +472,7 @@ def test_least_outstanding_counts_a_finish_in_flight_only_once_its_step_has_ende
                 for i in range(3)]
         for r in reps:
             r.scheduler.record_tokens = True
-        rec = simulate(specs, reps, make_router("least_outstanding"), fast_forward=fast_forward)
+        rec = simulate(specs, reps, make_router(router), fast_forward=fast_forward)
         return rec, reps
 
     slow, _ = run(False)
