@@ -24,7 +24,8 @@ deterministic.
   fewest outstanding (what a replica with a stretch in flight can tell at any instant:
   ``kv_in_use``, so it runs the counted loop too);
 * ``jsq_tokens`` (per-step state): join the shortest queue counted in tokens, the fewest tokens
-  of work left (prompt tokens not yet computed plus output tokens not yet generated);
+  of work left (prompt tokens not yet computed plus output tokens not yet generated; a
+  stretch in flight tells those too: ``tokens_left``, the counted loop);
 * ``prefix_aware`` (per-step state): the most prompt tokens already in its prefix cache
   (cache-aware routing as in SGLang's router and llm-d), ties and replicas without prefix
   caching by ``least_outstanding``.
@@ -49,9 +50,10 @@ Replica = Any
 
 class Router(Protocol):
     observes_state: bool
-    # optional: True for a router that reads only ``index``, ``num_outstanding`` and
-    # :func:`kv_in_use`, which the counted loop keeps exact while stretches are in flight
-    # (engine/loops.py's counted_loop)
+    # optional, ``reads_flights``: for a router that reads only ``index``, ``num_outstanding``
+    # and what a stretch in flight can tell at any instant (engine/loops.py's counted loop
+    # keeps them exact), which of those: "kv" (:func:`kv_in_use`), "tokens"
+    # (:func:`tokens_left`)
 
     def __call__(self, req: Request, replicas: Sequence[Replica]) -> Replica: ...
 
@@ -128,8 +130,6 @@ def least_kv(req: Request, replicas: Sequence[Replica]) -> Replica:
     return min(replicas, key=key)
 
 
-setattr(least_kv, "reads_flights", True)          # noqa: B010 (a function attribute)
-setattr(least_outstanding, "reads_flights", True)  # noqa: B010
 
 
 def outstanding_tokens(replica: Replica) -> int:
@@ -140,9 +140,23 @@ def outstanding_tokens(replica: Replica) -> int:
                for queue in (sched.waiting, sched.running, sched.swapped) for r in queue)
 
 
+def tokens_left(replica: Replica) -> int:
+    """``outstanding_tokens`` as stepping would show them now: for a stretch in flight in the
+    counted loop (not applied yet), as of the step it is at (``Runtime.settle`` sets it)."""
+    f = replica.flight
+    if f is not None and f.tokens_now >= 0:
+        return int(f.tokens_now)
+    return outstanding_tokens(replica)
+
+
 @_router(observes_state=True)
 def jsq_tokens(req: Request, replicas: Sequence[Replica]) -> Replica:
-    return min(replicas, key=lambda r: (outstanding_tokens(r), r.index))
+    return min(replicas, key=lambda r: (tokens_left(r), r.index))
+
+
+setattr(least_outstanding, "reads_flights", ())     # noqa: B010 (a function attribute)
+setattr(least_kv, "reads_flights", ("kv",))          # noqa: B010
+setattr(jsq_tokens, "reads_flights", ("tokens",))    # noqa: B010
 
 
 def prefix_hit_tokens(replica: Replica, req: Request) -> int:

@@ -73,10 +73,11 @@ class Mode:
             loop = BATCH_QUEUE
         elif run_ahead and faults is None and len(replicas) > 1 and not ahead and (
                 not getattr(router, "observes_state", True)
-                or getattr(router, "reads_flights", False)):
+                or getattr(router, "reads_flights", None) is not None):
             # several replicas behind a router that reads only the count of requests each
             # holds (least_outstanding), which changes when a request arrives or finishes, or
-            # also the KV blocks each uses (least_kv), no failures: each replica prices its
+            # also the KV blocks each uses (least_kv) or its tokens of work left (jsq_tokens),
+            # which a stretch knows at each step, no failures: each replica prices its
             # stretches past other replicas' arrivals and its own finishes, an arrival cuts
             # back only the stretch in flight of the replica it goes to, and what the router
             # reads of the stretches in flight is brought to the arrival's instant before it

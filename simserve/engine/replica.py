@@ -68,7 +68,8 @@ class Flight:
     a fast-forwarded stretch, which may be cut back while in flight). In the counted loop
     (engine/loops.py) also the ends of the steps at which its requests finish, in order, and
     how many of those the replica's ``num_outstanding`` already counts (``Runtime.settle``),
-    and the KV blocks it uses now, as stepping would show them (``kv_in_use``)."""
+    and the KV blocks it uses now or its tokens of work left, as stepping would show them
+    (``kv_in_use``, ``tokens_left``)."""
 
     starts: list[float]
     ends: list[float]
@@ -79,6 +80,8 @@ class Flight:
     # of its steps, and at the step it is at now (-1: not known; the block manager's count)
     used: list[int] | None = None
     kv_now: int = -1
+    # for one that reads tokens of work left (jsq_tokens): those now (-1: the queues' count)
+    tokens_now: int = -1
 
 
 Router = Callable[[Request, Sequence[Replica]], Replica]

@@ -127,8 +127,10 @@ class Runtime:
         # an arrival cuts back only the stretch in flight of the replica it goes to, and the
         # router counts the finishes in flight first (the counted loop: engine/loops.py)
         self.counted = self.mode.loop == COUNTED
-        # ... and the router reads the KV blocks each replica uses (least_kv)
-        self.reads_kv = self.counted and self.mode.entry_observes
+        # ... and what else the router reads of a stretch in flight (routing.py's
+        # reads_flights): the KV blocks in use (least_kv), tokens of work left (jsq_tokens)
+        reads = getattr(router, "reads_flights", ()) if self.counted else ()
+        self.reads_kv, self.reads_tokens = "kv" in reads, "tokens" in reads
         # replica index -> its own arrivals, when they are routed before the run; then also
         # each request's place in the workload (``simulate`` puts its requests back in order)
         self.arrival_order: Callable[[Request], int] | None = None
@@ -285,12 +287,20 @@ class Runtime:
                 if n > f.settled:
                     q.num_outstanding -= n - f.settled
                     f.settled = n
-            if self.reads_kv and f.stretch is not None:
-                # the step it is at: the last one that started before now (one that starts
-                # now is not scheduled yet for an arrival now)
+            if f.stretch is None or not (self.reads_kv or self.reads_tokens):
+                continue
+            # the step it is at: the last one that started before now (one that starts now
+            # is not scheduled yet for an arrival now)
+            i = bisect_left(f.starts, now) - 1
+            if self.reads_kv:
                 if f.used is None:
                     f.used = f.stretch.blocks_used()
-                f.kv_now = f.used[bisect_left(f.starts, now) - 1]
+                f.kv_now = f.used[i]
+            if self.reads_tokens:
+                sched = q.scheduler
+                f.tokens_now = f.stretch.tokens_left(i) + sum(
+                    r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
+                    for queue in (sched.waiting, sched.swapped) for r in queue)
 
     def cut_back(self, r: Replica, t: float) -> None:
         """Cut the stretch in flight on ``r`` (if any) back to its steps that start before

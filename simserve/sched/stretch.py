@@ -434,6 +434,20 @@ class Stretch:
         req.num_cached_tokens = req.num_computed_tokens = hit
         return self.cache.admit(req, p, hit, j)
 
+    def tokens_left(self, i: int) -> int:
+        """Tokens of work its members have left (prompt tokens not yet computed plus output
+        tokens not yet generated) while step ``i`` runs, as stepping would count them then
+        over its running requests: those not finished by then (one that waits in step 0 is
+        running; one that joins later is not yet), each having computed the tokens it had
+        when planned (or joining) up to its first step, and ctx + i (its steps so far)
+        after it."""
+        left, planned = 0, self.planned
+        for j, (req, c, _, e, o) in enumerate(self.members):
+            if i < e and (o <= i or j < planned):
+                left += req.num_prompt_tokens + req.num_output_tokens - (
+                    req.num_computed_tokens if i <= o else c + i)
+        return left
+
     # -- applying --------------------------------------------------------------------------
     def blocks_used(self) -> list[int]:
         """KV blocks in use after scheduling each of its steps (for the recorder)."""

@@ -429,12 +429,17 @@ def test_clusters_routed_ahead_equal_stepping(router, engine):
     ("least_outstanding", "vllm_v0", {"num_gpu_blocks": 24, "max_num_seqs": 3}),
     ("least_kv", "vllm_v1", {}),
     ("least_kv", "sarathi", {"enable_prefix_caching": True, "num_gpu_blocks": 30}),
-    ("least_kv", "vllm_v0", {"num_gpu_blocks": 24, "max_num_seqs": 3})])
+    ("least_kv", "vllm_v0", {"num_gpu_blocks": 24, "max_num_seqs": 3}),
+    ("jsq_tokens", "vllm_v1", {}),
+    ("jsq_tokens", "sarathi", {"enable_prefix_caching": True, "num_gpu_blocks": 30}),
+    ("jsq_tokens", "vllm_v0", {}),
+    ("jsq_tokens", "vllm_v0", {"num_gpu_blocks": 24, "max_num_seqs": 3})])
 def test_clusters_behind_counting_routers_equal_stepping(router, policy, engine):
-    # least_outstanding reads only the requests a replica holds, least_kv also its KV use:
-    # each replica's stretches run past the arrivals that go elsewhere and past its own
-    # finishes (what the router reads of them brought to each arrival's instant), an arrival
-    # routed to a replica cuts its stretch in flight back, and those routed there join it.
+    # least_outstanding reads only the requests a replica holds, least_kv also its KV use,
+    # jsq_tokens its tokens of work left: each replica's stretches run past the arrivals that
+    # go elsewhere and past its own finishes (what the router reads of them brought to each
+    # arrival's instant), an arrival routed to a replica cuts its stretch in flight back, and
+    # those routed there join it.
     # The same steps, requests and summary as stepping every replica together; with prefix
     # caching, and with KV pressure (preemptions, steps that wait)
     raw = base_raw(router=router, groups=[
@@ -455,13 +460,13 @@ def test_clusters_behind_counting_routers_equal_stepping(router, policy, engine)
     assert all(row["completed"] > 50 for row in fast.summary["per_replica"])
 
 
-@pytest.mark.parametrize("router", ["least_outstanding", "least_kv"])
+@pytest.mark.parametrize("router", ["least_outstanding", "least_kv", "jsq_tokens"])
 def test_a_counting_router_sees_a_step_in_flight_only_once_it_has_ended(router):
     # every step takes 0.25 s and every arrival is at a multiple of it, so arrivals come at
     # the very instants steps end, finishes among them: the router counts a request that a
-    # stretch in flight finished (and the KV blocks a step frees or takes) only if the step
-    # before ended before the arrival, not at the same instant (stepping takes arrivals
-    # first), and sends each request where stepping does
+    # stretch in flight finished (and the KV blocks or tokens a step frees, takes or computes)
+    # only if the step before ended before the arrival, not at the same instant (stepping
+    # takes arrivals first), and sends each request where stepping does
     rng = np.random.default_rng(7)
     ticks = np.sort(rng.integers(0, 160, 90))
     specs = [RequestSpec(i, 0.25 * int(t), int(rng.integers(5, 60)), int(rng.integers(2, 30)))

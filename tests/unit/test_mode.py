@@ -18,6 +18,7 @@ ROUND_ROBIN = make_router("round_robin", 0)
 LEAST_KV = make_router("least_kv", 0)
 LEAST_OUTSTANDING = make_router("least_outstanding", 0)
 JSQ_TOKENS = make_router("jsq_tokens", 0)
+PREFIX_AWARE = make_router("prefix_aware", 0)
 
 
 def replica(i: int = 0, *, role: str = "mixed", async_scheduling: bool = False,
@@ -35,14 +36,14 @@ def test_one_replica_alone_pulls_its_arrivals():
 
 
 def test_several_replicas_or_failures_run_ahead_and_stepwise_steps():
-    # a router that reads per-step state beyond KV use (tokens left): the replicas run ahead
-    # together, every arrival bounding every replica's stretches
-    m = Mode.of([replica(0), replica(1)], True, None, JSQ_TOKENS, None)
+    # a router that reads a replica's prefix cache: the replicas run ahead together, every
+    # arrival bounding every replica's stretches
+    m = Mode.of([replica(0), replica(1)], True, None, PREFIX_AWARE, None)
     assert (m.loop, m.routed_ahead, m.tracked) == (RUN_AHEAD, False, False)
-    # one that reads only the count of requests a replica holds, or also its KV use: an
-    # arrival cuts back the stretch in flight of the replica it goes to (so stretches in
-    # flight are tracked)
-    for router in (LEAST_OUTSTANDING, LEAST_KV):
+    # one that reads only the count of requests a replica holds, or also its KV use or its
+    # tokens of work left: an arrival cuts back the stretch in flight of the replica it goes
+    # to (so stretches in flight are tracked)
+    for router in (LEAST_OUTSTANDING, LEAST_KV, JSQ_TOKENS):
         m = Mode.of([replica(0), replica(1)], True, None, router, None)
         assert (m.loop, m.routed_ahead, m.tracked) == (COUNTED, False, True)
         assert loop_for(m) is counted_loop
