@@ -106,7 +106,9 @@ def run_ahead_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
 
 def counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     """Several replicas behind a router that reads only how many requests each holds and has
-    not finished (``least_outstanding``), no failures (``Mode.of``). A stretch is priced past
+    not finished (``least_outstanding``), or also what a stretch knows at each of its steps
+    (``least_kv``: KV blocks in use; ``jsq_tokens``: tokens of work left), no failures
+    (``Mode.of``). A stretch is priced past
     the arrivals, which may go elsewhere, and (but with prefix caching, whose stretches are
     applied as priced) past finishes, as the solo loop's. One that ends before the next
     arrival is applied at once; one that reaches it holds the clock, and an arrival routed to
@@ -115,8 +117,8 @@ def counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     join the stretch at its next step if the policy would admit them whole there
     (``Stretch.rejoin``, ``join_waiting``: as arrivals join the solo loop's), and it goes on;
     otherwise the replica plans again from there, seeing them, as stepping would. Before the
-    router looks, the requests that the stretches in flight finished by then are counted off
-    (``Runtime.settle``)."""
+    router looks, the requests that the stretches in flight finished by then are counted off,
+    and what it reads of them is that of the step each is at (``Runtime.settle``)."""
     arrivals, sched = c.arrivals, r.scheduler
     past_finish = not sched.blocks.caches_prefixes
     ahead = COUNTED_AHEAD * len(c.entry)

@@ -275,8 +275,8 @@ class Runtime:
         ``num_outstanding`` (a step that ends now has not ended for an arrival now: arrivals
         come first), as stepping would have it (the stretch is applied at its end:
         ``finish_steps`` takes the settled ones off what it counts). For a router that reads
-        KV use, each stretch in flight's blocks in use at the step it is at, likewise
-        (``routing.kv_in_use``)."""
+        KV use or tokens of work left, each stretch in flight's at the step it is at, likewise
+        (``routing.kv_in_use``, ``routing.tokens_left``)."""
         now = self.env.now
         for q in pool:
             f = q.flight
@@ -313,7 +313,7 @@ class Runtime:
                 self.rec.log(r).trim(keep)
             f.stretch.cut_back(keep)                # (its starts are the flight's)
             del f.ends[keep:]
-            if f.finish_ends:                       # (those in the steps kept: all settled)
+            if f.finish_ends:                       # (only those of the steps kept)
                 del f.finish_ends[bisect_right(f.finish_ends, f.ends[-1]):]
             r.proc.interrupt()
 
