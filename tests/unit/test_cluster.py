@@ -395,19 +395,16 @@ def shared_prefix_chat(n: int) -> dict:
                               "system_prompt_len": 48, "question_len": 40, "output_len": 60}}
 
 
-@pytest.mark.parametrize("router", ["round_robin", "random"])
-@pytest.mark.parametrize("engine", [{}, {"async_scheduling": True},
-                                    {"enable_prefix_caching": True}])
-def test_clusters_routed_ahead_equal_stepping(router, engine):
-    # round_robin and random route by arrival order alone: each replica runs the solo loop
-    # over its own arrivals (engine/mode.py), arrivals joining its stretches; the same steps,
-    # requests and summary as stepping every replica together. Two groups of different
-    # policies and KV sizes; the prompts share prefixes, and the rate keeps them all busy.
+def assert_two_groups_equal_stepping(router: str, engine: dict, policy: str = "vllm_v1"):
+    """Two replicas of ``policy`` and one of ``priority`` with fewer KV blocks (``engine``
+    for all), 300 requests of a shared-prefix chat that keeps them all busy: fast-forward
+    gives the same steps, requests and summary as stepping every replica together."""
     raw = base_raw(router=router, groups=[
         {"name": "a", "replicas": 2},
         {"name": "b", "replicas": 1, "scheduler": {"policy": "priority"},
          "engine": {"num_gpu_blocks": 40}}])
     raw["engine"].update(engine)
+    raw["scheduler"]["policy"] = policy
     raw["latency"] = {"model": "roofline"}
     raw["workload"] = shared_prefix_chat(300)
     s = parse_scenario(raw)
@@ -418,6 +415,17 @@ def test_clusters_routed_ahead_equal_stepping(router, engine):
     assert fast.summary == slow.summary
     assert fast.summary["completed"] == 300
     assert all(row["completed"] > 50 for row in fast.summary["per_replica"])
+
+
+@pytest.mark.parametrize("router", ["round_robin", "random"])
+@pytest.mark.parametrize("engine", [{}, {"async_scheduling": True},
+                                    {"enable_prefix_caching": True}])
+def test_clusters_routed_ahead_equal_stepping(router, engine):
+    # round_robin and random route by arrival order alone: each replica runs the solo loop
+    # over its own arrivals (engine/mode.py), arrivals joining its stretches; the same steps,
+    # requests and summary as stepping every replica together. Two groups of different
+    # policies and KV sizes; the prompts share prefixes, and the rate keeps them all busy.
+    assert_two_groups_equal_stepping(router, engine)
 
 
 @pytest.mark.parametrize("router, policy, engine", [
@@ -442,22 +450,7 @@ def test_clusters_behind_counting_routers_equal_stepping(router, policy, engine)
     # those routed there join it.
     # The same steps, requests and summary as stepping every replica together; with prefix
     # caching, and with KV pressure (preemptions, steps that wait)
-    raw = base_raw(router=router, groups=[
-        {"name": "a", "replicas": 2},
-        {"name": "b", "replicas": 1, "scheduler": {"policy": "priority"},
-         "engine": {"num_gpu_blocks": 40}}])
-    raw["engine"].update(engine)
-    raw["scheduler"]["policy"] = policy
-    raw["latency"] = {"model": "roofline"}
-    raw["workload"] = shared_prefix_chat(300)
-    s = parse_scenario(raw)
-    fast = simserve.run(s)
-    slow = simserve.run(s, fast_forward=False)
-    assert fast.requests.equals(slow.requests)
-    assert fast.steps.equals(slow.steps)
-    assert fast.summary == slow.summary
-    assert fast.summary["completed"] == 300
-    assert all(row["completed"] > 50 for row in fast.summary["per_replica"])
+    assert_two_groups_equal_stepping(router, engine, policy)
 
 
 @pytest.mark.parametrize("router", ["least_outstanding", "least_kv", "jsq_tokens"])
