@@ -114,6 +114,25 @@ def test_cluster_and_disaggregated_runs_fold_per_replica(monkeypatch):
         assert b["busy_s"] == pytest.approx(a["busy_s"], rel=1e-12)
 
 
+@pytest.mark.parametrize("router", ["least_outstanding", "least_kv", "jsq_tokens"])
+def test_clusters_behind_counting_routers_fold_only_completed_steps(monkeypatch, router):
+    """Behind these routers a replica's stretch in flight is recorded once it is over (an
+    arrival may cut it back, and requests may join it): folds take only steps completed, so
+    the folded run equals the kept one and stepping."""
+    variants = dict(load_variants(SCENARIOS / "cluster_routing.yaml",
+                                  ["workload.num_requests=400"]))
+    scenario = variants[router]
+    exact = simserve.run(scenario)
+    small_folds(monkeypatch, 32)
+    folded = simserve.run(scenario)
+    assert all(log.num_folded > 0 for log in folded._recorder.replicas.values())
+    kept = simserve.run(scenario, keep_steps=True)
+    assert dumps(folded.summary) == dumps(kept.summary)
+    assert dumps(folded.summary) == dumps(simserve.run(scenario, fast_forward=False).summary)
+    check_itl_close(exact.summary, folded.summary)
+    pd.testing.assert_frame_equal(folded.requests, exact.requests)
+
+
 def test_frontend_delay_shifts_the_folded_window(monkeypatch):
     """A calibrated front-end delay moves steps onto the client's clock: the folded chunks'
     window checks use the shifted times, and the summary equals the kept run's."""
