@@ -22,6 +22,7 @@ hand-off, a retry on another replica).
 from __future__ import annotations
 
 from array import array
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -29,6 +30,8 @@ import numpy as np
 from simserve.metrics.levels import LEVEL_CHUNK
 from simserve.metrics.sketch import LogHistogram
 from simserve.sched.request import Request, TokenTrack
+
+_first = itemgetter(0)
 
 if TYPE_CHECKING:
     from simserve.sched.stretch import Member, Stretch
@@ -113,15 +116,21 @@ class TokenLog:
             members = stretch.members
         last, t_last = a + k - 1, ends[-1]       # where members that run to the end stop
         adjacent = stays = late = 0
+        # the gaps of members whose first step here is not step 0, listed after those of step
+        # 0 in step order as stepping lists them (the sums of the ITL come out the same bits)
+        later: list[tuple[int, float]] = []
         for req, _, _, e, o in members:
             tr = req.tokens
             if tr is None:
                 req.first_token_s = ends[o]
                 tr = req.tokens = TokenTrack(0, 0.0, self.record)
-            elif not o and tr.last_step == a - 1:
-                adjacent += 1
+            elif not o:
+                if tr.last_step == a - 1:
+                    adjacent += 1
+                else:
+                    extra.append(ends[0] - tr.last_s)
             else:
-                extra.append(ends[o] - tr.last_s)
+                later.append((o, ends[o] - tr.last_s))
             if e < k:                            # its last token at step e - 1
                 tr.last_step, tr.last_s = a + e - 1, ends[e - 1]
                 diff[d + e - 1] -= 1             # its gaps a + o .. a + e - 2 (the start: below)
@@ -131,6 +140,9 @@ class TokenLog:
             if o:                                # (waited in step 0, or joined at step o)
                 late += 1
                 diff[d + o] += 1
+        if later:
+            later.sort(key=_first)               # (stable: in running order within a step)
+            extra.extend([g for _, g in later])
         diff[d + k - 1] -= stays
         diff[d] += len(members) - late
         if adjacent:

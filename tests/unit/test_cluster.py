@@ -503,6 +503,27 @@ def test_a_cluster_counts_the_profile_lookups_stepping_counts(router):
     assert counts[0]["attn_decode"] > 1000
 
 
+@pytest.mark.parametrize("router, replicas", [("least_outstanding", 1), ("jsq_tokens", 3)])
+def test_gaps_of_requests_that_wait_in_a_stretchs_first_step_sum_as_stepping(router, replicas):
+    # vllm_v0: in a stretch that starts with a prefill step, running decodes wait in step 0
+    # and take their next token at step 1; their gaps since then are listed after the step-0
+    # gaps of the others, as stepping lists them, so the ITL mean and deviation (float sums
+    # of that list) are the same bits
+    raw = {"seed": 0, "model": "tiny-llama-45m", "hardware": "H100-SXM",
+           "engine": {"max_num_seqs": 16, "max_num_batched_tokens": 512, "max_model_len": 256,
+                      "num_gpu_blocks": 40},
+           "scheduler": {"policy": "vllm_v0"},
+           "latency": {"model": "profile", "path": "tiny-llama-45m_cpu-epyc-2core_bf16_1t"},
+           "workload": {"arrival": "burst", "num_requests": 73,
+                        "prompt": {"dist": "exponential", "mean": 193, "max": 600},
+                        "output": {"dist": "uniform", "low": 101, "high": 206}},
+           "cluster": {"router": router, "replicas": replicas}}
+    s = parse_scenario(raw)
+    fast, slow = simserve.run(s), simserve.run(s, fast_forward=False)
+    assert fast.requests.equals(slow.requests) and fast.steps.equals(slow.steps)
+    assert fast.summary == slow.summary
+
+
 def test_requests_routed_ahead_come_back_in_the_workload_order():
     # specs whose ids do not follow their order (simulate() takes any): the recorder's
     # requests are in the order stepping adds them, the workload's, not by id or by replica
