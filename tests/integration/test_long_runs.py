@@ -93,35 +93,21 @@ def test_levels_of_folded_chunks_are_the_same_bits(monkeypatch):
         assert folded.summary[key] == whole.summary[key], key
 
 
-def test_cluster_and_disaggregated_runs_fold_per_replica(monkeypatch):
-    """Several replicas (per-replica busy time and levels), a disaggregated pool (KV handoffs:
-    gaps that span replicas) and a front-end delay... each replica folds its own steps."""
-    # a fifth of the shipped 1,500 requests, folded in chunks a quarter as long: every replica
-    # still folds many chunks
-    variants = dict(load_variants(SCENARIOS / "disaggregated.yaml",
-                                  ["workload.num_requests=300"]))
-    scenario = variants["disaggregated-1p3d"]
-    exact = simserve.run(scenario)
-    small_folds(monkeypatch, 32)
-    folded = simserve.run(scenario)
-    assert all(log.num_folded > 0 for log in folded._recorder.replicas.values())
-    kept = simserve.run(scenario, keep_steps=True)
-    assert dumps(folded.summary) == dumps(kept.summary)
-    assert dumps(folded.summary) == dumps(simserve.run(scenario, fast_forward=False).summary)
-    check_itl_close(exact.summary, folded.summary)
-    for a, b in zip(exact.summary["per_replica"], folded.summary["per_replica"], strict=True):
-        assert a["num_steps"] == b["num_steps"] and a["completed"] == b["completed"]
-        assert b["busy_s"] == pytest.approx(a["busy_s"], rel=1e-12)
-
-
-@pytest.mark.parametrize("router", ["least_outstanding", "least_kv", "jsq_tokens"])
-def test_clusters_behind_counting_routers_fold_only_completed_steps(monkeypatch, router):
-    """Behind these routers a replica's stretch in flight is recorded once it is over (an
-    arrival may cut it back, and requests may join it): folds take only steps completed, so
-    the folded run equals the kept one and stepping."""
-    variants = dict(load_variants(SCENARIOS / "cluster_routing.yaml",
-                                  ["workload.num_requests=400"]))
-    scenario = variants[router]
+@pytest.mark.parametrize("path, variant, requests", [
+    # a disaggregated pool (KV handoffs: gaps that span replicas): a fifth of the shipped
+    # 1,500 requests, folded in chunks a quarter as long, every replica still folds many
+    ("disaggregated.yaml", "disaggregated-1p3d", 300),
+    # behind the counting routers a replica's stretch in flight is recorded once it is over
+    # (an arrival may cut it back, and requests may join it): only completed steps fold
+    ("cluster_routing.yaml", "least_outstanding", 400),
+    ("cluster_routing.yaml", "least_kv", 400),
+    ("cluster_routing.yaml", "jsq_tokens", 400)])
+def test_cluster_and_disaggregated_runs_fold_per_replica(monkeypatch, path, variant, requests):
+    """Several replicas (per-replica busy time and levels), a disaggregated pool, a front-end
+    delay... each replica folds its own steps, and the folded run equals the kept one and
+    stepping."""
+    variants = dict(load_variants(SCENARIOS / path, [f"workload.num_requests={requests}"]))
+    scenario = variants[variant]
     exact = simserve.run(scenario)
     small_folds(monkeypatch, 32)
     folded = simserve.run(scenario)
@@ -131,6 +117,9 @@ def test_clusters_behind_counting_routers_fold_only_completed_steps(monkeypatch,
     assert dumps(folded.summary) == dumps(simserve.run(scenario, fast_forward=False).summary)
     check_itl_close(exact.summary, folded.summary)
     pd.testing.assert_frame_equal(folded.requests, exact.requests)
+    for a, b in zip(exact.summary["per_replica"], folded.summary["per_replica"], strict=True):
+        assert a["num_steps"] == b["num_steps"] and a["completed"] == b["completed"]
+        assert b["busy_s"] == pytest.approx(a["busy_s"], rel=1e-12)
 
 
 def test_frontend_delay_shifts_the_folded_window(monkeypatch):
