@@ -117,8 +117,10 @@ class TokenLog:
         last, t_last = a + k - 1, ends[-1]       # where members that run to the end stop
         adjacent = stays = late = 0
         # the gaps of members whose first step here is not step 0, listed after those of step
-        # 0 in step order as stepping lists them (the sums of the ITL come out the same bits)
-        later: list[tuple[int, float]] = []
+        # 0 in step order as stepping lists them (the sums of the ITL come out the same bits):
+        # step 1's (those that waited in step 0), then any later step's
+        later: list[float] = []
+        others: list[tuple[int, float]] = []
         for req, _, _, e, o in members:
             tr = req.tokens
             if tr is None:
@@ -129,8 +131,10 @@ class TokenLog:
                     adjacent += 1
                 else:
                     extra.append(ends[0] - tr.last_s)
+            elif o == 1:
+                later.append(ends[1] - tr.last_s)
             else:
-                later.append((o, ends[o] - tr.last_s))
+                others.append((o, ends[o] - tr.last_s))
             if e < k:                            # its last token at step e - 1
                 tr.last_step, tr.last_s = a + e - 1, ends[e - 1]
                 diff[d + e - 1] -= 1             # its gaps a + o .. a + e - 2 (the start: below)
@@ -141,8 +145,10 @@ class TokenLog:
                 late += 1
                 diff[d + o] += 1
         if later:
-            later.sort(key=_first)               # (stable: in running order within a step)
-            extra.extend([g for _, g in later])
+            extra.extend(later)
+        if others:
+            others.sort(key=_first)              # (stable: in running order within a step)
+            extra.extend([g for _, g in others])
         diff[d + k - 1] -= stays
         diff[d] += len(members) - late
         if adjacent:
