@@ -28,7 +28,8 @@ deterministic.
   stretch in flight tells those too: ``tokens_left``, the counted loop);
 * ``prefix_aware`` (per-step state): the most prompt tokens already in its prefix cache
   (cache-aware routing as in SGLang's router and llm-d), ties and replicas without prefix
-  caching by ``least_outstanding``.
+  caching by ``least_outstanding`` (a stretch in flight replays its named blocks' operations
+  up to the step it is at, so the cache it shows is stepping's: the counted loop).
 
 Routers use only duck-typed replica attributes (``index``, ``num_outstanding``,
 ``scheduler``, ``flight``), so this module imports nothing of the engine.
@@ -53,7 +54,7 @@ class Router(Protocol):
     # optional, ``reads_flights``: for a router that reads only ``index``, ``num_outstanding``
     # and what a stretch in flight can tell at any instant (engine/loops.py's counted loop
     # keeps them exact), which of those: "kv" (:func:`kv_in_use`), "tokens"
-    # (:func:`tokens_left`)
+    # (:func:`tokens_left`), "cache" (the prefix cache: :func:`prefix_hit_tokens`)
 
     def __call__(self, req: Request, replicas: Sequence[Replica]) -> Replica: ...
 
@@ -178,6 +179,11 @@ def prefix_hit_tokens(replica: Replica, req: Request) -> int:
 @_router(observes_state=True)
 def prefix_aware(req: Request, replicas: Sequence[Replica]) -> Replica:
     return min(replicas, key=lambda r: (-prefix_hit_tokens(r, req), r.num_outstanding, r.index))
+
+
+# a stretch in flight brings its replica's prefix cache to the step it is at (the named
+# blocks' operations replayed that far: ``Runtime.settle``), so the counted loop serves it too
+setattr(prefix_aware, "reads_flights", ("cache",))   # noqa: B010
 
 
 def make_router(name: str, seed: int = 0, pool: int = 0) -> Router:

@@ -107,10 +107,10 @@ def run_ahead_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
 def counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     """Several replicas behind a router that reads only how many requests each holds and has
     not finished (``least_outstanding``), or also what a stretch knows at each of its steps
-    (``least_kv``: KV blocks in use; ``jsq_tokens``: tokens of work left), no failures
-    (``Mode.of``). A stretch is priced past
-    the arrivals, which may go elsewhere, and (but with prefix caching, whose stretches are
-    applied as priced) past finishes, as the solo loop's. One that ends before the next
+    (``least_kv``: KV blocks in use; ``jsq_tokens``: tokens of work left; ``prefix_aware``:
+    the prefix cache, its named blocks' operations replayed that far), no failures
+    (``Mode.of``). A stretch is priced past the arrivals, which may go elsewhere, and past
+    finishes, as the solo loop's. One that ends before the next
     arrival is applied at once; one that reaches it holds the clock, and an arrival routed to
     this replica cuts it back to the steps that start before the arrival
     (``Runtime.cut_back``). When the last one kept ends, the requests routed here by then
@@ -120,7 +120,6 @@ def counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     router looks, the requests that the stretches in flight finished by then are counted off,
     and what it reads of them is that of the step each is at (``Runtime.settle``)."""
     arrivals, sched = c.arrivals, r.scheduler
-    past_finish = not sched.blocks.caches_prefixes
     ahead = COUNTED_AHEAD * len(c.entry)
     # the requests routed here while a stretch past finishes was in flight may join it where
     # they cut it back (the policy says when it admits them)
@@ -137,7 +136,7 @@ def counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
         held = arrivals.next_time
         waiting = sched.num_waiting
         stretch, ends, end = _take(c, r, sched, plan, now, arrivals.ahead_time(ahead), INF,
-                                   MAX_STRETCH, past_finish, record_before=held)
+                                   MAX_STRETCH, True, record_before=held)
         settled = 0
         deferred = stretch is not None and end >= held     # (_take left it to record)
         while end >= held:     # it may be cut back: hold the clock until it ends

@@ -76,8 +76,10 @@ class Mode:
                 or getattr(router, "reads_flights", None) is not None):
             # several replicas behind a router that reads only the count of requests each
             # holds (least_outstanding), which changes when a request arrives or finishes, or
-            # also the KV blocks each uses (least_kv) or its tokens of work left (jsq_tokens),
-            # which a stretch knows at each step, no failures: each replica prices its
+            # also the KV blocks each uses (least_kv), its tokens of work left (jsq_tokens) or
+            # its prefix cache (prefix_aware), which a stretch knows at each step (with prefix
+            # caching its named blocks' operations replayed that far), no failures: each
+            # replica prices its
             # stretches past other replicas' arrivals and its own finishes, an arrival cuts
             # back only the stretch in flight of the replica it goes to, and what the router
             # reads of the stretches in flight is brought to the arrival's instant before it

@@ -128,9 +128,11 @@ class Runtime:
         # router counts the finishes in flight first (the counted loop: engine/loops.py)
         self.counted = self.mode.loop == COUNTED
         # ... and what else the router reads of a stretch in flight (routing.py's
-        # reads_flights): the KV blocks in use (least_kv), tokens of work left (jsq_tokens)
+        # reads_flights): the KV blocks in use (least_kv), tokens of work left (jsq_tokens),
+        # the prefix cache (prefix_aware)
         reads = getattr(router, "reads_flights", ()) if self.counted else ()
         self.reads_kv, self.reads_tokens = "kv" in reads, "tokens" in reads
+        self.reads_cache = "cache" in reads
         # replica index -> its own arrivals, when they are routed before the run; then also
         # each request's place in the workload (``simulate`` puts its requests back in order)
         self.arrival_order: Callable[[Request], int] | None = None
@@ -275,8 +277,9 @@ class Runtime:
         ``num_outstanding`` (a step that ends now has not ended for an arrival now: arrivals
         come first), as stepping would have it (the stretch is applied at its end:
         ``finish_steps`` takes the settled ones off what it counts). For a router that reads
-        KV use or tokens of work left, each stretch in flight's at the step it is at, likewise
-        (``routing.kv_in_use``, ``routing.tokens_left``)."""
+        KV use, tokens of work left or the prefix cache, each stretch in flight's at the step it
+        is at, likewise (``routing.kv_in_use``, ``routing.tokens_left``; with prefix caching
+        its named blocks' operations replayed up to that step: ``Stretch.kv_at``)."""
         now = self.env.now
         for q in pool:
             f = q.flight
@@ -287,18 +290,24 @@ class Runtime:
                 if n > f.settled:
                     q.num_outstanding -= n - f.settled
                     f.settled = n
-            if f.stretch is None or not (self.reads_kv or self.reads_tokens):
+            s = f.stretch
+            if s is None or not (self.reads_kv or self.reads_tokens or self.reads_cache):
                 continue
             # the step it is at: the last one that started before now (one that starts now
             # is not scheduled yet for an arrival now)
             i = bisect_left(f.starts, now) - 1
-            if self.reads_kv:
-                if f.used is None:
-                    f.used = f.stretch.blocks_used()
-                f.kv_now = f.used[i]
+            if self.reads_kv or self.reads_cache:
+                # with prefix caching the named blocks' operations replayed up to that step
+                # (the block manager then holds what stepping's holds: its prefix cache)
+                kv = s.kv_at(i)
+                if kv is None:
+                    if f.used is None:
+                        f.used = s.blocks_used()
+                    kv = f.used[i]
+                f.kv_now = kv
             if self.reads_tokens:
                 sched = q.scheduler
-                f.tokens_now = f.stretch.tokens_left(i) + sum(
+                f.tokens_now = s.tokens_left(i) + sum(
                     r.num_prompt_tokens + r.num_output_tokens - r.num_computed_tokens
                     for queue in (sched.waiting, sched.swapped) for r in queue)
 

@@ -250,13 +250,13 @@ class Stretch:
         self._price(latency, 0, [start], [], [], [], cut, cut_end, join, 1)
 
     def rejoin(self, latency: Pricing, j: int, start: float, cut: float, join: Join) -> bool:
-        """Go on pricing a stretch past finishes (no prefix caching) from its step ``j``,
+        """Go on pricing a stretch past finishes from its step ``j``,
         which starts at ``start``: it was priced and cut back to its first ``j`` steps, and the
         requests that arrived since (the counted loop's: engine/loops.py) ``join`` it there, as
         they would have joined it while it was priced (``price``'s ``join``), then pricing goes
         on to ``cut`` as ``price`` does. True if they joined; otherwise it ends before step j,
         as it was."""
-        assert self.cache is None and self.past_finish
+        assert self.past_finish
         self.num_steps = self.bound      # (room_to_join reads the bound while pricing)
         self.freed = 0                   # (counted again up to step j)
         acc = self.starts[:j]
@@ -387,10 +387,9 @@ class Stretch:
         self.starts, self.durations, self.begun = acc, durations, begun
         self.num_steps = len(acc)
         self.forget, self.priced = forget, priced    # (cut_back's, if cut back in flight)
-        if self.cache is not None and self.past_finish:
-            # (the solo loop's: applied next, never cut back) the blocks of every step, so
-            # that the KV blocks used at each are known (blocks_used)
-            self.cache.run_to(2 * self.num_steps - 1)
+        # (with prefix caching, the named blocks' operations of the steps priced are replayed
+        # only as far as something reads them: blocks_used, kv_at, apply; a stretch in flight
+        # in the counted loop may be cut back before)
 
     def cut_back(self, keep: int) -> None:
         """Keep only its first ``keep`` steps (a stretch in flight cut back: engine/runtime.py's
@@ -452,8 +451,10 @@ class Stretch:
     def blocks_used(self) -> list[int]:
         """KV blocks in use after scheduling each of its steps (for the recorder)."""
         k = self.num_steps
-        if self.cache is not None and len(self.cache.used) >= k:   # (counted as applied)
-            return self.cache.used[:k]
+        cache = self.cache
+        if cache is not None:         # named blocks: replayed up to its last step's takes
+            cache.run_to(2 * k - 1)
+            return cache.used[:k]
         blocks = self.sched.blocks
         bs = blocks.block_size
         extra = [0] * k
@@ -486,6 +487,16 @@ class Stretch:
         used = accumulate(map(add, extra, every), initial=blocks.num_used)
         next(used)                  # (the blocks before step 0)
         return list(used)
+
+    def kv_at(self, i: int) -> int | None:
+        """With prefix caching, the KV blocks in use after scheduling its step ``i``, the
+        named blocks' operations replayed that far (a stretch in flight in the counted loop:
+        its later steps may still be cut back); None without (``blocks_used`` counts them)."""
+        cache = self.cache
+        if cache is None:
+            return None
+        cache.run_to(2 * i + 1)
+        return cache.used[i]
 
     def apply(self, ends: list[float]) -> list[Request]:
         """Apply its first ``len(ends)`` steps, which ended at ``ends`` (a member takes steps

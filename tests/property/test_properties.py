@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from simserve.cards import load_hardware, load_model
 from simserve.engine import Replica, round_robin, simulate
+from simserve.cluster.routing import make_router
 from simserve.latency.roofline import RooflineModel
 from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
@@ -90,8 +91,10 @@ def scenarios(draw):
 
 
 def run_checked(policy, limits, block_size, num_blocks, host_blocks, max_model_len, specs,
-                num_replicas, params=None, prefix=False, fast_forward=True, latency=None):
-    """Run with a scheduler wrapper that checks every plan as it is made."""
+                num_replicas, params=None, prefix=False, fast_forward=True, latency=None,
+                router=None):
+    """Run with a scheduler wrapper that checks every plan as it is made (behind
+    ``router``, a fresh one each run: round_robin by default)."""
     cls = POLICIES[policy]
     replicas = []
     for i in range(num_replicas):
@@ -126,7 +129,7 @@ def run_checked(policy, limits, block_size, num_blocks, host_blocks, max_model_l
             return plan
 
         r.scheduler.schedule = checked
-    rec = simulate(specs, replicas, round_robin(), fast_forward=fast_forward)
+    rec = simulate(specs, replicas, router or round_robin(), fast_forward=fast_forward)
     return rec, replicas, plans
 
 
@@ -513,13 +516,33 @@ def test_fast_forward_with_prefix_caching_equals_stepping(case, prices):
     _cached_runs_equal(case, latency)
 
 
-def _cached_runs_equal(case, latency):
-    """``case`` fast-forwarded and stepped, with prefix caching: the same steps, per-request
-    times, tokens and cache hits, and the caches left alike."""
-    fast, fast_replicas, _ = run_checked(*case, fast_forward=True, latency=latency)
-    slow, slow_replicas, _ = run_checked(*case, fast_forward=False, latency=latency)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(caching_scenarios(), st.integers(2, 4),
+       st.sampled_from(["least_outstanding", "least_kv", "jsq_tokens", "prefix_aware"]),
+       st.sampled_from(["toy", "roofline", "h100"]))
+def test_clusters_with_prefix_caching_behind_counting_routers_equal_stepping(
+        case, replicas, router, prices):
+    """Prefix caching on 2-4 replicas behind a router that reads what a stretch in flight can
+    tell at each of its steps (engine/loops.py's counted loop: stretches past arrivals and
+    finishes, cut back where a request is routed, the named blocks' operations replayed as far
+    as the router looks): each request goes where stepping sends it, and the same steps,
+    times, tokens and cache hits, and caches left, as stepping."""
+    latency = {"toy": lambda: None, "roofline": _roofline,
+               "h100": lambda: _curved_roofline("h100")}[prices]()
+    _cached_runs_equal((*case[:7], replicas, *case[8:]), latency, router)
+
+
+def _cached_runs_equal(case, latency, router=None):
+    """``case`` fast-forwarded and stepped, with prefix caching (behind ``router``, by name;
+    round_robin by default): the same steps, per-request times, tokens and cache hits, and
+    the caches left alike."""
+    fast, fast_replicas, _ = run_checked(*case, fast_forward=True, latency=latency,
+                                         router=router and make_router(router))
+    slow, slow_replicas, _ = run_checked(*case, fast_forward=False, latency=latency,
+                                         router=router and make_router(router))
     assert _by_replica(fast) == _by_replica(slow)
     for a, b in zip(fast.requests, slow.requests, strict=True):
+        assert a.replica == b.replica
         assert a.status == b.status and a.num_preemptions == b.num_preemptions
         assert a.num_cached_tokens == b.num_cached_tokens
         assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s

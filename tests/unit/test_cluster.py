@@ -441,15 +441,21 @@ def test_clusters_routed_ahead_equal_stepping(router, engine):
     ("jsq_tokens", "vllm_v1", {}),
     ("jsq_tokens", "sarathi", {"enable_prefix_caching": True, "num_gpu_blocks": 30}),
     ("jsq_tokens", "vllm_v0", {}),
-    ("jsq_tokens", "vllm_v0", {"num_gpu_blocks": 24, "max_num_seqs": 3})])
+    ("jsq_tokens", "vllm_v0", {"num_gpu_blocks": 24, "max_num_seqs": 3}),
+    ("least_kv", "vllm_v1", {"enable_prefix_caching": True}),
+    ("prefix_aware", "vllm_v1", {"enable_prefix_caching": True}),
+    ("prefix_aware", "vllm_v1", {"enable_prefix_caching": True, "num_gpu_blocks": 30}),
+    ("prefix_aware", "sarathi", {"enable_prefix_caching": True, "num_gpu_blocks": 30}),
+    ("prefix_aware", "vllm_v1", {})])
 def test_clusters_behind_counting_routers_equal_stepping(router, policy, engine):
     # least_outstanding reads only the requests a replica holds, least_kv also its KV use,
-    # jsq_tokens its tokens of work left: each replica's stretches run past the arrivals that
-    # go elsewhere and past its own finishes (what the router reads of them brought to each
-    # arrival's instant), an arrival routed to a replica cuts its stretch in flight back, and
-    # those routed there join it.
+    # jsq_tokens its tokens of work left, prefix_aware its prefix cache: each replica's
+    # stretches run past the arrivals that go elsewhere and past its own finishes (what the
+    # router reads of them brought to each arrival's instant: with prefix caching the named
+    # blocks' operations replayed up to the step each is at), an arrival routed to a replica
+    # cuts its stretch in flight back, and those routed there join it, with their cache hits.
     # The same steps, requests and summary as stepping every replica together; with prefix
-    # caching, and with KV pressure (preemptions, steps that wait)
+    # caching, and with KV pressure (preemptions, steps that wait, cached prefixes evicted)
     assert_two_groups_equal_stepping(router, engine, policy)
 
 
@@ -479,6 +485,53 @@ def test_a_counting_router_sees_a_step_in_flight_only_once_it_has_ended(router):
     check_accounting(fast, reps, specs)
     finishes = {q.finish_s for q in slow.requests}
     assert sum(s.arrival_s in finishes for s in specs) >= 20
+
+
+def test_prefix_aware_reads_a_stretch_in_flights_cache_as_of_the_step_it_is_at():
+    # prefix caching on 3 replicas with a tight KV cache (cached prefixes evicted all the
+    # time), prompts from 4 groups sharing a system prompt; every step takes 0.25 s and every
+    # arrival is at a multiple of it, so arrivals come at the very instants steps end and
+    # requests finish. prefix_aware asks each replica's cache what the newcomer would hit: a
+    # stretch in flight answers as of the step it is at (its blocks' takes, its finished
+    # requests' blocks cached on the way, the evictions they caused; not the frees of a step
+    # that ends at the arrival's instant), so each request goes where stepping sends it and
+    # hits what stepping hits, and the caches end as stepping leaves them
+    rng = np.random.default_rng(2)
+    ticks = np.sort(rng.integers(0, 200, 110))
+    specs = []
+    for i, t in enumerate(ticks):
+        g, u = int(rng.integers(4)), int(rng.integers(3))
+        ids = (1000 + g,) * 2 + tuple(100 * (4 * g + u + 1) + b for b in range(2))
+        specs.append(RequestSpec(i, 0.25 * int(t), 32, int(rng.integers(2, 40)), ids))
+
+    slow, slow_reps = _prefix_cluster(specs, "prefix_aware", False)
+    fast, reps = _prefix_cluster(specs, "prefix_aware", True)
+    assert_same_runs(fast, slow)
+    check_accounting(fast, reps, specs)
+    assert [(q.replica, q.num_cached_tokens) for q in fast.requests] == \
+        [(q.replica, q.num_cached_tokens) for q in slow.requests]
+    for a, b in zip(reps, slow_reps):
+        assert a.scheduler.blocks.free_order() == b.scheduler.blocks.free_order()
+        assert a.scheduler.blocks.num_evicted == b.scheduler.blocks.num_evicted > 0
+    finishes = {q.finish_s for q in slow.requests}
+    assert sum(s.arrival_s in finishes for s in specs) >= 20
+    assert sum(q.num_cached_tokens > 0 for q in slow.requests) >= 40
+    # the cache decides: not where least_outstanding alone would send them
+    plain, _ = _prefix_cluster(specs, "least_outstanding", False)
+    assert [q.replica for q in plain.requests] != [q.replica for q in slow.requests]
+
+
+def _prefix_cluster(specs, router, fast_forward):
+    """``specs`` on 3 vLLM v1 replicas with prefix caching (60 blocks of 4 tokens) whose
+    every step takes 0.25 s, behind ``router``."""
+    reps = []
+    for i in range(3):
+        sched = POLICIES["vllm_v1"](SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=256,
+                                                    enable_chunked_prefill=True),
+                                    PrefixBlockManager(60, 4, source_block_size=8))
+        sched.record_tokens = True
+        reps.append(Replica(i, sched, ConstantLatency(0.25), 10_000))
+    return simulate(specs, reps, make_router(router), fast_forward=fast_forward), reps
 
 
 @pytest.mark.parametrize("router", ["least_outstanding", "least_kv"])

@@ -36,14 +36,16 @@ def test_one_replica_alone_pulls_its_arrivals():
 
 
 def test_several_replicas_or_failures_run_ahead_and_stepwise_steps():
-    # a router that reads a replica's prefix cache: the replicas run ahead together, every
-    # arrival bounding every replica's stretches
-    m = Mode.of([replica(0), replica(1)], True, None, PREFIX_AWARE, None)
+    # a router of one's own that reads per-step state without saying what: the replicas run
+    # ahead together, every arrival bounding every replica's stretches
+    def own(req, replicas):
+        return replicas[0]
+    m = Mode.of([replica(0), replica(1)], True, None, own, None)
     assert (m.loop, m.routed_ahead, m.tracked) == (RUN_AHEAD, False, False)
-    # one that reads only the count of requests a replica holds, or also its KV use or its
-    # tokens of work left: an arrival cuts back the stretch in flight of the replica it goes
-    # to (so stretches in flight are tracked)
-    for router in (LEAST_OUTSTANDING, LEAST_KV, JSQ_TOKENS):
+    # one that reads only the count of requests a replica holds, or also its KV use, its
+    # tokens of work left or its prefix cache: an arrival cuts back the stretch in flight of
+    # the replica it goes to (so stretches in flight are tracked)
+    for router in (LEAST_OUTSTANDING, LEAST_KV, JSQ_TOKENS, PREFIX_AWARE):
         m = Mode.of([replica(0), replica(1)], True, None, router, None)
         assert (m.loop, m.routed_ahead, m.tracked) == (COUNTED, False, True)
         assert loop_for(m) is counted_loop
