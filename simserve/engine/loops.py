@@ -1,10 +1,10 @@
 """The replica loops: each replica is one SimPy process that asks its scheduler for a StepPlan,
 prices it, holds the clock for that long and applies it; an idle replica sleeps until given
 work. Which loop runs a run's replicas is decided once (engine/mode.py, :func:`loop_for`):
-solo, counted, run-ahead, stepping, batch queue or pipeline (docs/architecture.md, the
-engine). Decode stretches are fast-forwarded (sched/stretch.py), never past an outside event
-that could change them (or cut back to the steps before it), so the result is stepping's,
-step for step (docs/cluster.md, exactness with fast-forward)."""
+solo, counted, run-ahead, stepping, batch queue, async solo, async counted or pipeline
+(docs/architecture.md, the engine). Decode stretches are fast-forwarded (sched/stretch.py),
+never past an outside event that could change them (or cut back to the steps before it), so
+the result is stepping's, step for step (docs/cluster.md, exactness with fast-forward)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from functools import partial
 from typing import Any
 
 from simserve.engine.clock import Clock, Interrupt
-from simserve.engine.mode import (ASYNC_SOLO, BATCH_QUEUE, COUNTED, PIPELINE, RUN_AHEAD, SOLO,
-                                  STEPPING, Mode)
+from simserve.engine.mode import (ASYNC_COUNTED, ASYNC_SOLO, BATCH_QUEUE, COUNTED, PIPELINE,
+                                  RUN_AHEAD, SOLO, STEPPING, Mode)
 from simserve.engine.pipeline import pipeline_loop
 from simserve.engine.queue import queue_loop
 from simserve.engine.queue import sleep as _sleep
@@ -307,6 +307,107 @@ def _async_stretch(c: Runtime, r: Replica, sched: Scheduler, timing: AsyncTiming
     return now
 
 
+def async_counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
+    """:func:`batch_queue_loop` with a queue of two (async scheduling) on each of several
+    replicas behind a router that reads only how many requests each holds and has not
+    finished (``least_outstanding``), no failures (``Mode.of``). Where a decode step is
+    scheduled with one step in flight and nothing waiting, it fast-forwards an async decode
+    stretch (sched/async_stretch.py) past the arrivals, which may go elsewhere, and past its
+    finishes, as the counted loop does a synchronous one: one whose steps are all scheduled,
+    and their outputs but the last delivered, before the next arrival is applied at once;
+    otherwise it holds the clock as a flight, and a request routed to this replica cuts it
+    back to the steps scheduled before it came (``Runtime.cut_back``): the next schedule sees
+    it, as stepping's would. Before the router looks, the requests the flight finished (their
+    last outputs delivered) before then are counted off (``Runtime.settle``)."""
+    arrivals, sched = c.arrivals, r.scheduler
+    timing = AsyncTiming(c, r)
+    tokens = r.tokens
+    assert tokens is not None
+    ahead = COUNTED_AHEAD * len(c.entry)
+    queue: deque[tuple[InFlight, float]] = deque()
+    now = env.now
+    while True:
+        if len(queue) < 2 and sched.has_work:
+            plan = sched.schedule()
+            if not plan.is_empty:
+                stretch = AsyncStretch.plan(sched, plan, MAX_STRETCH) if queue else None
+                if stretch is None:
+                    queue.append(timing.launch(sched, plan, now))
+                    continue
+                now = yield from _async_counted_stretch(env, c, r, sched, timing, tokens,
+                                                        stretch, queue, now,
+                                                        arrivals.ahead_time(ahead))
+                continue
+        if not queue:
+            woken = yield from _sleep(env, c, r, now)
+            if woken is None:
+                return
+            now = woken
+            continue
+        held, now = queue.popleft()            # wait for the oldest step's output
+        yield env.at(now)
+        timing.land(sched, held, now)
+
+
+def _async_counted_stretch(env: Clock, c: Runtime, r: Replica, sched: Scheduler,
+                           timing: AsyncTiming, tokens: TokenLog, stretch: AsyncStretch,
+                           queue: deque[tuple[InFlight, float]], now: float,
+                           cut: float) -> Generator[Any, Any, float]:
+    """:func:`_async_stretch` for :func:`async_counted_loop`: priced to the steps scheduled
+    before ``cut``, held as a flight (which an arrival routed here may cut back) while an
+    arrival could come before it is over, then applied; the time the loop goes on from."""
+    held, held_end = queue.popleft()
+    members = {id(m[0]) for m in stretch.members}
+    bm = sched.blocks
+    others = sum(bm.held(q.id) for q in sched.running if id(q) not in members)
+    running, used = len(sched.running) + sched.num_parked, bm.num_used
+    # the step in flight is delivered first, as the solo loop's (it is, whatever comes):
+    # the requests it finishes are counted off num_outstanding once the router may see them
+    done = sched.deliver(held, held_end)
+    tokens.step(held_end, sched.sampled, None)
+    if done:
+        c.done_steps(r, done, held_end)
+    stretch.readies = []
+    stretch.price(r.pricing, r.pricing.cpu_s, now, held_end, timing.cpu_free, cut)
+    k = stretch.num_steps
+    ends = stretch.ends
+    settled = 0
+    if (ends[k - 2] if k > 1 else held_end) >= c.arrivals.next_time:
+        # an arrival may come before it is over: step i is scheduled at e(i - 2) (e(-2) now,
+        # e(-1) the end of the step that was in flight), and with i + 1 steps kept the loop
+        # goes on at e(i - 1); the requests it finishes by then, at their last outputs
+        scheduled = [now, held_end]
+        scheduled += ends[:k - 2]
+        resumes = [held_end]
+        resumes += ends[:k - 1]
+        finish_ends = [held_end] * len(done)
+        finish_ends += sorted([ends[e - 1] for _, _, _, e, _ in stretch.members if e < k])
+        f = r.flight = Flight(scheduled, resumes, stretch, finish_ends)
+        end = resumes[-1]
+        while True:
+            try:
+                yield env.at(end)
+                break
+            except Interrupt:   # (an arrival routed here cut it back)
+                end = f.ends[-1]
+        r.flight = None
+        settled = f.settled
+        k = stretch.num_steps
+    kv, runs = stretch.rows(running, used, others)
+    c.rec.async_stretch(r, stretch.starts, stretch.durations, kv, runs, 0)
+    finished, in_flight = stretch.apply()
+    if k > 1:   # (those that joined at the last step have no token delivered yet)
+        tokens.stretch(stretch, ends[:k - 1],  # type: ignore[arg-type]
+                       [m for m in stretch.members if m[4] < k - 1])
+    r.num_outstanding -= len(done) + len(finished) - settled
+    now = ends[k - 2] if k > 1 else held_end
+    if finished:
+        c.done_steps(r, finished, now)
+    timing.free_at, timing.cpu_free = ends[-1], stretch.cpu_free
+    queue.append((in_flight, ends[-1]))
+    return now
+
+
 def _async_join(c: Runtime, r: Replica, stretch: AsyncStretch, i: int, due: float,
                 start: float, decoding: int, running: int) -> tuple[Joined, float] | None:
     """The async solo loop's join (``AsyncStretch.price``): ``join_arrivals`` of the arrivals
@@ -443,4 +544,5 @@ def _hold(env: Clock, c: Runtime, r: Replica, stretch: Stretch | None, start: fl
 
 _LOOPS: dict[str, Callable[[Clock, Runtime, Replica], Loop]] = {
     SOLO: solo_loop, RUN_AHEAD: run_ahead_loop, STEPPING: stepping_loop, COUNTED: counted_loop,
-    BATCH_QUEUE: batch_queue_loop, ASYNC_SOLO: async_solo_loop, PIPELINE: pipeline_loop}
+    BATCH_QUEUE: batch_queue_loop, ASYNC_SOLO: async_solo_loop, PIPELINE: pipeline_loop,
+    ASYNC_COUNTED: async_counted_loop}

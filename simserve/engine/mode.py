@@ -11,8 +11,9 @@ from typing import Any
 from simserve.engine.replica import Replica, Router
 
 # the loops (engine/loops.py, engine/pipeline.py)
-SOLO, RUN_AHEAD, STEPPING, BATCH_QUEUE, ASYNC_SOLO, PIPELINE, COUNTED = (
-    "solo", "run_ahead", "stepping", "batch_queue", "async_solo", "pipeline", "counted")
+SOLO, RUN_AHEAD, STEPPING, BATCH_QUEUE, ASYNC_SOLO, PIPELINE, COUNTED, ASYNC_COUNTED = (
+    "solo", "run_ahead", "stepping", "batch_queue", "async_solo", "pipeline", "counted",
+    "async_counted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +64,21 @@ class Mode:
         async_solo = (fast_forward and batch_queue and not pipelined and faults is None
                       and (len(replicas) == 1 or ahead)
                       and all(r.batch_queue_depth == 2 for r in replicas))
-        fast_forward = fast_forward and (not batch_queue or async_solo)
+        # several, colocated, behind a router that reads only how many requests each holds
+        # (least_outstanding): async stretches past arrivals and finishes, cut back where a
+        # request is routed (engine/loops.py's async_counted_loop)
+        async_counted = (fast_forward and batch_queue and not pipelined and faults is None
+                         and not disaggregated and len(replicas) > 1 and not ahead
+                         and not getattr(router, "observes_state", True)
+                         and all(r.batch_queue_depth == 2 for r in replicas))
+        fast_forward = fast_forward and (not batch_queue or async_solo or async_counted)
         run_ahead = fast_forward and not disaggregated and not pipelined and not batch_queue
         if pipelined:
             loop = PIPELINE
         elif async_solo:
             loop = ASYNC_SOLO
+        elif async_counted:
+            loop = ASYNC_COUNTED
         elif batch_queue:
             loop = BATCH_QUEUE
         elif run_ahead and faults is None and len(replicas) > 1 and not ahead and (
@@ -95,7 +105,8 @@ class Mode:
         else:
             loop = RUN_AHEAD if run_ahead else STEPPING
         return cls(loop, fast_forward, disaggregated,
-                   tracked=disaggregated or faults is not None or loop == COUNTED,
+                   tracked=disaggregated or faults is not None or loop in (COUNTED,
+                                                                             ASYNC_COUNTED),
                    entry_observes=getattr(router, "observes_state", True),
                    decode_observes=getattr(decode_router, "observes_state", True),
                    routed_ahead=ahead and loop in (SOLO, ASYNC_SOLO))

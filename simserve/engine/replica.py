@@ -11,6 +11,7 @@ from simserve.latency.base import LatencyModel, Pricing
 from simserve.metrics.tokens import TokenLog
 from simserve.sched.core import Scheduler
 from simserve.sched.request import Request
+from simserve.sched.async_stretch import AsyncStretch
 from simserve.sched.stretch import Stretch
 
 
@@ -73,7 +74,7 @@ class Flight:
 
     starts: list[float]
     ends: list[float]
-    stretch: Stretch | None
+    stretch: Stretch | AsyncStretch | None
     finish_ends: list[float] = field(default_factory=list)
     settled: int = 0
     # and, for a router that reads KV use (least_kv), the blocks in use after scheduling each

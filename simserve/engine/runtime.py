@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from simserve.clients import ClientGate
 from simserve.engine.clock import LATE, NORMAL, URGENT, Clock
-from simserve.engine.mode import COUNTED, Mode
+from simserve.engine.mode import ASYNC_COUNTED, COUNTED, Mode
 from simserve.engine.replica import Replica, Router, rejection_reason
 from simserve.kv.blocks import BlockManager
 from simserve.kv.prefix import PrefixBlockManager
@@ -126,7 +126,7 @@ class Runtime:
         self.mode = Mode.of(self.replicas, fast_forward, faults, router, decode_router)
         # an arrival cuts back only the stretch in flight of the replica it goes to, and the
         # router counts the finishes in flight first (the counted loop: engine/loops.py)
-        self.counted = self.mode.loop == COUNTED
+        self.counted = self.mode.loop in (COUNTED, ASYNC_COUNTED)
         # ... and what else the router reads of a stretch in flight (routing.py's
         # reads_flights): the KV blocks in use (least_kv), tokens of work left (jsq_tokens),
         # the prefix cache (prefix_aware)
@@ -293,6 +293,7 @@ class Runtime:
             s = f.stretch
             if s is None or not (self.reads_kv or self.reads_tokens or self.reads_cache):
                 continue
+            assert isinstance(s, Stretch)    # (async ones only behind least_outstanding)
             # the step it is at: the last one that started before now (one that starts now
             # is not scheduled yet for an arrival now)
             i = bisect_left(f.starts, now) - 1
@@ -313,15 +314,17 @@ class Runtime:
 
     def cut_back(self, r: Replica, t: float) -> None:
         """Cut the stretch in flight on ``r`` (if any) back to its steps that start before
-        ``t``: the replica holds the clock until the last one kept ends, then plans again.
-        (The counted loop records a stretch in flight once it is over.)"""
+        ``t`` (an async stretch's: that are scheduled before ``t``; ``Flight.starts`` holds
+        those times): the replica holds the clock until the last one kept ends (async: until
+        the output before it is delivered), then plans again. (The counted loops record a
+        stretch in flight once it is over.)"""
         f = r.flight
         if f is not None and f.stretch is not None and f.starts[-1] >= t:
             keep = bisect_left(f.starts, t)         # >= 1: step 0 started before t
             if not self.counted:
                 self.rec.log(r).trim(keep)
-            f.stretch.cut_back(keep)                # (its starts are the flight's)
-            del f.ends[keep:]
+            f.stretch.cut_back(keep)
+            del f.starts[keep:], f.ends[keep:]      # (a sync stretch's starts are the flight's)
             if f.finish_ends:                       # (only those of the steps kept)
                 del f.finish_ends[bisect_right(f.finish_ends, f.ends[-1]):]
             r.proc.interrupt()
@@ -452,7 +455,7 @@ class Runtime:
             keep = bisect_right(f.ends, t)
             self.rec.log(r).trim(keep)
             if keep:             # (only a stretch: a plain step's end is its flight's end)
-                assert f.stretch is not None
+                assert isinstance(f.stretch, Stretch)   # (async runs have no failures)
                 ends = f.ends[:keep]
                 self.finish_steps(r, r.scheduler, f.stretch.first_plan, f.stretch, ends,
                                   ends[-1])

@@ -380,17 +380,21 @@ class Recorder:
 
     def async_stretch(self, replica: Replica, starts: list[float], durations: list[float],
                       kv_blocks_used: list[int],
-                      runs: list[tuple[int, int, int, int, int]]) -> None:
+                      runs: list[tuple[int, int, int, int, int]],
+                      waiting: int | None = None) -> None:
         """An async decode stretch's steps (sched/async_stretch.py): their starts, durations
         and KV blocks used, and runs of steps of one count, each one group: (steps, prefill
-        tokens, prefill sequences, decoding, running); nothing waits."""
+        tokens, prefill sequences, decoding, running); nothing waits (``waiting``: the
+        requests that waited at its steps, if some wait now: recorded once it is over)."""
         log = self.replicas.get(replica.index) or self.log(replica)
         s = log.steps
         s["start_s"].fromlist(starts)
         s["duration_s"].fromlist(durations)
         s["kv_blocks_used"].fromlist(kv_blocks_used)
         index, sched = replica.index, replica.scheduler
-        waiting, num_blocks = sched.num_waiting, sched.blocks.num_blocks
+        num_blocks = sched.blocks.num_blocks
+        if waiting is None:
+            waiting = sched.num_waiting
         rows: list[int] = []
         for n, tokens, seqs, m, running in runs:
             rows += (n, index, tokens, seqs, m, tokens + m, running, waiting, num_blocks, 0, 0,

@@ -73,7 +73,8 @@ class AsyncStretch:
     the step at which it joined: ``members[planned:]``)."""
 
     __slots__ = ("sched", "first_plan", "members", "num_steps", "starts", "durations", "ends",
-                 "cpu_free", "segments", "planned", "joins", "joined_blocks", "cache")
+                 "cpu_free", "segments", "planned", "joins", "joined_blocks", "cache",
+                 "readies", "forget", "priced", "priced_end")
 
     def __init__(self, sched: Scheduler, plan: StepPlan, members: list[Member], k: int):
         self.sched = sched
@@ -96,6 +97,13 @@ class AsyncStretch:
         # free a step late (``_CacheReplay`` with ``delay`` 1); nobody joins then
         self.cache = _CacheReplay(sched.blocks, members, k, plan, delay=1) \
             if type(sched.blocks) is PrefixBlockManager else None
+        # (the counted loop's, which may cut it back in flight: ``readies`` set to [] before
+        # it is priced, when the CPU is free after each step's CPU part; and the prices that
+        # a model counting its lookups is told to forget then)
+        self.readies: list[float] | None = None
+        self.forget: Callable[[Prices, int, int], None] | None = None
+        self.priced: list[tuple[int, Prices]] = []
+        self.priced_end = 0
 
     # -- planning --------------------------------------------------------------------------
     @classmethod
@@ -171,6 +179,7 @@ class AsyncStretch:
         heapify(done)
         running = m                          # from step 1 on (the finishers in flight gone)
         last_decode = 0.0                    # the last decode step's duration (how far to price)
+        readies = self.readies
         i = 0
         while i < k:
             while ahead and ahead[0][0] <= i:       # members whose last step is behind
@@ -214,6 +223,8 @@ class AsyncStretch:
                 starts.append(start)
                 durations.append(end - start)
                 ends.append(end)
+                if readies is not None:
+                    readies.append(cpu_free)
                 sched_at, free_at = free_at, end
                 i += 1
                 continue
@@ -250,6 +261,8 @@ class AsyncStretch:
                     starts.append(start)
                     durations.append(end - start)
                     ends.append(end)
+                    if readies is not None:
+                        readies.append(cpu_free)
                     sched_at, free_at = free_at, end
                     i += 1
                     last_decode = end - start
@@ -261,9 +274,31 @@ class AsyncStretch:
                 priced_end = i
         if forget is not None and priced_end > k:
             _forget(forget, priced, k, priced_end)
+            priced_end = k
         self.num_steps = k
         self.cpu_free = cpu_free
         while segments[-1][0] >= k:                # (a segment begun past the cut)
+            segments.pop()
+        if readies is not None:
+            self.forget, self.priced, self.priced_end = forget, priced, priced_end
+            del readies[k:]
+
+    def cut_back(self, keep: int) -> None:
+        """Keep only its first ``keep`` steps (the counted loop's, engine/loops.py: a request
+        routed to its replica while it was in flight is seen by the step scheduled next, as
+        stepping would): their times as priced, the CPU free after the last one's CPU part,
+        and a model that counts what it prices told to forget the prices of the steps
+        dropped, as stepping never prices them. Priced with ``readies`` set, without joins."""
+        assert self.readies is not None and not self.joins
+        del self.starts[keep:], self.durations[keep:], self.ends[keep:]
+        forget = self.forget
+        if forget is not None and self.priced_end > keep:
+            _forget(forget, self.priced, keep, self.priced_end)
+            self.priced_end = keep
+        self.num_steps = keep
+        self.cpu_free = self.readies[keep - 1]
+        segments = self.segments
+        while segments[-1][0] >= keep:
             segments.pop()
 
     def join_hits(self, specs: list[Any], i: int, decoding: int) -> list[int] | None:

@@ -566,6 +566,40 @@ def test_async_stretches_with_prefix_caching_equal_stepping(case, prices):
     _cached_runs_equal(case, _async_latency(prices))
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(joining_scenarios(), caching_scenarios()), st.integers(2, 4),
+       st.sampled_from(["toy", "roofline+cpu", "h100-vllm", "h100+cpu"]))
+def test_async_clusters_behind_least_outstanding_equal_stepping(case, replicas, prices):
+    """Async scheduling on 2-4 replicas behind least_outstanding (engine/loops.py's
+    async_counted_loop: async stretches past arrivals and finishes, held as flights that a
+    request routed to the replica cuts back to the steps scheduled before it came; the
+    finishes delivered before an arrival counted off first), with and without prefix
+    caching, against the batch queue loop stepping every replica: each request goes where
+    stepping sends it, with the same steps, per-request times and tokens, and caches left."""
+    policy, limits, *rest = case
+    if len(rest) == 6:                       # (joining_scenarios: no params, no caching)
+        rest += [None, False]
+    rest[5] = replicas
+    case = ("priority" if policy == "priority" else "vllm_v1",
+            dataclasses.replace(limits, preemption_mode="recompute", async_scheduling=True),
+            *rest[:6], None, rest[7])
+    fast, reps, _ = run_checked(*case, fast_forward=True, latency=_async_latency(prices),
+                                router=make_router("least_outstanding"))
+    slow, slow_reps, _ = run_checked(*case, fast_forward=False, latency=_async_latency(prices),
+                                     router=make_router("least_outstanding"))
+    assert _by_replica(fast) == _by_replica(slow)
+    for a, b in zip(fast.requests, slow.requests, strict=True):
+        assert a.replica == b.replica and a.status == b.status
+        assert a.num_preemptions == b.num_preemptions
+        assert a.num_cached_tokens == b.num_cached_tokens
+        assert a.first_scheduled_s == b.first_scheduled_s and a.finish_s == b.finish_s
+        assert a.token_times == b.token_times
+    for f, s in zip(reps, slow_reps):
+        assert f.scheduler.steps_in_flight == 0
+        if case[9]:
+            assert _cache_state(f.blocks) == _cache_state(s.blocks)
+
+
 def test_async_prefix_caching_runs_take_stretches():
     """The async cache cases do take stretches, and arrivals join them with their cache hits: a
     shared-prefix chat load (groups of users sharing a system prompt, each user's prompt

@@ -459,20 +459,27 @@ def test_clusters_behind_counting_routers_equal_stepping(router, policy, engine)
     assert_two_groups_equal_stepping(router, engine, policy)
 
 
-@pytest.mark.parametrize("router", ["least_outstanding", "least_kv", "jsq_tokens"])
-def test_a_counting_router_sees_a_step_in_flight_only_once_it_has_ended(router):
+@pytest.mark.parametrize("router, async_scheduling", [
+    ("least_outstanding", False), ("least_kv", False), ("jsq_tokens", False),
+    ("least_outstanding", True)])
+def test_a_counting_router_sees_a_step_in_flight_only_once_it_has_ended(router,
+                                                                        async_scheduling):
     # every step takes 0.25 s and every arrival is at a multiple of it, so arrivals come at
     # the very instants steps end, finishes among them: the router counts a request that a
     # stretch in flight finished (and the KV blocks or tokens a step frees, takes or computes)
     # only if the step before ended before the arrival, not at the same instant (stepping
-    # takes arrivals first), and sends each request where stepping does
+    # takes arrivals first), and sends each request where stepping does. With async
+    # scheduling (the async counted loop) the instants are those at which outputs are
+    # delivered and the next steps scheduled: a request routed to a replica is seen by the
+    # step scheduled at or after its arrival, and its stretch in flight is cut back there
     rng = np.random.default_rng(7)
     ticks = np.sort(rng.integers(0, 160, 90))
     specs = [RequestSpec(i, 0.25 * int(t), int(rng.integers(5, 60)), int(rng.integers(2, 30)))
              for i, t in enumerate(ticks)]
 
     def run(fast_forward):
-        reps = [Replica(i, make_scheduler("vllm_v1"), ConstantLatency(0.25), 10_000)
+        reps = [Replica(i, make_scheduler("vllm_v1", async_scheduling=async_scheduling),
+                        ConstantLatency(0.25), 10_000)
                 for i in range(3)]
         for r in reps:
             r.scheduler.record_tokens = True
@@ -534,11 +541,12 @@ def _prefix_cluster(specs, router, fast_forward):
     return simulate(specs, reps, make_router(router), fast_forward=fast_forward), reps
 
 
-@pytest.mark.parametrize("router", ["least_outstanding", "least_kv"])
-def test_a_cluster_counts_the_profile_lookups_stepping_counts(router):
+@pytest.mark.parametrize("router, async_scheduling", [
+    ("least_outstanding", False), ("least_kv", False), ("least_outstanding", True)])
+def test_a_cluster_counts_the_profile_lookups_stepping_counts(router, async_scheduling):
     # a profile counts its lookups past the measured grid (the run's warnings): the steps a
-    # stretch priced and then dropped (cut back in flight by an arrival, or past an event)
-    # are taken back, so the counts are stepping's
+    # stretch priced and then dropped (cut back in flight by an arrival, or past an event;
+    # async stretches too) are taken back, so the counts are stepping's
     from tests.unit.test_profile_latency import curved_decode_profile
     rng = np.random.default_rng(1)
     t = np.cumsum(rng.exponential(0.02, 200))
@@ -548,7 +556,8 @@ def test_a_cluster_counts_the_profile_lookups_stepping_counts(router):
     for fast_forward in (True, False):
         latency = ProfileLatency(curved_decode_profile())
         reps = [Replica(i, make_scheduler("vllm_v1", budget=512, num_blocks=4000,
-                                          block_size=16), latency, 10_000) for i in range(3)]
+                                          block_size=16, async_scheduling=async_scheduling),
+                        latency, 10_000) for i in range(3)]
         rec = simulate(specs, reps, make_router(router), fast_forward=fast_forward)
         assert all(q.status is Status.FINISHED for q in rec.requests)
         counts.append(dict(latency.extrapolated))

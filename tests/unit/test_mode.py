@@ -7,10 +7,10 @@ import pytest
 
 from simserve.cluster.routing import make_router
 from simserve.engine import Replica
-from simserve.engine.loops import (async_solo_loop, batch_queue_loop, counted_loop, loop_for,
-                                   solo_loop)
-from simserve.engine.mode import (ASYNC_SOLO, BATCH_QUEUE, COUNTED, PIPELINE, RUN_AHEAD, SOLO,
-                                  STEPPING, Mode)
+from simserve.engine.loops import (async_counted_loop, async_solo_loop, batch_queue_loop,
+                                   counted_loop, loop_for, solo_loop)
+from simserve.engine.mode import (ASYNC_COUNTED, ASYNC_SOLO, BATCH_QUEUE, COUNTED, PIPELINE,
+                                  RUN_AHEAD, SOLO, STEPPING, Mode)
 from simserve.latency import ConstantLatency
 from tests.helpers import make_scheduler
 
@@ -101,10 +101,29 @@ def test_one_async_replica_alone_pulls_its_arrivals_and_fast_forwards():
     assert (m.loop, m.pull, m.fast_forward) == (BATCH_QUEUE, False, False)
     # two async replicas behind a router that reads their state, or a pipeline: the batch
     # queue and pipeline loops, stepped
-    assert Mode.of([replica(0, async_scheduling=True), replica(1, async_scheduling=True)],
-                   True, None, LEAST_KV, None).loop == BATCH_QUEUE
+    for router in (LEAST_KV, JSQ_TOKENS, PREFIX_AWARE):
+        assert Mode.of([replica(0, async_scheduling=True), replica(1, async_scheduling=True)],
+                       True, None, router, None).loop == BATCH_QUEUE
     m = Mode.of([replica(async_scheduling=True, pp=2)], True, None, ROUND_ROBIN, None)
     assert (m.loop, m.fast_forward) == (PIPELINE, False)
+
+
+def test_async_replicas_behind_least_outstanding_count():
+    # several async replicas behind a router that reads only how many requests each holds:
+    # their async stretches fast-forward past arrivals and finishes, held as flights that a
+    # request routed to the replica cuts back (tracked); with failures, a mix of async and
+    # synchronous replicas, or stepwise, the batch queue loop steps
+    m = Mode.of([replica(0, async_scheduling=True), replica(1, async_scheduling=True)],
+                True, None, LEAST_OUTSTANDING, None)
+    assert (m.loop, m.pull, m.fast_forward, m.tracked) == (ASYNC_COUNTED, False, True, True)
+    assert loop_for(m) is async_counted_loop
+    assert Mode.of([replica(0, async_scheduling=True), replica(1)], True, None,
+                   LEAST_OUTSTANDING, None).loop == BATCH_QUEUE
+    assert Mode.of([replica(0, async_scheduling=True), replica(1, async_scheduling=True)],
+                   False, None, LEAST_OUTSTANDING, None).loop == BATCH_QUEUE
+    with pytest.raises(ValueError, match="batch queue"):
+        Mode.of([replica(0, async_scheduling=True), replica(1, async_scheduling=True)], True,
+                object(), LEAST_OUTSTANDING, None)
 
 
 def test_what_is_not_modelled_is_refused():
