@@ -317,13 +317,17 @@ def async_counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     and their outputs but the last delivered, before the next arrival is applied at once;
     otherwise it holds the clock as a flight, and a request routed to this replica cuts it
     back to the steps scheduled before it came (``Runtime.cut_back``): the next schedule sees
-    it, as stepping's would. Before the router looks, the requests the flight finished (their
-    last outputs delivered) before then are counted off (``Runtime.settle``)."""
+    it, as stepping's would, and the requests routed here by then join the stretch there if
+    the policy would admit them whole (``AsyncStretch.rejoin``, ``join_waiting``: as arrivals
+    join the async solo loop's), else the loop steps on from there. Before the router looks,
+    the requests the flight finished (their last outputs delivered) before then are counted
+    off (``Runtime.settle``)."""
     arrivals, sched = c.arrivals, r.scheduler
     timing = AsyncTiming(c, r)
     tokens = r.tokens
     assert tokens is not None
     ahead = COUNTED_AHEAD * len(c.entry)
+    join = partial(_async_join_waiting, c, r, ahead) if sched.facts.joins_stretch else None
     queue: deque[tuple[InFlight, float]] = deque()
     now = env.now
     while True:
@@ -336,7 +340,7 @@ def async_counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
                     continue
                 now = yield from _async_counted_stretch(env, c, r, sched, timing, tokens,
                                                         stretch, queue, now,
-                                                        arrivals.ahead_time(ahead))
+                                                        arrivals.ahead_time(ahead), join)
                 continue
         if not queue:
             woken = yield from _sleep(env, c, r, now)
@@ -352,10 +356,11 @@ def async_counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
 def _async_counted_stretch(env: Clock, c: Runtime, r: Replica, sched: Scheduler,
                            timing: AsyncTiming, tokens: TokenLog, stretch: AsyncStretch,
                            queue: deque[tuple[InFlight, float]], now: float,
-                           cut: float) -> Generator[Any, Any, float]:
+                           cut: float, join: AsyncJoin | None) -> Generator[Any, Any, float]:
     """:func:`_async_stretch` for :func:`async_counted_loop`: priced to the steps scheduled
-    before ``cut``, held as a flight (which an arrival routed here may cut back) while an
-    arrival could come before it is over, then applied; the time the loop goes on from."""
+    before ``cut``, held as a flight (which an arrival routed here may cut back, and
+    ``join`` there) while an arrival could come before it is over, then applied; the time
+    the loop goes on from."""
     held, held_end = queue.popleft()
     members = {id(m[0]) for m in stretch.members}
     bm = sched.blocks
@@ -372,17 +377,18 @@ def _async_counted_stretch(env: Clock, c: Runtime, r: Replica, sched: Scheduler,
     k = stretch.num_steps
     ends = stretch.ends
     settled = 0
-    if (ends[k - 2] if k > 1 else held_end) >= c.arrivals.next_time:
+    while (ends[k - 2] if k > 1 else held_end) >= c.arrivals.next_time:
         # an arrival may come before it is over: step i is scheduled at e(i - 2) (e(-2) now,
         # e(-1) the end of the step that was in flight), and with i + 1 steps kept the loop
         # goes on at e(i - 1); the requests it finishes by then, at their last outputs
         scheduled = [now, held_end]
         scheduled += ends[:k - 2]
+        del scheduled[k:]
         resumes = [held_end]
         resumes += ends[:k - 1]
         finish_ends = [held_end] * len(done)
         finish_ends += sorted([ends[e - 1] for _, _, _, e, _ in stretch.members if e < k])
-        f = r.flight = Flight(scheduled, resumes, stretch, finish_ends)
+        f = r.flight = Flight(scheduled, resumes, stretch, finish_ends, settled)
         end = resumes[-1]
         while True:
             try:
@@ -392,6 +398,13 @@ def _async_counted_stretch(env: Clock, c: Runtime, r: Replica, sched: Scheduler,
                 end = f.ends[-1]
         r.flight = None
         settled = f.settled
+        cut_to = stretch.num_steps
+        # cut back by requests routed here: they join it at the step scheduled next if
+        # schedule() would admit them whole there, and it goes on
+        if (cut_to == k or join is None
+                or not stretch.rejoin(r.pricing, r.pricing.cpu_s, cut_to, join)):
+            k = cut_to
+            break
         k = stretch.num_steps
     kv, runs = stretch.rows(running, used, others)
     c.rec.async_stretch(r, stretch.starts, stretch.durations, kv, runs, 0)
@@ -406,6 +419,15 @@ def _async_counted_stretch(env: Clock, c: Runtime, r: Replica, sched: Scheduler,
     timing.free_at, timing.cpu_free = ends[-1], stretch.cpu_free
     queue.append((in_flight, ends[-1]))
     return now
+
+
+def _async_join_waiting(c: Runtime, r: Replica, ahead: int, stretch: AsyncStretch, i: int,
+                        due: float, start: float, decoding: int,
+                        running: int) -> tuple[Joined, float] | None:
+    """The async counted loop's join (``AsyncStretch.rejoin``): ``join_waiting`` of the
+    requests routed here while the stretch was in flight, at its step ``i`` (scheduled at
+    ``due``, starting at ``start``) beside ``decoding`` decodes with ``running`` running."""
+    return join_waiting(c, r, ahead, stretch, i, start, decoding, running)
 
 
 def _async_join(c: Runtime, r: Replica, stretch: AsyncStretch, i: int, due: float,

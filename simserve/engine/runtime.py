@@ -633,20 +633,22 @@ def join_arrivals(c: Runtime, r: Replica, stretch: Stretch | AsyncStretch, j: in
     return _admit_waiting(r, stretch, prompts, hits, j, start), arrivals.next_time
 
 
-def join_waiting(c: Runtime, r: Replica, ahead: int, stretch: Stretch, j: int, start: float,
-                 decoding: int) -> tuple[Joined, float] | None:
+def join_waiting(c: Runtime, r: Replica, ahead: int, stretch: Stretch | AsyncStretch, j: int,
+                 start: float, decoding: int,
+                 running: int | None = None) -> tuple[Joined, float] | None:
     """The counted loop's ``join`` (``Stretch.rejoin``): the requests routed to ``r`` while
     its stretch was in flight, waiting now (nothing else waits beside a stretch past
     finishes), join it at its step ``j``, starting at ``start``, at which ``decoding`` members
     decode, as ``join_arrivals`` would have them join; the next cut is the arrival ``ahead``
-    arrivals on. None if there are none, or if ``schedule()`` would not admit them whole."""
+    arrivals on. None if there are none, or if ``schedule()`` would not admit them whole.
+    (An async stretch's, ``running`` requests running: the async counted loop's.)"""
     sched = r.scheduler
     waiting = sched.waiting
     if not waiting:
         return None
     specs = [q.spec for q in waiting]         # (in the order schedule() admits them)
     prompts = [s.num_prompt_tokens for s in specs]
-    hits = _joining_hits(r, stretch, specs, prompts, j, decoding, None)
+    hits = _joining_hits(r, stretch, specs, prompts, j, decoding, running)
     if hits is None:
         return None
     return _admit_waiting(r, stretch, prompts, hits, j, start), c.arrivals.ahead_time(ahead)

@@ -74,7 +74,7 @@ class AsyncStretch:
 
     __slots__ = ("sched", "first_plan", "members", "num_steps", "starts", "durations", "ends",
                  "cpu_free", "segments", "planned", "joins", "joined_blocks", "cache",
-                 "readies", "forget", "priced", "priced_end")
+                 "readies", "forget", "priced", "priced_end", "bound", "held_end")
 
     def __init__(self, sched: Scheduler, plan: StepPlan, members: list[Member], k: int):
         self.sched = sched
@@ -161,26 +161,65 @@ class AsyncStretch:
         each with its whole prompt beside the m decodes: step i is then a mixed step (a
         segment of its own), they are members from it on (offset i), and pricing goes on
         to the next cut it returns."""
+        self.bound, self.held_end = self.num_steps, held_end
+        # e(i - 2): step i's schedule time; e(i - 1)
+        self._price(pricing, cpu_s, 0, now, held_end, cpu_free, cut, join, [], 0)
+
+    def rejoin(self, pricing: Pricing, cpu_s: Callable[[StepPlan], float], j: int,
+               join: AsyncJoin) -> bool:
+        """Go on pricing from its step ``j`` (>= 1): it was priced (with ``readies``) and cut
+        back to its first ``j`` steps, and the requests that came since (the async counted
+        loop's: engine/loops.py) ``join`` it at step j, the first scheduled after they came,
+        as arrivals join a lone replica's stretch (``price``'s ``join``); then pricing goes
+        on to the cut that ``join`` returns. True if they joined; otherwise it ends before
+        step j, as it was."""
+        readies, ends = self.readies, self.ends
+        assert readies is not None and len(ends) == j
+        self.num_steps = self.bound
+        sched_at = ends[j - 2] if j >= 2 else self.held_end
+        self.priced = [p for p in self.priced if p[0] < j]
+        self._price(pricing, cpu_s, j, sched_at, ends[j - 1], readies[j - 1], sched_at, join,
+                    self.priced, j)
+        return self.num_steps > j
+
+    def _price(self, pricing: Pricing, cpu_s: Callable[[StepPlan], float], i: int,
+               sched_at: float, free_at: float, cpu_free: float, cut: float,
+               join: AsyncJoin | None, priced: list[tuple[int, Prices]],
+               priced_end: int) -> None:
+        """``price`` from step ``i``, scheduled at ``sched_at`` while the device is busy until
+        ``free_at`` and the CPU until ``cpu_free`` (``priced``: the prices of the segments
+        before it, up to ``priced_end``)."""
         k, plan, members = self.num_steps, self.first_plan, self.members
         by_sum = None if plan.extra_s else pricing.decode_stretch_sum
         mixed_sum = pricing.mixed_step_sum
         forget = pricing.forget_prices
-        priced: list[tuple[int, Prices]] = []
-        priced_end = 0                       # the step after the last one priced
         starts, durations, ends, segments = self.starts, self.durations, self.ends, self.segments
-        sched_at, free_at = now, held_end    # e(i - 2): step i's schedule time; e(i - 1)
-        m = len(members)
-        ctx_sum = sum(c for _, c, _, _, _ in members)
+        # the members decoding (m, their ctx summing to ctx_sum) and running at step i;
         # members whose last step is behind, by step: out of the decodes from step e on, out
         # of running from e + 1 on (its output delivered at e(e - 1))
-        ahead = [(e, c) for _, c, _, e, _ in members if e < k]
+        if i == 0:
+            m = len(members)
+            ctx_sum = sum(c for _, c, _, _, _ in members)
+            ahead = [(e, c) for _, c, _, e, _ in members if e < k]
+            done = [e for _, _, _, e, _ in members if e < k]
+            running = m                      # from step 1 on (the finishers in flight gone)
+        else:                                # (rejoin: as the loop below left them at step i)
+            m = ctx_sum = running = 0
+            ahead, done = [], []
+            for _, c, _, e, _ in members:
+                if e >= i:
+                    running += 1
+                    if e < k:
+                        done.append(e)
+                    if e > i:
+                        m += 1
+                        ctx_sum += c
+                        if e < k:
+                            ahead.append((e, c))
         heapify(ahead)
-        done = [e for _, _, _, e, _ in members if e < k]
         heapify(done)
-        running = m                          # from step 1 on (the finishers in flight gone)
         last_decode = 0.0                    # the last decode step's duration (how far to price)
         readies = self.readies
-        i = 0
         while i < k:
             while ahead and ahead[0][0] <= i:       # members whose last step is behind
                 _, c = heappop(ahead)
@@ -288,14 +327,16 @@ class AsyncStretch:
         routed to its replica while it was in flight is seen by the step scheduled next, as
         stepping would): their times as priced, the CPU free after the last one's CPU part,
         and a model that counts what it prices told to forget the prices of the steps
-        dropped, as stepping never prices them. Priced with ``readies`` set, without joins."""
-        assert self.readies is not None and not self.joins
+        dropped, as stepping never prices them. Priced with ``readies`` set (its joins, at
+        ``rejoin``, before ``keep``)."""
+        assert self.readies is not None and all(j < keep for j in self.joins)
         del self.starts[keep:], self.durations[keep:], self.ends[keep:]
         forget = self.forget
         if forget is not None and self.priced_end > keep:
             _forget(forget, self.priced, keep, self.priced_end)
             self.priced_end = keep
         self.num_steps = keep
+        del self.readies[keep:]
         self.cpu_free = self.readies[keep - 1]
         segments = self.segments
         while segments[-1][0] >= keep:

@@ -541,6 +541,49 @@ def _prefix_cluster(specs, router, fast_forward):
     return simulate(specs, reps, make_router(router), fast_forward=fast_forward), reps
 
 
+def test_async_stretches_take_the_requests_routed_to_them(monkeypatch):
+    # async replicas behind least_outstanding (the async counted loop): a request routed to a
+    # replica cuts back its stretch in flight to the steps scheduled before it came, joins
+    # it at the next (AsyncStretch.rejoin: its times, the CPU free after each step's CPU
+    # part, picked up there), and the stretch may be cut back again by the next; a latency
+    # with a CPU part (async scheduling overlaps it). The same run as stepping
+    from simserve.sched.async_stretch import AsyncStretch
+    from tests.property.test_properties import _roofline
+    counts = {"joined": 0, "cut_after_joins": 0}
+    rejoin, cut_back = AsyncStretch.rejoin, AsyncStretch.cut_back
+
+    def counted_rejoin(self, *args):
+        joined = rejoin(self, *args)
+        counts["joined"] += joined
+        return joined
+
+    def counted_cut_back(self, keep):
+        counts["cut_after_joins"] += bool(self.joins)
+        cut_back(self, keep)
+
+    monkeypatch.setattr(AsyncStretch, "rejoin", counted_rejoin)
+    monkeypatch.setattr(AsyncStretch, "cut_back", counted_cut_back)
+    rng = np.random.default_rng(3)
+    t = np.cumsum(rng.exponential(0.004, 300))
+    specs = [RequestSpec(i, float(t[i]), int(rng.integers(5, 90)), int(rng.integers(2, 120)))
+             for i in range(300)]
+
+    def run(fast_forward):
+        reps = [Replica(i, make_scheduler("vllm_v1", budget=256, num_blocks=400, block_size=4,
+                                          max_num_seqs=16, async_scheduling=True),
+                        _roofline(7e-4), 10_000) for i in range(3)]
+        for r in reps:
+            r.scheduler.record_tokens = True
+        return simulate(specs, reps, make_router("least_outstanding"),
+                        fast_forward=fast_forward), reps
+
+    fast, reps = run(True)
+    slow, _ = run(False)
+    assert_same_runs(fast, slow)
+    check_accounting(fast, reps, specs)
+    assert counts["joined"] >= 10 and counts["cut_after_joins"] >= 10
+
+
 @pytest.mark.parametrize("router, async_scheduling", [
     ("least_outstanding", False), ("least_kv", False), ("least_outstanding", True)])
 def test_a_cluster_counts_the_profile_lookups_stepping_counts(router, async_scheduling):
