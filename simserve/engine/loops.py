@@ -141,17 +141,11 @@ def counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
         deferred = stretch is not None and end >= held     # (_take left it to record)
         while end >= held:     # it may be cut back: hold the clock until it ends
             if stretch is None:
-                f = r.flight = Flight([now], [end], None)
+                f = Flight([now], [end], None)
             else:
-                f = r.flight = Flight(stretch.starts, ends, stretch, _finish_ends(stretch, ends)
-                                      if stretch.past_finish else [], settled)
-            while True:
-                try:
-                    yield env.at(end)
-                    break
-                except Interrupt:   # (an arrival routed here cut it back)
-                    end = f.ends[-1]
-            r.flight = None
+                f = Flight(stretch.starts, ends, stretch, _finish_ends(stretch, ends)
+                           if stretch.past_finish else [], settled)
+            end = yield from _fly(env, r, f)
             settled = f.settled
             if stretch is None:
                 break
@@ -171,6 +165,22 @@ def counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
         if deferred:
             c.rec.stretch(r, stretch, waiting)   # type: ignore[arg-type]
         now = c.finish_steps(r, sched, plan, stretch, ends, end, settled)
+
+
+def _fly(env: Clock, r: Replica, f: Flight) -> Generator[Any, Any, float]:
+    """The counted loops': hold the clock for the flight ``f`` of replica ``r`` until the
+    last of its steps kept ends (a request routed to ``r`` may cut it back: an interrupt);
+    that end."""
+    r.flight = f
+    end = f.ends[-1]
+    while True:
+        try:
+            yield env.at(end)
+            break
+        except Interrupt:   # (an arrival routed here cut it back)
+            end = f.ends[-1]
+    r.flight = None
+    return end
 
 
 def _finish_ends(stretch: Stretch, ends: list[float]) -> list[float]:
@@ -388,15 +398,8 @@ def _async_counted_stretch(env: Clock, c: Runtime, r: Replica, sched: Scheduler,
         resumes += ends[:k - 1]
         finish_ends = [held_end] * len(done)
         finish_ends += sorted([ends[e - 1] for _, _, _, e, _ in stretch.members if e < k])
-        f = r.flight = Flight(scheduled, resumes, stretch, finish_ends, settled)
-        end = resumes[-1]
-        while True:
-            try:
-                yield env.at(end)
-                break
-            except Interrupt:   # (an arrival routed here cut it back)
-                end = f.ends[-1]
-        r.flight = None
+        f = Flight(scheduled, resumes, stretch, finish_ends, settled)
+        yield from _fly(env, r, f)
         settled = f.settled
         cut_to = stretch.num_steps
         # cut back by requests routed here: they join it at the step scheduled next if
