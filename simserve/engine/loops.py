@@ -290,25 +290,42 @@ def _async_stretch(c: Runtime, r: Replica, sched: Scheduler, timing: AsyncTiming
     delivered and the last left in flight in the queue; the time the loop goes on from (the
     output of the last step delivered)."""
     held, held_end = queue.popleft()
-    members = {id(m[0]) for m in stretch.members}
-    bm = sched.blocks
-    others = sum(bm.held(q.id) for q in sched.running if id(q) not in members)
-    running, used = len(sched.running) + sched.num_parked, bm.num_used
+    counts = _async_counts(sched, stretch)
     # the step in flight is delivered first (at held_end, before step 1 is scheduled): the
     # blocks it frees are free for the steps after (with prefix caching the replay of the
     # blocks' operations goes on from there); the rows start from the counts before it
     timing.land(sched, held, held_end)
     stretch.price(r.pricing, r.pricing.cpu_s, now, held_end, timing.cpu_free,
                   c.arrivals_of(r).next_time, join)
+    return _apply_async(c, r, timing, tokens, stretch, queue, held_end, counts, 0, None)
+
+
+def _async_counts(sched: Scheduler, stretch: AsyncStretch) -> tuple[int, int, int]:
+    """What an async stretch's rows start from (``AsyncStretch.rows``), read before the step
+    in flight is delivered: the running requests, the blocks in use, and those the running
+    requests that are not members hold."""
+    members = {id(m[0]) for m in stretch.members}
+    bm = sched.blocks
+    others = sum(bm.held(q.id) for q in sched.running if id(q) not in members)
+    return len(sched.running) + sched.num_parked, bm.num_used, others
+
+
+def _apply_async(c: Runtime, r: Replica, timing: AsyncTiming, tokens: TokenLog,
+                 stretch: AsyncStretch, queue: deque[tuple[InFlight, float]], held_end: float,
+                 counts: tuple[int, int, int], off: int, waiting: int | None) -> float:
+    """Record and apply a priced async stretch (the step before it, in flight, ended at
+    ``held_end`` and was delivered): its steps but the last delivered, the last left in
+    flight in the queue; ``off`` more requests taken off ``num_outstanding`` (the counted
+    loop's); the time the loop goes on from (the output of the last step delivered)."""
     k = stretch.num_steps
-    kv, runs = stretch.rows(running, used, others)
-    c.rec.async_stretch(r, stretch.starts, stretch.durations, kv, runs)
+    kv, runs = stretch.rows(*counts)
+    c.rec.async_stretch(r, stretch.starts, stretch.durations, kv, runs, waiting)
     finished, in_flight = stretch.apply()
     ends = stretch.ends
     if k > 1:   # (those that joined at the last step have no token delivered yet)
         tokens.stretch(stretch, ends[:k - 1],  # type: ignore[arg-type]
                        [m for m in stretch.members if m[4] < k - 1])
-    r.num_outstanding -= len(finished)
+    r.num_outstanding -= len(finished) + off
     now = ends[k - 2] if k > 1 else held_end
     if finished:
         c.done_steps(r, finished, now)
@@ -372,10 +389,7 @@ def _async_counted_stretch(env: Clock, c: Runtime, r: Replica, sched: Scheduler,
     ``join`` there) while an arrival could come before it is over, then applied; the time
     the loop goes on from."""
     held, held_end = queue.popleft()
-    members = {id(m[0]) for m in stretch.members}
-    bm = sched.blocks
-    others = sum(bm.held(q.id) for q in sched.running if id(q) not in members)
-    running, used = len(sched.running) + sched.num_parked, bm.num_used
+    counts = _async_counts(sched, stretch)
     # the step in flight is delivered first, as the solo loop's (it is, whatever comes):
     # the requests it finishes are counted off num_outstanding once the router may see them
     done = sched.deliver(held, held_end)
@@ -409,19 +423,9 @@ def _async_counted_stretch(env: Clock, c: Runtime, r: Replica, sched: Scheduler,
             k = cut_to
             break
         k = stretch.num_steps
-    kv, runs = stretch.rows(running, used, others)
-    c.rec.async_stretch(r, stretch.starts, stretch.durations, kv, runs, 0)
-    finished, in_flight = stretch.apply()
-    if k > 1:   # (those that joined at the last step have no token delivered yet)
-        tokens.stretch(stretch, ends[:k - 1],  # type: ignore[arg-type]
-                       [m for m in stretch.members if m[4] < k - 1])
-    r.num_outstanding -= len(done) + len(finished) - settled
-    now = ends[k - 2] if k > 1 else held_end
-    if finished:
-        c.done_steps(r, finished, now)
-    timing.free_at, timing.cpu_free = ends[-1], stretch.cpu_free
-    queue.append((in_flight, ends[-1]))
-    return now
+    # (nothing waited at its steps: the requests routed here came after they were scheduled)
+    return _apply_async(c, r, timing, tokens, stretch, queue, held_end, counts,
+                        len(done) - settled, 0)
 
 
 def _async_join_waiting(c: Runtime, r: Replica, ahead: int, stretch: AsyncStretch, i: int,
