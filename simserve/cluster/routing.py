@@ -52,8 +52,8 @@ Replica = Any
 class Router(Protocol):
     observes_state: bool
     # optional, ``reads_flights``: for a router that reads only ``index``, ``num_outstanding``
-    # and what a stretch in flight can tell at any instant (engine/loops.py's counted loop
-    # keeps them exact), which of those: "kv" (:func:`kv_in_use`), "tokens"
+    # and what a stretch in flight can tell at any instant (engine/loops.py's counted loops,
+    # synchronous and async, keep them exact), which of those: "kv" (:func:`kv_in_use`), "tokens"
     # (:func:`tokens_left`), "cache" (the prefix cache: :func:`prefix_hit_tokens`)
 
     def __call__(self, req: Request, replicas: Sequence[Replica]) -> Replica: ...

@@ -337,7 +337,9 @@ def _apply_async(c: Runtime, r: Replica, timing: AsyncTiming, tokens: TokenLog,
 def async_counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     """:func:`batch_queue_loop` with a queue of two (async scheduling) on each of several
     replicas behind a router that reads only how many requests each holds and has not
-    finished (``least_outstanding``), no failures (``Mode.of``). Where a decode step is
+    finished (``least_outstanding``), or also what a stretch knows at each of its steps
+    (``least_kv``, ``jsq_tokens``, ``prefix_aware``: as :func:`counted_loop`), no failures
+    (``Mode.of``). Where a decode step is
     scheduled with one step in flight and nothing waiting, it fast-forwards an async decode
     stretch (sched/async_stretch.py) past the arrivals, which may go elsewhere, and past its
     finishes, as the counted loop does a synchronous one: one whose steps are all scheduled,
@@ -348,7 +350,8 @@ def async_counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     the policy would admit them whole (``AsyncStretch.rejoin``, ``join_waiting``: as arrivals
     join the async solo loop's), else the loop steps on from there. Before the router looks,
     the requests the flight finished (their last outputs delivered) before then are counted
-    off (``Runtime.settle``)."""
+    off, and what it reads of them is that of the step each is at: the one scheduled last
+    (``Runtime.settle``)."""
     arrivals, sched = c.arrivals, r.scheduler
     timing = AsyncTiming(c, r)
     tokens = r.tokens
@@ -390,6 +393,11 @@ def _async_counted_stretch(env: Clock, c: Runtime, r: Replica, sched: Scheduler,
     the loop goes on from."""
     held, held_end = queue.popleft()
     counts = _async_counts(sched, stretch)
+    if c.reads_kv or c.reads_tokens:    # (what a router reads of it in flight starts from)
+        members = {id(m[0]) for m in stretch.members}
+        stretch.before = (counts[1], counts[2], sum(
+            q.num_prompt_tokens + q.num_output_tokens - q.num_computed_tokens
+            for q in sched.running if id(q) not in members) if c.reads_tokens else 0)
     # the step in flight is delivered first, as the solo loop's (it is, whatever comes):
     # the requests it finishes are counted off num_outstanding once the router may see them
     done = sched.deliver(held, held_end)

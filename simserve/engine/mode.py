@@ -65,11 +65,13 @@ class Mode:
                       and (len(replicas) == 1 or ahead)
                       and all(r.batch_queue_depth == 2 for r in replicas))
         # several, colocated, behind a router that reads only how many requests each holds
-        # (least_outstanding): async stretches past arrivals and finishes, cut back where a
-        # request is routed (engine/loops.py's async_counted_loop)
+        # (least_outstanding), or what an async stretch tells of each step (least_kv,
+        # jsq_tokens, prefix_aware): async stretches past arrivals and finishes, cut back
+        # where a request is routed (engine/loops.py's async_counted_loop)
+        counts = (not getattr(router, "observes_state", True)
+                  or getattr(router, "reads_flights", None) is not None)
         async_counted = (fast_forward and batch_queue and not pipelined and faults is None
-                         and not disaggregated and len(replicas) > 1 and not ahead
-                         and not getattr(router, "observes_state", True)
+                         and not disaggregated and len(replicas) > 1 and not ahead and counts
                          and all(r.batch_queue_depth == 2 for r in replicas))
         fast_forward = fast_forward and (not batch_queue or async_solo or async_counted)
         run_ahead = fast_forward and not disaggregated and not pipelined and not batch_queue
@@ -81,9 +83,7 @@ class Mode:
             loop = ASYNC_COUNTED
         elif batch_queue:
             loop = BATCH_QUEUE
-        elif run_ahead and faults is None and len(replicas) > 1 and not ahead and (
-                not getattr(router, "observes_state", True)
-                or getattr(router, "reads_flights", None) is not None):
+        elif run_ahead and faults is None and len(replicas) > 1 and not ahead and counts:
             # several replicas behind a router that reads only the count of requests each
             # holds (least_outstanding), which changes when a request arrives or finishes, or
             # also the KV blocks each uses (least_kv), its tokens of work left (jsq_tokens) or

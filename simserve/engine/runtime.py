@@ -293,9 +293,8 @@ class Runtime:
             s = f.stretch
             if s is None or not (self.reads_kv or self.reads_tokens or self.reads_cache):
                 continue
-            assert isinstance(s, Stretch)    # (async ones only behind least_outstanding)
-            # the step it is at: the last one that started before now (one that starts now
-            # is not scheduled yet for an arrival now)
+            # the step it is at: the last one that started (async: was scheduled) before now
+            # (one that starts now is not scheduled yet for an arrival now)
             i = bisect_left(f.starts, now) - 1
             if self.reads_kv or self.reads_cache:
                 # with prefix caching the named blocks' operations replayed up to that step

@@ -74,7 +74,7 @@ class AsyncStretch:
 
     __slots__ = ("sched", "first_plan", "members", "num_steps", "starts", "durations", "ends",
                  "cpu_free", "segments", "planned", "joins", "joined_blocks", "cache",
-                 "readies", "forget", "priced", "priced_end", "bound", "held_end")
+                 "readies", "forget", "priced", "priced_end", "bound", "held_end", "before")
 
     def __init__(self, sched: Scheduler, plan: StepPlan, members: list[Member], k: int):
         self.sched = sched
@@ -104,6 +104,11 @@ class AsyncStretch:
         self.forget: Callable[[Prices, int, int], None] | None = None
         self.priced: list[tuple[int, Prices]] = []
         self.priced_end = 0
+        # (the async counted loop's, for a router that reads a flight's KV use or tokens of
+        # work left: the blocks in use after step 0 was scheduled and those the running
+        # requests that are not members hold, and those requests' tokens of work left, all
+        # as before the step in flight is delivered; ``_async_counts``)
+        self.before = (0, 0, 0)
 
     # -- planning --------------------------------------------------------------------------
     @classmethod
@@ -386,39 +391,20 @@ class AsyncStretch:
         in flight: freed when the step in flight is delivered, before step 1 is
         scheduled)."""
         k = self.num_steps
-        bs = self.sched.blocks.block_size
-        extra = [0] * (k + 1)
-        gone = [0] * (k + 1)                 # running from step i on: + joined, - gone
         cache = self.cache
         if cache is not None:                # (after the step in flight was delivered)
             cache.run_to(2 * k)
-        if k > 1:
-            extra[1] -= held
-        for j, (_, c, h, e, o) in enumerate(self.members):
-            if o >= k:
-                continue
-            if j >= self.planned:            # joined at step o: its prompt's blocks then
-                extra[o] += h
-                gone[o] -= 1
-            # step i holds ceil((c + i + 1) / bs) blocks from step first = h * bs - c on (one
-            # more every bs steps) while it decodes (i < e); freed before step e + 1
-            first = h * bs - c
-            last = e if e < k else k
-            grown = len(range(first, last, bs)) if first < last else 0
-            for s in range(first, last, bs):
-                extra[s] += 1
-            if e + 1 < k:
-                extra[e + 1] -= h + grown
-                gone[e + 1] += 1
-        if cache is not None:
             kv = cache.used[:k]
         else:
-            kv = []
-            total = used
-            for i in range(k):
-                if i:
-                    total += extra[i]
-                kv.append(total)
+            kv = self._kv(used, held)
+        gone = [0] * (k + 1)                 # running from step i on: + joined, - gone
+        for j, (_, _, _, e, o) in enumerate(self.members):
+            if o >= k:
+                continue
+            if j >= self.planned:            # joined at step o
+                gone[o] -= 1
+            if e + 1 < k:                    # its output delivered before step e + 1
+                gone[e + 1] += 1
         segments = self.segments
         bounds = [s for s, _ in segments[1:]] + [k]
         decoding = []
@@ -437,6 +423,70 @@ class AsyncStretch:
             else:
                 runs.append((1, tokens, seqs, m, r))
         return kv, runs
+
+    def _kv(self, used: int, held: int) -> list[int]:
+        """Without prefix caching: the KV blocks in use after scheduling each step, from
+        ``used`` after step 0 was scheduled (``held`` of them freed before step 1: ``rows``)."""
+        k = self.num_steps
+        bs = self.sched.blocks.block_size
+        extra = [0] * (k + 1)
+        if k > 1:
+            extra[1] -= held
+        for j, (_, c, h, e, o) in enumerate(self.members):
+            if o >= k:
+                continue
+            if j >= self.planned:            # joined at step o: its prompt's blocks then
+                extra[o] += h
+            # step i holds ceil((c + i + 1) / bs) blocks from step first = h * bs - c on (one
+            # more every bs steps) while it decodes (i < e); freed before step e + 1
+            first = h * bs - c
+            last = e if e < k else k
+            grown = len(range(first, last, bs)) if first < last else 0
+            for s in range(first, last, bs):
+                extra[s] += 1
+            if e + 1 < k:
+                extra[e + 1] -= h + grown
+        kv = []
+        total = used
+        for i in range(k):
+            if i:
+                total += extra[i]
+            kv.append(total)
+        return kv
+
+    # -- what a router reads of it in flight (the async counted loop's) ------------------------
+    def blocks_used(self) -> list[int]:
+        """KV blocks in use after scheduling each of its steps, without prefix caching (from
+        ``before``; with it ``kv_at`` tells them)."""
+        return self._kv(self.before[0], self.before[1])
+
+    def kv_at(self, i: int) -> int | None:
+        """With prefix caching, the KV blocks in use after scheduling its step ``i`` (from its
+        schedule time until the next step's: the frees that come with step i - 1's output, at
+        that next schedule, not yet), the named blocks' operations replayed that far; None
+        without (``blocks_used``). Step 0's is from before the step in flight was
+        delivered, as stepping shows it until then."""
+        cache = self.cache
+        if cache is None:
+            return None
+        cache.run_to(2 * i + 1)
+        return cache.used[i]
+
+    def tokens_left(self, i: int) -> int:
+        """Tokens of work its running requests have left (prompt tokens not yet computed plus
+        output tokens not yet generated) from step ``i``'s schedule time until the next
+        step's, as stepping counts them then: every member whose last output is not
+        delivered yet (a member that stops at step e is running until step e + 1 is
+        scheduled; one that joins later is not yet running), each having computed
+        ``ctx + i + 1`` tokens (the steps launched so far, step i's included), and at step 0
+        the running requests whose last token was in flight (``before``)."""
+        left = self.before[2] if i == 0 else 0
+        planned = self.planned
+        for j, (req, c, _, e, o) in enumerate(self.members):
+            if i <= e and (o <= i or j < planned):
+                left += req.num_prompt_tokens + req.num_output_tokens - (
+                    c + (i + 1 if i < e else e))
+        return left
 
     # -- applying --------------------------------------------------------------------------
     def apply(self) -> tuple[list[Request], InFlight]:

@@ -568,14 +568,17 @@ def test_async_stretches_with_prefix_caching_equal_stepping(case, prices):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(joining_scenarios(), caching_scenarios()), st.integers(2, 4),
-       st.sampled_from(["toy", "roofline+cpu", "h100-vllm", "h100+cpu"]))
-def test_async_clusters_behind_least_outstanding_equal_stepping(case, replicas, prices):
-    """Async scheduling on 2-4 replicas behind least_outstanding (engine/loops.py's
-    async_counted_loop: async stretches past arrivals and finishes, held as flights that a
-    request routed to the replica cuts back to the steps scheduled before it came; the
-    finishes delivered before an arrival counted off first), with and without prefix
-    caching, against the batch queue loop stepping every replica: each request goes where
-    stepping sends it, with the same steps, per-request times and tokens, and caches left."""
+       st.sampled_from(["toy", "roofline+cpu", "h100-vllm", "h100+cpu"]),
+       st.sampled_from(["least_outstanding", "least_kv", "jsq_tokens", "prefix_aware"]))
+def test_async_clusters_behind_counting_routers_equal_stepping(case, replicas, prices, router):
+    """Async scheduling on 2-4 replicas behind least_outstanding, least_kv, jsq_tokens or
+    prefix_aware (engine/loops.py's async_counted_loop: async stretches past arrivals and
+    finishes, held as flights that a request routed to the replica cuts back to the steps
+    scheduled before it came; the finishes delivered before an arrival counted off first, and
+    the KV use, tokens of work left or prefix cache the router reads those of the step each
+    flight is at), with and without prefix caching, against the batch queue loop stepping
+    every replica: each request goes where stepping sends it, with the same steps,
+    per-request times and tokens, and caches left."""
     policy, limits, *rest = case
     if len(rest) == 6:                       # (joining_scenarios: no params, no caching)
         rest += [None, False]
@@ -584,9 +587,9 @@ def test_async_clusters_behind_least_outstanding_equal_stepping(case, replicas, 
             dataclasses.replace(limits, preemption_mode="recompute", async_scheduling=True),
             *rest[:6], None, rest[7])
     fast, reps, _ = run_checked(*case, fast_forward=True, latency=_async_latency(prices),
-                                router=make_router("least_outstanding"))
+                                router=make_router(router))
     slow, slow_reps, _ = run_checked(*case, fast_forward=False, latency=_async_latency(prices),
-                                     router=make_router("least_outstanding"))
+                                     router=make_router(router))
     assert _by_replica(fast) == _by_replica(slow)
     for a, b in zip(fast.requests, slow.requests, strict=True):
         assert a.replica == b.replica and a.status == b.status

@@ -461,7 +461,7 @@ def test_clusters_behind_counting_routers_equal_stepping(router, policy, engine)
 
 @pytest.mark.parametrize("router, async_scheduling", [
     ("least_outstanding", False), ("least_kv", False), ("jsq_tokens", False),
-    ("least_outstanding", True)])
+    ("least_outstanding", True), ("least_kv", True), ("jsq_tokens", True)])
 def test_a_counting_router_sees_a_step_in_flight_only_once_it_has_ended(router,
                                                                         async_scheduling):
     # every step takes 0.25 s and every arrival is at a multiple of it, so arrivals come at
@@ -471,7 +471,10 @@ def test_a_counting_router_sees_a_step_in_flight_only_once_it_has_ended(router,
     # takes arrivals first), and sends each request where stepping does. With async
     # scheduling (the async counted loop) the instants are those at which outputs are
     # delivered and the next steps scheduled: a request routed to a replica is seen by the
-    # step scheduled at or after its arrival, and its stretch in flight is cut back there
+    # step scheduled at or after its arrival, and its stretch in flight is cut back there;
+    # the KV use and tokens left the router reads are those after the last step scheduled
+    # before the arrival (the frees that come with an output delivered at the arrival's
+    # instant not yet)
     rng = np.random.default_rng(7)
     ticks = np.sort(rng.integers(0, 160, 90))
     specs = [RequestSpec(i, 0.25 * int(t), int(rng.integers(5, 60)), int(rng.integers(2, 30)))
@@ -494,7 +497,9 @@ def test_a_counting_router_sees_a_step_in_flight_only_once_it_has_ended(router,
     assert sum(s.arrival_s in finishes for s in specs) >= 20
 
 
-def test_prefix_aware_reads_a_stretch_in_flights_cache_as_of_the_step_it_is_at():
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_prefix_aware_reads_a_stretch_in_flights_cache_as_of_the_step_it_is_at(
+        async_scheduling):
     # prefix caching on 3 replicas with a tight KV cache (cached prefixes evicted all the
     # time), prompts from 4 groups sharing a system prompt; every step takes 0.25 s and every
     # arrival is at a multiple of it, so arrivals come at the very instants steps end and
@@ -502,7 +507,8 @@ def test_prefix_aware_reads_a_stretch_in_flights_cache_as_of_the_step_it_is_at()
     # stretch in flight answers as of the step it is at (its blocks' takes, its finished
     # requests' blocks cached on the way, the evictions they caused; not the frees of a step
     # that ends at the arrival's instant), so each request goes where stepping sends it and
-    # hits what stepping hits, and the caches end as stepping leaves them
+    # hits what stepping hits, and the caches end as stepping leaves them. With async
+    # scheduling (the async counted loop) as of the step scheduled last before the arrival
     rng = np.random.default_rng(2)
     ticks = np.sort(rng.integers(0, 200, 110))
     specs = []
@@ -511,8 +517,8 @@ def test_prefix_aware_reads_a_stretch_in_flights_cache_as_of_the_step_it_is_at()
         ids = (1000 + g,) * 2 + tuple(100 * (4 * g + u + 1) + b for b in range(2))
         specs.append(RequestSpec(i, 0.25 * int(t), 32, int(rng.integers(2, 40)), ids))
 
-    slow, slow_reps = _prefix_cluster(specs, "prefix_aware", False)
-    fast, reps = _prefix_cluster(specs, "prefix_aware", True)
+    slow, slow_reps = _prefix_cluster(specs, "prefix_aware", False, async_scheduling)
+    fast, reps = _prefix_cluster(specs, "prefix_aware", True, async_scheduling)
     assert_same_runs(fast, slow)
     check_accounting(fast, reps, specs)
     assert [(q.replica, q.num_cached_tokens) for q in fast.requests] == \
@@ -524,17 +530,18 @@ def test_prefix_aware_reads_a_stretch_in_flights_cache_as_of_the_step_it_is_at()
     assert sum(s.arrival_s in finishes for s in specs) >= 20
     assert sum(q.num_cached_tokens > 0 for q in slow.requests) >= 40
     # the cache decides: not where least_outstanding alone would send them
-    plain, _ = _prefix_cluster(specs, "least_outstanding", False)
+    plain, _ = _prefix_cluster(specs, "least_outstanding", False, async_scheduling)
     assert [q.replica for q in plain.requests] != [q.replica for q in slow.requests]
 
 
-def _prefix_cluster(specs, router, fast_forward):
+def _prefix_cluster(specs, router, fast_forward, async_scheduling=False):
     """``specs`` on 3 vLLM v1 replicas with prefix caching (60 blocks of 4 tokens) whose
     every step takes 0.25 s, behind ``router``."""
     reps = []
     for i in range(3):
         sched = POLICIES["vllm_v1"](SchedulerLimits(max_num_seqs=8, max_num_batched_tokens=256,
-                                                    enable_chunked_prefill=True),
+                                                    enable_chunked_prefill=True,
+                                                    async_scheduling=async_scheduling),
                                     PrefixBlockManager(60, 4, source_block_size=8))
         sched.record_tokens = True
         reps.append(Replica(i, sched, ConstantLatency(0.25), 10_000))
@@ -585,7 +592,8 @@ def test_async_stretches_take_the_requests_routed_to_them(monkeypatch):
 
 
 @pytest.mark.parametrize("router, async_scheduling", [
-    ("least_outstanding", False), ("least_kv", False), ("least_outstanding", True)])
+    ("least_outstanding", False), ("least_kv", False), ("least_outstanding", True),
+    ("least_kv", True)])
 def test_a_cluster_counts_the_profile_lookups_stepping_counts(router, async_scheduling):
     # a profile counts its lookups past the measured grid (the run's warnings): the steps a
     # stretch priced and then dropped (cut back in flight by an arrival, or past an event;

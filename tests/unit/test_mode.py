@@ -99,24 +99,28 @@ def test_one_async_replica_alone_pulls_its_arrivals_and_fast_forwards():
     # stepwise (--stepwise, the live driver): the batch queue loop, every step an event
     m = Mode.of([replica(async_scheduling=True)], False, None, ROUND_ROBIN, None)
     assert (m.loop, m.pull, m.fast_forward) == (BATCH_QUEUE, False, False)
-    # two async replicas behind a router that reads their state, or a pipeline: the batch
-    # queue and pipeline loops, stepped
-    for router in (LEAST_KV, JSQ_TOKENS, PREFIX_AWARE):
-        assert Mode.of([replica(0, async_scheduling=True), replica(1, async_scheduling=True)],
-                       True, None, router, None).loop == BATCH_QUEUE
+    # a pipeline: the pipeline loop, stepped
     m = Mode.of([replica(async_scheduling=True, pp=2)], True, None, ROUND_ROBIN, None)
     assert (m.loop, m.fast_forward) == (PIPELINE, False)
 
 
-def test_async_replicas_behind_least_outstanding_count():
-    # several async replicas behind a router that reads only how many requests each holds:
-    # their async stretches fast-forward past arrivals and finishes, held as flights that a
-    # request routed to the replica cuts back (tracked); with failures, a mix of async and
+@pytest.mark.parametrize("router", [LEAST_OUTSTANDING, LEAST_KV, JSQ_TOKENS, PREFIX_AWARE])
+def test_async_replicas_behind_counting_routers_count(router):
+    # several async replicas behind a router that reads how many requests each holds, and
+    # perhaps what a flight tells of each step (KV use, tokens left, prefix cache): their
+    # async stretches fast-forward past arrivals and finishes, held as flights that a request
+    # routed to the replica cuts back (tracked); with failures, a mix of async and
     # synchronous replicas, or stepwise, the batch queue loop steps
     m = Mode.of([replica(0, async_scheduling=True), replica(1, async_scheduling=True)],
-                True, None, LEAST_OUTSTANDING, None)
+                True, None, router, None)
     assert (m.loop, m.pull, m.fast_forward, m.tracked) == (ASYNC_COUNTED, False, True, True)
     assert loop_for(m) is async_counted_loop
+    # (a router that reads replicas' state and says nothing of flights: stepped)
+    def custom(req, replicas):
+        return replicas[0]
+    custom.observes_state = True
+    assert Mode.of([replica(0, async_scheduling=True), replica(1, async_scheduling=True)],
+                   True, None, custom, None).loop == BATCH_QUEUE
     assert Mode.of([replica(0, async_scheduling=True), replica(1)], True, None,
                    LEAST_OUTSTANDING, None).loop == BATCH_QUEUE
     assert Mode.of([replica(0, async_scheduling=True), replica(1, async_scheduling=True)],
