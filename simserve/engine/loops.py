@@ -151,7 +151,16 @@ def counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
                 break
             k = len(ends)           # the steps that ran (starts: cut back with ends)
             if k == stretch.num_steps:
-                break
+                # not cut back: the arrivals before its end went elsewhere; if it stopped
+                # at the cut, not at its bound, and nothing waits, it goes on
+                if (not stretch.past_finish or k >= stretch.bound or sched.waiting
+                        or not stretch.extend(r.pricing, k, end, arrivals.ahead_time(ahead),
+                                              join)):
+                    break
+                ends = stretch.starts[1:]
+                ends.append(stretch.end)
+                end, held = stretch.end, arrivals.next_time
+                continue
             stretch.num_steps = k
             del stretch.durations[k:]
             # cut back by arrivals routed here, due by now (the start of its step k): they
@@ -352,7 +361,7 @@ def async_counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
     the requests the flight finished (their last outputs delivered) before then are counted
     off, and what it reads of them is that of the step each is at: the one scheduled last
     (``Runtime.settle``)."""
-    arrivals, sched = c.arrivals, r.scheduler
+    sched = r.scheduler
     timing = AsyncTiming(c, r)
     tokens = r.tokens
     assert tokens is not None
@@ -369,8 +378,7 @@ def async_counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
                     queue.append(timing.launch(sched, plan, now))
                     continue
                 now = yield from _async_counted_stretch(env, c, r, sched, timing, tokens,
-                                                        stretch, queue, now,
-                                                        arrivals.ahead_time(ahead), join)
+                                                        stretch, queue, now, ahead, join)
                 continue
         if not queue:
             woken = yield from _sleep(env, c, r, now)
@@ -386,11 +394,12 @@ def async_counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
 def _async_counted_stretch(env: Clock, c: Runtime, r: Replica, sched: Scheduler,
                            timing: AsyncTiming, tokens: TokenLog, stretch: AsyncStretch,
                            queue: deque[tuple[InFlight, float]], now: float,
-                           cut: float, join: AsyncJoin | None) -> Generator[Any, Any, float]:
+                           ahead: int, join: AsyncJoin | None) -> Generator[Any, Any, float]:
     """:func:`_async_stretch` for :func:`async_counted_loop`: priced to the steps scheduled
-    before ``cut``, held as a flight (which an arrival routed here may cut back, and
-    ``join`` there) while an arrival could come before it is over, then applied; the time
-    the loop goes on from."""
+    before the arrival ``ahead`` arrivals on, held as a flight (which an arrival routed here
+    may cut back, and ``join`` there; one that no arrival cut back goes on to the next such
+    cut) while an arrival could come before it is over, then applied; the time the loop goes
+    on from."""
     held, held_end = queue.popleft()
     counts = _async_counts(sched, stretch)
     if c.reads_kv or c.reads_tokens:    # (what a router reads of it in flight starts from)
@@ -405,7 +414,8 @@ def _async_counted_stretch(env: Clock, c: Runtime, r: Replica, sched: Scheduler,
     if done:
         c.done_steps(r, done, held_end)
     stretch.readies = []
-    stretch.price(r.pricing, r.pricing.cpu_s, now, held_end, timing.cpu_free, cut)
+    stretch.price(r.pricing, r.pricing.cpu_s, now, held_end, timing.cpu_free,
+                  c.arrivals.ahead_time(ahead))
     k = stretch.num_steps
     ends = stretch.ends
     settled = 0
@@ -424,10 +434,16 @@ def _async_counted_stretch(env: Clock, c: Runtime, r: Replica, sched: Scheduler,
         yield from _fly(env, r, f)
         settled = f.settled
         cut_to = stretch.num_steps
+        if cut_to == k:
+            # not cut back: the arrivals before its end went elsewhere; if it stopped at the
+            # cut, not at its bound, and nothing waits, it goes on
+            if (k >= stretch.bound or sched.waiting
+                    or not stretch.extend(r.pricing, r.pricing.cpu_s, k,
+                                          c.arrivals.ahead_time(ahead), join)):
+                break
         # cut back by requests routed here: they join it at the step scheduled next if
         # schedule() would admit them whole there, and it goes on
-        if (cut_to == k or join is None
-                or not stretch.rejoin(r.pricing, r.pricing.cpu_s, cut_to, join)):
+        elif join is None or not stretch.rejoin(r.pricing, r.pricing.cpu_s, cut_to, join):
             k = cut_to
             break
         k = stretch.num_steps

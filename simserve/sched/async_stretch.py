@@ -178,13 +178,28 @@ class AsyncStretch:
         as arrivals join a lone replica's stretch (``price``'s ``join``); then pricing goes
         on to the cut that ``join`` returns. True if they joined; otherwise it ends before
         step j, as it was."""
+        return self._resume(pricing, cpu_s, j, None, join)
+
+    def extend(self, pricing: Pricing, cpu_s: Callable[[StepPlan], float], j: int,
+               cut: float, join: AsyncJoin | None) -> bool:
+        """Go on pricing from its step ``j`` (>= 1) to ``cut``, as ``price`` would have gone
+        on with a later cut: it was priced (with ``readies``) to its first ``j`` steps, short
+        of its bound, and not cut back (the arrivals before step j's schedule time went
+        elsewhere, and nothing waits: the async counted loop's). True if it priced a step
+        more."""
+        return self._resume(pricing, cpu_s, j, cut, join)
+
+    def _resume(self, pricing: Pricing, cpu_s: Callable[[StepPlan], float], j: int,
+                cut: float | None, join: AsyncJoin | None) -> bool:
+        """``rejoin`` (``cut`` None: step j's schedule time, at which ``join`` is asked) or
+        ``extend``."""
         readies, ends = self.readies, self.ends
         assert readies is not None and len(ends) == j
         self.num_steps = self.bound
         sched_at = ends[j - 2] if j >= 2 else self.held_end
         self.priced = [p for p in self.priced if p[0] < j]
-        self._price(pricing, cpu_s, j, sched_at, ends[j - 1], readies[j - 1], sched_at, join,
-                    self.priced, j)
+        self._price(pricing, cpu_s, j, sched_at, ends[j - 1], readies[j - 1],
+                    sched_at if cut is None else cut, join, self.priced, j)
         return self.num_steps > j
 
     def _price(self, pricing: Pricing, cpu_s: Callable[[StepPlan], float], i: int,

@@ -265,6 +265,21 @@ class Stretch:
                     [p for p in self.priced if p[0] < j], start, INF, join, j)
         return self.num_steps > j
 
+    def extend(self, latency: Pricing, j: int, start: float, cut: float,
+               join: Join | None) -> bool:
+        """Go on pricing a stretch past finishes from its step ``j`` (its last priced step
+        ended at ``start``, before its bound) to ``cut``, as ``price`` would have gone on with
+        a later cut: the arrivals that came before ``start`` went elsewhere, and nothing waits
+        (the counted loop's). True if it priced a step more."""
+        assert self.past_finish
+        self.num_steps = self.bound
+        self.freed = 0
+        acc = self.starts[:j]
+        acc.append(start)
+        self._price(latency, j, acc, self.durations[:j], [s for s in self.begun if s[0] < j],
+                    [p for p in self.priced if p[0] < j], cut, INF, join, j)
+        return self.num_steps > j
+
     def _price(self, latency: Pricing, i0: int, acc: list[float], durations: list[float],
                begun: list[Segment], priced: list[tuple[int, Prices]], cut: float,
                cut_end: float, join: Join | None, floor: int) -> None:

@@ -592,6 +592,51 @@ def test_async_stretches_take_the_requests_routed_to_them(monkeypatch):
 
 
 @pytest.mark.parametrize("router, async_scheduling", [
+    ("least_outstanding", False), ("jsq_tokens", False), ("least_outstanding", True),
+    ("least_kv", True)])
+def test_a_stretch_that_no_arrival_cut_back_goes_on(monkeypatch, router, async_scheduling):
+    # a counted loop prices a replica's stretch only a couple of arrivals per replica ahead:
+    # when none of those came to it and nothing waits, it goes on from its last step to the
+    # next such cut (Stretch.extend, AsyncStretch.extend), as it would have been priced with
+    # a later cut, instead of being applied and planned again. Here one long request holds
+    # replica 0 while short ones come and go on the others (the router sends them there: it
+    # holds fewer, uses less KV, has fewer tokens left). The same run as stepping
+    from simserve.sched.async_stretch import AsyncStretch
+    from simserve.sched.stretch import Stretch
+    from tests.property.test_properties import _roofline
+    cls = AsyncStretch if async_scheduling else Stretch
+    went_on = []
+    extend = cls.extend
+
+    def counted(self, *args):
+        more = extend(self, *args)
+        went_on.append(more)
+        return more
+
+    monkeypatch.setattr(cls, "extend", counted)
+    rng = np.random.default_rng(5)
+    t = np.cumsum(rng.exponential(0.05, 200))
+    specs = [RequestSpec(0, 0.0, 20, 3000)]
+    specs += [RequestSpec(i, float(t[i]), int(rng.integers(5, 40)), int(rng.integers(2, 20)))
+              for i in range(1, 200)]
+
+    def run(fast_forward):
+        reps = [Replica(i, make_scheduler("vllm_v1", budget=256, num_blocks=2000, block_size=4,
+                                          max_num_seqs=32, async_scheduling=async_scheduling),
+                        _roofline(7e-4), 10_000) for i in range(3)]
+        for r in reps:
+            r.scheduler.record_tokens = True
+        return simulate(specs, reps, make_router(router), fast_forward=fast_forward), reps
+
+    fast, reps = run(True)
+    n = len(went_on)
+    slow, _ = run(False)
+    assert_same_runs(fast, slow)
+    check_accounting(fast, reps, specs)
+    assert sum(went_on[:n]) >= 5
+
+
+@pytest.mark.parametrize("router, async_scheduling", [
     ("least_outstanding", False), ("least_kv", False), ("least_outstanding", True),
     ("least_kv", True)])
 def test_a_cluster_counts_the_profile_lookups_stepping_counts(router, async_scheduling):
