@@ -166,7 +166,7 @@ def counted_loop(env: Clock, c: Runtime, r: Replica) -> Loop:
             # cut back by arrivals routed here, due by now (the start of its step k): they
             # join it there if schedule() would admit them whole, and it goes on
             if (join is None or not stretch.past_finish
-                    or not stretch.rejoin(r.pricing, k, end, arrivals.ahead_time(ahead), join)):
+                    or not stretch.rejoin(r.pricing, k, end, join)):
                 break
             ends = stretch.starts[1:]
             ends.append(stretch.end)

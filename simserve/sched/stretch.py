@@ -249,31 +249,29 @@ class Stretch:
         self.bound = self.num_steps
         self._price(latency, 0, [start], [], [], [], cut, cut_end, join, 1)
 
-    def rejoin(self, latency: Pricing, j: int, start: float, cut: float, join: Join) -> bool:
+    def rejoin(self, latency: Pricing, j: int, start: float, join: Join) -> bool:
         """Go on pricing a stretch past finishes from its step ``j``,
         which starts at ``start``: it was priced and cut back to its first ``j`` steps, and the
         requests that arrived since (the counted loop's: engine/loops.py) ``join`` it there, as
         they would have joined it while it was priced (``price``'s ``join``), then pricing goes
-        on to ``cut`` as ``price`` does. True if they joined; otherwise it ends before step j,
-        as it was."""
-        assert self.past_finish
-        self.num_steps = self.bound      # (room_to_join reads the bound while pricing)
-        self.freed = 0                   # (counted again up to step j)
-        acc = self.starts[:j]
-        acc.append(start)
-        self._price(latency, j, acc, self.durations[:j], [s for s in self.begun if s[0] < j],
-                    [p for p in self.priced if p[0] < j], start, INF, join, j)
-        return self.num_steps > j
+        on to the cut ``join`` returns, as ``price`` does. True if they joined; otherwise it
+        ends before step j, as it was."""
+        return self._resume(latency, j, start, start, join)
 
     def extend(self, latency: Pricing, j: int, start: float, cut: float,
                join: Join | None) -> bool:
-        """Go on pricing a stretch past finishes from its step ``j`` (its last priced step
-        ended at ``start``, before its bound) to ``cut``, as ``price`` would have gone on with
-        a later cut: the arrivals that came before ``start`` went elsewhere, and nothing waits
-        (the counted loop's). True if it priced a step more."""
+        """Go on pricing a stretch past finishes from its step ``j``, which starts at ``start``
+        (its first ``j`` steps priced, short of its bound), to ``cut``, as ``price`` would
+        have gone on with a later cut: the counted loop's, where the arrivals that came
+        before ``start`` went elsewhere and nothing waits. True if it priced a step more."""
+        return self._resume(latency, j, start, cut, join)
+
+    def _resume(self, latency: Pricing, j: int, start: float, cut: float,
+                join: Join | None) -> bool:
+        """``rejoin`` (``cut`` is ``start``: ``join`` is asked at step j) or ``extend``."""
         assert self.past_finish
-        self.num_steps = self.bound
-        self.freed = 0
+        self.num_steps = self.bound      # (room_to_join reads the bound while pricing)
+        self.freed = 0                   # (counted again up to step j)
         acc = self.starts[:j]
         acc.append(start)
         self._price(latency, j, acc, self.durations[:j], [s for s in self.begun if s[0] < j],
