@@ -555,7 +555,6 @@ def test_async_stretches_take_the_requests_routed_to_them(monkeypatch):
     # part, picked up there), and the stretch may be cut back again by the next; a latency
     # with a CPU part (async scheduling overlaps it). The same run as stepping
     from simserve.sched.async_stretch import AsyncStretch
-    from tests.property.test_properties import _roofline
     counts = {"joined": 0, "cut_after_joins": 0}
     rejoin, cut_back = AsyncStretch.rejoin, AsyncStretch.cut_back
 
@@ -574,18 +573,8 @@ def test_async_stretches_take_the_requests_routed_to_them(monkeypatch):
     t = np.cumsum(rng.exponential(0.004, 300))
     specs = [RequestSpec(i, float(t[i]), int(rng.integers(5, 90)), int(rng.integers(2, 120)))
              for i in range(300)]
-
-    def run(fast_forward):
-        reps = [Replica(i, make_scheduler("vllm_v1", budget=256, num_blocks=400, block_size=4,
-                                          max_num_seqs=16, async_scheduling=True),
-                        _roofline(7e-4), 10_000) for i in range(3)]
-        for r in reps:
-            r.scheduler.record_tokens = True
-        return simulate(specs, reps, make_router("least_outstanding"),
-                        fast_forward=fast_forward), reps
-
-    fast, reps = run(True)
-    slow, _ = run(False)
+    fast, reps = _roofline_cluster(specs, "least_outstanding", True, True, 400, 16)
+    slow, _ = _roofline_cluster(specs, "least_outstanding", False, True, 400, 16)
     assert_same_runs(fast, slow)
     check_accounting(fast, reps, specs)
     assert counts["joined"] >= 10 and counts["cut_after_joins"] >= 10
@@ -603,7 +592,6 @@ def test_a_stretch_that_no_arrival_cut_back_goes_on(monkeypatch, router, async_s
     # holds fewer, uses less KV, has fewer tokens left). The same run as stepping
     from simserve.sched.async_stretch import AsyncStretch
     from simserve.sched.stretch import Stretch
-    from tests.property.test_properties import _roofline
     cls = AsyncStretch if async_scheduling else Stretch
     went_on = []
     extend = cls.extend
@@ -619,21 +607,25 @@ def test_a_stretch_that_no_arrival_cut_back_goes_on(monkeypatch, router, async_s
     specs = [RequestSpec(0, 0.0, 20, 3000)]
     specs += [RequestSpec(i, float(t[i]), int(rng.integers(5, 40)), int(rng.integers(2, 20)))
               for i in range(1, 200)]
-
-    def run(fast_forward):
-        reps = [Replica(i, make_scheduler("vllm_v1", budget=256, num_blocks=2000, block_size=4,
-                                          max_num_seqs=32, async_scheduling=async_scheduling),
-                        _roofline(7e-4), 10_000) for i in range(3)]
-        for r in reps:
-            r.scheduler.record_tokens = True
-        return simulate(specs, reps, make_router(router), fast_forward=fast_forward), reps
-
-    fast, reps = run(True)
+    fast, reps = _roofline_cluster(specs, router, True, async_scheduling, 2000, 32)
     n = len(went_on)
-    slow, _ = run(False)
+    slow, _ = _roofline_cluster(specs, router, False, async_scheduling, 2000, 32)
     assert_same_runs(fast, slow)
     check_accounting(fast, reps, specs)
     assert sum(went_on[:n]) >= 5
+
+
+def _roofline_cluster(specs, router, fast_forward, async_scheduling, num_blocks, max_num_seqs):
+    """``specs`` on 3 vLLM v1 replicas (a 256-token budget, blocks of 4 tokens) priced by a
+    roofline with a CPU part, behind ``router``."""
+    from tests.property.test_properties import _roofline
+    reps = [Replica(i, make_scheduler("vllm_v1", budget=256, num_blocks=num_blocks,
+                                      block_size=4, max_num_seqs=max_num_seqs,
+                                      async_scheduling=async_scheduling),
+                    _roofline(7e-4), 10_000) for i in range(3)]
+    for r in reps:
+        r.scheduler.record_tokens = True
+    return simulate(specs, reps, make_router(router), fast_forward=fast_forward), reps
 
 
 @pytest.mark.parametrize("router, async_scheduling", [
