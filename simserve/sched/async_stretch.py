@@ -43,7 +43,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from heapq import heapify, heappop, heappush
-from operator import itemgetter
+from itertools import accumulate, groupby
+from operator import itemgetter, sub
 from typing import TYPE_CHECKING, Any
 
 from simserve.kv.blocks import BlockManager
@@ -425,18 +426,22 @@ class AsyncStretch:
         decoding = []
         for (s0, m), s1 in zip(segments, bounds):
             decoding += [m] * (s1 - s0)
+        # each step's (decoding, running): running from step 1 on, the members planned less
+        # those gone; a run of steps with the same pair is one row, but a join step is a row
+        # of its own
+        lefts = list(accumulate(gone[1:k], sub, initial=self.planned))
+        lefts[0] = running
+        pairs = list(zip(decoding, lefts))
         joins = self.joins
         runs: list[tuple[int, int, int, int, int]] = []
-        left = self.planned
-        for i in range(k):
-            left -= gone[i] if i else 0
-            r = running if i == 0 else left
-            m = decoding[i]
-            tokens, seqs = joins.get(i, (0, 0))
-            if runs and not seqs and runs[-1][1:] == (0, 0, m, r):
-                runs[-1] = (runs[-1][0] + 1, 0, 0, m, r)
-            else:
-                runs.append((1, tokens, seqs, m, r))
+        at = 0
+        for j in sorted([j for j, (_, n) in joins.items() if n and j < k]):
+            runs += [(len(list(g)), 0, 0, m, r) for (m, r), g in groupby(pairs[at:j])]
+            tokens, seqs = joins[j]
+            m, r = pairs[j]
+            runs.append((1, tokens, seqs, m, r))
+            at = j + 1
+        runs += [(len(list(g)), 0, 0, m, r) for (m, r), g in groupby(pairs[at:])]
         return kv, runs
 
     def _kv(self, used: int, held: int) -> list[int]:
@@ -461,13 +466,7 @@ class AsyncStretch:
                 extra[s] += 1
             if e + 1 < k:
                 extra[e + 1] -= h + grown
-        kv = []
-        total = used
-        for i in range(k):
-            if i:
-                total += extra[i]
-            kv.append(total)
-        return kv
+        return list(accumulate(extra[1:k], initial=used))
 
     # -- what a router reads of it in flight (the async counted loop's) ------------------------
     def blocks_used(self) -> list[int]:
