@@ -317,15 +317,19 @@ class AsyncStretch:
                     if i and sched_at >= cut:
                         stop = True
                         break
-                    start, end, cpu_free = _launch(sched_at, free_at, cpu_free, d, o)
+                    # (_launch written out: the same operations, the same values)
+                    overhead = o if o < d else d
+                    cpu_free = (cpu_free if cpu_free > sched_at else sched_at) + overhead
+                    end = (free_at if free_at > cpu_free else cpu_free) + (d - overhead)
+                    start = free_at if free_at > sched_at else sched_at
                     starts.append(start)
-                    durations.append(end - start)
+                    last_decode = end - start
+                    durations.append(last_decode)
                     ends.append(end)
                     if readies is not None:
                         readies.append(cpu_free)
                     sched_at, free_at = free_at, end
                     i += 1
-                    last_decode = end - start
                 if stop:
                     break
             if stop and forget is not None and priced_end > i:
