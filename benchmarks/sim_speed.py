@@ -10,8 +10,8 @@ Two workloads, both Llama-2-7B on an A100-80GB with roofline step latency, Poiss
 * ``vidur``: (prompt, output) pairs resampled from the Azure LLM inference trace 2023 (conv),
   vLLM v0, v1 and Sarathi: the setting in which Vidur took 40-56 s for 10,000 requests.
 * ``shared_prefix`` (issue #31's): multi-user chat with prefix caching on and off, the
-  ``shared_prefix`` workload (inference-perf's, as in the H100 runs of
-  ../shared/truth/h100-vllm/): 9 groups x 5 users, each user's prompt (its group's 100-token
+  ``shared_prefix`` workload (inference-perf's, as in the measured H100 runs of
+  docs/fidelity.md): 9 groups x 5 users, each user's prompt (its group's 100-token
   system prompt + its own 447-token question) recurring every 45 requests, 248 output tokens,
   Poisson at 6 req/s; Llama-3.1-8B on an H100-SXM, roofline, vLLM v1, max_num_seqs 128,
   max_num_batched_tokens 2048, block 16. Each size runs twice, ``cache on`` and ``cache off``;
@@ -228,7 +228,8 @@ def main() -> None:
     sizes = args.sizes or DEFAULT_SIZES[args.workload]
     policies = args.policies or DEFAULT_POLICIES[args.workload]
     if args.workload == "vidur" and not AZURE.exists():
-        sys.exit(f"needs the Azure conv trace at {AZURE} (see ../shared/traces/README.md)")
+        sys.exit(f"error: --workload vidur needs the Azure LLM inference trace 2023 "
+                 f"(conversation), public at github.com/Azure/AzurePublicDataset, at {AZURE}")
     extra = ["--steps"] if args.steps else []
     compiled = compile_bytecode()
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start "

@@ -7,6 +7,7 @@ and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shlex
 import sys
 from pathlib import Path
@@ -158,6 +159,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m profiler") -> int
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(prog)
     args = parser.parse_args(argv)      # a usage error: one line, exit 2 (_Parser)
+    if importlib.util.find_spec("torch") is None:       # (--help above needs none)
+        from simserve.profiling import INSTALL_HINT
+        print(f"profiler: error: measuring needs torch, which is not installed; {INSTALL_HINT}",
+              file=sys.stderr)
+        return 2
     try:
         out = run(args, argv, prog)
     except (UsageError, SimserveError) as e:

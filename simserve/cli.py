@@ -220,7 +220,7 @@ def _cmd_plan(args) -> int:
     if args.workers is not None and args.workers < 1:
         raise ConfigError("--workers", f"must be >= 1, got {args.workers}")
     _check_address(args)
-    from simserve.paths import check_out_dir
+    from simserve.paths import check_out_dir, clear_other_outputs
     out = Path(args.out) if args.out else Path("runs") / f"{Path(args.scenario).stem}-plan"
     check_out_dir(out)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
@@ -236,6 +236,7 @@ def _cmd_plan(args) -> int:
     print(result.answer())
     print(f"{len(result.table)} candidates, {result.simulated} simulated, "
           f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
+    _note(clear_other_outputs(out, "plan"))
     result.save(out)
     print(f"results in {out}/ (plan.json, candidates.csv, probes.csv)")
     _report(args, out)
@@ -273,6 +274,12 @@ def _report_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--svg", action="store_true", help="also write each figure as SVG")
 
 
+def _note(note: str | None) -> None:
+    """Say ``note`` (what a command replaces in its output folder) on stderr, if any."""
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+
+
 def _report(args, out: Path) -> None:
     if args.report:
         from simserve.report import write_report
@@ -305,7 +312,8 @@ def _percentiles_flag(text: str) -> list[float]:
 def _cmd_run(args) -> int:
     from simserve.config import load_variants
     from simserve.deployment import check
-    from simserve.paths import check_out_dir, default_out, folder_name, replaced_note
+    from simserve.paths import (check_out_dir, clear_other_outputs, default_out, folder_name,
+                                replaced_note)
     from simserve.runner import comparison_table, coinciding, run, scenario_yaml
 
     if args.metric_percentiles is not None:
@@ -328,6 +336,7 @@ def _cmd_run(args) -> int:
     check_out_dir(root)
     several = len(variants) > 1
     results, failed = {}, []
+    cleared = False               # (another output's files there: removed before the first save)
     for label, scenario in variants:
         t0 = time.perf_counter()
         try:
@@ -349,6 +358,10 @@ def _cmd_run(args) -> int:
         for warning in result.warnings:
             print(f"warning: {label + ': ' if several else ''}{warning}", file=sys.stderr)
         out = root / folder_name(label) if several else root
+        if not cleared:
+            cleared = True
+            _note(clear_other_outputs(root, "compare" if several else "run",
+                                      [folder_name(v) for v, _ in variants]))
         note = replaced_note(out, scenario_yaml(result.scenario, out))
         if note:
             print(f"note: {note}", file=sys.stderr)
@@ -387,7 +400,7 @@ SWEEP_SHOWN = ("error", "completed", "num_rejected", "request_throughput", "requ
 def _cmd_sweep(args) -> int:
     from simserve.fmt import format_table
     from simserve.config import value_label
-    from simserve.paths import check_out_dir, default_out
+    from simserve.paths import check_out_dir, clear_other_outputs, default_out
     from simserve.plan.sweep import (check_workers, load_sweep, replaced_sweep_note, save_sweep,
                                      sweep)
 
@@ -412,6 +425,7 @@ def _cmd_sweep(args) -> int:
         for f in spec.fields:           # an inline card by its name, as compare labels it
             view[f] = [value_label(v) if isinstance(v, (dict, list)) else v for v in view[f]]
         print(format_table(view, index=False))
+    _note(clear_other_outputs(out, "sweep"))
     save_sweep(table, spec, out)
     print(f"{len(table)} points ({len(failed)} failed) in {wall:.1f} s; table in "
           f"{out}/sweep.csv")
@@ -424,7 +438,7 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_capacity(args) -> int:
-    from simserve.paths import check_out_dir, default_out
+    from simserve.paths import check_out_dir, clear_other_outputs, default_out
     from simserve.plan.capacity import capacity
 
     out = Path(args.out) if args.out else default_out(
@@ -443,9 +457,8 @@ def _cmd_capacity(args) -> int:
         raise
     print(result.table())
     print(f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
-    note = _replaced_search(out, result.to_dict())
-    if note:
-        print(f"note: {note}", file=sys.stderr)
+    _note(_replaced_search(out, result.to_dict()))
+    _note(clear_other_outputs(out, "capacity"))
     result.save(out)
     print(f"results in {out}/ (capacity.json, probes.csv)")
     _report(args, out)

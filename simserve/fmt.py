@@ -83,7 +83,13 @@ def format_table(df: pd.DataFrame, index: bool = True) -> str:
 def styled(df: pd.DataFrame):
     """The DataFrame with :func:`human` numbers when displayed in Jupyter (a pandas Styler;
     the data is unchanged). Its HTML id comes from the data, so a notebook's saved output does
-    not change from one run to the next."""
+    not change from one run to the next. A Styler needs jinja2, which a bare kernel
+    (ipykernel alone, as VS Code runs one) lacks: then a DataFrame of the same numbers as
+    text, as :func:`format_table` prints them."""
+    try:
+        import jinja2  # noqa: F401  (only to know whether pandas' Styler can render)
+    except ImportError:
+        return attainment_percent(df).astype(object).map(human)
     digest = hashlib.sha1(pd.util.hash_pandas_object(df.astype(str)).values.tobytes())
     df = attainment_percent(df)
     return df.style.format(human).set_uuid(digest.hexdigest()[:10])

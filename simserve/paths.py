@@ -15,9 +15,11 @@ Two promises rest on this module:
 from __future__ import annotations
 
 import copy
+import csv
 import hashlib
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +128,85 @@ def clear_report(out: Path) -> list[str]:
         if not any(figures.iterdir()):
             figures.rmdir()
     return removed
+
+
+# The files each kind of output writes at the top of its folder (every kind also writes a
+# report: ``clear_report``). A compare writes comparison.csv there and one run folder per
+# variant; capacity and plan both write a probes.csv.
+OUTPUT_FILES: dict[str, tuple[str, ...]] = {
+    "run": ("scenario.yaml", "summary.json",
+            *(f"{name}.{ext}" for name in ("requests", "steps", "tokens")
+              for ext in ("csv", "parquet"))),
+    "compare": ("comparison.csv",),
+    "sweep": ("sweep.csv", "sweep.parquet", "sweep.yaml"),
+    "capacity": ("capacity.json", "probes.csv"),
+    "plan": ("plan.json", "candidates.csv", "candidates.parquet", "probes.csv"),
+}
+_KIND_NAMES = {"run": "a run", "compare": "a compare", "sweep": "a sweep",
+               "capacity": "a capacity search", "plan": "a plan"}
+_MARKERS = {"run": "summary.json", "compare": "comparison.csv", "sweep": "sweep.csv",
+            "capacity": "capacity.json", "plan": "plan.json"}
+
+
+def clear_other_outputs(out: Path, kind: str, variants: Iterable[str] = ()) -> str | None:
+    """Before an output of ``kind`` (a key of ``OUTPUT_FILES``) is written into ``out``:
+    remove what an output of another kind left there, and, for a compare, the variant folders
+    of an earlier compare that this one (``variants``: its folder names) does not write.
+    ``simserve report`` tells a folder's kind by the files it finds (a run's summary.json
+    first), so another output's files left beside the new ones would be reported instead of
+    them, or with them. Only files simserve writes are removed: a variant folder (one that the
+    earlier compare's comparison.csv names) loses its run files and report, and goes only
+    when nothing else is left in it. Returns a sentence saying what was replaced, or None."""
+    out = Path(out)
+    if not out.is_dir():
+        return None
+    found = [k for k, marker in _MARKERS.items() if k != kind and (out / marker).is_file()]
+    keep = set(variants) if kind == "compare" else set()
+    gone = [v for v in _old_variants(out) if v not in keep]
+    removed = []
+    for k, names in OUTPUT_FILES.items():
+        for name in names:
+            if k != kind and name not in OUTPUT_FILES[kind] and (out / name).is_file():
+                (out / name).unlink()
+                removed.append(name)
+    for name in gone:
+        _clear_run_folder(out / name)
+    if not removed and not gone:
+        return None
+    what = " and ".join(_KIND_NAMES[k] for k in found) or "another compare"
+    parts = [", ".join(removed)] if removed else []
+    if gone:
+        parts.append(f"{len(gone)} variant folder(s): {', '.join(gone[:3])}"
+                     + (f" and {len(gone) - 3} more" if len(gone) > 3 else ""))
+    return (f"replacing the results of {what} in {out}/ with {_KIND_NAMES[kind]}'s "
+            f"(removed {'; '.join(parts)})")
+
+
+def _old_variants(out: Path) -> list[str]:
+    """The variant folders an earlier compare wrote into ``out``: those its comparison.csv
+    names in its first column that hold a run (a folder it does not name is left alone)."""
+    try:
+        text = (out / "comparison.csv").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return []
+    names = []
+    for row in list(csv.reader(text.splitlines()))[1:]:
+        name = row[0] if row else ""
+        if name and name == folder_name(name) and (out / name / "summary.json").is_file() \
+                and name not in names:
+            names.append(name)
+    return names
+
+
+def _clear_run_folder(d: Path) -> None:
+    """Remove a run's files and report from the folder ``d``, and ``d`` if nothing is left."""
+    for name in OUTPUT_FILES["run"]:
+        (d / name).unlink(missing_ok=True)
+    clear_report(d)
+    try:
+        d.rmdir()
+    except OSError:             # (something else lies there: kept, with the folder)
+        pass
 
 
 def replaced_note(out: Path, new_scenario: str) -> str | None:

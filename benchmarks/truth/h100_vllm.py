@@ -10,7 +10,7 @@ prefill on, vLLM v1's schedule, the default latency model on H100-SXM, inference
 workload), is simulated, and its per-stage TTFT/E2E mean, p90, p99 and mean ITL are compared
 with the measured rows; each peer's error on the same rows is printed beside simserve's.
 
-    python benchmarks/truth/h100_vllm.py --truth ../shared/truth/h100-vllm [--set k=v ...]
+    python benchmarks/truth/h100_vllm.py --truth DIR [--set k=v ...]
 
 ITL is compared as the measurements compute it, ``(mean E2E − mean TTFT) / (n − 1)`` with the
 ``n`` the client counted: that ``n − 1`` is read back from each measured row
@@ -49,8 +49,18 @@ CARDS = {
 }
 
 
+TRUTH_FILES = ("experiments.json", "measured.csv", "peers.csv")
+
+
 def load_truth(truth: Path) -> tuple[list[dict], dict, dict]:
-    """(experiments, measured[(id, stage, metric)] = ms, peers[(id, stage, metric, sim)] = ms)."""
+    """(experiments, measured[(id, stage, metric)] = ms, peers[(id, stage, metric, sim)] = ms).
+    A folder without the files: one line saying where the public runs come from, exit 2."""
+    missing = [name for name in TRUTH_FILES if not (truth / name).is_file()]
+    if missing:
+        print(f"error: --truth {truth}: no {', '.join(missing)} there; the measured runs are "
+              "public but not shipped: docs/fidelity.md (Measured vLLM on H100) says where "
+              "they come from and how the folder is laid out", file=sys.stderr)
+        raise SystemExit(2)
     exps = json.loads((truth / "experiments.json").read_text())["experiments"]
     measured: dict[tuple[str, int, str], float] = {}
     with open(truth / "measured.csv") as f:

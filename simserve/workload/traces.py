@@ -54,10 +54,13 @@ class _Rows:
 
 
 def resolve_path(path: str, base_dir: Path, field: str) -> Path:
-    """``path`` made absolute against ``base_dir``; ConfigError naming ``field`` if missing."""
+    """``path`` made absolute against ``base_dir``; ConfigError naming ``field`` if missing
+    or not a file."""
     p = Path(path).expanduser()
     if not p.is_absolute():
         p = Path(base_dir) / p
+    if p.is_dir():
+        raise ConfigError(field, f"{p} is a directory, not a file")
     if not p.is_file():
         raise ConfigError(field, f"file not found: {p}")
     return p

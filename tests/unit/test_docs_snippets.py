@@ -2,7 +2,8 @@
 loader (a key given twice is an error) and checked by `simserve validate`, as a user who pastes
 it into a file would. A block that is only a section (``workload:``, ``slo:``...) is checked on
 top of a small base scenario; a block that gives a section replaces the base's section whole,
-so a snippet must be complete in itself."""
+so a snippet must be complete in itself. Also: every repository file that the README or a docs
+page names exists."""
 
 from __future__ import annotations
 
@@ -40,3 +41,19 @@ def test_yaml_block_validates(index, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 0, f"docs/scenario.md yaml block {index}:\n{text}\n{err}"
 
+
+
+# a repository file the README or a docs page names ("tests/unit/test_moe.py", cited as
+# tests/test_moe.py after the tests moved); vLLM's own paths and the README's placeholder aside
+CITED = re.compile(r"(?<![\w/])((?:tests|benchmarks|simserve|scenarios|profiler|notebooks)/"
+                   r"[\w./-]+\.(?:py|yaml|md|csv|json|jsonl|ipynb))\b")
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def test_every_repository_file_the_docs_name_exists():
+    cited = {(page.name, path) for page in PAGES
+             for path in CITED.findall(page.read_text(encoding="utf-8"))}
+    assert len(cited) > 50
+    missing = sorted((page, path) for page, path in cited
+                     if path != "tests/unit/test_x.py" and not (ROOT / path).exists())
+    assert missing == []

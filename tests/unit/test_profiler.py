@@ -750,6 +750,25 @@ def test_simserve_profile_without_torch_says_how_to_install(monkeypatch, capsys)
     assert "pip install torch==2.13.0 --index-url\nhttps://download.pytorch.org/whl/cpu" in readme
 
 
+def test_python_m_profiler_without_torch_says_how_to_install(monkeypatch, capsys):
+    # docs/profiler.md's command, run without torch: a 14-line ModuleNotFoundError traceback
+    import importlib.util
+    from profiler.cli import main as profiler_main
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else real(name, *a))
+    monkeypatch.setitem(sys.modules, "torch", None)        # import torch → ImportError
+    assert profiler_main(["--model", "tiny-llama-45m", "--device", "cpu", "--out",
+                          "p.json"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "profiler: error: measuring needs torch, which is not installed; on a CPU-only "
+        "machine install the CPU wheel first, pip install torch==2.13.0")
+    with pytest.raises(SystemExit) as info:                # its help needs none
+        profiler_main(["--help"])
+    assert info.value.code == 0 and "--model" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("flag", ["--help", "-h"])
 def test_simserve_profile_help_needs_no_torch(monkeypatch, capsys, flag):
     import importlib.util

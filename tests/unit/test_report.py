@@ -132,6 +132,64 @@ def test_set_overrides_are_named_and_never_clobber_the_plain_run(tmp_path, capsy
         in err
 
 
+def test_an_output_of_another_kind_in_the_folder_is_replaced_and_said(tmp_path, capsys):
+    """A compare written where a run was kept the run's summary.json, which the report then
+    read as the folder's only run ("1 run(s)"); a run written into a compare's folder, a
+    compare into another compare's, a sweep or capacity search into a run's all left the
+    earlier files to be reported. Each now removes what another output wrote there, says so,
+    and leaves anything simserve did not write."""
+    cmp_yaml = tmp_path / "cmp.yaml"
+    cmp_yaml.write_text(TINY.read_text() + "compare:\n  scheduler.policy: [vllm_v0, sarathi]\n")
+    out = tmp_path / "o"
+    n = ["--set", "workload.num_requests=20", "--quiet"]
+    assert main(["run", str(TINY), "--out", str(out), "--no-report", *n]) == 0
+    (out / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main(["run", str(cmp_yaml), "--out", str(out), *n]) == 0
+    err = capsys.readouterr().err
+    assert err.count("note: ") == 1 and (
+        f"note: replacing the results of a run in {out}/ with a compare's (removed "
+        "scenario.yaml, summary.json, requests.csv, steps.csv)") in err
+    assert not (out / "summary.json").exists() and (out / "notes.txt").read_text() == "mine"
+    assert "<h2>Policy comparison</h2>" in (out / "report.html").read_text()
+    assert [r.label for r in load_inputs([out]).runs] == ["vllm_v0", "sarathi"]
+    # a compare of other variants: the earlier compare's folders go (a file of the user's in
+    # one keeps that folder, without the run)
+    (out / "sarathi" / "keep.txt").write_text("mine")
+    other = tmp_path / "other.yaml"
+    other.write_text(TINY.read_text() + "compare:\n  scheduler.policy: [static, vllm_v0]\n")
+    assert main(["run", str(other), "--out", str(out), "--no-report", *n]) == 0
+    err = capsys.readouterr().err
+    assert (f"note: replacing the results of another compare in {out}/ with a compare's "
+            "(removed 1 variant folder(s): sarathi)") in err
+    assert sorted(p.name for p in (out / "sarathi").iterdir()) == ["keep.txt"]
+    assert [r.label for r in load_inputs([out]).runs] == ["static", "vllm_v0"]
+    # a run into the compare's folder: its variant folders go with comparison.csv
+    assert main(["run", str(TINY), "--out", str(out), "--no-report", *n]) == 0
+    err = capsys.readouterr().err
+    assert (f"note: replacing the results of a compare in {out}/ with a run's (removed "
+            "comparison.csv; 2 variant folder(s): static, vllm_v0)") in err
+    assert sorted(p.name for p in out.iterdir()) == [
+        "notes.txt", "requests.csv", "sarathi", "scenario.yaml", "steps.csv", "summary.json"]
+    # a capacity search into a run's folder, then a run again: each says what it replaced
+    assert main(["capacity", str(TINY), "--seeds", "1", "--out", str(out), "--quiet",
+                 "--no-report"]) == 0
+    assert (f"note: replacing the results of a run in {out}/ with a capacity search's "
+            "(removed scenario.yaml, summary.json, requests.csv, steps.csv)") \
+        in capsys.readouterr().err
+    assert load_inputs([out]).capacities and not load_inputs([out]).runs
+    assert main(["run", str(TINY), "--out", str(out), "--no-report", *n]) == 0
+    assert (f"note: replacing the results of a capacity search in {out}/ with a run's "
+            "(removed capacity.json, probes.csv)") in capsys.readouterr().err
+    # the same kind again says nothing new; a folder of the user's runs is left alone
+    assert main(["run", str(TINY), "--out", str(out), "--no-report", *n]) == 0
+    assert "note:" not in capsys.readouterr().err
+    runs = tmp_path / "runs"
+    tiny_run(runs / "a")
+    assert main(["run", str(TINY), "--out", str(runs), "--no-report", *n]) == 0
+    assert (runs / "a" / "summary.json").is_file()
+
+
 def test_sweep_and_capacity_reports(tmp_path):
     grid = {"base": str(TINY), "set": {"workload.num_requests": 20},
             "grid": {"scheduler.policy": ["vllm_v0", "vllm_v1"],
@@ -718,6 +776,20 @@ def test_a_number_rounded_up_to_the_next_size_is_shown_as_that_size_is():
         "100", "100", "99.9", "10.0", "9.99", "12.3", "-100"]
     table = format_table(pd.DataFrame({"max attainment": [1.0, 0.9997]}))
     assert table.split() == ["max", "attainment", "(%)", "0", "100", "1", "100"]
+
+
+def test_styled_tables_render_with_jinja2_and_fall_back_to_text_without(monkeypatch):
+    # a bare kernel (ipykernel alone) has no jinja2: pandas' Styler failed there with an
+    # AttributeError, in make_notebooks.py and in a user's notebook alike
+    import sys
+    from simserve.fmt import styled
+    df = pd.DataFrame({"SLO attainment": [0.9997], "tok/s": [11150.0]})
+    html = styled(df).to_html()
+    assert "11,150" in html and "100" in html and "SLO attainment (%)" in html
+    monkeypatch.setitem(sys.modules, "jinja2", None)      # (import jinja2: ImportError)
+    plain = styled(df)
+    assert isinstance(plain, pd.DataFrame)
+    assert plain.to_dict("list") == {"SLO attainment (%)": ["100"], "tok/s": ["11,150"]}
 
 
 def test_the_report_says_each_runs_trust_beside_its_name():

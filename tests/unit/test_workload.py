@@ -457,6 +457,10 @@ def test_plain_csv_sorts_stably_and_rescales(tmp_path):
 def test_trace_file_not_found(tmp_path):
     msg = error(ConfigError, trace, tmp_path / "missing.csv", "csv")
     assert msg.startswith("workload.trace: file not found") and "missing.csv" in msg
+    # a folder where a file belongs was "file not found" too, though it is there
+    (tmp_path / "traces").mkdir()
+    msg = error(ConfigError, trace, tmp_path / "traces", "csv")
+    assert msg == f"workload.trace: {tmp_path / 'traces'} is a directory, not a file"
 
 
 def test_missing_column(tmp_path):
