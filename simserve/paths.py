@@ -132,20 +132,23 @@ def clear_report(out: Path) -> list[str]:
 
 # The files each kind of output writes at the top of its folder (every kind also writes a
 # report: ``clear_report``). A compare writes comparison.csv there and one run folder per
-# variant; capacity and plan both write a probes.csv.
+# variant; a replay writes a run's files and two of its own; capacity and plan both write a
+# probes.csv.
+_RUN_FILES = ("scenario.yaml", "summary.json",
+              *(f"{name}.{ext}" for name in ("requests", "steps", "tokens")
+                for ext in ("csv", "parquet")))
 OUTPUT_FILES: dict[str, tuple[str, ...]] = {
-    "run": ("scenario.yaml", "summary.json",
-            *(f"{name}.{ext}" for name in ("requests", "steps", "tokens")
-              for ext in ("csv", "parquet"))),
+    "run": _RUN_FILES,
+    "replay": (*_RUN_FILES, "chunks.csv", "replay.json"),
     "compare": ("comparison.csv",),
     "sweep": ("sweep.csv", "sweep.parquet", "sweep.yaml"),
     "capacity": ("capacity.json", "probes.csv"),
     "plan": ("plan.json", "candidates.csv", "candidates.parquet", "probes.csv"),
 }
-_KIND_NAMES = {"run": "a run", "compare": "a compare", "sweep": "a sweep",
+_KIND_NAMES = {"run": "a run", "replay": "a replay", "compare": "a compare", "sweep": "a sweep",
                "capacity": "a capacity search", "plan": "a plan"}
-_MARKERS = {"run": "summary.json", "compare": "comparison.csv", "sweep": "sweep.csv",
-            "capacity": "capacity.json", "plan": "plan.json"}
+_MARKERS = {"run": "summary.json", "replay": "replay.json", "compare": "comparison.csv",
+            "sweep": "sweep.csv", "capacity": "capacity.json", "plan": "plan.json"}
 
 
 def clear_other_outputs(out: Path, kind: str, variants: Iterable[str] = ()) -> str | None:

@@ -50,7 +50,7 @@ from simserve.errors import SimserveError
 from simserve.live.client import (WARMUP_IDS, EndpointError, Outcome, check_client_options,
                                   check_endpoint_host, load_average, no_model, probe,
                                   prompt_ids, request_body, send)
-from simserve.paths import check_out_dir, make_out_dir
+from simserve.paths import check_out_dir, clear_other_outputs, make_out_dir
 
 if TYPE_CHECKING:   # the CLI builds its parser from this module: keep importing it cheap
     import pandas as pd
@@ -354,6 +354,9 @@ def _cmd_replay(args) -> int:
     if sm["token_count_mismatches"]:
         print(f"warning: {sm['token_count_mismatches']} requests' token counts differ from "
               f"the server's usage", file=sys.stderr)
+    note = clear_other_outputs(Path(args.out), "replay")
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     path = result.save(args.out)
     print(f"replayed {sm['num_requests']} requests in {result.meta['wall_s']:.1f} s "
           f"({sm['completed']} finished, {sm['num_failed']} failed); results in {path}/")

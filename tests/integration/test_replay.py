@@ -359,6 +359,12 @@ def test_cli_replay_writes_run_files_and_compare_reads_them(tmp_path, capsys):
     assert main(["compare", str(real), str(tmp_path / "sim")]) == 0
     out, _ = capsys.readouterr()
     assert "TTFT p50" in out and "rel. error" in out and "output tok/s" in out
+    # a simulated run written into the replay's folder: the replay's own files go too (they
+    # described a server the run never saw)
+    assert main(["run", str(path), "--out", str(real), "--quiet", "--no-report"]) == 0
+    assert (f"note: replacing the results of a replay in {real}/ with a run's (removed "
+            "chunks.csv, replay.json)") in capsys.readouterr().err
+    assert not (real / "replay.json").exists() and not (real / "chunks.csv").exists()
 
 
 def test_replay_summary_shows_no_scheduler_figures_a_client_cannot_see(tmp_path, capsys):
