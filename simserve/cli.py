@@ -236,7 +236,7 @@ def _cmd_plan(args) -> int:
     print(result.answer())
     print(f"{len(result.table)} candidates, {result.simulated} simulated, "
           f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
-    _note(clear_other_outputs(out, "plan"))
+    _note(clear_other_outputs(out, "plan", inputs=[args.scenario, *filter(None, [args.space])]))
     result.save(out)
     print(f"results in {out}/ (plan.json, candidates.csv, probes.csv)")
     _report(args, out)
@@ -272,6 +272,23 @@ def _report_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-report", dest="report", action="store_false",
                    help="do not write report.html and figures/ at the end")
     p.add_argument("--svg", action="store_true", help="also write each figure as SVG")
+
+
+def _inputs(path: str, variants) -> list[Path]:
+    """The files a run or compare read: its scenario file and the files each variant names."""
+    from simserve.paths import named_files
+    return [Path(path), *(f for _, s in variants for f in named_files(s.to_dict(), s.base_dir))]
+
+
+def _sweep_inputs(grid: str) -> list[Path]:
+    """A sweep file and the base scenario it names (``base:``)."""
+    from simserve import safeyaml
+    try:
+        raw = safeyaml.load(grid)
+    except SimserveError:
+        raw = None
+    base = raw.get("base") if isinstance(raw, dict) else None
+    return [Path(grid), *([Path(grid).parent / base] if isinstance(base, str) else [])]
 
 
 def _note(note: str | None) -> None:
@@ -361,7 +378,8 @@ def _cmd_run(args) -> int:
         if not cleared:
             cleared = True
             _note(clear_other_outputs(root, "compare" if several else "run",
-                                      [folder_name(v) for v, _ in variants]))
+                                      [folder_name(v) for v, _ in variants],
+                                      _inputs(args.scenario, variants)))
         note = replaced_note(out, scenario_yaml(result.scenario, out))
         if note:
             print(f"note: {note}", file=sys.stderr)
@@ -425,7 +443,7 @@ def _cmd_sweep(args) -> int:
         for f in spec.fields:           # an inline card by its name, as compare labels it
             view[f] = [value_label(v) if isinstance(v, (dict, list)) else v for v in view[f]]
         print(format_table(view, index=False))
-    _note(clear_other_outputs(out, "sweep"))
+    _note(clear_other_outputs(out, "sweep", inputs=_sweep_inputs(args.grid)))
     save_sweep(table, spec, out)
     print(f"{len(table)} points ({len(failed)} failed) in {wall:.1f} s; table in "
           f"{out}/sweep.csv")
@@ -458,7 +476,7 @@ def _cmd_capacity(args) -> int:
     print(result.table())
     print(f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
     _note(_replaced_search(out, result.to_dict()))
-    _note(clear_other_outputs(out, "capacity"))
+    _note(clear_other_outputs(out, "capacity", inputs=[args.scenario]))
     result.save(out)
     print(f"results in {out}/ (capacity.json, probes.csv)")
     _report(args, out)

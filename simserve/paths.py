@@ -63,6 +63,30 @@ def rebase_paths(raw: dict, base_dir: Path, out_dir: Path) -> dict:
     return out
 
 
+def named_files(raw: dict, base_dir: Path) -> list[Path]:
+    """The files the scenario mapping ``raw`` (paths relative to ``base_dir``) names: a trace,
+    a lengths file, a profile (cluster groups' too)."""
+    found: list[Path] = []
+
+    def take(node: Any, parts: list[str]) -> None:
+        for part in parts:
+            if not isinstance(node, dict):
+                return
+            node = node.get(part)
+        if isinstance(node, str):
+            p = Path(node).expanduser()
+            found.append(p if p.is_absolute() else Path(base_dir) / p)
+
+    for dotted, must_exist in PATH_FIELDS.items():
+        if must_exist:
+            take(raw, dotted.split("."))
+    groups = (raw.get("cluster") or {}).get("groups") if isinstance(raw.get("cluster"), dict) \
+        else None
+    for group in groups if isinstance(groups, list) else []:
+        take(group, ["latency", "path"])
+    return found
+
+
 def rebase_value(field: str, value: Any, base_dir: Path, out_dir: Path) -> Any:
     """One ``FIELD: value`` (a sweep axis) rebased if ``field`` holds a path."""
     if field in PATH_FIELDS and isinstance(value, str):
@@ -119,7 +143,7 @@ def clear_report(out: Path) -> list[str]:
         (out / "report.html").unlink()
         removed.append("report.html")
     figures = out / "figures"
-    if figures.is_dir():
+    if figures.is_dir() and not figures.is_symlink():   # (a link leads elsewhere: not ours)
         stale = [p for p in figures.iterdir() if p.is_file() and p.suffix in REPORT_FIGURES]
         for p in stale:
             p.unlink()
@@ -151,29 +175,36 @@ _MARKERS = {"run": "summary.json", "replay": "replay.json", "compare": "comparis
             "sweep": "sweep.csv", "capacity": "capacity.json", "plan": "plan.json"}
 
 
-def clear_other_outputs(out: Path, kind: str, variants: Iterable[str] = ()) -> str | None:
+def clear_other_outputs(out: Path, kind: str, variants: Iterable[str] = (),
+                        inputs: Iterable[str | Path] = ()) -> str | None:
     """Before an output of ``kind`` (a key of ``OUTPUT_FILES``) is written into ``out``:
     remove what an output of another kind left there, and, for a compare, the variant folders
     of an earlier compare that this one (``variants``: its folder names) does not write.
     ``simserve report`` tells a folder's kind by the files it finds (a run's summary.json
     first), so another output's files left beside the new ones would be reported instead of
-    them, or with them. Only files simserve writes are removed: a variant folder (one that the
-    earlier compare's comparison.csv names) loses its run files and report, and goes only
-    when nothing else is left in it. Returns a sentence saying what was replaced, or None."""
+    them, or with them.
+
+    Only what an earlier output wrote goes: the files of a kind whose mark (``_MARKERS``:
+    summary.json, comparison.csv...) is there, and the variant folders its comparison.csv
+    names (their run files and report; a folder goes only when nothing else is left in it).
+    Never a file of ``inputs`` (the files the command read: a scenario.yaml the user keeps
+    there), nor anything a symbolic link leads to; a file that cannot be removed is left.
+    Returns a sentence saying what was replaced, or None."""
     out = Path(out)
     if not out.is_dir():
         return None
     found = [k for k, marker in _MARKERS.items() if k != kind and (out / marker).is_file()]
     keep = set(variants) if kind == "compare" else set()
     gone = [v for v in _old_variants(out) if v not in keep]
-    removed = []
-    for k, names in OUTPUT_FILES.items():
-        for name in names:
-            if k != kind and name not in OUTPUT_FILES[kind] and (out / name).is_file():
-                (out / name).unlink()
+    read = {_resolved(p) for p in inputs}
+    removed: list[str] = []
+    for k in found:
+        for name in OUTPUT_FILES[k]:
+            path = out / name
+            if name not in OUTPUT_FILES[kind] and name not in removed and path.is_file() \
+                    and _resolved(path) not in read and _unlink(path):
                 removed.append(name)
-    for name in gone:
-        _clear_run_folder(out / name)
+    gone = [name for name in gone if _clear_run_folder(out / name, read)]
     if not removed and not gone:
         return None
     what = " and ".join(_KIND_NAMES[k] for k in found) or "another compare"
@@ -185,31 +216,55 @@ def clear_other_outputs(out: Path, kind: str, variants: Iterable[str] = ()) -> s
             f"(removed {'; '.join(parts)})")
 
 
-def _old_variants(out: Path) -> list[str]:
-    """The variant folders an earlier compare wrote into ``out``: those its comparison.csv
-    names in its first column that hold a run (a folder it does not name is left alone)."""
+def _resolved(path: str | Path) -> Path:
     try:
-        text = (out / "comparison.csv").read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        return Path(path).resolve()
+    except (OSError, RuntimeError):     # (a loop of links)
+        return Path(os.path.abspath(path))
+
+
+def _unlink(path: Path) -> bool:
+    """Remove the file ``path``; False if it cannot be (it is left)."""
+    try:
+        path.unlink()
+    except OSError:
+        return False
+    return True
+
+
+def _old_variants(out: Path) -> list[str]:
+    """The variant folders an earlier compare wrote into ``out``: the folder of each label in
+    its comparison.csv's first column that is a folder of ``out`` itself (not a link) holding
+    a run. A comparison.csv that cannot be read names none."""
+    try:
+        with open(out / "comparison.csv", encoding="utf-8", newline="") as f:
+            labels = [row[0] for row in csv.reader(f) if row][1:]
+    except (OSError, UnicodeDecodeError, csv.Error):
         return []
-    names = []
-    for row in list(csv.reader(text.splitlines()))[1:]:
-        name = row[0] if row else ""
-        if name and name == folder_name(name) and (out / name / "summary.json").is_file() \
-                and name not in names:
+    names: list[str] = []
+    for label in labels:
+        name = folder_name(label)
+        d = out / name
+        if name not in names and d.is_dir() and not d.is_symlink() \
+                and (d / "summary.json").is_file():
             names.append(name)
     return names
 
 
-def _clear_run_folder(d: Path) -> None:
-    """Remove a run's files and report from the folder ``d``, and ``d`` if nothing is left."""
-    for name in OUTPUT_FILES["run"]:
-        (d / name).unlink(missing_ok=True)
-    clear_report(d)
+def _clear_run_folder(d: Path, read: set[Path]) -> bool:
+    """Remove a run's files and report from the folder ``d`` (none of ``read``), and ``d`` if
+    nothing else is left; True if any of them went."""
+    gone = [name for name in OUTPUT_FILES["run"] if (d / name).is_file()
+            and _resolved(d / name) not in read and _unlink(d / name)]
+    try:
+        gone += clear_report(d)
+    except OSError:             # (a figure that cannot be removed: left)
+        pass
     try:
         d.rmdir()
     except OSError:             # (something else lies there: kept, with the folder)
         pass
+    return bool(gone)
 
 
 def replaced_note(out: Path, new_scenario: str) -> str | None:

@@ -242,9 +242,9 @@ def load(path: str | Path) -> Any:
 
 def parse_value(text: str, where: str) -> Any:
     """A ``--set FIELD=VALUE`` value parsed as YAML; ConfigError naming ``where``. A value that
-    is not valid YAML is kept as the string it is (``--set name=a: b: c``), unless it opens a
-    flow mapping or list or a quoted string (``{``, ``[``, a quote): that was meant as YAML,
-    and kept as text it would be refused as the wrong type, hiding the syntax error."""
+    is not valid YAML is kept as the string it is (``--set name=a: b: c``, ``name=[x] y``),
+    unless it opens a flow mapping or list (``{``, ``[``) left open at its end: that was meant
+    as YAML, and kept as text it would be refused as the wrong type, hiding the syntax error."""
     if not text.strip():
         raise ConfigError(where, "no value given (FIELD=VALUE); write null to unset a field")
     if "\x00" in text:
@@ -252,6 +252,8 @@ def parse_value(text: str, where: str) -> Any:
     try:
         return parse(text, where)
     except DataError as e:
-        if e.message.startswith("invalid YAML") and text.lstrip()[0] not in "{[\"'":
+        if e.message.startswith("invalid YAML") and not (
+                text.lstrip()[0] in "{[" and ("<stream end>" in e.message
+                                              or "end of stream" in e.message)):
             return text
         raise ConfigError(where, e.message) from None

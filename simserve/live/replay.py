@@ -354,7 +354,7 @@ def _cmd_replay(args) -> int:
     if sm["token_count_mismatches"]:
         print(f"warning: {sm['token_count_mismatches']} requests' token counts differ from "
               f"the server's usage", file=sys.stderr)
-    note = clear_other_outputs(Path(args.out), "replay")
+    note = clear_other_outputs(Path(args.out), "replay", inputs=[args.scenario])
     if note:
         print(f"note: {note}", file=sys.stderr)
     path = result.save(args.out)

@@ -190,6 +190,52 @@ def test_an_output_of_another_kind_in_the_folder_is_replaced_and_said(tmp_path, 
     assert (runs / "a" / "summary.json").is_file()
 
 
+def test_replacing_another_output_removes_only_what_simserve_wrote(tmp_path, capsys):
+    """What a review of the replacement found: files of the user's that share an output's
+    names, a variant folder that is a link elsewhere, an unreadable comparison.csv, labels
+    that are not folder names."""
+    n = ["--set", "workload.num_requests=20", "--quiet", "--no-report"]
+    # the user's files named like an output's, with no output there: all kept
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "scenario.yaml").write_text(TINY.read_text())
+    for name in ("requests.csv", "sweep.yaml", "probes.csv"):
+        (mine / name).write_text("mine")
+    assert main(["capacity", str(mine / "scenario.yaml"), "--seeds", "1", "--out", str(mine),
+                 "--quiet", "--no-report"]) == 0
+    assert "note: replacing" not in capsys.readouterr().err
+    assert all((mine / f).read_text() == "mine" for f in ("requests.csv", "sweep.yaml"))
+    # a sweep whose base scenario is a run's scenario.yaml in the folder it writes into: the
+    # run's other files go, the file it read stays
+    run = tmp_path / "run"
+    assert main(["run", str(TINY), "--out", str(run), *n]) == 0
+    (run / "grid.yaml").write_text("base: scenario.yaml\nset: {workload.num_requests: 10}\n"
+                                   "grid:\n  workload.rate: [5]\n")
+    assert main(["sweep", str(run / "grid.yaml"), "--out", str(run), "--workers", "1",
+                 "--quiet", "--no-report"]) == 0
+    assert (f"note: replacing the results of a run in {run}/ with a sweep's (removed "
+            "summary.json, requests.csv, steps.csv)") in capsys.readouterr().err
+    assert (run / "scenario.yaml").is_file()
+    # a variant folder that links elsewhere, and one whose label is no folder name
+    keep = tiny_run(tmp_path / "keep")
+    cmp_dir = tmp_path / "cmp"
+    cmp_dir.mkdir()
+    (cmp_dir / "linked").symlink_to(keep)
+    tiny_run(cmp_dir / "v_0")
+    (cmp_dir / "comparison.csv").write_text(",TTFT p50 ms\nlinked,1\nv 0,2\n")
+    assert main(["run", str(TINY), "--out", str(cmp_dir), *n]) == 0
+    assert (f"note: replacing the results of a compare in {cmp_dir}/ with a run's (removed "
+            "comparison.csv; 1 variant folder(s): v_0)") in capsys.readouterr().err
+    assert not (cmp_dir / "v_0").exists() and (keep / "summary.json").is_file()
+    # a comparison.csv the csv module refuses (a field past its limit) names no variant
+    odd = tmp_path / "odd"
+    tiny_run(odd / "a")
+    (odd / "comparison.csv").write_text(',x\n"' + "a" * 200_000 + '",1\na,2\n')
+    assert main(["run", str(TINY), "--out", str(odd), *n]) == 0
+    assert (odd / "summary.json").is_file() and (odd / "a" / "summary.json").is_file()
+    assert not (odd / "comparison.csv").exists()
+
+
 def test_sweep_and_capacity_reports(tmp_path):
     grid = {"base": str(TINY), "set": {"workload.num_requests": 20},
             "grid": {"scheduler.policy": ["vllm_v0", "vllm_v1"],

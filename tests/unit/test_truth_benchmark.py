@@ -80,3 +80,41 @@ def test_a_run_is_simulated_as_vllm_ran_it_async_and_poisson():
     s = parse_scenario(raw)
     assert s.engine.async_scheduling and s.workload.arrival.process == "poisson"
     assert [st.rate for st in s.workload.stages] == [2.0, 4.0]
+
+
+def test_a_truth_folder_without_the_runs_says_where_they_come_from(tmp_path, capsys):
+    # the default folder beside the checkout is not there on a user's machine: a traceback
+    (tmp_path / "measured.csv").write_text("experiment,stage_index,metric,measured_ms\n")
+    with pytest.raises(SystemExit) as info:
+        truth.load_truth(tmp_path)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: --truth {tmp_path}: no experiments.json, peers.csv there")
+    assert "docs/fidelity.md (Measured vLLM on H100)" in err
+    doc = (ROOT / "docs" / "fidelity.md").read_text()
+    assert "github.com/inference-sim/sim-to-real-accuracy-validation" in doc
+
+
+def test_the_reference_servers_tiny_model_folder(tmp_path):
+    # benchmarks/tiny_model.py: the tiny-llama-45m card's shapes, and w<i> is token id i
+    import json
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import tiny_model
+    from simserve.cards import load_model
+    out = tiny_model.write(tmp_path / "tiny")
+    card = load_model("tiny-llama-45m")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"],
+            cfg["num_key_value_heads"], cfg["head_dim"], cfg["intermediate_size"],
+            cfg["vocab_size"]) == (card.hidden_size, card.num_layers, card.num_heads,
+                                   card.num_kv_heads, card.head_dim, card.intermediate_size,
+                                   card.vocab_size) == (512, 4, 8, 8, 64, 1408, 32000)
+    tok = json.loads((out / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    assert tok["model"]["type"] == "WordLevel" and len(vocab) == 32000
+    assert [vocab[t] for t in ("<unk>", "<s>", "</s>", "<pad>", "w4", "w31999")] == \
+        [0, 1, 2, 3, 4, 31999]
+    assert sorted(vocab.values()) == list(range(32000))
+    assert cfg["eos_token_id"] == vocab["</s>"] and cfg["bos_token_id"] == vocab["<s>"]
+    assert not list(out.glob("*.safetensors")) and not list(out.glob("*.bin"))
