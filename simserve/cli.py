@@ -380,9 +380,7 @@ def _cmd_run(args) -> int:
             _note(clear_other_outputs(root, "compare" if several else "run",
                                       [folder_name(v) for v, _ in variants],
                                       _inputs(args.scenario, variants)))
-        note = replaced_note(out, scenario_yaml(result.scenario, out))
-        if note:
-            print(f"note: {note}", file=sys.stderr)
+        _note(replaced_note(out, scenario_yaml(result.scenario, out)))
         path = result.save(out, tokens=args.tokens, steps=args.steps, fmt=args.fmt)
         print(f"simulated {result.summary['num_requests']:,} requests, {result.num_steps:,} "
               f"steps in {wall:.2f} s [latency: {result.latency_label}]; results in {path}/")
@@ -428,9 +426,7 @@ def _cmd_sweep(args) -> int:
     out = Path(args.out) if args.out else default_out(Path("runs") / Path(args.grid).stem,
                                                       args.overrides)
     check_out_dir(out)
-    note = replaced_sweep_note(out, spec)
-    if note:                      # said before the run: the table there is about to go
-        print(f"note: {note}", file=sys.stderr)
+    _note(replaced_sweep_note(out, spec))   # (said before the run: its table is to go)
     t0 = time.perf_counter()
     table = sweep(spec, executor=args.executor, workers=args.workers, address=args.address,
                   progress=True)

@@ -53,38 +53,40 @@ def rebase_paths(raw: dict, base_dir: Path, out_dir: Path) -> dict:
     made relative to ``out_dir`` (absolute paths stay as they are). Cluster groups' latency
     sections are rebased too."""
     out = copy.deepcopy(raw)
-    for dotted, must_exist in PATH_FIELDS.items():
-        _rebase_field(out, dotted.split("."), base_dir, out_dir, must_exist)
-    groups = (out.get("cluster") or {}).get("groups") if isinstance(out.get("cluster"), dict) \
-        else None
-    for group in groups if isinstance(groups, list) else []:
-        if isinstance(group, dict):
-            _rebase_field(group, ["latency", "path"], base_dir, out_dir, True)
+    for node, key, must_exist in _path_slots(out):
+        node[key] = rebase(node[key], base_dir, out_dir, must_exist)
     return out
 
 
 def named_files(raw: dict, base_dir: Path) -> list[Path]:
     """The files the scenario mapping ``raw`` (paths relative to ``base_dir``) names: a trace,
     a lengths file, a profile (cluster groups' too)."""
-    found: list[Path] = []
-
-    def take(node: Any, parts: list[str]) -> None:
-        for part in parts:
-            if not isinstance(node, dict):
-                return
-            node = node.get(part)
-        if isinstance(node, str):
-            p = Path(node).expanduser()
-            found.append(p if p.is_absolute() else Path(base_dir) / p)
-
-    for dotted, must_exist in PATH_FIELDS.items():
+    found = []
+    for node, key, must_exist in _path_slots(raw):
         if must_exist:
-            take(raw, dotted.split("."))
+            p = Path(node[key]).expanduser()
+            found.append(p if p.is_absolute() else Path(base_dir) / p)
+    return found
+
+
+def _path_slots(raw: dict) -> list[tuple[dict, str, bool]]:
+    """Where the scenario mapping ``raw`` holds a path (``PATH_FIELDS``, and each cluster
+    group's ``latency.path``): (the mapping holding it, its key, whether the file must exist
+    to be a path), for each such field set to a string."""
+    fields = [(raw, dotted.split("."), must_exist) for dotted, must_exist in PATH_FIELDS.items()]
     groups = (raw.get("cluster") or {}).get("groups") if isinstance(raw.get("cluster"), dict) \
         else None
-    for group in groups if isinstance(groups, list) else []:
-        take(group, ["latency", "path"])
-    return found
+    fields += [(group, ["latency", "path"], True)
+               for group in (groups if isinstance(groups, list) else [])]
+    slots = []
+    for node, parts, must_exist in fields:
+        for part in parts[:-1]:
+            if not isinstance(node, dict):
+                break
+            node = node.get(part)
+        if isinstance(node, dict) and isinstance(node.get(parts[-1]), str):
+            slots.append((node, parts[-1], must_exist))
+    return slots
 
 
 def rebase_value(field: str, value: Any, base_dir: Path, out_dir: Path) -> Any:
@@ -92,16 +94,6 @@ def rebase_value(field: str, value: Any, base_dir: Path, out_dir: Path) -> Any:
     if field in PATH_FIELDS and isinstance(value, str):
         return rebase(value, base_dir, out_dir, PATH_FIELDS[field])
     return value
-
-
-def _rebase_field(node: Any, parts: list[str], base_dir: Path, out_dir: Path,
-                  must_exist: bool) -> None:
-    for part in parts[:-1]:
-        if not isinstance(node, dict):
-            return
-        node = node.get(part)
-    if isinstance(node, dict) and isinstance(node.get(parts[-1]), str):
-        node[parts[-1]] = rebase(node[parts[-1]], base_dir, out_dir, must_exist)
 
 
 def rebase(path: str, base_dir: Path, out_dir: Path, must_exist: bool = True) -> str:
