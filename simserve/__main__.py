@@ -1,5 +1,3 @@
-import sys
+from simserve.cli import console
 
-from simserve.cli import main
-
-sys.exit(main())
+console()

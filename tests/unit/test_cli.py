@@ -40,3 +40,26 @@ def test_a_run_does_not_pay_for_the_version_lookup():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "False"
+
+
+def test_the_console_entry_exits_with_mains_code_and_freezes_what_is_left(monkeypatch):
+    """``simserve`` and ``python -m simserve`` end through ``console``: main's exit code, with
+    the objects left alive frozen first so that shutdown skips collecting them."""
+    import simserve.cli as cli
+
+    seen = []
+    monkeypatch.setattr(cli, "main", lambda: seen.append("main") or 3)
+    monkeypatch.setattr(cli.gc, "freeze", lambda: seen.append("freeze"))
+    with pytest.raises(SystemExit) as info:
+        cli.console()
+    assert info.value.code == 3 and seen == ["main", "freeze"]
+
+
+def test_the_installed_script_and_python_m_call_the_console_entry():
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["simserve"] == "simserve.cli:console"
+    assert "console()" in (root / "simserve" / "__main__.py").read_text()
