@@ -221,9 +221,10 @@ def _cmd_plan(args) -> int:
     if args.workers is not None and args.workers < 1:
         raise ConfigError("--workers", f"must be >= 1, got {args.workers}")
     _check_address(args)
-    from simserve.paths import check_out_dir, clear_other_outputs
+    from simserve.paths import OUTPUT_FILES, REPORT_FILES, check_out_dir, clear_other_outputs
     out = Path(args.out) if args.out else Path("runs") / f"{Path(args.scenario).stem}-plan"
-    check_out_dir(out)
+    check_out_dir(out, (*OUTPUT_FILES["plan"], *REPORT_FILES),
+                  [args.scenario, *filter(None, [args.space])])
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     t0 = time.perf_counter()
     try:
@@ -329,21 +330,14 @@ def _percentiles_flag(text: str) -> list[float]:
 
 def _cmd_run(args) -> int:
     from simserve.config import load_variants
-    from simserve.deployment import check
-    from simserve.paths import (check_out_dir, clear_other_outputs, default_out, folder_name,
-                                replaced_note)
-    from simserve.runner import comparison_table, coinciding, run, scenario_yaml
+    from simserve.paths import (OUTPUT_FILES, REPORT_FILES, check_out_dir, clear_other_outputs,
+                                default_out, folder_name, replaced_note)
+    from simserve.runner import check_variants, comparison_table, coinciding, run, scenario_yaml
 
     if args.metric_percentiles is not None:
         args.overrides.append(f"metric_percentiles={_percentiles_flag(args.metric_percentiles)}")
     variants = load_variants(args.scenario, args.overrides)
-    for label, scenario in variants:      # every variant can exist before any of them runs
-        try:
-            check(scenario)
-        except ConfigError as e:
-            if len(variants) == 1:
-                raise
-            raise ConfigError(e.field, f"{e.message} (in compare variant {label!r})") from None
+    check_variants(variants)              # every variant can exist before any of them runs
     if args.fmt == "parquet":     # before anything runs, not after the simulation
         from simserve.runner import need_pyarrow
         need_pyarrow()
@@ -351,8 +345,11 @@ def _cmd_run(args) -> int:
     root = Path(args.out) if args.out else default_out(
         first.base_dir / first.output_dir if first.output_dir else
         Path("runs") / Path(args.scenario).stem, args.overrides)
-    check_out_dir(root)
     several = len(variants) > 1
+    run_files = (*OUTPUT_FILES["run"], *REPORT_FILES)
+    check_out_dir(root, [f"{folder_name(v)}/{n}" for v, _ in variants for n in run_files]
+                  + [*OUTPUT_FILES["compare"], *REPORT_FILES] if several else run_files,
+                  _inputs(args.scenario, variants))
     results, failed = {}, []
     cleared = False               # (another output's files there: removed before the first save)
     for label, scenario in variants:
@@ -417,7 +414,8 @@ SWEEP_SHOWN = ("error", "completed", "num_rejected", "request_throughput", "requ
 def _cmd_sweep(args) -> int:
     from simserve.fmt import format_table
     from simserve.config import value_label
-    from simserve.paths import check_out_dir, clear_other_outputs, default_out
+    from simserve.paths import (OUTPUT_FILES, REPORT_FILES, check_out_dir, clear_other_outputs,
+                                default_out)
     from simserve.plan.sweep import (check_workers, load_sweep, replaced_sweep_note, save_sweep,
                                      sweep)
 
@@ -426,7 +424,7 @@ def _cmd_sweep(args) -> int:
     spec = load_sweep(args.grid, args.overrides)
     out = Path(args.out) if args.out else default_out(Path("runs") / Path(args.grid).stem,
                                                       args.overrides)
-    check_out_dir(out)
+    check_out_dir(out, (*OUTPUT_FILES["sweep"], *REPORT_FILES), _sweep_inputs(args.grid))
     _note(replaced_sweep_note(out, spec))   # (said before the run: its table is to go)
     t0 = time.perf_counter()
     table = sweep(spec, executor=args.executor, workers=args.workers, address=args.address,
@@ -453,12 +451,13 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_capacity(args) -> int:
-    from simserve.paths import check_out_dir, clear_other_outputs, default_out
+    from simserve.paths import (OUTPUT_FILES, REPORT_FILES, check_out_dir, clear_other_outputs,
+                                default_out)
     from simserve.plan.capacity import capacity
 
     out = Path(args.out) if args.out else default_out(
         Path("runs") / f"{Path(args.scenario).stem}-capacity", args.overrides)
-    check_out_dir(out)
+    check_out_dir(out, (*OUTPUT_FILES["capacity"], *REPORT_FILES), [args.scenario])
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     t0 = time.perf_counter()
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -215,6 +216,9 @@ class Scenario:
     # the mapping this scenario was validated from (a sweep varies its fields); None for one
     # changed with replace()
     source: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    # the file it was loaded from (a scenario or compare file), if any: kept from being
+    # overwritten by the results (``Result.save``)
+    path: Path | None = field(default=None, compare=False, repr=False)
     # the replica it describes, resolved once when it is built (cluster/spec.py)
     replica: ReplicaSpec = field(init=False, compare=False, repr=False)
 
@@ -246,7 +250,12 @@ class Scenario:
 
     def replace(self, **changes: Any) -> Scenario:
         """A changed copy, validated and resolved again (without a ``source`` mapping unless
-        one is given: it no longer says what the scenario is)."""
+        one is given: it no longer says what the scenario is). A field is given as its object
+        or as a scenario file writes it, and checked as the file's is: ``seed=3``,
+        ``model="Qwen2.5-7B"``, ``policy="sarathi"`` (its knobs then at their defaults unless
+        ``policy_params`` is given too), ``workload={...}`` (a section given as a mapping
+        replaces the whole section)."""
+        changes = _checked_changes(self, changes)
         changes.setdefault("source", None)
         return dataclasses.replace(self, **changes)
 
@@ -281,6 +290,90 @@ class Scenario:
         if self.metric_percentiles != DEFAULT_PERCENTILES:
             out["metric_percentiles"] = list(self.metric_percentiles)
         return out
+
+
+def _checked_changes(s: Scenario, changes: dict[str, Any]) -> dict[str, Any]:
+    """``Scenario.replace``'s changes, each checked (and read, if given as a file writes it)
+    as ``parse_scenario`` checks the field; a ConfigError naming it otherwise."""
+    names = [f.name for f in dataclasses.fields(Scenario) if f.init]
+    for key in changes:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=1)
+            raise ConfigError(key, "not a Scenario field" + (
+                f" (did you mean {close[0]}?)" if close else f"; fields: {', '.join(names)}"))
+    out = dict(changes)
+    f = Fields(changes, "")
+    if "name" in changes:
+        out["name"] = f.str("name")
+    if "seed" in changes:
+        out["seed"] = f.int("seed", min=0, max=MAX_INT64)
+    engine = out["engine"] = _section(changes, "engine", EngineConfig, s.engine)
+    if "model" in changes and not isinstance(changes["model"], ModelCard):
+        out["model"] = serving_card(load_model(f.any("model"), "model"), engine.quantization,
+                                    engine.kv_cache_dtype)
+    elif "model" in changes:
+        out["model"] = changes["model"]
+    if "hardware" in changes:
+        out["hardware"] = load_hardware(f.any("hardware"), "hardware")
+    if "policy" in changes:
+        out["policy"] = f.str("policy", choices=policy_names())
+        params_type = describe(out["policy"]).params_type
+        if "policy_params" not in changes:      # the new policy's knobs, at their defaults
+            out["policy_params"] = (read_params(params_type, Fields({}, "scheduler"))
+                                    if params_type is not None else None)
+    params_type = describe(out.get("policy", s.policy)).params_type
+    params = out.get("policy_params", s.policy_params)
+    if "policy_params" in changes and not (
+            params is None if params_type is None else isinstance(params, params_type)):
+        wanted = params_type.__name__ if params_type is not None else "None"
+        raise ConfigError("policy_params", f"expected {wanted} for policy "
+                                           f"{out.get('policy', s.policy)!r}, got "
+                                           f"{type(params).__name__}")
+    out["workload"] = _section(changes, "workload", WorkloadConfig, s.workload)
+    out["slo"] = _section(changes, "slo", SloConfig, s.slo)
+    out["latency"] = _section(changes, "latency", LatencyConfig, s.latency)
+    if "cluster" in changes and not isinstance(changes["cluster"], ClusterConfig):
+        raise ConfigError("cluster", f"expected a ClusterConfig, got "
+                                     f"{type(changes['cluster']).__name__} (set a cluster's "
+                                     f"fields in the scenario file or with overrides)")
+    if "output_dir" in changes:
+        out["output_dir"] = f.str("output_dir", None)
+    if "base_dir" in changes:
+        if not isinstance(changes["base_dir"], (str, os.PathLike)):
+            raise ConfigError("base_dir", f"expected a path, got {changes['base_dir']!r}")
+        out["base_dir"] = Path(changes["base_dir"])
+    if "metric_percentiles" in changes:
+        value = changes["metric_percentiles"]
+        out["metric_percentiles"] = _percentiles(Fields(
+            {"metric_percentiles": list(value) if isinstance(value, (tuple, list)) else value},
+            ""))
+    if "overrides" in changes:
+        out["overrides"] = tuple(check_overrides(list(changes["overrides"]) if isinstance(
+            changes["overrides"], tuple) else changes["overrides"]))
+    if "path" in changes and not isinstance(changes["path"], (str, os.PathLike, type(None))):
+        raise ConfigError("path", f"expected a path or None, got {changes['path']!r}")
+    if changes.get("path") is not None:
+        out["path"] = Path(changes["path"])
+    if "source" in changes and not isinstance(changes["source"], (dict, type(None))):
+        raise ConfigError("source", f"expected a mapping or None, got "
+                                    f"{type(changes['source']).__name__}")
+    return out
+
+
+def _section(changes: dict[str, Any], key: str, cls: Any, current: Any) -> Any:
+    """A section of ``Scenario.replace``'s changes: its object, or a mapping read as the
+    scenario file's section is; ``current`` if not changed."""
+    if key not in changes:
+        return current
+    value = changes[key]
+    if isinstance(value, cls):
+        return value
+    if value is None:                   # (as an empty section in a file: its defaults)
+        value = {}
+    if isinstance(value, Mapping):
+        return cls.from_fields(Fields(value, key))
+    raise ConfigError(key, f"expected a {cls.__name__} or a mapping of its fields, got "
+                           f"{type(value).__name__}")
 
 
 # every top-level field parse_scenario reads (checked first: a misspelt `workloads:` is unknown,
@@ -652,7 +745,7 @@ def _refuse_sweep(path: Path, raw: dict) -> None:
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     """Load one scenario. A file with a ``compare:`` section needs :func:`load_variants`."""
-    path = Path(path)
+    path = _file_path(path, overrides)
     raw = _load_raw(path)
     _refuse_sweep(path, raw)
     if "compare" in raw:
@@ -660,7 +753,25 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
                                      "`simserve run` or load it with load_variants()")
     raw = apply_overrides(raw, overrides or [])
     s = parse_scenario(raw, base_dir=path.parent, name=path.stem)
-    return s.replace(overrides=tuple(overrides or ()), source=s.source)
+    return s.replace(overrides=tuple(overrides or ()), source=s.source, path=path)
+
+
+def _file_path(path: Any, overrides: Any) -> Path:
+    """The file argument of :func:`load_scenario` and :func:`load_variants` (and their
+    ``overrides``' type) checked: a ConfigError for what is not a path, such as the YAML text
+    itself or a mapping, rather than an error from the file system."""
+    if overrides is not None and not isinstance(overrides, (list, tuple)):
+        check_overrides(overrides)            # (raises: a lone string, ...)
+    if isinstance(path, str) and "\n" in path:
+        raise ConfigError("path", "is YAML text, not a file's path: give the file's path, or "
+                                  "the parsed mapping (yaml.safe_load) to simserve.run()")
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError("path", f"expected the path of a scenario file, got "
+                                  f"{type(path).__name__}" + (
+                                      "; simserve.run() and compare() take a Scenario or a "
+                                      "mapping too" if isinstance(path, (Scenario, Mapping))
+                                      else ""))
+    return Path(path)
 
 
 def check_overrides(overrides: Any) -> list[str]:
@@ -722,7 +833,7 @@ def load_variants(path: str | Path,
           - {label: v0, scheduler.policy: vllm_v0}
           - {label: sarathi-512, scheduler.policy: sarathi, engine.max_num_batched_tokens: 512}
     """
-    path = Path(path)
+    path = _file_path(path, overrides)
     raw = _load_raw(path)
     _refuse_sweep(path, raw)
     # (overrides first, compare: too: --set compare=null runs the base scenario alone, and
@@ -732,7 +843,7 @@ def load_variants(path: str | Path,
     applied = tuple(overrides or ())
     if compare is None:
         s = parse_scenario(raw, base_dir=path.parent, name=path.stem)
-        s = s.replace(overrides=applied, source=s.source)
+        s = s.replace(overrides=applied, source=s.source, path=path)
         return [(s.name, s)]
     variants = []
     base = raw.get("name", path.stem)
@@ -746,7 +857,7 @@ def load_variants(path: str | Path,
         except ConfigError as e:
             raise ConfigError(e.field, f"{e.message} (in compare variant {label!r})") from None
         variants.append((label, s.replace(name=f"{base}-{label}", overrides=applied,
-                                          source=variant)))
+                                          source=variant, path=path)))
     labels = [label for label, _ in variants]
     if len(set(labels)) != len(labels):
         raise ConfigError("compare", f"variant labels must be unique, got {labels}")

@@ -6,13 +6,15 @@ Each config section is parsed with one :class:`Fields` reader::
     max_num_seqs = f.int("max_num_seqs", default=256, min=1)
     f.done()          # raises ConfigError for any key nobody asked for
 
-Booleans are not accepted where numbers are expected (YAML's ``yes`` is not 1). Integers are
+Booleans are not accepted where numbers are expected (YAML's ``yes`` is not 1); NumPy's
+numbers are, as the plain int or float. Integers are
 64-bit unless a field says less (``simserve/limits.py``): every count ends in an int64 column.
 """
 
 from __future__ import annotations
 
 import difflib
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -72,8 +74,9 @@ class Fields:
         value = self.any(name, default)
         if value is None or (value is default and default is not _MISSING):
             return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                isinstance(value, float) and not value.is_integer()):
+        # (a NumPy integer or whole float, as a notebook passes them, is taken as the int)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or (
+                not isinstance(value, numbers.Integral) and not float(value).is_integer()):
             raise ConfigError(self.where(name), f"expected an integer, got {value!r}")
         if not -INT64 <= value <= INT64:      # a float such as 1e308 is whole too
             raise ConfigError(self.where(name), f"{value:g} is out of range; at most {INT64:,}")
@@ -86,7 +89,7 @@ class Fields:
         value = self.any(name, default)
         if value is None or (value is default and default is not _MISSING):
             return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ConfigError(self.where(name), f"expected a number, got {value!r}")
         value = float(value)
         if value != value or value in (float("inf"), float("-inf")):

@@ -294,13 +294,16 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: node}
 
 
-def check_out_dir(out: str | Path) -> None:
+def check_out_dir(out: str | Path, writes: Iterable[str] = (),
+                  inputs: Iterable[str | Path] = ()) -> None:
     """Before anything runs: a SimserveError (the one ``make_out_dir`` would raise after the
     run) when ``out`` cannot be created, so a long run, sweep or search is not lost to it: a
     folder above it is a file, or the first folder missing cannot be made there (no
     permission, a read-only or virtual file system: it is made and removed again). Nothing is
-    left created."""
+    left created. Also when a file the command writes there (``writes``: names relative to
+    ``out``) is one it reads (``inputs``): ``keep_inputs``."""
     out = Path(out)
+    keep_inputs(out, writes, inputs)
     missing = None                  # the highest folder of ``out`` that does not exist
     for at in (out, *out.parents):
         if at.is_dir():
@@ -318,6 +321,24 @@ def check_out_dir(out: str | Path) -> None:
     except OSError as e:
         raise SimserveError(f"{out}: cannot create output directory ({e.strerror})") from None
     missing.rmdir()
+
+
+def keep_inputs(out: str | Path, writes: Iterable[str], inputs: Iterable[str | Path],
+                where: str = "--out") -> None:
+    """A SimserveError, before anything is written, when a file an output writes or replaces
+    in ``out`` (``writes``: names relative to it) is one of ``inputs`` (the scenario, a trace:
+    the files the run read), which the output would destroy. ``where``: how the caller names
+    the output folder (the CLI's option, or an argument)."""
+    read = {_resolved(p) for p in inputs}
+    if not read:
+        return
+    for name in writes:
+        if _resolved(Path(out) / name) in read:
+            raise SimserveError(f"{where} {out}: the results would overwrite {Path(out) / name}, "
+                                f"which this run reads; give another output folder")
+
+
+REPORT_FILES = ("report.html",)     # what a report adds to a results folder (and figures/)
 
 
 def make_out_dir(out: str | Path, name: Path | None = None) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import difflib
 import gc
 import json
 import math
@@ -38,7 +39,8 @@ from simserve.metrics.recorder import Recorder
 from simserve.metrics.slo import SloConfig
 from simserve.metrics.summary import tpot
 from simserve.metrics.recorder import itl_sample
-from simserve.paths import make_out_dir, rebase_paths
+from simserve.paths import (OUTPUT_FILES, clear_other_outputs, keep_inputs, make_out_dir,
+                            named_files, rebase_paths)
 from simserve.sched.request import Status
 from simserve.workload import build_workload
 from simserve.workload.spec import RequestSpec, SpecColumns, longest_request
@@ -99,6 +101,11 @@ class Result:
 
     def request_column(self, name: str) -> np.ndarray:
         """One column of ``requests`` as an array (without building the table)."""
+        names = self._columns if self._columns is not None else self.requests.columns
+        if name not in names:
+            close = difflib.get_close_matches(str(name), list(names), n=1)
+            raise SimserveError(f"request_column: no column {name!r}" + (
+                f" (did you mean {close[0]}?)" if close else f"; columns: {', '.join(names)}"))
         if self._columns is not None:
             return self._columns[name]
         return self.requests[name].to_numpy()
@@ -230,7 +237,17 @@ class Result:
             raise SimserveError(f"output format {fmt!r}: choose one of {', '.join(OUTPUT_FORMATS)}")
         if fmt == "parquet":
             need_pyarrow()
+        if not isinstance(out_dir, (str, os.PathLike)) or not str(out_dir):
+            raise SimserveError(f"out_dir: expected a folder's path, got {out_dir!r}")
+        if tokens and not self.has_token_times:
+            raise SimserveError("tokens=True: this run did not record token times (run it "
+                                "with record_tokens=True)")
+        inputs = run_inputs(self.scenario)
+        keep_inputs(out_dir, OUTPUT_FILES["run"], inputs, "out_dir")
         out = make_out_dir(out_dir)
+        # what an output of another kind (a compare, a capacity search...) left there would be
+        # reported as this run's (the CLI says what goes; from Python it goes quietly)
+        clear_other_outputs(out, "run", inputs=inputs)
         (out / "scenario.yaml").write_text(scenario_yaml(self.scenario, out))
         # a table of the other format, or a steps table this run does not write, left by an
         # earlier run in this directory would be read back as this run's (simserve report)
@@ -247,9 +264,15 @@ class Result:
             _write(out / "steps", fmt, (lambda: steps_columns(rec)) if self._steps is None
                    and rec is not None and self.has_steps else None, lambda: self.steps)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=True) + "\n")
-        if tokens and self.has_token_times:
+        if tokens:
             _write(out / "tokens", fmt, self._token_columns, self.tokens)
         return out
+
+
+def run_inputs(s: Scenario) -> list[Path]:
+    """The files a run of ``s`` reads: the file it was loaded from, and the trace, lengths and
+    profile files it names."""
+    return [*([s.path] if s.path is not None else []), *named_files(s.to_dict(), s.base_dir)]
 
 
 # Result.save writes the per-step table by default only up to this many rows (about 6 MB of
@@ -390,6 +413,11 @@ def run(scenario: Scenario | Mapping[str, Any] | str | Path, *, latency: Latency
     run goes, and the ITL percentiles come from a sketch within 0.5 %: docs/metrics.md).
     """
     s = as_scenario(scenario, overrides)
+    if latency is not None and not callable(getattr(latency, "step_time", None)):
+        raise ConfigError("latency", f"expected a step-latency model (an object with "
+                                     f"step_time(plan)), got {type(latency).__name__} "
+                                     f"{latency!r:.40}; a scenario chooses its model by name "
+                                     f"in latency.model")
     with _no_cyclic_gc():
         return _run(s, latency, fast_forward, record_tokens, progress, keep_steps)
 
@@ -476,7 +504,22 @@ def compare(path: str | Path, overrides: list[str] | None = None) -> dict[str, R
     if not isinstance(path, (str, os.PathLike)):
         raise ConfigError("path", f"expected the path of a scenario file (with a compare: "
                                   f"section), got {type(path).__name__} {path!r:.60}")
-    return {label: run(s) for label, s in load_variants(path, check_overrides(overrides))}
+    variants = load_variants(path, check_overrides(overrides))
+    check_variants(variants)
+    return {label: run(s) for label, s in variants}
+
+
+def check_variants(variants: list[tuple[str, Scenario]]) -> None:
+    """Before any variant runs: each can be deployed (``deployment.check``: weights and KV
+    cache fit), so a compare is not stopped by its last variant after the others ran; the
+    error names the variant."""
+    for label, scenario in variants:
+        try:
+            deployment.check(scenario)
+        except ConfigError as e:
+            if len(variants) == 1:
+                raise
+            raise ConfigError(e.field, f"{e.message} (in compare variant {label!r})") from None
 
 
 COMPARISON_METRICS = {

@@ -50,7 +50,8 @@ from simserve.errors import SimserveError
 from simserve.live.client import (WARMUP_IDS, EndpointError, Outcome, check_client_options,
                                   check_endpoint_host, load_average, no_model, probe,
                                   prompt_ids, request_body, send)
-from simserve.paths import check_out_dir, clear_other_outputs, make_out_dir
+from simserve.paths import (OUTPUT_FILES, REPORT_FILES, check_out_dir, clear_other_outputs,
+                            make_out_dir)
 
 if TYPE_CHECKING:   # the CLI builds its parser from this module: keep importing it cheap
     import pandas as pd
@@ -335,7 +336,8 @@ def register(subparsers) -> None:
 
 def _cmd_replay(args) -> int:
     import sys
-    check_out_dir(args.out)       # before the replay: a real run cannot be had again
+    check_out_dir(args.out, (*OUTPUT_FILES["replay"], *REPORT_FILES), [args.scenario])
+    # (before the replay: a real run cannot be had again)
     earlier = Path(args.out)
     if (earlier / "replay.json").is_file() or (earlier / "summary.json").is_file():
         # (said first: a replay of a real server cannot be had again once overwritten)

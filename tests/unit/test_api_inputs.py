@@ -95,3 +95,129 @@ def test_capacity_takes_a_mapping_and_names_its_bad_field():
     raw = tiny()
     raw["slo"]["ttft_ms"] = -1
     assert message(simserve.capacity, raw).startswith("slo.ttft_ms: ")
+
+
+# -- from a notebook user's round (2026-11-30) -------------------------------------------------
+
+
+def test_numpy_numbers_are_taken_as_the_plain_ints_and_floats_they_are():
+    import numpy as np
+    raw = tiny()
+    raw["seed"], raw["workload"]["num_requests"] = np.int64(3), np.int64(20)
+    raw["workload"]["rate"] = np.float32(10.0)
+    plain = tiny()
+    plain["seed"], plain["workload"]["num_requests"], plain["workload"]["rate"] = 3, 20, 10.0
+    got = simserve.run(raw)
+    assert got.summary == simserve.run(plain).summary
+    assert type(got.scenario.seed) is int and got.summary["num_requests"] == 20
+    raw["seed"] = np.bool_(True)          # a boolean still is not a number
+    assert message(simserve.run, raw).startswith("seed: expected an integer")
+
+
+@pytest.mark.parametrize("change, start", [
+    ({"seed": "abc"}, "seed: expected an integer"),
+    ({"seed": -1}, "seed: must be >= 0"),
+    ({"policy": "vllm_v9"}, "policy: unknown value 'vllm_v9'"),
+    ({"sead": 3}, "sead: not a Scenario field (did you mean seed?)"),
+    ({"workload": {"rate": 5}}, "workload.num_requests: is required"),
+    ({"workload": "x"}, "workload: expected a WorkloadConfig or a mapping"),
+    ({"cluster": {}}, "cluster: expected a ClusterConfig"),
+    ({"model": "no-such-model"}, "model: "),
+    ({"policy_params": 3}, "policy_params: expected None for policy 'vllm_v1'"),
+    ({"metric_percentiles": [0]}, "metric_percentiles[0]: expected a number in (0, 100]"),
+])
+def test_scenario_replace_checks_what_it_is_given_as_the_file_is_checked(change, start):
+    s = load_scenario(TINY)
+    assert message(s.replace, **change).startswith(start)
+
+
+def test_scenario_replace_reads_values_as_a_scenario_file_writes_them():
+    s = load_scenario(TINY)
+    assert s.replace(model="Qwen2.5-7B", engine={"max_num_seqs": 8}).model.name == "Qwen2.5-7B"
+    assert s.replace(slo=None).slo.is_empty            # (an empty section: no SLO)
+    sarathi = s.replace(policy="sarathi")
+    assert sarathi.policy == "sarathi" and simserve.run(sarathi).summary["completed"] > 0
+    raw = tiny()
+    raw["seed"] = 11
+    assert simserve.run(s.replace(seed=11)).summary == simserve.run(raw).summary
+
+
+def test_results_are_never_saved_over_the_files_the_run_read(tmp_path, capsys):
+    """A trace or scenario in the output folder would be replaced by the results: refused
+    before anything is written, from Python and from the command line."""
+    from simserve.cli import main
+    trace = tmp_path / "requests.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,20,5\n0.1,30,4\n")
+    raw = tiny()
+    del raw["workload"]
+    raw["workload"] = {"trace": "requests.csv", "format": "csv"}
+    (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(raw))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    result = simserve.run(tmp_path / "scenario.yaml")
+    with pytest.raises(simserve.errors.SimserveError, match="would overwrite .*which this run"):
+        result.save(tmp_path)
+    assert main(["run", str(tmp_path / "scenario.yaml"), "--out", str(tmp_path)]) == 2
+    assert "which this run reads" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert (result.save(tmp_path / "out") / "requests.csv").is_file()
+
+
+@pytest.mark.parametrize("out", ["", None, 5])
+def test_save_needs_a_folder(out, tmp_path):
+    result = simserve.run(TINY, overrides=["workload.num_requests=5"])
+    with pytest.raises(simserve.errors.SimserveError, match="out_dir: expected a folder"):
+        result.save(out)
+
+
+def test_save_with_tokens_refuses_a_run_that_did_not_record_them(tmp_path):
+    result = simserve.run(TINY, overrides=["workload.num_requests=5"])
+    with pytest.raises(simserve.errors.SimserveError, match="record_tokens=True"):
+        result.save(tmp_path, tokens=True)
+    assert not any(tmp_path.iterdir())
+
+
+def test_saving_a_run_replaces_another_kind_of_output_in_the_folder(tmp_path):
+    (tmp_path / "capacity.json").write_text("{}")
+    (tmp_path / "probes.csv").write_text("rate\n1\n")
+    (tmp_path / "notes.txt").write_text("mine")
+    simserve.run(TINY, overrides=["workload.num_requests=5"]).save(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "notes.txt", "requests.csv", "scenario.yaml", "steps.csv", "summary.json"]
+
+
+def test_load_functions_name_what_is_not_a_file_path():
+    assert message(load_scenario, TINY, overrides="seed=1").startswith(
+        "overrides: expected a list")
+    assert message(load_scenario, tiny()).startswith("path: expected the path")
+    assert message(load_scenario, None).startswith("path: expected the path")
+    assert message(simserve.config.load_variants, load_scenario(TINY)).startswith(
+        "path: expected the path")
+    text = TINY.read_text()
+    assert message(simserve.run, text).startswith("path: is YAML text")
+    assert len(message(simserve.run, text).splitlines()) == 1
+
+
+def test_run_names_a_latency_that_is_not_a_model():
+    assert message(simserve.run, TINY, latency="roofline").startswith(
+        "latency: expected a step-latency model")
+
+
+def test_compare_checks_every_variant_before_running_any(tmp_path, monkeypatch):
+    raw = tiny()
+    raw["model"] = "Llama-3.1-70B"
+    raw["engine"] = {"tensor_parallel_size": 2, "max_model_len": 2048}
+    raw["latency"] = {"model": "roofline"}
+    raw["compare"] = {"hardware": ["H100-SXM", "L40S"]}
+    path = tmp_path / "cmp.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    ran = []
+    real = simserve.runner.run
+    monkeypatch.setattr(simserve.runner, "run", lambda s, **k: ran.append(s) or real(s, **k))
+    assert "(in compare variant 'L40S')" in message(simserve.compare, path)
+    assert ran == []
+
+
+def test_request_column_names_a_missing_column():
+    result = simserve.run(TINY, overrides=["workload.num_requests=5"])
+    with pytest.raises(simserve.errors.SimserveError, match="did you mean ttft_s"):
+        result.request_column("ttft")
