@@ -327,15 +327,24 @@ def keep_inputs(out: str | Path, writes: Iterable[str], inputs: Iterable[str | P
                 where: str = "--out") -> None:
     """A SimserveError, before anything is written, when a file an output writes or replaces
     in ``out`` (``writes``: names relative to it) is one of ``inputs`` (the scenario, a trace:
-    the files the run read), which the output would destroy. ``where``: how the caller names
-    the output folder (the CLI's option, or an argument)."""
+    the files the run read), which the output would destroy; but for a scenario or sweep file
+    that is itself the results' (``_rewritten_spec``). ``where``: how the caller names the
+    output folder (the CLI's option, or an argument)."""
     read = {_resolved(p) for p in inputs}
     if not read:
         return
     for name in writes:
-        if _resolved(Path(out) / name) in read:
+        target = Path(out) / name
+        if _resolved(target) in read and not _rewritten_spec(target):
             raise SimserveError(f"{where} {out}: the results would overwrite {Path(out) / name}, "
                                 f"which this run reads; give another output folder")
+
+
+def _rewritten_spec(path: Path) -> bool:
+    """Whether ``path`` is the scenario or sweep file of the results folder it lies in (its
+    mark beside it): one simserve wrote, run again in place, rewritten with what it says."""
+    marks = {"scenario.yaml": ("summary.json", "replay.json"), "sweep.yaml": ("sweep.csv",)}
+    return any((path.parent / mark).is_file() for mark in marks.get(path.name, ()))
 
 
 REPORT_FILES = ("report.html",)     # what a report adds to a results folder (and figures/)

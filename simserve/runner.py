@@ -32,7 +32,7 @@ from simserve.config import Scenario, as_scenario, check_overrides, load_variant
 from simserve.engine import Replica, simulate
 from simserve.engine.build import build_replicas, engine_options, scenario_curves
 from simserve.errors import ConfigError, SimserveError
-from simserve.latency.base import LatencyModel
+from simserve.latency.base import LatencyModel, StepTimer
 from simserve.latency.trust import latency_trust
 from simserve.metrics import recorder as _recorder
 from simserve.metrics.recorder import Recorder
@@ -413,7 +413,7 @@ def run(scenario: Scenario | Mapping[str, Any] | str | Path, *, latency: Latency
     run goes, and the ITL percentiles come from a sketch within 0.5 %: docs/metrics.md).
     """
     s = as_scenario(scenario, overrides)
-    if latency is not None and not callable(getattr(latency, "step_time", None)):
+    if latency is not None and not isinstance(latency, StepTimer):
         raise ConfigError("latency", f"expected a step-latency model (an object with "
                                      f"step_time(plan)), got {type(latency).__name__} "
                                      f"{latency!r:.40}; a scenario chooses its model by name "

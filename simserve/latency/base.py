@@ -26,6 +26,14 @@ class LatencyModel(Protocol):
 
 
 @runtime_checkable
+class StepTimer(Protocol):
+    """What ``simserve.run(latency=...)`` checks a model given from Python has (its one
+    required method), to refuse a model's name or a config mapping passed in its place."""
+
+    def step_time(self, plan: StepPlan) -> float: ...
+
+
+@runtime_checkable
 class StretchPricing(Protocol):
     """Fast-forward (sched/stretch.py): the prices of a decode stretch starting with ``plan``,
     each bit-identical to ``step_time`` of that step."""

@@ -159,7 +159,13 @@ def test_results_are_never_saved_over_the_files_the_run_read(tmp_path, capsys):
     assert main(["run", str(tmp_path / "scenario.yaml"), "--out", str(tmp_path)]) == 2
     assert "which this run reads" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
-    assert (result.save(tmp_path / "out") / "requests.csv").is_file()
+    saved = result.save(tmp_path / "out")
+    assert (saved / "requests.csv").is_file()
+    # ...but a results folder's own scenario.yaml, run again in place, is rewritten
+    again = simserve.run(saved / "scenario.yaml")
+    again.save(saved)
+    assert again.summary == result.summary
+    assert main(["run", str(saved / "scenario.yaml"), "--out", str(saved), "--no-report"]) == 0
 
 
 @pytest.mark.parametrize("out", ["", None, 5])
