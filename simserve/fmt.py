@@ -15,6 +15,8 @@ from typing import Any
 
 import pandas as pd
 
+from simserve.errors import SimserveError
+
 MISSING = "–"
 
 
@@ -73,19 +75,31 @@ def _fractions(column: pd.Series) -> bool:
                                 for v in values)
 
 
-def format_table(df: pd.DataFrame, index: bool = True) -> str:
+def format_table(df: pd.DataFrame | pd.Series, index: bool = True) -> str:
     """A DataFrame as aligned text with :func:`human` numbers (for the console); attainment
     as a percentage (:func:`attainment_percent`)."""
-    shown = attainment_percent(df).astype(object).map(human)
+    shown = attainment_percent(_frame("format_table", df)).astype(object).map(human)
     return shown.to_string(index=index)
 
 
-def styled(df: pd.DataFrame):
+def _frame(fn: str, df: object) -> pd.DataFrame:
+    """A table to show: a DataFrame, or a Series as a frame of its one column; anything else
+    (a Result, a dict) refused by name rather than failing inside pandas."""
+    if isinstance(df, pd.Series):
+        return df.to_frame()
+    if not isinstance(df, pd.DataFrame):
+        raise SimserveError(f"{fn}: expected a pandas DataFrame or Series, got "
+                            f"{type(df).__name__}")
+    return df
+
+
+def styled(df: pd.DataFrame | pd.Series):
     """The DataFrame with :func:`human` numbers when displayed in Jupyter (a pandas Styler;
     the data is unchanged). Its HTML id comes from the data, so a notebook's saved output does
     not change from one run to the next. A Styler needs jinja2, which a bare kernel
     (ipykernel alone, as VS Code runs one) lacks: then a DataFrame of the same numbers as
     text, as :func:`format_table` prints them."""
+    df = _frame("styled", df)
     try:
         import jinja2  # noqa: F401  (only to know whether pandas' Styler can render)
     except ImportError:

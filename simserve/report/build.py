@@ -7,6 +7,7 @@ several). Nothing in the page depends on the clock, so the same inputs give the 
 from __future__ import annotations
 
 import io
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,17 +45,30 @@ class Section:
     after: list[str] = field(default_factory=list)                      # HTML after figures
 
 
-def write_report(paths: Sequence[str | Path], out: str | Path | None = None, *,
+def write_report(paths: str | Path | Sequence[str | Path], out: str | Path | None = None, *,
                  svg: bool = False, title: str | None = None) -> Path:
     """Build the report of run/compare/sweep/capacity directories; returns report.html's path.
-    ``out`` defaults to the one directory given (a report of several needs ``out``)."""
+    ``paths``: one directory, or a list of them. ``out`` defaults to the one directory given
+    (a report of several needs ``out``)."""
+    # one directory is a list of one, not a string's characters
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else paths
     if not paths:
         raise SimserveError("report: give at least one run directory")
+    if not isinstance(paths, Sequence) or isinstance(paths, bytes):
+        raise SimserveError(f"report: paths: expected a directory or a list of them, got "
+                            f"{type(paths).__name__}")
+    for i, p in enumerate(paths):
+        if not isinstance(p, (str, os.PathLike)):
+            raise SimserveError(f"report: paths[{i}]: expected a directory (a str or Path), "
+                                f"got {type(p).__name__}")
     if out is None:
-        if len(paths) > 1:
+        if len(paths) > 1:      # (the CLI's --out is write_report's out)
             raise SimserveError("report: several directories given; say where the report goes "
-                                "with --out")
+                                "with out=DIR (on the command line, --out DIR)")
         out = paths[0]
+    elif not isinstance(out, (str, os.PathLike)):
+        raise SimserveError(f"report: out: expected a directory (a str or Path), got "
+                            f"{type(out).__name__}")
     inputs = load_inputs(paths)
     if title is None:
         title = "simserve report: " + ", ".join(Path(p).resolve().name for p in paths)

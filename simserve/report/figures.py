@@ -7,10 +7,11 @@ Colours follow :mod:`simserve.report.style`: one fixed colour per policy in ever
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from dataclasses import dataclass
-
 import math
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 import matplotlib
 import numpy as np
@@ -20,8 +21,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from simserve.report.load import PARETO_X, PARETO_Y, CapacityData, PlanData, RunData
+from simserve.errors import ConfigError, SimserveError
 from simserve.fmt import human
+from simserve.report.load import PARETO_X, PARETO_Y, CapacityData, PlanData, RunData
 from simserve.report.style import (RC, SLO_COLOR, TARGET_COLOR, legend_label, mark_coinciding,
                                    series_styles)
 
@@ -34,6 +36,50 @@ def _styled(fn):
         with matplotlib.rc_context(RC):
             return fn(*args, **kwargs)
     return wrapper
+
+
+# How to make what each figure takes, said when it is given something else (a bare simserve
+# Result was an AttributeError from deep inside the figure)
+MADE_BY = {"RunData": "RunData.from_result(label, result)",
+           "CapacityData": "CapacityData.from_result(result)",
+           "PlanData": "PlanData.from_result(result)", "Curve": "load_curves(table, x, series)"}
+T = TypeVar("T")
+
+
+def _expect(fn: str, where: str, value: object, cls: type[T]) -> T:
+    """``value`` is a ``cls``; SimserveError naming ``fn``'s argument ``where`` otherwise."""
+    if not isinstance(value, cls):
+        raise SimserveError(f"{fn}: {where}: expected {cls.__name__} "
+                            f"({MADE_BY[cls.__name__]}), got {type(value).__name__}")
+    return value
+
+
+def _expect_list(fn: str, where: str, values: object, cls: type[T]) -> list[T]:
+    """``values`` as a list of ``cls`` (one ``cls`` alone: a list of one). A mapping or a
+    table is refused rather than read as its keys or column names: ``simserve.compare``'s
+    results by label are a dict, a sweep's results a DataFrame."""
+    if isinstance(values, cls):
+        return [values]
+    if isinstance(values, (Mapping, str, bytes, pd.DataFrame)) or \
+            not isinstance(values, Iterable):
+        hint = ("; for results by label: [RunData.from_result(label, r) for label, r in "
+                "results.items()]" if cls is RunData and isinstance(values, Mapping) else "")
+        raise SimserveError(f"{fn}: {where}: expected a list of {cls.__name__} "
+                            f"({MADE_BY[cls.__name__]}), got {type(values).__name__}{hint}")
+    return [_expect(fn, f"{where}[{i}]", v, cls) for i, v in enumerate(values)]
+
+
+def _check_target(target: object) -> None:
+    """An attainment target is a fraction, as in the data (0.9); the tables show it as a
+    percentage, and 90 from them drew the target line at 9000 % and found no knee."""
+    if target is None:
+        return
+    if not isinstance(target, numbers.Real) or isinstance(target, bool):
+        raise ConfigError("target", f"must be a number, a fraction in (0, 1], got "
+                                    f"{type(target).__name__}")
+    if not 0 < target <= 1:
+        raise ConfigError("target", f"must be a fraction in (0, 1] (0.9 for 90 %), got "
+                                    f"{target:g}")
 
 
 def _figure(width: float, height: float, rows: int = 1, cols: int = 1, **kw):
@@ -104,7 +150,9 @@ class Curve:
     points: pd.DataFrame
 
     def knee(self, target: float | None) -> float | None:
-        """The highest x up to which every x meets the attainment target (min over seeds)."""
+        """The highest x up to which every x meets the attainment target (min over seeds);
+        ``target`` a fraction (0.9)."""
+        _check_target(target)
         if target is None or "attainment_min" not in self.points:
             return None
         knee = None
@@ -115,12 +163,28 @@ class Curve:
         return knee
 
 
-def load_curves(table: pd.DataFrame, x: str, series: Sequence[str] = (),
+def load_curves(table: pd.DataFrame, x: str, series: str | Sequence[str] = (),
                 default_label: str = "run") -> list[Curve]:
-    """Group a sweep-like table (``policy`` column, summary metrics) into curves over ``x``."""
+    """Group a sweep-like table (``policy`` column, summary metrics) into curves over ``x``,
+    one per value of the ``series`` columns (one column name alone: that column)."""
+    if not isinstance(table, pd.DataFrame):
+        raise SimserveError(f"load_curves: table: expected a DataFrame (what simserve.sweep "
+                            f"returns, or a sweep.csv read back), got {type(table).__name__}")
+    # one name is one column, not its characters
+    named = [("series", series)] if isinstance(series, str) else \
+        [(f"series[{i}]", c) for i, c in enumerate(series)]
+    series = [c for _, c in named]
+    for where, column in [("x", x), *named, ("table", "policy")]:
+        _column(table, where, column)
+    if not len(table):
+        raise SimserveError("load_curves: table: no rows (a sweep or capacity search with no "
+                            "points)")
     if "error" in table:
         table = table[table["error"].isna()]
     table = table[table[x].notna()]
+    if not len(table):
+        raise SimserveError(f"load_curves: table: no point to draw: every row failed (column "
+                            f"'error') or has no {x!r}")
     numeric = table.select_dtypes("number").columns.drop(x, errors="ignore")
     groups = table.groupby(list(series), sort=False) if series else [((), table)]
     curves = []
@@ -141,17 +205,41 @@ def load_curves(table: pd.DataFrame, x: str, series: Sequence[str] = (),
     return curves
 
 
+def _column(table: pd.DataFrame, where: str, column: object) -> None:
+    """``column`` is one of ``table``'s; else SimserveError naming the argument and the columns
+    it could be: a sweep table's varied fields (between ``point`` and ``policy``), or all."""
+    try:
+        if column in table.columns:
+            return
+    except TypeError:           # (unhashable: a list where one name goes)
+        raise SimserveError(f"load_curves: {where}: expected a column name, got "
+                            f"{type(column).__name__}") from None
+    cols = [str(c) for c in table.columns]
+    if "point" in cols and "policy" in cols and cols.index("point") < cols.index("policy"):
+        varied = cols[cols.index("point") + 1: cols.index("policy")]
+        there = (f"the sweep varied {', '.join(varied) or 'nothing'}; each point's scheduler "
+                 "policy is column 'policy'")
+    else:
+        there = "its columns: " + ", ".join(cols[:20]) + (
+            f" and {len(cols) - 20} more" if len(cols) > 20 else "")
+    what = "a table without a 'policy' column (not a sweep or capacity table?)" \
+        if where == "table" else f"no column {column!r} in the table"
+    raise SimserveError(f"load_curves: {where}: {what}; {there}")
+
+
 def _curve_styles(curves: Sequence[Curve]) -> dict[str, dict]:
     styles = series_styles([(c.label, c.policy) for c in curves])
     return mark_coinciding(styles, {c.label: _key(c.points) for c in curves})
 
 
 @_styled
-def throughput_vs_load(curves: Sequence[Curve], *, x_label: str = "offered load (req/s)",
+def throughput_vs_load(curves: Curve | Sequence[Curve], *, x_label: str = "offered load (req/s)",
                        target: float | None = None, knees: dict[str, float] | None = None,
                        diagonal: bool = True, title: str = "") -> Figure:
     """Served throughput and goodput (top) and SLO attainment (bottom) against offered load;
-    the knee (highest load meeting the attainment target) marked per series."""
+    the knee (highest load meeting the attainment target, a fraction: 0.9) marked per series."""
+    curves = _expect_list("throughput_vs_load", "curves", curves, Curve)
+    _check_target(target)
     has_slo = target is not None and any("attainment_min" in c.points for c in curves)
     fig, axes = _figure(9.5, 7 if has_slo else 4.5, 2 if has_slo else 1, 1, sharex=True,
                         height_ratios=[3, 2] if has_slo else None)
@@ -227,9 +315,10 @@ def throughput_vs_load(curves: Sequence[Curve], *, x_label: str = "offered load 
 
 
 @_styled
-def latency_vs_load(curves: Sequence[Curve], *, x_label: str = "offered load (req/s)",
+def latency_vs_load(curves: Curve | Sequence[Curve], *, x_label: str = "offered load (req/s)",
                     slo: dict | None = None, title: str = "") -> Figure:
     """Median and p99 TTFT, TPOT and E2EL against load (log scale), SLO limits drawn."""
+    curves = _expect_list("latency_vs_load", "curves", curves, Curve)
     fig, axes = _figure(13, 4.2, 1, 3)
     styles = _curve_styles(curves)
     slo = slo or {}
@@ -288,8 +377,9 @@ def _run_styles(runs: Sequence[RunData]) -> dict[str, dict]:
 
 
 @_styled
-def latency_cdfs(runs: Sequence[RunData], title: str = "") -> Figure:
+def latency_cdfs(runs: RunData | Sequence[RunData], title: str = "") -> Figure:
     """Empirical CDFs of per-request TTFT, TPOT and E2EL (finished requests), one line per run."""
+    runs = _expect_list("latency_cdfs", "runs", runs, RunData)
     fig, axes = _figure(13, 4.2, 1, 3)
     styles = _run_styles(runs)
     slo = runs[0].slo if runs else {}
@@ -354,8 +444,9 @@ BARS = (
 
 
 @_styled
-def policy_bars(runs: Sequence[RunData], title: str = "") -> Figure:
+def policy_bars(runs: RunData | Sequence[RunData], title: str = "") -> Figure:
     """Headline metrics side by side, one bar per run in its policy's colour."""
+    runs = _expect_list("policy_bars", "runs", runs, RunData)
     fig, axes = _figure(12, 6.5, 2, 3)
     styles = _run_styles(runs)
     labels = [r.label for r in runs]
@@ -421,6 +512,11 @@ def _binned(steps: pd.DataFrame, column: str | np.ndarray, edges: np.ndarray) ->
 def timeline(run: RunData, bins: int = 150, title: str = "") -> Figure:
     """One run over time: requests running and waiting, tokens per step (prefill vs decode),
     KV blocks in use, and cumulative preemptions."""
+    _expect("timeline", "run", run, RunData)
+    if run.steps is None:
+        raise SimserveError(f"timeline: run: {run.label} has no per-step table (a long run "
+                            "keeps one only when asked: simserve.run(..., keep_steps=True), "
+                            "simserve run --steps)")
     steps = run.steps.sort_values(["replica", "start_s"], kind="stable")
     fig, axes = _figure(11, 8.5, 4, 1, sharex=True)
     ax_req, ax_tok, ax_kv, ax_pre = (row[0] for row in axes)
@@ -472,6 +568,7 @@ def timeline(run: RunData, bins: int = 150, title: str = "") -> Figure:
 def capacity_attainment(cap: CapacityData, title: str = "") -> Figure:
     """SLO attainment of every probe against rate: the target, the answer and its bracket;
     and, when a target rate was given, attainment against replica count."""
+    _expect("capacity_attainment", "cap", cap, CapacityData)
     a, probes = cap.answer, cap.probes
     by_rate = probes[probes["replicas"] == a["replicas"]]
     # the replica search may reuse a rate-search run at the target rate: take every such run
@@ -526,6 +623,7 @@ def capacity_attainment(cap: CapacityData, title: str = "") -> Figure:
 def plan_pareto(plan: PlanData, title: str = "") -> Figure:
     """Output tokens/s per GPU against tokens/s per user (1 / median TPOT) of every simulated
     candidate at its max rate, by hardware; the Pareto frontier joined, the cheapest ringed."""
+    _expect("plan_pareto", "plan", plan, PlanData)
     a, t = plan.answer, plan.table
     pts = t[t[PARETO_X].notna() & t[PARETO_Y].notna()] if PARETO_X in t else t.iloc[:0]
     fig, axes = _figure(8, 5)

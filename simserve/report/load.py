@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from simserve.errors import DataError
+from simserve.errors import DataError, SimserveError
 from simserve.safeyaml import read_text
 
 
@@ -37,6 +38,17 @@ PLAN_NEEDS = ("candidates", "model", "target_rate", "simulated")
 CANDIDATE_NEEDS = ("candidate",)
 # the load curves of a sweep table or capacity probes (report/figures.py load_curves)
 CURVE_NEEDS = ("policy", "request_throughput")
+
+
+def _expect_result(method: str, result, module: str, name: str, made_by: str) -> None:
+    """``result`` is a ``module.name`` (a wrong kind of result was an AttributeError from
+    inside); SimserveError saying what ``method`` takes otherwise. The class is looked up among
+    the modules already imported, not imported here: plan/planner.py imports this module, and
+    nothing is an instance of a class whose module was never loaded."""
+    cls = getattr(sys.modules.get(module), name, None)
+    if cls is None or not isinstance(result, cls):
+        raise SimserveError(f"{method}: expected a simserve {name} (what {made_by} returns), "
+                            f"got {type(result).__name__}")
 
 
 def _needs(path: Path, have, needed: Sequence[str], what: str) -> None:
@@ -66,6 +78,11 @@ class RunData:
     @classmethod
     def from_result(cls, label: str, result) -> RunData:
         """From a :class:`simserve.runner.Result` (no files needed)."""
+        if not isinstance(label, str):
+            raise SimserveError(f"RunData.from_result: label: expected a str, got "
+                                f"{type(label).__name__}")
+        _expect_result("RunData.from_result", result, "simserve.runner", "Result",
+                       "simserve.run")
         return cls(label, result.scenario.policy, result.requests, result.steps,
                    result.summary, result.scenario.to_dict(),
                    overrides=tuple(result.scenario.overrides))
@@ -115,6 +132,8 @@ class CapacityData:
 
     @classmethod
     def from_result(cls, result) -> CapacityData:
+        _expect_result("CapacityData.from_result", result, "simserve.plan.capacity",
+                       "CapacityResult", "simserve.capacity")
         return cls(result.scenario, result.to_dict(), result.probes)
 
 
@@ -127,6 +146,8 @@ class PlanData:
 
     @classmethod
     def from_result(cls, result) -> PlanData:
+        _expect_result("PlanData.from_result", result, "simserve.plan.planner", "PlanResult",
+                       "simserve.plan")
         return cls(result.scenario, result.to_dict(), result.table)
 
 
@@ -274,6 +295,9 @@ def _check_capacity(path: Path, a: dict) -> None:
         _typed(path, a["slo"], k, _NUMBER, f"slo.{k}", optional=True)
     for k in ("min", "mean", "max"):
         _typed(path, a["spread"], k, _NUMBER, f"spread.{k}", optional=False)
+    if not 0 < a["target_attainment"] <= 1:     # (a fraction, as the figures take it)
+        raise DataError(path, f"target_attainment must be a fraction in (0, 1], got "
+                              f"{a['target_attainment']:g}")
     for i, v in enumerate(a.get("notes") or []):
         _typed(path, {"v": v}, "v", (str,), f"notes[{i}]", optional=False)
 
@@ -328,6 +352,14 @@ def _check_sweep(path: Path, spec: dict, table_path: Path, table: pd.DataFrame) 
     if ran.any():            # curves are drawn (a sweep whose every point failed has no metrics)
         _needs(table_path, table.columns, CURVE_NEEDS, "column")
         _numeric_columns(table_path, table, CURVE_NEEDS[1:])
+    if "slo_attainment_target" in table:        # (a fraction, as the figures take it)
+        _numeric_columns(table_path, table, ["slo_attainment_target"])
+        target = pd.to_numeric(table["slo_attainment_target"])
+        out = target.notna() & ~target.between(0, 1, inclusive="right")
+        if out.any():
+            i = int(out.to_numpy().argmax())
+            raise DataError(table_path, f"slo_attainment_target must be a fraction in (0, 1], "
+                                        f"got {target.iloc[i]:g}", i + 2)
 
 
 def _numeric_columns(path: Path, table: pd.DataFrame, columns: Sequence[str]) -> None:

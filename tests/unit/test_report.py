@@ -425,6 +425,8 @@ def capacity_dir(tmp_path_factory) -> Path:
     (_set(["replicas"], "1"), 'replicas must be an integer, got "1"'),
     (_set(["slo"], [1]), "slo must be an object, got [1]"),
     (_set(["notes"], 3), "notes must be a list, got 3"),
+    # a percentage where the figures take a fraction: the target line drawn at 9000 %
+    (_set(["target_attainment"], 90), "target_attainment must be a fraction in (0, 1], got 90"),
 ])
 def test_a_capacity_answer_with_a_deep_gap_is_named(capacity_dir, tmp_path, capsys, edit,
                                                       named):
@@ -481,6 +483,8 @@ def _csv_edit(edit):
      "no column 'request_throughput'"),
     ("sweep", "sweep.csv", _csv_edit(lambda t: t.assign(request_throughput="x")),
      "column 'request_throughput' is not a number: 'x'"),
+    ("sweep", "sweep.csv", _csv_edit(lambda t: t.assign(slo_attainment_target=90)),
+     "slo_attainment_target must be a fraction in (0, 1], got 90"),
     ("capacity", "probes.csv", _csv_edit(lambda t: t.drop(columns=["request_throughput"])),
      "no column 'request_throughput'"),
     ("capacity", "probes.csv", _csv_edit(lambda t: t.assign(slo_attainment="most")),
@@ -689,6 +693,141 @@ def test_figures_from_in_memory_results():
     assert len(latency_cdfs(runs).axes) == 3
     assert len(policy_bars(runs).axes) == 6
     assert len(timeline(runs[0]).axes) == 4
+
+
+def test_one_directory_alone_is_reported_and_several_need_out(tmp_path):
+    # a str was read as its characters ("several directories given") and a Path was a
+    # TypeError (no len())
+    run_dir = tiny_run(tmp_path / "run")
+    assert write_report(str(run_dir)) == run_dir / "report.html"
+    assert write_report(run_dir) == run_dir / "report.html"
+    # the Python caller is told of out=, the CLI's of --out (the same argument)
+    with pytest.raises(SimserveError, match=r"several directories given; say where the report "
+                                            r"goes with out=DIR \(on the command line, --out"):
+        write_report([run_dir, tmp_path / "other"])
+    with pytest.raises(SimserveError, match=r"^report: paths\[1\]: expected a directory \(a str "
+                                            r"or Path\), got int$"):
+        write_report([run_dir, 5], tmp_path / "rep")
+    with pytest.raises(SimserveError, match="^report: out: expected a directory .*got int$"):
+        write_report(run_dir, out=5)
+
+
+@pytest.fixture(scope="module")
+def bare_result():
+    return simserve.run(TINY, overrides=["workload.num_requests=20"])
+
+
+@pytest.mark.parametrize("call, named", [
+    (lambda F, r: F.latency_cdfs([r]), "latency_cdfs: runs[0]: expected RunData "
+                                        "(RunData.from_result(label, result)), got Result"),
+    (lambda F, r: F.latency_cdfs({"a": r}), "latency_cdfs: runs: expected a list of RunData "
+                                            "(RunData.from_result(label, result)), got dict; "
+                                            "for results by label: [RunData.from_result(label, "
+                                            "r) for label, r in results.items()]"),
+    (lambda F, r: F.policy_bars([r, r]), "policy_bars: runs[0]: expected RunData"),
+    (lambda F, r: F.timeline(r), "timeline: run: expected RunData "
+                                 "(RunData.from_result(label, result)), got Result"),
+    (lambda F, r: F.capacity_attainment(r), "capacity_attainment: cap: expected CapacityData "
+                                            "(CapacityData.from_result(result)), got Result"),
+    (lambda F, r: F.plan_pareto(r), "plan_pareto: plan: expected PlanData "
+                                    "(PlanData.from_result(result)), got Result"),
+    (lambda F, r: F.throughput_vs_load(r.requests), "throughput_vs_load: curves: expected a "
+                                                    "list of Curve (load_curves(table, x, "
+                                                    "series)), got DataFrame"),
+    (lambda F, r: F.latency_vs_load([r]), "latency_vs_load: curves[0]: expected Curve"),
+    (lambda F, r: F.CapacityData.from_result(r), "CapacityData.from_result: expected a "
+                                                 "simserve CapacityResult (what "
+                                                 "simserve.capacity returns), got Result"),
+    (lambda F, r: F.PlanData.from_result(r), "PlanData.from_result: expected a simserve "
+                                             "PlanResult (what simserve.plan returns), got "
+                                             "Result"),
+    (lambda F, r: F.RunData.from_result("x", {"a": 1}), "RunData.from_result: expected a "
+                                                        "simserve Result (what simserve.run "
+                                                        "returns), got dict"),
+    (lambda F, r: F.RunData.from_result(r, "x"), "RunData.from_result: label: expected a str, "
+                                                 "got Result"),
+])
+def test_figures_given_a_bare_result_say_what_they_take(bare_result, call, named):
+    # each was an AttributeError ('Result' object has no attribute 'label', 'to_dict', ...)
+    from simserve.report import figures
+    with pytest.raises(SimserveError) as e:
+        call(figures, bare_result)
+    assert str(e.value).startswith(named), str(e.value)
+
+
+def test_figures_take_one_run_or_curve_alone_and_a_timeline_needs_steps():
+    run = _synthetic_run("a", "vllm_v1")
+    from simserve.report.figures import latency_cdfs, policy_bars, timeline
+    assert len(latency_cdfs(run).axes) == 3 and len(policy_bars(run).axes) == 6
+    # (its steps were None: an AttributeError from sort_values)
+    with pytest.raises(SimserveError, match="^timeline: run: a has no per-step table"):
+        timeline(run)
+
+
+def _sweep_table(**extra) -> pd.DataFrame:
+    """A sweep.csv as simserve.sweep writes one: varied fields between point and policy."""
+    return pd.DataFrame({"point": [0, 1, 2, 3], "workload.rate": [5, 10, 5, 10],
+                         "engine.max_num_seqs": [8, 8, 16, 16], "policy": "vllm_v1",
+                         "error": None, "request_throughput": [4.9, 9.0, 5.0, 9.8],
+                         "slo_attainment": [1.0, 0.8, 1.0, 0.95], **extra})
+
+
+def test_load_curves_name_a_missing_column_and_take_one_series_column_alone():
+    from simserve.report.figures import load_curves
+    t = _sweep_table()
+    # one name is that column (its characters were a KeyError 's'), as in a list of one
+    one = load_curves(t, "workload.rate", "engine.max_num_seqs")
+    assert [c.label for c in one] == ["8", "16"]
+    assert [c.label for c in load_curves(t, "workload.rate", ["engine.max_num_seqs"])] == \
+        ["8", "16"]
+    varied = ("the sweep varied workload.rate, engine.max_num_seqs; each point's scheduler "
+              "policy is column 'policy'")
+    with pytest.raises(SimserveError) as e:         # a KeyError
+        load_curves(t, "workload.rat", [])
+    assert str(e.value) == f"load_curves: x: no column 'workload.rat' in the table; {varied}"
+    with pytest.raises(SimserveError) as e:         # a field the sweep did not vary: a KeyError
+        load_curves(t, "workload.rate", "scheduler.policy")
+    assert str(e.value) == ("load_curves: series: no column 'scheduler.policy' in the table; "
+                            f"{varied}")
+    with pytest.raises(SimserveError, match=r"^load_curves: series\[1\]: no column 'seed' .*"
+                                            "its columns: a, policy$"):
+        load_curves(pd.DataFrame({"a": [1], "policy": ["x"]}), "a", ["a", "seed"])
+    with pytest.raises(SimserveError, match="^load_curves: table: no rows"):   # an IndexError
+        load_curves(t.iloc[:0], "workload.rate")
+    with pytest.raises(SimserveError, match="^load_curves: table: no point to draw: every row "
+                                            "failed"):
+        load_curves(t.assign(error="boom"), "workload.rate")
+    with pytest.raises(SimserveError, match="^load_curves: table: expected a DataFrame"):
+        load_curves(t.to_dict(), "workload.rate")
+
+
+def test_an_attainment_target_is_a_fraction():
+    # 90 (the tables' percentage) drew the target line at 9000 % and found no knee, silently
+    from simserve.errors import ConfigError
+    from simserve.report.figures import load_curves, throughput_vs_load
+    curves = load_curves(_sweep_table(), "workload.rate", ["engine.max_num_seqs"])
+    assert curves[1].knee(0.9) == 10 and curves[0].knee(0.9) == 5
+    for bad in (90, 0, -0.5, "0.9", True):
+        with pytest.raises(ConfigError, match=r"^target: must be .*a fraction in \(0, 1\]"):
+            throughput_vs_load(curves, target=bad)
+        with pytest.raises(ConfigError, match=r"^target: must be .*a fraction in \(0, 1\]"):
+            curves[0].knee(bad)
+    with pytest.raises(ConfigError, match=r"\(0.9 for 90 %\), got 90$"):
+        throughput_vs_load(curves, target=90)
+    assert len(throughput_vs_load(curves, target=1).axes) == 2
+
+
+def test_styled_shows_a_series_as_a_one_column_table_and_refuses_other_things(bare_result):
+    # a Series was an AttributeError ('columns'), a Result one from inside fmt.py
+    from simserve.fmt import format_table, styled
+    s = pd.Series([0.9997, 0.5], name="SLO attainment")
+    assert "SLO attainment (%)" in styled(s).to_html()
+    assert format_table(s).split()[:3] == ["SLO", "attainment", "(%)"]
+    with pytest.raises(SimserveError, match="^styled: expected a pandas DataFrame or Series, "
+                                            "got Result$"):
+        styled(bare_result)
+    with pytest.raises(SimserveError, match="^format_table: expected .*got dict$"):
+        format_table({"a": [1]})
 
 
 # --- legibility (issue #33 item 5) -------------------------------------------------------------
