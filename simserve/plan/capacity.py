@@ -45,6 +45,7 @@ from simserve.errors import ConfigError, SimserveError
 from simserve.fmt import format_table
 from simserve.limits import MAX_REPLICAS, MAX_REQUESTS, MAX_SECONDS
 from simserve.paths import make_out_dir
+from simserve.plan.values import check_log, number
 
 PROBE_METRICS = (
     "slo_attainment", "num_requests", "num_good", "completed", "num_rejected", "request_throughput",
@@ -364,14 +365,12 @@ def capacity(scenario: Scenario | Mapping[str, Any] | str | Path, *,
     a bar counting probes on stderr (a bisection's length is not known ahead: no ETA).
     ``hold``: what every probe keeps fixed, ``"requests"`` (the count) or ``"duration"`` (the
     workload's seconds of arrivals; module docstring)."""
-    for name, value, integer in (("tolerance", tolerance, False), ("seeds", seeds, True),
-                                 ("target_rate", target_rate, False),
-                                 ("max_replicas", max_replicas, True)):
-        # the comparisons below would raise a bare TypeError ("x" < 1) or pass a 1.5 on
-        if value is not None and (isinstance(value, bool) or not isinstance(
-                value, int if integer else (int, float))):
-            raise ConfigError(name, f"expected {'an integer' if integer else 'a number'}, "
-                                    f"got {type(value).__name__} {value!r:.60}")
+    # the comparisons below would raise a bare TypeError ("x" < 1) or pass a 1.5 on
+    tolerance = number("tolerance", tolerance)
+    seeds = number("seeds", seeds, integer=True)
+    target_rate = None if target_rate is None else number("target_rate", target_rate)
+    max_replicas = number("max_replicas", max_replicas, integer=True)
+    check_log(log)
     # a bracket narrower than 1e-3 needs bisection steps past float precision (never ends)
     if not MIN_TOLERANCE <= tolerance < 1:
         raise ConfigError("tolerance", f"must be in [{MIN_TOLERANCE:g}, 1), got {tolerance:g}")

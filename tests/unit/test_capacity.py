@@ -6,6 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -231,6 +232,25 @@ def test_an_unreachable_slo_and_one_that_never_binds_are_clear_errors():
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         capacity(scenario(), **kwargs)
+
+
+def test_numpy_arguments_are_the_numbers_they_hold():
+    # seeds=np.int64(1) was "seeds: expected an integer, got int64 np.int64(1)"
+    cap = capacity(scenario(), target_rate=np.int64(25), seeds=np.int64(1),
+                   tolerance=np.float32(0.25), max_replicas=np.int64(8))
+    same = capacity(scenario(), target_rate=25, seeds=1, tolerance=0.25, max_replicas=8)
+    assert cap.to_dict() == same.to_dict() and cap.replicas_needed == 3
+    assert type(cap.target_rate) is int and json.dumps(cap.to_dict())
+    with pytest.raises(ConfigError, match=r"^seeds: expected an integer, got bool True"):
+        capacity(scenario(), seeds=np.bool_(True))
+    with pytest.raises(ConfigError, match=r"^tolerance: expected a number, got NoneType None"):
+        capacity(scenario(), tolerance=None)
+
+
+def test_a_log_that_is_not_callable_is_refused():
+    # was TypeError: 'str' object is not callable, at the first probe
+    with pytest.raises(ConfigError, match=r"^log: expected a function taking each line"):
+        capacity(scenario(), seeds=1, log="x")
 
 
 def test_python_api_is_the_module_call():
