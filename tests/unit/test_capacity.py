@@ -253,6 +253,30 @@ def test_a_log_that_is_not_callable_is_refused():
         capacity(scenario(), seeds=1, log="x")
 
 
+QUICKSTART = Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.yaml"
+
+
+def test_a_max_rate_passed_only_by_one_burst_is_refused_or_noted():
+    # 100 requests of the quickstart pass 40 req/s (and 300 of them only ~18 req/s): there the
+    # 100 arrive within 2.5 s, before the median request (3.1 s) ends, so no queue ever built.
+    # The answer was max_rate 40 with no note; alone it is refused, as a burst replica count is
+    hundred = ["workload.num_requests=100"]
+    with pytest.raises(ConfigError, match=r"^workload\.num_requests: 40 req/s, the highest "
+                                          r"rate found to meet the SLO, is one burst for a probe "
+                                          r"of 100 requests: .* at least \d+, "):
+        capacity(QUICKSTART, overrides=hundred, seeds=1, tolerance=0.2)
+    # with a target, the replica count is the answer (checked by its own probes at 30 req/s,
+    # a load): the max rate stands, flagged and noted
+    cap = capacity(QUICKSTART, overrides=hundred, seeds=1, tolerance=0.2, target_rate=30)
+    assert cap.max_rate == 40 and cap.replicas_needed == 1 and cap.burst_max_rate
+    assert cap.to_dict()["burst_max_rate"] is True
+    assert [n for n in cap.notes if n.startswith("max rate: 40 req/s, the highest rate found")]
+    assert "bounded by the probe size" in cap.table()
+    # a probe that outlasts its requests is an answer, unflagged
+    cap = capacity(QUICKSTART, overrides=["workload.num_requests=300"], seeds=1, tolerance=0.2)
+    assert cap.max_rate < 20 and not cap.burst_max_rate and "burst_max_rate" not in cap.to_dict()
+
+
 def test_python_api_is_the_module_call():
     assert simserve.capacity is capacity
     cap = simserve.capacity(scenario(), seeds=1, tolerance=0.1)
