@@ -25,7 +25,9 @@ their queues build: the two answers differ most where a queue grows slowly.
 
 The fewest replicas for a target rate is a search over ``cluster.replicas`` at that rate (same
 seeds and aggregation), starting from the per-replica capacity found above; a count passed only
-by probes that are one burst (every request arriving before the median one ends) is refused.
+by probes that are one burst (every request arriving before the median one ends) is refused. So
+is a max rate searched for alone whose probes are one burst; beside a target rate it is only
+where the replica search starts, and stands flagged (``burst_max_rate``) with a note.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from simserve.errors import ConfigError, SimserveError
 from simserve.fmt import format_table
 from simserve.limits import MAX_REPLICAS, MAX_REQUESTS, MAX_SECONDS
 from simserve.paths import make_out_dir
+from simserve.plan.values import check_log, number
 
 PROBE_METRICS = (
     "slo_attainment", "num_requests", "num_good", "completed", "num_rejected", "request_throughput",
@@ -95,6 +98,9 @@ class CapacityResult:
     # the replica count serves the target only in a probe too short to load it steadily (the
     # count is then a lower bound: ``notes`` says so)
     short_probe: bool = False
+    # max_rate passed only in probes that are one burst (given a target_rate; alone it is
+    # refused): bounded by the probe size, not sustained (``notes`` says so)
+    burst_max_rate: bool = False
 
     def __repr__(self) -> str:
         need = "" if self.target_rate is None else (
@@ -173,6 +179,7 @@ class CapacityResult:
                if self.pipeline_parallel_size > 1 else {}),
             **({"hold": self.hold} if self.hold != "requests" else {}),
             **({"short_probe": True} if self.short_probe else {}),
+            **({"burst_max_rate": True} if self.burst_max_rate else {}),
         }
 
     def save(self, out: str | Path) -> Path:
@@ -364,14 +371,12 @@ def capacity(scenario: Scenario | Mapping[str, Any] | str | Path, *,
     a bar counting probes on stderr (a bisection's length is not known ahead: no ETA).
     ``hold``: what every probe keeps fixed, ``"requests"`` (the count) or ``"duration"`` (the
     workload's seconds of arrivals; module docstring)."""
-    for name, value, integer in (("tolerance", tolerance, False), ("seeds", seeds, True),
-                                 ("target_rate", target_rate, False),
-                                 ("max_replicas", max_replicas, True)):
-        # the comparisons below would raise a bare TypeError ("x" < 1) or pass a 1.5 on
-        if value is not None and (isinstance(value, bool) or not isinstance(
-                value, int if integer else (int, float))):
-            raise ConfigError(name, f"expected {'an integer' if integer else 'a number'}, "
-                                    f"got {type(value).__name__} {value!r:.60}")
+    # the comparisons below would raise a bare TypeError ("x" < 1) or pass a 1.5 on
+    tolerance = number("tolerance", tolerance)
+    seeds = number("seeds", seeds, integer=True)
+    target_rate = None if target_rate is None else number("target_rate", target_rate)
+    max_replicas = number("max_replicas", max_replicas, integer=True)
+    check_log(log)
     # a bracket narrower than 1e-3 needs bisection steps past float precision (never ends)
     if not MIN_TOLERANCE <= tolerance < 1:
         raise ConfigError("tolerance", f"must be in [{MIN_TOLERANCE:g}, 1), got {tolerance:g}")
@@ -419,6 +424,7 @@ def capacity(scenario: Scenario | Mapping[str, Any] | str | Path, *,
             lo = mid
         else:
             hi = mid
+    burst = hold == "requests" and _burst_max_rate(prober, lo, replicas, target_rate, notes)
     spread_at = [prober.cache[(lo, replicas, seed)]["slo_attainment"] for seed in prober.seeds]
     spread = {"min": min(spread_at), "mean": sum(spread_at) / len(spread_at),
               "max": max(spread_at)}
@@ -458,7 +464,7 @@ def capacity(scenario: Scenario | Mapping[str, Any] | str | Path, *,
         slo={k: v for k, v in s.slo.to_dict().items() if k != "attainment"}, notes=notes,
         data_parallel_size=s.engine.data_parallel_size,
         pipeline_parallel_size=s.engine.pipeline_parallel_size, hold=hold,
-        short_probe=short_probe)
+        short_probe=short_probe, burst_max_rate=burst)
 
 
 def _check_loaded(prober: _Prober, rate: float, replicas: int, per_unit: float,
@@ -468,13 +474,11 @@ def _check_loaded(prober: _Prober, rate: float, replicas: int, per_unit: float,
     a held duration), so no replica ever held a load and the count answers nothing (50
     requests at 1000 req/s "needed" 45 replicas of a 10 req/s engine). A probe that outlasts
     its median request but still passes more than linearly keeps its answer, with a note."""
-    rows = [prober.cache[(rate, replicas, seed)] for seed in prober.seeds]
-    if not all(r["median_e2el_ms"] is not None and r["arrival_span_s"] < r["median_e2el_ms"] / 1000
-               for r in rows):
+    row = _one_burst(prober, rate, replicas)
+    if row is None:
         return
-    row = rows[0]
     e2el = row["median_e2el_ms"]
-    need = math.floor(rate * e2el / 1000) + 2      # (need - 1) / rate > one median request
+    need = _outlasting(rate, e2el)
     one = "copy" if unit > 1 else "replica"
     fix = (f"raise workload.num_requests to at least {need:,}, the fewest that outlast one "
            f"request (many times that for a steady state), or give a lower target"
@@ -484,10 +488,60 @@ def _check_loaded(prober: _Prober, rate: float, replicas: int, per_unit: float,
     raise ConfigError(
         "target_rate",
         f"{rate:g} req/s is one burst for a probe of {row['num_requests']:,} requests: they "
-        f"arrive within {row['arrival_span_s'] * 1000:.3g} ms, less than the {e2el:.3g} ms "
+        f"arrive within {_span(row['arrival_span_s'] * 1000)}, less than the {_span(e2el)} "
         f"the median request lasted on {replicas} replica(s), so no replica ever held a load "
         f"and the {replicas} replica(s) it passes mean nothing; {fix} (one {one} serves "
         f"{per_unit:.3g} req/s)")
+
+
+def _one_burst(prober: _Prober, rate: float, replicas: int) -> dict | None:
+    """The first seed's probe at (``rate``, ``replicas``) if, with every seed, all requests
+    arrived before the median one finished (the probe is one burst, not a load), else None."""
+    rows = [prober.cache[(rate, replicas, seed)] for seed in prober.seeds]
+    if all(r["median_e2el_ms"] is not None and r["arrival_span_s"] < r["median_e2el_ms"] / 1000
+           for r in rows):
+        return rows[0]
+    return None
+
+
+def _span(ms: float) -> str:
+    """A time in ms, or in s from a second on (2.56 s, not 2.56e+03 ms)."""
+    return f"{ms:.3g} ms" if ms < 1000 else f"{ms / 1000:.3g} s"
+
+
+def _outlasting(rate: float, e2el_ms: float) -> int:
+    """The fewest requests whose arrivals at ``rate`` outlast one request of ``e2el_ms``."""
+    return math.floor(rate * e2el_ms / 1000) + 2      # (n - 1) / rate > one median request
+
+
+def _burst_max_rate(prober: _Prober, rate: float, replicas: int,
+                    target_rate: float | None, notes: list[str]) -> bool:
+    """Whether the max rate found passed only in probes that are one burst (``_check_loaded``'s
+    rule): every request arrived before the median one ended, so no queue could build and any
+    rate up to all-at-once would pass as well; the probe size, not the deployment, set the
+    answer. Searched for alone, the max rate is the answer and is refused, as a burst replica
+    count is; with ``target_rate`` the answer is the replica count (checked on its own), and
+    the max rate, only where its search started, stands with a note. Holding the duration,
+    ``_check_duration`` has refused such a probe already."""
+    row = _one_burst(prober, rate, replicas)
+    if row is None:
+        return False
+    e2el = row["median_e2el_ms"]
+    need = _outlasting(rate, e2el)
+    fix = (f"raise workload.num_requests to at least {need:,}, the fewest that outlast one "
+           f"request at that rate (many times that for a steady state)"
+           if need <= MAX_REQUESTS else
+           f"outlasting one request at that rate takes over {MAX_REQUESTS:,} requests, a run's "
+           f"most: tighten the SLO")
+    burst = (f"{rate:.3g} req/s, the highest rate found to meet the SLO, is one burst for a "
+             f"probe of {row['num_requests']:,} requests: they arrive within "
+             f"{_span(row['arrival_span_s'] * 1000)}, less than the {_span(e2el)} the median "
+             f"request lasted, so no queue ever built")
+    if target_rate is None:
+        raise ConfigError("workload.num_requests", f"{burst} and the rate means nothing; {fix}")
+    notes.append(f"max rate: {burst}: it is bounded by the probe size, not a rate the "
+                 f"deployment sustains (the replica count is checked on its own); {fix}")
+    return True
 
 
 def _bracket(prober: _Prober, rate: float, replicas: int, workload) -> tuple[float, float]:

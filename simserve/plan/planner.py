@@ -23,11 +23,12 @@ from typing import Any
 
 import pandas as pd
 
-from simserve.config import (Scenario, apply_overrides, given_fields, load_yaml,
-                             parse_scenario)
+from simserve.config import (Scenario, apply_overrides, check_overrides, given_fields,
+                             load_yaml, parse_scenario)
 from simserve.errors import ConfigError, DataError, SimserveError
 from simserve.plan.bounds import Lengths, bound, kv_fits
 from simserve.plan.space import GIVEN_PRICE, Candidate, PlanSpace, candidates
+from simserve.plan.values import check_log, number, plain
 from simserve.report.load import PARETO_X, PARETO_Y
 from simserve.paths import make_out_dir
 
@@ -193,6 +194,7 @@ def load_plan_inputs(scenario: Scenario | Mapping | str | Path,
     """The base scenario mapping (its ``plan:`` section taken out), its folder, its name and
     the space: ``space`` if given (a mapping, a plan file whose ``plan:`` section or whole
     mapping is the space), else the scenario's ``plan:`` section, else the defaults."""
+    overrides = check_overrides(overrides)
     if isinstance(scenario, Scenario):
         if scenario.source is None:
             raise ConfigError("scenario", f"{scenario.name}: a scenario changed with replace() "
@@ -200,7 +202,7 @@ def load_plan_inputs(scenario: Scenario | Mapping | str | Path,
                                           "from")
         raw, base_dir, name = copy.deepcopy(scenario.source), scenario.base_dir, scenario.name
     elif isinstance(scenario, Mapping):
-        raw, base_dir, name = copy.deepcopy(dict(scenario)), Path("."), \
+        raw, base_dir, name = plain(copy.deepcopy(dict(scenario))), Path("."), \
             str(scenario.get("name", "scenario"))
     else:
         path = Path(scenario)
@@ -211,7 +213,7 @@ def load_plan_inputs(scenario: Scenario | Mapping | str | Path,
     if "compare" in raw:
         raise ConfigError("compare", "a planned scenario cannot have compare:; the plan "
                                      "varies the deployment itself")
-    apply_overrides(raw, list(overrides or []))     # --set plan.max_replicas=8 too
+    apply_overrides(raw, overrides)     # --set plan.max_replicas=8 too
     plan_raw, where = raw.pop("plan", None), "plan"
     if isinstance(space, PlanSpace):
         return raw, base_dir, name, space
@@ -455,10 +457,16 @@ def plan(scenario: Scenario | Mapping | str | Path, target_rate: float, *,
     every candidate that can start (the exhaustive search the SLO, throughput and cost bounds
     are checked against). ``log`` gets a line per wave."""
     from simserve.plan.sweep import Executor
-    log = log or (lambda line: None)
-    if isinstance(target_rate, bool) or not isinstance(target_rate, (int, float)) \
-            or not 0 < target_rate < math.inf:
+    target_rate = number("target_rate", target_rate)
+    if not 0 < target_rate < math.inf:
         raise ConfigError("target_rate", f"must be > 0 and finite, got {target_rate!r}")
+    overrides = check_overrides(overrides)
+    if workers is not None:     # (a str failed at the first wave; 0 meant every core)
+        workers = number("workers", workers, integer=True)
+        if workers < 1:
+            raise ConfigError("workers", f"must be >= 1, got {workers}")
+    check_log(log)
+    log = log or (lambda line: None)
     base, sp, entries, pruned, notes = _built(scenario, target_rate, space, overrides, prune)
     queue = sorted((e for e in entries if e.scenario is not None),
                    key=lambda e: (e.cost_lb, e.cand.index))
@@ -509,6 +517,7 @@ def check_plan(scenario: str | Path, overrides: Sequence[str] | None = None) -> 
     the planner builds them (the base deployment itself need not start: every candidate
     replaces its hardware and parallelism); what can start, and a ``--set`` the planner would
     refuse, in words. ConfigError when none can start."""
+    overrides = check_overrides(overrides)
     _, sp, entries, pruned, _ = _built(scenario, 1.0, None, overrides, prune=False,
                                        check_sets=False)
     left = sum(1 for e in entries if e.scenario is not None)

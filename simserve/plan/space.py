@@ -34,6 +34,7 @@ from simserve.cards import DATA_DIR, load_hardware
 from simserve.cluster.config import LINKS
 from simserve.errors import ConfigError, DataError
 from simserve.fields import Fields
+from simserve.plan.values import as_list, plain
 
 COLOCATED = "colocated"
 DEFAULT_TP = (1, 2, 4, 8)
@@ -88,7 +89,7 @@ class PlanSpace:
         """Read a ``plan:`` mapping; ``scenario_raw`` supplies the defaults (its hardware)."""
         if raw is None:
             raw = {}
-        f = Fields(raw, where)
+        f = Fields(plain(raw), where)       # NumPy values as Python's (values.py)
         hardware = _list(f, "hardware", [scenario_raw.get("hardware")])
         tp = _ints(f, "tensor_parallel_size", list(DEFAULT_TP))
         pp = _ints(f, "pipeline_parallel_size", [1])
@@ -171,8 +172,8 @@ def _list(f: Fields, name: str, default: list) -> list:
     value = f.any(name, None)
     if value is None:
         return default
-    if not isinstance(value, list):
-        value = [value]
+    values = as_list(value)
+    value = [value] if values is None else values       # a lone value: a list of one
     if not value:
         raise ConfigError(f.where(name), "the search space is empty: give at least one value")
     if len({repr(v) for v in value}) != len(value):

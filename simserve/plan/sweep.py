@@ -35,12 +35,13 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from simserve.config import (Scenario, apply_overrides, given_fields, load_yaml,
-                             parse_scenario, set_field)
+from simserve.config import (Scenario, apply_overrides, check_overrides, given_fields,
+                             load_yaml, parse_scenario, set_field)
 from simserve.errors import ConfigError, SimserveError
 from simserve.fields import Fields
 from simserve.limits import MAX_SWEEP_POINTS, MAX_WORKERS, MAX_WORKERS_PER_CPU
 from simserve.paths import make_out_dir, rebase_paths, rebase_value
+from simserve.plan.values import as_list, plain
 
 EXECUTORS = ("local", "ray")
 # Columns every sweep table has besides the point's own fields and the summary metrics.
@@ -112,7 +113,7 @@ class SweepSpec:
 def expand(grid: dict[str, list], zip_: dict[str, list] | None = None) -> list[dict[str, Any]]:
     """The points of a sweep: the cartesian product of ``grid`` (last field fastest) times the
     rows of ``zip_`` (its lists advanced together, as the innermost axis)."""
-    zip_ = zip_ or {}
+    grid, zip_ = _as_axes(grid), _as_axes(zip_ or {})
     _check_axes(grid, zip_)
     zip_rows = [dict(zip(zip_, values)) for values in zip(*zip_.values())] or [{}]
     points = []
@@ -120,6 +121,17 @@ def expand(grid: dict[str, list], zip_: dict[str, list] | None = None) -> list[d
         for row in zip_rows:
             points.append({**dict(zip(grid, combo)), **row})
     return points
+
+
+def _as_axes(axes: Any) -> Any:
+    """Each axis's values as a plain list (a tuple, range or NumPy array of them too, each
+    NumPy scalar as Python's own: ``values.as_list``), so that ``np.arange(5, 20, 5)`` makes
+    the same points, table and sweep.yaml as ``[5, 10, 15]``; anything else is left for
+    ``_check_axes`` to refuse."""
+    if not isinstance(axes, dict):
+        return axes
+    return {plain(key): values if as_list(values) is None else as_list(values)
+            for key, values in axes.items()}
 
 
 def _check_axes(grid: Any, zip_: Any) -> None:
@@ -132,7 +144,11 @@ def _check_axes(grid: Any, zip_: Any) -> None:
             if isinstance(values, dict):
                 raise ConfigError(f"{section}.{key}", "expected a list of values; a nested "
                                   "field is one dotted path (engine.max_num_seqs: [16, 64])")
-            if not isinstance(values, list) or not values:
+            if not isinstance(values, list):      # (what _as_axes could not read as one)
+                raise ConfigError(f"{section}.{key}", f"expected a non-empty list of values, "
+                                                      f"got {type(values).__name__} "
+                                                      f"{values!r:.60}")
+            if not values:
                 raise ConfigError(f"{section}.{key}", "expected a non-empty list of values")
     both = sorted(set(grid) & set(zip_))
     if both:
@@ -188,14 +204,18 @@ def max_workers() -> int:
     return min(MAX_WORKERS, MAX_WORKERS_PER_CPU * (os.cpu_count() or 1))
 
 
-def check_workers(workers: int | None, field: str = "workers") -> None:
+def check_workers(workers: Any, field: str = "workers") -> int | None:
+    """``workers`` as a plain int (a NumPy integer too), or None; a ConfigError unless it is
+    1 to :func:`max_workers`."""
     if workers is None:
-        return
+        return None
+    workers = plain(workers)
     top = max_workers()
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= top:
         raise ConfigError(field, f"must be 1 to {top} ({MAX_WORKERS_PER_CPU} x this machine's "
                                  f"{os.cpu_count() or 1} CPUs, at most {MAX_WORKERS}: more "
                                  f"processes only share the same cores), got {workers!r}")
+    return workers
 
 
 SWEEP_FIELDS = ("base", "scenario", "name", "set", "grid", "zip")   # a sweep file's own
@@ -203,6 +223,7 @@ SWEEP_FIELDS = ("base", "scenario", "name", "set", "grid", "zip")   # a sweep fi
 
 def load_sweep(path: str | Path, overrides: Sequence[str] | None = None) -> SweepSpec:
     """Read a sweep file; ``overrides`` (``FIELD=VALUE``) apply to its base scenario."""
+    overrides = check_overrides(overrides)
     path = Path(path)
     raw = load_yaml(path)
     f = Fields(raw, "")
@@ -236,6 +257,7 @@ def make_spec(base: dict | Scenario | str | Path, grid: dict | None = None,
               zip_: dict | None = None, *, base_dir: Path | None = None, name: str | None = None,
               fixed: dict | None = None, overrides: Sequence[str] | None = None) -> SweepSpec:
     """A SweepSpec from a base (scenario mapping, Scenario or scenario file) and axes."""
+    overrides = check_overrides(overrides)
     if isinstance(base, Scenario):
         if base.source is None:
             raise ConfigError("scenario", f"{base.name}: a scenario changed with replace() "
@@ -254,14 +276,16 @@ def make_spec(base: dict | Scenario | str | Path, grid: dict | None = None,
     if "compare" in base:
         raise ConfigError("compare", "a sweep's base scenario cannot have compare:; put the "
                                      "field in the grid instead")
-    base = copy.deepcopy(base)
+    base = plain(copy.deepcopy(base))
     if not isinstance(fixed or {}, dict):
         raise ConfigError("set", "expected a mapping of FIELD: VALUE")
+    fixed = plain(fixed)
     for key, value in (fixed or {}).items():
         set_field(base, key, value)
-    apply_overrides(base, list(overrides or []))
-    _check_axes(grid or {}, zip_ or {})
-    grid, zip_ = dict(grid or {}), dict(zip_ or {})
+    apply_overrides(base, overrides)
+    grid, zip_ = _as_axes(grid or {}), _as_axes(zip_ or {})
+    _check_axes(grid, zip_)
+    grid, zip_ = dict(grid), dict(zip_)
     given = [(f"set.{k}", str(k).strip()) for k in fixed or {}] + \
         [(f"--set {k.strip()}", k.strip()) for k, _, _ in
          (item.partition("=") for item in overrides or [])]
@@ -398,7 +422,7 @@ def run_scenarios(scenarios: Sequence[Scenario], executor: str = "local", *,
                   workers: int | None = None, address: str | None = None,
                   on_done: Done | None = None) -> list[tuple[dict | None, str | None]]:
     """``(summary, error)`` for each scenario, in input order."""
-    check_workers(workers)
+    workers = check_workers(workers)
     # Relative paths (traces, profiles) must not depend on a worker's working directory.
     scenarios = [s.replace(base_dir=s.base_dir.resolve()) for s in scenarios]
     workers = min(workers or os.cpu_count() or 1, len(scenarios))
@@ -432,8 +456,13 @@ def sweep(base: SweepSpec | Scenario | dict | str | Path, grid: dict | None = No
     then every summary metric of docs/metrics.md.
     """
     if isinstance(base, SweepSpec):
+        # (they were ignored: the spec's own points ran)
+        _refuse_given("a SweepSpec holds its axes and fixed changes already; build it with "
+                      "them (make_spec)", grid=grid, zip=zip, fixed=fixed, overrides=overrides)
         spec = base
     elif grid is None and zip is None and isinstance(base, (str, Path)):
+        _refuse_given("a sweep file gives its fixed changes in set:, or give them as "
+                      "overrides", fixed=fixed)
         spec = load_sweep(base, overrides)
     else:
         spec = make_spec(base, grid, zip, fixed=fixed, overrides=overrides)
@@ -454,6 +483,13 @@ def sweep(base: SweepSpec | Scenario | dict | str | Path, grid: dict | None = No
         outcomes = run_scenarios(scenarios, executor, workers=workers, address=address,
                                  on_done=done)
     return sweep_table(spec, scenarios, outcomes)
+
+
+def _refuse_given(why: str, **arguments: Any) -> None:
+    """A ConfigError naming the first argument given (not None) that would be ignored."""
+    for name, value in arguments.items():
+        if value is not None:
+            raise ConfigError(name, f"would be ignored: {why}")
 
 
 def sweep_table(spec: SweepSpec, scenarios: Sequence[Scenario],

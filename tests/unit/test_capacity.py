@@ -6,6 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -231,6 +232,49 @@ def test_an_unreachable_slo_and_one_that_never_binds_are_clear_errors():
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         capacity(scenario(), **kwargs)
+
+
+def test_numpy_arguments_are_the_numbers_they_hold():
+    # seeds=np.int64(1) was "seeds: expected an integer, got int64 np.int64(1)"
+    cap = capacity(scenario(), target_rate=np.int64(25), seeds=np.int64(1),
+                   tolerance=np.float32(0.25), max_replicas=np.int64(8))
+    same = capacity(scenario(), target_rate=25, seeds=1, tolerance=0.25, max_replicas=8)
+    assert cap.to_dict() == same.to_dict() and cap.replicas_needed == 3
+    assert type(cap.target_rate) is int and json.dumps(cap.to_dict())
+    with pytest.raises(ConfigError, match=r"^seeds: expected an integer, got bool True"):
+        capacity(scenario(), seeds=np.bool_(True))
+    with pytest.raises(ConfigError, match=r"^tolerance: expected a number, got NoneType None"):
+        capacity(scenario(), tolerance=None)
+
+
+def test_a_log_that_is_not_callable_is_refused():
+    # was TypeError: 'str' object is not callable, at the first probe
+    with pytest.raises(ConfigError, match=r"^log: expected a function taking each line"):
+        capacity(scenario(), seeds=1, log="x")
+
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.yaml"
+
+
+def test_a_max_rate_passed_only_by_one_burst_is_refused_or_noted():
+    # 100 requests of the quickstart pass 40 req/s (and 300 of them only ~18 req/s): there the
+    # 100 arrive within 2.5 s, before the median request (3.1 s) ends, so no queue ever built.
+    # The answer was max_rate 40 with no note; alone it is refused, as a burst replica count is
+    hundred = ["workload.num_requests=100"]
+    with pytest.raises(ConfigError, match=r"^workload\.num_requests: 40 req/s, the highest "
+                                          r"rate found to meet the SLO, is one burst for a probe "
+                                          r"of 100 requests: .* at least \d+, "):
+        capacity(QUICKSTART, overrides=hundred, seeds=1, tolerance=0.2)
+    # with a target, the replica count is the answer (checked by its own probes at 30 req/s,
+    # a load): the max rate stands, flagged and noted
+    cap = capacity(QUICKSTART, overrides=hundred, seeds=1, tolerance=0.2, target_rate=30)
+    assert cap.max_rate == 40 and cap.replicas_needed == 1 and cap.burst_max_rate
+    assert cap.to_dict()["burst_max_rate"] is True
+    assert [n for n in cap.notes if n.startswith("max rate: 40 req/s, the highest rate found")]
+    assert "bounded by the probe size" in cap.table()
+    # a probe that outlasts its requests is an answer, unflagged
+    cap = capacity(QUICKSTART, overrides=["workload.num_requests=300"], seeds=1, tolerance=0.2)
+    assert cap.max_rate < 20 and not cap.burst_max_rate and "burst_max_rate" not in cap.to_dict()
 
 
 def test_python_api_is_the_module_call():

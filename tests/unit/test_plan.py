@@ -9,6 +9,7 @@ import re
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -385,3 +386,38 @@ def test_plan_and_capacity_results_read_well_in_a_notebook():
     assert text.startswith("<CapacityResult plan_small: max rate ") and "7 replica(s) for 30 " \
         "req/s; 1 note(s): .notes" in text and len(text) < 300
     assert cap.short_probe and cap.to_dict()["short_probe"] is True
+
+
+def test_numpy_values_are_the_numbers_and_lists_they_hold():
+    # np.int64(10) was "target_rate: must be > 0 and finite, got np.int64(10)", an array of
+    # sizes "plan.tensor_parallel_size[0]: expected a positive integer, got array([1, 2])"
+    space = {"hardware": ("H100-SXM", "L40S"), "tensor_parallel_size": np.array([1, 2]),
+             "max_replicas": np.int64(8), "tolerance": np.float32(0.25),
+             "prices": {"L40S": np.int64(1)}}
+    r = plan(SMALL, np.int64(5), overrides=["slo.ttft_ms=1"], space=space,
+             workers=np.int64(1))      # (a 1 ms TTFT: every candidate pruned, none simulated)
+    typed = plan(SMALL, 5, overrides=["slo.ttft_ms=1"], workers=1,
+                 space={"hardware": ["H100-SXM", "L40S"], "tensor_parallel_size": [1, 2],
+                        "max_replicas": 8, "tolerance": 0.25, "prices": {"L40S": 1}})
+    assert r.to_dict() == typed.to_dict() and len(r.table) == 4
+    assert type(r.target_rate) is int and json.dumps(r.to_dict())
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    # each was "must be > 0 and finite, got '10'" or a TypeError from inside
+    ({"target_rate": "10"}, r"^target_rate: expected a number, got str '10'"),
+    ({"target_rate": np.bool_(True)}, r"^target_rate: expected a number, got bool True"),
+    ({"overrides": "seed=1"}, r"^overrides: expected a list of FIELD=VALUE strings"),
+    ({"log": "x"}, r"^log: expected a function taking each line"),
+    ({"workers": "2"}, r"^workers: expected an integer, got str '2'"),
+    ({"workers": 0}, r"^workers: must be >= 1, got 0"),
+])
+def test_bad_python_arguments_are_one_config_error(kwargs, message):
+    kwargs = {"target_rate": 5, **kwargs}
+    with pytest.raises(ConfigError, match=message):
+        plan(SMALL, kwargs.pop("target_rate"), overrides=kwargs.pop("overrides", ["seed=1"]),
+             **kwargs)
+    if "overrides" in message:     # `simserve validate`'s reading of a plan, too
+        from simserve.plan.planner import check_plan
+        with pytest.raises(ConfigError, match=message):
+            check_plan(SMALL, "seed=1")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -468,3 +469,55 @@ def test_workers_are_bounded(tmp_path, capsys, workers):
     assert not (tmp_path / "o").exists()
     with pytest.raises(ConfigError, match="^workers: must be 1 to"):
         run_scenarios([], workers=top + 1)
+
+
+# --- values from Python ------------------------------------------------------------------------
+
+def test_numpy_tuple_and_range_axes_sweep_as_their_lists(tmp_path):
+    # np.arange was "grid.workload.rate: expected a non-empty list of values" (it is one), and
+    # an np.int64 fixed value or workers count was refused or could not be written to sweep.yaml
+    from simserve.plan.sweep import make_spec, save_sweep
+    given = make_spec(TINY, {"workload.rate": np.arange(5, 20, 5)},
+                      {"seed": (1, 2), "engine.max_num_seqs": range(8, 24, 8)},
+                      fixed={"workload.num_requests": np.int64(10)})
+    typed = make_spec(TINY, {"workload.rate": [5, 10, 15]},
+                      {"seed": [1, 2], "engine.max_num_seqs": [8, 16]},
+                      fixed={"workload.num_requests": 10})
+    assert given == typed
+    assert all(type(v) is int for p in given.points() for v in p.values())
+    a, b = save_sweep(pd.DataFrame(), given, tmp_path / "a"), save_sweep(pd.DataFrame(), typed,
+                                                                          tmp_path / "b")
+    assert (a / "sweep.yaml").read_text() == (b / "sweep.yaml").read_text()
+    table = sweep(TINY, grid={"workload.rate": np.array([5.0, 10.0])},
+                  fixed={"workload.num_requests": np.int64(10)}, workers=np.int64(1))
+    pd.testing.assert_frame_equal(table, sweep(TINY, grid={"workload.rate": [5.0, 10.0]},
+                                               fixed={"workload.num_requests": 10}, workers=1))
+    assert expand({"a": np.array([1, 2])}) == [{"a": 1}, {"a": 2}]
+    with pytest.raises(ConfigError, match=r"^grid\.a: expected a non-empty list of values, got "
+                                          r"str 'xy'"):
+        expand({"a": "xy"})           # one value, not a list of its characters
+    with pytest.raises(ConfigError, match=r"^workers: must be 1 to"):
+        sweep(TINY, grid={"seed": [1]}, workers=np.bool_(True))
+
+
+@pytest.mark.parametrize("call", [
+    lambda o: sweep(TINY, grid={"workload.rate": [5]}, overrides=o),
+    lambda o: sweep(DATA / "none.yaml", overrides=o),
+    lambda o: load_sweep(DATA / "none.yaml", overrides=o),
+])
+def test_overrides_must_be_a_list_of_strings(call):
+    # a lone string was split into characters: "--set: expected FIELD=VALUE, got 's'"
+    with pytest.raises(ConfigError, match=r"^overrides: expected a list of FIELD=VALUE "
+                                          r"strings, got str 'seed=1'"):
+        call("seed=1")
+
+
+def test_arguments_a_sweep_would_ignore_are_refused(tmp_path):
+    from simserve.plan.sweep import make_spec
+    spec = make_spec(TINY, {"seed": [1]})
+    with pytest.raises(ConfigError, match=r"^overrides: would be ignored: a SweepSpec"):
+        sweep(spec, overrides=["workload.num_requests=5"])
+    with pytest.raises(ConfigError, match=r"^grid: would be ignored: a SweepSpec"):
+        sweep(spec, grid={"seed": [2]})
+    with pytest.raises(ConfigError, match=r"^fixed: would be ignored: a sweep file"):
+        sweep(write_grid(tmp_path, grid={"seed": [1]}), fixed={"seed": 3})
