@@ -83,7 +83,9 @@ class RunData:
                                 f"{type(label).__name__}")
         _expect_result("RunData.from_result", result, "simserve.runner", "Result",
                        "simserve.run")
-        return cls(label, result.scenario.policy, result.requests, result.steps,
+        # (a long run's steps folded away: its figures that need no steps are still drawn)
+        steps = result.steps if result.has_steps else None
+        return cls(label, result.scenario.policy, result.requests, steps,
                    result.summary, result.scenario.to_dict(),
                    overrides=tuple(result.scenario.overrides))
 

@@ -993,3 +993,19 @@ def test_the_report_says_each_runs_trust_beside_its_name():
     assert "l40s: No measured error for this step-time model" in text
     one = _provenance(Inputs(runs=[RunData.from_result("h100", h100)]))
     assert "h100:" not in one and "Expected error of the h100-vllm" in one
+
+
+def test_a_run_whose_steps_were_folded_still_gives_its_request_figures(monkeypatch):
+    """A replica past FOLD_STEPS keeps no per-step table: RunData takes the run without it
+    (the latency CDFs need only requests), and the timeline says it needs steps."""
+    from simserve.metrics import levels, recorder
+    from simserve.report import latency_cdfs, timeline
+    monkeypatch.setattr(levels, "LEVEL_CHUNK", 32)       # (as tests/integration/test_long_runs)
+    monkeypatch.setattr(recorder, "FOLD_STEPS", 64)
+    result = simserve.run(TINY, overrides=["workload.num_requests=600"])
+    assert not result.has_steps
+    data = RunData.from_result("folded", result)
+    assert data.steps is None and len(data.requests) == 600
+    assert latency_cdfs([data]) is not None
+    with pytest.raises(SimserveError, match="step"):
+        timeline(data)
