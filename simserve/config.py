@@ -318,7 +318,8 @@ def _checked_changes(s: Scenario, changes: dict[str, Any]) -> dict[str, Any]:
     if "policy" in changes:
         out["policy"] = f.str("policy", choices=policy_names())
         params_type = describe(out["policy"]).params_type
-        if "policy_params" not in changes:      # the new policy's knobs, at their defaults
+        if "policy_params" not in changes and out["policy"] != s.policy:
+            # (a new policy's knobs at their defaults; the same policy keeps its own)
             out["policy_params"] = (read_params(params_type, Fields({}, "scheduler"))
                                     if params_type is not None else None)
     params_type = describe(out.get("policy", s.policy)).params_type

@@ -227,3 +227,13 @@ def test_request_column_names_a_missing_column():
     result = simserve.run(TINY, overrides=["workload.num_requests=5"])
     with pytest.raises(simserve.errors.SimserveError, match="did you mean ttft_s"):
         result.request_column("ttft")
+
+
+def test_scenario_replace_keeps_a_policys_knobs_unless_the_policy_changes():
+    raw = tiny()
+    raw["scheduler"] = {"policy": "tgi", "waiting_served_ratio": 0.7}
+    s = simserve.run(raw, overrides=["workload.num_requests=5"]).scenario
+    assert s.replace(policy="tgi").policy_params.waiting_served_ratio == 0.7
+    assert s.replace(seed=2).policy_params.waiting_served_ratio == 0.7
+    assert s.replace(policy="lmdeploy").policy_params.schedule_interval == 16
+    assert s.replace(policy="vllm_v1").policy_params is None
