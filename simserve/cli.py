@@ -222,9 +222,11 @@ def _cmd_plan(args) -> int:
         raise ConfigError("--workers", f"must be >= 1, got {args.workers}")
     _check_address(args)
     from simserve.paths import OUTPUT_FILES, REPORT_FILES, check_out_dir, clear_other_outputs
+    from simserve.runner import scenario_file_inputs
     out = Path(args.out) if args.out else Path("runs") / f"{Path(args.scenario).stem}-plan"
-    check_out_dir(out, (*OUTPUT_FILES["plan"], *REPORT_FILES),
-                  [args.scenario, *filter(None, [args.space])])
+    inputs = [*scenario_file_inputs(args.scenario, args.overrides),
+              *filter(None, [args.space])]
+    check_out_dir(out, (*OUTPUT_FILES["plan"], *REPORT_FILES), inputs)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     t0 = time.perf_counter()
     try:
@@ -238,7 +240,7 @@ def _cmd_plan(args) -> int:
     print(result.answer())
     print(f"{len(result.table)} candidates, {result.simulated} simulated, "
           f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
-    _note(clear_other_outputs(out, "plan", inputs=[args.scenario, *filter(None, [args.space])]))
+    _note(clear_other_outputs(out, "plan", inputs=inputs))
     result.save(out)
     print(f"results in {out}/ (plan.json, candidates.csv, probes.csv)")
     _report(args, out)
@@ -283,14 +285,17 @@ def _inputs(path: str, variants) -> list[Path]:
 
 
 def _sweep_inputs(grid: str) -> list[Path]:
-    """A sweep file and the base scenario it names (``base:``)."""
+    """A sweep file, the base scenario it names (``base:``) and the files that names (a
+    trace, a profile)."""
     from simserve import safeyaml
+    from simserve.runner import scenario_file_inputs
     try:
         raw = safeyaml.load(grid)
     except SimserveError:
         raw = None
     base = raw.get("base") if isinstance(raw, dict) else None
-    return [Path(grid), *([Path(grid).parent / base] if isinstance(base, str) else [])]
+    return [Path(grid), *(scenario_file_inputs(Path(grid).parent / base)
+                          if isinstance(base, str) else [])]
 
 
 def _note(note: str | None) -> None:
@@ -454,10 +459,12 @@ def _cmd_capacity(args) -> int:
     from simserve.paths import (OUTPUT_FILES, REPORT_FILES, check_out_dir, clear_other_outputs,
                                 default_out)
     from simserve.plan.capacity import capacity
+    from simserve.runner import scenario_file_inputs
 
     out = Path(args.out) if args.out else default_out(
         Path("runs") / f"{Path(args.scenario).stem}-capacity", args.overrides)
-    check_out_dir(out, (*OUTPUT_FILES["capacity"], *REPORT_FILES), [args.scenario])
+    inputs = scenario_file_inputs(args.scenario, args.overrides)
+    check_out_dir(out, (*OUTPUT_FILES["capacity"], *REPORT_FILES), inputs)
     log = None if args.quiet else (lambda line: print(line, file=sys.stderr))
     t0 = time.perf_counter()
     try:
@@ -472,7 +479,7 @@ def _cmd_capacity(args) -> int:
     print(result.table())
     print(f"{len(result.probes)} runs in {time.perf_counter() - t0:.1f} s")
     _note(_replaced_search(out, result.to_dict()))
-    _note(clear_other_outputs(out, "capacity", inputs=[args.scenario]))
+    _note(clear_other_outputs(out, "capacity", inputs=inputs))
     result.save(out)
     print(f"results in {out}/ (capacity.json, probes.csv)")
     _report(args, out)

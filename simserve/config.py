@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import difflib
 import math
+import numbers
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -306,13 +307,19 @@ def _checked_changes(s: Scenario, changes: dict[str, Any]) -> dict[str, Any]:
     if "name" in changes:
         out["name"] = f.str("name")
     if "seed" in changes:
-        out["seed"] = f.int("seed", min=0, max=MAX_INT64)
+        # (past int64 too, as Python's ints go: a capacity search's seeds are seed + k)
+        seed = changes["seed"]
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+            raise ConfigError("seed", f"expected an integer >= 0, got {seed!r}")
+        out["seed"] = int(seed)
     engine = out["engine"] = _section(changes, "engine", EngineConfig, s.engine)
     if "model" in changes and not isinstance(changes["model"], ModelCard):
         out["model"] = serving_card(load_model(f.any("model"), "model"), engine.quantization,
                                     engine.kv_cache_dtype)
     elif "model" in changes:
         out["model"] = changes["model"]
+    elif "engine" in changes:       # the card as the new engine serves it, as a file's is
+        out["model"] = serving_card(s.model, engine.quantization, engine.kv_cache_dtype)
     if "hardware" in changes:
         out["hardware"] = load_hardware(f.any("hardware"), "hardware")
     if "policy" in changes:

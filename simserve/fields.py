@@ -114,6 +114,7 @@ class Fields:
             return value
         if not isinstance(value, str):
             raise ConfigError(self.where(name), f"expected a string, got {value!r}")
+        value = str(value)          # (a str subclass, NumPy's np.str_, as the plain str)
         if choices is not None and value not in choices:
             raise ConfigError(self.where(name),
                               f"unknown value {value!r}; expected one of: {', '.join(choices)}")

@@ -275,6 +275,16 @@ def run_inputs(s: Scenario) -> list[Path]:
     return [*([s.path] if s.path is not None else []), *named_files(s.to_dict(), s.base_dir)]
 
 
+def scenario_file_inputs(path: str | Path, overrides: list[str] | None = None) -> list[Path]:
+    """``run_inputs`` of the scenario file ``path`` (a command's: capacity, plan, replay), for
+    keeping them from its output; the file alone if it does not load (the command says why)."""
+    from simserve.config import load_scenario
+    try:
+        return run_inputs(load_scenario(path, overrides))
+    except SimserveError:
+        return [Path(path)]
+
+
 # Result.save writes the per-step table by default only up to this many rows (about 6 MB of
 # CSV; a run of a few thousand requests): past it, only when asked (`simserve run --steps`).
 STEPS_ROWS = 100_000

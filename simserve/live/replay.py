@@ -336,7 +336,9 @@ def register(subparsers) -> None:
 
 def _cmd_replay(args) -> int:
     import sys
-    check_out_dir(args.out, (*OUTPUT_FILES["replay"], *REPORT_FILES), [args.scenario])
+    from simserve.runner import scenario_file_inputs
+    inputs = scenario_file_inputs(args.scenario, args.overrides)
+    check_out_dir(args.out, (*OUTPUT_FILES["replay"], *REPORT_FILES), inputs)
     # (before the replay: a real run cannot be had again)
     earlier = Path(args.out)
     if (earlier / "replay.json").is_file() or (earlier / "summary.json").is_file():
@@ -356,7 +358,7 @@ def _cmd_replay(args) -> int:
     if sm["token_count_mismatches"]:
         print(f"warning: {sm['token_count_mismatches']} requests' token counts differ from "
               f"the server's usage", file=sys.stderr)
-    note = clear_other_outputs(Path(args.out), "replay", inputs=[args.scenario])
+    note = clear_other_outputs(Path(args.out), "replay", inputs=inputs)
     if note:
         print(f"note: {note}", file=sys.stderr)
     path = result.save(args.out)

@@ -480,8 +480,7 @@ def _check_loaded(prober: _Prober, rate: float, replicas: int, per_unit: float,
     e2el = row["median_e2el_ms"]
     need = _outlasting(rate, e2el)
     one = "copy" if unit > 1 else "replica"
-    fix = (f"raise workload.num_requests to at least {need:,}, the fewest that outlast one "
-           f"request (many times that for a steady state), or give a lower target"
+    fix = (_more_requests(prober, need, "", row["num_requests"]) + ", or give a lower target"
            if need <= MAX_REQUESTS else
            f"outlasting one request at this rate takes over {MAX_REQUESTS:,} requests, a "
            f"run's most: give a lower target")
@@ -514,6 +513,18 @@ def _outlasting(rate: float, e2el_ms: float) -> int:
     return math.floor(rate * e2el_ms / 1000) + 2      # (n - 1) / rate > one median request
 
 
+def _more_requests(prober: _Prober, need: int, at: str, have: int) -> str:
+    """The advice for a probe of ``have`` requests, too short: ``need`` outlast one (``at``:
+    at that rate), asked of the workload: more synthetic requests, or a longer trace (whose
+    rows ``num_requests`` only caps)."""
+    why = f"the fewest that outlast one request{' ' + at if at else ''}"
+    if prober.base.workload.trace is not None:
+        return (f"replay a trace of at least {need:,} requests, {why} (this one gives "
+                f"{have:,}; workload.num_requests only caps a trace's rows)")
+    return f"raise workload.num_requests to at least {need:,}, {why} (many times that for a " \
+           f"steady state)"
+
+
 def _burst_max_rate(prober: _Prober, rate: float, replicas: int,
                     target_rate: float | None, notes: list[str]) -> bool:
     """Whether the max rate found passed only in probes that are one burst (``_check_loaded``'s
@@ -528,8 +539,7 @@ def _burst_max_rate(prober: _Prober, rate: float, replicas: int,
         return False
     e2el = row["median_e2el_ms"]
     need = _outlasting(rate, e2el)
-    fix = (f"raise workload.num_requests to at least {need:,}, the fewest that outlast one "
-           f"request at that rate (many times that for a steady state)"
+    fix = (_more_requests(prober, need, "at that rate", row["num_requests"])
            if need <= MAX_REQUESTS else
            f"outlasting one request at that rate takes over {MAX_REQUESTS:,} requests, a run's "
            f"most: tighten the SLO")

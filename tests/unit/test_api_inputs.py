@@ -116,7 +116,7 @@ def test_numpy_numbers_are_taken_as_the_plain_ints_and_floats_they_are():
 
 @pytest.mark.parametrize("change, start", [
     ({"seed": "abc"}, "seed: expected an integer"),
-    ({"seed": -1}, "seed: must be >= 0"),
+    ({"seed": -1}, "seed: expected an integer >= 0"),
     ({"policy": "vllm_v9"}, "policy: unknown value 'vllm_v9'"),
     ({"sead": 3}, "sead: not a Scenario field (did you mean seed?)"),
     ({"workload": {"rate": 5}}, "workload.num_requests: is required"),
@@ -237,3 +237,62 @@ def test_scenario_replace_keeps_a_policys_knobs_unless_the_policy_changes():
     assert s.replace(seed=2).policy_params.waiting_served_ratio == 0.7
     assert s.replace(policy="lmdeploy").policy_params.schedule_interval == 16
     assert s.replace(policy="vllm_v1").policy_params is None
+
+
+def test_a_short_probe_of_a_trace_is_told_to_replay_a_longer_trace():
+    """For a trace, num_requests only caps its rows: the advice names the trace's length."""
+    from types import SimpleNamespace
+    from simserve.plan.capacity import _more_requests
+    trace = SimpleNamespace(base=SimpleNamespace(workload=SimpleNamespace(trace=object())))
+    synthetic = SimpleNamespace(base=SimpleNamespace(workload=SimpleNamespace(trace=None)))
+    said = _more_requests(trace, 128, "at that rate", 100)
+    assert said.startswith("replay a trace of at least 128 requests") and "gives 100" in said
+    assert _more_requests(synthetic, 128, "", 100).startswith(
+        "raise workload.num_requests to at least 128")
+
+
+def test_scenario_replace_serves_the_card_as_a_new_engine_does():
+    raw = tiny()
+    raw["latency"] = {"model": "roofline"}
+    del raw["engine"]["num_gpu_blocks"]
+    engine = dict(raw["engine"], kv_cache_dtype="fp8")
+    changed = load_scenario(TINY).replace(latency={"model": "roofline"}, engine=engine)
+    parsed = simserve.parse_scenario({**raw, "engine": engine})
+    assert changed.model == parsed.model and changed.model.kv_cache_dtype == "fp8"
+    assert changed.replica == parsed.replica
+
+
+def test_numpy_strings_are_kept_as_plain_strings(tmp_path):
+    import numpy as np
+    raw = tiny()
+    raw["name"], raw["scheduler"]["policy"] = np.str_("np-name"), np.str_("sarathi")
+    result = simserve.run(raw, overrides=["workload.num_requests=5"])
+    assert type(result.scenario.name) is str and type(result.scenario.policy) is str
+    assert (result.save(tmp_path) / "scenario.yaml").is_file()
+
+
+def test_capacity_seeds_past_the_largest_int64_seed_still_run():
+    got = simserve.capacity(TINY, overrides=[f"seed={2**63 - 1}", "workload.num_requests=30"],
+                            seeds=2, tolerance=0.3)
+    assert got.seeds == [2**63 - 1, 2**63] and got.max_rate > 0
+
+
+def test_capacity_and_sweep_refuse_to_write_over_a_trace_in_their_folder(tmp_path, capsys):
+    from simserve.cli import main
+    for name in ("probes.csv", "sweep.csv"):
+        (tmp_path / name).write_text("arrival_s,prompt_tokens,output_tokens\n"
+                                     + "".join(f"{i * 0.05:.2f},40,8\n" for i in range(30)))
+    raw = tiny()
+    raw["workload"] = {"trace": "probes.csv", "format": "csv"}
+    (tmp_path / "cap.yaml").write_text(yaml.safe_dump(raw))
+    raw["workload"] = {"trace": "sweep.csv", "format": "csv"}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(raw))
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(
+        {"base": "base.yaml", "grid": {"seed": [1, 2]}}))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert main(["capacity", str(tmp_path / "cap.yaml"), "--out", str(tmp_path),
+                 "--seeds", "1"]) == 2
+    assert "probes.csv, which this run reads" in capsys.readouterr().err
+    assert main(["sweep", str(tmp_path / "grid.yaml"), "--out", str(tmp_path)]) == 2
+    assert "sweep.csv, which this run reads" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
