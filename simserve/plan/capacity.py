@@ -46,7 +46,7 @@ from simserve.config import Scenario, as_scenario
 from simserve.errors import ConfigError, SimserveError
 from simserve.fmt import format_table
 from simserve.limits import MAX_REPLICAS, MAX_REQUESTS, MAX_SECONDS
-from simserve.paths import make_out_dir
+from simserve.paths import OUTPUT_FILES, clear_other_outputs, keep_inputs, make_out_dir
 from simserve.plan.values import check_log, number
 
 PROBE_METRICS = (
@@ -101,6 +101,8 @@ class CapacityResult:
     # max_rate passed only in probes that are one burst (given a target_rate; alone it is
     # refused): bounded by the probe size, not sustained (``notes`` says so)
     burst_max_rate: bool = False
+    # the files the search read (its scenario file, a trace): ``save`` never writes over them
+    inputs: tuple[Path, ...] = field(default=(), repr=False, compare=False)
 
     def __repr__(self) -> str:
         need = "" if self.target_rate is None else (
@@ -183,8 +185,12 @@ class CapacityResult:
         }
 
     def save(self, out: str | Path) -> Path:
-        """Write ``capacity.json`` (the answer) and ``probes.csv`` (every run)."""
+        """Write ``capacity.json`` (the answer) and ``probes.csv`` (every run); refused
+        before anything is written where they would replace a file the search read, and
+        another kind of output in ``out`` is replaced, as the CLI does."""
+        keep_inputs(out, OUTPUT_FILES["capacity"], self.inputs, "out")
         out = make_out_dir(out)
+        clear_other_outputs(out, "capacity", inputs=self.inputs)
         (out / "capacity.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         self.probes.to_csv(out / "probes.csv", index=False, float_format="%.9g")
         return out
@@ -464,7 +470,12 @@ def capacity(scenario: Scenario | Mapping[str, Any] | str | Path, *,
         slo={k: v for k, v in s.slo.to_dict().items() if k != "attainment"}, notes=notes,
         data_parallel_size=s.engine.data_parallel_size,
         pipeline_parallel_size=s.engine.pipeline_parallel_size, hold=hold,
-        short_probe=short_probe, burst_max_rate=burst)
+        short_probe=short_probe, burst_max_rate=burst, inputs=tuple(_run_inputs(s)))
+
+
+def _run_inputs(s: Scenario) -> list[Path]:
+    from simserve.runner import run_inputs      # (imported late, as run is: runner loads late)
+    return run_inputs(s)
 
 
 def _check_loaded(prober: _Prober, rate: float, replicas: int, per_unit: float,

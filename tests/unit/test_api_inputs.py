@@ -296,3 +296,20 @@ def test_capacity_and_sweep_refuse_to_write_over_a_trace_in_their_folder(tmp_pat
     assert main(["sweep", str(tmp_path / "grid.yaml"), "--out", str(tmp_path)]) == 2
     assert "sweep.csv, which this run reads" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_capacity_result_is_not_saved_over_its_inputs_and_replaces_a_run(tmp_path):
+    (tmp_path / "probes.csv").write_text("arrival_s,prompt_tokens,output_tokens\n"
+                                         + "".join(f"{i * 0.05:.2f},40,8\n" for i in range(30)))
+    raw = tiny()
+    raw["workload"] = {"trace": "probes.csv", "format": "csv", "rate": 10}
+    (tmp_path / "cap.yaml").write_text(yaml.safe_dump(raw))
+    found = simserve.capacity(tmp_path / "cap.yaml", seeds=1, tolerance=0.3)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(simserve.errors.SimserveError, match="probes.csv, which this run reads"):
+        found.save(tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    elsewhere = tmp_path / "out"
+    simserve.run(TINY, overrides=["workload.num_requests=5"]).save(elsewhere)
+    found.save(elsewhere)
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["capacity.json", "probes.csv"]
