@@ -422,14 +422,15 @@ def _cmd_sweep(args) -> int:
     from simserve.paths import (OUTPUT_FILES, REPORT_FILES, check_out_dir, clear_other_outputs,
                                 default_out)
     from simserve.plan.sweep import (check_workers, load_sweep, replaced_sweep_note, save_sweep,
-                                     sweep)
+                                     sweep, sweep_inputs)
 
     check_workers(args.workers, "--workers")
     _check_address(args)
     spec = load_sweep(args.grid, args.overrides)
     out = Path(args.out) if args.out else default_out(Path("runs") / Path(args.grid).stem,
                                                       args.overrides)
-    check_out_dir(out, (*OUTPUT_FILES["sweep"], *REPORT_FILES), _sweep_inputs(args.grid))
+    inputs = [*_sweep_inputs(args.grid), *sweep_inputs(spec)]
+    check_out_dir(out, (*OUTPUT_FILES["sweep"], *REPORT_FILES), inputs)
     _note(replaced_sweep_note(out, spec))   # (said before the run: its table is to go)
     t0 = time.perf_counter()
     table = sweep(spec, executor=args.executor, workers=args.workers, address=args.address,
@@ -443,7 +444,7 @@ def _cmd_sweep(args) -> int:
         for f in spec.fields:           # an inline card by its name, as compare labels it
             view[f] = [value_label(v) if isinstance(v, (dict, list)) else v for v in view[f]]
         print(format_table(view, index=False))
-    _note(clear_other_outputs(out, "sweep", inputs=_sweep_inputs(args.grid)))
+    _note(clear_other_outputs(out, "sweep", inputs=inputs))
     save_sweep(table, spec, out)
     print(f"{len(table)} points ({len(failed)} failed) in {wall:.1f} s; table in "
           f"{out}/sweep.csv")

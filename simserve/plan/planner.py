@@ -16,6 +16,7 @@ import copy
 import importlib.util
 import json
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from simserve.plan.bounds import Lengths, bound, kv_fits
 from simserve.plan.space import GIVEN_PRICE, Candidate, PlanSpace, candidates
 from simserve.plan.values import check_log, number, plain
 from simserve.report.load import PARETO_X, PARETO_Y
-from simserve.paths import make_out_dir
+from simserve.paths import OUTPUT_FILES, clear_other_outputs, keep_inputs, make_out_dir, named_files
 
 Log = Callable[[str], None]
 BOUNDS = ("parallelism", "config", "memory", "slo", "throughput", "cost")
@@ -58,6 +59,8 @@ class PlanResult:
     notes: list[str] = field(default_factory=list)
     clocks: dict[str, str] = field(default_factory=dict)   # hardware -> its step-time model
     probe_requests: int | str = ""      # requests a capacity probe runs
+    # the files the plan read (scenario, space, a trace): ``save`` never writes over them
+    inputs: tuple[Path, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def met(self) -> bool:
@@ -164,8 +167,12 @@ class PlanResult:
 
     def save(self, out: str | Path) -> Path:
         """Write ``plan.json`` (the answer), ``candidates.csv`` (and ``candidates.parquet``
-        when pyarrow is installed: one row per candidate) and ``probes.csv``."""
+        when pyarrow is installed: one row per candidate) and ``probes.csv``; refused before
+        anything is written where they would replace a file the plan read, and another kind
+        of output in ``out`` is replaced, as the CLI does."""
+        keep_inputs(out, OUTPUT_FILES["plan"], self.inputs, "out")
         out = make_out_dir(out)
+        clear_other_outputs(out, "plan", inputs=self.inputs)
         (out / "plan.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         self.table.to_csv(out / "candidates.csv", index=False, float_format="%.9g")
         if importlib.util.find_spec("pyarrow") is not None:
@@ -509,7 +516,9 @@ def plan(scenario: Scenario | Mapping | str | Path, target_rate: float, *,
         raise SimserveError(f"plan: the capacity search failed for all {len(ran)} candidates "
                             f"simulated; candidate {first.cand.index} ({first.cand.label}): "
                             f"{first.row['reason']}")
-    return _result(base, target_rate, sp, entries, probes, pruned, notes)
+    result = _result(base, target_rate, sp, entries, probes, pruned, notes)
+    result.inputs = _plan_inputs(scenario, space, overrides)
+    return result
 
 
 def check_plan(scenario: str | Path, overrides: Sequence[str] | None = None) -> str:
@@ -647,6 +656,16 @@ def _result(base: Scenario, target: float, sp: PlanSpace, entries: list[_Entry],
         probes=probe_table, pruned=pruned, winner=winner, runners_up=runners, pareto=pareto,
         closest=closest, commands=commands, notes=notes, clocks=clocks,
         probe_requests=probe_requests)
+
+
+def _plan_inputs(scenario: Any, space: Any, overrides: Any) -> tuple[Path, ...]:
+    """The files a plan read: its scenario and space files (given as paths), and the files
+    the scenario names (a trace, a profile)."""
+    raw, base_dir, _, _ = load_plan_inputs(scenario, space, overrides)
+    files = [Path(f) for f in (scenario, space) if isinstance(f, (str, os.PathLike))]
+    if isinstance(scenario, Scenario) and scenario.path is not None:
+        files.append(scenario.path)
+    return (*files, *named_files(raw, base_dir))
 
 
 def _longer(base: Scenario, probe_requests: int | str) -> str:

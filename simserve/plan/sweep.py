@@ -40,7 +40,8 @@ from simserve.config import (Scenario, apply_overrides, check_overrides, given_f
 from simserve.errors import ConfigError, SimserveError
 from simserve.fields import Fields
 from simserve.limits import MAX_SWEEP_POINTS, MAX_WORKERS, MAX_WORKERS_PER_CPU
-from simserve.paths import make_out_dir, rebase_paths, rebase_value
+from simserve.paths import (OUTPUT_FILES, PATH_FIELDS, clear_other_outputs, keep_inputs,
+                            make_out_dir, named_files, rebase_paths, rebase_value)
 from simserve.plan.values import as_list, plain
 
 EXECUTORS = ("local", "ray")
@@ -517,10 +518,26 @@ def offered_rate(s: Scenario) -> float | None:
     return w.arrival.rate if w.arrival is not None else None
 
 
+def sweep_inputs(spec: SweepSpec) -> list[Path]:
+    """The files a sweep's points read: those its base scenario names, and each value of an
+    axis that holds a path (relative to the sweep's folder, as its base's are)."""
+    files = named_files(spec.base, spec.base_dir)
+    for name, values in (*spec.grid.items(), *spec.zip.items()):
+        if PATH_FIELDS.get(name):
+            files += [spec.base_dir / Path(v).expanduser() for v in values if isinstance(v, str)]
+    return files
+
+
 def save_sweep(table: pd.DataFrame, spec: SweepSpec, out: str | Path) -> Path:
     """Write ``sweep.csv`` (and ``sweep.parquet`` when pyarrow is installed) and
-    ``sweep.yaml`` (the base scenario and axes, to rerun or to label the report)."""
+    ``sweep.yaml`` (the base scenario and axes, to rerun or to label the report); refused
+    before anything is written where they would replace a file the sweep reads (a trace its
+    base or an axis names), and another kind of output in ``out`` is replaced, as the CLI
+    does."""
+    inputs = sweep_inputs(spec)
+    keep_inputs(out, OUTPUT_FILES["sweep"], inputs, "out")
     out = make_out_dir(out)
+    clear_other_outputs(out, "sweep", inputs=inputs)
     table.to_csv(out / "sweep.csv", index=False, float_format="%.9g")
     if importlib.util.find_spec("pyarrow") is not None:   # optional, never a dependency
         _nested_as_json(table).to_parquet(out / "sweep.parquet", index=False)

@@ -421,3 +421,35 @@ def test_bad_python_arguments_are_one_config_error(kwargs, message):
         from simserve.plan.planner import check_plan
         with pytest.raises(ConfigError, match=message):
             check_plan(SMALL, "seed=1")
+
+
+def test_a_plan_and_a_sweep_are_not_saved_over_their_inputs(tmp_path):
+    """From Python too: a trace named as an output (probes.csv, sweep.csv) in the folder is
+    kept, the save refused before anything is written; another kind of output is replaced."""
+    import pandas as pd
+    from simserve.errors import SimserveError
+    from simserve.plan.sweep import load_sweep, save_sweep
+    raw = yaml.safe_load(SMALL.read_text())
+    raw["workload"] = {"trace": "probes.csv", "format": "csv", "rate": 5}
+    (tmp_path / "probes.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0.0,50,5\n"
+                                         "0.2,60,6\n")
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    r = plan(tmp_path / "s.yaml", 5, overrides=["slo.ttft_ms=1"], workers=1)   # all pruned
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(SimserveError, match="probes.csv, which this run reads"):
+        r.save(tmp_path)
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(
+        {"base": "s.yaml", "grid": {"seed": [1, 2]}}))
+    before["grid.yaml"] = (tmp_path / "grid.yaml").read_bytes()
+    spec = load_sweep(tmp_path / "grid.yaml")
+    (tmp_path / "sweep.csv").write_text("not a sweep: the trace of an axis\n")
+    before["sweep.csv"] = (tmp_path / "sweep.csv").read_bytes()
+    spec.grid["workload.trace"] = ["sweep.csv"]
+    with pytest.raises(SimserveError, match="sweep.csv, which this run reads"):
+        save_sweep(pd.DataFrame({"point": [0]}), spec, tmp_path)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    elsewhere = tmp_path / "out"
+    simserve.run(SMALL.parent / "tiny.yaml", overrides=["workload.num_requests=5"]).save(elsewhere)
+    r.save(elsewhere)
+    names = {p.name for p in elsewhere.iterdir()}
+    assert "plan.json" in names and not names & {"scenario.yaml", "summary.json", "steps.csv"}
