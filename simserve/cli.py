@@ -280,8 +280,8 @@ def _report_flags(p: argparse.ArgumentParser) -> None:
 
 def _inputs(path: str, variants) -> list[Path]:
     """The files a run or compare read: its scenario file and the files each variant names."""
-    from simserve.paths import named_files
-    return [Path(path), *(f for _, s in variants for f in named_files(s.to_dict(), s.base_dir))]
+    from simserve.runner import run_inputs
+    return [Path(path), *(f for _, s in variants for f in run_inputs(s))]
 
 
 def _sweep_inputs(grid: str) -> list[Path]:

@@ -343,7 +343,8 @@ def keep_inputs(out: str | Path, writes: Iterable[str], inputs: Iterable[str | P
 def _rewritten_spec(path: Path) -> bool:
     """Whether ``path`` is the scenario or sweep file of the results folder it lies in (its
     mark beside it): one simserve wrote, run again in place, rewritten with what it says."""
-    marks = {"scenario.yaml": ("summary.json", "replay.json"), "sweep.yaml": ("sweep.csv",)}
+    marks = {"scenario.yaml": (_MARKERS["run"], _MARKERS["replay"]),
+             "sweep.yaml": (_MARKERS["sweep"],)}
     return any((path.parent / mark).is_file() for mark in marks.get(path.name, ()))
 
 
